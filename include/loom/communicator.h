@@ -1,0 +1,141 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/request.h"
+#include "loom/store.h"
+#include "loom/types.h"
+
+namespace loom {
+
+namespace detail {
+class CommState;
+}
+
+/// How a communicator is made.
+struct CommOptions {
+  /// Deadline for every operation that is not given its own.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  /// A label for messages and the operation record ("default_pg", "tp", ...).
+  std::string name = "world";
+};
+
+/// Per-call options.
+struct OpOptions {
+  /// This call's deadline; zero means the communicator's.
+  std::chrono::milliseconds timeout{0};
+};
+
+/// Receive from whichever rank sends first.
+inline constexpr int kAnySource = -1;
+
+/// A group of ranks that run collectives together. Made from (rank, size, store), or
+/// derived from another communicator (split, subset) without touching the store.
+///
+/// Every operation is non-blocking and returns a Request; operations on one communicator
+/// run one after another in issue order on its worker thread, so several may be queued.
+/// Arguments are checked before anything is sent and bad ones throw Error(kInvalidArgument)
+/// at the call; failures while running (timeout, a peer exiting, ranks that disagree about
+/// the operation) surface from Request::wait. Buffers must stay valid until the request
+/// completes; the argument arrays (spans) are copied at the call.
+///
+/// Collectives use shared memory between processes of one host. All ranks get bit-identical
+/// results: every element is reduced in rank order 0..size-1 exactly once.
+class Communicator {
+ public:
+  /// Joins a communicator of `size` ranks as `rank`, meeting the others through `store`.
+  /// Blocks until all ranks have joined or `options.timeout` passes.
+  static std::shared_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
+                                              const CommOptions& options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const std::string& name() const;
+  /// Sequence number of the last collective issued (0 before the first).
+  uint64_t lastSequence() const;
+  /// Changes the default deadline for operations issued from now on.
+  void setTimeout(std::chrono::milliseconds timeout);
+
+  /// Collective over this communicator: ranks passing the same `color` form a new
+  /// communicator, ordered by (`key`, old rank). A negative color returns nullptr.
+  std::shared_ptr<Communicator> split(int color, int key, const CommOptions& options = {});
+  /// Collective over the listed ranks only (others do not call): a communicator of
+  /// `ranks` (ranks of this communicator, ascending), new rank = position in the list.
+  /// `tag` tells apart several subsets of the same ranks; members must pass the same one.
+  std::shared_ptr<Communicator> subset(std::span<const int> ranks, const std::string& tag,
+                                       const CommOptions& options = {});
+
+  /// Reduces `count` elements across ranks into every rank's `output`. In place if
+  /// input == output.
+  Request allReduce(const void* input, void* output, size_t count, DataType type, ReduceOp op,
+                    const OpOptions& options = {});
+  /// Reduces into `output` of `root` only (output ignored elsewhere, may be null).
+  Request reduce(const void* input, void* output, size_t count, DataType type, ReduceOp op,
+                 int root, const OpOptions& options = {});
+  /// Copies root's `input` into every rank's `output` (root may pass input == output;
+  /// other ranks' input is ignored).
+  Request broadcast(const void* input, void* output, size_t count, DataType type, int root,
+                    const OpOptions& options = {});
+  /// Every rank contributes `count` elements; `output` receives size*count, rank order.
+  /// In place if input == output + rank*count.
+  Request allGather(const void* input, void* output, size_t count, DataType type,
+                    const OpOptions& options = {});
+  /// Rank q contributes counts[q] elements (counts[rank] from `input`) into outputs[q].
+  Request allGatherV(const void* input, std::span<void* const> outputs,
+                     std::span<const size_t> counts, DataType type, const OpOptions& options = {});
+  /// `input` holds size blocks of `count`; rank q gets the reduction of block q.
+  Request reduceScatter(const void* input, void* output, size_t count, DataType type,
+                        ReduceOp op, const OpOptions& options = {});
+  /// Block q (inputs[q], counts[q] elements) is reduced across ranks into rank q's output.
+  Request reduceScatterV(std::span<const void* const> inputs, void* output,
+                         std::span<const size_t> counts, DataType type, ReduceOp op,
+                         const OpOptions& options = {});
+  /// Block q of `input` (count elements) goes to rank q; block q of `output` comes from q.
+  Request allToAll(const void* input, void* output, size_t count, DataType type,
+                   const OpOptions& options = {});
+  /// inputs[q] (sendCounts[q] elements) goes to rank q; outputs[q] (recvCounts[q]) comes
+  /// from q. Rank q's sendCounts[r] must equal rank r's recvCounts[q].
+  Request allToAllV(std::span<const void* const> inputs, std::span<const size_t> sendCounts,
+                    std::span<void* const> outputs, std::span<const size_t> recvCounts,
+                    DataType type, const OpOptions& options = {});
+  /// Root receives every rank's `count` elements into outputs[q] (ignored elsewhere).
+  Request gather(const void* input, std::span<void* const> outputs, size_t count, DataType type,
+                 int root, const OpOptions& options = {});
+  /// Rank q receives root's inputs[q] (`count` elements) into `output`.
+  Request scatter(std::span<const void* const> inputs, void* output, size_t count,
+                  DataType type, int root, const OpOptions& options = {});
+  /// Completes on each rank once every rank has entered it.
+  Request barrier(const OpOptions& options = {});
+
+  /// Sends `count` elements to `peer` with `tag`. Completes once the data is copied out of
+  /// `data` (which can then be reused); independent of the collective queue.
+  Request send(const void* data, size_t count, DataType type, int peer, int tag,
+               const OpOptions& options = {});
+  /// Receives a message of exactly `count` elements from `peer` (or kAnySource) with `tag`.
+  /// Messages from one sender with one tag arrive in the order they were sent.
+  Request recv(void* data, size_t count, DataType type, int peer, int tag,
+               const OpOptions& options = {});
+
+  /// Fails every pending and future operation of this communicator and of its peers'
+  /// copies at once (Error kAborted); never blocks. Safe from any thread.
+  void abort();
+  /// Waits for operations already issued, then releases the communicator's resources;
+  /// later operations throw Error(kAborted).
+  void shutdown();
+
+  /// Internal: the state behind this handle.
+  explicit Communicator(std::shared_ptr<detail::CommState> state);
+
+ private:
+  std::shared_ptr<detail::CommState> state_;
+};
+
+}  // namespace loom

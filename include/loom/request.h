@@ -1,0 +1,44 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+
+namespace loom {
+
+namespace detail {
+struct OpState;
+}
+
+/// A handle to an operation in flight. Copies share the operation. A default-constructed
+/// Request is already complete.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::shared_ptr<detail::OpState> state) : state_(std::move(state)) {}
+
+  /// True once the operation has finished, successfully or not. Never blocks.
+  bool test() const;
+  /// Blocks until the operation finishes; rethrows its Error if it failed.
+  void wait() const;
+  /// Waits at most `timeout`: true if it finished (rethrowing its Error if it failed),
+  /// false if it is still running. The operation itself keeps its own deadline.
+  bool waitFor(std::chrono::milliseconds timeout) const;
+  /// The failure, or nullptr while running or after success.
+  std::exception_ptr error() const;
+  /// Position of the operation in its communicator's issue order (collectives), or in its
+  /// peer channel (send/recv); 0 for a default-constructed request.
+  uint64_t sequence() const;
+  /// For a receive: the rank the message came from (useful with recvAny). -1 otherwise.
+  int sourceRank() const;
+  /// Runs `callback` with the failure (nullptr on success) once the operation finishes: on
+  /// the thread that finishes it, or right away on this thread if it has finished already.
+  void onComplete(std::function<void(std::exception_ptr)> callback) const;
+
+ private:
+  std::shared_ptr<detail::OpState> state_;
+};
+
+}  // namespace loom

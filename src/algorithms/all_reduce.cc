@@ -1,0 +1,90 @@
+// all_reduce, two ways.
+//
+// One-shot (small messages): each rank copies its input into its slot, posts, waits for all,
+// then reduces all slots (in rank order) into its own output. One synchronisation, but every
+// rank reads every input: size * N bytes of reads per rank.
+//
+// Two-shot (large messages), per chunk of the input:
+//   phase a: copy the chunk in; post; wait for all;
+//   phase b: reduce slice `rank` of the chunk across all slots into this rank's other half;
+//            post; wait for all;
+//   then copy every rank's reduced slice to the output (the all-gather).
+// Each element is reduced by exactly one rank, so reads per rank are about 3N, and with two
+// halves per rank a fast rank copies chunk c + 1 in while others still gather chunk c.
+
+#include "algorithms/collective.h"
+
+namespace loom {
+
+namespace {
+
+size_t chunkCount(size_t count, size_t perChunk) {
+  return count == 0 ? 1 : (count + perChunk - 1) / perChunk;
+}
+
+}  // namespace
+
+void allReduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t perChunk = ctx.chunkBytes() / es;
+  const kernels::ReduceSpec spec{args.type, args.op, ctx.size()};
+  const auto* in = static_cast<const uint8_t*>(args.input);
+  auto* out = static_cast<uint8_t*>(args.output);
+  std::vector<const void*> srcs(static_cast<size_t>(ctx.size()));
+  const size_t chunks = chunkCount(args.count, perChunk);
+  for (size_t c = 0; c < chunks; ++c) {
+    const uint64_t p = ctx.nextPhase();
+    const size_t begin = c * perChunk;
+    const size_t n = std::min(perChunk, args.count - begin);
+    if (c == 0) ctx.open(p, args, Algorithm::kOneShot);
+    else ctx.beginWrite(p);
+    ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
+    ctx.post(p);
+    if (c == 0) ctx.verifyAll(p);
+    else ctx.waitAll(p);
+    for (int q = 0; q < ctx.size(); ++q) srcs[q] = ctx.slot(q, p);
+    ctx.reduce(out + begin * es, srcs, n, spec);
+  }
+}
+
+void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t perChunk = ctx.chunkBytes() / es;
+  const size_t align = lineElements(args.type);
+  const int me = ctx.rank();
+  const int size = ctx.size();
+  const kernels::ReduceSpec spec{args.type, args.op, size};
+  const auto* in = static_cast<const uint8_t*>(args.input);
+  auto* out = static_cast<uint8_t*>(args.output);
+  std::vector<const void*> srcs(static_cast<size_t>(size));
+  std::vector<CopyTask> gatherTasks(static_cast<size_t>(size));
+  const size_t chunks = chunkCount(args.count, perChunk);
+  for (size_t c = 0; c < chunks; ++c) {
+    const uint64_t a = ctx.nextPhase();
+    const uint64_t b = ctx.nextPhase();
+    const size_t begin = c * perChunk;
+    const size_t n = std::min(perChunk, args.count - begin);
+    // Phase a: inputs in.
+    if (c == 0) ctx.open(a, args, Algorithm::kTwoShot);
+    else ctx.beginWrite(a);
+    ctx.copy(ctx.slot(me, a), in + begin * es, n * es);
+    ctx.post(a);
+    if (c == 0) ctx.verifyAll(a);
+    else ctx.waitAll(a);
+    // Phase b: reduce my slice of everyone's chunk into my other half.
+    const auto [lo, hi] = sliceOf(n, me, size, align);
+    ctx.beginWrite(b);
+    for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, a) + lo * es;
+    ctx.reduce(ctx.slot(me, b) + lo * es, srcs, hi - lo, spec);
+    ctx.post(b);
+    ctx.waitAll(b);
+    // Gather every rank's reduced slice.
+    for (int q = 0; q < size; ++q) {
+      const auto [qlo, qhi] = sliceOf(n, q, size, align);
+      gatherTasks[q] = {out + (begin + qlo) * es, ctx.slot(q, b) + qlo * es, (qhi - qlo) * es};
+    }
+    ctx.copy(gatherTasks);
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,109 @@
+// all_to_all (equal or per-pair counts): the same per-destination regions as
+// reduce_scatter; per chunk every rank fills region q with the next part of its block for
+// rank q, posts and waits for all, then copies region `rank` of every slot out.
+//
+// The V variant first runs a short phase in which every rank publishes its send counts:
+// each rank checks them against its receive counts (a mismatch is an error naming both
+// ranks, not a corrupted buffer) and all agree on how many chunks the largest block needs.
+
+#include <cstring>
+
+#include "algorithms/collective.h"
+
+namespace loom {
+
+namespace {
+
+bool overlaps(const CollectiveArgs& args, size_t es) {
+  for (size_t i = 0; i < args.inputs.size(); ++i) {
+    const auto* a = static_cast<const uint8_t*>(args.inputs[i]);
+    const uint8_t* aEnd = a + args.inputCounts[i] * es;
+    for (size_t o = 0; o < args.outputs.size(); ++o) {
+      const auto* b = static_cast<const uint8_t*>(args.outputs[o]);
+      const uint8_t* bEnd = b + args.outputCounts[o] * es;
+      if (a < bEnd && b < aEnd) return true;
+    }
+  }
+  return false;
+}
+
+// Checks every rank's published send counts against this rank's receive counts and
+// returns the largest count any pair uses.
+size_t exchangeCounts(CollectiveContext& ctx, const CollectiveArgs& args) {
+  const int me = ctx.rank();
+  const int size = ctx.size();
+  const uint64_t p = ctx.nextPhase();
+  ctx.open(p, args, Algorithm{});
+  auto* published = reinterpret_cast<uint64_t*>(ctx.slot(me, p));
+  for (int q = 0; q < size; ++q) published[q] = args.inputCounts[q];
+  ctx.post(p);
+  ctx.verifyAll(p);
+  size_t longest = 0;
+  for (int q = 0; q < size; ++q) {
+    const auto* theirs = reinterpret_cast<const uint64_t*>(ctx.slot(q, p));
+    if (theirs[me] != args.outputCounts[q]) {
+      ctx.shm().fail(ErrorCode::kMismatch, q,
+                     "all_to_all: rank " + std::to_string(q) + " sends " +
+                         std::to_string(theirs[me]) + " elements to rank " + std::to_string(me) +
+                         ", which expects " + std::to_string(args.outputCounts[q]) +
+                         " from it; input and output split sizes must match pairwise");
+      throw ctx.shm().failureError("all_to_all");
+    }
+    for (int r = 0; r < size; ++r) longest = std::max<size_t>(longest, theirs[r]);
+  }
+  return longest;
+}
+
+}  // namespace
+
+void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
+  const size_t es = elementSize(original.type);
+  const size_t region = regionElements(ctx, original.type);
+  const int me = ctx.rank();
+  const int size = ctx.size();
+  // Blocks of one rank that overlap (in place with uneven splits) would be overwritten
+  // before they are sent: stage the input first.
+  CollectiveArgs args = original;
+  std::vector<uint8_t> staged;
+  if (args.variable && overlaps(args, es)) {
+    size_t total = 0;
+    for (size_t n : args.inputCounts) total += n;
+    staged.resize(total * es);
+    size_t offset = 0;
+    for (int q = 0; q < size; ++q) {
+      std::memcpy(staged.data() + offset, args.inputs[q], args.inputCounts[q] * es);
+      args.inputs[q] = staged.data() + offset;
+      offset += args.inputCounts[q] * es;
+    }
+  }
+  const size_t longest = args.variable ? exchangeCounts(ctx, args) : args.count;
+  auto part = [&](const std::vector<size_t>& counts, int q, size_t begin) {
+    return begin >= counts[q] ? size_t{0} : std::min(region, counts[q] - begin);
+  };
+  std::vector<CopyTask> tasks(static_cast<size_t>(size));
+  size_t chunks = (longest + region - 1) / region;
+  if (!args.variable && chunks == 0) chunks = 1;  // the opening phase runs regardless
+  for (size_t c = 0; c < chunks; ++c) {
+    const uint64_t p = ctx.nextPhase();
+    const size_t begin = c * region;
+    const bool opening = c == 0 && !args.variable;
+    if (opening) ctx.open(p, args, Algorithm{});
+    else ctx.beginWrite(p);
+    uint8_t* mine = ctx.slot(me, p);
+    for (int q = 0; q < size; ++q) {
+      tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
+                  part(args.inputCounts, q, begin) * es};
+    }
+    ctx.copy(tasks);
+    ctx.post(p);
+    if (opening) ctx.verifyAll(p);
+    else ctx.waitAll(p);
+    for (int q = 0; q < size; ++q) {
+      tasks[q] = {static_cast<uint8_t*>(args.outputs[q]) + begin * es,
+                  ctx.slot(q, p) + me * region * es, part(args.outputCounts, q, begin) * es};
+    }
+    ctx.copy(tasks);
+  }
+}
+
+}  // namespace loom

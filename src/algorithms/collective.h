@@ -1,0 +1,166 @@
+#pragma once
+
+// What every collective algorithm receives: its arguments (CollectiveArgs) and the means
+// to run (CollectiveContext: the phase protocol of ShmComm plus parallel copy and reduce).
+// Each algorithm is a free function in its own file; run() picks one by kind and size.
+//
+// Every collective starts with the same first phase, an "opening": each rank writes its
+// OpDesc, posts, waits for all ranks and checks that all descriptors agree. So ranks that
+// issue different collectives, counts, types, roots or algorithms get a kMismatch error
+// naming both sides instead of a hang or a wrong answer, and the first phase doubles as the
+// wait that makes later beginWrite() calls free.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "algorithms/selection.h"
+#include "core/helper_pool.h"
+#include "kernels/reduce.h"
+#include "loom/types.h"
+#include "transport/shm/shm_comm.h"
+
+namespace loom {
+
+enum class CollectiveKind : uint8_t {
+  kAllReduce = 1,
+  kReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kBarrier,
+};
+
+/// "all_reduce", "broadcast", ...
+std::string_view collectiveName(CollectiveKind kind);
+
+/// The arguments of one collective, as validated by the Communicator. Per-rank blocks are
+/// pointer + count pairs, so both contiguous buffers and lists of tensors fit.
+struct CollectiveArgs {
+  /// The common fields; the per-rank lists start empty.
+  static CollectiveArgs of(CollectiveKind kind, DataType type, ReduceOp op, int root, size_t count,
+                           const void* input, void* output) {
+    CollectiveArgs a;
+    a.kind = kind;
+    a.type = type;
+    a.op = op;
+    a.root = root;
+    a.count = count;
+    a.input = input;
+    a.output = output;
+    return a;
+  }
+
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DataType type = DataType::kFloat32;
+  ReduceOp op;
+  int root = 0;
+  /// The defining count: whole buffer (all_reduce, reduce, broadcast) or per rank (the rest).
+  size_t count = 0;
+  const void* input = nullptr;
+  void* output = nullptr;
+  std::vector<const void*> inputs;  ///< per destination rank (reduce_scatter, all_to_all, scatter)
+  std::vector<size_t> inputCounts;
+  std::vector<void*> outputs;  ///< per source rank (all_gather, all_to_all, gather)
+  std::vector<size_t> outputCounts;
+  bool variable = false;        ///< a V variant: per-rank counts may differ
+  uint64_t countsHash = 0;      ///< hash of the counts every rank must agree on (V variants)
+};
+
+/// One contiguous copy, for batching several into one parallel region.
+struct CopyTask {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
+/// The running state of one collective on one rank.
+class CollectiveContext {
+ public:
+  CollectiveContext(shm::ShmComm& shm, const shm::WaitSpec& wait, uint64_t seq, uint64_t& phase,
+                    int threads, const SelectionTable& selection)
+      : shm_(shm), wait_(wait), seq_(seq), phase_(phase), threads_(threads),
+        selection_(selection) {}
+
+  shm::ShmComm& shm() const { return shm_; }
+  int rank() const { return shm_.rank(); }
+  int size() const { return shm_.size(); }
+  size_t chunkBytes() const { return shm_.chunkBytes(); }
+  const SelectionTable& selection() const { return selection_; }
+
+  /// Allocates the next phase number (every rank allocates the same sequence).
+  uint64_t nextPhase() { return ++phase_; }
+
+  /// Opening, part 1: waits for the half of phase p to be free and writes this rank's
+  /// descriptor of `args` (with `algorithm`, 0 if none). Write data, then post(p).
+  void open(uint64_t p, const CollectiveArgs& args, Algorithm algorithm);
+  /// Opening, part 2: waits for every rank to post p and checks their descriptors.
+  void verifyAll(uint64_t p);
+
+  void beginWrite(uint64_t p) { shm_.beginWrite(p, wait_); }
+  void post(uint64_t p) { shm_.post(p); }
+  void waitPeer(int q, uint64_t p) { shm_.waitPeer(q, p, wait_); }
+  void waitAll(uint64_t p) { shm_.waitAll(p, wait_); }
+  uint8_t* slot(int q, uint64_t p) const { return shm_.slot(q, p); }
+
+  /// Performs the copies, split across helper threads when large.
+  void copy(std::span<const CopyTask> tasks);
+  void copy(void* dst, const void* src, size_t bytes) {
+    const CopyTask task{dst, src, bytes};
+    copy(std::span<const CopyTask>(&task, 1));
+  }
+  /// kernels::reduce over `count` elements, split across helper threads when large.
+  void reduce(void* dst, std::span<const void* const> srcs, size_t count,
+              const kernels::ReduceSpec& spec);
+
+ private:
+  int partsFor(size_t bytes) const;
+  shm::ShmComm& shm_;
+  const shm::WaitSpec& wait_;
+  uint64_t seq_;
+  uint64_t& phase_;
+  int threads_;
+  const SelectionTable& selection_;
+  shm::OpDesc mine_{};
+};
+
+/// Runs the collective described by `args`.
+void runCollective(CollectiveContext& ctx, const CollectiveArgs& args);
+
+// The algorithms (one file each).
+void allReduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args);
+void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args);
+void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args);
+void reduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args);
+void broadcast(CollectiveContext& ctx, const CollectiveArgs& args);
+void allGather(CollectiveContext& ctx, const CollectiveArgs& args);
+void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args);
+void allToAll(CollectiveContext& ctx, const CollectiveArgs& args);
+void gather(CollectiveContext& ctx, const CollectiveArgs& args);
+void scatter(CollectiveContext& ctx, const CollectiveArgs& args);
+void barrier(CollectiveContext& ctx, const CollectiveArgs& args);
+
+/// Element range [begin, end) of slice `part` of `parts` over `count` elements, with
+/// interior bounds rounded down to multiples of `align` elements.
+inline std::pair<size_t, size_t> sliceOf(size_t count, int part, int parts, size_t align) {
+  auto bound = [&](int k) -> size_t {
+    if (k >= parts) return count;
+    const size_t raw = static_cast<size_t>(static_cast<unsigned __int128>(count) * k / parts);
+    return raw / align * align;
+  };
+  return {bound(part), bound(part + 1)};
+}
+
+/// Elements of each per-destination region of a slot (reduce_scatter, all_to_all,
+/// scatter): a 1/size share of a chunk, in whole cache lines.
+size_t regionElements(const CollectiveContext& ctx, DataType type);
+
+/// Elements per 64-byte cache line (at least 1).
+inline size_t lineElements(DataType type) { return 64 / elementSize(type); }
+
+}  // namespace loom

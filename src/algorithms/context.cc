@@ -1,0 +1,170 @@
+// The opening phase's checks, parallel data movement, and dispatch to the algorithms.
+
+#include <cstring>
+#include <string>
+
+#include "algorithms/collective.h"
+
+namespace loom {
+
+namespace {
+
+// Below this many bytes per part, helper threads cost more than they save.
+constexpr size_t kMinBytesPerPart = 128 << 10;
+
+std::string describe(const shm::OpDesc& d) {
+  std::string s = std::string(collectiveName(static_cast<CollectiveKind>(d.kind))) + " #" +
+                  std::to_string(d.seq) + " (count " + std::to_string(d.count) + ", " +
+                  std::string(dataTypeName(static_cast<DataType>(d.type)));
+  const auto kind = static_cast<CollectiveKind>(d.kind);
+  if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
+      kind == CollectiveKind::kReduceScatter) {
+    s += ", " + std::string(reduceKindName(static_cast<ReduceKind>(d.reduce)));
+    if (static_cast<ReduceKind>(d.reduce) == ReduceKind::kPremulSum) {
+      s += " x" + std::to_string(d.factor);
+    }
+  }
+  if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
+      kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
+    s += ", root " + std::to_string(d.root);
+  }
+  if (d.countsHash != 0) s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);
+  if (d.algorithm != 0) s += ", " + std::string(algorithmName(static_cast<Algorithm>(d.algorithm)));
+  return s + ")";
+}
+
+bool sameOp(const shm::OpDesc& a, const shm::OpDesc& b) {
+  return a.seq == b.seq && a.kind == b.kind && a.type == b.type && a.reduce == b.reduce &&
+         a.algorithm == b.algorithm && a.root == b.root && a.count == b.count &&
+         a.countsHash == b.countsHash && std::memcmp(&a.factor, &b.factor, sizeof a.factor) == 0;
+}
+
+}  // namespace
+
+std::string_view collectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "collective";
+}
+
+void CollectiveContext::open(uint64_t p, const CollectiveArgs& args, Algorithm algorithm) {
+  beginWrite(p);
+  mine_ = shm::OpDesc{};
+  mine_.seq = seq_;
+  mine_.count = args.count;
+  mine_.countsHash = args.countsHash;
+  mine_.factor = args.op.kind() == ReduceKind::kPremulSum ? args.op.factor() : 0.0;
+  mine_.kind = static_cast<uint8_t>(args.kind);
+  mine_.type = static_cast<uint8_t>(args.type);
+  mine_.reduce = static_cast<uint8_t>(args.op.kind());
+  mine_.algorithm = static_cast<uint8_t>(algorithm);
+  mine_.root = args.root;
+  shm_.desc(rank(), p) = mine_;
+}
+
+void CollectiveContext::verifyAll(uint64_t p) {
+  waitAll(p);
+  for (int q = 0; q < size(); ++q) {
+    const shm::OpDesc& theirs = shm_.desc(q, p);
+    if (q == rank() || sameOp(theirs, mine_)) continue;
+    const int low = std::min(q, rank());
+    const int high = std::max(q, rank());
+    const shm::OpDesc& lowDesc = low == rank() ? mine_ : theirs;
+    const shm::OpDesc& highDesc = high == rank() ? mine_ : theirs;
+    shm_.fail(ErrorCode::kMismatch, q,
+              "ranks issued different collectives at the same step: rank " +
+                  std::to_string(low) + " issued " + describe(lowDesc) + " but rank " +
+                  std::to_string(high) + " issued " + describe(highDesc));
+    throw shm_.failureError(collectiveName(static_cast<CollectiveKind>(mine_.kind)));
+  }
+}
+
+size_t regionElements(const CollectiveContext& ctx, DataType type) {
+  const size_t align = lineElements(type);
+  const size_t perRank = ctx.chunkBytes() / elementSize(type) / static_cast<size_t>(ctx.size());
+  return std::max(align, perRank / align * align);
+}
+
+int CollectiveContext::partsFor(size_t bytes) const {
+  const size_t parts = bytes / kMinBytesPerPart;
+  if (parts <= 1) return 1;
+  return static_cast<int>(std::min<size_t>(parts, static_cast<size_t>(threads_)));
+}
+
+void CollectiveContext::copy(std::span<const CopyTask> tasks) {
+  size_t total = 0;
+  for (const CopyTask& t : tasks) total += t.bytes;
+  const int parts = partsFor(total);
+  if (parts == 1) {
+    for (const CopyTask& t : tasks) {
+      if (t.bytes != 0 && t.dst != t.src) std::memcpy(t.dst, t.src, t.bytes);
+    }
+    return;
+  }
+  // Part i copies bytes [begin, end) of the tasks laid end to end.
+  HelperPool::instance().run(parts, [&](int part) {
+    const auto [begin, end] = sliceOf(total, part, parts, 64);
+    size_t offset = 0;
+    for (const CopyTask& t : tasks) {
+      const size_t lo = std::max(begin, offset);
+      const size_t hi = std::min(end, offset + t.bytes);
+      if (lo < hi && t.dst != t.src) {
+        std::memcpy(static_cast<uint8_t*>(t.dst) + (lo - offset),
+                    static_cast<const uint8_t*>(t.src) + (lo - offset), hi - lo);
+      }
+      offset += t.bytes;
+      if (offset >= end) break;
+    }
+  });
+}
+
+void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, size_t count,
+                               const kernels::ReduceSpec& spec) {
+  const size_t esize = elementSize(spec.type);
+  const int parts = partsFor(count * esize * srcs.size());
+  const int nsrc = static_cast<int>(srcs.size());
+  if (parts == 1) {
+    kernels::reduce(dst, srcs.data(), nsrc, count, spec);
+    return;
+  }
+  HelperPool::instance().run(parts, [&](int part) {
+    const auto [begin, end] = sliceOf(count, part, parts, lineElements(spec.type));
+    if (begin == end) return;
+    const void* onStack[64];
+    std::vector<const void*> onHeap;
+    const void** shifted = onStack;
+    if (nsrc > 64) shifted = (onHeap.resize(srcs.size()), onHeap.data());
+    for (int s = 0; s < nsrc; ++s) shifted[s] = static_cast<const uint8_t*>(srcs[s]) + begin * esize;
+    kernels::reduce(static_cast<uint8_t*>(dst) + begin * esize, shifted, nsrc, end - begin, spec);
+  });
+}
+
+void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
+  const size_t bytes = args.count * elementSize(args.type);
+  switch (args.kind) {
+    case CollectiveKind::kAllReduce:
+      if (ctx.selection().allReduce(bytes) == Algorithm::kOneShot) return allReduceOneShot(ctx, args);
+      return allReduceTwoShot(ctx, args);
+    case CollectiveKind::kReduce:
+      if (ctx.selection().reduce(bytes) == Algorithm::kOneShot) return reduceOneShot(ctx, args);
+      return reduceTwoShot(ctx, args);
+    case CollectiveKind::kBroadcast: return broadcast(ctx, args);
+    case CollectiveKind::kAllGather: return allGather(ctx, args);
+    case CollectiveKind::kReduceScatter: return reduceScatter(ctx, args);
+    case CollectiveKind::kAllToAll: return allToAll(ctx, args);
+    case CollectiveKind::kGather: return gather(ctx, args);
+    case CollectiveKind::kScatter: return scatter(ctx, args);
+    case CollectiveKind::kBarrier: return barrier(ctx, args);
+  }
+}
+
+}  // namespace loom

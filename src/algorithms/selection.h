@@ -1,0 +1,49 @@
+#pragma once
+
+// Which algorithm runs a collective, by message size. Each operation with a choice has an
+// ordered list of (algorithm, largest size in bytes); the first entry whose bound is at
+// least the message size wins. LOOM_ALGO overrides entries, for example
+//   LOOM_ALGO="all_reduce:one_shot:64K,two_shot:inf;reduce:two_shot:inf"
+// Every rank must use the same table: each rank's choice travels in its operation
+// descriptor, so a difference is reported as a mismatch rather than a hang.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+/// The algorithms with alternatives. One-shot: every rank copies its whole input in and
+/// reduces all slots itself (one synchronisation; best when small). Two-shot: reduce-scatter
+/// then all-gather by chunk, each rank reducing 1/size of the data (bandwidth-optimal).
+enum class Algorithm : uint8_t { kOneShot = 1, kTwoShot = 2 };
+
+/// "one_shot", "two_shot".
+std::string_view algorithmName(Algorithm algorithm);
+
+/// Size-based selection for the operations that have a choice.
+class SelectionTable {
+ public:
+  struct Entry {
+    Algorithm algorithm;
+    uint64_t maxBytes;  ///< UINT64_MAX = no bound
+  };
+
+  /// Defaults tuned on the hosts in docs/PERFORMANCE.md, then LOOM_ALGO applied.
+  static SelectionTable fromEnvironment();
+  /// Parses a LOOM_ALGO string over the defaults; throws Error(kInvalidArgument) saying
+  /// what is wrong.
+  static SelectionTable parse(const std::string& spec);
+
+  Algorithm allReduce(size_t bytes) const { return pick(allReduce_, bytes); }
+  Algorithm reduce(size_t bytes) const { return pick(reduce_, bytes); }
+
+ private:
+  static Algorithm pick(const std::vector<Entry>& entries, size_t bytes);
+  std::vector<Entry> allReduce_{{Algorithm::kOneShot, 32 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
+  std::vector<Entry> reduce_{{Algorithm::kOneShot, 32 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
+};
+
+}  // namespace loom

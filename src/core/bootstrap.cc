@@ -1,0 +1,154 @@
+// The store exchange that precedes every top-level communicator.
+
+#include "core/bootstrap.h"
+
+#include <unistd.h>
+
+#include "core/process_service.h"
+#include "loom/error.h"
+#include "util/bytes.h"
+#include "util/posix.h"
+
+namespace loom {
+
+namespace {
+
+constexpr size_t kMaxName = 1024;
+
+std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+void writePeer(ByteWriter& w, const PeerInfo& peer) {
+  w.raw(peer.host.data(), peer.host.size());
+  w.integer(peer.pidNamespace);
+  w.integer(peer.pid);
+  w.string(peer.hostname);
+  w.string(peer.address);
+}
+
+bool readPeer(ByteReader& r, PeerInfo* peer) {
+  return r.raw(peer->host.data(), peer->host.size()) && r.integer(&peer->pidNamespace) &&
+         r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
+         r.string(&peer->address, kMaxName);
+}
+
+}  // namespace
+
+PeerInfo localPeer() {
+  const HostInfo& host = localHost();
+  PeerInfo peer;
+  peer.host = host.id;
+  peer.pidNamespace = host.pidNamespace;
+  peer.pid = static_cast<int32_t>(::getpid());
+  peer.hostname = host.hostname;
+  peer.address = ProcessService::instance().address();
+  return peer;
+}
+
+Bytes encodePeer(const PeerInfo& peer) {
+  ByteWriter w;
+  writePeer(w, peer);
+  return std::move(w.bytes());
+}
+
+std::optional<PeerInfo> parsePeer(std::span<const uint8_t> bytes) {
+  ByteReader r(bytes);
+  PeerInfo peer;
+  if (!readPeer(r, &peer) || !r.atEnd()) return std::nullopt;
+  return peer;
+}
+
+Bytes encodeRoster(const Roster& roster) {
+  ByteWriter w;
+  w.raw(roster.id.data(), roster.id.size());
+  w.raw(roster.secret.data(), roster.secret.size());
+  w.integer(static_cast<uint32_t>(roster.peers.size()));
+  for (const PeerInfo& peer : roster.peers) writePeer(w, peer);
+  return std::move(w.bytes());
+}
+
+std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size) {
+  ByteReader r(bytes);
+  Roster roster;
+  uint32_t count = 0;
+  if (!r.raw(roster.id.data(), roster.id.size()) ||
+      !r.raw(roster.secret.data(), roster.secret.size()) || !r.integer(&count) ||
+      count != static_cast<uint32_t>(size)) {
+    return std::nullopt;
+  }
+  roster.peers.resize(count);
+  for (PeerInfo& peer : roster.peers) {
+    if (!readPeer(r, &peer)) return std::nullopt;
+  }
+  if (!r.atEnd()) return std::nullopt;
+  return roster;
+}
+
+Roster exchangeRoster(int rank, int size, Store& store,
+                      std::chrono::steady_clock::time_point deadline) {
+  // Several communicators may bootstrap through one store one after another: each rank
+  // counts its own creations, and the n-th creation of every rank uses round n's keys.
+  const int64_t round = store.add("loom/rounds/" + std::to_string(rank), 1);
+  const std::string prefix = "loom/" + std::to_string(round) + "/";
+  store.set(prefix + "peer/" + std::to_string(rank), encodePeer(localPeer()));
+  if (rank == 0) {
+    Roster roster;
+    posix::randomBytes(roster.id.data(), roster.id.size());
+    posix::randomBytes(roster.secret.data(), roster.secret.size());
+    for (int q = 0; q < size; ++q) {
+      Bytes bytes;
+      try {
+        bytes = store.get(prefix + "peer/" + std::to_string(q), remaining(deadline));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout) throw;
+        throw Error(ErrorCode::kTimeout, "create", rank,
+                    "rank " + std::to_string(q) + " (and possibly later ranks) did not join " +
+                        "within the timeout; check that all " + std::to_string(size) +
+                        " ranks start and use the same store");
+      }
+      auto peer = parsePeer(bytes);
+      if (!peer) {
+        throw Error(ErrorCode::kInternal, "create", rank,
+                    "rank " + std::to_string(q) + " published a malformed record (mixed loom "
+                    "versions?)");
+      }
+      roster.peers.push_back(std::move(*peer));
+    }
+    store.set(prefix + "roster", encodeRoster(roster));
+    return roster;
+  }
+  Bytes bytes;
+  try {
+    bytes = store.get(prefix + "roster", remaining(deadline));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+    throw Error(ErrorCode::kTimeout, "create", rank,
+                "rank 0 did not publish the roster within the timeout; some rank did not start "
+                "or uses another store");
+  }
+  auto roster = parseRoster(bytes, size);
+  if (!roster) {
+    throw Error(ErrorCode::kInvalidArgument, "create", rank,
+                "the roster rank 0 published does not describe " + std::to_string(size) +
+                    " ranks; do all ranks pass the same size?");
+  }
+  return std::move(*roster);
+}
+
+void requireOneHost(const Roster& roster, int rank) {
+  const PeerInfo& self = roster.peers[rank];
+  for (size_t q = 0; q < roster.peers.size(); ++q) {
+    if (roster.peers[q].host == self.host) continue;
+    throw Error(ErrorCode::kUnsupported, "create", rank,
+                "rank " + std::to_string(q) + " runs on host '" + roster.peers[q].hostname +
+                    "' and this rank on '" + self.hostname +
+                    "' (different kernels or network namespaces). This version of loom connects "
+                    "ranks of one host through shared memory only; run all ranks on one host "
+                    "(or in one network namespace) until the multi-host transport lands");
+  }
+}
+
+}  // namespace loom

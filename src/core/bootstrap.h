@@ -1,0 +1,55 @@
+#pragma once
+
+// Meeting the other ranks through the store. Each rank publishes where it can be reached
+// (its process service's socket), its host identity and pid; rank 0 also draws the new
+// communicator's id and a job secret, gathers everything into a roster and publishes it.
+// That is one set and one get per rank (rank 0: one get per rank), whatever the size.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/handshake.h"
+#include "core/topology.h"
+#include "loom/store.h"
+#include "util/comm_id.h"
+
+namespace loom {
+
+/// How to reach one rank and where it runs.
+struct PeerInfo {
+  HostId host{};
+  uint64_t pidNamespace = 0;
+  int32_t pid = 0;
+  std::string hostname;
+  std::string address;  ///< its process service's socket name
+};
+
+/// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.
+struct Roster {
+  CommId id{};
+  handshake::Secret secret{};
+  std::vector<PeerInfo> peers;
+};
+
+/// This process's PeerInfo.
+PeerInfo localPeer();
+
+Bytes encodePeer(const PeerInfo& peer);
+std::optional<PeerInfo> parsePeer(std::span<const uint8_t> bytes);
+Bytes encodeRoster(const Roster& roster);
+/// Decodes a roster of exactly `size` peers; nullopt if malformed.
+std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size);
+
+/// Runs the exchange; every rank returns the same roster. Throws Error(kTimeout) naming the
+/// ranks that did not show up by `deadline`.
+Roster exchangeRoster(int rank, int size, Store& store,
+                      std::chrono::steady_clock::time_point deadline);
+
+/// Throws Error(kUnsupported) unless every peer shares this rank's host.
+void requireOneHost(const Roster& roster, int rank);
+
+}  // namespace loom

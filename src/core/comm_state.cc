@@ -1,0 +1,179 @@
+// Creating, running and tearing down a communicator.
+
+#include "core/comm_state.h"
+
+#include <unistd.h>
+
+#include "core/op_state.h"
+#include "core/p2p_engine.h"
+#include "core/process_service.h"
+#include "util/unix_socket.h"
+
+namespace loom::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store& store,
+                                                      const CommOptions& options) {
+  Config config = Config::load(size);
+  const auto deadline = Clock::now() + options.timeout;
+  const Roster roster = exchangeRoster(rank, size, store, deadline);
+  requireOneHost(roster, rank);
+  std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
+  state->join(deadline);
+  return state;
+}
+
+std::shared_ptr<CommState> CommState::createChild(CommState& parent,
+                                                  const std::vector<int>& members,
+                                                  const std::string& salt,
+                                                  const CommOptions& options) {
+  Roster roster;
+  roster.secret = parent.roster_.secret;
+  std::string key = salt + "/";
+  for (int q : members) {
+    roster.peers.push_back(parent.roster_.peers[q]);
+    key += std::to_string(q) + ",";
+  }
+  roster.id = deriveId(parent.roster_.id, key);
+  int rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == parent.rank_) rank = static_cast<int>(i);
+  }
+  Config config = parent.config_;
+  std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
+  state->join(Clock::now() + options.timeout);
+  return state;
+}
+
+CommState::CommState(int rank, const Roster& roster, const CommOptions& options, Config config)
+    : rank_(rank),
+      size_(static_cast<int>(roster.peers.size())),
+      name_(options.name),
+      roster_(roster),
+      config_(std::move(config)),
+      timeoutMs_(options.timeout.count()) {}
+
+void CommState::join(Clock::time_point deadline) {
+  ProcessService& service = ProcessService::instance();
+  std::shared_ptr<shm::Segment> segment;
+  if (rank_ == 0) {
+    const auto layout = shm::Layout::compute(size_, config_.chunkBytes, config_.ringBytes);
+    segment = shm::Segment::create(layout, roster_.id);
+    std::vector<Arrival> members =
+        service.acceptMembers(roster_.id, roster_.secret, size_ - 1, size_, deadline);
+    const auto welcome = handshake::encodeWelcome(0, "");
+    for (Arrival& member : members) {
+      if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),
+                                   segment->fd())) {
+        throw Error(ErrorCode::kPeerFailure, "create", rank_,
+                    "rank " + std::to_string(member.hello.rank) +
+                        " disconnected while joining; did it exit?");
+      }
+    }
+  } else {
+    handshake::Hello hello;
+    hello.comm = roster_.id;
+    hello.secret = roster_.secret;
+    hello.rank = rank_;
+    hello.pid = static_cast<int32_t>(::getpid());
+    posix::Fd fd = service.joinLeader(roster_.peers[0].address, hello, deadline);
+    segment = shm::Segment::attach(std::move(fd), roster_.id, size_);
+  }
+  shm_ = std::make_unique<shm::ShmComm>(std::move(segment), rank_, config_.backoff);
+  shm_->attachSelf(static_cast<int>(::getpid()));
+  watchPeers();
+  worker_ = std::make_unique<Worker>(config_.backoff);
+}
+
+void CommState::watchPeers() {
+  // Pids are comparable only within one pid namespace; elsewhere dead peers are found by
+  // the operation timeout instead.
+  const PeerInfo& self = roster_.peers[rank_];
+  for (int q = 0; q < size_; ++q) {
+    const PeerInfo& peer = roster_.peers[q];
+    if (q == rank_ || peer.pidNamespace != self.pidNamespace || peer.pid == self.pid) continue;
+    shm::ShmComm* shm = shm_.get();
+    watches_.push_back(ProcessService::instance().watch(peer.pid, [shm, q](int) { shm->markDead(q); }));
+  }
+}
+
+CommState::~CommState() {
+  shutdown();
+  for (uint64_t id : watches_) ProcessService::instance().unwatch(id);
+  if (shm_) shm_->depart();
+}
+
+std::chrono::milliseconds CommState::timeoutFor(const OpOptions& options) const {
+  return options.timeout.count() > 0 ? options.timeout
+                                     : std::chrono::milliseconds(timeoutMs_.load());
+}
+
+void CommState::requireUsable(std::string_view op) const {
+  if (shutDown_.load(std::memory_order_acquire)) {
+    throw Error(ErrorCode::kAborted, op, rank_,
+                "communicator '" + name_ + "' has been shut down; create a new one");
+  }
+  if (shm_->failed()) throw shm_->failureError(op);
+}
+
+Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
+  requireUsable(collectiveName(args.kind));
+  auto state = std::make_shared<OpState>(seq_.fetch_add(1, std::memory_order_relaxed) + 1);
+  const auto timeout = timeoutFor(options);
+  worker_->submit([this, args = std::move(args), state, timeout] {
+    std::exception_ptr error;
+    try {
+      const shm::WaitSpec wait{collectiveName(args.kind), state->seq, Clock::now() + timeout,
+                               timeout};
+      if (shm_->failed()) throw shm_->failureError(wait.op);
+      CollectiveContext ctx(*shm_, wait, state->seq, phase_, config_.threads, config_.selection);
+      runCollective(ctx, args);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    state->complete(error);
+  });
+  return Request(state);
+}
+
+P2pEngine& CommState::p2p() {
+  std::lock_guard<std::mutex> lock(p2pMutex_);
+  if (!p2p_) p2p_ = std::make_unique<P2pEngine>(*shm_);
+  return *p2p_;
+}
+
+Request CommState::send(const void* data, size_t bytes, int peer, int tag,
+                        const OpOptions& options) {
+  requireUsable("send");
+  return p2p().send(data, bytes, peer, tag, timeoutFor(options));
+}
+
+Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options) {
+  requireUsable("recv");
+  return p2p().recv(data, bytes, peer, tag, timeoutFor(options));
+}
+
+int CommState::nextChildNumber(const std::string& key) {
+  std::lock_guard<std::mutex> lock(childMutex_);
+  return childCounts_[key]++;
+}
+
+void CommState::abort() {
+  if (!shm_) return;
+  shm_->fail(ErrorCode::kAborted, rank_,
+             "rank " + std::to_string(rank_) + " aborted communicator '" + name_ + "'");
+}
+
+void CommState::shutdown() {
+  if (shutDown_.exchange(true)) return;
+  if (worker_) worker_->drain();
+  std::lock_guard<std::mutex> lock(p2pMutex_);
+  p2p_.reset();
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,99 @@
+#pragma once
+
+// The state behind a Communicator handle: membership, the shared segment, the collective
+// worker, the point-to-point engine (started on first use) and the peer watches.
+//
+// Creation is the same for every communicator once the roster is known: rank 0 (the leader)
+// creates the segment and hands its fd to each member over the process service's socket;
+// members map it; every rank then watches its peers' processes. A top-level communicator
+// gets its roster from the store; a child (split, subset) derives it from its parent's, so
+// making one costs a few local socket round trips and no store traffic.
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/collective.h"
+#include "core/bootstrap.h"
+#include "core/config.h"
+#include "core/worker.h"
+#include "loom/communicator.h"
+#include "transport/shm/shm_comm.h"
+
+namespace loom {
+
+class P2pEngine;
+
+namespace detail {
+
+class CommState {
+ public:
+  /// Joins a top-level communicator through the store.
+  static std::shared_ptr<CommState> createFromStore(int rank, int size, Store& store,
+                                                    const CommOptions& options);
+  /// Joins the child of `parent` whose members are the parent ranks `members` (new rank =
+  /// index). `salt` tells apart children with the same members; members pass the same.
+  static std::shared_ptr<CommState> createChild(CommState& parent, const std::vector<int>& members,
+                                                const std::string& salt,
+                                                const CommOptions& options);
+  ~CommState();
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  uint64_t lastSequence() const { return seq_.load(std::memory_order_relaxed); }
+  void setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(timeout.count()); }
+  std::chrono::milliseconds timeoutFor(const OpOptions& options) const;
+
+  /// Queues a collective (arguments already validated).
+  Request submit(CollectiveArgs args, const OpOptions& options);
+  Request send(const void* data, size_t bytes, int peer, int tag, const OpOptions& options);
+  Request recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options);
+
+  /// Counts children made with `key` so far (split and subset salts).
+  int nextChildNumber(const std::string& key);
+
+  void abort();
+  void shutdown();
+
+  /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed.
+  void requireUsable(std::string_view op) const;
+
+ private:
+  CommState(int rank, const Roster& roster, const CommOptions& options, Config config);
+  void join(std::chrono::steady_clock::time_point deadline);
+  void watchPeers();
+  P2pEngine& p2p();
+
+  const int rank_;
+  const int size_;
+  const std::string name_;
+  const Roster roster_;
+  const Config config_;
+  std::atomic<int64_t> timeoutMs_;
+
+  std::unique_ptr<shm::ShmComm> shm_;
+  std::atomic<uint64_t> seq_{0};
+  uint64_t phase_ = 0;  // worker thread only
+  std::vector<uint64_t> watches_;
+  std::atomic<bool> shutDown_{false};
+
+  std::mutex childMutex_;
+  std::map<std::string, int> childCounts_;  // guarded by childMutex_
+
+  std::mutex p2pMutex_;
+  std::unique_ptr<P2pEngine> p2p_;  // created on first send/recv; guarded by p2pMutex_
+
+  std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
+
+  friend class ::loom::Communicator;
+};
+
+}  // namespace detail
+}  // namespace loom

@@ -1,0 +1,340 @@
+// The public Communicator: checks arguments, then hands the operation to CommState.
+
+#include "loom/communicator.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/comm_state.h"
+#include "core/validate.h"
+#include "loom/error.h"
+
+namespace loom {
+
+namespace {
+
+using validate::Site;
+
+// Checks a list of per-rank blocks: one entry per rank, a buffer wherever count > 0.
+template <class Ptr>
+void blocks(const Site& site, const char* what, std::span<Ptr const> ptrs,
+            std::span<const size_t> counts, DataType type) {
+  validate::perRank(site, what, ptrs.size());
+  validate::perRank(site, "counts", counts.size());
+  for (size_t q = 0; q < ptrs.size(); ++q) {
+    validate::bytesOf(site, "counts", counts[q], type);
+    validate::buffer(site, what, ptrs[q], counts[q]);
+  }
+}
+
+// Checks that no two of the listed byte ranges overlap, except `allowed` pairs.
+void disjoint(const Site& site, const char* what, std::span<void* const> ptrs,
+              std::span<const size_t> counts, DataType type) {
+  const size_t es = elementSize(type);
+  for (size_t a = 0; a < ptrs.size(); ++a) {
+    for (size_t b = a + 1; b < ptrs.size(); ++b) {
+      validate::noPartialOverlap(site, what, ptrs[a], counts[a] * es, what, ptrs[b],
+                                 counts[b] * es, false);
+    }
+  }
+}
+
+size_t sum(std::span<const size_t> counts) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
+}
+
+}  // namespace
+
+Communicator::Communicator(std::shared_ptr<detail::CommState> state) : state_(std::move(state)) {}
+
+Communicator::~Communicator() = default;
+
+std::shared_ptr<Communicator> Communicator::create(int rank, int size, std::shared_ptr<Store> store,
+                                                   const CommOptions& options) {
+  const Site site{"create", rank, size};
+  if (size < 1) validate::fail(site, "argument 'size' is " + std::to_string(size) + "; it must be at least 1");
+  validate::rankInRange(site, "rank", rank);
+  if (!store) validate::fail(site, "argument 'store' is null");
+  if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
+  return std::make_shared<Communicator>(detail::CommState::createFromStore(rank, size, *store, options));
+}
+
+int Communicator::rank() const { return state_->rank(); }
+int Communicator::size() const { return state_->size(); }
+const std::string& Communicator::name() const { return state_->name(); }
+uint64_t Communicator::lastSequence() const { return state_->lastSequence(); }
+
+void Communicator::setTimeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) {
+    validate::fail({"set_timeout", rank(), size()}, "the timeout must be positive");
+  }
+  state_->setTimeout(timeout);
+}
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key, const CommOptions& options) {
+  state_->requireUsable("split");
+  // Every rank learns every (color, key) through an all_gather on this communicator.
+  const int64_t mine[2] = {color, key};
+  std::vector<int64_t> all(2 * static_cast<size_t>(size()));
+  allGather(mine, all.data(), 2, DataType::kInt64).wait();
+  const int number = state_->nextChildNumber("split");
+  if (color < 0) return nullptr;
+  std::vector<int> members;
+  for (int q = 0; q < size(); ++q) {
+    if (all[2 * q] == color) members.push_back(q);
+  }
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  const std::string salt = "split/" + std::to_string(number) + "/" + std::to_string(color);
+  return std::make_shared<Communicator>(detail::CommState::createChild(*state_, members, salt, options));
+}
+
+std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks, const std::string& tag,
+                                                   const CommOptions& options) {
+  const Site site{"subset", rank(), size()};
+  state_->requireUsable("subset");
+  std::set<int> seen;
+  for (int q : ranks) {
+    validate::rankInRange(site, "ranks", q);
+    if (!seen.insert(q).second) validate::fail(site, "rank " + std::to_string(q) + " is listed twice");
+  }
+  if (seen.count(rank()) == 0) {
+    validate::fail(site, "this rank (" + std::to_string(rank()) +
+                             ") is not in 'ranks'; only the listed ranks call subset");
+  }
+  std::vector<int> members(ranks.begin(), ranks.end());
+  std::string key = "subset/" + tag + "/";
+  for (int q : members) key += std::to_string(q) + ",";
+  const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
+  return std::make_shared<Communicator>(detail::CommState::createChild(*state_, members, salt, options));
+}
+
+Request Communicator::allReduce(const void* input, void* output, size_t count, DataType type,
+                                ReduceOp op, const OpOptions& options) {
+  const Site site{"all_reduce", rank(), size()};
+  validate::dataType(site, type);
+  validate::reduction(site, op, type);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "input", input, count);
+  validate::buffer(site, "output", output, count);
+  validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes, true);
+  auto args = CollectiveArgs::of(CollectiveKind::kAllReduce, type, op, 0, count, input, output);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::reduce(const void* input, void* output, size_t count, DataType type,
+                             ReduceOp op, int root, const OpOptions& options) {
+  const Site site{"reduce", rank(), size()};
+  validate::dataType(site, type);
+  validate::reduction(site, op, type);
+  validate::rankInRange(site, "root", root);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "input", input, count);
+  if (rank() == root) {
+    validate::buffer(site, "output", output, count);
+    validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes, true);
+  }
+  auto args = CollectiveArgs::of(CollectiveKind::kReduce, type, op, root, count, input, output);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::broadcast(const void* input, void* output, size_t count, DataType type,
+                                int root, const OpOptions& options) {
+  const Site site{"broadcast", rank(), size()};
+  validate::dataType(site, type);
+  validate::rankInRange(site, "root", root);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "output", output, count);
+  if (rank() == root) {
+    validate::buffer(site, "input", input, count);
+    validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes, true);
+  }
+  auto args = CollectiveArgs::of(CollectiveKind::kBroadcast, type, ReduceOp(), root, count, input, output);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::allGather(const void* input, void* output, size_t count, DataType type,
+                                const OpOptions& options) {
+  const Site site{"all_gather", rank(), size()};
+  validate::dataType(site, type);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::bytesOf(site, "count", count * static_cast<size_t>(size()), type);
+  validate::buffer(site, "input", input, count);
+  validate::buffer(site, "output", output, count);
+  auto* out = static_cast<uint8_t*>(output);
+  if (input != out + rank() * bytes) {
+    validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes * size(), false);
+  }
+  auto args = CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, count, input, nullptr);
+  for (int q = 0; q < size(); ++q) args.outputs.push_back(out + q * bytes);
+  args.outputCounts.assign(static_cast<size_t>(size()), count);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::allGatherV(const void* input, std::span<void* const> outputs,
+                                 std::span<const size_t> counts, DataType type,
+                                 const OpOptions& options) {
+  const Site site{"all_gather_v", rank(), size()};
+  validate::dataType(site, type);
+  blocks<void*>(site, "outputs", outputs, counts, type);
+  validate::buffer(site, "input", input, counts[rank()]);
+  disjoint(site, "outputs", outputs, counts, type);
+  const size_t es = elementSize(type);
+  for (int q = 0; q < size(); ++q) {
+    validate::noPartialOverlap(site, "input", input, counts[rank()] * es, "outputs", outputs[q],
+                               counts[q] * es, q == rank());
+  }
+  auto args = CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, sum(counts), input, nullptr);
+  args.outputs.assign(outputs.begin(), outputs.end());
+  args.outputCounts.assign(counts.begin(), counts.end());
+  args.variable = true;
+  args.countsHash = validate::hashCounts(counts);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::reduceScatter(const void* input, void* output, size_t count, DataType type,
+                                    ReduceOp op, const OpOptions& options) {
+  const Site site{"reduce_scatter", rank(), size()};
+  validate::dataType(site, type);
+  validate::reduction(site, op, type);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::bytesOf(site, "count", count * static_cast<size_t>(size()), type);
+  validate::buffer(site, "input", input, count);
+  validate::buffer(site, "output", output, count);
+  const auto* in = static_cast<const uint8_t*>(input);
+  if (output != in + rank() * bytes) {
+    validate::noPartialOverlap(site, "input", input, bytes * size(), "output", output, bytes, false);
+  }
+  auto args = CollectiveArgs::of(CollectiveKind::kReduceScatter, type, op, 0, count, nullptr, output);
+  for (int q = 0; q < size(); ++q) args.inputs.push_back(in + q * bytes);
+  args.inputCounts.assign(static_cast<size_t>(size()), count);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::reduceScatterV(std::span<const void* const> inputs, void* output,
+                                     std::span<const size_t> counts, DataType type, ReduceOp op,
+                                     const OpOptions& options) {
+  const Site site{"reduce_scatter_v", rank(), size()};
+  validate::dataType(site, type);
+  validate::reduction(site, op, type);
+  blocks<const void*>(site, "inputs", inputs, counts, type);
+  validate::buffer(site, "output", output, counts[rank()]);
+  const size_t es = elementSize(type);
+  for (int q = 0; q < size(); ++q) {
+    validate::noPartialOverlap(site, "inputs", inputs[q], counts[q] * es, "output", output,
+                               counts[rank()] * es, q == rank());
+  }
+  auto args = CollectiveArgs::of(CollectiveKind::kReduceScatter, type, op, 0, sum(counts), nullptr, output);
+  args.inputs.assign(inputs.begin(), inputs.end());
+  args.inputCounts.assign(counts.begin(), counts.end());
+  args.variable = true;
+  args.countsHash = validate::hashCounts(counts);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::allToAll(const void* input, void* output, size_t count, DataType type,
+                               const OpOptions& options) {
+  const Site site{"all_to_all", rank(), size()};
+  validate::dataType(site, type);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::bytesOf(site, "count", count * static_cast<size_t>(size()), type);
+  validate::buffer(site, "input", input, count);
+  validate::buffer(site, "output", output, count);
+  validate::noPartialOverlap(site, "input", input, bytes * size(), "output", output, bytes * size(), true);
+  auto args = CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, count, nullptr, nullptr);
+  for (int q = 0; q < size(); ++q) {
+    args.inputs.push_back(static_cast<const uint8_t*>(input) + q * bytes);
+    args.outputs.push_back(static_cast<uint8_t*>(output) + q * bytes);
+  }
+  args.inputCounts.assign(static_cast<size_t>(size()), count);
+  args.outputCounts.assign(static_cast<size_t>(size()), count);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::allToAllV(std::span<const void* const> inputs, std::span<const size_t> sendCounts,
+                                std::span<void* const> outputs, std::span<const size_t> recvCounts,
+                                DataType type, const OpOptions& options) {
+  const Site site{"all_to_all_v", rank(), size()};
+  validate::dataType(site, type);
+  blocks<const void*>(site, "inputs", inputs, sendCounts, type);
+  blocks<void*>(site, "outputs", outputs, recvCounts, type);
+  disjoint(site, "outputs", outputs, recvCounts, type);
+  auto args = CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, 0, nullptr, nullptr);
+  args.inputs.assign(inputs.begin(), inputs.end());
+  args.inputCounts.assign(sendCounts.begin(), sendCounts.end());
+  args.outputs.assign(outputs.begin(), outputs.end());
+  args.outputCounts.assign(recvCounts.begin(), recvCounts.end());
+  args.variable = true;
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::gather(const void* input, std::span<void* const> outputs, size_t count,
+                             DataType type, int root, const OpOptions& options) {
+  const Site site{"gather", rank(), size()};
+  validate::dataType(site, type);
+  validate::rankInRange(site, "root", root);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "input", input, count);
+  auto args = CollectiveArgs::of(CollectiveKind::kGather, type, ReduceOp(), root, count, input, nullptr);
+  if (rank() == root) {
+    const std::vector<size_t> counts(static_cast<size_t>(size()), count);
+    blocks<void*>(site, "outputs", outputs, counts, type);
+    disjoint(site, "outputs", outputs, counts, type);
+    for (int q = 0; q < size(); ++q) {
+      validate::noPartialOverlap(site, "input", input, bytes, "outputs", outputs[q], bytes, q == root);
+    }
+    args.outputs.assign(outputs.begin(), outputs.end());
+  }
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::scatter(std::span<const void* const> inputs, void* output, size_t count,
+                              DataType type, int root, const OpOptions& options) {
+  const Site site{"scatter", rank(), size()};
+  validate::dataType(site, type);
+  validate::rankInRange(site, "root", root);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "output", output, count);
+  auto args = CollectiveArgs::of(CollectiveKind::kScatter, type, ReduceOp(), root, count, nullptr, output);
+  if (rank() == root) {
+    const std::vector<size_t> counts(static_cast<size_t>(size()), count);
+    blocks<const void*>(site, "inputs", inputs, counts, type);
+    for (int q = 0; q < size(); ++q) {
+      validate::noPartialOverlap(site, "inputs", inputs[q], bytes, "output", output, bytes, q == root);
+    }
+    args.inputs.assign(inputs.begin(), inputs.end());
+  }
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::barrier(const OpOptions& options) {
+  return state_->submit(CollectiveArgs::of(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp(), 0, 0, nullptr, nullptr), options);
+}
+
+Request Communicator::send(const void* data, size_t count, DataType type, int peer, int tag,
+                           const OpOptions& options) {
+  const Site site{"send", rank(), size()};
+  validate::dataType(site, type);
+  validate::rankInRange(site, "peer", peer);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "data", data, count);
+  return state_->send(data, bytes, peer, tag, options);
+}
+
+Request Communicator::recv(void* data, size_t count, DataType type, int peer, int tag,
+                           const OpOptions& options) {
+  const Site site{"recv", rank(), size()};
+  validate::dataType(site, type);
+  if (peer != kAnySource) validate::rankInRange(site, "peer", peer);
+  const size_t bytes = validate::bytesOf(site, "count", count, type);
+  validate::buffer(site, "data", data, count);
+  return state_->recv(data, bytes, peer, tag, options);
+}
+
+void Communicator::abort() { state_->abort(); }
+
+void Communicator::shutdown() { state_->shutdown(); }
+
+}  // namespace loom

@@ -1,0 +1,39 @@
+// Reading the tunables.
+
+#include "core/config.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/topology.h"
+#include "kernels/reduce.h"
+#include "loom/error.h"
+#include "util/env.h"
+
+namespace loom {
+
+Config Config::load(int localRanks) {
+  Config c;
+  c.chunkBytes = env::bytes("LOOM_CHUNK_BYTES", c.chunkBytes, 16 << 10, size_t{1} << 30);
+  if (c.chunkBytes % 4096 != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "config", -1,
+                "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " +
+                    std::to_string(c.chunkBytes) + ")");
+  }
+  c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
+  if ((c.ringBytes & (c.ringBytes - 1)) != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "config", -1,
+                "LOOM_P2P_RING_BYTES must be a power of two (got " + std::to_string(c.ringBytes) +
+                    ")");
+  }
+  // By default each rank takes its share of this process's cores, up to 8 helpers.
+  const int share = std::max(1, availableCores() / std::max(1, localRanks));
+  c.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
+  c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));
+  c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
+  c.selection = SelectionTable::fromEnvironment();
+  kernels::activeIsa();  // a bad LOOM_ISA fails here, at creation, not in the first collective
+  return c;
+}
+
+}  // namespace loom

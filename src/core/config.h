@@ -1,0 +1,29 @@
+#pragma once
+
+// Tunables, read from LOOM_* environment variables when a communicator is made. The
+// variables and their defaults are listed in docs/CONFIGURATION.md.
+
+#include <cstddef>
+
+#include "algorithms/selection.h"
+#include "util/backoff.h"
+
+namespace loom {
+
+struct Config {
+  /// Bytes per slot half (LOOM_CHUNK_BYTES). The leader's value is used by all ranks.
+  size_t chunkBytes = 1 << 20;
+  /// Bytes per point-to-point ring, a power of two (LOOM_P2P_RING_BYTES).
+  size_t ringBytes = 256 << 10;
+  /// Threads per rank for large copies and reductions (LOOM_THREADS).
+  int threads = 1;
+  /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US).
+  BackoffPolicy backoff;
+  /// Algorithm by size (LOOM_ALGO).
+  SelectionTable selection;
+
+  /// Reads the environment; `localRanks` ranks share this host's cores.
+  static Config load(int localRanks);
+};
+
+}  // namespace loom

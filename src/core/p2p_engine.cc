@@ -1,0 +1,398 @@
+// The point-to-point engine: ring streaming, tag matching, deadlines.
+
+#include "core/p2p_engine.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/communicator.h"
+#include "transport/shm/futex.h"
+#include "util/backoff.h"
+
+namespace loom {
+
+namespace {
+
+// Largest message the engine accepts from a ring; anything larger means a corrupted stream.
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 44;
+constexpr uint32_t kHeaderMagic = 0x6d6f6f6c;  // "loom"
+
+void encodeHeader(uint8_t* out, int tag, uint64_t bytes) {
+  const auto t = static_cast<uint32_t>(tag);
+  std::memcpy(out, &t, 4);
+  std::memcpy(out + 4, &kHeaderMagic, 4);
+  std::memcpy(out + 8, &bytes, 8);
+}
+
+bool decodeHeader(const uint8_t* in, int* tag, uint64_t* bytes) {
+  uint32_t t;
+  uint32_t magic;
+  std::memcpy(&t, in, 4);
+  std::memcpy(&magic, in + 4, 4);
+  std::memcpy(bytes, in + 8, 8);
+  *tag = static_cast<int>(t);
+  return magic == kHeaderMagic && *bytes <= kMaxMessageBytes;
+}
+
+bool matches(int wantPeer, int wantTag, int source, int tag) {
+  return (wantPeer == kAnySource || wantPeer == source) && wantTag == tag;
+}
+
+}  // namespace
+
+P2pEngine::P2pEngine(shm::ShmComm& shm) : shm_(shm), rank_(shm.rank()), size_(shm.size()) {
+  outbound_.resize(static_cast<size_t>(size_));
+  inbound_.resize(static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    writers_.emplace_back(shm_.ring(rank_, q), shm_.ringData(rank_, q), shm_.ringBytes());
+    readers_.emplace_back(shm_.ring(q, rank_), shm_.ringData(q, rank_), shm_.ringBytes());
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+P2pEngine::~P2pEngine() {
+  stopping_.store(true, std::memory_order_release);
+  ringDoorbell(rank_);
+  thread_.join();
+}
+
+Error P2pEngine::opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const {
+  std::string peer = op.peer == kAnySource ? "any rank" : "rank " + std::to_string(op.peer);
+  return Error(code, isSend ? "send" : "recv", rank_,
+               std::string(isSend ? "to " : "from ") + peer + " (tag " + std::to_string(op.tag) +
+                   ", " + std::to_string(op.bytes) + " bytes): " + what);
+}
+
+Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
+                        std::chrono::milliseconds timeout) {
+  auto op = std::make_shared<Op>();
+  op->state = std::make_shared<detail::OpState>(++nextSeq_);
+  op->data = static_cast<uint8_t*>(const_cast<void*>(data));
+  op->bytes = bytes;
+  op->peer = peer;
+  op->tag = tag;
+  op->timeout = timeout;
+  op->deadline = Clock::now() + timeout;
+  encodeHeader(op->header, tag, bytes);
+  Request request(op->state);
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex_);
+    newSends_.push_back(std::move(op));
+  }
+  ringDoorbell(rank_);
+  return request;
+}
+
+Request P2pEngine::recv(void* data, size_t bytes, int peer, int tag,
+                        std::chrono::milliseconds timeout) {
+  auto op = std::make_shared<Op>();
+  op->state = std::make_shared<detail::OpState>(++nextSeq_);
+  op->data = static_cast<uint8_t*>(data);
+  op->bytes = bytes;
+  op->peer = peer;
+  op->tag = tag;
+  op->timeout = timeout;
+  op->deadline = Clock::now() + timeout;
+  Request request(op->state);
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex_);
+    newRecvs_.push_back(std::move(op));
+  }
+  ringDoorbell(rank_);
+  return request;
+}
+
+void P2pEngine::ringDoorbell(int q) {
+  shm::Doorbell& bell = shm_.doorbell(q);
+  bell.rings.fetch_add(1, std::memory_order_seq_cst);
+  if (bell.sleeping.load(std::memory_order_seq_cst) != 0) shm::futexWakeAll(&bell.rings);
+}
+
+void P2pEngine::finish(Op& op, std::exception_ptr error) { op.state->complete(std::move(error)); }
+
+void P2pEngine::run() {
+  shm::Doorbell& bell = shm_.doorbell(rank_);
+  for (;;) {
+    const uint32_t seen = bell.rings.load(std::memory_order_acquire);
+    if (shm_.failed()) {
+      failAll(std::make_exception_ptr(shm_.failureError("send/recv")));
+    }
+    bool progressed = acceptNewOps();
+    progressed |= progressSends();
+    progressed |= progressReceives();
+    expire(Clock::now());
+    if (stopping_.load(std::memory_order_acquire)) break;
+    if (progressed) continue;
+    // Idle: back off until a doorbell ring (new op, data in, space freed).
+    Backoff backoff(shm_.backoff());
+    while (bell.rings.load(std::memory_order_acquire) == seen &&
+           !stopping_.load(std::memory_order_acquire)) {
+      const auto stage = backoff.next();
+      if (stage == Backoff::Stage::kSpin) {
+        cpuRelax();
+      } else if (stage == Backoff::Stage::kYield) {
+        sched_yield();
+      } else {
+        bell.sleeping.store(1, std::memory_order_seq_cst);
+        if (bell.rings.load(std::memory_order_seq_cst) == seen) {
+          shm::futexWait(&bell.rings, seen, shm_.backoff().sleepSlice);
+        }
+        bell.sleeping.store(0, std::memory_order_relaxed);
+        break;  // re-check deadlines and failures
+      }
+    }
+  }
+  failAll(std::make_exception_ptr(
+      Error(ErrorCode::kAborted, "send/recv", rank_,
+            "the communicator was shut down while this operation was pending")));
+}
+
+bool P2pEngine::acceptNewOps() {
+  std::vector<std::shared_ptr<Op>> sends;
+  std::vector<std::shared_ptr<Op>> recvs;
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex_);
+    sends.swap(newSends_);
+    recvs.swap(newRecvs_);
+  }
+  for (auto& op : sends) outbound_[op->peer].push_back(std::move(op));
+  for (auto& op : recvs) postReceive(op);
+  return !sends.empty() || !recvs.empty();
+}
+
+bool P2pEngine::progressSends() {
+  bool progressed = false;
+  for (int q = 0; q < size_; ++q) {
+    auto& queue = outbound_[q];
+    bool wrote = false;
+    while (!queue.empty()) {
+      Op& op = *queue.front();
+      const size_t total = sizeof op.header + op.bytes;
+      while (op.done < total) {
+        size_t n;
+        if (op.done < sizeof op.header) {
+          n = writers_[q].write(op.header + op.done, sizeof op.header - op.done);
+        } else {
+          const size_t at = op.done - sizeof op.header;
+          n = writers_[q].write(op.data + at, op.bytes - at);
+        }
+        if (n == 0) break;
+        op.done += n;
+        wrote = true;
+      }
+      if (op.done < total) break;  // ring full
+      finish(op, nullptr);
+      queue.pop_front();
+    }
+    if (wrote) {
+      ringDoorbell(q);
+      progressed = true;
+    }
+  }
+  return progressed;
+}
+
+bool P2pEngine::progressReceives() {
+  bool progressed = false;
+  for (int source = 0; source < size_; ++source) {
+    shm::RingReader& reader = readers_[source];
+    Inbound& in = inbound_[source];
+    bool consumed = false;
+    while (reader.available() > 0) {
+      if (in.headerBytes < sizeof in.header) {
+        in.headerBytes += reader.read(in.header + in.headerBytes, sizeof in.header - in.headerBytes);
+        consumed = true;
+        if (in.headerBytes < sizeof in.header) break;
+        startMessage(source, in);
+        if (in.payloadLeft == 0) finishMessage(source, in);
+        continue;
+      }
+      const size_t n = reader.read(in.target, in.payloadLeft);
+      if (in.target != nullptr) in.target += n;
+      if (in.unexpected) in.unexpected->received += n;
+      in.payloadLeft -= n;
+      consumed = true;
+      if (in.payloadLeft == 0) finishMessage(source, in);
+    }
+    if (consumed) {
+      ringDoorbell(source);  // the sender may be waiting for space
+      progressed = true;
+    }
+  }
+  return progressed;
+}
+
+void P2pEngine::startMessage(int source, Inbound& in) {
+  int tag = 0;
+  uint64_t bytes = 0;
+  if (!decodeHeader(in.header, &tag, &bytes)) {
+    shm_.fail(ErrorCode::kInternal, source,
+              "corrupted point-to-point stream from rank " + std::to_string(source));
+    in = Inbound{};
+    return;
+  }
+  in.payloadLeft = bytes;
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    Op& op = **it;
+    if (!matches(op.peer, op.tag, source, tag)) continue;
+    in.recv = *it;
+    posted_.erase(it);
+    op.state->source.store(source);
+    in.target = op.bytes == bytes ? op.data : nullptr;  // a size mismatch discards the payload
+    return;
+  }
+  auto message = std::make_shared<Unexpected>();
+  message->source = source;
+  message->tag = tag;
+  message->data.resize(bytes);
+  in.unexpected = message;
+  in.target = message->data.data();
+  unexpected_.push_back(std::move(message));
+}
+
+void P2pEngine::finishMessage(int source, Inbound& in) {
+  const uint64_t bytes = [&] {
+    uint64_t b;
+    std::memcpy(&b, in.header + 8, 8);
+    return b;
+  }();
+  if (in.recv) {
+    Op& op = *in.recv;
+    if (op.bytes == bytes) {
+      finish(op, nullptr);
+    } else {
+      finish(op, std::make_exception_ptr(opError(
+                     ErrorCode::kInvalidArgument, op, false,
+                     "the matching message from rank " + std::to_string(source) + " has " +
+                         std::to_string(bytes) + " bytes; send and recv sizes must match")));
+    }
+  } else if (in.unexpected && in.unexpected->claimedBy) {
+    deliver(*in.unexpected, *in.unexpected->claimedBy);
+    unexpected_.remove(in.unexpected);
+  }
+  in = Inbound{};
+}
+
+void P2pEngine::deliver(Unexpected& message, Op& op) {
+  op.state->source.store(message.source);
+  if (op.bytes != message.data.size()) {
+    finish(op, std::make_exception_ptr(opError(
+                   ErrorCode::kInvalidArgument, op, false,
+                   "the matching message from rank " + std::to_string(message.source) + " has " +
+                       std::to_string(message.data.size()) +
+                       " bytes; send and recv sizes must match")));
+    return;
+  }
+  if (op.bytes != 0) std::memcpy(op.data, message.data.data(), op.bytes);
+  finish(op, nullptr);
+}
+
+void P2pEngine::postReceive(const std::shared_ptr<Op>& op) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    Unexpected& message = **it;
+    if (message.claimedBy || !matches(op->peer, op->tag, message.source, message.tag)) continue;
+    if (message.received == message.data.size()) {
+      deliver(message, *op);
+      unexpected_.erase(it);
+    } else {
+      message.claimedBy = op;  // finishMessage delivers it when the rest arrives
+    }
+    return;
+  }
+  posted_.push_back(op);
+}
+
+void P2pEngine::expire(Clock::time_point now) {
+  // Receives with no message yet: they end at their deadline, or at once if their sender
+  // is gone and nothing more can arrive from it.
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    Op& op = **it;
+    std::string why;
+    ErrorCode code = ErrorCode::kTimeout;
+    if (op.peer != kAnySource && shm_.stateOf(op.peer) != shm::RankState::kAlive &&
+        readers_[op.peer].available() == 0 && inbound_[op.peer].headerBytes == 0) {
+      code = ErrorCode::kPeerFailure;
+      why = shm_.stateOf(op.peer) == shm::RankState::kDead
+                ? "the sender's process exited"
+                : "the sender destroyed its communicator without sending it";
+    } else if (now >= op.deadline) {
+      why = "no matching message arrived within " + std::to_string(op.timeout.count()) + " ms";
+    }
+    if (why.empty()) {
+      ++it;
+      continue;
+    }
+    finish(op, std::make_exception_ptr(opError(code, op, false, why)));
+    it = posted_.erase(it);
+  }
+  for (auto& message : unexpected_) {
+    if (message->claimedBy && now >= message->claimedBy->deadline) {
+      Op& op = *message->claimedBy;
+      finish(op, std::make_exception_ptr(opError(
+                     ErrorCode::kTimeout, op, false,
+                     "the matching message did not finish arriving within " +
+                         std::to_string(op.timeout.count()) + " ms")));
+      message->claimedBy.reset();
+    }
+  }
+  // Sends: one that has not started can simply fail; one cut off mid-stream would leave the
+  // ring unparseable, so it fails the communicator.
+  for (int q = 0; q < size_; ++q) {
+    auto& queue = outbound_[q];
+    for (auto it = queue.begin(); it != queue.end();) {
+      Op& op = **it;
+      if (shm_.stateOf(q) != shm::RankState::kAlive) {
+        finish(op, std::make_exception_ptr(opError(
+                       ErrorCode::kPeerFailure, op, true,
+                       shm_.stateOf(q) == shm::RankState::kDead
+                           ? "the receiver's process exited"
+                           : "the receiver destroyed its communicator")));
+        it = queue.erase(it);
+        continue;
+      }
+      if (now < op.deadline) {
+        ++it;
+        continue;
+      }
+      const Error error = opError(ErrorCode::kTimeout, op, true,
+                                  "did not complete within " + std::to_string(op.timeout.count()) +
+                                      " ms: the receiver is not draining its channel");
+      if (op.done != 0) {
+        shm_.fail(ErrorCode::kTimeout, q, error.detail());
+        return;  // failAll picks everything up on the next turn
+      }
+      finish(op, std::make_exception_ptr(error));
+      it = queue.erase(it);
+    }
+  }
+}
+
+void P2pEngine::failAll(const std::exception_ptr& error) {
+  for (auto& queue : outbound_) {
+    for (auto& op : queue) finish(*op, error);
+    queue.clear();
+  }
+  for (auto& op : posted_) finish(*op, error);
+  posted_.clear();
+  for (auto& message : unexpected_) {
+    if (message->claimedBy) finish(*message->claimedBy, error);
+  }
+  unexpected_.clear();
+  for (Inbound& in : inbound_) {
+    if (in.recv) finish(*in.recv, error);
+    in = Inbound{};
+  }
+  std::vector<std::shared_ptr<Op>> sends;
+  std::vector<std::shared_ptr<Op>> recvs;
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex_);
+    sends.swap(newSends_);
+    recvs.swap(newRecvs_);
+  }
+  for (auto& op : sends) finish(*op, error);
+  for (auto& op : recvs) finish(*op, error);
+}
+
+}  // namespace loom

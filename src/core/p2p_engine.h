@@ -1,0 +1,111 @@
+#pragma once
+
+// Tag-matched send/recv between the ranks of one communicator, beside (not in) the
+// collective queue, so a send issued before a collective cannot deadlock it.
+//
+// Every ordered pair of ranks has a byte ring in the segment. A message is a 16-byte header
+// (tag, length) followed by its bytes; a send completes once all of it is in the ring, so
+// small sends complete at once and large ones stream as the receiver drains. Each rank's
+// engine thread drains its inbound rings continuously: into the matching posted receive if
+// there is one, else into a heap buffer (an "unexpected" message) that a later receive takes.
+// Matching follows MPI: messages from one sender with one tag are received in send order.
+// The engine thread starts with the communicator's first send or receive and sleeps on the
+// rank's doorbell futex when idle.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/op_state.h"
+#include "loom/request.h"
+#include "transport/shm/byte_ring.h"
+#include "transport/shm/shm_comm.h"
+
+namespace loom {
+
+class P2pEngine {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit P2pEngine(shm::ShmComm& shm);
+  /// Stops the thread; operations still pending fail with kAborted.
+  ~P2pEngine();
+  P2pEngine(const P2pEngine&) = delete;
+  P2pEngine& operator=(const P2pEngine&) = delete;
+
+  /// Queues a send of `bytes` bytes to `peer`.
+  Request send(const void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
+  /// Queues a receive of exactly `bytes` bytes from `peer` (or kAnySource).
+  Request recv(void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
+
+ private:
+  struct Op {
+    std::shared_ptr<detail::OpState> state;
+    uint8_t* data = nullptr;  ///< recv destination, or send source (cast)
+    size_t bytes = 0;
+    int peer = 0;
+    int tag = 0;
+    Clock::time_point deadline;
+    std::chrono::milliseconds timeout{0};
+    size_t done = 0;  ///< sends: bytes of header + payload written
+    uint8_t header[16] = {};
+  };
+  struct Unexpected {  // a message that arrived before its receive
+    int source = 0;
+    int tag = 0;
+    std::vector<uint8_t> data;
+    size_t received = 0;
+    std::shared_ptr<Op> claimedBy;  ///< a receive waiting for the rest of it
+  };
+  struct Inbound {  // parse state of one source's ring
+    uint8_t header[16] = {};
+    size_t headerBytes = 0;
+    size_t payloadLeft = 0;
+    uint8_t* target = nullptr;  ///< where the payload goes; nullptr discards it
+    std::shared_ptr<Op> recv;   ///< the receive being filled directly
+    std::shared_ptr<Unexpected> unexpected;  ///< or the buffer being filled
+  };
+
+  void run();
+  bool acceptNewOps();
+  bool progressSends();
+  bool progressReceives();
+  void startMessage(int source, Inbound& in);
+  void finishMessage(int source, Inbound& in);
+  void postReceive(const std::shared_ptr<Op>& op);
+  void deliver(Unexpected& message, Op& op);
+  void expire(Clock::time_point now);
+  void failAll(const std::exception_ptr& error);
+  void ringDoorbell(int q);
+  void finish(Op& op, std::exception_ptr error);
+  Error opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const;
+
+  shm::ShmComm& shm_;
+  const int rank_;
+  const int size_;
+
+  std::mutex inboxMutex_;
+  std::vector<std::shared_ptr<Op>> newSends_;  // guarded by inboxMutex_
+  std::vector<std::shared_ptr<Op>> newRecvs_;  // guarded by inboxMutex_
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> nextSeq_{0};
+
+  // Engine-thread state.
+  std::vector<std::deque<std::shared_ptr<Op>>> outbound_;  // per destination, FIFO
+  std::vector<shm::RingWriter> writers_;
+  std::vector<shm::RingReader> readers_;
+  std::vector<Inbound> inbound_;
+  std::list<std::shared_ptr<Op>> posted_;            // receives without a message yet
+  std::list<std::shared_ptr<Unexpected>> unexpected_;  // messages without a receive yet
+
+  std::thread thread_;
+};
+
+}  // namespace loom

@@ -1,0 +1,282 @@
+// The per-process service thread: accepts members for local leaders and watches peers.
+
+#include "core/process_service.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include "loom/error.h"
+#include "util/unix_socket.h"
+
+namespace loom {
+
+namespace {
+
+constexpr size_t kMaxPending = 1024;            // half-open connections held at once
+constexpr size_t kMaxEarly = 4096;              // arrivals held for leaders not yet asking
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
+
+int openPidfd(int pid) {
+#ifdef SYS_pidfd_open
+  if (pid <= 0) return -1;
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+std::string randomName() {
+  uint8_t bytes[12];
+  posix::randomBytes(bytes, sizeof bytes);
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s = "loom." + std::to_string(::geteuid()) + "." + std::to_string(::getpid()) + ".";
+  for (uint8_t b : bytes) {
+    s += kDigits[b >> 4];
+    s += kDigits[b & 15];
+  }
+  return s;
+}
+
+std::atomic<std::thread::id> gServiceThread;
+
+}  // namespace
+
+ProcessService& ProcessService::instance() {
+  // Leaked on purpose: the thread lives as long as the process and must never block exit.
+  // A forked child gets a fresh service (the parent's thread does not exist there).
+  static std::mutex mutex;
+  static ProcessService* service = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (service == nullptr || owner != ::getpid()) {
+    service = new ProcessService();
+    owner = ::getpid();
+  }
+  return *service;
+}
+
+ProcessService::ProcessService() : address_(randomName()) {
+  listener_ = unix_socket::listenAbstract(address_);
+  wakeFd_ = posix::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wakeFd_) posix::throwErrno("create", "eventfd");
+  thread_ = std::thread([this] { run(); });
+  thread_.detach();
+}
+
+void ProcessService::wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t k = ::write(wakeFd_.get(), &one, sizeof one);
+}
+
+void ProcessService::run() {
+  gServiceThread = std::this_thread::get_id();
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> watchIds;
+  for (;;) {
+    fds.clear();
+    watchIds.clear();
+    fds.push_back({listener_.get(), POLLIN, 0});
+    fds.push_back({wakeFd_.get(), POLLIN, 0});
+    for (const Pending& p : pending_) fds.push_back({p.socket.get(), POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [id, w] : watches_) {
+        fds.push_back({w.pidfd.get(), POLLIN, 0});
+        watchIds.push_back(id);
+      }
+    }
+    const int ready = ::poll(fds.data(), fds.size(), pending_.empty() ? -1 : 1000);
+    if (ready < 0 && errno != EINTR) continue;
+    if (fds[1].revents & POLLIN) {
+      uint64_t drained;
+      [[maybe_unused]] ssize_t k = ::read(wakeFd_.get(), &drained, sizeof drained);
+    }
+    // Pending connections first (indices shift once accept() appends).
+    const size_t pendingCount = pending_.size();
+    for (size_t i = pendingCount; i-- > 0;) {
+      if (fds[2 + i].revents != 0) readHello(i);
+    }
+    const auto now = Clock::now();
+    std::erase_if(pending_, [&](const Pending& p) { return !p.socket || p.deadline < now; });
+    if (fds[0].revents & POLLIN) acceptConnections();
+    // Exited peers.
+    for (size_t i = 0; i < watchIds.size(); ++i) {
+      if ((fds[2 + pendingCount + i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      std::function<void(int)> onExit;
+      int pid = 0;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = watches_.find(watchIds[i]);
+        if (it == watches_.end()) continue;
+        onExit = std::move(it->second.onExit);
+        pid = it->second.pid;
+        watches_.erase(it);
+        firing_ = watchIds[i];
+      }
+      onExit(pid);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        firing_ = 0;
+      }
+      fired_.notify_all();
+    }
+  }
+}
+
+void ProcessService::acceptConnections() {
+  for (;;) {
+    posix::Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd) return;
+    unsigned uid = 0;
+    int pid = 0;
+    // Only processes of our own user may join: another user's process is dropped before
+    // it can send a byte we read.
+    if (!unix_socket::peerCredentials(fd.get(), &uid, &pid) || uid != ::geteuid()) continue;
+    if (pending_.size() >= kMaxPending) continue;
+    pending_.push_back({std::move(fd), {}, pid, Clock::now() + kHelloTimeout});
+  }
+}
+
+void ProcessService::readHello(size_t index) {
+  Pending& p = pending_[index];
+  uint8_t buffer[handshake::kHelloBytes];
+  const size_t want = handshake::kHelloBytes - p.bytes.size();
+  const ssize_t k = ::read(p.socket.get(), buffer, want);
+  if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (k <= 0) {
+    p.socket = posix::Fd();  // closed or failed: dropped by the caller
+    return;
+  }
+  p.bytes.insert(p.bytes.end(), buffer, buffer + k);
+  if (p.bytes.size() < handshake::kHelloBytes) return;
+  const std::optional<handshake::Hello> hello = handshake::parseHello(p.bytes);
+  if (!hello) {
+    p.socket = posix::Fd();
+    return;
+  }
+  Arrival arrival{*hello, std::move(p.socket), p.peerPid};
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = expected_.find(hello->comm);
+  if (it != expected_.end()) {
+    it->second.arrived.push_back(std::move(arrival));
+    arrived_.notify_all();
+  } else {
+    size_t early = 0;
+    for (const auto& [id, list] : early_) early += list.size();
+    if (early < kMaxEarly) early_[hello->comm].push_back(std::move(arrival));
+  }
+}
+
+std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
+                                                   const handshake::Secret& secret, int count,
+                                                   int size, Clock::time_point deadline) {
+  std::vector<Arrival> accepted;
+  std::set<int> ranks;
+  std::unique_lock<std::mutex> lock(mutex_);
+  Expectation& expectation = expected_[comm];
+  expectation.secret = secret;
+  expectation.size = size;
+  if (auto it = early_.find(comm); it != early_.end()) {
+    for (Arrival& a : it->second) expectation.arrived.push_back(std::move(a));
+    early_.erase(it);
+  }
+  auto refuse = [](Arrival& a, const std::string& why) {
+    const auto welcome = handshake::encodeWelcome(1, why);
+    unix_socket::sendWithFd(a.socket.get(), welcome.data(), welcome.size(), -1);
+  };
+  while (static_cast<int>(accepted.size()) < count) {
+    if (expectation.arrived.empty()) {
+      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout &&
+          expectation.arrived.empty()) {
+        std::string missing;
+        for (int r = 1; r < size; ++r) {
+          if (ranks.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+        expected_.erase(comm);
+        throw Error(ErrorCode::kTimeout, "create", 0,
+                    "rank(s) " + missing +
+                        " never connected to this leader; did they all call create with the "
+                        "same store, or did one fail earlier?");
+      }
+      continue;
+    }
+    Arrival a = std::move(expectation.arrived.front());
+    expectation.arrived.pop_front();
+    if (!handshake::secretsEqual(a.hello.secret, secret)) {
+      refuse(a, "wrong job secret");
+    } else if (a.hello.rank <= 0 || a.hello.rank >= size || ranks.count(a.hello.rank) != 0) {
+      refuse(a, "rank out of range or already joined");
+    } else {
+      ranks.insert(a.hello.rank);
+      accepted.push_back(std::move(a));
+    }
+  }
+  expected_.erase(comm);
+  return accepted;
+}
+
+posix::Fd ProcessService::joinLeader(const std::string& address, const handshake::Hello& hello,
+                                     Clock::time_point deadline) {
+  posix::Fd socket;
+  auto pause = std::chrono::milliseconds(1);
+  while (!(socket = unix_socket::connectAbstract(address))) {
+    if (Clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout, "create", hello.rank,
+                  "could not reach the leader's socket '" + address +
+                      "'; is the leader alive and on this host?");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  const auto bytes = handshake::encodeHello(hello);
+  if (!posix::writeAll(socket.get(), bytes.data(), bytes.size())) {
+    throw Error(ErrorCode::kPeerFailure, "create", hello.rank, "the leader closed the connection");
+  }
+  uint8_t reply[handshake::kWelcomeBytes];
+  posix::Fd segment;
+  if (!unix_socket::recvWithFd(socket.get(), reply, sizeof reply, &segment, deadline)) {
+    throw Error(ErrorCode::kTimeout, "create", hello.rank,
+                "the leader did not hand over the shared segment in time (it may be waiting "
+                "for other ranks, or it failed)");
+  }
+  const auto welcome = handshake::parseWelcome(reply);
+  if (!welcome || welcome->first != 0 || !segment) {
+    throw Error(ErrorCode::kInternal, "create", hello.rank,
+                "the leader refused this rank: " + (welcome ? welcome->second : "bad reply"));
+  }
+  return segment;
+}
+
+uint64_t ProcessService::watch(int pid, std::function<void(int)> onExit) {
+  posix::Fd pidfd(openPidfd(pid));
+  if (!pidfd) return 0;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    id = nextWatch_++;
+    watches_[id] = Watch{pid, std::move(pidfd), std::move(onExit)};
+  }
+  wake();
+  return id;
+}
+
+void ProcessService::unwatch(uint64_t id) {
+  if (id == 0) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  watches_.erase(id);
+  if (gServiceThread.load() != std::this_thread::get_id()) {
+    fired_.wait(lock, [&] { return firing_ != id; });
+  }
+  lock.unlock();
+  wake();
+}
+
+}  // namespace loom

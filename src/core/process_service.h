@@ -1,0 +1,96 @@
+#pragma once
+
+// One per process: a Unix socket in the abstract namespace (no file to leak) where the
+// leaders of this process's communicators receive their members, and a watcher that
+// reports when a peer process exits. Both run on one background thread driven by poll().
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/handshake.h"
+#include "util/comm_id.h"
+#include "util/posix.h"
+
+namespace loom {
+
+/// A member that connected to a leader and passed the checks.
+struct Arrival {
+  handshake::Hello hello;
+  posix::Fd socket;
+  int peerPid = 0;  ///< from SO_PEERCRED, in this process's pid namespace
+};
+
+class ProcessService {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// This process's service, started on first use (and again in a forked child).
+  static ProcessService& instance();
+
+  /// The abstract socket name members connect to (without the leading NUL byte).
+  const std::string& address() const { return address_; }
+
+  /// Leader side: waits for `count` members of communicator `comm` presenting `secret`;
+  /// throws Error(kTimeout) at `deadline` naming the ranks that never came.
+  std::vector<Arrival> acceptMembers(const CommId& comm, const handshake::Secret& secret,
+                                     int count, int size, Clock::time_point deadline);
+
+  /// Member side: connects to the leader at `address`, presents itself, and returns the
+  /// segment fd it is given. Throws Error on refusal, timeout or a dead leader.
+  posix::Fd joinLeader(const std::string& address, const handshake::Hello& hello,
+                       Clock::time_point deadline);
+
+  /// Calls `onExit(pid)` on the service thread when process `pid` exits. Returns an id for
+  /// unwatch(). Returns 0 (and never calls) if the process cannot be watched.
+  uint64_t watch(int pid, std::function<void(int)> onExit);
+  /// Stops a watch (idempotent). After it returns the callback is not running and will not run.
+  void unwatch(uint64_t id);
+
+ private:
+  ProcessService();
+  void run();
+  void acceptConnections();
+  void readHello(size_t index);
+  void wake();
+
+  struct Pending {  // a connection whose Hello has not fully arrived
+    posix::Fd socket;
+    std::vector<uint8_t> bytes;
+    int peerPid = 0;
+    Clock::time_point deadline;
+  };
+  struct Expectation {  // a leader waiting for members
+    handshake::Secret secret;
+    int size = 0;
+    std::deque<Arrival> arrived;
+  };
+  struct Watch {
+    int pid = 0;
+    posix::Fd pidfd;
+    std::function<void(int)> onExit;
+  };
+
+  std::string address_;
+  posix::Fd listener_;
+  posix::Fd wakeFd_;
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::vector<Pending> pending_;                 // service thread only
+  std::map<CommId, Expectation> expected_;       // guarded by mutex_
+  std::map<CommId, std::deque<Arrival>> early_;  // arrived before their leader asked; mutex_
+  std::map<uint64_t, Watch> watches_;            // guarded by mutex_
+  uint64_t nextWatch_ = 1;
+  uint64_t firing_ = 0;                          // watch whose callback runs now; mutex_
+  std::condition_variable fired_;
+  std::thread thread_;
+};
+
+}  // namespace loom

@@ -1,0 +1,102 @@
+// Request: waiting on and polling an operation.
+
+#include "loom/request.h"
+
+#include <sched.h>
+
+#include "core/op_state.h"
+#include "util/backoff.h"
+
+namespace loom {
+
+namespace detail {
+
+void OpState::complete(std::exception_ptr failure) {
+  std::vector<std::function<void(std::exception_ptr)>> run;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    error = failure;
+    status.store(failure ? kFailed : kDone, std::memory_order_release);
+    run.swap(callbacks);
+  }
+  done.notify_all();
+  for (auto& callback : run) callback(failure);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Spin briefly (a collective often finishes within microseconds), then block.
+const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::microseconds(100),
+                                std::chrono::milliseconds(100)};
+
+bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
+  Backoff backoff(kWaitPolicy);
+  while (!state.finished()) {
+    switch (backoff.next()) {
+      case Backoff::Stage::kSpin: cpuRelax(); break;
+      case Backoff::Stage::kYield: sched_yield(); break;
+      case Backoff::Stage::kSleep: {
+        std::unique_lock<std::mutex> lock(state.mutex);
+        if (deadline == std::chrono::steady_clock::time_point::max()) {
+          state.done.wait(lock, [&] { return state.finished(); });
+        } else if (!state.done.wait_until(lock, deadline, [&] { return state.finished(); })) {
+          return false;
+        }
+        break;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline && !state.finished()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Request::test() const { return !state_ || state_->finished(); }
+
+void Request::wait() const {
+  if (!state_) return;
+  settle(*state_, std::chrono::steady_clock::time_point::max());
+  if (state_->status.load(std::memory_order_acquire) == detail::OpState::kFailed) {
+    std::rethrow_exception(state_->error);
+  }
+}
+
+bool Request::waitFor(std::chrono::milliseconds timeout) const {
+  if (!state_) return true;
+  if (!settle(*state_, std::chrono::steady_clock::now() + timeout)) return false;
+  if (state_->status.load(std::memory_order_acquire) == detail::OpState::kFailed) {
+    std::rethrow_exception(state_->error);
+  }
+  return true;
+}
+
+std::exception_ptr Request::error() const {
+  if (!state_ || state_->status.load(std::memory_order_acquire) != detail::OpState::kFailed) {
+    return nullptr;
+  }
+  return state_->error;
+}
+
+uint64_t Request::sequence() const { return state_ ? state_->seq : 0; }
+
+int Request::sourceRank() const { return state_ ? state_->source.load() : -1; }
+
+void Request::onComplete(std::function<void(std::exception_ptr)> callback) const {
+  if (!state_) {
+    callback(nullptr);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->finished()) {
+      state_->callbacks.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(error());
+}
+
+}  // namespace loom

@@ -1,0 +1,51 @@
+// Host identity from the kernel's boot id and namespace inodes.
+
+#include "core/topology.h"
+
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "util/comm_id.h"
+
+namespace loom {
+
+namespace {
+
+uint64_t namespaceInode(const char* path) {
+  struct stat st{};
+  return ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+HostInfo readHost() {
+  HostInfo info;
+  std::string bootId;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
+  const uint64_t netns = namespaceInode("/proc/self/ns/net");
+  info.pidNamespace = namespaceInode("/proc/self/ns/pid");
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  info.hostname = name;
+  // Same boot id and network namespace: same kernel, and abstract sockets reach each other.
+  info.id = deriveId(CommId{}, bootId + "/" + std::to_string(netns));
+  return info;
+}
+
+}  // namespace
+
+const HostInfo& localHost() {
+  static const HostInfo info = readHost();
+  return info;
+}
+
+int availableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? n : 1;
+}
+
+}  // namespace loom

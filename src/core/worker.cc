@@ -1,0 +1,62 @@
+// The collective worker thread.
+
+#include "core/worker.h"
+
+#include <sched.h>
+
+namespace loom {
+
+Worker::Worker(BackoffPolicy backoff) : backoff_(backoff), thread_([this] { run(); }) {}
+
+Worker::~Worker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void Worker::submit(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(job));
+  }
+  submitted_.fetch_add(1, std::memory_order_release);
+  wake_.notify_one();
+}
+
+void Worker::drain() {
+  const uint64_t target = submitted_.load(std::memory_order_acquire);
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [&] { return finished_.load(std::memory_order_acquire) >= target; });
+}
+
+void Worker::run() {
+  for (;;) {
+    // Spin for the next job first: a queue that just emptied often refills at once.
+    Backoff backoff(backoff_);
+    while (submitted_.load(std::memory_order_acquire) == finished_.load(std::memory_order_relaxed)) {
+      const auto stage = backoff.next();
+      if (stage == Backoff::Stage::kSleep) break;
+      if (stage == Backoff::Stage::kSpin) cpuRelax();
+      else sched_yield();
+    }
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      finished_.fetch_add(1, std::memory_order_release);
+    }
+    idle_.notify_all();
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,47 @@
+#pragma once
+
+// Runs jobs one at a time, in submission order, on its own thread: a communicator's
+// collectives complete in issue order while the caller goes on. After a job the thread
+// spins briefly for the next (back-to-back collectives are common), then sleeps.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "util/backoff.h"
+
+namespace loom {
+
+class Worker {
+ public:
+  using Job = std::function<void()>;
+
+  explicit Worker(BackoffPolicy backoff);
+  /// Runs the jobs still queued, then stops the thread.
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Queues a job.
+  void submit(Job job);
+  /// Blocks until every job submitted so far has run.
+  void drain();
+
+ private:
+  void run();
+  BackoffPolicy backoff_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<Job> queue_;         // guarded by mutex_
+  bool stopping_ = false;         // guarded by mutex_
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<uint64_t> finished_{0};
+  std::thread thread_;
+};
+
+}  // namespace loom

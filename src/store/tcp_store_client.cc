@@ -1,0 +1,139 @@
+// TcpStore: a blocking client of TcpStoreServer.
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "util/posix.h"
+#include "loom/error.h"
+#include "loom/tcp_store.h"
+#include "store/store_protocol.h"
+
+namespace loom {
+
+namespace {
+
+// One connection attempt to any address of host:port; -1 if none accepted.
+int tryConnect(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &result) != 0) return -1;
+  int connected = -1;
+  for (addrinfo* ai = result; ai != nullptr && connected < 0; ai = ai->ai_next) {
+    posix::Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0));
+    if (fd && ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0) connected = fd.release();
+  }
+  ::freeaddrinfo(result);
+  return connected;
+}
+
+}  // namespace
+
+TcpStore::TcpStore(const std::string& host, uint16_t port, std::chrono::milliseconds timeout)
+    : host_(host), port_(port), endpoint_(host + ":" + std::to_string(port)) {
+  idle_.push_back(connectOnce(timeout));
+}
+
+TcpStore::~TcpStore() {
+  for (int& fd : idle_) posix::closeFd(fd);
+}
+
+int TcpStore::connectOnce(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  int fd;
+  while ((fd = tryConnect(host_, port_)) < 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout, "store connect", -1,
+                  "no store server answered at " + endpoint_ + " within " +
+                      std::to_string(timeout.count()) +
+                      " ms; check MASTER_ADDR/MASTER_PORT and that rank 0 started");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+Bytes TcpStore::roundTrip(const Bytes& request, const char* what) {
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!idle_.empty()) {
+      fd = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  if (fd < 0) fd = connectOnce(std::chrono::seconds(30));
+  // On any failure the connection is dropped (a half-read reply would desynchronise it).
+  posix::Fd guard(fd);
+  auto lost = [&] {
+    return Error(ErrorCode::kPeerFailure, what, -1,
+                 "lost the connection to the store server at " + endpoint_);
+  };
+  uint8_t header[4];
+  if (!posix::writeAll(fd, request.data(), request.size()) || !posix::readAll(fd, header, 4)) {
+    throw lost();
+  }
+  const uint32_t length = store::readLength(header);
+  if (length == 0 || length > store::kMaxFrameBytes) {
+    throw Error(ErrorCode::kInternal, what, -1, "malformed reply from the store at " + endpoint_);
+  }
+  Bytes body(length);
+  if (!posix::readAll(fd, body.data(), length)) throw lost();
+  std::lock_guard<std::mutex> lock(mutex_);
+  idle_.push_back(guard.release());
+  return body;
+}
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  store::Request request = store::Request::of(store::Command::kSet, key);
+  request.value = value;
+  roundTrip(store::encodeRequest(request), "store set");
+}
+
+Bytes TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  store::Request request = store::Request::of(store::Command::kGet, key);
+  request.timeoutMs = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
+  Bytes body = roundTrip(store::encodeRequest(request), "store get");
+  if (body[0] == static_cast<uint8_t>(store::Status::kTimeout)) {
+    throw Error(ErrorCode::kTimeout, "store get", -1,
+                "key '" + key + "' was not set within " + std::to_string(timeout.count()) +
+                    " ms; did every rank start?");
+  }
+  body.erase(body.begin());
+  return body;
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  store::Request request = store::Request::of(store::Command::kAdd, key);
+  request.delta = delta;
+  const Bytes body = roundTrip(store::encodeRequest(request), "store add");
+  if (body[0] != static_cast<uint8_t>(store::Status::kOk) || body.size() != 9) {
+    throw Error(ErrorCode::kInvalidArgument, "store add", -1,
+                "key '" + key + "' holds a value that is not a counter");
+  }
+  return store::getI64(body.data() + 1);
+}
+
+bool TcpStore::check(const std::string& key) {
+  const Bytes body = roundTrip(store::encodeRequest(store::Request::of(store::Command::kCheck, key)), "store check");
+  return body.size() == 2 && body[1] == 1;
+}
+
+bool TcpStore::erase(const std::string& key) {
+  const Bytes body = roundTrip(store::encodeRequest(store::Request::of(store::Command::kErase, key)), "store erase");
+  return body.size() == 2 && body[1] == 1;
+}
+
+}  // namespace loom

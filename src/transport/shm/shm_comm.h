@@ -1,0 +1,132 @@
+#pragma once
+
+// The synchronisation protocol every shared-memory collective is built from.
+//
+// Each rank owns a phase counter `posted` (its RankLine) and two data halves. All ranks of
+// a communicator walk through the same sequence of phases 1, 2, 3, ...; phase p uses half
+// p % 2. In phase p a rank
+//   1. beginWrite(p): waits until every rank has posted p - 1, i.e. has finished reading
+//      phase p - 2, the last phase that used this half;
+//   2. writes its half (and, in an operation's first phase, its OpDesc);
+//   3. post(p): a release store of p, so its writes are visible to whoever acquires p;
+//   4. waits for the ranks it reads from to post p (acquire), then reads their halves.
+// Hence "rank q posted p" means: q's data for p is complete and q is done reading every
+// phase before p. Two halves let a fast rank fill phase p + 1 while others still read p.
+// beginWrite is free in the common case: a rank that waited for all ranks in phase p - 1
+// already knows they posted it.
+//
+// Waits spin, then yield, then sleep on the counter's futex. Every wait also watches the
+// communicator's shared failure record, so one rank's failure (a dead peer, a timeout, a
+// mismatch, an abort) releases every rank's waiters at once.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/error.h"
+#include "transport/shm/segment.h"
+#include "util/backoff.h"
+
+namespace loom::shm {
+
+/// What a wait needs to fail well: which operation, and until when.
+struct WaitSpec {
+  std::string_view op;
+  uint64_t seq = 0;
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+};
+
+/// A rank's view of one communicator's segment: phase primitives, slots, descriptors and
+/// the failure record.
+class ShmComm {
+ public:
+  ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backoff);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t chunkBytes() const { return layout_.chunkBytes; }
+  const Segment& segment() const { return *segment_; }
+
+  /// Rank q's data half for phase p (chunkBytes bytes).
+  uint8_t* slot(int q, uint64_t phase) const {
+    return base_ + layout_.slots + (static_cast<size_t>(q) * 2 + (phase & 1)) * layout_.chunkBytes;
+  }
+  /// Rank q's operation descriptor for the half of phase p.
+  OpDesc& desc(int q, uint64_t phase) const {
+    return reinterpret_cast<OpDesc*>(base_ + layout_.descs)[static_cast<size_t>(q) * 2 + (phase & 1)];
+  }
+
+  /// Waits until every rank has finished reading the half that phase p will overwrite.
+  void beginWrite(uint64_t phase, const WaitSpec& spec) {
+    if (allPosted_ + 1 < phase) waitAll(phase - 1, spec);
+  }
+  /// Publishes this rank's writes for phase p (release), waking sleepers.
+  void post(uint64_t phase);
+  /// Waits until rank q has posted phase p (acquire).
+  void waitPeer(int q, uint64_t phase, const WaitSpec& spec) {
+    if (lines_[q].posted.load(std::memory_order_acquire) < phase) slowWait(q, phase, spec);
+  }
+  /// Waits until every rank has posted phase p.
+  void waitAll(uint64_t phase, const WaitSpec& spec);
+  /// The last phase this rank posted.
+  uint64_t lastPosted() const { return lines_[rank_].posted.load(std::memory_order_relaxed); }
+
+  /// Records this rank's pid and marks it alive (once, when it attaches).
+  void attachSelf(int pid);
+  /// Marks this rank as having left normally: waits that still need it fail at once.
+  void depart();
+  /// Marks rank q dead (its process exited without departing) and wakes every waiter;
+  /// no effect if q departed normally. Safe from any thread.
+  void markDead(int q);
+  /// Rank q's liveness.
+  RankState stateOf(int q) const {
+    return static_cast<RankState>(lines_[q].state.load(std::memory_order_acquire));
+  }
+  /// Rank q's pid as it recorded it.
+  int pidOf(int q) const { return lines_[q].pid; }
+
+  /// True once any rank has recorded a failure.
+  bool failed() const { return header_.failure.state.load(std::memory_order_acquire) != 0; }
+  /// Records a failure for every rank (the first report wins) and wakes every waiter.
+  void fail(ErrorCode code, int culprit, std::string_view message);
+  /// The recorded failure as an Error for operation `op` on this rank.
+  Error failureError(std::string_view op) const;
+  /// Wakes every sleeper on this segment (phase counters and doorbells).
+  void wakeAll();
+  /// Ranks whose counter is below `phase` (for messages).
+  std::vector<int> laggards(uint64_t phase) const;
+
+  /// Point-to-point plumbing (see p2p_engine).
+  Doorbell& doorbell(int q) const {
+    return reinterpret_cast<Doorbell*>(base_ + layout_.doorbells)[q];
+  }
+  RingControl& ring(int src, int dst) const {
+    return reinterpret_cast<RingControl*>(base_ + layout_.ringControls)[src * size_ + dst];
+  }
+  uint8_t* ringData(int src, int dst) const {
+    return base_ + layout_.rings + (static_cast<size_t>(src) * size_ + dst) * layout_.ringBytes;
+  }
+  size_t ringBytes() const { return layout_.ringBytes; }
+  const BackoffPolicy& backoff() const { return backoff_; }
+
+ private:
+  void slowWait(int q, uint64_t phase, const WaitSpec& spec);
+  [[noreturn]] void peerGone(int q, RankState state, const WaitSpec& spec);
+  [[noreturn]] void timeOut(uint64_t phase, const WaitSpec& spec);
+
+  std::shared_ptr<Segment> segment_;
+  uint8_t* base_;
+  const Layout& layout_;
+  SegmentHeader& header_;
+  RankLine* lines_;
+  int rank_;
+  int size_;
+  BackoffPolicy backoff_;
+  uint64_t allPosted_ = 0;  // every rank is known to have posted at least this
+};
+
+}  // namespace loom::shm

@@ -1,0 +1,62 @@
+// POSIX helpers shared by the store, the bootstrap and the transport.
+
+#include "util/posix.h"
+
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "loom/error.h"
+
+namespace loom::posix {
+
+void throwErrno(std::string_view op, std::string_view what, int err) {
+  throw Error(ErrorCode::kSystem, op, -1,
+              std::string(what) + " failed: " + std::strerror(err));
+}
+
+bool writeAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == ENOTSOCK) k = ::write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool readAll(int fd, void* data, size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t k = ::read(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+void closeFd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+void randomBytes(void* out, size_t n) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t k = ::getrandom(p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) throwErrno("random", "getrandom");
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+}  // namespace loom::posix

@@ -1,0 +1,31 @@
+#pragma once
+
+// Unix stream sockets in the abstract namespace, and passing a file descriptor along with
+// a message (SCM_RIGHTS).
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "util/posix.h"
+
+namespace loom::unix_socket {
+
+/// Listens on the abstract name `name` (no leading NUL; nothing is created on disk).
+posix::Fd listenAbstract(const std::string& name);
+
+/// Connects to the abstract name `name`; an invalid Fd if nobody listens there.
+posix::Fd connectAbstract(const std::string& name);
+
+/// The uid and pid of the process at the other end (SO_PEERCRED); false on failure.
+bool peerCredentials(int socket, unsigned* uid, int* pid);
+
+/// Sends `n` bytes and, if fdToSend >= 0, that descriptor with them. False on failure.
+bool sendWithFd(int socket, const void* data, size_t n, int fdToSend);
+
+/// Receives exactly `n` bytes, waiting until `deadline`; a descriptor sent with them lands
+/// in `received` (left invalid if none came). False on timeout, error or end of stream.
+bool recvWithFd(int socket, void* data, size_t n, posix::Fd* received,
+                std::chrono::steady_clock::time_point deadline);
+
+}  // namespace loom::unix_socket

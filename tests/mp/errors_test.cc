@@ -1,0 +1,217 @@
+// Bad input gets a clear error before anything is sent; ranks that disagree get an error
+// naming both sides; a rank that never comes, dies, or aborts releases the others with an
+// error that says so. Never a hang, a crash or a wrong answer.
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+
+#include <cstring>
+#include <thread>
+
+#include "../common/forked_ranks.h"
+#include "loom/error.h"
+
+namespace loom {
+namespace {
+
+using testing::RankContext;
+
+void expectOk(int size, const std::function<void(RankContext&)>& body) {
+  const auto outcomes = testing::runRanks(size, body);
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+// Runs `call`, expecting Error with `code` whose message contains every one of `parts`.
+template <class F>
+void expectError(F&& call, ErrorCode code, std::initializer_list<const char*> parts) {
+  try {
+    call();
+  } catch (const Error& e) {
+    LOOM_CHECK(e.code() == code, << "wrong code (" << errorCodeName(e.code()) << "): " << e.what());
+    for (const char* part : parts) {
+      LOOM_CHECK(std::string(e.what()).find(part) != std::string::npos,
+                 << "message lacks '" << part << "': " << e.what());
+    }
+    return;
+  }
+  LOOM_CHECK(false, << "expected an error containing '" << *parts.begin() << "'");
+}
+
+TEST(Errors, InvalidArgumentsAreRefusedBeforeAnythingIsSent) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    std::vector<float> a(16), b(64);
+    const auto bad = ErrorCode::kInvalidArgument;
+    expectError([&] { comm->broadcast(a.data(), a.data(), 16, DataType::kFloat32, 2); }, bad,
+                {"broadcast", "rank " , "'root' is 2", "[0, 2)"});
+    expectError([&] { comm->reduce(a.data(), a.data(), 16, DataType::kFloat32, ReduceKind::kSum, -1); },
+                bad, {"reduce", "'root' is -1"});
+    expectError([&] { comm->allReduce(nullptr, a.data(), 16, DataType::kFloat32, ReduceKind::kSum); },
+                bad, {"all_reduce", "'input' is null"});
+    expectError([&] { comm->allReduce(a.data(), a.data(), 16, DataType::kFloat32, ReduceKind::kBitAnd); },
+                bad, {"BAND", "float32"});
+    expectError([&] { comm->allReduce(a.data(), a.data(), 16, DataType::kInt32, ReduceOp::premulSum(2)); },
+                bad, {"PREMUL_SUM", "int32"});
+    expectError([&] { comm->allReduce(a.data(), a.data(), 16, DataType::kBool, ReduceKind::kAvg); },
+                bad, {"AVG", "bool"});
+    expectError([&] { comm->allReduce(a.data(), a.data(), SIZE_MAX, DataType::kFloat32, ReduceKind::kSum); },
+                bad, {"negative count"});
+    expectError([&] { comm->allReduce(a.data(), a.data() + 1, 8, DataType::kFloat32, ReduceKind::kSum); },
+                bad, {"overlap"});
+    expectError([&] { comm->allReduce(a.data(), a.data(), 4, static_cast<DataType>(77), ReduceKind::kSum); },
+                bad, {"not a loom::DataType"});
+    expectError([&] { comm->allGather(b.data() + 1, b.data(), 8, DataType::kFloat32); }, bad,
+                {"all_gather", "overlap"});
+    const std::vector<size_t> threeCounts{1, 2, 3};
+    std::vector<void*> outs{b.data(), b.data() + 8};
+    expectError([&] { comm->allGatherV(a.data(), outs, threeCounts, DataType::kFloat32); }, bad,
+                {"'counts' has 3 entries", "one per rank (2)"});
+    expectError([&] { comm->send(a.data(), 4, DataType::kFloat32, 5, 0); }, bad, {"send", "'peer' is 5"});
+    expectError([&] { comm->recv(a.data(), 4, DataType::kFloat32, -7, 0); }, bad, {"recv", "'peer' is -7"});
+    const std::vector<int> notMe{1 - ctx.rank};
+    expectError([&] { comm->subset(notMe, "x"); }, bad, {"subset", "not in 'ranks'"});
+    const std::vector<int> twice{0, 0, 1};
+    expectError([&] { comm->subset(twice, "x"); }, bad, {"listed twice"});
+    // Nothing was sent: the communicator still works.
+    float x = 1, y = 0;
+    comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    LOOM_CHECK(y == 2.0f);
+  });
+}
+
+TEST(Errors, CreateRejectsBadRanksAndSizes) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_THROW(Communicator::create(2, 2, store), Error);
+  EXPECT_THROW(Communicator::create(0, 0, store), Error);
+  EXPECT_THROW(Communicator::create(0, 1, nullptr), Error);
+}
+
+TEST(Errors, MismatchedCollectivesNameBothSides) {
+  expectOk(3, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    std::vector<float> buf(300);
+    const size_t count = ctx.rank == 2 ? 200 : 100;
+    expectError([&] {
+      comm->allReduce(buf.data(), buf.data(), count, DataType::kFloat32, ReduceKind::kSum).wait();
+    }, ErrorCode::kMismatch, {"count 100", "count 200", "rank 2"});
+    // The communicator is now failed: later calls fail at once with the same reason.
+    expectError([&] { comm->barrier().wait(); }, ErrorCode::kMismatch, {"count 200"});
+  });
+}
+
+TEST(Errors, MismatchedRootsTypesAndKindsAreCaught) {
+  for (int variant = 0; variant < 3; ++variant) {
+    expectOk(2, [variant](RankContext& ctx) {
+      auto comm = ctx.connect();
+      std::vector<double> buf(8);
+      expectError([&] {
+        if (variant == 0) {
+          // Both ranks believe they are the root: without the check both would "succeed".
+          comm->broadcast(buf.data(), buf.data(), 8, DataType::kFloat64, ctx.rank).wait();
+        } else if (variant == 1) {
+          const DataType type = ctx.rank == 0 ? DataType::kFloat64 : DataType::kInt64;
+          comm->allReduce(buf.data(), buf.data(), 8, type, ReduceKind::kSum).wait();
+        } else if (ctx.rank == 0) {
+          comm->allReduce(buf.data(), buf.data(), 4, DataType::kFloat64, ReduceKind::kSum).wait();
+        } else {
+          comm->allGather(buf.data() + 4 * ctx.rank, buf.data(), 4, DataType::kFloat64).wait();
+        }
+      }, ErrorCode::kMismatch, {"rank 0 issued", "rank 1 issued"});
+    });
+  }
+}
+
+TEST(Errors, TimeoutNamesTheRanksThatDidNotArrive) {
+  expectOk(3, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    float x = 1, y = 0;
+    if (ctx.rank == 2) {
+      // Rank 2 skips the collective: the others time out, naming it.
+      ctx.store->get("released", std::chrono::seconds(60));
+      expectError([&] { comm->barrier().wait(); }, ErrorCode::kTimeout, {"rank(s) 2"});
+      return;
+    }
+    OpOptions options;
+    options.timeout = std::chrono::milliseconds(300);
+    const auto start = std::chrono::steady_clock::now();
+    expectError([&] { comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum, options).wait(); },
+                ErrorCode::kTimeout, {"all_reduce #1", "300 ms", "rank(s) 2"});
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+    if (ctx.rank == 0) ctx.store->set("released", {1});
+  });
+}
+
+TEST(Errors, KilledPeerFailsWaitersLongBeforeTheTimeout) {
+  const auto outcomes = testing::runRanks(3, [](RankContext& ctx) {
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 1) ::raise(SIGKILL);  // dies before the next collective
+    std::vector<float> buf(1000);
+    const auto start = std::chrono::steady_clock::now();
+    expectError([&] {
+      comm->allReduce(buf.data(), buf.data(), 1000, DataType::kFloat32, ReduceKind::kSum).wait();
+    }, ErrorCode::kPeerFailure, {"rank 1", "exited"});
+    const auto took = std::chrono::steady_clock::now() - start;
+    LOOM_CHECK(took < std::chrono::seconds(10), << "detection took too long");
+  });
+  EXPECT_FALSE(outcomes[1].exited);
+  EXPECT_EQ(outcomes[1].status, SIGKILL);
+  EXPECT_EQ(outcomes[0].status, 0) << outcomes[0].output;
+  EXPECT_EQ(outcomes[2].status, 0) << outcomes[2].output;
+}
+
+TEST(Errors, AbortReleasesEveryWaiterAtOnce) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    comm->barrier().wait();
+    if (ctx.rank == 0) {
+      // Rank 1 never joins this all_reduce; another thread aborts while we wait.
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        comm->abort();
+      });
+      float x = 1;
+      expectError([&] { comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait(); },
+                  ErrorCode::kAborted, {"aborted"});
+      aborter.join();
+      ctx.store->set("aborted", {1});
+    } else {
+      ctx.store->get("aborted", std::chrono::seconds(60));
+      // The peer's abort reached this rank too.
+      expectError([&] { comm->barrier().wait(); }, ErrorCode::kAborted, {"rank 0 aborted"});
+    }
+  });
+}
+
+TEST(Errors, ShutdownThenUseIsAClearError) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    comm->barrier().wait();
+    comm->shutdown();
+    expectError([&] { comm->barrier(); }, ErrorCode::kAborted, {"shut down"});
+  });
+}
+
+TEST(Errors, RanksOnDifferentHostsAreRefused) {
+  // A rank in its own network namespace cannot reach the others' sockets: it counts as
+  // another host. Creating the namespace needs privileges; the test skips where we lack them.
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    if (ctx.rank == 1) {
+      const bool isolated = ::unshare(CLONE_NEWNET) == 0;
+      ctx.store->set("isolated", {static_cast<uint8_t>(isolated)});
+    }
+    if (ctx.store->get("isolated", std::chrono::seconds(60))[0] == 0) return;
+    // The store connection was made before unshare and keeps working.
+    CommOptions options;
+    options.timeout = std::chrono::seconds(20);
+    expectError([&] { ctx.connect(options); }, ErrorCode::kUnsupported,
+                {"create", "one host", "different kernels or network namespaces"});
+  });
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+}  // namespace
+}  // namespace loom

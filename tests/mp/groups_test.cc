@@ -1,0 +1,102 @@
+// Sub-communicators: split by color and key, subsets called by members only, nesting, and
+// several communicators running collectives at once from different threads.
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "../common/forked_ranks.h"
+#include "../common/reference.h"
+
+namespace loom {
+namespace {
+
+using testing::RankContext;
+
+void expectOk(int size, const std::function<void(RankContext&)>& body) {
+  testing::RunOptions options;
+  options.environment = {"LOOM_CHUNK_BYTES=16K"};
+  const auto outcomes = testing::runRanks(size, body, options);
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+// Sum over the group of each member's parent rank.
+int64_t sumOfParentRanks(Communicator& comm, int parentRank) {
+  int64_t mine = parentRank, sum = 0;
+  comm.allReduce(&mine, &sum, 1, DataType::kInt64, ReduceKind::kSum).wait();
+  return sum;
+}
+
+TEST(Groups, SplitByColorOrdersByKey) {
+  expectOk(5, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    // Even and odd ranks; key = -rank reverses the order inside each group.
+    auto half = world->split(ctx.rank % 2, -ctx.rank);
+    LOOM_CHECK(half != nullptr);
+    const int evens = 3, odds = 2;
+    LOOM_CHECK(half->size() == (ctx.rank % 2 == 0 ? evens : odds), << half->size());
+    const int expectedRank = ctx.rank % 2 == 0 ? (4 - ctx.rank) / 2 : (3 - ctx.rank) / 2;
+    LOOM_CHECK(half->rank() == expectedRank, << half->rank());
+    LOOM_CHECK(sumOfParentRanks(*half, ctx.rank) == (ctx.rank % 2 == 0 ? 0 + 2 + 4 : 1 + 3));
+    // A negative color opts out; the others still get a working group.
+    auto some = world->split(ctx.rank == 0 ? -1 : 0, 0);
+    LOOM_CHECK((some == nullptr) == (ctx.rank == 0));
+    if (some) LOOM_CHECK(sumOfParentRanks(*some, ctx.rank) == 1 + 2 + 3 + 4);
+    // Nested: split the halves again.
+    auto quarter = half->split(half->rank() % 2, 0);
+    LOOM_CHECK(quarter != nullptr);
+    quarter->barrier().wait();
+    LOOM_CHECK(sumOfParentRanks(*world, ctx.rank) == 10);
+  });
+}
+
+TEST(Groups, SubsetIsCalledByMembersOnly) {
+  expectOk(4, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    const std::vector<int> members{3, 0, 2};  // new ranks 0, 1, 2 in list order
+    if (ctx.rank != 1) {
+      auto group = world->subset(members, "tp");
+      const int expected = ctx.rank == 3 ? 0 : ctx.rank == 0 ? 1 : 2;
+      LOOM_CHECK(group->rank() == expected && group->size() == 3);
+      LOOM_CHECK(sumOfParentRanks(*group, ctx.rank) == 5);
+      // The same members and tag again give a second, independent communicator.
+      auto again = world->subset(members, "tp");
+      LOOM_CHECK(sumOfParentRanks(*again, ctx.rank) == 5);
+      LOOM_CHECK(sumOfParentRanks(*group, ctx.rank) == 5);
+    }
+    LOOM_CHECK(sumOfParentRanks(*world, ctx.rank) == 6);
+  });
+}
+
+TEST(Groups, SeveralCommunicatorsInFlightAtOnce) {
+  expectOk(4, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    auto pair = world->split(ctx.rank / 2, ctx.rank);
+    // Each thread drives its own communicator; both run collectives concurrently.
+    auto drive = [](Communicator& comm, int rounds, uint32_t salt) -> std::string {
+      try {
+        for (int i = 0; i < rounds; ++i) {
+          const size_t count = 1000 + 517 * static_cast<size_t>(i % 13);
+          auto in = testing::inputBytes(DataType::kFloat32, count, comm.rank(), salt + i);
+          std::vector<uint8_t> out(in.size());
+          comm.allReduce(in.data(), out.data(), count, DataType::kFloat32, ReduceKind::kSum).wait();
+          const auto want = testing::referenceReduce(DataType::kFloat32, ReduceKind::kSum, count,
+                                                     comm.size(), salt + i);
+          if (out != want) return "wrong result in round " + std::to_string(i);
+        }
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+      return "";
+    };
+    std::string worldFailure;
+    std::thread a([&] { worldFailure = drive(*world, 200, 1); });
+    const std::string pairFailure = drive(*pair, 200, 100000);
+    a.join();
+    LOOM_CHECK(worldFailure.empty(), << worldFailure);
+    LOOM_CHECK(pairFailure.empty(), << pairFailure);
+  });
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,198 @@
+// Tag-matched send/recv: sizes beyond the ring, out-of-order tags, any-source, ring
+// exchanges that would deadlock with blocking sends, size mismatches, and send/recv
+// interleaved with collectives.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "../common/forked_ranks.h"
+#include "../common/reference.h"
+#include "loom/error.h"
+
+namespace loom {
+namespace {
+
+using testing::inputBytes;
+using testing::RankContext;
+
+testing::RunOptions smallRings() {
+  testing::RunOptions o;
+  o.environment = {"LOOM_P2P_RING_BYTES=16K", "LOOM_CHUNK_BYTES=16K"};
+  return o;
+}
+
+void expectOk(int size, const std::function<void(RankContext&)>& body) {
+  const auto outcomes = testing::runRanks(size, body, smallRings());
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+TEST(SendRecv, PingPongOfEverySize) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const int peer = 1 - ctx.rank;
+    uint32_t salt = 0;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{4096}, size_t{300000}}) {
+      ++salt;
+      if (ctx.rank == 0) {
+        const auto out = inputBytes(DataType::kFloat32, count, 0, salt);
+        comm->send(out.data(), count, DataType::kFloat32, peer, 7).wait();
+        std::vector<uint8_t> back(out.size());
+        comm->recv(back.data(), count, DataType::kFloat32, peer, 8).wait();
+        LOOM_CHECK(back == inputBytes(DataType::kFloat32, count, 1, salt), << count);
+      } else {
+        std::vector<uint8_t> in(count * 4);
+        const Request r = comm->recv(in.data(), count, DataType::kFloat32, peer, 7);
+        r.wait();
+        LOOM_CHECK(r.sourceRank() == 0);
+        LOOM_CHECK(in == inputBytes(DataType::kFloat32, count, 0, salt), << count);
+        const auto out = inputBytes(DataType::kFloat32, count, 1, salt);
+        comm->send(out.data(), count, DataType::kFloat32, peer, 8).wait();
+      }
+    }
+  });
+}
+
+TEST(SendRecv, TagsMatchOutOfOrderAndSameTagsStayInOrder) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank == 0) {
+      // Tag 1 (large, buffered by the receiver), then tag 2, then three messages of tag 3.
+      const auto a = inputBytes(DataType::kInt32, 50000, 0, 1);
+      const auto b = inputBytes(DataType::kInt32, 10, 0, 2);
+      const std::vector<int32_t> values{0, 1, 2};  // alive until the sends complete
+      std::vector<Request> sends;
+      sends.push_back(comm->send(a.data(), 50000, DataType::kInt32, 1, 1));
+      sends.push_back(comm->send(b.data(), 10, DataType::kInt32, 1, 2));
+      for (const int32_t& v : values) sends.push_back(comm->send(&v, 1, DataType::kInt32, 1, 3));
+      for (auto& s : sends) s.wait();
+    } else {
+      std::vector<uint8_t> b(40), a(200000);
+      comm->recv(b.data(), 10, DataType::kInt32, 0, 2).wait();  // receive tag 2 first
+      comm->recv(a.data(), 50000, DataType::kInt32, 0, 1).wait();
+      LOOM_CHECK(a == inputBytes(DataType::kInt32, 50000, 0, 1));
+      LOOM_CHECK(b == inputBytes(DataType::kInt32, 10, 0, 2));
+      for (int32_t i = 0; i < 3; ++i) {
+        int32_t v = -1;
+        comm->recv(&v, 1, DataType::kInt32, 0, 3).wait();
+        LOOM_CHECK(v == i, << "same-tag messages out of order");
+      }
+    }
+  });
+}
+
+TEST(SendRecv, AnySourceReportsTheSender) {
+  expectOk(4, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank != 0) {
+      const auto data = inputBytes(DataType::kInt64, 100, ctx.rank, 5);
+      comm->send(data.data(), 100, DataType::kInt64, 0, 5).wait();
+      return;
+    }
+    std::vector<bool> seen(4, false);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<uint8_t> in(800);
+      const Request r = comm->recv(in.data(), 100, DataType::kInt64, kAnySource, 5);
+      r.wait();
+      const int from = r.sourceRank();
+      LOOM_CHECK(from >= 1 && from <= 3 && !seen[from], << from);
+      seen[from] = true;
+      LOOM_CHECK(in == inputBytes(DataType::kInt64, 100, from, 5));
+    }
+  });
+}
+
+TEST(SendRecv, RingExchangeOfLargeMessagesDoesNotDeadlock) {
+  expectOk(4, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const int next = (ctx.rank + 1) % ctx.size;
+    const int prev = (ctx.rank + ctx.size - 1) % ctx.size;
+    const size_t count = 200000;  // far larger than the 16 KiB ring
+    const auto out = inputBytes(DataType::kFloat32, count, ctx.rank, 9);
+    std::vector<uint8_t> in(out.size());
+    const Request s = comm->send(out.data(), count, DataType::kFloat32, next, 0);
+    const Request r = comm->recv(in.data(), count, DataType::kFloat32, prev, 0);
+    s.wait();
+    r.wait();
+    LOOM_CHECK(in == inputBytes(DataType::kFloat32, count, prev, 9));
+  });
+}
+
+TEST(SendRecv, SelfSendWorks) {
+  expectOk(1, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const auto out = inputBytes(DataType::kUInt8, 100000, 0, 3);
+    std::vector<uint8_t> in(out.size());
+    const Request r = comm->recv(in.data(), in.size(), DataType::kUInt8, 0, 1);
+    comm->send(out.data(), out.size(), DataType::kUInt8, 0, 1).wait();
+    r.wait();
+    LOOM_CHECK(in == out);
+  });
+}
+
+TEST(SendRecv, SizeMismatchFailsThatReceiveOnly) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank == 0) {
+      const std::vector<float> big(100, 1.0f), ok(3, 2.0f);
+      comm->send(big.data(), 100, DataType::kFloat32, 1, 1).wait();
+      comm->send(ok.data(), 3, DataType::kFloat32, 1, 1).wait();
+    } else {
+      std::vector<float> small(50);
+      try {
+        comm->recv(small.data(), 50, DataType::kFloat32, 0, 1).wait();
+        LOOM_CHECK(false, << "a size mismatch must fail");
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() == ErrorCode::kInvalidArgument, << e.what());
+        LOOM_CHECK(std::string(e.what()).find("400 bytes") != std::string::npos, << e.what());
+      }
+      std::vector<float> next(3);
+      comm->recv(next.data(), 3, DataType::kFloat32, 0, 1).wait();
+      LOOM_CHECK(next[0] == 2.0f && next[2] == 2.0f);
+    }
+  });
+}
+
+TEST(SendRecv, InterleavesWithCollectives) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const size_t count = 100000;
+    float x = 1.0f, y = 0.0f;
+    if (ctx.rank == 0) {
+      // A large send issued before the collective: blocking sends would deadlock here.
+      const auto data = inputBytes(DataType::kFloat32, count, 0, 4);
+      const Request s = comm->send(data.data(), count, DataType::kFloat32, 1, 0);
+      comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+      s.wait();
+    } else {
+      comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+      std::vector<uint8_t> in(count * 4);
+      comm->recv(in.data(), count, DataType::kFloat32, 0, 0).wait();
+      LOOM_CHECK(in == inputBytes(DataType::kFloat32, count, 0, 4));
+    }
+    LOOM_CHECK(y == 2.0f);
+  });
+}
+
+TEST(SendRecv, ReceiveTimesOutWithAClearError) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank == 1) {
+      float v;
+      OpOptions options;
+      options.timeout = std::chrono::milliseconds(200);
+      try {
+        comm->recv(&v, 1, DataType::kFloat32, 0, 42, options).wait();
+        LOOM_CHECK(false, << "expected a timeout");
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+        LOOM_CHECK(std::string(e.what()).find("tag 42") != std::string::npos, << e.what());
+      }
+    }
+    comm->barrier().wait();
+  });
+}
+
+}  // namespace
+}  // namespace loom

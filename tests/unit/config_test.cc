@@ -1,0 +1,105 @@
+// LOOM_* parsing: sizes, the algorithm table, and the handshake and roster codecs.
+
+#include <gtest/gtest.h>
+
+#include "algorithms/selection.h"
+#include "core/bootstrap.h"
+#include "core/handshake.h"
+#include "loom/error.h"
+#include "util/env.h"
+
+namespace loom {
+namespace {
+
+TEST(Env, ParsesByteSizes) {
+  EXPECT_EQ(env::parseBytes("4096"), 4096u);
+  EXPECT_EQ(env::parseBytes("64K"), 65536u);
+  EXPECT_EQ(env::parseBytes("1M"), 1u << 20);
+  EXPECT_EQ(env::parseBytes("2G"), 2ull << 30);
+  EXPECT_FALSE(env::parseBytes("").has_value());
+  EXPECT_FALSE(env::parseBytes("12Q").has_value());
+  EXPECT_FALSE(env::parseBytes("-1").has_value());
+  EXPECT_FALSE(env::parseBytes("99999999999999999999G").has_value());
+}
+
+TEST(Env, RejectsMalformedValuesByName) {
+  ::setenv("LOOM_TEST_INT", "abc", 1);
+  try {
+    env::integer("LOOM_TEST_INT", 1, 0, 10);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_TEST_INT=abc"), std::string::npos);
+  }
+  ::setenv("LOOM_TEST_INT", "11", 1);
+  EXPECT_THROW(env::integer("LOOM_TEST_INT", 1, 0, 10), Error);
+  ::setenv("LOOM_TEST_INT", "7", 1);
+  EXPECT_EQ(env::integer("LOOM_TEST_INT", 1, 0, 10), 7);
+  ::unsetenv("LOOM_TEST_INT");
+  EXPECT_EQ(env::integer("LOOM_TEST_INT", 1, 0, 10), 1);
+}
+
+TEST(SelectionTable, DefaultsSwitchBySize) {
+  const SelectionTable table;
+  EXPECT_EQ(table.allReduce(8), Algorithm::kOneShot);
+  EXPECT_EQ(table.allReduce(size_t{256} << 20), Algorithm::kTwoShot);
+}
+
+TEST(SelectionTable, ParsesOverrides) {
+  const auto table = SelectionTable::parse("all_reduce:one_shot:1K,two_shot:inf;reduce:two_shot:inf");
+  EXPECT_EQ(table.allReduce(1024), Algorithm::kOneShot);
+  EXPECT_EQ(table.allReduce(1025), Algorithm::kTwoShot);
+  EXPECT_EQ(table.reduce(1), Algorithm::kTwoShot);
+}
+
+TEST(SelectionTable, RejectsBadSpecsWithTheReason) {
+  for (const char* spec : {"all_reduce", "bogus:one_shot:inf", "all_reduce:three_shot:inf",
+                           "all_reduce:one_shot:1K", "all_reduce:one_shot:2K,two_shot:1K,one_shot:inf",
+                           "all_reduce:one_shot:xyz,two_shot:inf"}) {
+    EXPECT_THROW(SelectionTable::parse(spec), Error) << spec;
+  }
+}
+
+TEST(Handshake, HelloRoundTripsAndRejectsGarbage) {
+  handshake::Hello hello;
+  hello.comm[3] = 7;
+  hello.secret[0] = 9;
+  hello.rank = 5;
+  hello.pid = 1234;
+  const auto bytes = handshake::encodeHello(hello);
+  const auto parsed = handshake::parseHello(bytes);
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->comm, hello.comm);
+  EXPECT_EQ(parsed->secret, hello.secret);
+  EXPECT_EQ(parsed->rank, 5);
+  EXPECT_EQ(parsed->pid, 1234);
+  auto bad = bytes;
+  bad[0] ^= 1;  // magic
+  EXPECT_FALSE(handshake::parseHello(bad).has_value());
+  EXPECT_FALSE(handshake::parseHello(std::span<const uint8_t>(bytes).first(10)).has_value());
+  EXPECT_TRUE(handshake::secretsEqual(hello.secret, hello.secret));
+  EXPECT_FALSE(handshake::secretsEqual(hello.secret, handshake::Secret{}));
+}
+
+TEST(Bootstrap, RosterRoundTripsAndRejectsWrongSizes) {
+  Roster roster;
+  roster.id[0] = 1;
+  for (int q = 0; q < 3; ++q) {
+    PeerInfo peer;
+    peer.pid = 100 + q;
+    peer.hostname = "host";
+    peer.address = "loom.addr." + std::to_string(q);
+    roster.peers.push_back(peer);
+  }
+  const Bytes bytes = encodeRoster(roster);
+  const auto parsed = parseRoster(bytes, 3);
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->peers[2].address, "loom.addr.2");
+  EXPECT_EQ(parsed->peers[1].pid, 101);
+  EXPECT_FALSE(parseRoster(bytes, 4).has_value());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(parseRoster(std::span<const uint8_t>(bytes).first(n), 3).has_value());
+  }
+}
+
+}  // namespace
+}  // namespace loom

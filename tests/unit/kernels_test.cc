@@ -1,0 +1,120 @@
+// The reduction kernels of every instruction set against the reference, and the 16-bit
+// float conversions against known bit patterns.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "../common/reference.h"
+#include "kernels/half.h"
+#include "kernels/reduce.h"
+
+namespace loom {
+namespace {
+
+using testing::fillInput;
+using testing::firstDifference;
+using testing::referenceReduce;
+
+TEST(HalfConversion, KnownFp16Values) {
+  EXPECT_EQ(kernels::floatToFp16(1.0f), 0x3c00);
+  EXPECT_EQ(kernels::floatToFp16(-2.0f), 0xc000);
+  EXPECT_EQ(kernels::floatToFp16(65504.0f), 0x7bff);       // largest finite
+  EXPECT_EQ(kernels::floatToFp16(65520.0f), 0x7c00);       // rounds to infinity
+  EXPECT_EQ(kernels::floatToFp16(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(kernels::floatToFp16(2.9802322e-8f), 0x0000);  // half of it: ties to even (0)
+  EXPECT_EQ(kernels::floatToFp16(8.940697e-8f), 0x0002);   // 1.5 ulp: ties to even (2)
+  EXPECT_EQ(kernels::floatToFp16(1.0f + 1.0f / 2048), 0x3c00);      // tie, even stays
+  EXPECT_EQ(kernels::floatToFp16(1.0f + 3.0f / 2048), 0x3c02);      // tie, rounds up to even
+  EXPECT_EQ(kernels::floatToFp16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(kernels::floatToFp16(std::nanf("")) & 0x7e00, 0x7e00);
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<uint16_t>(h);
+    const float f = kernels::fp16ToFloat(bits);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(kernels::floatToFp16(f), bits) << "round trip of 0x" << std::hex << h;
+  }
+}
+
+TEST(HalfConversion, KnownBf16Values) {
+  EXPECT_EQ(kernels::floatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(kernels::floatToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(kernels::floatToBf16(1.0f + 1.0f / 256), 0x3f80);  // tie: stays even
+  EXPECT_EQ(kernels::floatToBf16(1.0f + 3.0f / 256), 0x3f82);  // tie: rounds up to even
+  EXPECT_EQ(kernels::floatToBf16(std::nanf("")), 0x7fc0);
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<uint16_t>(h);
+    const float f = kernels::bf16ToFloat(bits);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(kernels::floatToBf16(f), bits) << "round trip of 0x" << std::hex << h;
+  }
+}
+
+// Every ISA x type x reduction x source count x length (including lengths that are not a
+// multiple of any vector width, and one longer than the kernels' block) matches the
+// reference bit for bit.
+TEST(ReduceKernels, EveryIsaMatchesReference) {
+  for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (!kernels::isaAvailable(isa)) continue;
+    SCOPED_TRACE(std::string(kernels::isaName(isa)));
+    for (DataType type : testing::allTypes()) {
+      for (ReduceOp op : testing::reductionsFor(type)) {
+        for (int nsrc : {1, 2, 3, 8}) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{33}, size_t{1029}}) {
+            const uint32_t salt = static_cast<uint32_t>(count * 131 + nsrc);
+            std::vector<std::vector<uint8_t>> inputs;
+            std::vector<const void*> srcs;
+            for (int r = 0; r < nsrc; ++r) {
+              inputs.push_back(testing::inputBytes(type, count, r, salt));
+            }
+            for (auto& in : inputs) srcs.push_back(in.data());
+            std::vector<uint8_t> out(count * elementSize(type) + 1);
+            kernels::reduceWith(isa, out.data(), srcs.data(), nsrc, count, {type, op, nsrc});
+            const auto want = referenceReduce(type, op, count, nsrc, salt);
+            ASSERT_EQ(firstDifference(out.data(), want.data(), type, count), "")
+                << dataTypeName(type) << " " << reduceKindName(op.kind()) << " nsrc=" << nsrc;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The destination may be the first source (in-place accumulation).
+TEST(ReduceKernels, DestinationMayBeFirstSource) {
+  const size_t count = 1000;
+  auto a = testing::inputBytes(DataType::kFloat32, count, 0, 9);
+  const auto b = testing::inputBytes(DataType::kFloat32, count, 1, 9);
+  const void* srcs[] = {a.data(), b.data()};
+  kernels::reduce(a.data(), srcs, 2, count, {DataType::kFloat32, ReduceKind::kSum, 2});
+  const auto want = referenceReduce(DataType::kFloat32, ReduceKind::kSum, count, 2, 9);
+  EXPECT_EQ(firstDifference(a.data(), want.data(), DataType::kFloat32, count), "");
+}
+
+// MIN and MAX propagate NaN from either side, as torch.minimum/maximum do.
+TEST(ReduceKernels, MinMaxPropagateNaN) {
+  for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (!kernels::isaAvailable(isa)) continue;
+    std::vector<float> a(64, 1.0f);
+    std::vector<float> b(64, 2.0f);
+    a[3] = std::nanf("");
+    b[40] = std::nanf("");
+    const void* srcs[] = {a.data(), b.data()};
+    for (ReduceKind kind : {ReduceKind::kMin, ReduceKind::kMax}) {
+      std::vector<float> out(64);
+      kernels::reduceWith(isa, out.data(), srcs, 2, 64, {DataType::kFloat32, kind, 2});
+      EXPECT_TRUE(std::isnan(out[3])) << kernels::isaName(isa);
+      EXPECT_TRUE(std::isnan(out[40])) << kernels::isaName(isa);
+      EXPECT_EQ(out[0], kind == ReduceKind::kMin ? 1.0f : 2.0f);
+    }
+  }
+}
+
+TEST(ReduceKernels, ActiveIsaIsAvailable) {
+  EXPECT_TRUE(kernels::isaAvailable(kernels::activeIsa()));
+  EXPECT_TRUE(kernels::isaAvailable(kernels::Isa::kPortable));
+}
+
+}  // namespace
+}  // namespace loom

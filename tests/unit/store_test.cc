@@ -1,0 +1,159 @@
+// HashStore, PrefixStore, TcpStore and the store wire format.
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "loom/error.h"
+#include "loom/tcp_store.h"
+#include "store/store_protocol.h"
+
+namespace loom {
+namespace {
+
+Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+// The contract every Store implementation keeps.
+void exerciseStore(Store& store) {
+  store.set("a", bytes("1"));
+  EXPECT_EQ(store.get("a", std::chrono::seconds(1)), bytes("1"));
+  EXPECT_TRUE(store.check("a"));
+  EXPECT_FALSE(store.check("missing"));
+  EXPECT_EQ(store.add("counter", 5), 5);
+  EXPECT_EQ(store.add("counter", -2), 3);
+  EXPECT_TRUE(store.erase("a"));
+  EXPECT_FALSE(store.erase("a"));
+  store.set("blob", Bytes(100000, 7));
+  EXPECT_EQ(store.get("blob", std::chrono::seconds(1)).size(), 100000u);
+  store.set("empty", {});
+  EXPECT_TRUE(store.get("empty", std::chrono::seconds(1)).empty());
+  // get waits for a key set later, from another thread.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    store.set("late", bytes("x"));
+  });
+  EXPECT_EQ(store.get("late", std::chrono::seconds(10)), bytes("x"));
+  setter.join();
+  // get of a key never set times out with a clear error.
+  try {
+    store.get("never", std::chrono::milliseconds(50));
+    ADD_FAILURE() << "expected a timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos);
+  }
+  // add on a non-counter is refused, not a crash.
+  store.set("text", bytes("abc"));
+  EXPECT_THROW(store.add("text", 1), Error);
+}
+
+TEST(HashStore, KeepsTheStoreContract) {
+  HashStore store;
+  exerciseStore(store);
+}
+
+TEST(PrefixStore, KeepsTheContractAndSeparatesKeys) {
+  auto inner = std::make_shared<HashStore>();
+  PrefixStore store("job", inner);
+  exerciseStore(store);
+  store.set("k", bytes("v"));
+  EXPECT_TRUE(inner->check("job/k"));
+  EXPECT_FALSE(inner->check("k"));
+}
+
+TEST(TcpStore, KeepsTheStoreContract) {
+  TcpStoreServer server("127.0.0.1", 0);
+  server.start();
+  TcpStore store("127.0.0.1", server.port());
+  exerciseStore(store);
+}
+
+TEST(TcpStore, ServesManyClientsAndSurvivesGarbage) {
+  TcpStoreServer server("127.0.0.1", 0);
+  server.start();
+  {
+    // A client that sends garbage and one that sends an oversized frame get disconnected;
+    // the server goes on serving everyone else.
+    TcpStore a("127.0.0.1", server.port());
+    a.set("k", bytes("v"));
+  }
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      TcpStore store("127.0.0.1", server.port());
+      for (int i = 0; i < 50; ++i) store.add("shared", 1);
+      store.set("client" + std::to_string(c), bytes("done"));
+    });
+  }
+  for (auto& t : clients) t.join();
+  TcpStore check("127.0.0.1", server.port());
+  EXPECT_EQ(check.add("shared", 0), 400);
+  EXPECT_EQ(check.get("k", std::chrono::seconds(1)), bytes("v"));
+}
+
+TEST(TcpStore, ConnectTimesOutWithAClearError) {
+  uint16_t port;
+  {
+    TcpStoreServer server("127.0.0.1", 0);  // bound, never started, then closed
+    port = server.port();
+  }
+  try {
+    TcpStore store("127.0.0.1", port, std::chrono::milliseconds(100));
+    ADD_FAILURE() << "expected a timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+  }
+}
+
+TEST(StoreProtocol, RoundTripsEveryCommand) {
+  store::Request set = store::Request::of(store::Command::kSet, "key");
+  set.value = bytes("value");
+  store::Request get = store::Request::of(store::Command::kGet, "key");
+  get.timeoutMs = 1234;
+  store::Request add = store::Request::of(store::Command::kAdd, "key");
+  add.delta = -99;
+  for (const store::Request& r : {set, get, add, store::Request::of(store::Command::kCheck, "k"),
+                                  store::Request::of(store::Command::kErase, "k")}) {
+    const Bytes frame = store::encodeRequest(r);
+    ASSERT_EQ(store::readLength(frame.data()), frame.size() - 4);
+    const auto parsed = store::parseRequest(std::span<const uint8_t>(frame).subspan(4));
+    ASSERT_TRUE(parsed.has_value());
+    EXPECT_EQ(parsed->command, r.command);
+    EXPECT_EQ(parsed->key, r.key);
+    EXPECT_EQ(parsed->value, r.value);
+    EXPECT_EQ(parsed->delta, r.delta);
+    EXPECT_EQ(parsed->timeoutMs, r.timeoutMs);
+  }
+}
+
+TEST(StoreProtocol, RejectsMalformedBodies) {
+  store::Request set = store::Request::of(store::Command::kSet, "key");
+  set.value = bytes("value");
+  const Bytes frame = store::encodeRequest(set);
+  const std::span<const uint8_t> body = std::span<const uint8_t>(frame).subspan(4);
+  // Every truncation fails cleanly.
+  for (size_t n = 0; n < body.size(); ++n) {
+    EXPECT_FALSE(store::parseRequest(body.first(n)).has_value()) << n;
+  }
+  // Trailing bytes, unknown commands, empty or huge keys.
+  Bytes longer(body.begin(), body.end());
+  longer.push_back(0);
+  EXPECT_FALSE(store::parseRequest(longer).has_value());
+  Bytes unknown(body.begin(), body.end());
+  unknown[0] = 99;
+  EXPECT_FALSE(store::parseRequest(unknown).has_value());
+  Bytes hugeKey = {1, 0xff, 0xff, 0xff, 0x7f};
+  std::string why;
+  EXPECT_FALSE(store::parseRequest(hugeKey, &why).has_value());
+  EXPECT_FALSE(why.empty());
+}
+
+TEST(StoreProtocol, ParsesCounters) {
+  EXPECT_EQ(store::parseCounter({}), 0);
+  EXPECT_EQ(store::parseCounter(bytes("-42")), -42);
+  EXPECT_FALSE(store::parseCounter(bytes("4x")).has_value());
+  EXPECT_FALSE(store::parseCounter(bytes("99999999999999999999999")).has_value());
+}
+
+}  // namespace
+}  // namespace loom
