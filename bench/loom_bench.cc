@@ -1,0 +1,335 @@
+// loom-bench: times loom's collectives between ranks forked on this host, in the style of
+// nccl-tests (time, algbw, busbw and #wrong per size, out of place and in place), beside the
+// memory copy bandwidth measured in the same run with the same threads, so every large-size
+// figure comes with its roofline fraction. Run `loom-bench --help` for the options.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench_ops.h"
+#include "core/config.h"
+#include "core/helper_pool.h"
+#include "core/topology.h"
+#include "kernels/reduce.h"
+#include "loom/loom.h"
+#include "util/env.h"
+
+namespace loom::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int ranks = 2;
+  size_t minBytes = 8;
+  size_t maxBytes = size_t{256} << 20;
+  double factor = 2;
+  std::vector<BenchOp> ops{BenchOp::kAllReduce, BenchOp::kAllGather, BenchOp::kReduceScatter,
+                           BenchOp::kBroadcast, BenchOp::kAllToAll};
+  DataType type = DataType::kFloat32;
+  ReduceOp reduce = ReduceKind::kSum;
+  int warmup = 5;
+  int reps = 5;
+  double repMs = 20;
+  bool check = true;
+  bool copyBandwidth = true;
+  std::string json;
+};
+
+const char* kUsage = R"(loom-bench: collective bandwidth and latency between ranks forked on this host.
+
+  -n, --ranks N        ranks to fork (default 2)
+  -b, --min-bytes S    smallest size, e.g. 8, 64K, 1M (default 8)
+  -e, --max-bytes S    largest size (default 256M)
+  -f, --factor F       size multiplier between rows (default 2)
+  -o, --ops LIST       comma-separated: all_reduce, all_gather, reduce_scatter, broadcast,
+                       all_to_all, reduce, gather, scatter (default: the first five)
+  -d, --dtype T        float32 float64 float16 bfloat16 int8 uint8 int16 int32 int64 (default float32)
+  -r, --reduce R       sum prod min max avg (default sum)
+  -w, --warmup N       warm-up runs per size (default 5)
+  -R, --reps N         timed repetitions per size; the median is reported (default 5)
+  -T, --rep-ms MS      target length of one repetition in ms (default 20)
+  -c, --check 0|1      count wrong elements against the reference (default 1)
+      --no-copy-bw     skip the copy-bandwidth baseline
+  -J, --json FILE      also write one JSON object per row to FILE
+  -h, --help           this text
+
+Sizes follow nccl-tests: the whole buffer (all_reduce, broadcast, reduce), the whole output
+(all_gather, gather), the whole input (reduce_scatter, scatter), the per-rank buffer
+(all_to_all). time is the median over repetitions of the slowest rank's mean per call;
+algbw = size / time; busbw = algbw x 2(P-1)/P (all_reduce), (P-1)/P (all_gather,
+reduce_scatter, all_to_all), 1 (rooted). roofline = bytes loom's algorithm moves through
+memory / time / the copy bandwidth measured at the start with the same ranks and threads.
+Environment: LOOM_THREADS, LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_ISA tune loom itself.
+)";
+
+[[noreturn]] void usageError(const std::string& what) {
+  std::cerr << "loom-bench: " << what << "\n\n" << kUsage;
+  std::exit(2);
+}
+
+size_t parseSize(const std::string& s) {
+  const auto v = env::parseBytes(s);
+  if (!v) usageError("'" + s + "' is not a size");
+  return static_cast<size_t>(*v);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) usageError(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "-n" || a == "--ranks") {
+      o.ranks = std::atoi(value().c_str());
+    } else if (a == "-b" || a == "--min-bytes") {
+      o.minBytes = parseSize(value());
+    } else if (a == "-e" || a == "--max-bytes") {
+      o.maxBytes = parseSize(value());
+    } else if (a == "-f" || a == "--factor") {
+      o.factor = std::atof(value().c_str());
+    } else if (a == "-o" || a == "--ops") {
+      o.ops.clear();
+      std::string list = value();
+      size_t start = 0;
+      while (start <= list.size()) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, end - start);
+        const auto op = parseOp(name);
+        if (!op) usageError("unknown op '" + name + "'");
+        o.ops.push_back(*op);
+        start = end + 1;
+      }
+    } else if (a == "-d" || a == "--dtype") {
+      const std::string name = value();
+      bool found = false;
+      for (int t = 0; t < kNumDataTypes && !found; ++t) {
+        if (dataTypeName(static_cast<DataType>(t)) == name) {
+          o.type = static_cast<DataType>(t);
+          found = true;
+        }
+      }
+      if (!found || o.type == DataType::kBool) usageError("unknown dtype '" + name + "'");
+    } else if (a == "-r" || a == "--reduce") {
+      const std::string name = value();
+      if (name == "sum") o.reduce = ReduceKind::kSum;
+      else if (name == "prod") o.reduce = ReduceKind::kProduct;
+      else if (name == "min") o.reduce = ReduceKind::kMin;
+      else if (name == "max") o.reduce = ReduceKind::kMax;
+      else if (name == "avg") o.reduce = ReduceKind::kAvg;
+      else usageError("unknown reduction '" + name + "'");
+    } else if (a == "-w" || a == "--warmup") {
+      o.warmup = std::atoi(value().c_str());
+    } else if (a == "-R" || a == "--reps") {
+      o.reps = std::atoi(value().c_str());
+    } else if (a == "-T" || a == "--rep-ms") {
+      o.repMs = std::atof(value().c_str());
+    } else if (a == "-c" || a == "--check") {
+      o.check = std::atoi(value().c_str()) != 0;
+    } else if (a == "--no-copy-bw") {
+      o.copyBandwidth = false;
+    } else if (a == "-J" || a == "--json") {
+      o.json = value();
+    } else {
+      usageError("unknown option '" + a + "'");
+    }
+  }
+  if (o.ranks < 1 || o.ranks > 1024) usageError("--ranks must be in [1, 1024]");
+  if (o.minBytes < 1 || o.maxBytes < o.minBytes) usageError("need 1 <= min-bytes <= max-bytes");
+  if (o.factor <= 1) usageError("--factor must exceed 1");
+  if (o.reps < 1 || o.warmup < 0 || o.repMs <= 0) usageError("bad warmup, reps or rep-ms");
+  if (!isSupported(o.reduce.kind(), o.type)) usageError("that reduction does not apply to that dtype");
+  return o;
+}
+
+double maxOverRanks(Communicator& comm, double v) {
+  double out = 0;
+  comm.allReduce(&v, &out, 1, DataType::kFloat64, ReduceKind::kMax).wait();
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Copy bandwidth (bytes read + written per second, all ranks together) with every rank
+// copying `bytes` at once using `threads` threads, as the collectives would.
+double copyBandwidth(Communicator& comm, size_t bytes, int threads) {
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);
+  std::vector<double> samples;
+  for (int rep = 0; rep < 6; ++rep) {
+    comm.barrier().wait();
+    const auto t0 = Clock::now();
+    HelperPool::instance().run(threads, [&](int part) {
+      const size_t begin = bytes * part / threads;
+      const size_t end = bytes * (part + 1) / threads;
+      std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+    });
+    const double seconds = maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
+    if (rep > 0) samples.push_back(2.0 * bytes * comm.size() / seconds);  // rep 0 warms up
+  }
+  return median(samples);
+}
+
+struct Timing {
+  double us = 0;
+  size_t wrong = 0;
+};
+
+Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) {
+  for (int i = 0; i < o.warmup; ++i) c.launch().wait();
+  // Agree on the iterations per repetition from one measured call.
+  comm.barrier().wait();
+  auto t0 = Clock::now();
+  c.launch().wait();
+  const double estimate = maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
+  const int iters = static_cast<int>(std::clamp(o.repMs / 1000 / std::max(estimate, 1e-9), 1.0, 10000.0));
+  std::vector<double> samples;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    comm.barrier().wait();
+    t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) c.launch().wait();
+    const double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    samples.push_back(maxOverRanks(comm, mean));
+  }
+  Timing t;
+  t.us = median(samples) * 1e6;
+  if (o.check) {
+    c.refill(salt);
+    c.launch().wait();
+    double wrong = static_cast<double>(c.wrong(salt));
+    double total = 0;
+    comm.allReduce(&wrong, &total, 1, DataType::kFloat64, ReduceKind::kSum).wait();
+    t.wrong = static_cast<size_t>(total);
+  }
+  return t;
+}
+
+int rankMain(int rank, const Options& o, uint16_t port) {
+  auto store = std::make_shared<TcpStore>("127.0.0.1", port);
+  auto comm = Communicator::create(rank, o.ranks, store);
+  const Config config = Config::load(o.ranks);
+  const bool lead = rank == 0;
+  std::ofstream json;
+  if (lead && !o.json.empty()) json.open(o.json);
+  if (lead) {
+    std::printf("# loom-bench: %d ranks on %s (%d cores available), %d thread(s)/rank, kernels %s, "
+                "chunk %zu KiB\n",
+                o.ranks, localHost().hostname.c_str(), availableCores(), config.threads,
+                std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10);
+  }
+  double copyBw = 0;
+  if (o.copyBandwidth) {
+    const size_t bytes = std::clamp(o.maxBytes, size_t{64} << 20, size_t{256} << 20);
+    copyBw = copyBandwidth(*comm, bytes, config.threads);
+    if (lead) {
+      std::printf("# copy bandwidth: %.1f GB/s (read + write, %d ranks x %d threads each copying "
+                  "%zu MiB at once)\n",
+                  copyBw / 1e9, o.ranks, config.threads, bytes >> 20);
+    }
+  }
+  size_t totalWrong = 0;
+  double busSum = 0;
+  int busRows = 0;
+  uint32_t salt = 1;
+  for (BenchOp op : o.ops) {
+    if (lead) {
+      std::printf("#\n# %s  %s  %s\n", std::string(opName(op)).c_str(),
+                  std::string(dataTypeName(o.type)).c_str(),
+                  std::string(reduceKindName(o.reduce.kind())).c_str());
+      std::printf("# %12s %12s  %10s %8s %8s %6s  %10s %8s %8s %6s  %8s\n", "size(B)", "count",
+                  "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw", "#wrong",
+                  "roofline");
+    }
+    for (double s = static_cast<double>(o.minBytes); s <= static_cast<double>(o.maxBytes) * 1.0001;
+         s *= o.factor) {
+      Timing t[2];
+      size_t bytes = 0, count = 0;
+      for (int inPlace = 0; inPlace < 2; ++inPlace) {
+        OpCase c(*comm, op, o.type, o.reduce, static_cast<size_t>(s), inPlace == 1);
+        bytes = c.bytes();
+        count = c.count();
+        t[inPlace] = timeCase(*comm, c, o, salt++);
+      }
+      totalWrong += t[0].wrong + t[1].wrong;
+      if (!lead) continue;
+      const double algbw[2] = {bytes / t[0].us / 1e3, bytes / t[1].us / 1e3};
+      const double bus = busFactor(op, o.ranks);
+      const double k = trafficFactor(op, o.ranks, bytes, config.selection);
+      const double roof = copyBw > 0 ? k * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
+      busSum += algbw[0] * bus;
+      ++busRows;
+      std::printf("  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%%\n", bytes,
+                  count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1],
+                  algbw[1] * bus, t[1].wrong, roof);
+      std::fflush(stdout);
+      if (json.is_open()) {
+        for (int ip = 0; ip < 2; ++ip) {
+          json << "{\"op\":\"" << opName(op) << "\",\"ranks\":" << o.ranks << ",\"threads\":"
+               << config.threads << ",\"dtype\":\"" << dataTypeName(o.type) << "\",\"bytes\":" << bytes
+               << ",\"inplace\":" << (ip ? "true" : "false") << ",\"time_us\":" << t[ip].us
+               << ",\"algbw\":" << algbw[ip] << ",\"busbw\":" << algbw[ip] * bus
+               << ",\"wrong\":" << t[ip].wrong << ",\"copy_bw\":" << copyBw / 1e9
+               << ",\"roofline\":" << (ip ? 0.0 : roof / 100) << "}\n";
+        }
+      }
+    }
+  }
+  if (lead) {
+    std::printf("#\n# out-of-place bus bandwidth, mean over rows: %.2f GB/s\n# #wrong total: %zu\n",
+                busRows ? busSum / busRows : 0.0, totalWrong);
+  }
+  comm->barrier().wait();
+  return totalWrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main(int argc, char** argv) {
+  using namespace loom;
+  const bench::Options options = bench::parse(argc, argv);
+  TcpStoreServer server("127.0.0.1", 0);
+  std::vector<pid_t> children;
+  std::fflush(stdout);
+  for (int r = 0; r < options.ranks; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      server.closeInChild();
+      int code = 1;
+      try {
+        code = bench::rankMain(r, options, server.port());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "loom-bench rank %d: %s\n", r, e.what());
+      }
+      std::fflush(stdout);
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  server.start();
+  int worst = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    worst = std::max(worst, code);
+  }
+  return worst;
+}
