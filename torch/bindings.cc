@@ -1,0 +1,41 @@
+// The Python module loom._C: the ProcessGroupLoom type (a subclass of torch's Backend, so
+// torch.distributed can hold it) and a few facts about the build.
+
+#include <pybind11/chrono.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+#include <torch/version.h>
+
+#include "kernels/reduce.h"
+#include "process_group_loom.h"
+
+namespace py = pybind11;
+using loom::torch_plugin::ProcessGroupLoom;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "loom's native c10d backend";
+  // torch registers the Backend and Store types with pybind; importing its module first makes
+  // them known here.
+  py::module_::import("torch._C._distributed_c10d");
+
+  py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(m, "ProcessGroupLoom")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const std::string& groupName,
+                       const std::vector<uint64_t>& globalRanks) {
+             auto options = c10::make_intrusive<ProcessGroupLoom::Options>(timeout);
+             options->group_name = groupName;
+             options->global_ranks_in_group = globalRanks;
+             return c10::make_intrusive<ProcessGroupLoom>(store, rank, size, options);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("group_name") = "", py::arg("global_ranks") = std::vector<uint64_t>{},
+           py::call_guard<py::gil_scoped_release>(),
+           "Joins a loom communicator of `size` ranks through a c10d store.")
+      .def_property_readonly("last_sequence",
+                             [](ProcessGroupLoom& pg) { return pg.communicator().lastSequence(); });
+
+  m.def("kernel_isa", [] { return std::string(loom::kernels::isaName(loom::kernels::activeIsa())); },
+        "The instruction set loom's reduction kernels use on this CPU.");
+  m.attr("__torch_version__") = TORCH_VERSION;  // the torch this build was compiled against
+}

@@ -1,0 +1,504 @@
+// ProcessGroupLoom's collectives: checks, staging and the loom call for each c10d entry.
+
+#include <numeric>
+
+#include "launch.h"
+
+namespace loom::torch_plugin {
+
+namespace {
+
+using c10d::OpType;
+
+// Data pointers of a list of tensors (as loom wants them for per-rank blocks).
+std::vector<void*> pointers(const std::vector<at::Tensor>& tensors) {
+  std::vector<void*> ptrs;
+  for (const auto& t : tensors) ptrs.push_back(t.data_ptr());
+  return ptrs;
+}
+
+// Checks a per-rank list has one tensor per rank.
+void requirePerRank(const CallSite& site, const char* what, size_t n) {
+  if (n != static_cast<size_t>(site.size)) {
+    invalid(site, std::string(what) + " has " + std::to_string(n) + " tensors; it needs one per rank (" +
+                      std::to_string(site.size) + ")");
+  }
+}
+
+// An all_gather into a list of per-rank tensors, checked and staged.
+struct GatherPlan {
+  Outputs staged;
+  Flat in;
+  std::vector<at::Tensor> targets;
+  std::vector<size_t> counts;  // bytes from each rank (uneven sizes allowed)
+};
+
+GatherPlan planAllgather(const CallSite& s, std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+  requireCpuDense(s, "input", input);
+  requirePerRank(s, "output list", outputs.size());
+  GatherPlan plan{Outputs{}, byteView(s, input), {}, {}};
+  for (size_t q = 0; q < outputs.size(); ++q) {
+    requireCpuDense(s, "outputs", outputs[q]);
+    if (outputs[q].scalar_type() != input.scalar_type()) {
+      invalid(s, "output " + std::to_string(q) + " has dtype " + c10::toString(outputs[q].scalar_type()) +
+                     " but the input has " + c10::toString(input.scalar_type()));
+    }
+    plan.counts.push_back(outputs[q].nbytes());
+    plan.targets.push_back(plan.staged.target(outputs[q]));
+  }
+  if (outputs[s.rank].numel() != input.numel()) {
+    invalid(s, "this rank's output tensor has " + std::to_string(outputs[s.rank].numel()) +
+                   " elements but its input has " + std::to_string(input.numel()));
+  }
+  return plan;
+}
+
+void requireRoot(const CallSite& site, int64_t root) {
+  if (root < 0 || root >= site.size) {
+    invalid(site, "root " + std::to_string(root) + " is outside [0, " + std::to_string(site.size) + ")");
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  const CallSite s = site("broadcast");
+  requireCount(s, "tensors", tensors.size(), 1);
+  requireCpuDense(s, "tensor", tensors[0]);
+  requireRoot(s, opts.rootRank);
+  auto outputs = std::make_shared<Outputs>();
+  const Flat flat = byteView(s, tensors[0]);
+  outputs->inOut(flat);
+  return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, [outputs, flat] { outputs->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
+                                               static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  const CallSite s = site("all_reduce");
+  requireCount(s, "tensors", tensors.size(), 1);
+  requireCpuDense(s, "tensor", tensors[0]);
+  if (opts.sparseIndices) invalid(s, "sparse all_reduce is not supported");
+  const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+  auto outputs = std::make_shared<Outputs>();
+  outputs->inOut(flat);
+  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, [outputs, flat] { outputs->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                               opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const CallSite s = site("all_reduce_coalesced");
+  if (tensors.empty()) invalid(s, "needs at least one tensor");
+  for (const auto& t : tensors) {
+    requireCpuDense(s, "tensors", t);
+    if (t.scalar_type() != tensors[0].scalar_type()) {
+      invalid(s, "all tensors must share one dtype (got " + std::string(c10::toString(t.scalar_type())) +
+                     " and " + c10::toString(tensors[0].scalar_type()) + ")");
+    }
+  }
+  // One all_reduce over the tensors laid end to end, then the pieces copied back.
+  std::vector<at::Tensor> pieces;
+  for (const auto& t : tensors) pieces.push_back(t.reshape(-1));
+  const at::Tensor packed = at::cat(pieces);
+  const Flat flat = reductionView(s, packed, opts.reduceOp);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+  auto finisher = [tensors, packed, flat] {
+    if (!flat.data.is_alias_of(flat.view)) flat.view.copy_(flat.data);
+    int64_t offset = 0;
+    for (const auto& t : tensors) {
+      t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  };
+  return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors, finisher,
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                               opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  const CallSite s = site("reduce");
+  requireCount(s, "tensors", tensors.size(), 1);
+  requireCpuDense(s, "tensor", tensors[0]);
+  requireRoot(s, opts.rootRank);
+  const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+  auto outputs = std::make_shared<Outputs>();
+  outputs->inOut(flat);
+  return launch(s, OpType::REDUCE, "loom:reduce", tensors, [outputs, flat] { outputs->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) {
+  const CallSite s = site("all_gather");
+  requireCount(s, "inputs", inputs.size(), 1);
+  requireCount(s, "output lists", outputs.size(), 1);
+  auto plan = std::make_shared<GatherPlan>(planAllgather(s, outputs[0], inputs[0]));
+  return launch(s, OpType::ALLGATHER, "loom:all_gather", outputs[0], [plan] { plan->staged.finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allGatherV(plan->in.ptr(), pointers(plan->targets), plan->counts,
+                                                DataType::kUInt8, opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  const CallSite s = site("all_gather_into_tensor");
+  requireCpuDense(s, "input", input);
+  requireCpuDense(s, "output", output);
+  if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
+  if (output.numel() != input.numel() * size_) {
+    invalid(s, "output has " + std::to_string(output.numel()) + " elements; it needs size x input = " +
+                   std::to_string(input.numel() * size_));
+  }
+  auto staged = std::make_shared<Outputs>();
+  const at::Tensor target = staged->target(output);
+  const Flat in = byteView(s, input);
+  return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {output},
+                [staged, target, in] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, DataType::kUInt8,
+                                               opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const CallSite s = site("all_gather_coalesced");
+  requireCount(s, "output lists", outputs.size(), inputs.size());
+  auto plans = std::make_shared<std::vector<GatherPlan>>();
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    plans->push_back(planAllgather(s, outputs[i], inputs[i]));
+    all.insert(all.end(), outputs[i].begin(), outputs[i].end());
+  }
+  return launch(s, OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", all,
+                [plans] {
+                  for (auto& p : *plans) p.staged.finish();
+                },
+                [&](std::vector<Request>& r) {
+                  for (auto& p : *plans) {
+                    r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts,
+                                                  DataType::kUInt8, opOptions(opts.timeout)));
+                  }
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const CallSite s = site("all_gather_into_tensor_coalesced");
+  requireCount(s, "outputs", outputs.size(), inputs.size());
+  auto staged = std::make_shared<Outputs>();
+  std::vector<Flat> ins;
+  std::vector<at::Tensor> targets;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    requireCpuDense(s, "inputs", inputs[i]);
+    requireCpuDense(s, "outputs", outputs[i]);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
+      invalid(s, "outputs[" + std::to_string(i) + "] must have the input's dtype and size x its elements");
+    }
+    ins.push_back(byteView(s, inputs[i]));
+    targets.push_back(staged->target(outputs[i]));
+  }
+  return launch(s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", outputs,
+                [staged, ins, targets] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  for (size_t i = 0; i < ins.size(); ++i) {
+                    r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
+                                                 DataType::kUInt8, opOptions(opts.timeout)));
+                  }
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  const CallSite s = site("gather");
+  requireRoot(s, opts.rootRank);
+  requireCount(s, "inputs", inputs.size(), 1);
+  requireCpuDense(s, "input", inputs[0]);
+  const bool root = rank_ == opts.rootRank;
+  auto staged = std::make_shared<Outputs>();
+  std::vector<at::Tensor> targets;
+  std::vector<at::Tensor> results;
+  if (root) {
+    requireCount(s, "output lists", outputs.size(), 1);
+    requirePerRank(s, "output list", outputs[0].size());
+    requireLike(s, "outputs", outputs[0], inputs[0]);
+    for (const auto& t : outputs[0]) targets.push_back(staged->target(t));
+    results = outputs[0];
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes output tensors");
+  }
+  const Flat in = byteView(s, inputs[0]);
+  return launch(s, OpType::GATHER, "loom:gather", results, [staged, targets, in] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, DataType::kUInt8,
+                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  const CallSite s = site("scatter");
+  requireRoot(s, opts.rootRank);
+  requireCount(s, "outputs", outputs.size(), 1);
+  requireCpuDense(s, "output", outputs[0]);
+  const bool root = rank_ == opts.rootRank;
+  std::vector<Flat> ins;
+  std::vector<const void*> sources;
+  if (root) {
+    requireCount(s, "input lists", inputs.size(), 1);
+    requirePerRank(s, "input list", inputs[0].size());
+    requireLike(s, "inputs", inputs[0], outputs[0]);
+    for (const auto& t : inputs[0]) {
+      ins.push_back(byteView(s, t));
+      sources.push_back(ins.back().ptr());
+    }
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes input tensors");
+  }
+  auto staged = std::make_shared<Outputs>();
+  const at::Tensor target = staged->target(outputs[0]);
+  return launch(s, OpType::SCATTER, "loom:scatter", outputs, [staged, ins, target] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->scatter(sources, target.data_ptr(), target.nbytes(), DataType::kUInt8,
+                                             static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  const CallSite s = site("reduce_scatter");
+  requireCount(s, "outputs", outputs.size(), 1);
+  requireCount(s, "input lists", inputs.size(), 1);
+  requirePerRank(s, "input list", inputs[0].size());
+  requireCpuDense(s, "output", outputs[0]);
+  std::vector<Flat> ins;
+  std::vector<const void*> sources;
+  std::vector<size_t> counts;
+  for (size_t q = 0; q < inputs[0].size(); ++q) {
+    requireCpuDense(s, "inputs", inputs[0][q]);
+    if (inputs[0][q].scalar_type() != outputs[0].scalar_type()) invalid(s, "input and output dtypes differ");
+    ins.push_back(reductionView(s, inputs[0][q], opts.reduceOp));
+    sources.push_back(ins.back().ptr());
+    counts.push_back(ins.back().count);
+  }
+  if (inputs[0][rank_].numel() != outputs[0].numel()) {
+    invalid(s, "this rank's input block has " + std::to_string(inputs[0][rank_].numel()) +
+                   " elements but the output has " + std::to_string(outputs[0].numel()));
+  }
+  const Flat out = reductionView(s, outputs[0], opts.reduceOp);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
+  auto staged = std::make_shared<Outputs>();
+  staged->inOut(out);
+  return launch(s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputs,
+                [staged, ins, out] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->reduceScatterV(sources, out.ptr(), counts, out.type, op,
+                                                    opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  const CallSite s = site("reduce_scatter_tensor");
+  requireCpuDense(s, "input", input);
+  requireCpuDense(s, "output", output);
+  if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
+  if (input.numel() != output.numel() * size_) {
+    invalid(s, "input has " + std::to_string(input.numel()) + " elements; it needs size x output = " +
+                   std::to_string(output.numel() * size_));
+  }
+  const Flat in = reductionView(s, input, opts.reduceOp);
+  const Flat out = reductionView(s, output, opts.reduceOp);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
+  auto staged = std::make_shared<Outputs>();
+  staged->inOut(out);
+  return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {output},
+                [staged, in, out] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
+                                                   opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const CallSite s = site("reduce_scatter_tensor_coalesced");
+  requireCount(s, "outputs", outputs.size(), inputs.size());
+  std::vector<Flat> ins, outs;
+  std::vector<ReduceOp> ops;
+  auto staged = std::make_shared<Outputs>();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    requireCpuDense(s, "inputs", inputs[i]);
+    requireCpuDense(s, "outputs", outputs[i]);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() || inputs[i].numel() != outputs[i].numel() * size_) {
+      invalid(s, "inputs[" + std::to_string(i) + "] must have the output's dtype and size x its elements");
+    }
+    ins.push_back(reductionView(s, inputs[i], opts.reduceOp));
+    outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
+    ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
+    staged->inOut(outs.back());
+  }
+  return launch(s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", outputs,
+                [staged, ins, outs] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  for (size_t i = 0; i < ins.size(); ++i) {
+                    r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count, outs[i].type,
+                                                     ops[i], opOptions(opts.timeout)));
+                  }
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& outputSplitSizes,
+                                                               std::vector<int64_t>& inputSplitSizes,
+                                                               const c10d::AllToAllOptions& opts) {
+  const CallSite s = site("all_to_all_single");
+  requireCpuDense(s, "input", input);
+  requireCpuDense(s, "output", output);
+  if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
+  const Flat in = byteView(s, input);
+  auto staged = std::make_shared<Outputs>();
+  const at::Tensor target = staged->target(output);
+  const auto rowBytes = [](const at::Tensor& t) -> size_t {
+    return t.dim() == 0 || t.size(0) == 0 ? 0 : t.nbytes() / static_cast<size_t>(t.size(0));
+  };
+  // Bytes per rank block along dim 0: equal blocks if no splits are given.
+  auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
+    std::vector<size_t> bytes;
+    if (splits.empty()) {
+      if (t.dim() == 0 || t.size(0) % size_ != 0) {
+        invalid(s, std::string(what) + " has " + std::to_string(t.dim() ? t.size(0) : 0) +
+                       " rows, which do not divide evenly among " + std::to_string(size_) + " ranks");
+      }
+      bytes.assign(static_cast<size_t>(size_), t.nbytes() / static_cast<size_t>(size_));
+      return bytes;
+    }
+    requirePerRank(s, what, splits.size());
+    int64_t rows = 0;
+    for (int64_t n : splits) {
+      if (n < 0) invalid(s, std::string(what) + " split sizes must not be negative");
+      rows += n;
+      bytes.push_back(static_cast<size_t>(n) * rowBytes(t));
+    }
+    if (rows != (t.dim() ? t.size(0) : 0)) {
+      invalid(s, std::string(what) + " split sizes add up to " + std::to_string(rows) +
+                     " rows but the tensor has " + std::to_string(t.dim() ? t.size(0) : 0));
+    }
+    return bytes;
+  };
+  const std::vector<size_t> sendBytes = blocks(input, inputSplitSizes, "input");
+  const std::vector<size_t> recvBytes = blocks(output, outputSplitSizes, "output");
+  std::vector<const void*> sources;
+  std::vector<void*> targets;
+  size_t offIn = 0, offOut = 0;
+  for (int q = 0; q < size_; ++q) {
+    sources.push_back(static_cast<const uint8_t*>(in.ptr()) + offIn);
+    targets.push_back(static_cast<uint8_t*>(target.data_ptr()) + offOut);
+    offIn += sendBytes[q];
+    offOut += recvBytes[q];
+  }
+  return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all_single", {output},
+                [staged, in, target] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allToAllV(sources, sendBytes, targets, recvBytes, DataType::kUInt8,
+                                               opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  const CallSite s = site("all_to_all");
+  requirePerRank(s, "inputs", inputs.size());
+  requirePerRank(s, "outputs", outputs.size());
+  std::vector<Flat> ins;
+  std::vector<const void*> sources;
+  std::vector<size_t> sendBytes, recvBytes;
+  auto staged = std::make_shared<Outputs>();
+  std::vector<at::Tensor> targets;
+  for (int q = 0; q < size_; ++q) {
+    requireCpuDense(s, "inputs", inputs[q]);
+    requireCpuDense(s, "outputs", outputs[q]);
+    if (inputs[q].scalar_type() != inputs[0].scalar_type() || outputs[q].scalar_type() != inputs[0].scalar_type()) {
+      invalid(s, "all input and output tensors must share one dtype");
+    }
+    ins.push_back(byteView(s, inputs[q]));
+    sources.push_back(ins.back().ptr());
+    sendBytes.push_back(ins.back().count);
+    targets.push_back(staged->target(outputs[q]));
+    recvBytes.push_back(outputs[q].nbytes());
+  }
+  return launch(s, OpType::ALLTOALL, "loom:all_to_all", outputs, [staged, ins, targets] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allToAllV(sources, sendBytes, pointers(targets), recvBytes,
+                                               DataType::kUInt8, opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const CallSite s = site("send");
+  requireCount(s, "tensors", tensors.size(), 1);
+  requireCpuDense(s, "tensor", tensors[0]);
+  const Flat in = byteView(s, tensors[0]);
+  return launch(s, OpType::SEND, "loom:send", tensors, [in] {},
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->send(in.ptr(), in.count, DataType::kUInt8, dstRank, tag, opOptions({})));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  const CallSite s = site("recv");
+  requireCount(s, "tensors", tensors.size(), 1);
+  requireCpuDense(s, "tensor", tensors[0]);
+  auto staged = std::make_shared<Outputs>();
+  const at::Tensor target = staged->target(tensors[0]);
+  return launch(s, OpType::RECV, "loom:recv", tensors, [staged, target] { staged->finish(); },
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->recv(target.data_ptr(), target.nbytes(), DataType::kUInt8, srcRank, tag,
+                                          opOptions({})));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return recv(tensors, kAnySource, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
+  const CallSite s = site("barrier");
+  return launch(s, OpType::BARRIER, "loom:barrier", {}, nullptr,
+                [&](std::vector<Request>& r) { r.push_back(comm_->barrier(opOptions(opts.timeout))); });
+}
+
+void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {
+  // loom's barrier names the ranks that did not arrive when it times out, which is what a
+  // monitored barrier is for.
+  try {
+    comm_->barrier(opOptions(opts.timeout)).wait();
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("monitored_barrier: ") + e.what());
+  }
+}
+
+}  // namespace loom::torch_plugin

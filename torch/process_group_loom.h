@@ -1,0 +1,123 @@
+#pragma once
+
+// ProcessGroupLoom: the c10d::Backend named "loom", over a loom::Communicator. Every call
+// checks its tensors and options (bad input is a RuntimeError before anything is sent),
+// stages what loom cannot use directly, queues the operation on the communicator (so it runs
+// off the caller's thread, in issue order) and returns a WorkLoom. Failures while running
+// surface from Work.wait() and the future as DistBackendError.
+//
+// Device handling lives in tensor_args (CPU today); a CUDA path slots in there and in the
+// engine without changing this class's shape.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "loom/communicator.h"
+#include "tensor_args.h"
+#include "work_loom.h"
+
+namespace loom::torch_plugin {
+
+class ProcessGroupLoom : public c10d::Backend {
+ public:
+  struct Options : c10d::Backend::Options {
+    explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout)
+        : c10d::Backend::Options("loom", timeout) {}
+  };
+
+  /// Joins a new communicator through `store` (rank and size within the group).
+  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   c10::intrusive_ptr<Options> options);
+  /// Wraps a communicator derived from another group's (split).
+  ProcessGroupLoom(std::shared_ptr<Communicator> comm, c10::intrusive_ptr<Options> options);
+  ~ProcessGroupLoom() override;
+
+  const std::string getBackendName() const override { return "loom"; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  bool supportsSplitting() const override { return true; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return comm_->lastSequence(); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  void abort() override;
+  void shutdown() override;
+  void eagerConnectSingleDevice(at::Device) override {}
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  /// The communicator underneath (tests and the Python side use it).
+  Communicator& communicator() { return *comm_; }
+
+ private:
+  /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom;
+  /// loom's argument errors become RuntimeError, its other errors DistBackendError.
+  template <class Issue>
+  c10::intrusive_ptr<c10d::Work> launch(const CallSite& site, c10d::OpType type, const char* title,
+                                        std::vector<at::Tensor> outputs,
+                                        std::function<void()> finisher, Issue&& issue);
+  OpOptions opOptions(std::chrono::milliseconds timeout) const;
+  CallSite site(const char* op) const { return CallSite{op, rank_, size_}; }
+
+  std::shared_ptr<Communicator> comm_;
+  c10::intrusive_ptr<Options> options_;
+
+  // Coalescing: requests issued between startCoalescing and endCoalescing.
+  std::mutex coalesceMutex_;
+  bool coalescing_ = false;
+  std::vector<Request> coalesced_;
+};
+
+}  // namespace loom::torch_plugin

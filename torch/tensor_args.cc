@@ -1,0 +1,142 @@
+// Tensor checks, dtype mapping and staging.
+
+#include "tensor_args.h"
+
+#include <c10/util/Exception.h>
+
+namespace loom::torch_plugin {
+
+namespace {
+
+std::optional<DataType> loomType(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kBool: return DataType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void invalid(const CallSite& site, const std::string& detail) {
+  TORCH_CHECK(false, "loom ", site.op, " (rank ", site.rank, "): ", detail);
+}
+
+void requireCount(const CallSite& site, const char* what, size_t actual, size_t n) {
+  if (actual != n) {
+    invalid(site, std::string(what) + " has " + std::to_string(actual) + " tensor(s); expected " +
+                      std::to_string(n));
+  }
+}
+
+void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t) {
+  if (!t.defined()) invalid(site, std::string(what) + " is an undefined tensor");
+  if (!t.device().is_cpu()) {
+    invalid(site, std::string(what) + " is on " + t.device().str() +
+                      "; the loom backend handles CPU tensors (use e.g. "
+                      "init_process_group(\"cpu:loom,cuda:nccl\") for GPU tensors)");
+  }
+  if (t.layout() != at::kStrided) {
+    invalid(site, std::string(what) + " is not a dense tensor (layout " +
+                      c10::str(t.layout()) + "); loom moves dense tensors only");
+  }
+}
+
+void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
+                 const at::Tensor& like) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    requireCpuDense(site, what, list[i]);
+    if (list[i].scalar_type() != like.scalar_type()) {
+      invalid(site, std::string(what) + "[" + std::to_string(i) + "] has dtype " +
+                        c10::toString(list[i].scalar_type()) + " but the input has " +
+                        c10::toString(like.scalar_type()) + "; all tensors of one call must share a dtype");
+    }
+    if (list[i].numel() != like.numel()) {
+      invalid(site, std::string(what) + "[" + std::to_string(i) + "] has " +
+                        std::to_string(list[i].numel()) + " elements but the input has " +
+                        std::to_string(like.numel()));
+    }
+  }
+}
+
+Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op) {
+  at::Tensor data = t;
+  if (t.is_complex()) {
+    const auto kind = static_cast<c10d::ReduceOp::RedOpType>(op);
+    if (kind != c10d::ReduceOp::SUM && kind != c10d::ReduceOp::AVG &&
+        kind != c10d::ReduceOp::PREMUL_SUM) {
+      invalid(site, "complex tensors can be reduced with SUM, AVG or PREMUL_SUM only");
+    }
+    data = at::view_as_real(t.is_conj() ? t.resolve_conj() : t);
+  }
+  const auto type = loomType(data.scalar_type());
+  if (!type) {
+    invalid(site, "dtype " + std::string(c10::toString(t.scalar_type())) +
+                      " cannot be reduced by loom (supported: float32, float64, float16, bfloat16, "
+                      "int8, uint8, int16, int32, int64, bool and complex as real pairs)");
+  }
+  const at::Tensor view = data;
+  data = data.contiguous();
+  return Flat{data, view, *type, static_cast<size_t>(data.numel())};
+}
+
+Flat byteView(const CallSite& /*site*/, const at::Tensor& t) {
+  at::Tensor data = t.is_conj() ? t.resolve_conj().contiguous() : t.contiguous();
+  return Flat{data, t, DataType::kUInt8, static_cast<size_t>(data.nbytes())};
+}
+
+ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type) {
+  ReduceOp result;
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM: result = ReduceKind::kSum; break;
+    case c10d::ReduceOp::AVG: result = ReduceKind::kAvg; break;
+    case c10d::ReduceOp::PRODUCT: result = ReduceKind::kProduct; break;
+    case c10d::ReduceOp::MIN: result = ReduceKind::kMin; break;
+    case c10d::ReduceOp::MAX: result = ReduceKind::kMax; break;
+    case c10d::ReduceOp::BAND: result = ReduceKind::kBitAnd; break;
+    case c10d::ReduceOp::BOR: result = ReduceKind::kBitOr; break;
+    case c10d::ReduceOp::BXOR: result = ReduceKind::kBitXor; break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      const auto* supplement =
+          dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (supplement == nullptr) invalid(site, "PREMUL_SUM came without its factor");
+      const double factor = supplement->tensor_factor.defined()
+                                ? supplement->tensor_factor.to(at::kDouble).item<double>()
+                                : supplement->double_factor;
+      result = ReduceOp::premulSum(factor);
+      break;
+    }
+    default: invalid(site, "unknown reduce op " + std::to_string(static_cast<int>(op.op_)));
+  }
+  if (!isSupported(result.kind(), type)) {
+    invalid(site, std::string(reduceKindName(result.kind())) + " is not defined for " +
+                      std::string(dataTypeName(type)) + " tensors");
+  }
+  return result;
+}
+
+at::Tensor Outputs::target(const at::Tensor& t) {
+  if (t.is_contiguous() && !t.is_conj()) return t;
+  at::Tensor scratch = at::empty_like(t, at::MemoryFormat::Contiguous);
+  staged_.emplace_back(scratch, t);
+  return scratch;
+}
+
+void Outputs::inOut(const Flat& flat) {
+  if (!flat.data.is_alias_of(flat.view)) staged_.emplace_back(flat.data, flat.view);
+}
+
+void Outputs::finish() {
+  for (auto& [scratch, original] : staged_) original.copy_(scratch);
+  staged_.clear();
+}
+
+}  // namespace loom::torch_plugin

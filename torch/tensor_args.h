@@ -1,0 +1,75 @@
+#pragma once
+
+// Turning c10d's tensors and options into loom's pointers, counts, types and reductions,
+// with the checks that make bad input a clear error before anything is sent. Tensors that
+// loom cannot use as they are (non-contiguous, complex) are staged: inputs are copied to a
+// contiguous (real-viewed) tensor; outputs get a contiguous scratch tensor that is copied
+// back once the operation completes.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <string>
+#include <vector>
+
+#include "loom/types.h"
+
+namespace loom::torch_plugin {
+
+/// Where a call happens, for messages.
+struct CallSite {
+  const char* op;
+  int rank;
+  int size;
+};
+
+/// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>".
+[[noreturn]] void invalid(const CallSite& site, const std::string& detail);
+
+/// Checks the argument list has exactly `n` tensors (c10d passes single-element lists).
+void requireCount(const CallSite& site, const char* what, size_t actual, size_t n);
+
+/// Checks `t` is a dense CPU tensor; `what` names the argument.
+void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t);
+
+/// Checks every tensor in `list` has the dtype and number of elements of `like`.
+void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
+                 const at::Tensor& like);
+
+/// loom's view of one tensor: a contiguous tensor (the original, its real view, or a staged
+/// copy of either), its loom element type and element count. `view` is the memory the caller
+/// means; when `data` is a copy, results written to it must be copied back to `view`.
+struct Flat {
+  at::Tensor data;
+  at::Tensor view;
+  DataType type;
+  size_t count;
+  void* ptr() const { return data.data_ptr(); }
+};
+
+/// For reductions: complex tensors as their real view (SUM, AVG and PREMUL_SUM only),
+/// other dtypes as themselves; throws for dtypes loom cannot reduce.
+Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op);
+
+/// For data movement: any dtype, moved as its bytes.
+Flat byteView(const CallSite& site, const at::Tensor& t);
+
+/// loom's reduction for c10d's (PREMUL_SUM factors included); throws if `type` lacks it.
+ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type);
+
+/// Output tensors whose data loom writes: contiguous ones directly, others through scratch
+/// tensors copied back by finish().
+class Outputs {
+ public:
+  /// A tensor loom can write into that ends up in `t` once finish() runs.
+  at::Tensor target(const at::Tensor& t);
+  /// Registers `flat` (an in-out buffer, as for all_reduce) for copy-back if it is staged.
+  void inOut(const Flat& flat);
+  /// Copies scratch tensors back into their originals.
+  void finish();
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (scratch, original)
+};
+
+}  // namespace loom::torch_plugin

@@ -1,0 +1,129 @@
+// Completing c10d works from loom requests.
+
+#include "work_loom.h"
+
+#include <ATen/core/jit_type.h>
+#include <c10/util/Exception.h>
+#include <sched.h>
+
+#include "loom/error.h"
+
+namespace loom::torch_plugin {
+
+std::exception_ptr asDistBackendError(std::exception_ptr error) {
+  if (!error) return nullptr;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error&) {
+    return error;  // already a torch error (DistBackendError or a check)
+  } catch (const std::exception& e) {
+    try {
+      C10_THROW_ERROR(DistBackendError, e.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+  return error;
+}
+
+WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
+                   std::vector<at::Tensor> outputs, std::function<void()> finisher)
+    : c10d::Work(rank, type, profilingTitle),
+      what_(std::move(what)),
+      outputs_(std::move(outputs)),
+      finisher_(std::move(finisher)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+WorkLoom::~WorkLoom() = default;
+
+void WorkLoom::track(std::vector<Request> requests) {
+  if (requests.empty()) {
+    complete(nullptr);
+    return;
+  }
+  seq_ = requests.back().sequence();
+  pending_.store(static_cast<int>(requests.size()), std::memory_order_release);
+  // Each callback holds a reference, so the work outlives its requests even if the caller
+  // drops it.
+  for (Request& r : requests) {
+    c10::intrusive_ptr<WorkLoom> self = c10::intrusive_ptr<WorkLoom>::reclaim_copy(this);
+    r.onComplete([self, r](std::exception_ptr e) { self->requestDone(std::move(e), r.sourceRank()); });
+  }
+}
+
+void WorkLoom::requestDone(std::exception_ptr error, int source) {
+  if (source >= 0) source_.store(source, std::memory_order_relaxed);
+  if (error) {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!firstError_) firstError_ = error;
+  }
+  if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::exception_ptr failure;
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    failure = firstError_;
+  }
+  if (!failure && finisher_) {
+    try {
+      finisher_();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  complete(failure);
+}
+
+void WorkLoom::complete(std::exception_ptr error) {
+  error = asDistBackendError(error);
+  finisher_ = nullptr;  // releases staged tensors
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  done_.store(true, std::memory_order_release);
+  finish(error);
+}
+
+// The future is marked before the work finishes, and callbacks chained on the future run
+// during the marking: report completion as soon as the future has it, so code woken by a
+// chained future sees a completed work.
+bool WorkLoom::isCompleted() { return done_.load(std::memory_order_acquire) || future_->completed(); }
+
+bool WorkLoom::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr WorkLoom::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+int WorkLoom::sourceRank() const { return source_.load(std::memory_order_relaxed); }
+
+std::vector<at::Tensor> WorkLoom::result() { return outputs_; }
+
+bool WorkLoom::wait(std::chrono::milliseconds timeout) {
+  // Most collectives finish within microseconds: poll briefly before sleeping.
+  const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spinUntil) {
+    sched_yield();
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [&] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    C10_THROW_ERROR(DistBackendError,
+                    "loom " + what_ + " #" + std::to_string(seq_) + " (rank " +
+                        std::to_string(rank_) + "): work.wait() timed out after " +
+                        std::to_string(timeout.count()) +
+                        " ms; the operation itself goes on until its own timeout");
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() { return future_; }
+
+}  // namespace loom::torch_plugin

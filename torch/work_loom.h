@@ -1,0 +1,62 @@
+#pragma once
+
+// c10d::Work over one or more loom requests. It completes when the last request does: the
+// finisher runs (copying staged outputs back), the future is fulfilled with the output
+// tensors (or set to the error), and waiters wake. This happens on the thread that finished
+// the last request (the communicator's worker), so DDP comm hooks and functional collectives
+// chained on get_future() run there, as they do on Gloo's worker threads.
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/request.h"
+
+namespace loom::torch_plugin {
+
+class WorkLoom : public c10d::Work {
+ public:
+  /// `what` names the operation for messages ("all_reduce"); `outputs` are the tensors
+  /// result() and the future return; `finisher` runs once every request has succeeded.
+  WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
+           std::vector<at::Tensor> outputs, std::function<void()> finisher);
+  ~WorkLoom() override;
+
+  /// Starts waiting on `requests` (call exactly once). An empty list completes at once.
+  void track(std::vector<Request> requests);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  int sourceRank() const override;
+  std::vector<at::Tensor> result() override;
+  /// Waits (spinning briefly first); a timeout throws DistBackendError naming the operation.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  void requestDone(std::exception_ptr error, int source);
+  void complete(std::exception_ptr error);
+
+  std::string what_;
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> finisher_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> pending_{0};
+  std::atomic<bool> done_{false};
+  std::atomic<int> source_{-1};
+  uint64_t seq_ = 0;
+  std::mutex errorMutex_;
+  std::exception_ptr firstError_;  // guarded by errorMutex_
+};
+
+/// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).
+std::exception_ptr asDistBackendError(std::exception_ptr error);
+
+}  // namespace loom::torch_plugin
