@@ -32,6 +32,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("group_name") = "", py::arg("global_ranks") = std::vector<uint64_t>{},
            py::call_guard<py::gil_scoped_release>(),
            "Joins a loom communicator of `size` ranks through a c10d store.")
+      .def_property_readonly("options", &ProcessGroupLoom::getBackendOptions,
+                             "The backend options (split_group copies them for children).")
       .def_property_readonly("last_sequence",
                              [](ProcessGroupLoom& pg) { return pg.communicator().lastSequence(); });
 

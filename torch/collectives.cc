@@ -30,20 +30,21 @@ struct GatherPlan {
   Outputs staged;
   Flat in;
   std::vector<at::Tensor> targets;
-  std::vector<size_t> counts;  // bytes from each rank (uneven sizes allowed)
+  std::vector<size_t> counts;  // elements from each rank (uneven sizes allowed)
 };
 
-GatherPlan planAllgather(const CallSite& s, std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
   requireCpuDense(s, "input", input);
   requirePerRank(s, "output list", outputs.size());
-  GatherPlan plan{Outputs{}, byteView(s, input), {}, {}};
+  GatherPlan plan{Outputs{}, movementView(input), {}, {}};
+  const DataType type = plan.in.type;
   for (size_t q = 0; q < outputs.size(); ++q) {
     requireCpuDense(s, "outputs", outputs[q]);
     if (outputs[q].scalar_type() != input.scalar_type()) {
       invalid(s, "output " + std::to_string(q) + " has dtype " + c10::toString(outputs[q].scalar_type()) +
                      " but the input has " + c10::toString(input.scalar_type()));
     }
-    plan.counts.push_back(outputs[q].nbytes());
+    plan.counts.push_back(elementsOf(outputs[q], type));
     plan.targets.push_back(plan.staged.target(outputs[q]));
   }
   if (outputs[s.rank].numel() != input.numel()) {
@@ -68,9 +69,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   requireCpuDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   auto outputs = std::make_shared<Outputs>();
-  const Flat flat = byteView(s, tensors[0]);
+  const Flat flat = movementView(tensors[0]);
   outputs->inOut(flat);
-  return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, [outputs, flat] { outputs->finish(); },
+  return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors, [outputs, flat] { outputs->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
                                                static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
@@ -81,16 +82,71 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
                                                            const c10d::AllreduceOptions& opts) {
   const CallSite s = site("all_reduce");
   requireCount(s, "tensors", tensors.size(), 1);
+  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors, opts);
   requireCpuDense(s, "tensor", tensors[0]);
-  if (opts.sparseIndices) invalid(s, "sparse all_reduce is not supported");
+  if (opts.sparseIndices) invalid(s, "all_reduce with sparse indices is not supported");
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
   auto outputs = std::make_shared<Outputs>();
   outputs->inOut(flat);
-  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, [outputs, flat] { outputs->finish(); },
+  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                                opOptions(opts.timeout)));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceOptions& opts) {
+  // A sparse COO sum: gather every rank's indices and values and let coalesce() add
+  // duplicates. The entry counts must be known before the gather, so that first exchange
+  // waits here; the gather itself runs asynchronously like any collective.
+  const CallSite s = site("all_reduce (sparse)");
+  const at::Tensor& t = tensors[0];
+  if (!t.device().is_cpu()) invalid(s, "the sparse tensor is on " + t.device().str() + "; loom handles CPU tensors");
+  if (static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp) != c10d::ReduceOp::SUM) {
+    invalid(s, "sparse tensors can only be summed");
+  }
+  const at::Tensor local = t.coalesce();
+  const at::Tensor indices = local.indices().contiguous();
+  const at::Tensor values = local.values().contiguous();
+  const int64_t nnz = local._nnz();
+  std::vector<int64_t> nnzs(static_cast<size_t>(size_));
+  translatedWait([&] {
+    return comm_->allGather(&nnz, nnzs.data(), 1, DataType::kInt64, opOptions(opts.timeout));
+  });
+  const int64_t total = std::accumulate(nnzs.begin(), nnzs.end(), int64_t{0});
+  std::vector<int64_t> valueShape = values.sizes().vec();
+  valueShape[0] = total;
+  at::Tensor allIndices = at::empty({indices.size(0), total}, indices.options());
+  at::Tensor allValues = at::empty(valueShape, values.options());
+  // Gathered rank by rank along the entry dimension: indices as [nnz, ndim] rows (transposed
+  // back afterwards), values as [nnz, ...] rows.
+  at::Tensor rowsIn = indices.t().contiguous();
+  at::Tensor rowsOut = at::empty({total, indices.size(0)}, indices.options());
+  const size_t indexRow = static_cast<size_t>(indices.size(0)) * sizeof(int64_t);
+  const size_t valueRow = total == 0 ? 0 : allValues.nbytes() / static_cast<size_t>(total);
+  std::vector<void*> indexTargets, valueTargets;
+  std::vector<size_t> indexBytes, valueBytes;
+  int64_t offset = 0;
+  for (int64_t n : nnzs) {
+    indexTargets.push_back(static_cast<uint8_t*>(rowsOut.data_ptr()) + offset * indexRow);
+    valueTargets.push_back(static_cast<uint8_t*>(allValues.data_ptr()) + offset * valueRow);
+    indexBytes.push_back(static_cast<size_t>(n) * indexRow);
+    valueBytes.push_back(static_cast<size_t>(n) * valueRow);
+    offset += n;
+  }
+  at::Tensor output = t;
+  auto finisher = [output, rowsIn, rowsOut, allValues, values]() mutable {
+    auto summed = at::sparse_coo_tensor(rowsOut.t(), allValues, output.sizes()).coalesce();
+    output.copy_(summed);
+  };
+  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher,
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allGatherV(rowsIn.data_ptr(), indexTargets, indexBytes, DataType::kUInt8,
+                                                opOptions(opts.timeout)));
+                  r.push_back(comm_->allGatherV(values.data_ptr(), valueTargets, valueBytes, DataType::kUInt8,
+                                                opOptions(opts.timeout)));
                 });
 }
 
@@ -119,7 +175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
       offset += t.numel();
     }
   };
-  return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors, finisher,
+  return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce", tensors, tensors, finisher,
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                                opOptions(opts.timeout)));
@@ -136,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
   auto outputs = std::make_shared<Outputs>();
   outputs->inOut(flat);
-  return launch(s, OpType::REDUCE, "loom:reduce", tensors, [outputs, flat] { outputs->finish(); },
+  return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                             static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
@@ -150,10 +206,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(std::vector<std::vect
   requireCount(s, "inputs", inputs.size(), 1);
   requireCount(s, "output lists", outputs.size(), 1);
   auto plan = std::make_shared<GatherPlan>(planAllgather(s, outputs[0], inputs[0]));
-  return launch(s, OpType::ALLGATHER, "loom:all_gather", outputs[0], [plan] { plan->staged.finish(); },
+  return launch(s, OpType::ALLGATHER, "loom:all_gather", inputs, outputs[0], [plan] { plan->staged.finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allGatherV(plan->in.ptr(), pointers(plan->targets), plan->counts,
-                                                DataType::kUInt8, opOptions(opts.timeout)));
+                                                plan->in.type, opOptions(opts.timeout)));
                 });
 }
 
@@ -169,11 +225,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(at::Tensor& out
   }
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(output);
-  const Flat in = byteView(s, input);
-  return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {output},
+  const Flat in = movementView(input);
+  return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
                 [staged, target, in] { staged->finish(); },
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, DataType::kUInt8,
+                  r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
                                                opOptions(opts.timeout)));
                 });
 }
@@ -181,22 +237,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(at::Tensor& out
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  // outputs[q][i] receives rank q's inputs[i].
   const CallSite s = site("all_gather_coalesced");
-  requireCount(s, "output lists", outputs.size(), inputs.size());
+  requirePerRank(s, "output lists", outputs.size());
   auto plans = std::make_shared<std::vector<GatherPlan>>();
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    plans->push_back(planAllgather(s, outputs[i], inputs[i]));
-    all.insert(all.end(), outputs[i].begin(), outputs[i].end());
+    std::vector<at::Tensor> perRank;
+    for (auto& list : outputs) {
+      requireCount(s, "each output list", list.size(), inputs.size());
+      perRank.push_back(list[i]);
+    }
+    plans->push_back(planAllgather(s, perRank, inputs[i]));
   }
-  return launch(s, OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", all,
+  for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+  return launch(s, OpType::ALLGATHER_COALESCED, "loom:all_gather", inputs, all,
                 [plans] {
                   for (auto& p : *plans) p.staged.finish();
                 },
                 [&](std::vector<Request>& r) {
                   for (auto& p : *plans) {
-                    r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts,
-                                                  DataType::kUInt8, opOptions(opts.timeout)));
+                    r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts, p.in.type,
+                                                  opOptions(opts.timeout)));
                   }
                 });
 }
@@ -214,15 +276,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
     if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
       invalid(s, "outputs[" + std::to_string(i) + "] must have the input's dtype and size x its elements");
     }
-    ins.push_back(byteView(s, inputs[i]));
+    ins.push_back(movementView(inputs[i]));
     targets.push_back(staged->target(outputs[i]));
   }
-  return launch(s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", outputs,
+  return launch(s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
                 [staged, ins, targets] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   for (size_t i = 0; i < ins.size(); ++i) {
                     r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
-                                                 DataType::kUInt8, opOptions(opts.timeout)));
+                                                 ins[i].type, opOptions(opts.timeout)));
                   }
                 });
 }
@@ -247,10 +309,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(std::vector<std::vector<
   } else if (!outputs.empty() && !outputs[0].empty()) {
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes output tensors");
   }
-  const Flat in = byteView(s, inputs[0]);
-  return launch(s, OpType::GATHER, "loom:gather", results, [staged, targets, in] { staged->finish(); },
+  const Flat in = movementView(inputs[0]);
+  return launch(s, OpType::GATHER, "loom:gather", inputs, results, [staged, targets, in] { staged->finish(); },
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, DataType::kUInt8,
+                  r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, in.type,
                                             static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
                 });
 }
@@ -270,7 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(std::vector<at::Tensor>
     requirePerRank(s, "input list", inputs[0].size());
     requireLike(s, "inputs", inputs[0], outputs[0]);
     for (const auto& t : inputs[0]) {
-      ins.push_back(byteView(s, t));
+      ins.push_back(movementView(t));
       sources.push_back(ins.back().ptr());
     }
   } else if (!inputs.empty() && !inputs[0].empty()) {
@@ -278,9 +340,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(std::vector<at::Tensor>
   }
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(outputs[0]);
-  return launch(s, OpType::SCATTER, "loom:scatter", outputs, [staged, ins, target] { staged->finish(); },
+  const DataType type = movementView(outputs[0]).type;
+  return launch(s, OpType::SCATTER, "loom:scatter", root ? inputs[0] : std::vector<at::Tensor>{}, outputs, [staged, ins, target] { staged->finish(); },
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->scatter(sources, target.data_ptr(), target.nbytes(), DataType::kUInt8,
+                  r.push_back(comm_->scatter(sources, target.data_ptr(), elementsOf(target, type), type,
                                              static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
                 });
 }
@@ -311,7 +374,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(std::vector<at::
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
   auto staged = std::make_shared<Outputs>();
   staged->inOut(out);
-  return launch(s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputs,
+  return launch(s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", inputs[0], outputs,
                 [staged, ins, out] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->reduceScatterV(sources, out.ptr(), counts, out.type, op,
@@ -334,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(at::Tensor
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
   auto staged = std::make_shared<Outputs>();
   staged->inOut(out);
-  return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {output},
+  return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
                 [staged, in, out] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
@@ -360,7 +423,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
     ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
     staged->inOut(outs.back());
   }
-  return launch(s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", outputs,
+  return launch(s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
                 [staged, ins, outs] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   for (size_t i = 0; i < ins.size(); ++i) {
@@ -378,7 +441,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
   requireCpuDense(s, "input", input);
   requireCpuDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
-  const Flat in = byteView(s, input);
+  const Flat in = movementView(input);
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(output);
   const auto rowBytes = [](const at::Tensor& t) -> size_t {
@@ -410,6 +473,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
   };
   const std::vector<size_t> sendBytes = blocks(input, inputSplitSizes, "input");
   const std::vector<size_t> recvBytes = blocks(output, outputSplitSizes, "output");
+  // Row sizes are whole elements, so the byte counts divide evenly.
+  const size_t es = elementSize(in.type);
+  std::vector<size_t> sendCounts, recvCounts;
+  for (size_t b : sendBytes) sendCounts.push_back(b / es);
+  for (size_t b : recvBytes) recvCounts.push_back(b / es);
   std::vector<const void*> sources;
   std::vector<void*> targets;
   size_t offIn = 0, offOut = 0;
@@ -419,10 +487,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
     offIn += sendBytes[q];
     offOut += recvBytes[q];
   }
-  return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all_single", {output},
+  return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
                 [staged, in, target] { staged->finish(); },
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allToAllV(sources, sendBytes, targets, recvBytes, DataType::kUInt8,
+                  r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
                                                opOptions(opts.timeout)));
                 });
 }
@@ -435,7 +503,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   requirePerRank(s, "outputs", outputs.size());
   std::vector<Flat> ins;
   std::vector<const void*> sources;
-  std::vector<size_t> sendBytes, recvBytes;
+  std::vector<size_t> sendCounts, recvCounts;
   auto staged = std::make_shared<Outputs>();
   std::vector<at::Tensor> targets;
   for (int q = 0; q < size_; ++q) {
@@ -444,16 +512,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
     if (inputs[q].scalar_type() != inputs[0].scalar_type() || outputs[q].scalar_type() != inputs[0].scalar_type()) {
       invalid(s, "all input and output tensors must share one dtype");
     }
-    ins.push_back(byteView(s, inputs[q]));
+    ins.push_back(movementView(inputs[q]));
     sources.push_back(ins.back().ptr());
-    sendBytes.push_back(ins.back().count);
+    sendCounts.push_back(ins.back().count);
     targets.push_back(staged->target(outputs[q]));
-    recvBytes.push_back(outputs[q].nbytes());
+    recvCounts.push_back(elementsOf(outputs[q], ins.back().type));
   }
-  return launch(s, OpType::ALLTOALL, "loom:all_to_all", outputs, [staged, ins, targets] { staged->finish(); },
+  const DataType type = ins.front().type;
+  return launch(s, OpType::ALLTOALL, "loom:all_to_all", inputs, outputs, [staged, ins, targets] { staged->finish(); },
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allToAllV(sources, sendBytes, pointers(targets), recvBytes,
-                                               DataType::kUInt8, opOptions(opts.timeout)));
+                  r.push_back(comm_->allToAllV(sources, sendCounts, pointers(targets), recvCounts, type,
+                                               opOptions(opts.timeout)));
                 });
 }
 
@@ -461,33 +530,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   const CallSite s = site("send");
   requireCount(s, "tensors", tensors.size(), 1);
   requireCpuDense(s, "tensor", tensors[0]);
-  const Flat in = byteView(s, tensors[0]);
-  return launch(s, OpType::SEND, "loom:send", tensors, [in] {},
+  const Flat in = movementView(tensors[0]);
+  return launch(s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->send(in.ptr(), in.count, DataType::kUInt8, dstRank, tag, opOptions({})));
+                  r.push_back(comm_->send(in.ptr(), in.count, in.type, dstRank, tag, opOptions({})));
                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return receive(tensors, srcRank, tag, "loom:recv");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>& tensors, int srcRank,
+                                                         int tag, const char* title) {
   const CallSite s = site("recv");
   requireCount(s, "tensors", tensors.size(), 1);
   requireCpuDense(s, "tensor", tensors[0]);
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(tensors[0]);
-  return launch(s, OpType::RECV, "loom:recv", tensors, [staged, target] { staged->finish(); },
+  return launch(s, srcRank == kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, title, tensors, tensors, [staged, target] { staged->finish(); },
                 [&](std::vector<Request>& r) {
-                  r.push_back(comm_->recv(target.data_ptr(), target.nbytes(), DataType::kUInt8, srcRank, tag,
+                  const DataType type = movementView(target).type;
+                  r.push_back(comm_->recv(target.data_ptr(), elementsOf(target, type), type, srcRank, tag,
                                           opOptions({})));
                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return recv(tensors, kAnySource, tag);
+  return receive(tensors, kAnySource, tag, "loom:recvAnySource");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
   const CallSite s = site("barrier");
-  return launch(s, OpType::BARRIER, "loom:barrier", {}, nullptr,
+  return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr,
                 [&](std::vector<Request>& r) { r.push_back(comm_->barrier(opOptions(opts.timeout))); });
 }
 

@@ -9,9 +9,18 @@
 
 namespace loom::torch_plugin {
 
+/// Rethrows a loom error as the torch error Python users expect: bad arguments are the
+/// caller's to fix (RuntimeError, like Gloo's checks); anything else (a failed, timed-out or
+/// shut-down communicator) is a DistBackendError.
+[[noreturn]] inline void rethrowForTorch(const Error& e) {
+  if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what());
+  C10_THROW_ERROR(DistBackendError, e.what());
+}
+
 template <class Issue>
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c10d::OpType type,
                                                         const char* title,
+                                                        const std::vector<at::Tensor>& inputs,
                                                         std::vector<at::Tensor> outputs,
                                                         std::function<void()> finisher,
                                                         Issue&& issue) {
@@ -19,12 +28,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   try {
     issue(requests);
   } catch (const Error& e) {
-    // Bad arguments are the caller's to fix (RuntimeError, like Gloo's checks); anything else
-    // (a failed or shut-down communicator) is a backend error.
-    if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what());
-    C10_THROW_ERROR(DistBackendError, e.what());
+    rethrowForTorch(e);
   }
-  auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, std::move(outputs),
+  auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
                                             std::move(finisher));
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
@@ -32,6 +38,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   }
   work->track(std::move(requests));
   return work;
+}
+
+template <class Issue>
+void ProcessGroupLoom::translatedWait(Issue&& issue) {
+  try {
+    issue().wait();
+  } catch (const Error& e) {
+    rethrowForTorch(e);
+  }
 }
 
 }  // namespace loom::torch_plugin

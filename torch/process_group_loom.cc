@@ -3,10 +3,11 @@
 #include "process_group_loom.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 
-#include "loom/error.h"
+#include "launch.h"
 #include "store_adapter.h"
 
 namespace loom::torch_plugin {
@@ -20,31 +21,68 @@ CommOptions commOptions(const c10d::Backend::Options& options) {
   return c;
 }
 
+// Runs `f` without the GIL if this thread holds it (a no-op outside Python).
+template <class F>
+void releasingGil(F&& f) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release unlocked;
+    f();
+  } else {
+    f();
+  }
+}
+
 // Runs `f`, turning loom errors into torch errors for Python.
 template <class F>
 auto translated(F&& f) {
   try {
     return f();
   } catch (const Error& e) {
-    if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what());
-    C10_THROW_ERROR(DistBackendError, e.what());
+    rethrowForTorch(e);
   }
 }
+
+// The communicator of this process's default (world) loom group, from which groups over
+// subsets of the world are derived without a store rendezvous.
+std::mutex gWorldMutex;
+std::weak_ptr<Communicator> gWorld;
 
 }  // namespace
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    c10::intrusive_ptr<Options> options)
     : c10d::Backend(rank, size), options_(std::move(options)) {
+  const auto& global = options_->global_ranks_in_group;
+  std::shared_ptr<Communicator> world;
+  {
+    std::lock_guard<std::mutex> lock(gWorldMutex);
+    world = gWorld.lock();
+  }
+  if (!global.empty() && world) {
+    // A group over ranks of the world (new_group, DeviceMesh): torch calls this factory on
+    // the members only, which is exactly what subset() needs.
+    std::vector<int> members(global.begin(), global.end());
+    const std::string tag = options_->group_name.empty() ? "group" : options_->group_name;
+    comm_ = translated([&] { return world->subset(members, tag, commOptions(*options_)); });
+    return;
+  }
   comm_ = translated([&] {
     return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store), commOptions(*options_));
   });
+  if (global.empty()) {
+    std::lock_guard<std::mutex> lock(gWorldMutex);
+    gWorld = comm_;
+  }
 }
 
 ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm, c10::intrusive_ptr<Options> options)
     : c10d::Backend(comm->rank(), comm->size()), comm_(std::move(comm)), options_(std::move(options)) {}
 
-ProcessGroupLoom::~ProcessGroupLoom() = default;
+ProcessGroupLoom::~ProcessGroupLoom() {
+  // Tearing the communicator down waits for its queued operations, whose completion may run
+  // Python callbacks chained on their futures; those need the GIL, so never hold it here.
+  releasingGil([&] { comm_.reset(); });
+}
 
 OpOptions ProcessGroupLoom::opOptions(std::chrono::milliseconds timeout) const {
   OpOptions o;
@@ -77,7 +115,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   }
   // The operations were queued as they were called; this work completes with the last.
   auto work = c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced",
-                                            std::vector<at::Tensor>{}, nullptr);
+                                            std::vector<at::Tensor>{}, std::vector<at::Tensor>{}, nullptr);
   work->track(std::move(requests));
   return work;
 }
@@ -85,34 +123,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(const c10::intrusive_ptr<c10d::Store>& /*store*/,
                                                           const std::vector<int>& ranks,
                                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
-  // `ranks` are global ranks; map them to ranks of this group through the global ranks of
-  // this group's members (known from this group's options).
-  const auto& mine = options_->global_ranks_in_group;
-  std::vector<int> members;
-  for (int global : ranks) {
-    int local = global;
-    if (!mine.empty()) {
-      auto it = std::find(mine.begin(), mine.end(), static_cast<uint64_t>(global));
-      TORCH_CHECK(it != mine.end(), "loom split (rank ", rank_, "): global rank ", global,
-                  " is not a member of the group being split");
-      local = static_cast<int>(it - mine.begin());
-    }
-    members.push_back(local);
-  }
-  if (std::find(members.begin(), members.end(), rank_) == members.end()) return nullptr;
+  // Every rank of this group calls split; `ranks` are ranks of this group (sorted), and
+  // non-members get nullptr. Members derive the child from this communicator: no store.
+  if (std::find(ranks.begin(), ranks.end(), rank_) == ranks.end()) return nullptr;
   auto childOptions = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
   if (opts) {
     childOptions->group_name = opts->group_name;
     childOptions->group_desc = opts->group_desc;
   }
-  childOptions->global_ranks_in_group.assign(ranks.begin(), ranks.end());
+  for (int r : ranks) {
+    const auto& parentGlobal = options_->global_ranks_in_group;
+    childOptions->global_ranks_in_group.push_back(
+        parentGlobal.empty() ? static_cast<uint64_t>(r) : parentGlobal.at(static_cast<size_t>(r)));
+  }
   const std::string tag = childOptions->group_name.empty() ? "split" : childOptions->group_name;
-  auto child = translated([&] { return comm_->subset(members, tag, commOptions(*childOptions)); });
+  auto child = translated([&] { return comm_->subset(ranks, tag, commOptions(*childOptions)); });
   return c10::make_intrusive<ProcessGroupLoom>(std::move(child), childOptions);
 }
 
 void ProcessGroupLoom::abort() { comm_->abort(); }
 
-void ProcessGroupLoom::shutdown() { comm_->shutdown(); }
+void ProcessGroupLoom::shutdown() {
+  releasingGil([&] { comm_->shutdown(); });
+}
 
 }  // namespace loom::torch_plugin

@@ -106,8 +106,17 @@ class ProcessGroupLoom : public c10d::Backend {
   /// loom's argument errors become RuntimeError, its other errors DistBackendError.
   template <class Issue>
   c10::intrusive_ptr<c10d::Work> launch(const CallSite& site, c10d::OpType type, const char* title,
+                                        const std::vector<at::Tensor>& inputs,
                                         std::vector<at::Tensor> outputs,
                                         std::function<void()> finisher, Issue&& issue);
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceOptions& opts);
+  /// Issues one loom operation and waits for it here (for steps whose results decide what
+  /// comes next), translating loom's errors like launch() does.
+  template <class Issue>
+  void translatedWait(Issue&& issue);
+  c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                         const char* title);
   OpOptions opOptions(std::chrono::milliseconds timeout) const;
   CallSite site(const char* op) const { return CallSite{op, rank_, size_}; }
 

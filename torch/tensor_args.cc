@@ -88,10 +88,14 @@ Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::Reduce
   return Flat{data, view, *type, static_cast<size_t>(data.numel())};
 }
 
-Flat byteView(const CallSite& /*site*/, const at::Tensor& t) {
-  at::Tensor data = t.is_conj() ? t.resolve_conj().contiguous() : t.contiguous();
-  return Flat{data, t, DataType::kUInt8, static_cast<size_t>(data.nbytes())};
+Flat movementView(const at::Tensor& t) {
+  at::Tensor view = t.is_complex() ? at::view_as_real(t.resolve_conj()) : t.resolve_conj();
+  const auto type = loomType(view.scalar_type()).value_or(DataType::kUInt8);
+  at::Tensor data = view.contiguous();
+  return Flat{data, view, type, elementsOf(data, type)};
 }
+
+size_t elementsOf(const at::Tensor& t, DataType type) { return t.nbytes() / elementSize(type); }
 
 ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type) {
   ReduceOp result;

@@ -51,8 +51,13 @@ struct Flat {
 /// other dtypes as themselves; throws for dtypes loom cannot reduce.
 Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op);
 
-/// For data movement: any dtype, moved as its bytes.
-Flat byteView(const CallSite& site, const at::Tensor& t);
+/// For data movement: the tensor as loom's element type (complex as real pairs), or as
+/// bytes for dtypes loom does not know (float8, unsigned 16-64 bit, ...): movement does not
+/// care, and a known type makes mismatches across ranks readable and detectable.
+Flat movementView(const at::Tensor& t);
+
+/// Elements of loom type `type` that tensor `t` holds.
+size_t elementsOf(const at::Tensor& t, DataType type);
 
 /// loom's reduction for c10d's (PREMUL_SUM factors included); throws if `type` lacks it.
 ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type);

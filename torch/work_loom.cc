@@ -26,9 +26,22 @@ std::exception_ptr asDistBackendError(std::exception_ptr error) {
   return error;
 }
 
+namespace {
+
+// What the profiler records as the operation's inputs: complex tensors as their real views,
+// which is what travels (and what Gloo reports).
+std::vector<at::Tensor> profiled(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> shown;
+  for (const auto& t : inputs) shown.push_back(t.is_complex() ? at::view_as_real(t.resolve_conj()) : t);
+  return shown;
+}
+
+}  // namespace
+
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
-                   std::vector<at::Tensor> outputs, std::function<void()> finisher)
-    : c10d::Work(rank, type, profilingTitle),
+                   const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+                   std::function<void()> finisher)
+    : c10d::Work(rank, type, profilingTitle, profiled(inputs)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),

@@ -20,10 +20,12 @@ namespace loom::torch_plugin {
 
 class WorkLoom : public c10d::Work {
  public:
-  /// `what` names the operation for messages ("all_reduce"); `outputs` are the tensors
-  /// result() and the future return; `finisher` runs once every request has succeeded.
+  /// `what` names the operation for messages ("all_reduce"); `inputs` give the profiler
+  /// event its shapes; `outputs` are the tensors result() and the future return; `finisher`
+  /// runs once every request has succeeded.
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
-           std::vector<at::Tensor> outputs, std::function<void()> finisher);
+           const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+           std::function<void()> finisher);
   ~WorkLoom() override;
 
   /// Starts waiting on `requests` (call exactly once). An empty list completes at once.

@@ -12,11 +12,14 @@ importing loom.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from . import _C
 
@@ -46,10 +49,46 @@ def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
     )
 
 
+def _default_backend() -> str:
+    """What an unspecified backend becomes: loom for CPU, NCCL for CUDA where present."""
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return f"cpu:{BACKEND_NAME},cuda:nccl"
+    return BACKEND_NAME
+
+
 def make_default() -> None:
-    """Makes ``init_process_group()`` with no backend use loom for CPU tensors (CUDA stays
-    with NCCL)."""
-    dist.Backend.default_device_backend_map["cpu"] = BACKEND_NAME
+    """Makes ``init_process_group()`` without a backend (torchrun scripts, DeviceMesh's
+    implicit initialisation) use loom for CPU tensors, and NCCL for CUDA tensors where
+    present. Idempotent.
+
+    Why a wrapper and not ``Backend.default_device_backend_map["cpu"] = "loom"``: torch's
+    path for an unspecified backend pins the group's default backend type to Gloo whenever
+    NCCL is absent, and DDP then fails to find that backend. Naming the backend explicitly
+    avoids that path, so this wraps ``init_process_group`` to do just that.
+    """
+    original = c10d.init_process_group
+    if getattr(original, "_loom_default", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs)
+        backend = bound.arguments.get("backend")
+        device_id = bound.arguments.get("device_id")
+        on_cpu = device_id is None or torch.device(device_id).type == "cpu"
+        if backend in (None, "undefined", dist.Backend.UNDEFINED) and on_cpu:
+            bound.arguments["backend"] = _default_backend()
+        return original(*bound.args, **bound.kwargs)
+
+    init_process_group._loom_default = True
+    c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
+    # DeviceMesh imported the function by name; point it at the wrapper as well.
+    import torch.distributed.device_mesh as device_mesh
+
+    if hasattr(device_mesh, "init_process_group"):
+        device_mesh.init_process_group = init_process_group
 
 
 def _register() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_module
 import tempfile
 import traceback
 from datetime import timedelta
@@ -20,7 +22,8 @@ import pytest
 _CTX = mp.get_context("fork")
 
 
-def _rank_main(rank: int, world_size: int, init_file: str, backend: str, env: dict, fn, args, queue):
+def _rank_main(rank: int, world_size: int, init_file: str, backend: str, env: dict, finalize: bool,
+               fn, args, queue):
     try:
         os.environ.update(env)
         import torch
@@ -37,9 +40,12 @@ def _rank_main(rank: int, world_size: int, init_file: str, backend: str, env: di
             timeout=timedelta(seconds=120),
         )
         result = fn(rank, world_size, *args)
-        dist.barrier()
+        if finalize:
+            dist.barrier()
         dist.destroy_process_group()
-        queue.put((rank, "ok", result))
+        # Pickled by value here: the queue's own pickler would share tensor memory with a
+        # process that is about to exit.
+        queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:  # noqa: BLE001  (report everything, including SystemExit)
         queue.put((rank, "error", traceback.format_exc()))
 
@@ -51,16 +57,18 @@ def run_ranks(
     backend: str = "loom",
     env: dict | None = None,
     timeout: float = 300.0,
+    finalize: bool = True,
 ) -> list[Any]:
     """Runs fn(rank, world_size, *args) on `world_size` forked ranks; returns their results
-    in rank order, or fails the calling test with every failing rank's traceback."""
+    in rank order, or fails the calling test with every failing rank's traceback. With
+    `finalize` the ranks meet in a closing barrier (skip it for tests that break the group)."""
     queue = _CTX.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         procs = [
             _CTX.Process(
                 target=_rank_main,
-                args=(r, world_size, init_file, backend, env or {}, fn, args, queue),
+                args=(r, world_size, init_file, backend, env or {}, finalize, fn, args, queue),
                 daemon=True,
             )
             for r in range(world_size)
@@ -72,8 +80,11 @@ def run_ranks(
         try:
             for _ in range(world_size):
                 rank, status, payload = queue.get(timeout=timeout)
-                (results if status == "ok" else errors)[rank] = payload
-        except Exception:  # queue.Empty: some rank hung
+                if status == "ok":
+                    results[rank] = pickle.loads(payload)
+                else:
+                    errors[rank] = payload
+        except queue_module.Empty:
             for r in range(world_size):
                 if r not in results and r not in errors:
                     errors[r] = f"rank {r} did not finish within {timeout} s (killed)"

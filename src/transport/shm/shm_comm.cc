@@ -131,7 +131,7 @@ std::vector<int> ShmComm::laggards(uint64_t phase) const {
 void ShmComm::timeOut(uint64_t phase, const WaitSpec& spec) {
   const std::vector<int> missing = laggards(phase);
   std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) +
-                        " did not finish within " + std::to_string(spec.timeout.count()) +
+                        " hit its timeout of " + std::to_string(spec.timeout.count()) +
                         " ms: rank(s) " + rankList(missing) +
                         " had not arrived (they are behind, stuck in other work, or issued "
                         "a different sequence of collectives)";

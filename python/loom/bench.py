@@ -1,0 +1,321 @@
+"""loom vs Gloo through torch.distributed, side by side in one run.
+
+    python -m loom.bench                      # 2 ranks, 8 B .. 256 MiB, five collectives
+    python -m loom.bench --ranks 4 --max-bytes 64M --ops all_reduce,all_gather_into_tensor
+    python -m loom.bench --ddp-step           # also time a DDP training step (~100M params)
+
+Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
+size, both backends run the same call: a barrier, then the timed call, as seen from Python on
+rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median of several calls
+after warm-ups is reported. Output: a table with the Gloo/loom time ratio per size, a PNG plot
+of bus bandwidth, and the raw numbers as JSON (--out, default ./bench-out). The host's copy
+bandwidth is measured in the same run, so large sizes come with a roofline figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single"]
+
+# busbw = algbw x factor (nccl-tests); size conventions follow nccl-tests as well.
+BUS_FACTOR = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "all_gather_into_tensor": lambda p: (p - 1) / p,
+    "reduce_scatter_tensor": lambda p: (p - 1) / p,
+    "all_to_all_single": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+}
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    digits = text.rstrip("KMGB")
+    suffix = text[len(digits):].rstrip("B") or ""
+    if not digits.isdigit() or suffix not in units:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size like 8, 64K, 1M or 256M")
+    return int(digits) * units[suffix]
+
+
+def human(n: float) -> str:
+    for unit in ["B", "KiB", "MiB", "GiB"]:
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def calls_for(nbytes: int) -> int:
+    """Timed calls per point: more for small messages, fewer for huge ones."""
+    if nbytes <= 1 << 16:
+        return 40
+    if nbytes <= 1 << 22:
+        return 15
+    return 5
+
+
+def make_case(op: str, nbytes: int, world: int, rank: int):
+    """Tensors for one call of `op` moving `nbytes` (nccl-tests convention) and the call."""
+    import torch
+    import torch.distributed as dist
+
+    elems = max(1, nbytes // 4)
+    if op == "all_reduce":
+        t = torch.ones(elems)
+        return lambda g: dist.all_reduce(t, group=g)
+    if op == "broadcast":
+        t = torch.ones(elems)
+        return lambda g: dist.broadcast(t, src=0, group=g)
+    per = max(1, elems // world)
+    if op == "all_gather_into_tensor":
+        out, inp = torch.empty(per * world), torch.ones(per)
+        return lambda g: dist.all_gather_into_tensor(out, inp, group=g)
+    if op == "reduce_scatter_tensor":
+        out, inp = torch.empty(per), torch.ones(per * world)
+        return lambda g: dist.reduce_scatter_tensor(out, inp, group=g)
+    if op == "all_to_all_single":
+        out, inp = torch.empty(per * world), torch.ones(per * world)
+        return lambda g: dist.all_to_all_single(out, inp, group=g)
+    raise ValueError(op)
+
+
+def case_bytes(op: str, nbytes: int, world: int) -> int:
+    elems = max(1, nbytes // 4)
+    if op in ("all_reduce", "broadcast"):
+        return elems * 4
+    return max(1, elems // world) * world * 4
+
+
+def time_calls(call, group, barrier_group, n: int, warmup: int = 3) -> float:
+    """Median seconds of `n` calls, each after a barrier (on its own backend's group)."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        call(group)
+    samples = []
+    for _ in range(n):
+        dist.barrier(group=barrier_group)
+        t0 = time.perf_counter()
+        call(group)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Bytes read + written per second when every rank copies `nbytes` at once."""
+    import torch
+    import torch.distributed as dist
+
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    samples = []
+    for _ in range(6):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        samples.append(elapsed.item())
+    return 2 * nbytes * dist.get_world_size() / statistics.median(samples[1:])
+
+
+def ddp_step_time(group, params_millions: int, steps: int) -> float:
+    """Median seconds of one DDP training step (forward, backward, gradient all_reduce,
+    optimizer step) of an MLP with about `params_millions` million parameters."""
+    import torch
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    width = 2048
+    layers = max(1, round(params_millions * 1e6 / (width * width)))
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)]),
+                process_group=group)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(32, width)
+    samples = []
+    for step in range(steps + 2):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        model(x).sum().backward()
+        opt.step()
+        if step >= 2:
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def rank_main(rank: int, args, init_file: str, queue) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import loom  # noqa: F401
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
+        dist.init_process_group("loom", init_method=f"file://{init_file}", rank=rank,
+                                world_size=args.ranks, timeout=timedelta(minutes=10))
+        groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+        world = args.ranks
+        copy_bw = copy_bandwidth(min(args.max_bytes, 256 << 20) if args.max_bytes >= 64 << 20 else 64 << 20)
+        points = [(op, s) for op in args.ops for s in sizes(args.min_bytes, args.max_bytes)]
+        bar = None
+        if rank == 0 and not args.quiet:
+            try:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(points) * len(args.backends), unit="point", file=sys.stderr)
+            except ImportError:
+                bar = None
+        results = []
+        for op, nbytes in points:
+            call = make_case(op, nbytes, world, rank)
+            row = {"op": op, "bytes": case_bytes(op, nbytes, world), "ranks": world}
+            for backend in args.backends:
+                seconds = time_calls(call, groups[backend], groups[backend], calls_for(nbytes))
+                row[backend] = seconds
+                if bar is not None:
+                    bar.set_description(f"{op} {human(nbytes)} {backend}")
+                    bar.update()
+            results.append(row)
+        if bar is not None:
+            bar.close()
+        ddp = {}
+        if args.ddp_step:
+            for backend in args.backends:
+                ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, "ok", {"results": results, "copy_bw": copy_bw, "ddp": ddp}))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def print_table(results, backends, world, copy_bw) -> list[str]:
+    lines = [f"# {world} ranks; copy bandwidth {copy_bw / 1e9:.1f} GB/s (read + write, all ranks copying at once)"]
+    for op in dict.fromkeys(r["op"] for r in results):
+        lines.append("")
+        lines.append(f"## {op}")
+        head = f"{'size':>12} " + " ".join(f"{b + ' us':>12} {b + ' GB/s':>12}" for b in backends)
+        if "loom" in backends and "gloo" in backends:
+            head += f" {'gloo/loom':>10}"
+        lines.append(head)
+        for r in (r for r in results if r["op"] == op):
+            line = f"{human(r['bytes']):>12} "
+            for b in backends:
+                busbw = r["bytes"] / r[b] * BUS_FACTOR[op](world) / 1e9
+                line += f"{r[b] * 1e6:12.1f} {busbw:12.3f} "
+            if "loom" in backends and "gloo" in backends:
+                line += f"{r['gloo'] / r['loom']:9.1f}x"
+            lines.append(line)
+    return lines
+
+
+def plot(results, backends, world, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ops = list(dict.fromkeys(r["op"] for r in results))
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.8), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rows = [r for r in results if r["op"] == op]
+        for b in backends:
+            ax.plot([r["bytes"] for r in rows], [r["bytes"] / r[b] * BUS_FACTOR[op](world) / 1e9 for r in rows],
+                    marker="o", markersize=3, label=b)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(op)
+        ax.set_xlabel("bytes")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("bus bandwidth (GB/s)")
+    axes[0][0].legend()
+    fig.suptitle(f"loom vs Gloo through torch.distributed, {world} ranks, CPU tensors")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loom.bench", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--ranks", type=int, default=2, help="ranks to run on this host (default 2)")
+    parser.add_argument("--min-bytes", type=parse_size, default=8, help="smallest size (default 8)")
+    parser.add_argument("--max-bytes", type=parse_size, default=256 << 20, help="largest size (default 256M)")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)}")
+    parser.add_argument("--backends", default="loom,gloo", help="comma-separated: loom, gloo")
+    parser.add_argument("--ddp-step", action="store_true", help="also time a DDP training step")
+    parser.add_argument("--ddp-params", type=int, default=100, help="DDP model size in millions of parameters")
+    parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="where the table, plot and JSON go")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    args.ops = [o for o in args.ops.split(",") if o]
+    args.backends = [b for b in args.backends.split(",") if b]
+    for op in args.ops:
+        if op not in OPS:
+            parser.error(f"unknown op '{op}'; choose from {', '.join(OPS)}")
+    for b in args.backends:
+        if b not in ("loom", "gloo"):
+            parser.error(f"unknown backend '{b}'")
+    if args.ranks < 1 or args.min_bytes > args.max_bytes:
+        parser.error("need --ranks >= 1 and --min-bytes <= --max-bytes")
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [ctx.Process(target=rank_main, args=(r, args, init_file, queue)) for r in range(args.ranks)]
+        for p in procs:
+            p.start()
+        outcome = {}
+        for _ in procs:
+            rank, status, payload = queue.get()
+            outcome[rank] = (status, payload)
+        for p in procs:
+            p.join()
+    failed = {r: p for r, (s, p) in outcome.items() if s != "ok"}
+    if failed:
+        for r, text in sorted(failed.items()):
+            print(f"--- rank {r} failed ---\n{text}", file=sys.stderr)
+        return 1
+    data = outcome[0][1]
+    lines = print_table(data["results"], args.backends, args.ranks, data["copy_bw"])
+    if data["ddp"]:
+        lines.append("")
+        lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, {args.ranks} ranks")
+        for b, seconds in data["ddp"].items():
+            lines.append(f"{b:>6}: {seconds * 1e3:9.1f} ms per step")
+        if "loom" in data["ddp"] and "gloo" in data["ddp"]:
+            lines.append(f"gloo/loom: {data['ddp']['gloo'] / data['ddp']['loom']:.2f}x")
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.txt").write_text("\n".join(lines) + "\n")
+    (args.out / "results.json").write_text(json.dumps({"ranks": args.ranks, **data}, indent=1))
+    if plot(data["results"], args.backends, args.ranks, args.out / "busbw.png"):
+        print(f"\nplot: {args.out / 'busbw.png'}; numbers: {args.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

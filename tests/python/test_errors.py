@@ -1,0 +1,136 @@
+"""Bad input is a clear error before anything is sent; ranks that disagree get an error
+naming both sides instead of a hang; failures surface as DistBackendError."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+
+
+def expect(exc_type, pattern: str, fn) -> None:
+    try:
+        fn()
+    except exc_type as e:  # noqa: PERF203
+        assert re.search(pattern, str(e)), f"message does not match {pattern!r}: {e}"
+        return
+    raise AssertionError(f"expected {exc_type.__name__} matching {pattern!r}")
+
+
+def body_bad_input(rank: int, world: int) -> None:
+    t = torch.ones(4)
+    # A non-CPU tensor reaching the backend (meta stands in for a GPU tensor on this CPU-only
+    # host; through dist.* torch routes tensors by device, so call the backend directly).
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensor is on meta.*CPU tensors",
+           lambda: backend.allreduce([torch.ones(4, device="meta")]))
+    # Root out of range.
+    expect((RuntimeError, ValueError), r"root|rank", lambda: dist.broadcast(t, src=world + 3))
+    # Mixed dtypes and wrong list lengths inside one call.
+    # (torch's Python layer catches some of these before loom does; either way it is refused.)
+    expect((RuntimeError, ValueError), r"dtype", lambda: dist.all_gather([torch.ones(4, dtype=torch.int32)] * world, t))
+    expect(RuntimeError, r"all_gather \(rank \d\): output 1 has dtype Int",
+           lambda: backend.allgather([[torch.ones(4), torch.ones(4, dtype=torch.int32)]], [t]))
+    expect((RuntimeError, ValueError), r"tensor", lambda: dist.all_gather([torch.ones(4)] * (world + 1), t))
+    expect(RuntimeError, r"all_gather_into_tensor.*elements", lambda: dist.all_gather_into_tensor(torch.empty(3), t))
+    expect(RuntimeError, r"reduce_scatter_tensor.*elements", lambda: dist.reduce_scatter_tensor(torch.empty(4), t))
+    expect(RuntimeError, r"all_to_all_single.*split sizes add up",
+           lambda: dist.all_to_all_single(torch.empty(4), t, [1] * world, [3] * world))
+    # A reduction a dtype does not have.
+    expect(RuntimeError, r"BAND is not defined for float32", lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND))
+    expect(ValueError, r"does not support .*MAX on complex",
+           lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64), op=dist.ReduceOp.MAX))
+    expect(RuntimeError, r"complex tensors can be reduced with SUM, AVG or PREMUL_SUM",
+           lambda: backend.allreduce([torch.ones(2, dtype=torch.complex64)], _max_opts()))
+    # Nothing was sent: the group still works.
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    assert x.tolist() == [world] * 3
+
+
+def _max_opts():
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    return opts
+
+
+def body_mismatch(rank: int, world: int) -> None:
+    t = torch.ones(100 if rank == 0 else 200)
+    expect(dist.DistBackendError, r"rank 0 issued all_reduce #\d+ \(count 100.*rank 1 issued all_reduce #\d+ \(count 200",
+           lambda: dist.all_reduce(t))
+
+
+def body_collective_mismatch(rank: int, world: int) -> None:
+    t = torch.ones(8)
+    call = (lambda: dist.all_reduce(t)) if rank == 0 else (lambda: dist.broadcast(t, src=0))
+    expect(dist.DistBackendError, r"rank 0 issued all_reduce.*rank 1 issued broadcast", call)
+
+
+def body_wait_timeout(rank: int, world: int) -> None:
+    gloo = dist.new_group(backend="gloo")
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        expect(dist.DistBackendError, r"work.wait\(\) timed out after 200 ms", lambda: work.wait(timedelta(milliseconds=200)))
+        dist.barrier(group=gloo)  # now rank 1 joins the all_reduce
+        work.wait()
+    else:
+        dist.barrier(group=gloo)
+        dist.all_reduce(torch.ones(4))
+
+
+def body_op_timeout(rank: int, world: int) -> None:
+    gloo = dist.new_group(backend="gloo")
+    loom_group = dist.new_group(backend="loom", timeout=timedelta(milliseconds=300))
+    if rank == 0:
+        # Rank 1 never joins: the group's timeout ends the call, naming rank 1.
+        expect(dist.DistBackendError, r"all_reduce #1 hit its timeout of 300 ms: rank\(s\) 1 had not arrived",
+               lambda: dist.all_reduce(torch.ones(4), group=loom_group))
+    dist.barrier(group=gloo)
+
+
+def test_bad_input_is_refused_before_sending():
+    run_ranks(2, body_bad_input)
+
+
+def test_mismatched_sizes_name_both_sides():
+    # The group is failed afterwards (as after any collective error), so no closing barrier.
+    run_ranks(2, body_mismatch, finalize=False)
+
+
+def test_mismatched_collectives_name_both_sides():
+    run_ranks(2, body_collective_mismatch, finalize=False)
+
+
+def test_work_wait_timeout():
+    run_ranks(2, body_wait_timeout)
+
+
+def test_group_timeout_names_missing_rank():
+    run_ranks(2, body_op_timeout)
+
+
+def body_default(rank: int, world: int) -> str:
+    return dist.get_backend()
+
+
+def test_opt_in_default_backend(tmp_path):
+    # LOOM_DEFAULT=1 before `import loom`, then init_process_group() with no backend, in a
+    # fresh interpreter (the opt-in wraps torch's function for the whole process).
+    script = tmp_path / "default.py"
+    script.write_text(
+        "import os, torch.distributed as dist\n"
+        "os.environ['LOOM_DEFAULT'] = '1'\n"
+        "import loom\n"
+        "dist.init_process_group(init_method='file://" + str(tmp_path / "init") + "', rank=0, world_size=1)\n"
+        "print(dist.get_backend())\n"
+        "dist.destroy_process_group()\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("loom"), out.stdout
