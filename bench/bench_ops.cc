@@ -155,21 +155,24 @@ void OpCase::refill(uint32_t salt) {
 
 Request OpCase::launch() {
   const int root = 0;
+  // The blocking form: each call runs on this thread when nothing else is queued.
+  OpOptions o;
+  o.blocking = true;
   switch (op_) {
-    case BenchOp::kAllReduce: return comm_.allReduce(in_, out_, count_, type_, reduce_);
-    case BenchOp::kReduce: return comm_.reduce(in_, out_, count_, type_, reduce_, root);
-    case BenchOp::kBroadcast: return comm_.broadcast(in_, out_, count_, type_, root);
-    case BenchOp::kAllGather: return comm_.allGather(in_, out_, count_, type_);
-    case BenchOp::kReduceScatter: return comm_.reduceScatter(in_, out_, count_, type_, reduce_);
-    case BenchOp::kAllToAll: return comm_.allToAll(in_, out_, count_, type_);
+    case BenchOp::kAllReduce: return comm_.allReduce(in_, out_, count_, type_, reduce_, o);
+    case BenchOp::kReduce: return comm_.reduce(in_, out_, count_, type_, reduce_, root, o);
+    case BenchOp::kBroadcast: return comm_.broadcast(in_, out_, count_, type_, root, o);
+    case BenchOp::kAllGather: return comm_.allGather(in_, out_, count_, type_, o);
+    case BenchOp::kReduceScatter: return comm_.reduceScatter(in_, out_, count_, type_, reduce_, o);
+    case BenchOp::kAllToAll: return comm_.allToAll(in_, out_, count_, type_, o);
     case BenchOp::kGather:
       return comm_.gather(in_, comm_.rank() == root ? std::span<void* const>(outputs_)
                                                      : std::span<void* const>(),
-                          count_, type_, root);
+                          count_, type_, root, o);
     case BenchOp::kScatter:
       return comm_.scatter(comm_.rank() == root ? std::span<const void* const>(inputs_)
                                                  : std::span<const void* const>(),
-                           out_, count_, type_, root);
+                           out_, count_, type_, root, o);
   }
   return Request();
 }

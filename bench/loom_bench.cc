@@ -231,17 +231,17 @@ int rankMain(int rank, const Options& o, uint16_t port) {
   if (lead) {
     std::printf("# loom-bench: %d ranks on %s (%d cores available), %d thread(s)/rank, kernels %s, "
                 "chunk %zu KiB\n",
-                o.ranks, localHost().hostname.c_str(), availableCores(), config.threads,
+                o.ranks, localHost().hostname.c_str(), availableCores(), config.tuning.threads,
                 std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10);
   }
   double copyBw = 0;
   if (o.copyBandwidth) {
     const size_t bytes = std::clamp(o.maxBytes, size_t{64} << 20, size_t{256} << 20);
-    copyBw = copyBandwidth(*comm, bytes, config.threads);
+    copyBw = copyBandwidth(*comm, bytes, config.tuning.threads);
     if (lead) {
       std::printf("# copy bandwidth: %.1f GB/s (read + write, %d ranks x %d threads each copying "
                   "%zu MiB at once)\n",
-                  copyBw / 1e9, o.ranks, config.threads, bytes >> 20);
+                  copyBw / 1e9, o.ranks, config.tuning.threads, bytes >> 20);
     }
   }
   size_t totalWrong = 0;
@@ -271,7 +271,7 @@ int rankMain(int rank, const Options& o, uint16_t port) {
       if (!lead) continue;
       const double algbw[2] = {bytes / t[0].us / 1e3, bytes / t[1].us / 1e3};
       const double bus = busFactor(op, o.ranks);
-      const double k = trafficFactor(op, o.ranks, bytes, config.selection);
+      const double k = trafficFactor(op, o.ranks, bytes, config.tuning.selection);
       const double roof = copyBw > 0 ? k * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
       busSum += algbw[0] * bus;
       ++busRows;
@@ -282,7 +282,7 @@ int rankMain(int rank, const Options& o, uint16_t port) {
       if (json.is_open()) {
         for (int ip = 0; ip < 2; ++ip) {
           json << "{\"op\":\"" << opName(op) << "\",\"ranks\":" << o.ranks << ",\"threads\":"
-               << config.threads << ",\"dtype\":\"" << dataTypeName(o.type) << "\",\"bytes\":" << bytes
+               << config.tuning.threads << ",\"dtype\":\"" << dataTypeName(o.type) << "\",\"bytes\":" << bytes
                << ",\"inplace\":" << (ip ? "true" : "false") << ",\"time_us\":" << t[ip].us
                << ",\"algbw\":" << algbw[ip] << ",\"busbw\":" << algbw[ip] * bus
                << ",\"wrong\":" << t[ip].wrong << ",\"copy_bw\":" << copyBw / 1e9

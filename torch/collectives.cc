@@ -74,7 +74,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors, [outputs, flat] { outputs->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
-                                               static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                                               static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -92,7 +92,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                               opOptions(opts.timeout)));
+                                               opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -113,7 +113,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(std::vector<at:
   const int64_t nnz = local._nnz();
   std::vector<int64_t> nnzs(static_cast<size_t>(size_));
   translatedWait([&] {
-    return comm_->allGather(&nnz, nnzs.data(), 1, DataType::kInt64, opOptions(opts.timeout));
+    return comm_->allGather(&nnz, nnzs.data(), 1, DataType::kInt64, opOptions(opts.timeout, !opts.asyncOp));
   });
   const int64_t total = std::accumulate(nnzs.begin(), nnzs.end(), int64_t{0});
   std::vector<int64_t> valueShape = values.sizes().vec();
@@ -144,9 +144,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(std::vector<at:
   return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher,
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allGatherV(rowsIn.data_ptr(), indexTargets, indexBytes, DataType::kUInt8,
-                                                opOptions(opts.timeout)));
+                                                opOptions(opts.timeout, !opts.asyncOp)));
                   r.push_back(comm_->allGatherV(values.data_ptr(), valueTargets, valueBytes, DataType::kUInt8,
-                                                opOptions(opts.timeout)));
+                                                opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -178,7 +178,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce", tensors, tensors, finisher,
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                               opOptions(opts.timeout)));
+                                               opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -195,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -209,7 +209,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(std::vector<std::vect
   return launch(s, OpType::ALLGATHER, "loom:all_gather", inputs, outputs[0], [plan] { plan->staged.finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allGatherV(plan->in.ptr(), pointers(plan->targets), plan->counts,
-                                                plan->in.type, opOptions(opts.timeout)));
+                                                plan->in.type, opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -230,7 +230,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(at::Tensor& out
                 [staged, target, in] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
-                                               opOptions(opts.timeout)));
+                                               opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -258,7 +258,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
                 [&](std::vector<Request>& r) {
                   for (auto& p : *plans) {
                     r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts, p.in.type,
-                                                  opOptions(opts.timeout)));
+                                                  opOptions(opts.timeout, !opts.asyncOp)));
                   }
                 });
 }
@@ -284,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
                 [&](std::vector<Request>& r) {
                   for (size_t i = 0; i < ins.size(); ++i) {
                     r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
-                                                 ins[i].type, opOptions(opts.timeout)));
+                                                 ins[i].type, opOptions(opts.timeout, !opts.asyncOp)));
                   }
                 });
 }
@@ -313,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(std::vector<std::vector<
   return launch(s, OpType::GATHER, "loom:gather", inputs, results, [staged, targets, in] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, in.type,
-                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -344,7 +344,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(std::vector<at::Tensor>
   return launch(s, OpType::SCATTER, "loom:scatter", root ? inputs[0] : std::vector<at::Tensor>{}, outputs, [staged, ins, target] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->scatter(sources, target.data_ptr(), elementsOf(target, type), type,
-                                             static_cast<int>(opts.rootRank), opOptions(opts.timeout)));
+                                             static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -378,7 +378,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(std::vector<at::
                 [staged, ins, out] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->reduceScatterV(sources, out.ptr(), counts, out.type, op,
-                                                    opOptions(opts.timeout)));
+                                                    opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -401,7 +401,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(at::Tensor
                 [staged, in, out] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
-                                                   opOptions(opts.timeout)));
+                                                   opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -428,7 +428,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
                 [&](std::vector<Request>& r) {
                   for (size_t i = 0; i < ins.size(); ++i) {
                     r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count, outs[i].type,
-                                                     ops[i], opOptions(opts.timeout)));
+                                                     ops[i], opOptions(opts.timeout, !opts.asyncOp)));
                   }
                 });
 }
@@ -491,7 +491,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
                 [staged, in, target] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
-                                               opOptions(opts.timeout)));
+                                               opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -522,7 +522,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   return launch(s, OpType::ALLTOALL, "loom:all_to_all", inputs, outputs, [staged, ins, targets] { staged->finish(); },
                 [&](std::vector<Request>& r) {
                   r.push_back(comm_->allToAllV(sources, sendCounts, pointers(targets), recvCounts, type,
-                                               opOptions(opts.timeout)));
+                                               opOptions(opts.timeout, !opts.asyncOp)));
                 });
 }
 
@@ -563,14 +563,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
   const CallSite s = site("barrier");
   return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr,
-                [&](std::vector<Request>& r) { r.push_back(comm_->barrier(opOptions(opts.timeout))); });
+                [&](std::vector<Request>& r) { r.push_back(comm_->barrier(opOptions(opts.timeout, !opts.asyncOp))); });
 }
 
 void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {
   // loom's barrier names the ranks that did not arrive when it times out, which is what a
   // monitored barrier is for.
   try {
-    comm_->barrier(opOptions(opts.timeout)).wait();
+    comm_->barrier(opOptions(opts.timeout, !opts.asyncOp)).wait();
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError, std::string("monitored_barrier: ") + e.what());
   }

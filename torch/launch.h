@@ -3,11 +3,25 @@
 // The one path every ProcessGroupLoom operation takes from checked arguments to a Work.
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "loom/error.h"
 #include "process_group_loom.h"
 
 namespace loom::torch_plugin {
+
+/// Runs `f` without the GIL if this thread holds it (a no-op outside Python): what blocks
+/// here (a blocking collective, tearing a communicator down) must not stall other Python
+/// threads or the completion callbacks that need the GIL.
+template <class F>
+void releasingGil(F&& f) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release unlocked;
+    f();
+  } else {
+    f();
+  }
+}
 
 /// Rethrows a loom error as the torch error Python users expect: bad arguments are the
 /// caller's to fix (RuntimeError, like Gloo's checks); anything else (a failed, timed-out or
@@ -26,7 +40,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
                                                         Issue&& issue) {
   std::vector<Request> requests;
   try {
-    issue(requests);
+    // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
+    releasingGil([&] { issue(requests); });
   } catch (const Error& e) {
     rethrowForTorch(e);
   }
@@ -43,7 +58,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
 template <class Issue>
 void ProcessGroupLoom::translatedWait(Issue&& issue) {
   try {
-    issue().wait();
+    releasingGil([&] { issue().wait(); });
   } catch (const Error& e) {
     rethrowForTorch(e);
   }

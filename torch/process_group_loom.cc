@@ -3,7 +3,6 @@
 #include "process_group_loom.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 
@@ -19,17 +18,6 @@ CommOptions commOptions(const c10d::Backend::Options& options) {
   c.timeout = options.timeout;
   c.name = options.group_name.empty() ? "loom" : options.group_name;
   return c;
-}
-
-// Runs `f` without the GIL if this thread holds it (a no-op outside Python).
-template <class F>
-void releasingGil(F&& f) {
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release unlocked;
-    f();
-  } else {
-    f();
-  }
 }
 
 // Runs `f`, turning loom errors into torch errors for Python.
@@ -84,9 +72,12 @@ ProcessGroupLoom::~ProcessGroupLoom() {
   releasingGil([&] { comm_.reset(); });
 }
 
-OpOptions ProcessGroupLoom::opOptions(std::chrono::milliseconds timeout) const {
+OpOptions ProcessGroupLoom::opOptions(std::chrono::milliseconds timeout, bool blocking) const {
   OpOptions o;
   if (timeout.count() > 0) o.timeout = timeout;  // kUnsetTimeout (-1) means the group's
+  // A synchronous call (async_op=False): run it on this thread, as loom's blocking form;
+  // launch() releases the GIL meanwhile.
+  o.blocking = blocking;
   return o;
 }
 

@@ -117,7 +117,7 @@ class ProcessGroupLoom : public c10d::Backend {
   void translatedWait(Issue&& issue);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          const char* title);
-  OpOptions opOptions(std::chrono::milliseconds timeout) const;
+  OpOptions opOptions(std::chrono::milliseconds timeout, bool blocking = false) const;
   CallSite site(const char* op) const { return CallSite{op, rank_, size_}; }
 
   std::shared_ptr<Communicator> comm_;

@@ -29,6 +29,11 @@ struct CommOptions {
 struct OpOptions {
   /// This call's deadline; zero means the communicator's.
   std::chrono::milliseconds timeout{0};
+  /// The blocking form: the call returns only once the operation has finished (the Request
+  /// is complete; wait() then reports its outcome). When nothing else is queued on the
+  /// communicator the operation runs on the calling thread, with no hand-off to the worker
+  /// and no second thread spinning while it waits: the cheapest way to run one collective.
+  bool blocking = false;
 };
 
 /// Receive from whichever rank sends first.
@@ -39,6 +44,7 @@ inline constexpr int kAnySource = -1;
 ///
 /// Every operation is non-blocking and returns a Request; operations on one communicator
 /// run one after another in issue order on its worker thread, so several may be queued.
+/// OpOptions::blocking gives the blocking form of any call.
 /// Arguments are checked before anything is sent and bad ones throw Error(kInvalidArgument)
 /// at the call; failures while running (timeout, a peer exiting, ranks that disagree about
 /// the operation) surface from Request::wait. Buffers must stay valid until the request

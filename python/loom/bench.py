@@ -164,6 +164,10 @@ def ddp_step_time(group, params_millions: int, steps: int) -> float:
 
 def rank_main(rank: int, args, init_file: str, queue) -> None:
     try:
+        import warnings
+
+        # torch 2.12+ renamed the *_tensor collectives; the old names still work everywhere.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         import torch
         import torch.distributed as dist
 

@@ -15,6 +15,9 @@ void allGather(CollectiveContext& ctx, const CollectiveArgs& args) {
   for (size_t n : args.outputCounts) longest = std::max(longest, n);
   std::vector<CopyTask> tasks;
   tasks.reserve(static_cast<size_t>(size));
+  size_t total = 0;
+  for (size_t n : args.outputCounts) total += n;
+  const bool stream = ctx.streams(total * es);
   const size_t chunks = longest == 0 ? 1 : (longest + perChunk - 1) / perChunk;
   auto partOf = [&](int q, size_t begin) {
     const size_t n = args.outputCounts[q];
@@ -35,7 +38,7 @@ void allGather(CollectiveContext& ctx, const CollectiveArgs& args) {
       if (q == me && args.outputs[q] == args.input) continue;  // in place
       tasks.push_back({dst, ctx.slot(q, p), partOf(q, begin) * es});
     }
-    ctx.copy(tasks);
+    ctx.copy(tasks, stream);
   }
 }
 

@@ -58,6 +58,7 @@ void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   auto* out = static_cast<uint8_t*>(args.output);
   std::vector<const void*> srcs(static_cast<size_t>(size));
   std::vector<CopyTask> gatherTasks(static_cast<size_t>(size));
+  const bool stream = ctx.streams(args.count * es);
   const size_t chunks = chunkCount(args.count, perChunk);
   for (size_t c = 0; c < chunks; ++c) {
     const uint64_t a = ctx.nextPhase();
@@ -83,7 +84,7 @@ void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
       const auto [qlo, qhi] = sliceOf(n, q, size, align);
       gatherTasks[q] = {out + (begin + qlo) * es, ctx.slot(q, b) + qlo * es, (qhi - qlo) * es};
     }
-    ctx.copy(gatherTasks);
+    ctx.copy(gatherTasks, stream);
   }
 }
 

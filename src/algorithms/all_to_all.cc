@@ -81,6 +81,9 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
     return begin >= counts[q] ? size_t{0} : std::min(region, counts[q] - begin);
   };
   std::vector<CopyTask> tasks(static_cast<size_t>(size));
+  size_t received = 0;
+  for (size_t n : args.outputCounts) received += n;
+  const bool stream = ctx.streams(received * es);
   size_t chunks = (longest + region - 1) / region;
   if (!args.variable && chunks == 0) chunks = 1;  // the opening phase runs regardless
   for (size_t c = 0; c < chunks; ++c) {
@@ -102,7 +105,7 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
       tasks[q] = {static_cast<uint8_t*>(args.outputs[q]) + begin * es,
                   ctx.slot(q, p) + me * region * es, part(args.outputCounts, q, begin) * es};
     }
-    ctx.copy(tasks);
+    ctx.copy(tasks, stream);
   }
 }
 

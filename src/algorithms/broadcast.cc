@@ -13,6 +13,7 @@ void broadcast(CollectiveContext& ctx, const CollectiveArgs& args) {
   const bool root = ctx.rank() == args.root;
   const auto* in = static_cast<const uint8_t*>(args.input);
   auto* out = static_cast<uint8_t*>(args.output);
+  const bool stream = ctx.streams(args.count * es);
   const size_t chunks = args.count == 0 ? 1 : (args.count + perChunk - 1) / perChunk;
   for (size_t c = 0; c < chunks; ++c) {
     const uint64_t p = ctx.nextPhase();
@@ -24,9 +25,9 @@ void broadcast(CollectiveContext& ctx, const CollectiveArgs& args) {
     ctx.post(p);
     if (c == 0) ctx.verifyAll(p);
     else if (!root) ctx.waitPeer(args.root, p);
-    if (!root) ctx.copy(out + begin * es, ctx.slot(args.root, p), n * es);
+    if (!root) ctx.copy(out + begin * es, ctx.slot(args.root, p), n * es, stream);
   }
-  if (root) ctx.copy(out, in, args.count * es);
+  if (root) ctx.copy(out, in, args.count * es, stream);
 }
 
 }  // namespace loom

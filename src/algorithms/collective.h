@@ -79,19 +79,27 @@ struct CopyTask {
   size_t bytes;
 };
 
+/// How collectives use the host, from Config (LOOM_THREADS, LOOM_STREAM_BYTES, LOOM_ALGO).
+struct Tuning {
+  int threads = 1;                ///< threads per rank for large copies and reductions
+  size_t streamBytes = SIZE_MAX;  ///< per-rank output size from which outputs stream
+  SelectionTable selection;
+};
+
 /// The running state of one collective on one rank.
 class CollectiveContext {
  public:
   CollectiveContext(shm::ShmComm& shm, const shm::WaitSpec& wait, uint64_t seq, uint64_t& phase,
-                    int threads, const SelectionTable& selection)
-      : shm_(shm), wait_(wait), seq_(seq), phase_(phase), threads_(threads),
-        selection_(selection) {}
+                    const Tuning& tuning)
+      : shm_(shm), wait_(wait), seq_(seq), phase_(phase), tuning_(tuning) {}
 
   shm::ShmComm& shm() const { return shm_; }
   int rank() const { return shm_.rank(); }
   int size() const { return shm_.size(); }
   size_t chunkBytes() const { return shm_.chunkBytes(); }
-  const SelectionTable& selection() const { return selection_; }
+  const SelectionTable& selection() const { return tuning_.selection; }
+  /// True if an output of `bytes` per rank should be written with streaming stores.
+  bool streams(size_t bytes) const { return bytes >= tuning_.streamBytes; }
 
   /// Allocates the next phase number (every rank allocates the same sequence).
   uint64_t nextPhase() { return ++phase_; }
@@ -108,11 +116,12 @@ class CollectiveContext {
   void waitAll(uint64_t p) { shm_.waitAll(p, wait_); }
   uint8_t* slot(int q, uint64_t p) const { return shm_.slot(q, p); }
 
-  /// Performs the copies, split across helper threads when large.
-  void copy(std::span<const CopyTask> tasks);
-  void copy(void* dst, const void* src, size_t bytes) {
+  /// Performs the copies, split across helper threads when large; `streaming` writes the
+  /// destinations with non-temporal stores (for outputs too large to stay in cache).
+  void copy(std::span<const CopyTask> tasks, bool streaming = false);
+  void copy(void* dst, const void* src, size_t bytes, bool streaming = false) {
     const CopyTask task{dst, src, bytes};
-    copy(std::span<const CopyTask>(&task, 1));
+    copy(std::span<const CopyTask>(&task, 1), streaming);
   }
   /// kernels::reduce over `count` elements, split across helper threads when large.
   void reduce(void* dst, std::span<const void* const> srcs, size_t count,
@@ -124,9 +133,9 @@ class CollectiveContext {
   const shm::WaitSpec& wait_;
   uint64_t seq_;
   uint64_t& phase_;
-  int threads_;
-  const SelectionTable& selection_;
+  const Tuning& tuning_;
   shm::OpDesc mine_{};
+  uint64_t fingerprint_ = 0;
 };
 
 /// Runs the collective described by `args`.

@@ -4,13 +4,15 @@
 #include <string>
 
 #include "algorithms/collective.h"
+#include "kernels/copy.h"
 
 namespace loom {
 
 namespace {
 
-// Below this many bytes per part, helper threads cost more than they save.
-constexpr size_t kMinBytesPerPart = 128 << 10;
+// Below this many bytes per part, helper threads cost more than they save (waking a
+// sleeping helper alone can take tens of microseconds).
+constexpr size_t kMinBytesPerPart = 256 << 10;
 
 std::string describe(const shm::OpDesc& d) {
   std::string s = std::string(collectiveName(static_cast<CollectiveKind>(d.kind))) + " #" +
@@ -31,6 +33,28 @@ std::string describe(const shm::OpDesc& d) {
   if (d.countsHash != 0) s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);
   if (d.algorithm != 0) s += ", " + std::string(algorithmName(static_cast<Algorithm>(d.algorithm)));
   return s + ")";
+}
+
+void plainCopy(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+
+// FNV-1a over the fields that must agree.
+uint64_t fingerprintOf(const shm::OpDesc& d) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint8_t>(v >> (8 * i));
+      h *= 0x100000001b3ULL;
+    }
+  };
+  uint64_t factorBits;
+  std::memcpy(&factorBits, &d.factor, sizeof factorBits);
+  mix(d.seq);
+  mix(d.count);
+  mix(d.countsHash);
+  mix(factorBits);
+  mix(uint64_t{d.kind} | uint64_t{d.type} << 8 | uint64_t{d.reduce} << 16 |
+      uint64_t{d.algorithm} << 24 | static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32);
+  return h;
 }
 
 bool sameOp(const shm::OpDesc& a, const shm::OpDesc& b) {
@@ -69,13 +93,18 @@ void CollectiveContext::open(uint64_t p, const CollectiveArgs& args, Algorithm a
   mine_.algorithm = static_cast<uint8_t>(algorithm);
   mine_.root = args.root;
   shm_.desc(rank(), p) = mine_;
+  fingerprint_ = fingerprintOf(mine_);
+  shm_.setFingerprint(p, fingerprint_);
 }
 
 void CollectiveContext::verifyAll(uint64_t p) {
   waitAll(p);
   for (int q = 0; q < size(); ++q) {
+    // The fingerprint sits in the rank line the wait just read; the descriptor itself is
+    // fetched only to describe a disagreement.
+    if (q == rank() || shm_.fingerprint(q, p) == fingerprint_) continue;
     const shm::OpDesc& theirs = shm_.desc(q, p);
-    if (q == rank() || sameOp(theirs, mine_)) continue;
+    if (sameOp(theirs, mine_)) continue;
     const int low = std::min(q, rank());
     const int high = std::max(q, rank());
     const shm::OpDesc& lowDesc = low == rank() ? mine_ : theirs;
@@ -97,16 +126,18 @@ size_t regionElements(const CollectiveContext& ctx, DataType type) {
 int CollectiveContext::partsFor(size_t bytes) const {
   const size_t parts = bytes / kMinBytesPerPart;
   if (parts <= 1) return 1;
-  return static_cast<int>(std::min<size_t>(parts, static_cast<size_t>(threads_)));
+  return static_cast<int>(std::min<size_t>(parts, static_cast<size_t>(tuning_.threads)));
 }
 
-void CollectiveContext::copy(std::span<const CopyTask> tasks) {
+void CollectiveContext::copy(std::span<const CopyTask> tasks, bool streaming) {
+  using Move = void (*)(void*, const void*, size_t);
+  const Move move = streaming ? &kernels::copyStreaming : &plainCopy;
   size_t total = 0;
   for (const CopyTask& t : tasks) total += t.bytes;
   const int parts = partsFor(total);
   if (parts == 1) {
     for (const CopyTask& t : tasks) {
-      if (t.bytes != 0 && t.dst != t.src) std::memcpy(t.dst, t.src, t.bytes);
+      if (t.bytes != 0 && t.dst != t.src) move(t.dst, t.src, t.bytes);
     }
     return;
   }
@@ -118,8 +149,8 @@ void CollectiveContext::copy(std::span<const CopyTask> tasks) {
       const size_t lo = std::max(begin, offset);
       const size_t hi = std::min(end, offset + t.bytes);
       if (lo < hi && t.dst != t.src) {
-        std::memcpy(static_cast<uint8_t*>(t.dst) + (lo - offset),
-                    static_cast<const uint8_t*>(t.src) + (lo - offset), hi - lo);
+        move(static_cast<uint8_t*>(t.dst) + (lo - offset),
+             static_cast<const uint8_t*>(t.src) + (lo - offset), hi - lo);
       }
       offset += t.bytes;
       if (offset >= end) break;

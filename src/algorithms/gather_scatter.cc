@@ -16,6 +16,7 @@ void gather(CollectiveContext& ctx, const CollectiveArgs& args) {
   const bool root = me == args.root;
   const auto* in = static_cast<const uint8_t*>(args.input);
   std::vector<CopyTask> tasks;
+  const bool stream = ctx.streams(args.count * es * static_cast<size_t>(ctx.size()));
   const size_t chunks = args.count == 0 ? 1 : (args.count + perChunk - 1) / perChunk;
   for (size_t c = 0; c < chunks; ++c) {
     const uint64_t p = ctx.nextPhase();
@@ -33,7 +34,7 @@ void gather(CollectiveContext& ctx, const CollectiveArgs& args) {
       if (q == me) continue;
       tasks.push_back({static_cast<uint8_t*>(args.outputs[q]) + begin * es, ctx.slot(q, p), n * es});
     }
-    ctx.copy(tasks);
+    ctx.copy(tasks, stream);
   }
   if (root) ctx.copy(args.outputs[me], in, args.count * es);
 }

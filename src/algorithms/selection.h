@@ -42,8 +42,11 @@ class SelectionTable {
 
  private:
   static Algorithm pick(const std::vector<Entry>& entries, size_t bytes);
-  std::vector<Entry> allReduce_{{Algorithm::kOneShot, 32 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
-  std::vector<Entry> reduce_{{Algorithm::kOneShot, 32 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
+  // One-shot reads every rank's whole input from another core's cache; two-shot reads a
+  // 1/P slice but synchronises twice. On 2 to 16 ranks two-shot wins from 2-8 KiB
+  // (docs/PERFORMANCE.md); 4 KiB splits the difference.
+  std::vector<Entry> allReduce_{{Algorithm::kOneShot, 4 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
+  std::vector<Entry> reduce_{{Algorithm::kOneShot, 4 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
 };
 
 }  // namespace loom

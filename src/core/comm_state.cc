@@ -121,24 +121,39 @@ void CommState::requireUsable(std::string_view op) const {
   if (shm_->failed()) throw shm_->failureError(op);
 }
 
+void CommState::execute(const CollectiveArgs& args, OpState& state,
+                        std::chrono::milliseconds timeout) {
+  std::exception_ptr error;
+  try {
+    const shm::WaitSpec wait{collectiveName(args.kind), state.seq, Clock::now() + timeout, timeout};
+    if (shm_->failed()) throw shm_->failureError(wait.op);
+    CollectiveContext ctx(*shm_, wait, state.seq, phase_, config_.tuning);
+    runCollective(ctx, args);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  state.complete(error);
+}
+
 Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   requireUsable(collectiveName(args.kind));
   auto state = std::make_shared<OpState>(seq_.fetch_add(1, std::memory_order_relaxed) + 1);
   const auto timeout = timeoutFor(options);
-  worker_->submit([this, args = std::move(args), state, timeout] {
-    std::exception_ptr error;
-    try {
-      const shm::WaitSpec wait{collectiveName(args.kind), state->seq, Clock::now() + timeout,
-                               timeout};
-      if (shm_->failed()) throw shm_->failureError(wait.op);
-      CollectiveContext ctx(*shm_, wait, state->seq, phase_, config_.threads, config_.selection);
-      runCollective(ctx, args);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    state->complete(error);
-  });
-  return Request(state);
+  Request request(state);
+  if (options.blocking && worker_->runHereIfIdle([&] { execute(args, *state, timeout); })) {
+    return request;
+  }
+  worker_->submit([this, args = std::move(args), state, timeout] { execute(args, *state, timeout); });
+  if (options.blocking) settle(request);
+  return request;
+}
+
+void CommState::settle(const Request& request) {
+  try {
+    request.wait();
+  } catch (...) {
+    // The failure stays in the request; the caller's wait() reports it.
+  }
 }
 
 P2pEngine& CommState::p2p() {
@@ -150,12 +165,16 @@ P2pEngine& CommState::p2p() {
 Request CommState::send(const void* data, size_t bytes, int peer, int tag,
                         const OpOptions& options) {
   requireUsable("send");
-  return p2p().send(data, bytes, peer, tag, timeoutFor(options));
+  Request request = p2p().send(data, bytes, peer, tag, timeoutFor(options));
+  if (options.blocking) settle(request);
+  return request;
 }
 
 Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options) {
   requireUsable("recv");
-  return p2p().recv(data, bytes, peer, tag, timeoutFor(options));
+  Request request = p2p().recv(data, bytes, peer, tag, timeoutFor(options));
+  if (options.blocking) settle(request);
+  return request;
 }
 
 int CommState::nextChildNumber(const std::string& key) {

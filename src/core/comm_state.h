@@ -68,6 +68,10 @@ class CommState {
  private:
   CommState(int rank, const Roster& roster, const CommOptions& options, Config config);
   void join(std::chrono::steady_clock::time_point deadline);
+  /// Waits for `request` without throwing (for the blocking form of a call).
+  static void settle(const Request& request);
+  /// Runs one collective to completion on this thread (the worker's, or a blocking caller's).
+  void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout);
   void watchPeers();
   P2pEngine& p2p();
 

@@ -14,12 +14,19 @@ namespace loom {
 
 Config Config::load(int localRanks) {
   Config c;
-  c.chunkBytes = env::bytes("LOOM_CHUNK_BYTES", c.chunkBytes, 16 << 10, size_t{1} << 30);
+  const size_t ranks = static_cast<size_t>(std::max(1, localRanks));
+  // Big chunks mean fewer synchronisations per byte; for 4 or more ranks all slots together
+  // (2 x P x chunk) stay within 32 MiB, so they live in the last-level cache.
+  const size_t defaultChunk = std::clamp<size_t>((size_t{16} << 20) / ranks, 1 << 20, 4 << 20);
+  c.chunkBytes = env::bytes("LOOM_CHUNK_BYTES", defaultChunk, 16 << 10, size_t{1} << 30);
   if (c.chunkBytes % 4096 != 0) {
     throw Error(ErrorCode::kInvalidArgument, "config", -1,
                 "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " +
                     std::to_string(c.chunkBytes) + ")");
   }
+  // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
+  // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).
+  c.tuning.streamBytes = env::bytes("LOOM_STREAM_BYTES", size_t{8} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {
     throw Error(ErrorCode::kInvalidArgument, "config", -1,
@@ -28,10 +35,10 @@ Config Config::load(int localRanks) {
   }
   // By default each rank takes its share of this process's cores, up to 8 helpers.
   const int share = std::max(1, availableCores() / std::max(1, localRanks));
-  c.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
+  c.tuning.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
   c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));
   c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
-  c.selection = SelectionTable::fromEnvironment();
+  c.tuning.selection = SelectionTable::fromEnvironment();
   kernels::activeIsa();  // a bad LOOM_ISA fails here, at creation, not in the first collective
   return c;
 }

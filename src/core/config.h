@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "algorithms/selection.h"
+#include "algorithms/collective.h"
 #include "util/backoff.h"
 
 namespace loom {
@@ -15,12 +15,11 @@ struct Config {
   size_t chunkBytes = 1 << 20;
   /// Bytes per point-to-point ring, a power of two (LOOM_P2P_RING_BYTES).
   size_t ringBytes = 256 << 10;
-  /// Threads per rank for large copies and reductions (LOOM_THREADS).
-  int threads = 1;
   /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US).
   BackoffPolicy backoff;
-  /// Algorithm by size (LOOM_ALGO).
-  SelectionTable selection;
+  /// Threads, streaming threshold and algorithm table (LOOM_THREADS, LOOM_STREAM_BYTES,
+  /// LOOM_ALGO).
+  Tuning tuning;
 
   /// Reads the environment; `localRanks` ranks share this host's cores.
   static Config load(int localRanks);

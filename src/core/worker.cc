@@ -45,14 +45,17 @@ void Worker::run() {
     Job job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // A caller may be running a job of its own (runHereIfIdle): wait until it is done.
+      wake_.wait(lock, [&] { return (stopping_ || !queue_.empty()) && !running_; });
       if (queue_.empty()) return;  // stopping, nothing left
       job = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     job();
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
       finished_.fetch_add(1, std::memory_order_release);
     }
     idle_.notify_all();

@@ -28,6 +28,23 @@ class Worker {
 
   /// Queues a job.
   void submit(Job job);
+  /// Runs `job` on the calling thread if nothing is queued or running (so issue order
+  /// holds) and returns true; returns false, running nothing, otherwise.
+  template <class F>
+  bool runHereIfIdle(F&& job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!queue_.empty() || running_) return false;
+      running_ = true;
+    }
+    job();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
+    }
+    wake_.notify_one();  // jobs queued meanwhile may now run on the worker
+    return true;
+  }
   /// Blocks until every job submitted so far has run.
   void drain();
 
@@ -38,6 +55,7 @@ class Worker {
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<Job> queue_;         // guarded by mutex_
+  bool running_ = false;          // a job is running (here or on a caller); mutex_
   bool stopping_ = false;         // guarded by mutex_
   std::atomic<uint64_t> submitted_{0};
   std::atomic<uint64_t> finished_{0};

@@ -289,6 +289,7 @@ struct Setup {
   int size;
   const char* algo;
   const char* name;
+  const char* extraEnv = nullptr;  ///< one more NAME=value for the ranks
 };
 
 class Collectives : public ::testing::TestWithParam<Setup> {
@@ -296,6 +297,7 @@ class Collectives : public ::testing::TestWithParam<Setup> {
   testing::RunOptions options() const {
     testing::RunOptions o;
     o.environment = {"LOOM_CHUNK_BYTES=16K", std::string("LOOM_ALGO=") + GetParam().algo};
+    if (GetParam().extraEnv != nullptr) o.environment.push_back(GetParam().extraEnv);
     return o;
   }
   void run(void (*check)(Communicator&)) {
@@ -338,7 +340,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Setup{3, kDefaultTable, "P3"}, Setup{4, kDefaultTable, "P4"},
                       Setup{5, kDefaultTable, "P5"}, Setup{8, kDefaultTable, "P8"},
                       Setup{3, "all_reduce:one_shot:inf;reduce:one_shot:inf", "P3_OneShotOnly"},
-                      Setup{3, "all_reduce:two_shot:inf;reduce:two_shot:inf", "P3_TwoShotOnly"}),
+                      Setup{3, "all_reduce:two_shot:inf;reduce:two_shot:inf", "P3_TwoShotOnly"},
+                      // Every output written with streaming stores, whatever its size.
+                      Setup{3, kDefaultTable, "P3_Streaming", "LOOM_STREAM_BYTES=0"}),
     [](const ::testing::TestParamInfo<Setup>& info) { return std::string(info.param.name); });
 
 // Large messages split across helper threads (a 256 KiB chunk, three threads per rank).

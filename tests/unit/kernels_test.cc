@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "../common/reference.h"
+#include "kernels/copy.h"
 #include "kernels/half.h"
 #include "kernels/reduce.h"
 
@@ -107,6 +109,24 @@ TEST(ReduceKernels, MinMaxPropagateNaN) {
       EXPECT_TRUE(std::isnan(out[3])) << kernels::isaName(isa);
       EXPECT_TRUE(std::isnan(out[40])) << kernels::isaName(isa);
       EXPECT_EQ(out[0], kind == ReduceKind::kMin ? 1.0f : 2.0f);
+    }
+  }
+}
+
+// Streaming copies equal memcpy for every alignment of source and destination and for
+// lengths around the vector and unroll widths.
+TEST(CopyKernels, StreamingCopyMatchesMemcpy) {
+  std::vector<uint8_t> src(5000), dst(5000 + 128), want(5000 + 128);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t dstShift : {0, 1, 31, 32, 63}) {
+    for (size_t srcShift : {0, 3}) {
+      for (size_t n : {0, 1, 63, 64, 65, 255, 256, 257, 1000, 4000}) {
+        std::fill(dst.begin(), dst.end(), 0xee);
+        std::fill(want.begin(), want.end(), 0xee);
+        std::memcpy(want.data() + dstShift, src.data() + srcShift, n);
+        kernels::copyStreaming(dst.data() + dstShift, src.data() + srcShift, n);
+        ASSERT_EQ(dst, want) << "dst+" << dstShift << " src+" << srcShift << " n=" << n;
+      }
     }
   }
 }

@@ -52,6 +52,9 @@ struct alignas(kCacheLine) RankLine {
   std::atomic<uint32_t> sleepers;  ///< waiters asleep on `posted`
   std::atomic<uint32_t> state;     ///< RankState
   int32_t pid;                     ///< written once when the rank attaches
+  /// Per half: a hash of the OpDesc this rank wrote there, so a waiter that already holds
+  /// this line can check agreement without fetching the descriptor's line too.
+  uint64_t fingerprint[2];
 };
 
 /// Wakes a rank's point-to-point engine: bumped by senders that wrote into its inbound

@@ -60,6 +60,13 @@ class ShmComm {
     return reinterpret_cast<OpDesc*>(base_ + layout_.descs)[static_cast<size_t>(q) * 2 + (phase & 1)];
   }
 
+  /// The fingerprint of the descriptor rank q wrote for the half of phase p.
+  uint64_t fingerprint(int q, uint64_t phase) const { return lines_[q].fingerprint[phase & 1]; }
+  /// Publishes this rank's descriptor fingerprint for phase p (before post(p)).
+  void setFingerprint(uint64_t phase, uint64_t value) {
+    lines_[rank_].fingerprint[phase & 1] = value;
+  }
+
   /// Waits until every rank has finished reading the half that phase p will overwrite.
   void beginWrite(uint64_t phase, const WaitSpec& spec) {
     if (allPosted_ + 1 < phase) waitAll(phase - 1, spec);
