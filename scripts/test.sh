@@ -8,26 +8,36 @@ PYTHON=${PYTHON:-python3}
 JOBS=$(nproc)
 start=$(date +%s)
 section() { echo; echo "== $* ($(( $(date +%s) - start )) s)"; }
+# ctest in build dir $1 (more ctest arguments follow). On failure the failed tests run once
+# more, alone and verbose, so their output ends the log where it is easy to find; the
+# script fails either way.
+run_ctest() {
+  local dir=$1; shift
+  if ctest --test-dir "$dir" -j "$JOBS" --output-on-failure "$@"; then return 0; fi
+  section "failed tests in $dir, run again alone"
+  ctest --test-dir "$dir" --rerun-failed --output-on-failure -V "$@" | tail -n 400 || true
+  return 1
+}
 
 bash scripts/setup.sh
 
 section "C++ tests, release build"
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C build/release
-ctest --test-dir build/release -j "$JOBS" --output-on-failure --timeout 900
+run_ctest build/release --timeout 900
 
 if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
   section "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=address,undefined \
     -DLOOM_BUILD_BENCH=OFF >/dev/null
   ninja -C build/asan
-  ctest --test-dir build/asan -j "$JOBS" --output-on-failure --timeout 1200
+  run_ctest build/asan --timeout 1200
 
   section "synchronisation under ThreadSanitizer (ranks as threads)"
   cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=thread \
     -DLOOM_BUILD_BENCH=OFF >/dev/null
   ninja -C build/tsan loom_thread_tests
-  ctest --test-dir build/tsan -R '^Threads\.' --output-on-failure --timeout 900
+  run_ctest build/tsan -R '^Threads\.' --timeout 900
 fi
 
 section "PyTorch backend tests"

@@ -27,7 +27,11 @@ std::optional<DataType> loomType(at::ScalarType type) {
 }  // namespace
 
 void invalid(const CallSite& site, const std::string& detail) {
-  TORCH_CHECK(false, "loom ", site.op, " (rank ", site.rank, "): ", detail);
+  // One ready string: TORCH_CHECK formats several arguments through an ostringstream, which
+  // crashed inside this extension on torch 2.11 built with the device hosts' GCC 13.
+  const std::string message =
+      "loom " + std::string(site.op) + " (rank " + std::to_string(site.rank) + "): " + detail;
+  TORCH_CHECK(false, message);
 }
 
 void requireCount(const CallSite& site, const char* what, size_t actual, size_t n) {
@@ -37,6 +41,24 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
   }
 }
 
+namespace {
+
+std::string layoutName(at::Layout layout) {
+  switch (layout) {
+    case at::kStrided: return "strided";
+    case at::kSparse: return "sparse COO";
+    case at::kSparseCsr: return "sparse CSR";
+    case at::kSparseCsc: return "sparse CSC";
+    case at::kSparseBsr: return "sparse BSR";
+    case at::kSparseBsc: return "sparse BSC";
+    case at::kMkldnn: return "mkldnn";
+    case at::kJagged: return "jagged";
+    default: return "other";
+  }
+}
+
+}  // namespace
+
 void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t) {
   if (!t.defined()) invalid(site, std::string(what) + " is an undefined tensor");
   if (!t.device().is_cpu()) {
@@ -45,8 +67,8 @@ void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t
                       "init_process_group(\"cpu:loom,cuda:nccl\") for GPU tensors)");
   }
   if (t.layout() != at::kStrided) {
-    invalid(site, std::string(what) + " is not a dense tensor (layout " +
-                      c10::str(t.layout()) + "); loom moves dense tensors only");
+    invalid(site, std::string(what) + " is not a dense tensor (layout " + layoutName(t.layout()) +
+                      "); loom moves dense tensors only");
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 #include <numeric>
 
 #include "../common/forked_ranks.h"
@@ -291,6 +292,9 @@ struct Setup {
   const char* name;
   const char* extraEnv = nullptr;  ///< one more NAME=value for the ranks
 };
+
+// How gtest (and so ctest's listing) shows a Setup: by its name, not its bytes.
+void PrintTo(const Setup& setup, std::ostream* os) { *os << setup.name; }
 
 class Collectives : public ::testing::TestWithParam<Setup> {
  protected:

@@ -1,194 +1,20 @@
-// Randomised stress: thousands of mixed collectives of random kinds, types, reductions,
-// sizes and roots, several queued at a time, on two communicators driven at once from two
-// threads per rank. Every result is checked. Every rank draws the same sequence from a
-// seeded generator, so all ranks agree on what comes next. LOOM_STRESS_OPS sets the number
-// of operations per communicator (default 600 in CI; run thousands locally).
+// Randomised stress: thousands of mixed collectives (tests/common/stress_driver.h) on two
+// communicators driven at once from two threads per rank, every result checked.
+// LOOM_STRESS_OPS sets the number of operations per communicator (default 600 in CI; run
+// thousands locally).
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <random>
 #include <thread>
 
 #include "../common/forked_ranks.h"
-#include "../common/reference.h"
+#include "../common/stress_driver.h"
 
 namespace loom {
 namespace {
 
-using testing::fillInput;
-using testing::firstDifference;
-using testing::inputBytes;
-using testing::referenceReduce;
-
-enum class Kind { kAllReduce, kReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kGather, kScatter, kBarrier, kCount };
-
-struct Case {
-  Kind kind;
-  DataType type;
-  ReduceOp op;
-  size_t count;
-  int root;
-  bool inPlace;
-  uint32_t salt;
-};
-
-Case draw(std::mt19937& rng, int size, uint32_t salt) {
-  Case c{};
-  c.kind = static_cast<Kind>(rng() % static_cast<unsigned>(Kind::kCount));
-  c.type = static_cast<DataType>(rng() % kNumDataTypes);
-  const auto ops = testing::reductionsFor(c.type);
-  c.op = ops[rng() % ops.size()];
-  // Log-uniform sizes from 0 to about three 16 KiB chunks.
-  const int bits = static_cast<int>(rng() % 16);
-  c.count = bits == 0 ? 0 : (size_t{1} << (bits - 1)) + rng() % (size_t{1} << (bits - 1));
-  c.count = std::min<size_t>(c.count, 3 * (16 << 10) / elementSize(c.type) + 5);
-  c.root = static_cast<int>(rng() % static_cast<unsigned>(size));
-  c.inPlace = rng() % 2 == 0;
-  c.salt = salt;
-  return c;
-}
-
-// An operation in flight, its buffers, and the check to run once it completes.
-struct Pending {
-  Request request;
-  std::vector<std::vector<uint8_t>> buffers;
-  std::function<std::string()> check;
-};
-
-std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
-  auto p = std::make_unique<Pending>();
-  const int me = comm.rank();
-  const int size = comm.size();
-  const size_t es = elementSize(c.type);
-  const size_t n = c.count;
-  auto& bufs = p->buffers;
-  Pending* self = p.get();
-  switch (c.kind) {
-    case Kind::kAllReduce: {
-      bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es)};
-      uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
-      p->request = comm.allReduce(bufs[0].data(), out, n, c.type, c.op);
-      p->check = [=] { return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt).data(), c.type, n); };
-      break;
-    }
-    case Kind::kReduce: {
-      bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es)};
-      uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
-      p->request = comm.reduce(bufs[0].data(), out, n, c.type, c.op, c.root);
-      p->check = [=] {
-        if (me != c.root) return std::string();
-        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt).data(), c.type, n);
-      };
-      break;
-    }
-    case Kind::kBroadcast: {
-      bufs = {inputBytes(c.type, n, c.root, c.salt), std::vector<uint8_t>(n * es)};
-      uint8_t* out = c.inPlace && me == c.root ? bufs[0].data() : bufs[1].data();
-      p->request = comm.broadcast(bufs[0].data(), out, n, c.type, c.root);
-      p->check = [=] { return firstDifference(out, inputBytes(c.type, n, c.root, c.salt).data(), c.type, n); };
-      break;
-    }
-    case Kind::kAllGather: {
-      bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es * size)};
-      const uint8_t* in = bufs[0].data();
-      if (c.inPlace) {
-        std::memcpy(bufs[1].data() + me * n * es, in, n * es);
-        in = bufs[1].data() + me * n * es;
-      }
-      p->request = comm.allGather(in, bufs[1].data(), n, c.type);
-      p->check = [=] {
-        for (int q = 0; q < size; ++q) {
-          auto d = firstDifference(self->buffers[1].data() + q * n * es, inputBytes(c.type, n, q, c.salt).data(), c.type, n);
-          if (!d.empty()) return "block " + std::to_string(q) + ": " + d;
-        }
-        return std::string();
-      };
-      break;
-    }
-    case Kind::kReduceScatter: {
-      bufs = {inputBytes(c.type, n * size, me, c.salt), std::vector<uint8_t>(n * es)};
-      uint8_t* out = c.inPlace ? bufs[0].data() + me * n * es : bufs[1].data();
-      p->request = comm.reduceScatter(bufs[0].data(), out, n, c.type, c.op);
-      p->check = [=] {
-        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt, me * n).data(), c.type, n);
-      };
-      break;
-    }
-    case Kind::kAllToAll: {
-      bufs = {inputBytes(c.type, n * size, me, c.salt), std::vector<uint8_t>(n * es * size)};
-      uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
-      p->request = comm.allToAll(bufs[0].data(), out, n, c.type);
-      p->check = [=] {
-        for (int q = 0; q < size; ++q) {
-          auto d = firstDifference(out + q * n * es, inputBytes(c.type, n, q, c.salt, me * n).data(), c.type, n);
-          if (!d.empty()) return "from " + std::to_string(q) + ": " + d;
-        }
-        return std::string();
-      };
-      break;
-    }
-    case Kind::kGather: {
-      bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es * size)};
-      std::vector<void*> outs;
-      if (me == c.root) {
-        for (int q = 0; q < size; ++q) outs.push_back(bufs[1].data() + q * n * es);
-      }
-      p->request = comm.gather(bufs[0].data(), outs, n, c.type, c.root);
-      p->check = [=] {
-        for (int q = 0; me == c.root && q < size; ++q) {
-          auto d = firstDifference(self->buffers[1].data() + q * n * es, inputBytes(c.type, n, q, c.salt).data(), c.type, n);
-          if (!d.empty()) return "from " + std::to_string(q) + ": " + d;
-        }
-        return std::string();
-      };
-      break;
-    }
-    case Kind::kScatter: {
-      bufs = {inputBytes(c.type, n * size, c.root, c.salt), std::vector<uint8_t>(n * es)};
-      std::vector<const void*> ins;
-      if (me == c.root) {
-        for (int q = 0; q < size; ++q) ins.push_back(bufs[0].data() + q * n * es);
-      }
-      p->request = comm.scatter(ins, bufs[1].data(), n, c.type, c.root);
-      p->check = [=] {
-        return firstDifference(self->buffers[1].data(), inputBytes(c.type, n, c.root, c.salt, me * n).data(), c.type, n);
-      };
-      break;
-    }
-    case Kind::kBarrier:
-    case Kind::kCount:
-      p->request = comm.barrier();
-      p->check = [] { return std::string(); };
-      break;
-  }
-  return p;
-}
-
-// Runs `ops` random operations on `comm`, up to four in flight; returns the first failure.
-std::string drive(Communicator& comm, int ops, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::unique_ptr<Pending>> inFlight;
-  try {
-    for (int i = 0; i < ops;) {
-      const int batch = 1 + static_cast<int>(rng() % 4);
-      for (int b = 0; b < batch && i < ops; ++b, ++i) {
-        inFlight.push_back(issue(comm, draw(rng, comm.size(), seed * 100003u + static_cast<uint32_t>(i))));
-      }
-      for (auto& p : inFlight) {
-        p->request.wait();
-        const std::string d = p->check();
-        if (!d.empty()) return "operation " + std::to_string(i) + ": " + d;
-      }
-      inFlight.clear();
-    }
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::driveRandomCollectives;
 
 TEST(Stress, MixedCollectivesOnTwoCommunicatorsAtOnce) {
   const char* env = std::getenv("LOOM_STRESS_OPS");
@@ -202,8 +28,8 @@ TEST(Stress, MixedCollectivesOnTwoCommunicatorsAtOnce) {
         auto world = ctx.connect();
         auto pair = world->split(ctx.rank % 2, ctx.rank);
         std::string worldFailure;
-        std::thread t([&] { worldFailure = drive(*world, ops, 1); });
-        const std::string pairFailure = drive(*pair, ops, 2 + ctx.rank % 2);
+        std::thread t([&] { worldFailure = driveRandomCollectives(*world, ops, 1); });
+        const std::string pairFailure = driveRandomCollectives(*pair, ops, 2 + ctx.rank % 2);
         t.join();
         LOOM_CHECK(worldFailure.empty(), << "world: " << worldFailure);
         LOOM_CHECK(pairFailure.empty(), << "pair: " << pairFailure);

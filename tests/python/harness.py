@@ -13,6 +13,7 @@ import os
 import pickle
 import queue as queue_module
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
@@ -77,20 +78,38 @@ def run_ranks(
             p.start()
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        unfinished = "did not finish within {timeout} s (killed)"
         try:
-            for _ in range(world_size):
-                rank, status, payload = queue.get(timeout=timeout)
+            while len(results) + len(errors) < world_size:
+                try:
+                    rank, status, payload = queue.get(timeout=0.2)
+                except queue_module.Empty:
+                    if time.monotonic() > deadline:
+                        break
+                    # A rank that died without reporting (a crash, a signal) fails the test
+                    # at once, and its peers, who may wait for it forever, are killed. Its
+                    # report may still be in the pipe: give it a moment first.
+                    dead = [r for r, p in enumerate(procs) if p.exitcode is not None
+                            and r not in results and r not in errors]
+                    if dead:
+                        time.sleep(0.5)
+                        if queue.empty():
+                            for r in dead:
+                                errors[r] = f"rank {r} died without reporting (exit code {procs[r].exitcode})"
+                            unfinished = "was killed after a peer died"
+                            break
+                    continue
                 if status == "ok":
                     results[rank] = pickle.loads(payload)
                 else:
                     errors[rank] = payload
-        except queue_module.Empty:
             for r in range(world_size):
                 if r not in results and r not in errors:
-                    errors[r] = f"rank {r} did not finish within {timeout} s (killed)"
+                    errors[r] = f"rank {r} " + unfinished.format(timeout=timeout)
         finally:
             for p in procs:
-                p.join(timeout=5)
+                p.join(timeout=0 if errors else 5)
                 if p.is_alive():
                     p.kill()
                     p.join()
@@ -98,3 +117,9 @@ def run_ranks(
             report = "\n".join(f"--- rank {r} ---\n{errors[r]}" for r in sorted(errors))
             pytest.fail(f"{len(errors)} rank(s) failed:\n{report}", pytrace=False)
         return [results[r] for r in range(world_size)]
+
+
+def run_alone(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs fn(0, 1, *args) in one forked process (with a one-rank Gloo group) and returns
+    its result: for reference computations that must not run in the pytest process."""
+    return run_ranks(1, fn, *args, backend="gloo")[0]

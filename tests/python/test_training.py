@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness import run_ranks
+from harness import run_alone, run_ranks
 
 STEPS = 5
 BATCH_PER_RANK = 8
@@ -24,8 +24,10 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH_PER_RANK, 16, generator=g), torch.randn(BATCH_PER_RANK, 4, generator=g)
 
 
-def single_process(world: int) -> list[torch.Tensor]:
-    """The reference: one process, the concatenation of every rank's batch."""
+def single_process(rank: int, _one: int, world: int) -> list[torch.Tensor]:
+    """The reference: one process, the concatenation of every `world` ranks' batches. Run as
+    a forked rank of its own (run_alone): autograd must not start its threads in the pytest
+    process, or later forked ranks cannot run backward on CUDA builds of torch."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(STEPS):
@@ -81,7 +83,7 @@ def test_ddp_matches_gloo_and_single_process():
     world = 3
     loom_params = run_ranks(world, train_ddp, "loom")
     gloo_params = run_ranks(world, train_ddp, "gloo")
-    reference = single_process(world)
+    reference = run_alone(single_process, world)
     for rank in range(world):
         check_close(loom_params[rank], reference, f"DDP on loom, rank {rank} vs one process")
         check_close(loom_params[rank], gloo_params[rank], f"DDP on loom vs Gloo, rank {rank}")
@@ -90,6 +92,6 @@ def test_ddp_matches_gloo_and_single_process():
 def test_fsdp2_averages_gradients():
     world = 2
     params = run_ranks(world, train_fsdp2)
-    reference = single_process(world)
+    reference = run_alone(single_process, world)
     for rank in range(world):
         check_close(params[rank], reference, f"FSDP2 on loom, rank {rank} vs one process")

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "../common/reference.h"
+#include "../common/stress_driver.h"
 #include "loom/communicator.h"
 #include "loom/error.h"
 
@@ -78,6 +79,25 @@ TEST(Threads, CollectivesAcrossThreadRanks) {
   });
   ::unsetenv("LOOM_CHUNK_BYTES");
   ::unsetenv("LOOM_THREADS");
+  EXPECT_EQ(failure, "");
+}
+
+// The random mixed stream of the forked stress test, on a world and a split communicator
+// driven at once from two threads per rank: several workers, queued ops and one-shot,
+// two-shot and chunked paths interleaving under the race detector.
+TEST(Threads, RandomCollectivesOnTwoCommunicatorsAtOnce) {
+  ::setenv("LOOM_CHUNK_BYTES", "16K", 1);
+  const std::string failure = runThreads(4, [](int rank, std::shared_ptr<Store> store) {
+    auto world = Communicator::create(rank, 4, store);
+    auto pair = world->split(rank % 2, rank);
+    std::string worldFailure;
+    std::thread t([&] { worldFailure = testing::driveRandomCollectives(*world, 150, 1); });
+    const std::string pairFailure = testing::driveRandomCollectives(*pair, 150, 2 + rank % 2);
+    t.join();
+    require(worldFailure.empty(), "world: " + worldFailure);
+    require(pairFailure.empty(), "pair: " + pairFailure);
+  });
+  ::unsetenv("LOOM_CHUNK_BYTES");
   EXPECT_EQ(failure, "");
 }
 
