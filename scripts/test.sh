@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: the C++ suites (release, AddressSanitizer + UndefinedBehaviorSanitizer,
-# ThreadSanitizer), the bounded fuzz runs, and the PyTorch suites. Installs what it needs.
-#   LOOM_TEST_QUICK=1 skips the sanitizer builds and PyTorch's generic suite.
+# ThreadSanitizer), bounded libFuzzer runs of the wire-format parsers, and the PyTorch
+# suites. Installs what it needs.
+#   LOOM_TEST_QUICK=1 skips the sanitizer builds, the fuzz runs and PyTorch's generic suite;
+#   LOOM_FUZZ_SECONDS sets each fuzz run's length (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -38,6 +40,21 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
     -DLOOM_BUILD_BENCH=OFF >/dev/null
   ninja -C build/tsan loom_thread_tests
   run_ctest build/tsan -R '^Threads\.' --timeout 900
+
+  section "bounded fuzz runs of the wire-format parsers (libFuzzer, ${LOOM_FUZZ_SECONDS:-30} s each)"
+  cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+    -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCH=OFF -DLOOM_BUILD_FUZZERS=ON >/dev/null
+  ninja -C build/fuzz store_protocol_fuzzer handshake_fuzzer
+  for target in store_protocol handshake; do
+    # New inputs go to a scratch directory; the checked-in seeds stay as they are.
+    scratch=$(mktemp -d)
+    if ! build/fuzz/tests/fuzz/${target}_fuzzer -max_total_time="${LOOM_FUZZ_SECONDS:-30}" \
+        -print_final_stats=1 "$scratch" "tests/fuzz/corpus/$target" >"$scratch.log" 2>&1; then
+      tail -n 80 "$scratch.log"; echo "$target fuzzer failed (reproducer: crash-* in $PWD)"; exit 1
+    fi
+    echo "$target: $(grep -E '^Done' "$scratch.log")"
+    rm -rf "$scratch" "$scratch.log"
+  done
 fi
 
 section "PyTorch backend tests"

@@ -179,7 +179,14 @@ def rank_main(rank: int, args, init_file: str, queue) -> None:
         groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
         world = args.ranks
         copy_bw = copy_bandwidth(min(args.max_bytes, 256 << 20) if args.max_bytes >= 64 << 20 else 64 << 20)
-        points = [(op, s) for op in args.ops for s in sizes(args.min_bytes, args.max_bytes)]
+        # Sizes below one element per rank round up to the same call: time each call once.
+        points = []
+        for op in args.ops:
+            seen = set()
+            for s in sizes(args.min_bytes, args.max_bytes):
+                if case_bytes(op, s, world) not in seen:
+                    seen.add(case_bytes(op, s, world))
+                    points.append((op, s))
         bar = None
         if rank == 0 and not args.quiet:
             try:
