@@ -75,12 +75,12 @@ double trafficFactor(BenchOp op, int ranks, size_t bytes, const SelectionTable& 
       return table.allReduce(bytes) == Algorithm::kOneShot ? p * (p + 3) : 5 * p + 1;
     case BenchOp::kReduce:
       return table.reduce(bytes) == Algorithm::kOneShot ? 2 * p + p + 1 : 3 * p + 1 + 2;
-    case BenchOp::kAllGather: return 2 + 2 * p;          // N = whole output
-    case BenchOp::kReduceScatter: return 3 * p + 1;      // N = whole input per rank
-    case BenchOp::kBroadcast: return 2 * p;              // root copies in, others copy out
-    case BenchOp::kAllToAll: return 4 * p;               // copy in and out, per rank
+    case BenchOp::kAllGather: return 2 + 2 * p;      // N = whole output
+    case BenchOp::kReduceScatter: return 3 * p + 1;  // N = whole input per rank
+    case BenchOp::kBroadcast: return 2 * p;          // root copies in, others copy out
+    case BenchOp::kAllToAll: return 4 * p;           // copy in and out, per rank
     case BenchOp::kGather:
-    case BenchOp::kScatter: return 4 - 2 / p;            // N = whole root buffer
+    case BenchOp::kScatter: return 4 - 2 / p;  // N = whole root buffer
   }
   return 1;
 }
@@ -166,12 +166,12 @@ Request OpCase::launch() {
     case BenchOp::kReduceScatter: return comm_.reduceScatter(in_, out_, count_, type_, reduce_, o);
     case BenchOp::kAllToAll: return comm_.allToAll(in_, out_, count_, type_, o);
     case BenchOp::kGather:
-      return comm_.gather(in_, comm_.rank() == root ? std::span<void* const>(outputs_)
-                                                     : std::span<void* const>(),
-                          count_, type_, root, o);
+      return comm_.gather(
+          in_, comm_.rank() == root ? std::span<void* const>(outputs_) : std::span<void* const>(),
+          count_, type_, root, o);
     case BenchOp::kScatter:
       return comm_.scatter(comm_.rank() == root ? std::span<const void* const>(inputs_)
-                                                 : std::span<const void* const>(),
+                                                : std::span<const void* const>(),
                            out_, count_, type_, root, o);
   }
   return Request();
@@ -194,17 +194,15 @@ size_t OpCase::wrong(uint32_t salt) {
         return referenceReduce(type_, reduce_, n, p, salt, off);
       });
     case BenchOp::kBroadcast:
-      return countWrong(out_, type_, count_, [&](size_t off, size_t n) {
-        return inputBytes(type_, n, 0, salt, off);
-      });
+      return countWrong(out_, type_, count_,
+                        [&](size_t off, size_t n) { return inputBytes(type_, n, 0, salt, off); });
     case BenchOp::kAllGather:
     case BenchOp::kGather: {
       if (op_ == BenchOp::kGather && me != 0) return 0;
       size_t bad = 0;
       for (int q = 0; q < p; ++q) {
-        bad += countWrong(out_ + q * count_ * es, type_, count_, [&](size_t off, size_t n) {
-          return inputBytes(type_, n, q, salt, off);
-        });
+        bad += countWrong(out_ + q * count_ * es, type_, count_,
+                          [&](size_t off, size_t n) { return inputBytes(type_, n, q, salt, off); });
       }
       return bad;
     }

@@ -17,7 +17,16 @@
 
 namespace loom::bench {
 
-enum class BenchOp { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kAllToAll, kReduce, kGather, kScatter };
+enum class BenchOp {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kAllToAll,
+  kReduce,
+  kGather,
+  kScatter
+};
 
 /// "all_reduce", ...
 std::string_view opName(BenchOp op);
@@ -38,7 +47,8 @@ class OpCase {
   /// `bytes` follows nccl-tests: the whole buffer (all_reduce, broadcast, reduce), the
   /// whole output (all_gather, gather), the whole input (reduce_scatter, scatter), the
   /// per-rank buffer (all_to_all).
-  OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, size_t bytes, bool inPlace);
+  OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, size_t bytes,
+         bool inPlace);
   /// Starts the operation once.
   Request launch();
   /// Elements that differ from the reference (all of them up to 1M elements, else three

@@ -45,7 +45,8 @@ struct Options {
   std::string json;
 };
 
-const char* kUsage = R"(loom-bench: collective bandwidth and latency between ranks forked on this host.
+const char* kUsage =
+    R"(loom-bench: collective bandwidth and latency between ranks forked on this host.
 
   -n, --ranks N        ranks to fork (default 2)
   -b, --min-bytes S    smallest size, e.g. 8, 64K, 1M (default 8)
@@ -127,12 +128,18 @@ Options parse(int argc, char** argv) {
       if (!found || o.type == DataType::kBool) usageError("unknown dtype '" + name + "'");
     } else if (a == "-r" || a == "--reduce") {
       const std::string name = value();
-      if (name == "sum") o.reduce = ReduceKind::kSum;
-      else if (name == "prod") o.reduce = ReduceKind::kProduct;
-      else if (name == "min") o.reduce = ReduceKind::kMin;
-      else if (name == "max") o.reduce = ReduceKind::kMax;
-      else if (name == "avg") o.reduce = ReduceKind::kAvg;
-      else usageError("unknown reduction '" + name + "'");
+      if (name == "sum")
+        o.reduce = ReduceKind::kSum;
+      else if (name == "prod")
+        o.reduce = ReduceKind::kProduct;
+      else if (name == "min")
+        o.reduce = ReduceKind::kMin;
+      else if (name == "max")
+        o.reduce = ReduceKind::kMax;
+      else if (name == "avg")
+        o.reduce = ReduceKind::kAvg;
+      else
+        usageError("unknown reduction '" + name + "'");
     } else if (a == "-w" || a == "--warmup") {
       o.warmup = std::atoi(value().c_str());
     } else if (a == "-R" || a == "--reps") {
@@ -153,7 +160,8 @@ Options parse(int argc, char** argv) {
   if (o.minBytes < 1 || o.maxBytes < o.minBytes) usageError("need 1 <= min-bytes <= max-bytes");
   if (o.factor <= 1) usageError("--factor must exceed 1");
   if (o.reps < 1 || o.warmup < 0 || o.repMs <= 0) usageError("bad warmup, reps or rep-ms");
-  if (!isSupported(o.reduce.kind(), o.type)) usageError("that reduction does not apply to that dtype");
+  if (!isSupported(o.reduce.kind(), o.type))
+    usageError("that reduction does not apply to that dtype");
   return o;
 }
 
@@ -181,7 +189,8 @@ double copyBandwidth(Communicator& comm, size_t bytes, int threads) {
       const size_t end = bytes * (part + 1) / threads;
       std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
     });
-    const double seconds = maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
+    const double seconds =
+        maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
     if (rep > 0) samples.push_back(2.0 * bytes * comm.size() / seconds);  // rep 0 warms up
   }
   return median(samples);
@@ -198,8 +207,10 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
   comm.barrier().wait();
   auto t0 = Clock::now();
   c.launch().wait();
-  const double estimate = maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
-  const int iters = static_cast<int>(std::clamp(o.repMs / 1000 / std::max(estimate, 1e-9), 1.0, 10000.0));
+  const double estimate =
+      maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
+  const int iters =
+      static_cast<int>(std::clamp(o.repMs / 1000 / std::max(estimate, 1e-9), 1.0, 10000.0));
   std::vector<double> samples;
   for (int rep = 0; rep < o.reps; ++rep) {
     comm.barrier().wait();
@@ -229,19 +240,21 @@ int rankMain(int rank, const Options& o, uint16_t port) {
   std::ofstream json;
   if (lead && !o.json.empty()) json.open(o.json);
   if (lead) {
-    std::printf("# loom-bench: %d ranks on %s (%d cores available), %d thread(s)/rank, kernels %s, "
-                "chunk %zu KiB\n",
-                o.ranks, localHost().hostname.c_str(), availableCores(), config.tuning.threads,
-                std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10);
+    std::printf(
+        "# loom-bench: %d ranks on %s (%d cores available), %d thread(s)/rank, kernels %s, "
+        "chunk %zu KiB\n",
+        o.ranks, localHost().hostname.c_str(), availableCores(), config.tuning.threads,
+        std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10);
   }
   double copyBw = 0;
   if (o.copyBandwidth) {
     const size_t bytes = std::clamp(o.maxBytes, size_t{64} << 20, size_t{256} << 20);
     copyBw = copyBandwidth(*comm, bytes, config.tuning.threads);
     if (lead) {
-      std::printf("# copy bandwidth: %.1f GB/s (read + write, %d ranks x %d threads each copying "
-                  "%zu MiB at once)\n",
-                  copyBw / 1e9, o.ranks, config.tuning.threads, bytes >> 20);
+      std::printf(
+          "# copy bandwidth: %.1f GB/s (read + write, %d ranks x %d threads each copying "
+          "%zu MiB at once)\n",
+          copyBw / 1e9, o.ranks, config.tuning.threads, bytes >> 20);
     }
   }
   size_t totalWrong = 0;
@@ -275,14 +288,15 @@ int rankMain(int rank, const Options& o, uint16_t port) {
       const double roof = copyBw > 0 ? k * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
       busSum += algbw[0] * bus;
       ++busRows;
-      std::printf("  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%%\n", bytes,
-                  count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1],
+      std::printf("  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%%\n",
+                  bytes, count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1],
                   algbw[1] * bus, t[1].wrong, roof);
       std::fflush(stdout);
       if (json.is_open()) {
         for (int ip = 0; ip < 2; ++ip) {
-          json << "{\"op\":\"" << opName(op) << "\",\"ranks\":" << o.ranks << ",\"threads\":"
-               << config.tuning.threads << ",\"dtype\":\"" << dataTypeName(o.type) << "\",\"bytes\":" << bytes
+          json << "{\"op\":\"" << opName(op) << "\",\"ranks\":" << o.ranks
+               << ",\"threads\":" << config.tuning.threads << ",\"dtype\":\""
+               << dataTypeName(o.type) << "\",\"bytes\":" << bytes
                << ",\"inplace\":" << (ip ? "true" : "false") << ",\"time_us\":" << t[ip].us
                << ",\"algbw\":" << algbw[ip] << ",\"busbw\":" << algbw[ip] * bus
                << ",\"wrong\":" << t[ip].wrong << ",\"copy_bw\":" << copyBw / 1e9

@@ -6,14 +6,14 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
 need_apt=()
-for tool in cmake ninja g++ clang; do command -v "$tool" >/dev/null || need_apt+=("$tool"); done
+for tool in cmake ninja g++ clang clang-format; do command -v "$tool" >/dev/null || need_apt+=("$tool"); done
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(gtest)
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   echo "== installing system packages"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    cmake ninja-build g++ clang libclang-rt-14-dev libgtest-dev libgmock-dev >/dev/null
+    cmake ninja-build g++ clang clang-format libclang-rt-14-dev libgtest-dev libgmock-dev >/dev/null
 fi
 
 echo "== installing Python packages"

@@ -23,6 +23,11 @@ run_ctest() {
 
 bash scripts/setup.sh
 
+section "C++ formatting (.clang-format)"
+find include src torch tests bench \( -name '*.cc' -o -name '*.h' \) -print0 |
+  xargs -0 clang-format --dry-run --Werror
+echo "formatted"
+
 section "C++ tests, release build"
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C build/release

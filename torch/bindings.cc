@@ -2,10 +2,10 @@
 // torch.distributed can hold it) and a few facts about the build.
 
 #include <pybind11/chrono.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "kernels/reduce.h"
 #include "process_group_loom.h"
@@ -19,7 +19,8 @@ PYBIND11_MODULE(_C, m) {
   // them known here.
   py::module_::import("torch._C._distributed_c10d");
 
-  py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(m, "ProcessGroupLoom")
+  py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(
+      m, "ProcessGroupLoom")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& groupName,
                        const std::vector<uint64_t>& globalRanks) {
@@ -37,7 +38,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("last_sequence",
                              [](ProcessGroupLoom& pg) { return pg.communicator().lastSequence(); });
 
-  m.def("kernel_isa", [] { return std::string(loom::kernels::isaName(loom::kernels::activeIsa())); },
-        "The instruction set loom's reduction kernels use on this CPU.");
+  m.def(
+      "kernel_isa", [] { return std::string(loom::kernels::isaName(loom::kernels::activeIsa())); },
+      "The instruction set loom's reduction kernels use on this CPU.");
   m.attr("__torch_version__") = TORCH_VERSION;  // the torch this build was compiled against
 }

@@ -20,8 +20,8 @@ std::vector<void*> pointers(const std::vector<at::Tensor>& tensors) {
 // Checks a per-rank list has one tensor per rank.
 void requirePerRank(const CallSite& site, const char* what, size_t n) {
   if (n != static_cast<size_t>(site.size)) {
-    invalid(site, std::string(what) + " has " + std::to_string(n) + " tensors; it needs one per rank (" +
-                      std::to_string(site.size) + ")");
+    invalid(site, std::string(what) + " has " + std::to_string(n) +
+                      " tensors; it needs one per rank (" + std::to_string(site.size) + ")");
   }
 }
 
@@ -33,7 +33,8 @@ struct GatherPlan {
   std::vector<size_t> counts;  // elements from each rank (uneven sizes allowed)
 };
 
-GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outputs,
+                         const at::Tensor& input) {
   requireCpuDense(s, "input", input);
   requirePerRank(s, "output list", outputs.size());
   GatherPlan plan{Outputs{}, movementView(input), {}, {}};
@@ -41,8 +42,9 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
   for (size_t q = 0; q < outputs.size(); ++q) {
     requireCpuDense(s, "outputs", outputs[q]);
     if (outputs[q].scalar_type() != input.scalar_type()) {
-      invalid(s, "output " + std::to_string(q) + " has dtype " + c10::toString(outputs[q].scalar_type()) +
-                     " but the input has " + c10::toString(input.scalar_type()));
+      invalid(s, "output " + std::to_string(q) + " has dtype " +
+                     c10::toString(outputs[q].scalar_type()) + " but the input has " +
+                     c10::toString(input.scalar_type()));
     }
     plan.counts.push_back(elementsOf(outputs[q], type));
     plan.targets.push_back(plan.staged.target(outputs[q]));
@@ -56,7 +58,8 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
 
 void requireRoot(const CallSite& site, int64_t root) {
   if (root < 0 || root >= site.size) {
-    invalid(site, "root " + std::to_string(root) + " is outside [0, " + std::to_string(site.size) + ")");
+    invalid(site,
+            "root " + std::to_string(root) + " is outside [0, " + std::to_string(site.size) + ")");
   }
 }
 
@@ -71,11 +74,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   auto outputs = std::make_shared<Outputs>();
   const Flat flat = movementView(tensors[0]);
   outputs->inOut(flat);
-  return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors, [outputs, flat] { outputs->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
-                                               static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::BROADCAST, "loom:broadcast", tensors, tensors,
+      [outputs, flat] { outputs->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
+                                     static_cast<int>(opts.rootRank),
+                                     opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
@@ -89,21 +95,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
   auto outputs = std::make_shared<Outputs>();
   outputs->inOut(flat);
-  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                               opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors,
+      [outputs, flat] { outputs->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                     opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(std::vector<at::Tensor>& tensors,
-                                                                 const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   // A sparse COO sum: gather every rank's indices and values and let coalesce() add
   // duplicates. The entry counts must be known before the gather, so that first exchange
   // waits here; the gather itself runs asynchronously like any collective.
   const CallSite s = site("all_reduce (sparse)");
   const at::Tensor& t = tensors[0];
-  if (!t.device().is_cpu()) invalid(s, "the sparse tensor is on " + t.device().str() + "; loom handles CPU tensors");
+  if (!t.device().is_cpu())
+    invalid(s, "the sparse tensor is on " + t.device().str() + "; loom handles CPU tensors");
   if (static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp) != c10d::ReduceOp::SUM) {
     invalid(s, "sparse tensors can only be summed");
   }
@@ -113,7 +122,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(std::vector<at:
   const int64_t nnz = local._nnz();
   std::vector<int64_t> nnzs(static_cast<size_t>(size_));
   translatedWait([&] {
-    return comm_->allGather(&nnz, nnzs.data(), 1, DataType::kInt64, opOptions(opts.timeout, !opts.asyncOp));
+    return comm_->allGather(&nnz, nnzs.data(), 1, DataType::kInt64,
+                            opOptions(opts.timeout, !opts.asyncOp));
   });
   const int64_t total = std::accumulate(nnzs.begin(), nnzs.end(), int64_t{0});
   std::vector<int64_t> valueShape = values.sizes().vec();
@@ -141,13 +151,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(std::vector<at:
     auto summed = at::sparse_coo_tensor(rowsOut.t(), allValues, output.sizes()).coalesce();
     output.copy_(summed);
   };
-  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher,
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allGatherV(rowsIn.data_ptr(), indexTargets, indexBytes, DataType::kUInt8,
-                                                opOptions(opts.timeout, !opts.asyncOp)));
-                  r.push_back(comm_->allGatherV(values.data_ptr(), valueTargets, valueBytes, DataType::kUInt8,
-                                                opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher,
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->allGatherV(rowsIn.data_ptr(), indexTargets, indexBytes, DataType::kUInt8,
+                                      opOptions(opts.timeout, !opts.asyncOp)));
+        r.push_back(comm_->allGatherV(values.data_ptr(), valueTargets, valueBytes, DataType::kUInt8,
+                                      opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
@@ -157,8 +168,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   for (const auto& t : tensors) {
     requireCpuDense(s, "tensors", t);
     if (t.scalar_type() != tensors[0].scalar_type()) {
-      invalid(s, "all tensors must share one dtype (got " + std::string(c10::toString(t.scalar_type())) +
-                     " and " + c10::toString(tensors[0].scalar_type()) + ")");
+      invalid(s, "all tensors must share one dtype (got " +
+                     std::string(c10::toString(t.scalar_type())) + " and " +
+                     c10::toString(tensors[0].scalar_type()) + ")");
     }
   }
   // One all_reduce over the tensors laid end to end, then the pieces copied back.
@@ -192,46 +204,51 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
   auto outputs = std::make_shared<Outputs>();
   outputs->inOut(flat);
-  return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::REDUCE, "loom:reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                  static_cast<int>(opts.rootRank),
+                                  opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                           std::vector<at::Tensor>& inputs,
-                                                           const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather");
   requireCount(s, "inputs", inputs.size(), 1);
   requireCount(s, "output lists", outputs.size(), 1);
   auto plan = std::make_shared<GatherPlan>(planAllgather(s, outputs[0], inputs[0]));
-  return launch(s, OpType::ALLGATHER, "loom:all_gather", inputs, outputs[0], [plan] { plan->staged.finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allGatherV(plan->in.ptr(), pointers(plan->targets), plan->counts,
-                                                plan->in.type, opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::ALLGATHER, "loom:all_gather", inputs, outputs[0],
+      [plan] { plan->staged.finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->allGatherV(plan->in.ptr(), pointers(plan->targets), plan->counts,
+                                      plan->in.type, opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                 const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather_into_tensor");
   requireCpuDense(s, "input", input);
   requireCpuDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
   if (output.numel() != input.numel() * size_) {
-    invalid(s, "output has " + std::to_string(output.numel()) + " elements; it needs size x input = " +
-                   std::to_string(input.numel() * size_));
+    invalid(s, "output has " + std::to_string(output.numel()) +
+                   " elements; it needs size x input = " + std::to_string(input.numel() * size_));
   }
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(output);
   const Flat in = movementView(input);
-  return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
-                [staged, target, in] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
-                                               opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
+      [staged, target, in] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
+                                     opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
@@ -251,20 +268,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     plans->push_back(planAllgather(s, perRank, inputs[i]));
   }
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
-  return launch(s, OpType::ALLGATHER_COALESCED, "loom:all_gather", inputs, all,
-                [plans] {
-                  for (auto& p : *plans) p.staged.finish();
-                },
-                [&](std::vector<Request>& r) {
-                  for (auto& p : *plans) {
-                    r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts, p.in.type,
-                                                  opOptions(opts.timeout, !opts.asyncOp)));
-                  }
-                });
+  return launch(
+      s, OpType::ALLGATHER_COALESCED, "loom:all_gather", inputs, all,
+      [plans] {
+        for (auto& p : *plans) p.staged.finish();
+      },
+      [&](std::vector<Request>& r) {
+        for (auto& p : *plans) {
+          r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts, p.in.type,
+                                        opOptions(opts.timeout, !opts.asyncOp)));
+        }
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather_into_tensor_coalesced");
   requireCount(s, "outputs", outputs.size(), inputs.size());
   auto staged = std::make_shared<Outputs>();
@@ -273,25 +292,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     requireCpuDense(s, "inputs", inputs[i]);
     requireCpuDense(s, "outputs", outputs[i]);
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
-      invalid(s, "outputs[" + std::to_string(i) + "] must have the input's dtype and size x its elements");
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        outputs[i].numel() != inputs[i].numel() * size_) {
+      invalid(s, "outputs[" + std::to_string(i) +
+                     "] must have the input's dtype and size x its elements");
     }
     ins.push_back(movementView(inputs[i]));
     targets.push_back(staged->target(outputs[i]));
   }
-  return launch(s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
-                [staged, ins, targets] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  for (size_t i = 0; i < ins.size(); ++i) {
-                    r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
-                                                 ins[i].type, opOptions(opts.timeout, !opts.asyncOp)));
-                  }
-                });
+  return launch(
+      s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
+      [staged, ins, targets] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
+                                       ins[i].type, opOptions(opts.timeout, !opts.asyncOp)));
+        }
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                        std::vector<at::Tensor>& inputs,
-                                                        const c10d::GatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
   const CallSite s = site("gather");
   requireRoot(s, opts.rootRank);
   requireCount(s, "inputs", inputs.size(), 1);
@@ -310,16 +332,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(std::vector<std::vector<
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes output tensors");
   }
   const Flat in = movementView(inputs[0]);
-  return launch(s, OpType::GATHER, "loom:gather", inputs, results, [staged, targets, in] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, in.type,
-                                            static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::GATHER, "loom:gather", inputs, results,
+      [staged, targets, in] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, in.type,
+                                  static_cast<int>(opts.rootRank),
+                                  opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(std::vector<at::Tensor>& outputs,
-                                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                                         const c10d::ScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
   const CallSite s = site("scatter");
   requireRoot(s, opts.rootRank);
   requireCount(s, "outputs", outputs.size(), 1);
@@ -341,16 +366,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(std::vector<at::Tensor>
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(outputs[0]);
   const DataType type = movementView(outputs[0]).type;
-  return launch(s, OpType::SCATTER, "loom:scatter", root ? inputs[0] : std::vector<at::Tensor>{}, outputs, [staged, ins, target] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->scatter(sources, target.data_ptr(), elementsOf(target, type), type,
-                                             static_cast<int>(opts.rootRank), opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::SCATTER, "loom:scatter", root ? inputs[0] : std::vector<at::Tensor>{}, outputs,
+      [staged, ins, target] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->scatter(sources, target.data_ptr(), elementsOf(target, type), type,
+                                   static_cast<int>(opts.rootRank),
+                                   opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                                const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
   const CallSite s = site("reduce_scatter");
   requireCount(s, "outputs", outputs.size(), 1);
   requireCount(s, "input lists", inputs.size(), 1);
@@ -361,7 +389,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(std::vector<at::
   std::vector<size_t> counts;
   for (size_t q = 0; q < inputs[0].size(); ++q) {
     requireCpuDense(s, "inputs", inputs[0][q]);
-    if (inputs[0][q].scalar_type() != outputs[0].scalar_type()) invalid(s, "input and output dtypes differ");
+    if (inputs[0][q].scalar_type() != outputs[0].scalar_type())
+      invalid(s, "input and output dtypes differ");
     ins.push_back(reductionView(s, inputs[0][q], opts.reduceOp));
     sources.push_back(ins.back().ptr());
     counts.push_back(ins.back().count);
@@ -374,39 +403,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(std::vector<at::
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
   auto staged = std::make_shared<Outputs>();
   staged->inOut(out);
-  return launch(s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", inputs[0], outputs,
-                [staged, ins, out] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->reduceScatterV(sources, out.ptr(), counts, out.type, op,
-                                                    opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", inputs[0], outputs,
+      [staged, ins, out] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->reduceScatterV(sources, out.ptr(), counts, out.type, op,
+                                          opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                                      const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const CallSite s = site("reduce_scatter_tensor");
   requireCpuDense(s, "input", input);
   requireCpuDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
   if (input.numel() != output.numel() * size_) {
-    invalid(s, "input has " + std::to_string(input.numel()) + " elements; it needs size x output = " +
-                   std::to_string(output.numel() * size_));
+    invalid(s, "input has " + std::to_string(input.numel()) +
+                   " elements; it needs size x output = " + std::to_string(output.numel() * size_));
   }
   const Flat in = reductionView(s, input, opts.reduceOp);
   const Flat out = reductionView(s, output, opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
   auto staged = std::make_shared<Outputs>();
   staged->inOut(out);
-  return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
-                [staged, in, out] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
-                                                   opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
+      [staged, in, out] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
+                                         opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
   const CallSite s = site("reduce_scatter_tensor_coalesced");
   requireCount(s, "outputs", outputs.size(), inputs.size());
   std::vector<Flat> ins, outs;
@@ -415,28 +447,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     requireCpuDense(s, "inputs", inputs[i]);
     requireCpuDense(s, "outputs", outputs[i]);
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() || inputs[i].numel() != outputs[i].numel() * size_) {
-      invalid(s, "inputs[" + std::to_string(i) + "] must have the output's dtype and size x its elements");
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        inputs[i].numel() != outputs[i].numel() * size_) {
+      invalid(s, "inputs[" + std::to_string(i) +
+                     "] must have the output's dtype and size x its elements");
     }
     ins.push_back(reductionView(s, inputs[i], opts.reduceOp));
     outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
     ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
     staged->inOut(outs.back());
   }
-  return launch(s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
-                [staged, ins, outs] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  for (size_t i = 0; i < ins.size(); ++i) {
-                    r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count, outs[i].type,
-                                                     ops[i], opOptions(opts.timeout, !opts.asyncOp)));
-                  }
-                });
+  return launch(
+      s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
+      [staged, ins, outs] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count, outs[i].type,
+                                           ops[i], opOptions(opts.timeout, !opts.asyncOp)));
+        }
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                               std::vector<int64_t>& outputSplitSizes,
-                                                               std::vector<int64_t>& inputSplitSizes,
-                                                               const c10d::AllToAllOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
   const CallSite s = site("all_to_all_single");
   requireCpuDense(s, "input", input);
   requireCpuDense(s, "output", output);
@@ -453,7 +487,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
     if (splits.empty()) {
       if (t.dim() == 0 || t.size(0) % size_ != 0) {
         invalid(s, std::string(what) + " has " + std::to_string(t.dim() ? t.size(0) : 0) +
-                       " rows, which do not divide evenly among " + std::to_string(size_) + " ranks");
+                       " rows, which do not divide evenly among " + std::to_string(size_) +
+                       " ranks");
       }
       bytes.assign(static_cast<size_t>(size_), t.nbytes() / static_cast<size_t>(size_));
       return bytes;
@@ -487,12 +522,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
     offIn += sendBytes[q];
     offOut += recvBytes[q];
   }
-  return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
-                [staged, in, target] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
-                                               opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
+      [staged, in, target] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
+                                     opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
@@ -509,7 +545,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   for (int q = 0; q < size_; ++q) {
     requireCpuDense(s, "inputs", inputs[q]);
     requireCpuDense(s, "outputs", outputs[q]);
-    if (inputs[q].scalar_type() != inputs[0].scalar_type() || outputs[q].scalar_type() != inputs[0].scalar_type()) {
+    if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
+        outputs[q].scalar_type() != inputs[0].scalar_type()) {
       invalid(s, "all input and output tensors must share one dtype");
     }
     ins.push_back(movementView(inputs[q]));
@@ -519,51 +556,60 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
     recvCounts.push_back(elementsOf(outputs[q], ins.back().type));
   }
   const DataType type = ins.front().type;
-  return launch(s, OpType::ALLTOALL, "loom:all_to_all", inputs, outputs, [staged, ins, targets] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->allToAllV(sources, sendCounts, pointers(targets), recvCounts, type,
-                                               opOptions(opts.timeout, !opts.asyncOp)));
-                });
+  return launch(
+      s, OpType::ALLTOALL, "loom:all_to_all", inputs, outputs,
+      [staged, ins, targets] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->allToAllV(sources, sendCounts, pointers(targets), recvCounts, type,
+                                     opOptions(opts.timeout, !opts.asyncOp)));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                      int tag) {
   const CallSite s = site("send");
   requireCount(s, "tensors", tensors.size(), 1);
   requireCpuDense(s, "tensor", tensors[0]);
   const Flat in = movementView(tensors[0]);
-  return launch(s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
-                [&](std::vector<Request>& r) {
-                  r.push_back(comm_->send(in.ptr(), in.count, in.type, dstRank, tag, opOptions({})));
-                });
+  return launch(
+      s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
+      [&](std::vector<Request>& r) {
+        r.push_back(comm_->send(in.ptr(), in.count, in.type, dstRank, tag, opOptions({})));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                      int tag) {
   return receive(tensors, srcRank, tag, "loom:recv");
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>& tensors, int srcRank,
-                                                         int tag, const char* title) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>& tensors,
+                                                         int srcRank, int tag, const char* title) {
   const CallSite s = site("recv");
   requireCount(s, "tensors", tensors.size(), 1);
   requireCpuDense(s, "tensor", tensors[0]);
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(tensors[0]);
-  return launch(s, srcRank == kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, title, tensors, tensors, [staged, target] { staged->finish(); },
-                [&](std::vector<Request>& r) {
-                  const DataType type = movementView(target).type;
-                  r.push_back(comm_->recv(target.data_ptr(), elementsOf(target, type), type, srcRank, tag,
-                                          opOptions({})));
-                });
+  return launch(
+      s, srcRank == kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, title, tensors, tensors,
+      [staged, target] { staged->finish(); },
+      [&](std::vector<Request>& r) {
+        const DataType type = movementView(target).type;
+        r.push_back(comm_->recv(target.data_ptr(), elementsOf(target, type), type, srcRank, tag,
+                                opOptions({})));
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                               int tag) {
   return receive(tensors, kAnySource, tag, "loom:recvAnySource");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
   const CallSite s = site("barrier");
-  return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr,
-                [&](std::vector<Request>& r) { r.push_back(comm_->barrier(opOptions(opts.timeout, !opts.asyncOp))); });
+  return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr, [&](std::vector<Request>& r) {
+    r.push_back(comm_->barrier(opOptions(opts.timeout, !opts.asyncOp)));
+  });
 }
 
 void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {

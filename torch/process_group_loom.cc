@@ -55,7 +55,8 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     return;
   }
   comm_ = translated([&] {
-    return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store), commOptions(*options_));
+    return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
+                                commOptions(*options_));
   });
   if (global.empty()) {
     std::lock_guard<std::mutex> lock(gWorldMutex);
@@ -63,8 +64,11 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
   }
 }
 
-ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm, c10::intrusive_ptr<Options> options)
-    : c10d::Backend(comm->rank(), comm->size()), comm_(std::move(comm)), options_(std::move(options)) {}
+ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
+                                   c10::intrusive_ptr<Options> options)
+    : c10d::Backend(comm->rank(), comm->size()),
+      comm_(std::move(comm)),
+      options_(std::move(options)) {}
 
 ProcessGroupLoom::~ProcessGroupLoom() {
   // Tearing the communicator down waits for its queued operations, whose completion may run
@@ -105,15 +109,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     requests.swap(coalesced_);
   }
   // The operations were queued as they were called; this work completes with the last.
-  auto work = c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced",
-                                            std::vector<at::Tensor>{}, std::vector<at::Tensor>{}, nullptr);
+  auto work =
+      c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced",
+                                    std::vector<at::Tensor>{}, std::vector<at::Tensor>{}, nullptr);
   work->track(std::move(requests));
   return work;
 }
 
-c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(const c10::intrusive_ptr<c10d::Store>& /*store*/,
-                                                          const std::vector<int>& ranks,
-                                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
+    const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   // Every rank of this group calls split; `ranks` are ranks of this group (sorted), and
   // non-members get nullptr. Members derive the child from this communicator: no store.
   if (std::find(ranks.begin(), ranks.end(), rank_) == ranks.end()) return nullptr;
@@ -132,7 +137,9 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(const c10::intrusive_p
   return c10::make_intrusive<ProcessGroupLoom>(std::move(child), childOptions);
 }
 
-void ProcessGroupLoom::abort() { comm_->abort(); }
+void ProcessGroupLoom::abort() {
+  comm_->abort();
+}
 
 void ProcessGroupLoom::shutdown() {
   releasingGil([&] { comm_->shutdown(); });

@@ -6,7 +6,9 @@
 
 namespace loom::torch_plugin {
 
-void StoreAdapter::set(const std::string& key, const Bytes& value) { store_->set(key, value); }
+void StoreAdapter::set(const std::string& key, const Bytes& value) {
+  store_->set(key, value);
+}
 
 Bytes StoreAdapter::get(const std::string& key, std::chrono::milliseconds timeout) {
   // c10d's wait() takes the timeout; get() then returns at once.
@@ -20,10 +22,16 @@ Bytes StoreAdapter::get(const std::string& key, std::chrono::milliseconds timeou
   return store_->get(key);
 }
 
-int64_t StoreAdapter::add(const std::string& key, int64_t delta) { return store_->add(key, delta); }
+int64_t StoreAdapter::add(const std::string& key, int64_t delta) {
+  return store_->add(key, delta);
+}
 
-bool StoreAdapter::check(const std::string& key) { return store_->check({key}); }
+bool StoreAdapter::check(const std::string& key) {
+  return store_->check({key});
+}
 
-bool StoreAdapter::erase(const std::string& key) { return store_->deleteKey(key); }
+bool StoreAdapter::erase(const std::string& key) {
+  return store_->deleteKey(key);
+}
 
 }  // namespace loom::torch_plugin

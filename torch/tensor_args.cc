@@ -24,6 +24,21 @@ std::optional<DataType> loomType(at::ScalarType type) {
   }
 }
 
+// Named here rather than with operator<< (see invalid()).
+std::string layoutName(at::Layout layout) {
+  switch (layout) {
+    case at::kStrided: return "strided";
+    case at::kSparse: return "sparse COO";
+    case at::kSparseCsr: return "sparse CSR";
+    case at::kSparseCsc: return "sparse CSC";
+    case at::kSparseBsr: return "sparse BSR";
+    case at::kSparseBsc: return "sparse BSC";
+    case at::kMkldnn: return "mkldnn";
+    case at::kJagged: return "jagged";
+    default: return "other";
+  }
+}
+
 }  // namespace
 
 void invalid(const CallSite& site, const std::string& detail) {
@@ -40,24 +55,6 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
                       std::to_string(n));
   }
 }
-
-namespace {
-
-std::string layoutName(at::Layout layout) {
-  switch (layout) {
-    case at::kStrided: return "strided";
-    case at::kSparse: return "sparse COO";
-    case at::kSparseCsr: return "sparse CSR";
-    case at::kSparseCsc: return "sparse CSC";
-    case at::kSparseBsr: return "sparse BSR";
-    case at::kSparseBsc: return "sparse BSC";
-    case at::kMkldnn: return "mkldnn";
-    case at::kJagged: return "jagged";
-    default: return "other";
-  }
-}
-
-}  // namespace
 
 void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t) {
   if (!t.defined()) invalid(site, std::string(what) + " is an undefined tensor");
@@ -79,7 +76,8 @@ void requireLike(const CallSite& site, const char* what, const std::vector<at::T
     if (list[i].scalar_type() != like.scalar_type()) {
       invalid(site, std::string(what) + "[" + std::to_string(i) + "] has dtype " +
                         c10::toString(list[i].scalar_type()) + " but the input has " +
-                        c10::toString(like.scalar_type()) + "; all tensors of one call must share a dtype");
+                        c10::toString(like.scalar_type()) +
+                        "; all tensors of one call must share a dtype");
     }
     if (list[i].numel() != like.numel()) {
       invalid(site, std::string(what) + "[" + std::to_string(i) + "] has " +
@@ -117,7 +115,9 @@ Flat movementView(const at::Tensor& t) {
   return Flat{data, view, type, elementsOf(data, type)};
 }
 
-size_t elementsOf(const at::Tensor& t, DataType type) { return t.nbytes() / elementSize(type); }
+size_t elementsOf(const at::Tensor& t, DataType type) {
+  return t.nbytes() / elementSize(type);
+}
 
 ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type) {
   ReduceOp result;

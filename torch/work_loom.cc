@@ -32,7 +32,8 @@ namespace {
 // which is what travels (and what Gloo reports).
 std::vector<at::Tensor> profiled(const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> shown;
-  for (const auto& t : inputs) shown.push_back(t.is_complex() ? at::view_as_real(t.resolve_conj()) : t);
+  for (const auto& t : inputs)
+    shown.push_back(t.is_complex() ? at::view_as_real(t.resolve_conj()) : t);
   return shown;
 }
 
@@ -45,7 +46,9 @@ WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std:
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 WorkLoom::~WorkLoom() = default;
 
@@ -60,7 +63,8 @@ void WorkLoom::track(std::vector<Request> requests) {
   // drops it.
   for (Request& r : requests) {
     c10::intrusive_ptr<WorkLoom> self = c10::intrusive_ptr<WorkLoom>::reclaim_copy(this);
-    r.onComplete([self, r](std::exception_ptr e) { self->requestDone(std::move(e), r.sourceRank()); });
+    r.onComplete(
+        [self, r](std::exception_ptr e) { self->requestDone(std::move(e), r.sourceRank()); });
   }
 }
 
@@ -101,7 +105,9 @@ void WorkLoom::complete(std::exception_ptr error) {
 // The future is marked before the work finishes, and callbacks chained on the future run
 // during the marking: report completion as soon as the future has it, so code woken by a
 // chained future sees a completed work.
-bool WorkLoom::isCompleted() { return done_.load(std::memory_order_acquire) || future_->completed(); }
+bool WorkLoom::isCompleted() {
+  return done_.load(std::memory_order_acquire) || future_->completed();
+}
 
 bool WorkLoom::isSuccess() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -113,9 +119,13 @@ std::exception_ptr WorkLoom::exception() const {
   return exception_;
 }
 
-int WorkLoom::sourceRank() const { return source_.load(std::memory_order_relaxed); }
+int WorkLoom::sourceRank() const {
+  return source_.load(std::memory_order_relaxed);
+}
 
-std::vector<at::Tensor> WorkLoom::result() { return outputs_; }
+std::vector<at::Tensor> WorkLoom::result() {
+  return outputs_;
+}
 
 bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   // Most collectives finish within microseconds: poll briefly before sleeping.
@@ -137,6 +147,8 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
+  return future_;
+}
 
 }  // namespace loom::torch_plugin

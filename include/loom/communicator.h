@@ -98,8 +98,8 @@ class Communicator {
   Request allGatherV(const void* input, std::span<void* const> outputs,
                      std::span<const size_t> counts, DataType type, const OpOptions& options = {});
   /// `input` holds size blocks of `count`; rank q gets the reduction of block q.
-  Request reduceScatter(const void* input, void* output, size_t count, DataType type,
-                        ReduceOp op, const OpOptions& options = {});
+  Request reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op,
+                        const OpOptions& options = {});
   /// Block q (inputs[q], counts[q] elements) is reduced across ranks into rank q's output.
   Request reduceScatterV(std::span<const void* const> inputs, void* output,
                          std::span<const size_t> counts, DataType type, ReduceOp op,
@@ -116,8 +116,8 @@ class Communicator {
   Request gather(const void* input, std::span<void* const> outputs, size_t count, DataType type,
                  int root, const OpOptions& options = {});
   /// Rank q receives root's inputs[q] (`count` elements) into `output`.
-  Request scatter(std::span<const void* const> inputs, void* output, size_t count,
-                  DataType type, int root, const OpOptions& options = {});
+  Request scatter(std::span<const void* const> inputs, void* output, size_t count, DataType type,
+                  int root, const OpOptions& options = {});
   /// Completes on each rank once every rank has entered it.
   Request barrier(const OpOptions& options = {});
 

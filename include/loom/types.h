@@ -54,7 +54,9 @@ class ReduceOp {
   /// Implicit from a kind, so `ReduceKind::kSum` can be passed where a ReduceOp is expected.
   constexpr ReduceOp(ReduceKind kind = ReduceKind::kSum) : kind_(kind) {}  // NOLINT
   /// A PREMUL_SUM with the given factor.
-  static constexpr ReduceOp premulSum(double factor) { return ReduceOp(ReduceKind::kPremulSum, factor); }
+  static constexpr ReduceOp premulSum(double factor) {
+    return ReduceOp(ReduceKind::kPremulSum, factor);
+  }
 
   constexpr ReduceKind kind() const { return kind_; }
   constexpr double factor() const { return factor_; }

@@ -26,12 +26,16 @@ void allGather(CollectiveContext& ctx, const CollectiveArgs& args) {
   for (size_t c = 0; c < chunks; ++c) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * perChunk;
-    if (c == 0) ctx.open(p, args, Algorithm{});
-    else ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm{});
+    else
+      ctx.beginWrite(p);
     ctx.copy(ctx.slot(me, p), in + begin * es, partOf(me, begin) * es);
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else ctx.waitAll(p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else
+      ctx.waitAll(p);
     tasks.clear();
     for (int q = 0; q < size; ++q) {
       auto* dst = static_cast<uint8_t*>(args.outputs[q]) + begin * es;

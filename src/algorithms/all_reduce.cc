@@ -36,12 +36,16 @@ void allReduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0) ctx.open(p, args, Algorithm::kOneShot);
-    else ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm::kOneShot);
+    else
+      ctx.beginWrite(p);
     ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else ctx.waitAll(p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else
+      ctx.waitAll(p);
     for (int q = 0; q < ctx.size(); ++q) srcs[q] = ctx.slot(q, p);
     ctx.reduce(out + begin * es, srcs, n, spec);
   }
@@ -66,12 +70,16 @@ void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
     // Phase a: inputs in.
-    if (c == 0) ctx.open(a, args, Algorithm::kTwoShot);
-    else ctx.beginWrite(a);
+    if (c == 0)
+      ctx.open(a, args, Algorithm::kTwoShot);
+    else
+      ctx.beginWrite(a);
     ctx.copy(ctx.slot(me, a), in + begin * es, n * es);
     ctx.post(a);
-    if (c == 0) ctx.verifyAll(a);
-    else ctx.waitAll(a);
+    if (c == 0)
+      ctx.verifyAll(a);
+    else
+      ctx.waitAll(a);
     // Phase b: reduce my slice of everyone's chunk into my other half.
     const auto [lo, hi] = sliceOf(n, me, size, align);
     ctx.beginWrite(b);

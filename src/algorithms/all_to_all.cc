@@ -90,8 +90,10 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * region;
     const bool opening = c == 0 && !args.variable;
-    if (opening) ctx.open(p, args, Algorithm{});
-    else ctx.beginWrite(p);
+    if (opening)
+      ctx.open(p, args, Algorithm{});
+    else
+      ctx.beginWrite(p);
     uint8_t* mine = ctx.slot(me, p);
     for (int q = 0; q < size; ++q) {
       tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
@@ -99,8 +101,10 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
     }
     ctx.copy(tasks);
     ctx.post(p);
-    if (opening) ctx.verifyAll(p);
-    else ctx.waitAll(p);
+    if (opening)
+      ctx.verifyAll(p);
+    else
+      ctx.waitAll(p);
     for (int q = 0; q < size; ++q) {
       tasks[q] = {static_cast<uint8_t*>(args.outputs[q]) + begin * es,
                   ctx.slot(q, p) + me * region * es, part(args.outputCounts, q, begin) * es};

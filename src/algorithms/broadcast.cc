@@ -19,12 +19,16 @@ void broadcast(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0) ctx.open(p, args, Algorithm{});
-    else if (root) ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm{});
+    else if (root)
+      ctx.beginWrite(p);
     if (root) ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else if (!root) ctx.waitPeer(args.root, p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else if (!root)
+      ctx.waitPeer(args.root, p);
     if (!root) ctx.copy(out + begin * es, ctx.slot(args.root, p), n * es, stream);
   }
   if (root) ctx.copy(out, in, args.count * es, stream);

@@ -68,8 +68,8 @@ struct CollectiveArgs {
   std::vector<size_t> inputCounts;
   std::vector<void*> outputs;  ///< per source rank (all_gather, all_to_all, gather)
   std::vector<size_t> outputCounts;
-  bool variable = false;        ///< a V variant: per-rank counts may differ
-  uint64_t countsHash = 0;      ///< hash of the counts every rank must agree on (V variants)
+  bool variable = false;    ///< a V variant: per-rank counts may differ
+  uint64_t countsHash = 0;  ///< hash of the counts every rank must agree on (V variants)
 };
 
 /// One contiguous copy, for batching several into one parallel region.
@@ -170,6 +170,8 @@ inline std::pair<size_t, size_t> sliceOf(size_t count, int part, int parts, size
 size_t regionElements(const CollectiveContext& ctx, DataType type);
 
 /// Elements per 64-byte cache line (at least 1).
-inline size_t lineElements(DataType type) { return 64 / elementSize(type); }
+inline size_t lineElements(DataType type) {
+  return 64 / elementSize(type);
+}
 
 }  // namespace loom

@@ -35,7 +35,9 @@ std::string describe(const shm::OpDesc& d) {
   return s + ")";
 }
 
-void plainCopy(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+void plainCopy(void* dst, const void* src, size_t n) {
+  std::memcpy(dst, src, n);
+}
 
 // FNV-1a over the fields that must agree.
 uint64_t fingerprintOf(const shm::OpDesc& d) {
@@ -110,9 +112,9 @@ void CollectiveContext::verifyAll(uint64_t p) {
     const shm::OpDesc& lowDesc = low == rank() ? mine_ : theirs;
     const shm::OpDesc& highDesc = high == rank() ? mine_ : theirs;
     shm_.fail(ErrorCode::kMismatch, q,
-              "ranks issued different collectives at the same step: rank " +
-                  std::to_string(low) + " issued " + describe(lowDesc) + " but rank " +
-                  std::to_string(high) + " issued " + describe(highDesc));
+              "ranks issued different collectives at the same step: rank " + std::to_string(low) +
+                  " issued " + describe(lowDesc) + " but rank " + std::to_string(high) +
+                  " issued " + describe(highDesc));
     throw shm_.failureError(collectiveName(static_cast<CollectiveKind>(mine_.kind)));
   }
 }
@@ -174,7 +176,8 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
     std::vector<const void*> onHeap;
     const void** shifted = onStack;
     if (nsrc > 64) shifted = (onHeap.resize(srcs.size()), onHeap.data());
-    for (int s = 0; s < nsrc; ++s) shifted[s] = static_cast<const uint8_t*>(srcs[s]) + begin * esize;
+    for (int s = 0; s < nsrc; ++s)
+      shifted[s] = static_cast<const uint8_t*>(srcs[s]) + begin * esize;
     kernels::reduce(static_cast<uint8_t*>(dst) + begin * esize, shifted, nsrc, end - begin, spec);
   });
 }
@@ -183,7 +186,8 @@ void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elementSize(args.type);
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      if (ctx.selection().allReduce(bytes) == Algorithm::kOneShot) return allReduceOneShot(ctx, args);
+      if (ctx.selection().allReduce(bytes) == Algorithm::kOneShot)
+        return allReduceOneShot(ctx, args);
       return allReduceTwoShot(ctx, args);
     case CollectiveKind::kReduce:
       if (ctx.selection().reduce(bytes) == Algorithm::kOneShot) return reduceOneShot(ctx, args);

@@ -22,17 +22,22 @@ void gather(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0) ctx.open(p, args, Algorithm{});
-    else if (!root) ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm{});
+    else if (!root)
+      ctx.beginWrite(p);
     if (!root) ctx.copy(ctx.slot(me, p), in + begin * es, n * es);
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else if (root) ctx.waitAll(p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else if (root)
+      ctx.waitAll(p);
     if (!root) continue;
     tasks.clear();
     for (int q = 0; q < ctx.size(); ++q) {
       if (q == me) continue;
-      tasks.push_back({static_cast<uint8_t*>(args.outputs[q]) + begin * es, ctx.slot(q, p), n * es});
+      tasks.push_back(
+          {static_cast<uint8_t*>(args.outputs[q]) + begin * es, ctx.slot(q, p), n * es});
     }
     ctx.copy(tasks, stream);
   }
@@ -51,8 +56,10 @@ void scatter(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * region;
     const size_t n = std::min(region, args.count - begin);
-    if (c == 0) ctx.open(p, args, Algorithm{});
-    else if (root) ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm{});
+    else if (root)
+      ctx.beginWrite(p);
     if (root) {
       tasks.clear();
       uint8_t* mine = ctx.slot(me, p);
@@ -64,8 +71,10 @@ void scatter(CollectiveContext& ctx, const CollectiveArgs& args) {
       ctx.copy(tasks);
     }
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else if (!root) ctx.waitPeer(args.root, p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else if (!root)
+      ctx.waitPeer(args.root, p);
     if (!root) ctx.copy(out + begin * es, ctx.slot(args.root, p) + me * region * es, n * es);
   }
   if (root) ctx.copy(out, args.inputs[me], args.count * es);

@@ -21,12 +21,16 @@ void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0) ctx.open(p, args, Algorithm::kOneShot);
-    else ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm::kOneShot);
+    else
+      ctx.beginWrite(p);
     ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else if (root) ctx.waitAll(p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else if (root)
+      ctx.waitAll(p);
     if (!root) continue;
     for (int q = 0; q < ctx.size(); ++q) srcs[q] = ctx.slot(q, p);
     ctx.reduce(out + begin * es, srcs, n, spec);
@@ -52,12 +56,16 @@ void reduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t b = ctx.nextPhase();
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0) ctx.open(a, args, Algorithm::kTwoShot);
-    else ctx.beginWrite(a);
+    if (c == 0)
+      ctx.open(a, args, Algorithm::kTwoShot);
+    else
+      ctx.beginWrite(a);
     ctx.copy(ctx.slot(me, a), in + begin * es, n * es);
     ctx.post(a);
-    if (c == 0) ctx.verifyAll(a);
-    else ctx.waitAll(a);
+    if (c == 0)
+      ctx.verifyAll(a);
+    else
+      ctx.waitAll(a);
     const auto [lo, hi] = sliceOf(n, me, size, align);
     ctx.beginWrite(b);
     for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, a) + lo * es;

@@ -26,8 +26,10 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   for (size_t c = 0; c < chunks; ++c) {
     const uint64_t p = ctx.nextPhase();
     const size_t begin = c * region;
-    if (c == 0) ctx.open(p, args, Algorithm{});
-    else ctx.beginWrite(p);
+    if (c == 0)
+      ctx.open(p, args, Algorithm{});
+    else
+      ctx.beginWrite(p);
     uint8_t* mine = ctx.slot(me, p);
     for (int q = 0; q < size; ++q) {
       tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
@@ -35,8 +37,10 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
     }
     ctx.copy(tasks);
     ctx.post(p);
-    if (c == 0) ctx.verifyAll(p);
-    else ctx.waitAll(p);
+    if (c == 0)
+      ctx.verifyAll(p);
+    else
+      ctx.waitAll(p);
     for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, p) + me * region * es;
     ctx.reduce(out + begin * es, srcs, partOf(me, begin), spec);
   }

@@ -63,9 +63,12 @@ SelectionTable SelectionTable::parse(const std::string& spec) {
       const std::string name = item.substr(0, sep);
       const std::string bound = item.substr(sep + 1);
       Entry e{};
-      if (name == "one_shot") e.algorithm = Algorithm::kOneShot;
-      else if (name == "two_shot") e.algorithm = Algorithm::kTwoShot;
-      else bad(spec, "unknown algorithm '" + name + "'");
+      if (name == "one_shot")
+        e.algorithm = Algorithm::kOneShot;
+      else if (name == "two_shot")
+        e.algorithm = Algorithm::kTwoShot;
+      else
+        bad(spec, "unknown algorithm '" + name + "'");
       if (bound == "inf") {
         e.maxBytes = UINT64_MAX;
       } else if (auto v = env::parseBytes(bound)) {

@@ -112,8 +112,9 @@ Roster exchangeRoster(int rank, int size, Store& store,
       auto peer = parsePeer(bytes);
       if (!peer) {
         throw Error(ErrorCode::kInternal, "create", rank,
-                    "rank " + std::to_string(q) + " published a malformed record (mixed loom "
-                    "versions?)");
+                    "rank " + std::to_string(q) +
+                        " published a malformed record (mixed loom "
+                        "versions?)");
       }
       roster.peers.push_back(std::move(*peer));
     }

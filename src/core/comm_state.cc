@@ -98,7 +98,8 @@ void CommState::watchPeers() {
     const PeerInfo& peer = roster_.peers[q];
     if (q == rank_ || peer.pidNamespace != self.pidNamespace || peer.pid == self.pid) continue;
     shm::ShmComm* shm = shm_.get();
-    watches_.push_back(ProcessService::instance().watch(peer.pid, [shm, q](int) { shm->markDead(q); }));
+    watches_.push_back(
+        ProcessService::instance().watch(peer.pid, [shm, q](int) { shm->markDead(q); }));
   }
 }
 
@@ -143,7 +144,8 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   if (options.blocking && worker_->runHereIfIdle([&] { execute(args, *state, timeout); })) {
     return request;
   }
-  worker_->submit([this, args = std::move(args), state, timeout] { execute(args, *state, timeout); });
+  worker_->submit(
+      [this, args = std::move(args), state, timeout] { execute(args, *state, timeout); });
   if (options.blocking) settle(request);
   return request;
 }

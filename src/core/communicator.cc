@@ -33,8 +33,8 @@ void disjoint(const Site& site, const char* what, std::span<void* const> ptrs,
   const size_t es = elementSize(type);
   for (size_t a = 0; a < ptrs.size(); ++a) {
     for (size_t b = a + 1; b < ptrs.size(); ++b) {
-      validate::noPartialOverlap(site, what, ptrs[a], counts[a] * es, what, ptrs[b],
-                                 counts[b] * es, false);
+      validate::noPartialOverlap(site, what, ptrs[a], counts[a] * es, what, ptrs[b], counts[b] * es,
+                                 false);
     }
   }
 }
@@ -54,17 +54,27 @@ Communicator::~Communicator() = default;
 std::shared_ptr<Communicator> Communicator::create(int rank, int size, std::shared_ptr<Store> store,
                                                    const CommOptions& options) {
   const Site site{"create", rank, size};
-  if (size < 1) validate::fail(site, "argument 'size' is " + std::to_string(size) + "; it must be at least 1");
+  if (size < 1)
+    validate::fail(site, "argument 'size' is " + std::to_string(size) + "; it must be at least 1");
   validate::rankInRange(site, "rank", rank);
   if (!store) validate::fail(site, "argument 'store' is null");
   if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
-  return std::make_shared<Communicator>(detail::CommState::createFromStore(rank, size, *store, options));
+  return std::make_shared<Communicator>(
+      detail::CommState::createFromStore(rank, size, *store, options));
 }
 
-int Communicator::rank() const { return state_->rank(); }
-int Communicator::size() const { return state_->size(); }
-const std::string& Communicator::name() const { return state_->name(); }
-uint64_t Communicator::lastSequence() const { return state_->lastSequence(); }
+int Communicator::rank() const {
+  return state_->rank();
+}
+int Communicator::size() const {
+  return state_->size();
+}
+const std::string& Communicator::name() const {
+  return state_->name();
+}
+uint64_t Communicator::lastSequence() const {
+  return state_->lastSequence();
+}
 
 void Communicator::setTimeout(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) {
@@ -88,17 +98,20 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, const Comm
   std::stable_sort(members.begin(), members.end(),
                    [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
   const std::string salt = "split/" + std::to_string(number) + "/" + std::to_string(color);
-  return std::make_shared<Communicator>(detail::CommState::createChild(*state_, members, salt, options));
+  return std::make_shared<Communicator>(
+      detail::CommState::createChild(*state_, members, salt, options));
 }
 
-std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks, const std::string& tag,
+std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
+                                                   const std::string& tag,
                                                    const CommOptions& options) {
   const Site site{"subset", rank(), size()};
   state_->requireUsable("subset");
   std::set<int> seen;
   for (int q : ranks) {
     validate::rankInRange(site, "ranks", q);
-    if (!seen.insert(q).second) validate::fail(site, "rank " + std::to_string(q) + " is listed twice");
+    if (!seen.insert(q).second)
+      validate::fail(site, "rank " + std::to_string(q) + " is listed twice");
   }
   if (seen.count(rank()) == 0) {
     validate::fail(site, "this rank (" + std::to_string(rank()) +
@@ -108,7 +121,8 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks, c
   std::string key = "subset/" + tag + "/";
   for (int q : members) key += std::to_string(q) + ",";
   const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
-  return std::make_shared<Communicator>(detail::CommState::createChild(*state_, members, salt, options));
+  return std::make_shared<Communicator>(
+      detail::CommState::createChild(*state_, members, salt, options));
 }
 
 Request Communicator::allReduce(const void* input, void* output, size_t count, DataType type,
@@ -151,7 +165,8 @@ Request Communicator::broadcast(const void* input, void* output, size_t count, D
     validate::buffer(site, "input", input, count);
     validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes, true);
   }
-  auto args = CollectiveArgs::of(CollectiveKind::kBroadcast, type, ReduceOp(), root, count, input, output);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kBroadcast, type, ReduceOp(), root, count, input, output);
   return state_->submit(std::move(args), options);
 }
 
@@ -165,9 +180,11 @@ Request Communicator::allGather(const void* input, void* output, size_t count, D
   validate::buffer(site, "output", output, count);
   auto* out = static_cast<uint8_t*>(output);
   if (input != out + rank() * bytes) {
-    validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes * size(), false);
+    validate::noPartialOverlap(site, "input", input, bytes, "output", output, bytes * size(),
+                               false);
   }
-  auto args = CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, count, input, nullptr);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, count, input, nullptr);
   for (int q = 0; q < size(); ++q) args.outputs.push_back(out + q * bytes);
   args.outputCounts.assign(static_cast<size_t>(size()), count);
   return state_->submit(std::move(args), options);
@@ -186,7 +203,8 @@ Request Communicator::allGatherV(const void* input, std::span<void* const> outpu
     validate::noPartialOverlap(site, "input", input, counts[rank()] * es, "outputs", outputs[q],
                                counts[q] * es, q == rank());
   }
-  auto args = CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, sum(counts), input, nullptr);
+  auto args = CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, sum(counts),
+                                 input, nullptr);
   args.outputs.assign(outputs.begin(), outputs.end());
   args.outputCounts.assign(counts.begin(), counts.end());
   args.variable = true;
@@ -205,9 +223,11 @@ Request Communicator::reduceScatter(const void* input, void* output, size_t coun
   validate::buffer(site, "output", output, count);
   const auto* in = static_cast<const uint8_t*>(input);
   if (output != in + rank() * bytes) {
-    validate::noPartialOverlap(site, "input", input, bytes * size(), "output", output, bytes, false);
+    validate::noPartialOverlap(site, "input", input, bytes * size(), "output", output, bytes,
+                               false);
   }
-  auto args = CollectiveArgs::of(CollectiveKind::kReduceScatter, type, op, 0, count, nullptr, output);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kReduceScatter, type, op, 0, count, nullptr, output);
   for (int q = 0; q < size(); ++q) args.inputs.push_back(in + q * bytes);
   args.inputCounts.assign(static_cast<size_t>(size()), count);
   return state_->submit(std::move(args), options);
@@ -226,7 +246,8 @@ Request Communicator::reduceScatterV(std::span<const void* const> inputs, void* 
     validate::noPartialOverlap(site, "inputs", inputs[q], counts[q] * es, "output", output,
                                counts[rank()] * es, q == rank());
   }
-  auto args = CollectiveArgs::of(CollectiveKind::kReduceScatter, type, op, 0, sum(counts), nullptr, output);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kReduceScatter, type, op, 0, sum(counts), nullptr, output);
   args.inputs.assign(inputs.begin(), inputs.end());
   args.inputCounts.assign(counts.begin(), counts.end());
   args.variable = true;
@@ -242,8 +263,10 @@ Request Communicator::allToAll(const void* input, void* output, size_t count, Da
   validate::bytesOf(site, "count", count * static_cast<size_t>(size()), type);
   validate::buffer(site, "input", input, count);
   validate::buffer(site, "output", output, count);
-  validate::noPartialOverlap(site, "input", input, bytes * size(), "output", output, bytes * size(), true);
-  auto args = CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, count, nullptr, nullptr);
+  validate::noPartialOverlap(site, "input", input, bytes * size(), "output", output, bytes * size(),
+                             true);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, count, nullptr, nullptr);
   for (int q = 0; q < size(); ++q) {
     args.inputs.push_back(static_cast<const uint8_t*>(input) + q * bytes);
     args.outputs.push_back(static_cast<uint8_t*>(output) + q * bytes);
@@ -253,15 +276,17 @@ Request Communicator::allToAll(const void* input, void* output, size_t count, Da
   return state_->submit(std::move(args), options);
 }
 
-Request Communicator::allToAllV(std::span<const void* const> inputs, std::span<const size_t> sendCounts,
-                                std::span<void* const> outputs, std::span<const size_t> recvCounts,
-                                DataType type, const OpOptions& options) {
+Request Communicator::allToAllV(std::span<const void* const> inputs,
+                                std::span<const size_t> sendCounts, std::span<void* const> outputs,
+                                std::span<const size_t> recvCounts, DataType type,
+                                const OpOptions& options) {
   const Site site{"all_to_all_v", rank(), size()};
   validate::dataType(site, type);
   blocks<const void*>(site, "inputs", inputs, sendCounts, type);
   blocks<void*>(site, "outputs", outputs, recvCounts, type);
   disjoint(site, "outputs", outputs, recvCounts, type);
-  auto args = CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, 0, nullptr, nullptr);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, 0, nullptr, nullptr);
   args.inputs.assign(inputs.begin(), inputs.end());
   args.inputCounts.assign(sendCounts.begin(), sendCounts.end());
   args.outputs.assign(outputs.begin(), outputs.end());
@@ -277,13 +302,15 @@ Request Communicator::gather(const void* input, std::span<void* const> outputs, 
   validate::rankInRange(site, "root", root);
   const size_t bytes = validate::bytesOf(site, "count", count, type);
   validate::buffer(site, "input", input, count);
-  auto args = CollectiveArgs::of(CollectiveKind::kGather, type, ReduceOp(), root, count, input, nullptr);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kGather, type, ReduceOp(), root, count, input, nullptr);
   if (rank() == root) {
     const std::vector<size_t> counts(static_cast<size_t>(size()), count);
     blocks<void*>(site, "outputs", outputs, counts, type);
     disjoint(site, "outputs", outputs, counts, type);
     for (int q = 0; q < size(); ++q) {
-      validate::noPartialOverlap(site, "input", input, bytes, "outputs", outputs[q], bytes, q == root);
+      validate::noPartialOverlap(site, "input", input, bytes, "outputs", outputs[q], bytes,
+                                 q == root);
     }
     args.outputs.assign(outputs.begin(), outputs.end());
   }
@@ -297,12 +324,14 @@ Request Communicator::scatter(std::span<const void* const> inputs, void* output,
   validate::rankInRange(site, "root", root);
   const size_t bytes = validate::bytesOf(site, "count", count, type);
   validate::buffer(site, "output", output, count);
-  auto args = CollectiveArgs::of(CollectiveKind::kScatter, type, ReduceOp(), root, count, nullptr, output);
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kScatter, type, ReduceOp(), root, count, nullptr, output);
   if (rank() == root) {
     const std::vector<size_t> counts(static_cast<size_t>(size()), count);
     blocks<const void*>(site, "inputs", inputs, counts, type);
     for (int q = 0; q < size(); ++q) {
-      validate::noPartialOverlap(site, "inputs", inputs[q], bytes, "output", output, bytes, q == root);
+      validate::noPartialOverlap(site, "inputs", inputs[q], bytes, "output", output, bytes,
+                                 q == root);
     }
     args.inputs.assign(inputs.begin(), inputs.end());
   }
@@ -310,7 +339,9 @@ Request Communicator::scatter(std::span<const void* const> inputs, void* output,
 }
 
 Request Communicator::barrier(const OpOptions& options) {
-  return state_->submit(CollectiveArgs::of(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp(), 0, 0, nullptr, nullptr), options);
+  return state_->submit(CollectiveArgs::of(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp(),
+                                           0, 0, nullptr, nullptr),
+                        options);
 }
 
 Request Communicator::send(const void* data, size_t count, DataType type, int peer, int tag,
@@ -333,8 +364,12 @@ Request Communicator::recv(void* data, size_t count, DataType type, int peer, in
   return state_->recv(data, bytes, peer, tag, options);
 }
 
-void Communicator::abort() { state_->abort(); }
+void Communicator::abort() {
+  state_->abort();
+}
 
-void Communicator::shutdown() { state_->shutdown(); }
+void Communicator::shutdown() {
+  state_->shutdown();
+}
 
 }  // namespace loom

@@ -20,18 +20,18 @@ Config Config::load(int localRanks) {
   const size_t defaultChunk = std::clamp<size_t>((size_t{16} << 20) / ranks, 1 << 20, 4 << 20);
   c.chunkBytes = env::bytes("LOOM_CHUNK_BYTES", defaultChunk, 16 << 10, size_t{1} << 30);
   if (c.chunkBytes % 4096 != 0) {
-    throw Error(ErrorCode::kInvalidArgument, "config", -1,
-                "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " +
-                    std::to_string(c.chunkBytes) + ")");
+    throw Error(
+        ErrorCode::kInvalidArgument, "config", -1,
+        "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " + std::to_string(c.chunkBytes) + ")");
   }
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
   // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).
   c.tuning.streamBytes = env::bytes("LOOM_STREAM_BYTES", size_t{8} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {
-    throw Error(ErrorCode::kInvalidArgument, "config", -1,
-                "LOOM_P2P_RING_BYTES must be a power of two (got " + std::to_string(c.ringBytes) +
-                    ")");
+    throw Error(
+        ErrorCode::kInvalidArgument, "config", -1,
+        "LOOM_P2P_RING_BYTES must be a power of two (got " + std::to_string(c.ringBytes) + ")");
   }
   // By default each rank takes its share of this process's cores, up to 8 helpers.
   const int share = std::max(1, availableCores() / std::max(1, localRanks));

@@ -27,8 +27,8 @@ std::optional<Hello> parseHello(std::span<const uint8_t> bytes) {
   uint64_t magic = 0;
   uint32_t version = 0;
   Hello hello;
-  if (!in.integer(&magic) || !in.integer(&version) || magic != kHelloMagic ||
-      version != kVersion || !in.raw(hello.comm.data(), hello.comm.size()) ||
+  if (!in.integer(&magic) || !in.integer(&version) || magic != kHelloMagic || version != kVersion ||
+      !in.raw(hello.comm.data(), hello.comm.size()) ||
       !in.raw(hello.secret.data(), hello.secret.size()) || !in.integer(&hello.rank) ||
       !in.integer(&hello.pid) || hello.rank < 0 || hello.pid < 0) {
     return std::nullopt;

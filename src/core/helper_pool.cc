@@ -53,8 +53,10 @@ void HelperPool::runErased(int parts, Thunk thunk, void* fn) {
   thunk(fn, 0);
   Backoff backoff(backoff_);
   while (remaining_.load(std::memory_order_acquire) != 0) {
-    if (backoff.next() == Backoff::Stage::kSpin) cpuRelax();
-    else sched_yield();
+    if (backoff.next() == Backoff::Stage::kSpin)
+      cpuRelax();
+    else
+      sched_yield();
   }
 }
 

@@ -110,7 +110,9 @@ void P2pEngine::ringDoorbell(int q) {
   if (bell.sleeping.load(std::memory_order_seq_cst) != 0) shm::futexWakeAll(&bell.rings);
 }
 
-void P2pEngine::finish(Op& op, std::exception_ptr error) { op.state->complete(std::move(error)); }
+void P2pEngine::finish(Op& op, std::exception_ptr error) {
+  op.state->complete(std::move(error));
+}
 
 void P2pEngine::run() {
   shm::Doorbell& bell = shm_.doorbell(rank_);
@@ -202,7 +204,8 @@ bool P2pEngine::progressReceives() {
     bool consumed = false;
     while (reader.available() > 0) {
       if (in.headerBytes < sizeof in.header) {
-        in.headerBytes += reader.read(in.header + in.headerBytes, sizeof in.header - in.headerBytes);
+        in.headerBytes +=
+            reader.read(in.header + in.headerBytes, sizeof in.header - in.headerBytes);
         consumed = true;
         if (in.headerBytes < sizeof in.header) break;
         startMessage(source, in);
@@ -278,11 +281,11 @@ void P2pEngine::finishMessage(int source, Inbound& in) {
 void P2pEngine::deliver(Unexpected& message, Op& op) {
   op.state->source.store(message.source);
   if (op.bytes != message.data.size()) {
-    finish(op, std::make_exception_ptr(opError(
-                   ErrorCode::kInvalidArgument, op, false,
-                   "the matching message from rank " + std::to_string(message.source) + " has " +
-                       std::to_string(message.data.size()) +
-                       " bytes; send and recv sizes must match")));
+    finish(op, std::make_exception_ptr(opError(ErrorCode::kInvalidArgument, op, false,
+                                               "the matching message from rank " +
+                                                   std::to_string(message.source) + " has " +
+                                                   std::to_string(message.data.size()) +
+                                                   " bytes; send and recv sizes must match")));
     return;
   }
   if (op.bytes != 0) std::memcpy(op.data, message.data.data(), op.bytes);
@@ -330,10 +333,10 @@ void P2pEngine::expire(Clock::time_point now) {
   for (auto& message : unexpected_) {
     if (message->claimedBy && now >= message->claimedBy->deadline) {
       Op& op = *message->claimedBy;
-      finish(op, std::make_exception_ptr(opError(
-                     ErrorCode::kTimeout, op, false,
-                     "the matching message did not finish arriving within " +
-                         std::to_string(op.timeout.count()) + " ms")));
+      finish(op, std::make_exception_ptr(
+                     opError(ErrorCode::kTimeout, op, false,
+                             "the matching message did not finish arriving within " +
+                                 std::to_string(op.timeout.count()) + " ms")));
       message->claimedBy.reset();
     }
   }
@@ -344,11 +347,11 @@ void P2pEngine::expire(Clock::time_point now) {
     for (auto it = queue.begin(); it != queue.end();) {
       Op& op = **it;
       if (shm_.stateOf(q) != shm::RankState::kAlive) {
-        finish(op, std::make_exception_ptr(opError(
-                       ErrorCode::kPeerFailure, op, true,
-                       shm_.stateOf(q) == shm::RankState::kDead
-                           ? "the receiver's process exited"
-                           : "the receiver destroyed its communicator")));
+        finish(op,
+               std::make_exception_ptr(opError(ErrorCode::kPeerFailure, op, true,
+                                               shm_.stateOf(q) == shm::RankState::kDead
+                                                   ? "the receiver's process exited"
+                                                   : "the receiver destroyed its communicator")));
         it = queue.erase(it);
         continue;
       }

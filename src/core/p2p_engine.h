@@ -41,7 +41,8 @@ class P2pEngine {
   P2pEngine& operator=(const P2pEngine&) = delete;
 
   /// Queues a send of `bytes` bytes to `peer`.
-  Request send(const void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
+  Request send(const void* data, size_t bytes, int peer, int tag,
+               std::chrono::milliseconds timeout);
   /// Queues a receive of exactly `bytes` bytes from `peer` (or kAnySource).
   Request recv(void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
 
@@ -68,8 +69,8 @@ class P2pEngine {
     uint8_t header[16] = {};
     size_t headerBytes = 0;
     size_t payloadLeft = 0;
-    uint8_t* target = nullptr;  ///< where the payload goes; nullptr discards it
-    std::shared_ptr<Op> recv;   ///< the receive being filled directly
+    uint8_t* target = nullptr;               ///< where the payload goes; nullptr discards it
+    std::shared_ptr<Op> recv;                ///< the receive being filled directly
     std::shared_ptr<Unexpected> unexpected;  ///< or the buffer being filled
   };
 
@@ -102,7 +103,7 @@ class P2pEngine {
   std::vector<shm::RingWriter> writers_;
   std::vector<shm::RingReader> readers_;
   std::vector<Inbound> inbound_;
-  std::list<std::shared_ptr<Op>> posted_;            // receives without a message yet
+  std::list<std::shared_ptr<Op>> posted_;              // receives without a message yet
   std::list<std::shared_ptr<Unexpected>> unexpected_;  // messages without a receive yet
 
   std::thread thread_;

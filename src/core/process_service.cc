@@ -19,8 +19,8 @@ namespace loom {
 
 namespace {
 
-constexpr size_t kMaxPending = 1024;            // half-open connections held at once
-constexpr size_t kMaxEarly = 4096;              // arrivals held for leaders not yet asking
+constexpr size_t kMaxPending = 1024;  // half-open connections held at once
+constexpr size_t kMaxEarly = 4096;    // arrivals held for leaders not yet asking
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
 int openPidfd(int pid) {

@@ -40,8 +40,8 @@ class ProcessService {
 
   /// Leader side: waits for `count` members of communicator `comm` presenting `secret`;
   /// throws Error(kTimeout) at `deadline` naming the ranks that never came.
-  std::vector<Arrival> acceptMembers(const CommId& comm, const handshake::Secret& secret,
-                                     int count, int size, Clock::time_point deadline);
+  std::vector<Arrival> acceptMembers(const CommId& comm, const handshake::Secret& secret, int count,
+                                     int size, Clock::time_point deadline);
 
   /// Member side: connects to the leader at `address`, presents itself, and returns the
   /// segment fd it is given. Throws Error on refusal, timeout or a dead leader.
@@ -88,7 +88,7 @@ class ProcessService {
   std::map<CommId, std::deque<Arrival>> early_;  // arrived before their leader asked; mutex_
   std::map<uint64_t, Watch> watches_;            // guarded by mutex_
   uint64_t nextWatch_ = 1;
-  uint64_t firing_ = 0;                          // watch whose callback runs now; mutex_
+  uint64_t firing_ = 0;  // watch whose callback runs now; mutex_
   std::condition_variable fired_;
   std::thread thread_;
 };

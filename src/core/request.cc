@@ -54,7 +54,9 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
 
 }  // namespace
 
-bool Request::test() const { return !state_ || state_->finished(); }
+bool Request::test() const {
+  return !state_ || state_->finished();
+}
 
 void Request::wait() const {
   if (!state_) return;
@@ -80,9 +82,13 @@ std::exception_ptr Request::error() const {
   return state_->error;
 }
 
-uint64_t Request::sequence() const { return state_ ? state_->seq : 0; }
+uint64_t Request::sequence() const {
+  return state_ ? state_->seq : 0;
+}
 
-int Request::sourceRank() const { return state_ ? state_->source.load() : -1; }
+int Request::sourceRank() const {
+  return state_ ? state_->source.load() : -1;
+}
 
 void Request::onComplete(std::function<void(std::exception_ptr)> callback) const {
   if (!state_) {

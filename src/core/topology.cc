@@ -15,7 +15,7 @@ namespace loom {
 namespace {
 
 uint64_t namespaceInode(const char* path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 

@@ -37,8 +37,8 @@ std::string_view dataTypeName(DataType type) {
 }
 
 bool isFloatingPoint(DataType type) {
-  return type == DataType::kFloat32 || type == DataType::kFloat64 ||
-         type == DataType::kFloat16 || type == DataType::kBFloat16;
+  return type == DataType::kFloat32 || type == DataType::kFloat64 || type == DataType::kFloat16 ||
+         type == DataType::kBFloat16;
 }
 
 std::string_view reduceKindName(ReduceKind kind) {

@@ -78,10 +78,10 @@ void noPartialOverlap(const Site& site, const char* a, const void* pa, size_t na
   const auto* y = static_cast<const uint8_t*>(pb);
   if (x == y && na == nb && allowSame) return;
   if (x < y + nb && y < x + na) {
-    fail(site, "buffers '" + std::string(a) + "' and '" + std::string(b) +
-                   "' overlap" + (allowSame ? " partially; pass the same buffer for in-place or "
-                                              "disjoint buffers"
-                                            : "; pass disjoint buffers"));
+    fail(site, "buffers '" + std::string(a) + "' and '" + std::string(b) + "' overlap" +
+                   (allowSame ? " partially; pass the same buffer for in-place or "
+                                "disjoint buffers"
+                              : "; pass disjoint buffers"));
   }
 }
 

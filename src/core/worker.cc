@@ -36,11 +36,14 @@ void Worker::run() {
   for (;;) {
     // Spin for the next job first: a queue that just emptied often refills at once.
     Backoff backoff(backoff_);
-    while (submitted_.load(std::memory_order_acquire) == finished_.load(std::memory_order_relaxed)) {
+    while (submitted_.load(std::memory_order_acquire) ==
+           finished_.load(std::memory_order_relaxed)) {
       const auto stage = backoff.next();
       if (stage == Backoff::Stage::kSleep) break;
-      if (stage == Backoff::Stage::kSpin) cpuRelax();
-      else sched_yield();
+      if (stage == Backoff::Stage::kSpin)
+        cpuRelax();
+      else
+        sched_yield();
     }
     Job job;
     {

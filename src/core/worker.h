@@ -54,9 +54,9 @@ class Worker {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<Job> queue_;         // guarded by mutex_
-  bool running_ = false;          // a job is running (here or on a caller); mutex_
-  bool stopping_ = false;         // guarded by mutex_
+  std::deque<Job> queue_;  // guarded by mutex_
+  bool running_ = false;   // a job is running (here or on a caller); mutex_
+  bool stopping_ = false;  // guarded by mutex_
   std::atomic<uint64_t> submitted_{0};
   std::atomic<uint64_t> finished_{0};
   std::thread thread_;

@@ -18,7 +18,9 @@ namespace {
 
 using CopyFn = void (*)(void*, const void*, size_t);
 
-void copyPlain(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+void copyPlain(void* dst, const void* src, size_t n) {
+  std::memcpy(dst, src, n);
+}
 
 CopyFn chooseCopy() {
 #if defined(LOOM_HAVE_X86_KERNELS)

@@ -22,7 +22,9 @@ static inline float bitsFloat(uint32_t u) {
 }
 
 /// bfloat16 -> float is exact: the bf16 bits are the float's upper half.
-static inline float bf16ToFloat(uint16_t h) { return bitsFloat(uint32_t{h} << 16); }
+static inline float bf16ToFloat(uint16_t h) {
+  return bitsFloat(uint32_t{h} << 16);
+}
 
 /// float -> bfloat16, round to nearest even; NaN stays a (quiet) NaN.
 static inline uint16_t floatToBf16(float f) {

@@ -21,8 +21,7 @@ bool isaAvailable(Isa isa) {
   switch (isa) {
     case Isa::kPortable: return true;
 #if defined(LOOM_HAVE_X86_KERNELS)
-    case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");

@@ -91,17 +91,25 @@ inline T wrapMul(T a, T b) {
 template <ReduceKind K, class A>
 inline A combine(A a, A b) {
   if constexpr (K == ReduceKind::kSum || K == ReduceKind::kAvg || K == ReduceKind::kPremulSum) {
-    if constexpr (std::is_integral_v<A>) return wrapAdd(a, b);
-    else return a + b;
+    if constexpr (std::is_integral_v<A>)
+      return wrapAdd(a, b);
+    else
+      return a + b;
   } else if constexpr (K == ReduceKind::kProduct) {
-    if constexpr (std::is_integral_v<A>) return wrapMul(a, b);
-    else return a * b;
+    if constexpr (std::is_integral_v<A>)
+      return wrapMul(a, b);
+    else
+      return a * b;
   } else if constexpr (K == ReduceKind::kMin) {
-    if constexpr (std::is_floating_point_v<A>) return (a < b || a != a) ? a : b;
-    else return a < b ? a : b;
+    if constexpr (std::is_floating_point_v<A>)
+      return (a < b || a != a) ? a : b;
+    else
+      return a < b ? a : b;
   } else if constexpr (K == ReduceKind::kMax) {
-    if constexpr (std::is_floating_point_v<A>) return (a > b || a != a) ? a : b;
-    else return a > b ? a : b;
+    if constexpr (std::is_floating_point_v<A>)
+      return (a > b || a != a) ? a : b;
+    else
+      return a > b ? a : b;
   } else if constexpr (K == ReduceKind::kBitAnd) {
     return static_cast<A>(a & b);
   } else if constexpr (K == ReduceKind::kBitOr) {
@@ -153,10 +161,14 @@ void reduceKinds(void* dst, const void* const* srcs, int nsrc, size_t count,
   const A factor = static_cast<A>(spec.op.factor());
   const A ranks = static_cast<A>(spec.ranks);
   switch (spec.op.kind()) {
-    case ReduceKind::kSum: return reduceTyped<S, A, ReduceKind::kSum>(d, s, nsrc, count, factor, ranks);
-    case ReduceKind::kProduct: return reduceTyped<S, A, ReduceKind::kProduct>(d, s, nsrc, count, factor, ranks);
-    case ReduceKind::kMin: return reduceTyped<S, A, ReduceKind::kMin>(d, s, nsrc, count, factor, ranks);
-    case ReduceKind::kMax: return reduceTyped<S, A, ReduceKind::kMax>(d, s, nsrc, count, factor, ranks);
+    case ReduceKind::kSum:
+      return reduceTyped<S, A, ReduceKind::kSum>(d, s, nsrc, count, factor, ranks);
+    case ReduceKind::kProduct:
+      return reduceTyped<S, A, ReduceKind::kProduct>(d, s, nsrc, count, factor, ranks);
+    case ReduceKind::kMin:
+      return reduceTyped<S, A, ReduceKind::kMin>(d, s, nsrc, count, factor, ranks);
+    case ReduceKind::kMax:
+      return reduceTyped<S, A, ReduceKind::kMax>(d, s, nsrc, count, factor, ranks);
     case ReduceKind::kAvg:
       if constexpr (std::is_integral_v<S>) {
         // Integer AVG sums in int64 so small types do not wrap before the division.
@@ -173,8 +185,10 @@ void reduceKinds(void* dst, const void* const* srcs, int nsrc, size_t count,
     case ReduceKind::kBitOr:
     case ReduceKind::kBitXor:
       if constexpr (std::is_integral_v<A>) {
-        if (spec.op.kind() == ReduceKind::kBitAnd) return reduceTyped<S, A, ReduceKind::kBitAnd>(d, s, nsrc, count, factor, ranks);
-        if (spec.op.kind() == ReduceKind::kBitOr) return reduceTyped<S, A, ReduceKind::kBitOr>(d, s, nsrc, count, factor, ranks);
+        if (spec.op.kind() == ReduceKind::kBitAnd)
+          return reduceTyped<S, A, ReduceKind::kBitAnd>(d, s, nsrc, count, factor, ranks);
+        if (spec.op.kind() == ReduceKind::kBitOr)
+          return reduceTyped<S, A, ReduceKind::kBitOr>(d, s, nsrc, count, factor, ranks);
         return reduceTyped<S, A, ReduceKind::kBitXor>(d, s, nsrc, count, factor, ranks);
       }
       break;
@@ -191,11 +205,14 @@ void reduceBool(void* dst, const void* const* srcs, int nsrc, size_t count,
   switch (spec.op.kind()) {
     case ReduceKind::kSum:
     case ReduceKind::kMax:
-    case ReduceKind::kBitOr: return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitOr>(d, s, nsrc, count, 0, 1);
+    case ReduceKind::kBitOr:
+      return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitOr>(d, s, nsrc, count, 0, 1);
     case ReduceKind::kProduct:
     case ReduceKind::kMin:
-    case ReduceKind::kBitAnd: return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitAnd>(d, s, nsrc, count, 0, 1);
-    case ReduceKind::kBitXor: return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitXor>(d, s, nsrc, count, 0, 1);
+    case ReduceKind::kBitAnd:
+      return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitAnd>(d, s, nsrc, count, 0, 1);
+    case ReduceKind::kBitXor:
+      return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitXor>(d, s, nsrc, count, 0, 1);
     default: __builtin_trap();
   }
 }

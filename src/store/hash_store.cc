@@ -4,8 +4,8 @@
 #include <string>
 
 #include "loom/error.h"
-#include "store/store_protocol.h"
 #include "loom/store.h"
+#include "store/store_protocol.h"
 
 namespace loom {
 

@@ -7,7 +7,9 @@ namespace loom {
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> inner)
     : prefix_(std::move(prefix)), inner_(std::move(inner)) {}
 
-void PrefixStore::set(const std::string& key, const Bytes& value) { inner_->set(full(key), value); }
+void PrefixStore::set(const std::string& key, const Bytes& value) {
+  inner_->set(full(key), value);
+}
 
 Bytes PrefixStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   return inner_->get(full(key), timeout);
@@ -17,8 +19,12 @@ int64_t PrefixStore::add(const std::string& key, int64_t delta) {
   return inner_->add(full(key), delta);
 }
 
-bool PrefixStore::check(const std::string& key) { return inner_->check(full(key)); }
+bool PrefixStore::check(const std::string& key) {
+  return inner_->check(full(key));
+}
 
-bool PrefixStore::erase(const std::string& key) { return inner_->erase(full(key)); }
+bool PrefixStore::erase(const std::string& key) {
+  return inner_->erase(full(key));
+}
 
 }  // namespace loom

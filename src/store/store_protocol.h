@@ -39,8 +39,8 @@ struct Request {
 
   Command command = Command::kCheck;
   std::string key;
-  Bytes value;         ///< SET
-  int64_t delta = 0;   ///< ADD
+  Bytes value;             ///< SET
+  int64_t delta = 0;       ///< ADD
   uint32_t timeoutMs = 0;  ///< GET
 };
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <thread>
 
-#include "util/posix.h"
 #include "loom/error.h"
 #include "loom/tcp_store.h"
 #include "store/store_protocol.h"
+#include "util/posix.h"
 
 namespace loom {
 
@@ -127,12 +127,14 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 }
 
 bool TcpStore::check(const std::string& key) {
-  const Bytes body = roundTrip(store::encodeRequest(store::Request::of(store::Command::kCheck, key)), "store check");
+  const Bytes body = roundTrip(
+      store::encodeRequest(store::Request::of(store::Command::kCheck, key)), "store check");
   return body.size() == 2 && body[1] == 1;
 }
 
 bool TcpStore::erase(const std::string& key) {
-  const Bytes body = roundTrip(store::encodeRequest(store::Request::of(store::Command::kErase, key)), "store erase");
+  const Bytes body = roundTrip(
+      store::encodeRequest(store::Request::of(store::Command::kErase, key)), "store erase");
   return body.size() == 2 && body[1] == 1;
 }
 

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "util/posix.h"
 #include "loom/error.h"
 #include "loom/tcp_store.h"
 #include "store/store_protocol.h"
+#include "util/posix.h"
 
 namespace loom {
 
@@ -168,8 +168,8 @@ void Server::handle(int id, const store::Request& request) {
       if (it != data_.end()) {
         reply(id, Status::kOk, it->second);
       } else {
-        parked_.push_back({id, request.key,
-                           Clock::now() + std::chrono::milliseconds(request.timeoutMs)});
+        parked_.push_back(
+            {id, request.key, Clock::now() + std::chrono::milliseconds(request.timeoutMs)});
       }
       return;
     }
@@ -180,8 +180,8 @@ void Server::handle(int id, const store::Request& request) {
         reply(id, Status::kBadRequest, {});
         return;
       }
-      const int64_t value =
-          static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(request.delta));
+      const int64_t value = static_cast<int64_t>(static_cast<uint64_t>(*current) +
+                                                 static_cast<uint64_t>(request.delta));
       const std::string text = std::to_string(value);
       bytes.assign(text.begin(), text.end());
       Bytes payload;
@@ -259,7 +259,8 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* result = nullptr;
   const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result);
   if (rc != 0) {
     throw Error(ErrorCode::kInvalidArgument, "store server", -1,
                 "cannot resolve host '" + host + "': " + ::gai_strerror(rc));

@@ -42,8 +42,10 @@ class Backoff {
       const auto now = std::chrono::steady_clock::now();
       if (polls_ == 64) start_ = now;
       const auto waited = now - start_;
-      if (waited >= policy_.spin + policy_.yield) stage_ = Stage::kSleep;
-      else if (waited >= policy_.spin) stage_ = Stage::kYield;
+      if (waited >= policy_.spin + policy_.yield)
+        stage_ = Stage::kSleep;
+      else if (waited >= policy_.spin)
+        stage_ = Stage::kYield;
     }
     return stage_;
   }

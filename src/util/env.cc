@@ -34,11 +34,16 @@ std::optional<uint64_t> parseBytes(const std::string& s) {
   if (ec != std::errc() || ptr == s.data()) return std::nullopt;
   const std::string suffix(ptr, s.data() + s.size());
   int shift = 0;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K" || suffix == "k" || suffix == "KiB") shift = 10;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") shift = 20;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") shift = 30;
-  else return std::nullopt;
+  if (suffix.empty() || suffix == "B")
+    shift = 0;
+  else if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    shift = 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    shift = 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    shift = 30;
+  else
+    return std::nullopt;
   if (shift > 0 && value > (UINT64_MAX >> shift)) return std::nullopt;
   return value << shift;
 }
@@ -49,8 +54,8 @@ size_t bytes(const char* name, size_t fallback, size_t min, size_t max) {
   const auto value = parseBytes(*v);
   if (!value || *value < min || *value > max) {
     throw Error(ErrorCode::kInvalidArgument, "config", -1,
-                std::string(name) + "=" + *v + " is not a size in [" + std::to_string(min) +
-                    ", " + std::to_string(max) +
+                std::string(name) + "=" + *v + " is not a size in [" + std::to_string(min) + ", " +
+                    std::to_string(max) +
                     "] bytes (a number with an optional K, M or G suffix); fix or unset it");
   }
   return static_cast<size_t>(*value);

@@ -14,8 +14,7 @@
 namespace loom::posix {
 
 void throwErrno(std::string_view op, std::string_view what, int err) {
-  throw Error(ErrorCode::kSystem, op, -1,
-              std::string(what) + " failed: " + std::strerror(err));
+  throw Error(ErrorCode::kSystem, op, -1, std::string(what) + " failed: " + std::strerror(err));
 }
 
 bool writeAll(int fd, const void* data, size_t n) {

@@ -80,8 +80,8 @@ bool recvWithFd(int socket, void* data, size_t n, posix::Fd* received,
                 std::chrono::steady_clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd pfd{socket, POLLIN, 0};
     const int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));

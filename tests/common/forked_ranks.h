@@ -32,9 +32,9 @@ struct RankContext {
 /// How each rank ended.
 struct RankOutcome {
   int rank = 0;
-  bool exited = false;   ///< false: killed by a signal
-  int status = 0;        ///< exit code, or the signal number
-  std::string output;    ///< what it wrote to stdout and stderr
+  bool exited = false;  ///< false: killed by a signal
+  int status = 0;       ///< exit code, or the signal number
+  std::string output;   ///< what it wrote to stdout and stderr
 };
 
 /// Options for runRanks.
@@ -60,19 +60,19 @@ struct CheckFailure : std::runtime_error {
 }  // namespace loom::testing
 
 /// Fails the current rank (not the test process) with a message if `cond` is false.
-#define LOOM_CHECK(cond, ...)                                                               \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::ostringstream loom_check_os;                                                     \
+#define LOOM_CHECK(cond, ...)                                                                   \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      std::ostringstream loom_check_os;                                                         \
       loom_check_os << __FILE__ << ":" << __LINE__ << ": check failed: " #cond " " __VA_ARGS__; \
-      throw ::loom::testing::CheckFailure(loom_check_os.str());                             \
-    }                                                                                       \
+      throw ::loom::testing::CheckFailure(loom_check_os.str());                                 \
+    }                                                                                           \
   } while (0)
 
 /// Runs the body on `size` ranks and fails the gtest test if any rank failed.
 #define LOOM_RUN_RANKS(size, ...)                                              \
-  do {                                                                          \
+  do {                                                                         \
     const auto loom_outcomes = ::loom::testing::runRanks((size), __VA_ARGS__); \
     const std::string loom_report = ::loom::testing::failures(loom_outcomes);  \
-    EXPECT_TRUE(loom_report.empty()) << loom_report;                            \
+    EXPECT_TRUE(loom_report.empty()) << loom_report;                           \
   } while (0)

@@ -75,11 +75,15 @@ A combineRef(ReduceKind kind, A a, A b) {
     case ReduceKind::kSum:
     case ReduceKind::kAvg:
     case ReduceKind::kPremulSum:
-      if constexpr (std::is_integral_v<A>) return wrapAdd(a, b);
-      else return a + b;
+      if constexpr (std::is_integral_v<A>)
+        return wrapAdd(a, b);
+      else
+        return a + b;
     case ReduceKind::kProduct:
-      if constexpr (std::is_integral_v<A>) return wrapMul(a, b);
-      else return a * b;
+      if constexpr (std::is_integral_v<A>)
+        return wrapMul(a, b);
+      else
+        return a * b;
     case ReduceKind::kMin:
       if constexpr (std::is_floating_point_v<A>) {
         if (std::isnan(a)) return a;
@@ -126,16 +130,16 @@ void referenceTyped(T* out, DataType type, ReduceOp op, size_t count, int size, 
 }
 
 template <class T>
-void referenceInteger(void* out, DataType type, ReduceOp op, size_t count, int size,
-                      uint32_t salt, size_t offset) {
+void referenceInteger(void* out, DataType type, ReduceOp op, size_t count, int size, uint32_t salt,
+                      size_t offset) {
   auto* o = static_cast<T*>(out);
   if (op.kind() == ReduceKind::kAvg) {
-    referenceTyped<T, int64_t>(o, type, op, count, size, salt, offset,
-                               [](T v) { return static_cast<int64_t>(v); },
-                               [](int64_t a) { return static_cast<T>(a); });
+    referenceTyped<T, int64_t>(
+        o, type, op, count, size, salt, offset, [](T v) { return static_cast<int64_t>(v); },
+        [](int64_t a) { return static_cast<T>(a); });
   } else {
-    referenceTyped<T, T>(o, type, op, count, size, salt, offset, [](T v) { return v; },
-                         [](T a) { return a; });
+    referenceTyped<T, T>(
+        o, type, op, count, size, salt, offset, [](T v) { return v; }, [](T a) { return a; });
   }
 }
 
@@ -143,20 +147,29 @@ void referenceInteger(void* out, DataType type, ReduceOp op, size_t count, int s
 
 void fillInput(void* out, DataType type, size_t count, int rank, uint32_t salt, size_t offset) {
   switch (type) {
-    case DataType::kFloat32: return fillTyped(static_cast<float*>(out), type, count, rank, salt, offset);
-    case DataType::kFloat64: return fillTyped(static_cast<double*>(out), type, count, rank, salt, offset);
+    case DataType::kFloat32:
+      return fillTyped(static_cast<float*>(out), type, count, rank, salt, offset);
+    case DataType::kFloat64:
+      return fillTyped(static_cast<double*>(out), type, count, rank, salt, offset);
     case DataType::kFloat16:
-    case DataType::kBFloat16: return fillTyped(static_cast<uint16_t*>(out), type, count, rank, salt, offset);
-    case DataType::kInt8: return fillTyped(static_cast<int8_t*>(out), type, count, rank, salt, offset);
+    case DataType::kBFloat16:
+      return fillTyped(static_cast<uint16_t*>(out), type, count, rank, salt, offset);
+    case DataType::kInt8:
+      return fillTyped(static_cast<int8_t*>(out), type, count, rank, salt, offset);
     case DataType::kUInt8:
-    case DataType::kBool: return fillTyped(static_cast<uint8_t*>(out), type, count, rank, salt, offset);
-    case DataType::kInt16: return fillTyped(static_cast<int16_t*>(out), type, count, rank, salt, offset);
-    case DataType::kInt32: return fillTyped(static_cast<int32_t*>(out), type, count, rank, salt, offset);
-    case DataType::kInt64: return fillTyped(static_cast<int64_t*>(out), type, count, rank, salt, offset);
+    case DataType::kBool:
+      return fillTyped(static_cast<uint8_t*>(out), type, count, rank, salt, offset);
+    case DataType::kInt16:
+      return fillTyped(static_cast<int16_t*>(out), type, count, rank, salt, offset);
+    case DataType::kInt32:
+      return fillTyped(static_cast<int32_t*>(out), type, count, rank, salt, offset);
+    case DataType::kInt64:
+      return fillTyped(static_cast<int64_t*>(out), type, count, rank, salt, offset);
   }
 }
 
-std::vector<uint8_t> inputBytes(DataType type, size_t count, int rank, uint32_t salt, size_t offset) {
+std::vector<uint8_t> inputBytes(DataType type, size_t count, int rank, uint32_t salt,
+                                size_t offset) {
   std::vector<uint8_t> bytes(count * elementSize(type));
   fillInput(bytes.data(), type, count, rank, salt, offset);
   return bytes;
@@ -168,20 +181,22 @@ std::vector<uint8_t> referenceReduce(DataType type, ReduceOp op, size_t count, i
   void* o = out.data();
   switch (type) {
     case DataType::kFloat32:
-      referenceTyped<float, float>(static_cast<float*>(o), type, op, count, size, salt, offset,
-                                   [](float v) { return v; }, [](float a) { return a; });
+      referenceTyped<float, float>(
+          static_cast<float*>(o), type, op, count, size, salt, offset, [](float v) { return v; },
+          [](float a) { return a; });
       break;
     case DataType::kFloat64:
-      referenceTyped<double, double>(static_cast<double*>(o), type, op, count, size, salt, offset,
-                                     [](double v) { return v; }, [](double a) { return a; });
+      referenceTyped<double, double>(
+          static_cast<double*>(o), type, op, count, size, salt, offset, [](double v) { return v; },
+          [](double a) { return a; });
       break;
     case DataType::kFloat16:
-      referenceTyped<uint16_t, float>(static_cast<uint16_t*>(o), type, op, count, size, salt, offset,
-                                      kernels::fp16ToFloat, kernels::floatToFp16);
+      referenceTyped<uint16_t, float>(static_cast<uint16_t*>(o), type, op, count, size, salt,
+                                      offset, kernels::fp16ToFloat, kernels::floatToFp16);
       break;
     case DataType::kBFloat16:
-      referenceTyped<uint16_t, float>(static_cast<uint16_t*>(o), type, op, count, size, salt, offset,
-                                      kernels::bf16ToFloat, kernels::floatToBf16);
+      referenceTyped<uint16_t, float>(static_cast<uint16_t*>(o), type, op, count, size, salt,
+                                      offset, kernels::bf16ToFloat, kernels::floatToBf16);
       break;
     case DataType::kInt8: referenceInteger<int8_t>(o, type, op, count, size, salt, offset); break;
     case DataType::kUInt8: referenceInteger<uint8_t>(o, type, op, count, size, salt, offset); break;

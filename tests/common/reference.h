@@ -17,8 +17,7 @@ namespace loom::testing {
 /// Fills `out` (count elements of `type`) with rank `rank`'s input for test case `salt`:
 /// small values (multiples of 1/8 in [-4, 4], integers in [-4, 4]) that every type holds
 /// exactly. Results are compared bit for bit: the reference rounds exactly where loom does.
-void fillInput(void* out, DataType type, size_t count, int rank, uint32_t salt,
-               size_t offset = 0);
+void fillInput(void* out, DataType type, size_t count, int rank, uint32_t salt, size_t offset = 0);
 
 /// Expected result of reducing the inputs of ranks 0..size-1 with `op`.
 std::vector<uint8_t> referenceReduce(DataType type, ReduceOp op, size_t count, int size,

@@ -14,7 +14,18 @@ namespace loom::testing {
 
 namespace {
 
-enum class Kind { kAllReduce, kReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kGather, kScatter, kBarrier, kCount };
+enum class Kind {
+  kAllReduce,
+  kReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kBarrier,
+  kCount
+};
 
 struct Case {
   Kind kind;
@@ -62,7 +73,10 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es)};
       uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
       p->request = comm.allReduce(bufs[0].data(), out, n, c.type, c.op);
-      p->check = [=] { return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt).data(), c.type, n); };
+      p->check = [=] {
+        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt).data(), c.type,
+                               n);
+      };
       break;
     }
     case Kind::kReduce: {
@@ -71,7 +85,8 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       p->request = comm.reduce(bufs[0].data(), out, n, c.type, c.op, c.root);
       p->check = [=] {
         if (me != c.root) return std::string();
-        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt).data(), c.type, n);
+        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt).data(), c.type,
+                               n);
       };
       break;
     }
@@ -79,7 +94,9 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       bufs = {inputBytes(c.type, n, c.root, c.salt), std::vector<uint8_t>(n * es)};
       uint8_t* out = c.inPlace && me == c.root ? bufs[0].data() : bufs[1].data();
       p->request = comm.broadcast(bufs[0].data(), out, n, c.type, c.root);
-      p->check = [=] { return firstDifference(out, inputBytes(c.type, n, c.root, c.salt).data(), c.type, n); };
+      p->check = [=] {
+        return firstDifference(out, inputBytes(c.type, n, c.root, c.salt).data(), c.type, n);
+      };
       break;
     }
     case Kind::kAllGather: {
@@ -93,7 +110,8 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       p->request = comm.allGather(in, bufs[1].data(), n, c.type);
       p->check = [=] {
         for (int q = 0; q < size; ++q) {
-          auto d = firstDifference(self->buffers[1].data() + q * n * es, inputBytes(c.type, n, q, c.salt).data(), c.type, n);
+          auto d = firstDifference(self->buffers[1].data() + q * n * es,
+                                   inputBytes(c.type, n, q, c.salt).data(), c.type, n);
           if (!d.empty()) return "block " + std::to_string(q) + ": " + d;
         }
         return std::string();
@@ -105,7 +123,8 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       uint8_t* out = c.inPlace ? bufs[0].data() + me * n * es : bufs[1].data();
       p->request = comm.reduceScatter(bufs[0].data(), out, n, c.type, c.op);
       p->check = [=] {
-        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt, me * n).data(), c.type, n);
+        return firstDifference(out, referenceReduce(c.type, c.op, n, size, c.salt, me * n).data(),
+                               c.type, n);
       };
       break;
     }
@@ -115,7 +134,8 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       p->request = comm.allToAll(bufs[0].data(), out, n, c.type);
       p->check = [=] {
         for (int q = 0; q < size; ++q) {
-          auto d = firstDifference(out + q * n * es, inputBytes(c.type, n, q, c.salt, me * n).data(), c.type, n);
+          auto d = firstDifference(out + q * n * es,
+                                   inputBytes(c.type, n, q, c.salt, me * n).data(), c.type, n);
           if (!d.empty()) return "from " + std::to_string(q) + ": " + d;
         }
         return std::string();
@@ -131,7 +151,8 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       p->request = comm.gather(bufs[0].data(), outs, n, c.type, c.root);
       p->check = [=] {
         for (int q = 0; me == c.root && q < size; ++q) {
-          auto d = firstDifference(self->buffers[1].data() + q * n * es, inputBytes(c.type, n, q, c.salt).data(), c.type, n);
+          auto d = firstDifference(self->buffers[1].data() + q * n * es,
+                                   inputBytes(c.type, n, q, c.salt).data(), c.type, n);
           if (!d.empty()) return "from " + std::to_string(q) + ": " + d;
         }
         return std::string();
@@ -146,7 +167,8 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       }
       p->request = comm.scatter(ins, bufs[1].data(), n, c.type, c.root);
       p->check = [=] {
-        return firstDifference(self->buffers[1].data(), inputBytes(c.type, n, c.root, c.salt, me * n).data(), c.type, n);
+        return firstDifference(self->buffers[1].data(),
+                               inputBytes(c.type, n, c.root, c.salt, me * n).data(), c.type, n);
       };
       break;
     }
@@ -168,7 +190,8 @@ std::string driveRandomCollectives(Communicator& comm, int ops, uint32_t seed) {
     for (int i = 0; i < ops;) {
       const int batch = 1 + static_cast<int>(rng() % 4);
       for (int b = 0; b < batch && i < ops; ++b, ++i) {
-        inFlight.push_back(issue(comm, draw(rng, comm.size(), seed * 100003u + static_cast<uint32_t>(i))));
+        inFlight.push_back(
+            issue(comm, draw(rng, comm.size(), seed * 100003u + static_cast<uint32_t>(i))));
       }
       for (auto& p : inFlight) {
         p->request.wait();

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <ostream>
 #include <numeric>
+#include <ostream>
 
 #include "../common/forked_ranks.h"
 #include "../common/reference.h"
@@ -45,8 +45,8 @@ class Buffer {
 };
 
 std::string caseName(const char* op, DataType type, size_t count, bool inPlace, int root = -1) {
-  std::string s = std::string(op) + " " + std::string(dataTypeName(type)) + " count=" +
-                  std::to_string(count) + (inPlace ? " in-place" : " out-of-place");
+  std::string s = std::string(op) + " " + std::string(dataTypeName(type)) +
+                  " count=" + std::to_string(count) + (inPlace ? " in-place" : " out-of-place");
   if (root >= 0) s += " root=" + std::to_string(root);
   return s;
 }
@@ -107,7 +107,8 @@ void checkReduceAndBroadcast(Communicator& comm) {
           comm.broadcast(input, buf.data(), count, type, root).wait();
           const auto want = inputBytes(type, count, root, salt);
           const std::string diff = firstDifference(buf.data(), want.data(), type, count);
-          LOOM_CHECK(diff.empty(), << caseName("broadcast", type, count, inPlace, root) << ": " << diff);
+          LOOM_CHECK(diff.empty(),
+                     << caseName("broadcast", type, count, inPlace, root) << ": " << diff);
         }
       }
     }
@@ -130,8 +131,10 @@ void checkAllGather(Communicator& comm) {
         comm.allGather(input, out.data(), count, type).wait();
         for (int q = 0; q < size; ++q) {
           const auto want = inputBytes(type, count, q, salt);
-          const std::string diff = firstDifference(out.data() + q * count * es, want.data(), type, count);
-          LOOM_CHECK(diff.empty(), << caseName("all_gather", type, count, inPlace) << " block " << q << ": " << diff);
+          const std::string diff =
+              firstDifference(out.data() + q * count * es, want.data(), type, count);
+          LOOM_CHECK(diff.empty(), << caseName("all_gather", type, count, inPlace) << " block " << q
+                                   << ": " << diff);
         }
       }
       // Per-rank counts, including ranks that contribute nothing.
@@ -147,7 +150,8 @@ void checkAllGather(Communicator& comm) {
       for (int q = 0; q < size; ++q) {
         const auto want = inputBytes(type, counts[q], q, salt);
         const std::string diff = firstDifference(ptrs[q], want.data(), type, counts[q]);
-        LOOM_CHECK(diff.empty(), << caseName("all_gather_v", type, counts[q], false) << " block " << q << ": " << diff);
+        LOOM_CHECK(diff.empty(), << caseName("all_gather_v", type, counts[q], false) << " block "
+                                 << q << ": " << diff);
       }
     }
   }
@@ -218,12 +222,15 @@ void checkAllToAll(Communicator& comm) {
         for (int q = 0; q < size; ++q) {
           const auto want = inputBytes(type, count, q, salt, me * count);
           const std::string diff = firstDifference(dst + q * count * es, want.data(), type, count);
-          LOOM_CHECK(diff.empty(), << caseName("all_to_all", type, count, inPlace) << " from " << q << ": " << diff);
+          LOOM_CHECK(diff.empty(), << caseName("all_to_all", type, count, inPlace) << " from " << q
+                                   << ": " << diff);
         }
       }
       // Per-pair counts: rank r sends (r + 2q) % 5 * count / 2 elements to rank q.
       ++salt;
-      auto pairCount = [&](int from, int to) { return static_cast<size_t>((from + 2 * to) % 5) * count / 2; };
+      auto pairCount = [&](int from, int to) {
+        return static_cast<size_t>((from + 2 * to) % 5) * count / 2;
+      };
       std::vector<std::vector<uint8_t>> inputs, outputs;
       std::vector<const void*> in;
       std::vector<void*> out;
@@ -240,7 +247,8 @@ void checkAllToAll(Communicator& comm) {
       for (int q = 0; q < size; ++q) {
         const auto want = inputBytes(type, recvCounts[q], q, salt + 7919 * me);
         const std::string diff = firstDifference(out[q], want.data(), type, recvCounts[q]);
-        LOOM_CHECK(diff.empty(), << caseName("all_to_all_v", type, recvCounts[q], false) << " from " << q << ": " << diff);
+        LOOM_CHECK(diff.empty(), << caseName("all_to_all_v", type, recvCounts[q], false) << " from "
+                                 << q << ": " << diff);
       }
     }
   }
@@ -266,13 +274,15 @@ void checkGatherScatter(Communicator& comm) {
         for (int q = 0; me == root && q < size; ++q) {
           const auto want = inputBytes(type, count, q, salt);
           const std::string diff = firstDifference(ptrs[q], want.data(), type, count);
-          LOOM_CHECK(diff.empty(), << caseName("gather", type, count, false, root) << " from " << q << ": " << diff);
+          LOOM_CHECK(diff.empty(), << caseName("gather", type, count, false, root) << " from " << q
+                                   << ": " << diff);
         }
         ++salt;
         std::vector<std::vector<uint8_t>> blocks;
         std::vector<const void*> sources;
         if (me == root) {
-          for (int q = 0; q < size; ++q) blocks.push_back(inputBytes(type, count, root, salt, q * count));
+          for (int q = 0; q < size; ++q)
+            blocks.push_back(inputBytes(type, count, root, salt, q * count));
           for (auto& b : blocks) sources.push_back(b.data());
         }
         std::vector<uint8_t> out(count * es + 1);
@@ -294,7 +304,9 @@ struct Setup {
 };
 
 // How gtest (and so ctest's listing) shows a Setup: by its name, not its bytes.
-void PrintTo(const Setup& setup, std::ostream* os) { *os << setup.name; }
+void PrintTo(const Setup& setup, std::ostream* os) {
+  *os << setup.name;
+}
 
 class Collectives : public ::testing::TestWithParam<Setup> {
  protected:
@@ -312,12 +324,24 @@ class Collectives : public ::testing::TestWithParam<Setup> {
   }
 };
 
-TEST_P(Collectives, AllReduce) { run(checkAllReduce); }
-TEST_P(Collectives, ReduceAndBroadcast) { run(checkReduceAndBroadcast); }
-TEST_P(Collectives, AllGather) { run(checkAllGather); }
-TEST_P(Collectives, ReduceScatter) { run(checkReduceScatter); }
-TEST_P(Collectives, AllToAll) { run(checkAllToAll); }
-TEST_P(Collectives, GatherScatter) { run(checkGatherScatter); }
+TEST_P(Collectives, AllReduce) {
+  run(checkAllReduce);
+}
+TEST_P(Collectives, ReduceAndBroadcast) {
+  run(checkReduceAndBroadcast);
+}
+TEST_P(Collectives, AllGather) {
+  run(checkAllGather);
+}
+TEST_P(Collectives, ReduceScatter) {
+  run(checkReduceScatter);
+}
+TEST_P(Collectives, AllToAll) {
+  run(checkAllToAll);
+}
+TEST_P(Collectives, GatherScatter) {
+  run(checkGatherScatter);
+}
 
 TEST_P(Collectives, BarrierWaitsForEveryRank) {
   const auto outcomes = testing::runRanks(
@@ -371,7 +395,8 @@ TEST(CollectivesWithHelpers, LargeMessagesMatchReference) {
             comm->allGather(in.data(), gathered.data(), count, type).wait();
             for (int q = 0; q < ctx.size; ++q) {
               const auto block = inputBytes(type, count, q, salt);
-              LOOM_CHECK(std::memcmp(gathered.data() + q * in.size(), block.data(), in.size()) == 0);
+              LOOM_CHECK(std::memcmp(gathered.data() + q * in.size(), block.data(), in.size()) ==
+                         0);
             }
           }
         }

@@ -44,31 +44,44 @@ TEST(Errors, InvalidArgumentsAreRefusedBeforeAnythingIsSent) {
     std::vector<float> a(16), b(64);
     const auto bad = ErrorCode::kInvalidArgument;
     expectError([&] { comm->broadcast(a.data(), a.data(), 16, DataType::kFloat32, 2); }, bad,
-                {"broadcast", "rank " , "'root' is 2", "[0, 2)"});
-    expectError([&] { comm->reduce(a.data(), a.data(), 16, DataType::kFloat32, ReduceKind::kSum, -1); },
-                bad, {"reduce", "'root' is -1"});
-    expectError([&] { comm->allReduce(nullptr, a.data(), 16, DataType::kFloat32, ReduceKind::kSum); },
-                bad, {"all_reduce", "'input' is null"});
-    expectError([&] { comm->allReduce(a.data(), a.data(), 16, DataType::kFloat32, ReduceKind::kBitAnd); },
-                bad, {"BAND", "float32"});
-    expectError([&] { comm->allReduce(a.data(), a.data(), 16, DataType::kInt32, ReduceOp::premulSum(2)); },
-                bad, {"PREMUL_SUM", "int32"});
+                {"broadcast", "rank ", "'root' is 2", "[0, 2)"});
+    expectError(
+        [&] { comm->reduce(a.data(), a.data(), 16, DataType::kFloat32, ReduceKind::kSum, -1); },
+        bad, {"reduce", "'root' is -1"});
+    expectError(
+        [&] { comm->allReduce(nullptr, a.data(), 16, DataType::kFloat32, ReduceKind::kSum); }, bad,
+        {"all_reduce", "'input' is null"});
+    expectError(
+        [&] { comm->allReduce(a.data(), a.data(), 16, DataType::kFloat32, ReduceKind::kBitAnd); },
+        bad, {"BAND", "float32"});
+    expectError(
+        [&] { comm->allReduce(a.data(), a.data(), 16, DataType::kInt32, ReduceOp::premulSum(2)); },
+        bad, {"PREMUL_SUM", "int32"});
     expectError([&] { comm->allReduce(a.data(), a.data(), 16, DataType::kBool, ReduceKind::kAvg); },
                 bad, {"AVG", "bool"});
-    expectError([&] { comm->allReduce(a.data(), a.data(), SIZE_MAX, DataType::kFloat32, ReduceKind::kSum); },
-                bad, {"negative count"});
-    expectError([&] { comm->allReduce(a.data(), a.data() + 1, 8, DataType::kFloat32, ReduceKind::kSum); },
-                bad, {"overlap"});
-    expectError([&] { comm->allReduce(a.data(), a.data(), 4, static_cast<DataType>(77), ReduceKind::kSum); },
-                bad, {"not a loom::DataType"});
+    expectError(
+        [&] {
+          comm->allReduce(a.data(), a.data(), SIZE_MAX, DataType::kFloat32, ReduceKind::kSum);
+        },
+        bad, {"negative count"});
+    expectError(
+        [&] { comm->allReduce(a.data(), a.data() + 1, 8, DataType::kFloat32, ReduceKind::kSum); },
+        bad, {"overlap"});
+    expectError(
+        [&] {
+          comm->allReduce(a.data(), a.data(), 4, static_cast<DataType>(77), ReduceKind::kSum);
+        },
+        bad, {"not a loom::DataType"});
     expectError([&] { comm->allGather(b.data() + 1, b.data(), 8, DataType::kFloat32); }, bad,
                 {"all_gather", "overlap"});
     const std::vector<size_t> threeCounts{1, 2, 3};
     std::vector<void*> outs{b.data(), b.data() + 8};
     expectError([&] { comm->allGatherV(a.data(), outs, threeCounts, DataType::kFloat32); }, bad,
                 {"'counts' has 3 entries", "one per rank (2)"});
-    expectError([&] { comm->send(a.data(), 4, DataType::kFloat32, 5, 0); }, bad, {"send", "'peer' is 5"});
-    expectError([&] { comm->recv(a.data(), 4, DataType::kFloat32, -7, 0); }, bad, {"recv", "'peer' is -7"});
+    expectError([&] { comm->send(a.data(), 4, DataType::kFloat32, 5, 0); }, bad,
+                {"send", "'peer' is 5"});
+    expectError([&] { comm->recv(a.data(), 4, DataType::kFloat32, -7, 0); }, bad,
+                {"recv", "'peer' is -7"});
     const std::vector<int> notMe{1 - ctx.rank};
     expectError([&] { comm->subset(notMe, "x"); }, bad, {"subset", "not in 'ranks'"});
     const std::vector<int> twice{0, 0, 1};
@@ -92,9 +105,12 @@ TEST(Errors, MismatchedCollectivesNameBothSides) {
     auto comm = ctx.connect();
     std::vector<float> buf(300);
     const size_t count = ctx.rank == 2 ? 200 : 100;
-    expectError([&] {
-      comm->allReduce(buf.data(), buf.data(), count, DataType::kFloat32, ReduceKind::kSum).wait();
-    }, ErrorCode::kMismatch, {"count 100", "count 200", "rank 2"});
+    expectError(
+        [&] {
+          comm->allReduce(buf.data(), buf.data(), count, DataType::kFloat32, ReduceKind::kSum)
+              .wait();
+        },
+        ErrorCode::kMismatch, {"count 100", "count 200", "rank 2"});
     // The communicator is now failed: later calls fail at once with the same reason.
     expectError([&] { comm->barrier().wait(); }, ErrorCode::kMismatch, {"count 200"});
   });
@@ -105,19 +121,22 @@ TEST(Errors, MismatchedRootsTypesAndKindsAreCaught) {
     expectOk(2, [variant](RankContext& ctx) {
       auto comm = ctx.connect();
       std::vector<double> buf(8);
-      expectError([&] {
-        if (variant == 0) {
-          // Both ranks believe they are the root: without the check both would "succeed".
-          comm->broadcast(buf.data(), buf.data(), 8, DataType::kFloat64, ctx.rank).wait();
-        } else if (variant == 1) {
-          const DataType type = ctx.rank == 0 ? DataType::kFloat64 : DataType::kInt64;
-          comm->allReduce(buf.data(), buf.data(), 8, type, ReduceKind::kSum).wait();
-        } else if (ctx.rank == 0) {
-          comm->allReduce(buf.data(), buf.data(), 4, DataType::kFloat64, ReduceKind::kSum).wait();
-        } else {
-          comm->allGather(buf.data() + 4 * ctx.rank, buf.data(), 4, DataType::kFloat64).wait();
-        }
-      }, ErrorCode::kMismatch, {"rank 0 issued", "rank 1 issued"});
+      expectError(
+          [&] {
+            if (variant == 0) {
+              // Both ranks believe they are the root: without the check both would "succeed".
+              comm->broadcast(buf.data(), buf.data(), 8, DataType::kFloat64, ctx.rank).wait();
+            } else if (variant == 1) {
+              const DataType type = ctx.rank == 0 ? DataType::kFloat64 : DataType::kInt64;
+              comm->allReduce(buf.data(), buf.data(), 8, type, ReduceKind::kSum).wait();
+            } else if (ctx.rank == 0) {
+              comm->allReduce(buf.data(), buf.data(), 4, DataType::kFloat64, ReduceKind::kSum)
+                  .wait();
+            } else {
+              comm->allGather(buf.data() + 4 * ctx.rank, buf.data(), 4, DataType::kFloat64).wait();
+            }
+          },
+          ErrorCode::kMismatch, {"rank 0 issued", "rank 1 issued"});
     });
   }
 }
@@ -135,8 +154,9 @@ TEST(Errors, TimeoutNamesTheRanksThatDidNotArrive) {
     OpOptions options;
     options.timeout = std::chrono::milliseconds(300);
     const auto start = std::chrono::steady_clock::now();
-    expectError([&] { comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum, options).wait(); },
-                ErrorCode::kTimeout, {"all_reduce #1", "300 ms", "rank(s) 2"});
+    expectError(
+        [&] { comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum, options).wait(); },
+        ErrorCode::kTimeout, {"all_reduce #1", "300 ms", "rank(s) 2"});
     LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
     if (ctx.rank == 0) ctx.store->set("released", {1});
   });
@@ -151,9 +171,12 @@ TEST(Errors, KilledPeerFailsWaitersLongBeforeTheTimeout) {
     if (ctx.rank == 1) ::raise(SIGKILL);  // dies before the next collective
     std::vector<float> buf(1000);
     const auto start = std::chrono::steady_clock::now();
-    expectError([&] {
-      comm->allReduce(buf.data(), buf.data(), 1000, DataType::kFloat32, ReduceKind::kSum).wait();
-    }, ErrorCode::kPeerFailure, {"rank 1", "exited"});
+    expectError(
+        [&] {
+          comm->allReduce(buf.data(), buf.data(), 1000, DataType::kFloat32, ReduceKind::kSum)
+              .wait();
+        },
+        ErrorCode::kPeerFailure, {"rank 1", "exited"});
     const auto took = std::chrono::steady_clock::now() - start;
     LOOM_CHECK(took < std::chrono::seconds(10), << "detection took too long");
   });

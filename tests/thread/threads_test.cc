@@ -59,7 +59,8 @@ TEST(Threads, CollectivesAcrossThreadRanks) {
         comm->allGather(in.data(), gathered.data(), count, type).wait();
         for (int q = 0; q < 3; ++q) {
           const auto want = inputBytes(type, count, q, salt);
-          require(std::equal(want.begin(), want.end(), gathered.begin() + q * in.size()), "all_gather");
+          require(std::equal(want.begin(), want.end(), gathered.begin() + q * in.size()),
+                  "all_gather");
         }
         comm->broadcast(in.data(), out.data(), count, type, 1).wait();
         require(out == inputBytes(type, count, 1, salt), "broadcast");

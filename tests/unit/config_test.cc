@@ -45,16 +45,18 @@ TEST(SelectionTable, DefaultsSwitchBySize) {
 }
 
 TEST(SelectionTable, ParsesOverrides) {
-  const auto table = SelectionTable::parse("all_reduce:one_shot:1K,two_shot:inf;reduce:two_shot:inf");
+  const auto table =
+      SelectionTable::parse("all_reduce:one_shot:1K,two_shot:inf;reduce:two_shot:inf");
   EXPECT_EQ(table.allReduce(1024), Algorithm::kOneShot);
   EXPECT_EQ(table.allReduce(1025), Algorithm::kTwoShot);
   EXPECT_EQ(table.reduce(1), Algorithm::kTwoShot);
 }
 
 TEST(SelectionTable, RejectsBadSpecsWithTheReason) {
-  for (const char* spec : {"all_reduce", "bogus:one_shot:inf", "all_reduce:three_shot:inf",
-                           "all_reduce:one_shot:1K", "all_reduce:one_shot:2K,two_shot:1K,one_shot:inf",
-                           "all_reduce:one_shot:xyz,two_shot:inf"}) {
+  for (const char* spec :
+       {"all_reduce", "bogus:one_shot:inf", "all_reduce:three_shot:inf", "all_reduce:one_shot:1K",
+        "all_reduce:one_shot:2K,two_shot:1K,one_shot:inf",
+        "all_reduce:one_shot:xyz,two_shot:inf"}) {
     EXPECT_THROW(SelectionTable::parse(spec), Error) << spec;
   }
 }

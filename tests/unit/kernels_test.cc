@@ -22,13 +22,13 @@ using testing::referenceReduce;
 TEST(HalfConversion, KnownFp16Values) {
   EXPECT_EQ(kernels::floatToFp16(1.0f), 0x3c00);
   EXPECT_EQ(kernels::floatToFp16(-2.0f), 0xc000);
-  EXPECT_EQ(kernels::floatToFp16(65504.0f), 0x7bff);       // largest finite
-  EXPECT_EQ(kernels::floatToFp16(65520.0f), 0x7c00);       // rounds to infinity
-  EXPECT_EQ(kernels::floatToFp16(5.9604645e-8f), 0x0001);  // smallest subnormal
-  EXPECT_EQ(kernels::floatToFp16(2.9802322e-8f), 0x0000);  // half of it: ties to even (0)
-  EXPECT_EQ(kernels::floatToFp16(8.940697e-8f), 0x0002);   // 1.5 ulp: ties to even (2)
-  EXPECT_EQ(kernels::floatToFp16(1.0f + 1.0f / 2048), 0x3c00);      // tie, even stays
-  EXPECT_EQ(kernels::floatToFp16(1.0f + 3.0f / 2048), 0x3c02);      // tie, rounds up to even
+  EXPECT_EQ(kernels::floatToFp16(65504.0f), 0x7bff);            // largest finite
+  EXPECT_EQ(kernels::floatToFp16(65520.0f), 0x7c00);            // rounds to infinity
+  EXPECT_EQ(kernels::floatToFp16(5.9604645e-8f), 0x0001);       // smallest subnormal
+  EXPECT_EQ(kernels::floatToFp16(2.9802322e-8f), 0x0000);       // half of it: ties to even (0)
+  EXPECT_EQ(kernels::floatToFp16(8.940697e-8f), 0x0002);        // 1.5 ulp: ties to even (2)
+  EXPECT_EQ(kernels::floatToFp16(1.0f + 1.0f / 2048), 0x3c00);  // tie, even stays
+  EXPECT_EQ(kernels::floatToFp16(1.0f + 3.0f / 2048), 0x3c02);  // tie, rounds up to even
   EXPECT_EQ(kernels::floatToFp16(std::numeric_limits<float>::infinity()), 0x7c00);
   EXPECT_EQ(kernels::floatToFp16(std::nanf("")) & 0x7e00, 0x7e00);
   for (uint32_t h = 0; h < 0x10000; ++h) {

@@ -11,7 +11,9 @@
 namespace loom {
 namespace {
 
-Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+Bytes bytes(const std::string& s) {
+  return Bytes(s.begin(), s.end());
+}
 
 // The contract every Store implementation keeps.
 void exerciseStore(Store& store) {

@@ -20,7 +20,9 @@ namespace loom::shm {
 class RingWriter {
  public:
   RingWriter(RingControl& control, uint8_t* data, size_t capacity)
-      : control_(&control), data_(data), mask_(capacity - 1),
+      : control_(&control),
+        data_(data),
+        mask_(capacity - 1),
         head_(control.head.load(std::memory_order_relaxed)) {}
 
   /// Copies as much of [src, src + n) as fits and returns how many bytes that was.
@@ -49,7 +51,9 @@ class RingWriter {
 class RingReader {
  public:
   RingReader(RingControl& control, uint8_t* data, size_t capacity)
-      : control_(&control), data_(data), mask_(capacity - 1),
+      : control_(&control),
+        data_(data),
+        mask_(capacity - 1),
         tail_(control.tail.load(std::memory_order_relaxed)) {}
 
   /// Bytes written and not yet consumed.

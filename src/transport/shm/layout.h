@@ -33,9 +33,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared counters must 
 /// written) -> 2 (complete) exactly once.
 struct alignas(kCacheLine) FailureRecord {
   std::atomic<uint32_t> state;
-  int32_t code;     ///< loom::ErrorCode
-  int32_t reporter; ///< rank that wrote the record
-  int32_t culprit;  ///< rank blamed (dead, timed out, mismatched), or -1
+  int32_t code;      ///< loom::ErrorCode
+  int32_t reporter;  ///< rank that wrote the record
+  int32_t culprit;   ///< rank blamed (dead, timed out, mismatched), or -1
   char message[496];
 };
 

@@ -40,8 +40,8 @@ Segment::~Segment() {
 uint8_t* Segment::map(int fd, const Layout& layout) {
   void* p = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) posix::throwErrno("create", "mapping the shared segment");
-  // Fault in the control area and the slots now, so the first collective does not pay for
-  // it; the rings stay untouched until point-to-point traffic uses them.
+    // Fault in the control area and the slots now, so the first collective does not pay for
+    // it; the rings stay untouched until point-to-point traffic uses them.
 #ifdef MADV_POPULATE_WRITE
   ::madvise(p, layout.rings, MADV_POPULATE_WRITE);
 #endif
@@ -79,7 +79,7 @@ std::shared_ptr<Segment> Segment::findMapped(const CommId& id) {
 
 std::shared_ptr<Segment> Segment::attach(posix::Fd fd, const CommId& id, int size) {
   if (auto mapped = findMapped(id)) return mapped;
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd.get(), &st) != 0) posix::throwErrno("create", "fstat of the shared segment");
   SegmentHeader header;
   if (static_cast<size_t>(st.st_size) < sizeof header ||

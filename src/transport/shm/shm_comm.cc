@@ -76,8 +76,10 @@ void ShmComm::peerGone(int q, RankState state, const WaitSpec& spec) {
              " was waiting for it; restart the job or rebuild the group without it");
   } else {
     fail(ErrorCode::kMismatch, q,
-         message + " had already destroyed its communicator, so it issued fewer collectives "
-                   "than rank " + std::to_string(rank_));
+         message +
+             " had already destroyed its communicator, so it issued fewer collectives "
+             "than rank " +
+             std::to_string(rank_));
   }
   throw failureError(spec.op);
 }
@@ -110,7 +112,8 @@ void ShmComm::slowWait(int q, uint64_t phase, const WaitSpec& spec) {
         line.sleepers.fetch_add(1, std::memory_order_seq_cst);
         const uint64_t seen = line.posted.load(std::memory_order_seq_cst);
         if (seen < phase && !failed()) {
-          const auto slice = std::min<std::chrono::nanoseconds>(backoff_.sleepSlice, spec.deadline - now);
+          const auto slice =
+              std::min<std::chrono::nanoseconds>(backoff_.sleepSlice, spec.deadline - now);
           futexWait(lowWord(&line.posted), static_cast<uint32_t>(seen), slice);
         }
         line.sleepers.fetch_sub(1, std::memory_order_relaxed);

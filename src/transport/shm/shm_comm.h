@@ -57,7 +57,8 @@ class ShmComm {
   }
   /// Rank q's operation descriptor for the half of phase p.
   OpDesc& desc(int q, uint64_t phase) const {
-    return reinterpret_cast<OpDesc*>(base_ + layout_.descs)[static_cast<size_t>(q) * 2 + (phase & 1)];
+    return reinterpret_cast<OpDesc*>(base_ +
+                                     layout_.descs)[static_cast<size_t>(q) * 2 + (phase & 1)];
   }
 
   /// The fingerprint of the descriptor rank q wrote for the half of phase p.
