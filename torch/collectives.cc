@@ -232,13 +232,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather_into_tensor");
-  requireCpuDense(s, "input", input);
-  requireCpuDense(s, "output", output);
-  if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
-  if (output.numel() != input.numel() * size_) {
-    invalid(s, "output has " + std::to_string(output.numel()) +
-                   " elements; it needs size x input = " + std::to_string(input.numel() * size_));
-  }
+  requireWholeOfParts(s, "output", output, "input", input);
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(output);
   const Flat in = movementView(input);
@@ -290,13 +284,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
   std::vector<Flat> ins;
   std::vector<at::Tensor> targets;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    requireCpuDense(s, "inputs", inputs[i]);
-    requireCpuDense(s, "outputs", outputs[i]);
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
-        outputs[i].numel() != inputs[i].numel() * size_) {
-      invalid(s, "outputs[" + std::to_string(i) +
-                     "] must have the input's dtype and size x its elements");
-    }
+    const std::string n = "[" + std::to_string(i) + "]";
+    requireWholeOfParts(s, "outputs" + n, outputs[i], "inputs" + n, inputs[i]);
     ins.push_back(movementView(inputs[i]));
     targets.push_back(staged->target(outputs[i]));
   }
@@ -415,13 +404,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const CallSite s = site("reduce_scatter_tensor");
-  requireCpuDense(s, "input", input);
-  requireCpuDense(s, "output", output);
-  if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
-  if (input.numel() != output.numel() * size_) {
-    invalid(s, "input has " + std::to_string(input.numel()) +
-                   " elements; it needs size x output = " + std::to_string(output.numel() * size_));
-  }
+  requireWholeOfParts(s, "input", input, "output", output);
   const Flat in = reductionView(s, input, opts.reduceOp);
   const Flat out = reductionView(s, output, opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
@@ -445,13 +428,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
   std::vector<ReduceOp> ops;
   auto staged = std::make_shared<Outputs>();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    requireCpuDense(s, "inputs", inputs[i]);
-    requireCpuDense(s, "outputs", outputs[i]);
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
-        inputs[i].numel() != outputs[i].numel() * size_) {
-      invalid(s, "inputs[" + std::to_string(i) +
-                     "] must have the output's dtype and size x its elements");
-    }
+    const std::string n = "[" + std::to_string(i) + "]";
+    requireWholeOfParts(s, "inputs" + n, inputs[i], "outputs" + n, outputs[i]);
     ins.push_back(reductionView(s, inputs[i], opts.reduceOp));
     outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
     ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));

@@ -69,6 +69,21 @@ void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t
   }
 }
 
+void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
+                         const at::Tensor& whole, const std::string& partName,
+                         const at::Tensor& part) {
+  requireCpuDense(site, partName.c_str(), part);
+  requireCpuDense(site, wholeName.c_str(), whole);
+  if (whole.scalar_type() != part.scalar_type()) {
+    invalid(site, wholeName + " and " + partName + " dtypes differ");
+  }
+  const int64_t needed = part.numel() * site.size;
+  if (whole.numel() != needed) {
+    invalid(site, wholeName + " has " + std::to_string(whole.numel()) +
+                      " elements; it needs size x " + partName + " = " + std::to_string(needed));
+  }
+}
+
 void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
                  const at::Tensor& like) {
   for (size_t i = 0; i < list.size(); ++i) {

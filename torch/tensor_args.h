@@ -32,6 +32,12 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
 /// Checks `t` is a dense CPU tensor; `what` names the argument.
 void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t);
 
+/// Checks the pair of an into-one-tensor collective: `whole` and `part` are dense CPU
+/// tensors of one dtype and `whole` holds `size` x `part`'s elements.
+void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
+                         const at::Tensor& whole, const std::string& partName,
+                         const at::Tensor& part);
+
 /// Checks every tensor in `list` has the dtype and number of elements of `like`.
 void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
                  const at::Tensor& like);

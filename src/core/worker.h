@@ -38,11 +38,15 @@ class Worker {
       running_ = true;
     }
     job();
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       running_ = false;
+      wake = !queue_.empty() || stopping_;
     }
-    wake_.notify_one();  // jobs queued meanwhile may now run on the worker
+    // Only jobs queued meanwhile need the worker; waking it for nothing would cost two
+    // context switches per blocking collective.
+    if (wake) wake_.notify_one();
     return true;
   }
   /// Blocks until every job submitted so far has run.

@@ -24,18 +24,29 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH_PER_RANK, 16, generator=g), torch.randn(BATCH_PER_RANK, 4, generator=g)
 
 
+def whole_batch(step: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's batch of `step`, concatenated: what one process sees in the reference."""
+    xs, ys = zip(*(batch(step, r) for r in range(world)))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def train(model: nn.Module, batches) -> None:
+    """STEPS steps of SGD on the MSE loss; batches(step) gives that step's (inputs, targets)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y = batches(step)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def single_process(rank: int, _one: int, world: int) -> list[torch.Tensor]:
     """The reference: one process, the concatenation of every `world` ranks' batches. Run as
     a forked rank of its own (run_alone): autograd must not start its threads in the pytest
     process, or later forked ranks cannot run backward on CUDA builds of torch."""
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(STEPS):
-        xs, ys = zip(*(batch(step, r) for r in range(world)))
-        loss = nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train(model, lambda step: whole_batch(step, world))
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -44,13 +55,7 @@ def train_ddp(rank: int, world: int, backend: str) -> list[torch.Tensor]:
 
     group = None if backend == "loom" else dist.new_group(backend=backend)
     model = DDP(make_model(), process_group=group)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(STEPS):
-        x, y = batch(step, rank)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train(model, lambda step: batch(step, rank))
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -64,13 +69,7 @@ def train_fsdp2(rank: int, world: int) -> list[torch.Tensor]:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(STEPS):
-        x, y = batch(step, rank)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train(model, lambda step: batch(step, rank))
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
