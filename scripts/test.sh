@@ -32,13 +32,16 @@ section "C++ tests, release build"
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C build/release
 run_ctest build/release --timeout 900
+grep -h '^soak' build/release/Testing/Temporary/LastTest.log || true  # the soak's numbers
 
 if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
   section "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=address,undefined \
     -DLOOM_BUILD_BENCH=OFF >/dev/null
   ninja -C build/asan
+  export LOOM_SOAK_SECONDS=20  # a shorter soak than the release run's 120 s, for CI's budget
   run_ctest build/asan --timeout 1200
+  grep -h '^soak' build/asan/Testing/Temporary/LastTest.log || true  # the soak's numbers
 
   section "synchronisation under ThreadSanitizer (ranks as threads)"
   cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=thread \

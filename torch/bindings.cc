@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "kernels/reduce.h"
+#include "loom/flight_recorder.h"
 #include "process_group_loom.h"
 
 namespace py = pybind11;
@@ -29,14 +30,45 @@ PYBIND11_MODULE(_C, m) {
              options->global_ranks_in_group = globalRanks;
              return c10::make_intrusive<ProcessGroupLoom>(store, rank, size, options);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("store").none(false), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "", py::arg("global_ranks") = std::vector<uint64_t>{},
            py::call_guard<py::gil_scoped_release>(),
            "Joins a loom communicator of `size` ranks through a c10d store.")
       .def_property_readonly("options", &ProcessGroupLoom::getBackendOptions,
                              "The backend options (split_group copies them for children).")
       .def_property_readonly("last_sequence",
-                             [](ProcessGroupLoom& pg) { return pg.communicator().lastSequence(); });
+                             [](ProcessGroupLoom& pg) { return pg.communicator().lastSequence(); })
+      .def(
+          "progress_report",
+          [](ProcessGroupLoom& pg) { return pg.communicator().progressReport(); },
+          "What every rank of this group last started and finished (read from shared memory).");
+
+  m.def(
+      "flight_record",
+      [] {
+        py::list out;
+        for (const loom::FlightRecord& r : loom::flightRecord()) {
+          py::dict d;
+          d["id"] = r.id;
+          d["communicator"] = r.communicator;
+          d["rank"] = r.rank;
+          d["size"] = r.size;
+          d["sequence"] = r.sequence;
+          d["operation"] = r.operation;
+          d["arguments"] = r.arguments;
+          d["state"] = loom::flightStateName(r.state);
+          d["issued"] = std::chrono::duration<double>(r.issued.time_since_epoch()).count();
+          d["queued_ms"] = r.queuedMs;
+          d["ran_ms"] = r.ranMs;
+          d["error"] = r.error;
+          out.append(std::move(d));
+        }
+        return out;
+      },
+      "This process's recent loom operations, oldest first, as dicts.");
+  m.def(
+      "format_flight_record", [] { return loom::formatFlightRecord(loom::flightRecord()); },
+      "This process's recent loom operations as a table.");
 
   m.def(
       "kernel_isa", [] { return std::string(loom::kernels::isaName(loom::kernels::activeIsa())); },

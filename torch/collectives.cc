@@ -473,8 +473,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     }
     requirePerRank(s, what, splits.size());
     int64_t rows = 0;
+    const int64_t available = t.dim() ? t.size(0) : 0;
     for (int64_t n : splits) {
       if (n < 0) invalid(s, std::string(what) + " split sizes must not be negative");
+      // Checked before adding: huge sizes must not wrap around to the right total.
+      if (n > available - rows) {
+        invalid(s, std::string(what) + " split sizes add up to more than the tensor's " +
+                       std::to_string(available) + " rows");
+      }
       rows += n;
       bytes.push_back(static_cast<size_t>(n) * rowBytes(t));
     }
@@ -558,6 +564,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
                                                       int tag) {
+  // -1 is loom's kAnySource: here it would silently turn a bad source into a receive from
+  // anyone (c10d has recvAnysource for that).
+  if (srcRank < 0 || srcRank >= size_) {
+    invalid(site("recv"), "argument 'src' is " + std::to_string(srcRank) + ", outside [0, " +
+                              std::to_string(size_) +
+                              "); use recv_anysource to receive from any rank");
+  }
   return receive(tensors, srcRank, tag, "loom:recv");
 }
 

@@ -31,6 +31,10 @@ void releasingGil(F&& f) {
   C10_THROW_ERROR(DistBackendError, e.what());
 }
 
+/// Desync debug: the signature of the call being launched on this thread; opOptions() puts
+/// it into every loom operation the call issues.
+inline thread_local std::string tLaunchSignature;
+
 template <class Issue>
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c10d::OpType type,
                                                         const char* title,
@@ -39,12 +43,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
                                                         std::function<void()> finisher,
                                                         Issue&& issue) {
   std::vector<Request> requests;
+  if (desyncDebug_) tLaunchSignature = signatureOf(type, inputs, outputs);
   try {
     // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
     releasingGil([&] { issue(requests); });
   } catch (const Error& e) {
+    tLaunchSignature.clear();
     rethrowForTorch(e);
   }
+  tLaunchSignature.clear();
   auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
                                             std::move(finisher));
   {

@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "launch.h"
 #include "store_adapter.h"
@@ -30,6 +32,27 @@ auto translated(F&& f) {
   }
 }
 
+// LOOM_DESYNC_DEBUG=1, or torch's own switch for the same checks.
+bool desyncDebugRequested() {
+  const char* loom = std::getenv("LOOM_DESYNC_DEBUG");
+  const char* torch = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  return (loom != nullptr && std::string(loom) != "" && std::string(loom) != "0") ||
+         (torch != nullptr && std::string(torch) == "DETAIL");
+}
+
+// "[4, 8], [3]": the shapes of `tensors`.
+std::string shapesOf(const std::vector<at::Tensor>& tensors) {
+  std::string s;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += "[";
+    const auto sizes = tensors[i].sizes();
+    for (size_t d = 0; d < sizes.size(); ++d) s += (d > 0 ? ", " : "") + std::to_string(sizes[d]);
+    s += "]";
+  }
+  return s;
+}
+
 // The communicator of this process's default (world) loom group, from which groups over
 // subsets of the world are derived without a store rendezvous.
 std::mutex gWorldMutex;
@@ -39,7 +62,9 @@ std::weak_ptr<Communicator> gWorld;
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    c10::intrusive_ptr<Options> options)
-    : c10d::Backend(rank, size), options_(std::move(options)) {
+    : c10d::Backend(rank, size),
+      options_(std::move(options)),
+      desyncDebug_(desyncDebugRequested()) {
   const auto& global = options_->global_ranks_in_group;
   std::shared_ptr<Communicator> world;
   {
@@ -68,7 +93,8 @@ ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
                                    c10::intrusive_ptr<Options> options)
     : c10d::Backend(comm->rank(), comm->size()),
       comm_(std::move(comm)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      desyncDebug_(desyncDebugRequested()) {}
 
 ProcessGroupLoom::~ProcessGroupLoom() {
   // Tearing the communicator down waits for its queued operations, whose completion may run
@@ -82,7 +108,31 @@ OpOptions ProcessGroupLoom::opOptions(std::chrono::milliseconds timeout, bool bl
   // A synchronous call (async_op=False): run it on this thread, as loom's blocking form;
   // launch() releases the GIL meanwhile.
   o.blocking = blocking;
+  o.signature = tLaunchSignature;
   return o;
+}
+
+std::string ProcessGroupLoom::signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                                          const std::vector<at::Tensor>& outputs) const {
+  // Only what every rank must pass alike: e.g. all_gather's input may differ in size
+  // across ranks (uneven gathers) but its output list may not; all_to_all and point to
+  // point shapes differ by design.
+  using c10d::OpType;
+  switch (type) {
+    case OpType::BROADCAST:
+    case OpType::ALLREDUCE:
+    case OpType::ALLREDUCE_COALESCED:
+    case OpType::REDUCE:
+    case OpType::GATHER:
+    case OpType::REDUCE_SCATTER: return "shapes " + shapesOf(inputs);
+    case OpType::ALLGATHER:
+    case OpType::ALLGATHER_COALESCED:
+    case OpType::SCATTER: return "shapes " + shapesOf(outputs);
+    case OpType::_ALLGATHER_BASE:
+    case OpType::_REDUCE_SCATTER_BASE:
+    case OpType::COALESCED: return "shapes " + shapesOf(inputs) + " -> " + shapesOf(outputs);
+    default: return "";
+  }
 }
 
 void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
@@ -134,6 +184,41 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
   }
   const std::string tag = childOptions->group_name.empty() ? "split" : childOptions->group_name;
   auto child = translated([&] { return comm_->subset(ranks, tag, commOptions(*childOptions)); });
+  return c10::make_intrusive<ProcessGroupLoom>(std::move(child), childOptions);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
+  constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
+  if ((shrinkFlags & kShrinkAbort) != 0) comm_->abort();
+  const auto& from = optsOverride ? *optsOverride : static_cast<c10d::Backend::Options&>(*options_);
+  auto childOptions = c10::make_intrusive<Options>(from.timeout);
+  childOptions->group_name = from.group_name.empty() ? options_->group_name : from.group_name;
+  childOptions->group_desc = from.group_desc;
+  std::vector<int> excluded;
+  for (int64_t r : ranksToExclude) {
+    if (r < 0 || r >= size_) {
+      invalid(site("shrink"), "rank " + std::to_string(r) +
+                                  " in 'ranks_to_exclude' is outside [0, " + std::to_string(size_) +
+                                  ")");
+    }
+    excluded.push_back(static_cast<int>(r));
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (std::find(excluded.begin(), excluded.end(), r) != excluded.end()) continue;
+    const auto& parentGlobal = options_->global_ranks_in_group;
+    if (!parentGlobal.empty()) childOptions->global_ranks_in_group.push_back(parentGlobal.at(r));
+  }
+  std::shared_ptr<Communicator> child;
+  releasingGil([&] {
+    child = translated([&] { return comm_->shrink(excluded, commOptions(*childOptions)); });
+  });
+  {
+    // Shrinking the world makes the result the communicator later groups derive from.
+    std::lock_guard<std::mutex> lock(gWorldMutex);
+    if (gWorld.lock() == comm_) gWorld = child;
+  }
   return c10::make_intrusive<ProcessGroupLoom>(std::move(child), childOptions);
 }
 

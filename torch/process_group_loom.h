@@ -39,6 +39,7 @@ class ProcessGroupLoom : public c10d::Backend {
   const std::string getBackendName() const override { return "loom"; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   bool supportsSplitting() const override { return true; }
+  bool supportsShrinking() const override { return true; }
   bool supportsCoalescing() const override { return true; }
   void setTimeout(std::chrono::milliseconds timeout) override;
   void startCoalescing() override;
@@ -48,6 +49,11 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  /// dist.shrink_group: the ranks that remain rebuild without `ranksToExclude` (dead ones,
+  /// typically), even after this group failed. SHRINK_ABORT (1) aborts this group first.
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+      const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
   void abort() override;
   void shutdown() override;
   void eagerConnectSingleDevice(at::Device) override {}
@@ -120,10 +126,14 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          const char* title);
   OpOptions opOptions(std::chrono::milliseconds timeout, bool blocking = false) const;
+  /// Desync debug: the tensor shapes of a call that must agree across ranks, or "".
+  std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs) const;
   CallSite site(const char* op) const { return CallSite{op, rank_, size_}; }
 
   std::shared_ptr<Communicator> comm_;
   c10::intrusive_ptr<Options> options_;
+  const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
 
   // Coalescing: requests issued between startCoalescing and endCoalescing.
   std::mutex coalesceMutex_;

@@ -34,6 +34,11 @@ struct OpOptions {
   /// communicator the operation runs on the calling thread, with no hand-off to the worker
   /// and no second thread spinning while it waits: the cheapest way to run one collective.
   bool blocking = false;
+  /// Desync debug: the caller's description of what must agree beyond loom's own checks
+  /// (the torch plugin puts tensor shapes here when LOOM_DESYNC_DEBUG=1). Ranks whose
+  /// signatures differ at the same collective fail with kMismatch quoting both (up to 127
+  /// characters each). Empty: not checked. Collectives only.
+  std::string signature;
 };
 
 /// Receive from whichever rank sends first.
@@ -78,6 +83,16 @@ class Communicator {
   /// `tag` tells apart several subsets of the same ranks; members must pass the same one.
   std::shared_ptr<Communicator> subset(std::span<const int> ranks, const std::string& tag,
                                        const CommOptions& options = {});
+
+  /// Rebuilds without the `excluded` ranks (typically ones that died): every other rank
+  /// calls it, and gets a communicator of the remaining ranks in their old order. Works on
+  /// a communicator that has failed; the old one stays failed (destroy it).
+  std::shared_ptr<Communicator> shrink(std::span<const int> excluded,
+                                       const CommOptions& options = {});
+
+  /// What every rank last started and finished, read from shared memory: one line per rank
+  /// (pid, alive/left/DEAD, last collective started, last finished). For diagnosing hangs.
+  std::string progressReport() const;
 
   /// Reduces `count` elements across ranks into every rank's `output`. In place if
   /// input == output.

@@ -23,7 +23,15 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import _C
 
-__all__ = ["is_available", "make_default", "ProcessGroupLoom", "BACKEND_NAME"]
+__all__ = [
+    "is_available",
+    "make_default",
+    "flight_record",
+    "format_flight_record",
+    "progress_report",
+    "ProcessGroupLoom",
+    "BACKEND_NAME",
+]
 
 BACKEND_NAME = "loom"
 ProcessGroupLoom = _C.ProcessGroupLoom
@@ -44,7 +52,8 @@ def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         timeout,
-        dist_backend_opts.group_id,
+        # Messages and failure reports name the group: torch calls the world group "0".
+        dist_backend_opts.group_id if dist_backend_opts.global_ranks_in_group else "default_pg",
         [int(r) for r in dist_backend_opts.global_ranks_in_group],
     )
 
@@ -100,3 +109,25 @@ def _register() -> None:
 _register()
 if os.environ.get("LOOM_DEFAULT", "") not in ("", "0"):
     make_default()
+
+
+def flight_record() -> list[dict]:
+    """This process's recent loom operations (every group), oldest first: one dict per
+    operation with its group, rank, sequence number, arguments, state ("queued", "running",
+    "completed", "failed"), issue time (seconds since the epoch), milliseconds queued and
+    running, and the error of a failed one. ``LOOM_FLIGHT_RECORDER`` sets how many are kept
+    (default 1024; 0 turns recording off). loom prints the last few on stderr by itself when
+    an operation times out, a peer dies or ranks disagree."""
+    return _C.flight_record()
+
+
+def format_flight_record() -> str:
+    """:func:`flight_record` as a table, for logs."""
+    return _C.format_flight_record()
+
+
+def progress_report(group=None) -> str:
+    """What every rank of ``group`` (default: the world) last started and finished, read
+    from shared memory: which rank is behind, which is stuck inside a collective, which died."""
+    pg = group if group is not None else c10d._get_default_group()
+    return pg._get_backend(torch.device("cpu")).progress_report()

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -70,6 +71,7 @@ struct CollectiveArgs {
   std::vector<size_t> outputCounts;
   bool variable = false;    ///< a V variant: per-rank counts may differ
   uint64_t countsHash = 0;  ///< hash of the counts every rank must agree on (V variants)
+  std::string signature;    ///< the caller's description, checked across ranks if not empty
 };
 
 /// One contiguous copy, for batching several into one parallel region.
@@ -136,6 +138,7 @@ class CollectiveContext {
   const Tuning& tuning_;
   shm::OpDesc mine_{};
   uint64_t fingerprint_ = 0;
+  const std::string* signature_ = nullptr;  // this rank's, for mismatch messages
 };
 
 /// Runs the collective described by `args`.

@@ -1,5 +1,6 @@
 // The opening phase's checks, parallel data movement, and dispatch to the algorithms.
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -14,7 +15,18 @@ namespace {
 // sleeping helper alone can take tens of microseconds).
 constexpr size_t kMinBytesPerPart = 256 << 10;
 
-std::string describe(const shm::OpDesc& d) {
+// FNV-1a of a byte string; never 0 (0 means "no signature").
+uint64_t hashText(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : text) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h == 0 ? 1 : h;
+}
+
+// "all_reduce #7 (count 100, float32, SUM, one_shot)", plus the caller's signature if any.
+std::string describe(const shm::OpDesc& d, std::string_view signature) {
   std::string s = std::string(collectiveName(static_cast<CollectiveKind>(d.kind))) + " #" +
                   std::to_string(d.seq) + " (count " + std::to_string(d.count) + ", " +
                   std::string(dataTypeName(static_cast<DataType>(d.type)));
@@ -32,6 +44,7 @@ std::string describe(const shm::OpDesc& d) {
   }
   if (d.countsHash != 0) s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);
   if (d.algorithm != 0) s += ", " + std::string(algorithmName(static_cast<Algorithm>(d.algorithm)));
+  if (d.signatureHash != 0) s += ", " + std::string(signature);
   return s + ")";
 }
 
@@ -53,6 +66,7 @@ uint64_t fingerprintOf(const shm::OpDesc& d) {
   mix(d.seq);
   mix(d.count);
   mix(d.countsHash);
+  mix(d.signatureHash);
   mix(factorBits);
   mix(uint64_t{d.kind} | uint64_t{d.type} << 8 | uint64_t{d.reduce} << 16 |
       uint64_t{d.algorithm} << 24 | static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32);
@@ -62,7 +76,8 @@ uint64_t fingerprintOf(const shm::OpDesc& d) {
 bool sameOp(const shm::OpDesc& a, const shm::OpDesc& b) {
   return a.seq == b.seq && a.kind == b.kind && a.type == b.type && a.reduce == b.reduce &&
          a.algorithm == b.algorithm && a.root == b.root && a.count == b.count &&
-         a.countsHash == b.countsHash && std::memcmp(&a.factor, &b.factor, sizeof a.factor) == 0;
+         a.countsHash == b.countsHash && a.signatureHash == b.signatureHash &&
+         std::memcmp(&a.factor, &b.factor, sizeof a.factor) == 0;
 }
 
 }  // namespace
@@ -94,6 +109,16 @@ void CollectiveContext::open(uint64_t p, const CollectiveArgs& args, Algorithm a
   mine_.reduce = static_cast<uint8_t>(args.op.kind());
   mine_.algorithm = static_cast<uint8_t>(algorithm);
   mine_.root = args.root;
+  signature_ = &args.signature;
+  if (!args.signature.empty()) {
+    // Desync debug: the text goes beside the descriptor so a mismatch can quote it; only
+    // its hash takes part in the comparison.
+    mine_.signatureHash = hashText(args.signature);
+    char* text = shm_.signature(rank(), p).text;
+    const size_t n = std::min(args.signature.size(), sizeof(shm::OpSignature::text) - 1);
+    std::memcpy(text, args.signature.data(), n);
+    text[n] = '\0';
+  }
   shm_.desc(rank(), p) = mine_;
   fingerprint_ = fingerprintOf(mine_);
   shm_.setFingerprint(p, fingerprint_);
@@ -109,12 +134,15 @@ void CollectiveContext::verifyAll(uint64_t p) {
     if (sameOp(theirs, mine_)) continue;
     const int low = std::min(q, rank());
     const int high = std::max(q, rank());
-    const shm::OpDesc& lowDesc = low == rank() ? mine_ : theirs;
-    const shm::OpDesc& highDesc = high == rank() ? mine_ : theirs;
+    const char* raw = shm_.signature(q, p).text;
+    const std::string_view theirText(raw, ::strnlen(raw, sizeof(shm::OpSignature::text)));
+    const std::string_view myText = *signature_;
+    const bool iAmLow = low == rank();
     shm_.fail(ErrorCode::kMismatch, q,
               "ranks issued different collectives at the same step: rank " + std::to_string(low) +
-                  " issued " + describe(lowDesc) + " but rank " + std::to_string(high) +
-                  " issued " + describe(highDesc));
+                  " issued " + describe(iAmLow ? mine_ : theirs, iAmLow ? myText : theirText) +
+                  " but rank " + std::to_string(high) + " issued " +
+                  describe(iAmLow ? theirs : mine_, iAmLow ? theirText : myText));
     throw shm_.failureError(collectiveName(static_cast<CollectiveKind>(mine_.kind)));
   }
 }

@@ -87,6 +87,24 @@ std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size) {
   return roster;
 }
 
+namespace {
+
+// The ranks whose record is not in the store yet, as "2, 5" (for timeout messages).
+std::string missingRanks(Store& store, const std::string& prefix, int size) {
+  std::string missing;
+  for (int q = 0; q < size; ++q) {
+    try {
+      if (store.check(prefix + "peer/" + std::to_string(q))) continue;
+    } catch (const Error&) {
+      return "";  // the store itself is gone: nothing to add
+    }
+    missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+  }
+  return missing;
+}
+
+}  // namespace
+
 Roster exchangeRoster(int rank, int size, Store& store,
                       std::chrono::steady_clock::time_point deadline) {
   // Several communicators may bootstrap through one store one after another: each rank
@@ -105,8 +123,8 @@ Roster exchangeRoster(int rank, int size, Store& store,
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout) throw;
         throw Error(ErrorCode::kTimeout, "create", rank,
-                    "rank " + std::to_string(q) + " (and possibly later ranks) did not join " +
-                        "within the timeout; check that all " + std::to_string(size) +
+                    "rank(s) " + missingRanks(store, prefix, size) +
+                        " did not join within the timeout; check that all " + std::to_string(size) +
                         " ranks start and use the same store");
       }
       auto peer = parsePeer(bytes);
@@ -126,9 +144,13 @@ Roster exchangeRoster(int rank, int size, Store& store,
     bytes = store.get(prefix + "roster", remaining(deadline));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kTimeout) throw;
+    const std::string missing = missingRanks(store, prefix, size);
     throw Error(ErrorCode::kTimeout, "create", rank,
-                "rank 0 did not publish the roster within the timeout; some rank did not start "
-                "or uses another store");
+                missing.empty()
+                    ? "rank 0 did not publish the roster within the timeout although every "
+                      "rank joined; did rank 0 fail?"
+                    : "rank(s) " + missing + " did not join within the timeout; check that all " +
+                          std::to_string(size) + " ranks start and use the same store");
   }
   auto roster = parseRoster(bytes, size);
   if (!roster) {

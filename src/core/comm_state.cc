@@ -4,9 +4,16 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+#include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "core/p2p_engine.h"
 #include "core/process_service.h"
+#include "util/deadline.h"
+#include "util/env.h"
 #include "util/unix_socket.h"
 
 namespace loom::detail {
@@ -15,12 +22,54 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// What the flight record says about a collective.
+FlightRecorder::Subject flightSubject(const CollectiveArgs& args, uint64_t seq) {
+  FlightRecorder::Subject s;
+  s.sequence = seq;
+  s.operation = collectiveName(args.kind);
+  if (args.kind == CollectiveKind::kBarrier) return s;
+  s.count = args.count;
+  s.type = static_cast<int8_t>(args.type);
+  const bool reduces = args.kind == CollectiveKind::kAllReduce ||
+                       args.kind == CollectiveKind::kReduce ||
+                       args.kind == CollectiveKind::kReduceScatter;
+  if (reduces) s.reduce = static_cast<int8_t>(args.op.kind());
+  const bool rooted = args.kind == CollectiveKind::kReduce ||
+                      args.kind == CollectiveKind::kBroadcast ||
+                      args.kind == CollectiveKind::kGather || args.kind == CollectiveKind::kScatter;
+  if (rooted) s.peer = args.root;
+  return s;
+}
+
+const char* rankStateName(shm::RankState state) {
+  switch (state) {
+    case shm::RankState::kAlive: return "alive";
+    case shm::RankState::kDeparted: return "left";
+    case shm::RankState::kDead: return "DEAD";
+  }
+  return "?";
+}
+
+// The failure's loom error code, if it is a loom::Error.
+std::optional<ErrorCode> codeOf(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    return e.code();
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// How many flight-record entries a report on stderr shows; a dump file gets them all.
+constexpr size_t kReportedEntries = 20;
+
 }  // namespace
 
 std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store& store,
                                                       const CommOptions& options) {
   Config config = Config::load(size);
-  const auto deadline = Clock::now() + options.timeout;
+  const auto deadline = deadlineAfter(options.timeout);
   const Roster roster = exchangeRoster(rank, size, store, deadline);
   requireOneHost(roster, rank);
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
@@ -46,7 +95,7 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   }
   Config config = parent.config_;
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
-  state->join(Clock::now() + options.timeout);
+  state->join(deadlineAfter(options.timeout));
   return state;
 }
 
@@ -86,6 +135,7 @@ void CommState::join(Clock::time_point deadline) {
   }
   shm_ = std::make_unique<shm::ShmComm>(std::move(segment), rank_, config_.backoff);
   shm_->attachSelf(static_cast<int>(::getpid()));
+  if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
   worker_ = std::make_unique<Worker>(config_.backoff);
 }
@@ -114,22 +164,30 @@ std::chrono::milliseconds CommState::timeoutFor(const OpOptions& options) const 
                                      : std::chrono::milliseconds(timeoutMs_.load());
 }
 
-void CommState::requireUsable(std::string_view op) const {
+void CommState::requireUsable(std::string_view op) {
   if (shutDown_.load(std::memory_order_acquire)) {
     throw Error(ErrorCode::kAborted, op, rank_,
                 "communicator '" + name_ + "' has been shut down; create a new one");
   }
-  if (shm_->failed()) throw shm_->failureError(op);
+  if (shm_->failed()) {
+    // Failing at the call is a failure too: report it like one that ends a running operation.
+    Error error = shm_->failureError(op);
+    operationFailed(std::make_exception_ptr(error));
+    throw error;
+  }
 }
 
 void CommState::execute(const CollectiveArgs& args, OpState& state,
                         std::chrono::milliseconds timeout) {
   std::exception_ptr error;
+  FlightRecorder::instance().started(state.flightId);
+  shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
   try {
-    const shm::WaitSpec wait{collectiveName(args.kind), state.seq, Clock::now() + timeout, timeout};
+    const shm::WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout), timeout};
     if (shm_->failed()) throw shm_->failureError(wait.op);
     CollectiveContext ctx(*shm_, wait, state.seq, phase_, config_.tuning);
     runCollective(ctx, args);
+    shm_->noteFinished(state.seq);
   } catch (...) {
     error = std::current_exception();
   }
@@ -138,7 +196,14 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
 
 Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   requireUsable(collectiveName(args.kind));
+  if (!options.signature.empty()) args.signature = options.signature;
   auto state = std::make_shared<OpState>(seq_.fetch_add(1, std::memory_order_relaxed) + 1);
+  FlightRecorder::Subject subject = flightSubject(args, state->seq);
+  subject.communicator = name_;
+  subject.rank = rank_;
+  subject.size = size_;
+  state->flightId = FlightRecorder::instance().issued(subject);
+  state->sink = this;
   const auto timeout = timeoutFor(options);
   Request request(state);
   if (options.blocking && worker_->runHereIfIdle([&] { execute(args, *state, timeout); })) {
@@ -160,21 +225,25 @@ void CommState::settle(const Request& request) {
 
 P2pEngine& CommState::p2p() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
-  if (!p2p_) p2p_ = std::make_unique<P2pEngine>(*shm_);
+  if (!p2p_) p2p_ = std::make_unique<P2pEngine>(*shm_, this);
   return *p2p_;
 }
 
 Request CommState::send(const void* data, size_t bytes, int peer, int tag,
                         const OpOptions& options) {
   requireUsable("send");
-  Request request = p2p().send(data, bytes, peer, tag, timeoutFor(options));
+  const uint64_t flightId = FlightRecorder::instance().issued(
+      {name_, rank_, size_, 0, "send", bytes, -1, -1, peer, tag, true});
+  Request request = p2p().send(data, bytes, peer, tag, timeoutFor(options), flightId);
   if (options.blocking) settle(request);
   return request;
 }
 
 Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options) {
   requireUsable("recv");
-  Request request = p2p().recv(data, bytes, peer, tag, timeoutFor(options));
+  const uint64_t flightId = FlightRecorder::instance().issued(
+      {name_, rank_, size_, 0, "recv", bytes, -1, -1, peer, tag, true});
+  Request request = p2p().recv(data, bytes, peer, tag, timeoutFor(options), flightId);
   if (options.blocking) settle(request);
   return request;
 }
@@ -195,6 +264,60 @@ void CommState::shutdown() {
   if (worker_) worker_->drain();
   std::lock_guard<std::mutex> lock(p2pMutex_);
   p2p_.reset();
+}
+
+std::string CommState::progressReport() const {
+  std::string out = "  rank  pid      state  last started              last finished\n";
+  char line[160];
+  for (int q = 0; q < size_; ++q) {
+    const shm::ShmComm::Progress p = shm_->progressOf(q);
+    const std::string started =
+        p.started == 0 ? std::string("-")
+                       : std::string(collectiveName(static_cast<CollectiveKind>(p.kind))) + " #" +
+                             std::to_string(p.started);
+    const std::string finished = p.finished == 0 ? "-" : "#" + std::to_string(p.finished);
+    const bool inside = p.started != 0 && p.finished < p.started;
+    std::snprintf(line, sizeof line, "  %4d  %-7d  %-5s  %-24s  %-13s%s%s\n", q, shm_->pidOf(q),
+                  rankStateName(shm_->stateOf(q)), started.c_str(), finished.c_str(),
+                  inside ? "  (inside it)" : "", q == rank_ ? "  <- this rank" : "");
+    out += line;
+  }
+  return out;
+}
+
+void CommState::operationFailed(const std::exception_ptr& failure) {
+  // Only failures an operator must diagnose; an abort or a bad argument explains itself.
+  const std::optional<ErrorCode> code = codeOf(failure);
+  if (!code || (*code != ErrorCode::kTimeout && *code != ErrorCode::kPeerFailure &&
+                *code != ErrorCode::kMismatch)) {
+    return;
+  }
+  if (reported_.exchange(true)) return;
+  const std::vector<FlightRecord> records = flightRecord();
+  std::string report = "loom: communicator '" + name_ + "' failed on rank " +
+                       std::to_string(rank_) + " of " + std::to_string(size_) + " (pid " +
+                       std::to_string(::getpid()) + "): " + failureMessage(failure) + "\n" +
+                       "loom: what each rank of '" + name_ + "' was doing:\n" + progressReport();
+  const std::optional<std::string> dumpPrefix = env::text("LOOM_FLIGHT_RECORDER_DUMP");
+  if (dumpPrefix) {
+    // The whole record goes to a file per communicator and rank; stderr gets a pointer.
+    const std::string path = *dumpPrefix + name_ + ".rank" + std::to_string(rank_) + ".txt";
+    std::ofstream file(path, std::ios::app);
+    file << report << "loom: this process's flight record (" << records.size()
+         << " operations, oldest first):\n"
+         << formatFlightRecord(records);
+    report += file ? "loom: flight record written to " + path + "\n"
+                   : "loom: could not write the flight record to " + path + "\n";
+  } else {
+    const size_t shown = std::min(records.size(), kReportedEntries);
+    const std::vector<FlightRecord> recent(records.end() - static_cast<std::ptrdiff_t>(shown),
+                                           records.end());
+    report += "loom: this process's last " + std::to_string(shown) +
+              " operations (set LOOM_FLIGHT_RECORDER_DUMP=<path prefix> to write all):\n" +
+              formatFlightRecord(recent);
+  }
+  std::fputs(report.c_str(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace loom::detail

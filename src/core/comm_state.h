@@ -20,6 +20,7 @@
 #include "algorithms/collective.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/op_state.h"
 #include "core/worker.h"
 #include "loom/communicator.h"
 #include "transport/shm/shm_comm.h"
@@ -30,7 +31,7 @@ class P2pEngine;
 
 namespace detail {
 
-class CommState {
+class CommState final : public FailureSink {
  public:
   /// Joins a top-level communicator through the store.
   static std::shared_ptr<CommState> createFromStore(int rank, int size, Store& store,
@@ -63,7 +64,14 @@ class CommState {
   void shutdown();
 
   /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed.
-  void requireUsable(std::string_view op) const;
+  void requireUsable(std::string_view op);
+
+  /// A table of what every rank of this communicator last started and finished, read from
+  /// shared memory (so it shows the other ranks too).
+  std::string progressReport() const;
+  /// Prints the failure report (once per communicator) when an operation fails with a
+  /// timeout, a dead peer or a mismatch.
+  void operationFailed(const std::exception_ptr& failure) override;
 
  private:
   CommState(int rank, const Roster& roster, const CommOptions& options, Config config);
@@ -87,6 +95,7 @@ class CommState {
   uint64_t phase_ = 0;  // worker thread only
   std::vector<uint64_t> watches_;
   std::atomic<bool> shutDown_{false};
+  std::atomic<bool> reported_{false};  // the failure report was written
 
   std::mutex childMutex_;
   std::map<std::string, int> childCounts_;  // guarded by childMutex_

@@ -84,6 +84,8 @@ void Communicator::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const CommOptions& options) {
+  if (options.timeout.count() <= 0)
+    validate::fail({"split", rank(), size()}, "the timeout must be positive");
   state_->requireUsable("split");
   // Every rank learns every (color, key) through an all_gather on this communicator.
   const int64_t mine[2] = {color, key};
@@ -106,6 +108,7 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
                                                    const std::string& tag,
                                                    const CommOptions& options) {
   const Site site{"subset", rank(), size()};
+  if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
   state_->requireUsable("subset");
   std::set<int> seen;
   for (int q : ranks) {
@@ -123,6 +126,39 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
   const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
   return std::make_shared<Communicator>(
       detail::CommState::createChild(*state_, members, salt, options));
+}
+
+std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded,
+                                                   const CommOptions& options) {
+  // Unlike split and subset this works on a failed communicator: rebuilding without the
+  // ranks that died is what it is for. Only the roster is used, never the shared segment.
+  const Site site{"shrink", rank(), size()};
+  if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
+  std::set<int> gone;
+  for (int q : excluded) {
+    validate::rankInRange(site, "excluded", q);
+    if (!gone.insert(q).second)
+      validate::fail(site, "rank " + std::to_string(q) + " is listed twice in 'excluded'");
+  }
+  if (gone.empty()) validate::fail(site, "'excluded' is empty; name the ranks to leave out");
+  if (gone.count(rank()) != 0) {
+    validate::fail(site, "this rank (" + std::to_string(rank()) +
+                             ") is in 'excluded'; only the ranks that remain call shrink");
+  }
+  std::vector<int> members;
+  std::string key = "shrink/";
+  for (int q = 0; q < size(); ++q) {
+    if (gone.count(q) != 0) continue;
+    members.push_back(q);
+    key += std::to_string(q) + ",";
+  }
+  const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
+  return std::make_shared<Communicator>(
+      detail::CommState::createChild(*state_, members, salt, options));
+}
+
+std::string Communicator::progressReport() const {
+  return state_->progressReport();
 }
 
 Request Communicator::allReduce(const void* input, void* output, size_t count, DataType type,

@@ -3,6 +3,7 @@
 #include "core/config.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "core/topology.h"
@@ -17,7 +18,9 @@ Config Config::load(int localRanks) {
   const size_t ranks = static_cast<size_t>(std::max(1, localRanks));
   // Big chunks mean fewer synchronisations per byte; for 4 or more ranks all slots together
   // (2 x P x chunk) stay within 32 MiB, so they live in the last-level cache.
-  const size_t defaultChunk = std::clamp<size_t>((size_t{16} << 20) / ranks, 1 << 20, 4 << 20);
+  // Rounded down to whole pages: 16 MiB / 5 (or 6, 7) is not one.
+  const size_t defaultChunk =
+      std::clamp<size_t>((size_t{16} << 20) / ranks, 1 << 20, 4 << 20) / 4096 * 4096;
   c.chunkBytes = env::bytes("LOOM_CHUNK_BYTES", defaultChunk, 16 << 10, size_t{1} << 30);
   if (c.chunkBytes % 4096 != 0) {
     throw Error(
@@ -39,6 +42,18 @@ Config Config::load(int localRanks) {
   c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));
   c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
   c.tuning.selection = SelectionTable::fromEnvironment();
+  if (const auto kill = env::text("LOOM_FAULT_KILL_AT")) {
+    unsigned long long seq = 0, phase = 0;
+    char tail = 0;
+    if (std::sscanf(kill->c_str(), "%llu:%llu%c", &seq, &phase, &tail) != 2 || seq == 0 ||
+        phase == 0) {
+      throw Error(ErrorCode::kInvalidArgument, "config", -1,
+                  "LOOM_FAULT_KILL_AT=" + *kill +
+                      " must be <collective number>:<phase>, both from 1 (e.g. 3:1); unset it "
+                      "outside failure drills");
+    }
+    c.killAt = {seq, phase};
+  }
   kernels::activeIsa();  // a bad LOOM_ISA fails here, at creation, not in the first collective
   return c;
 }

@@ -20,6 +20,13 @@ struct Config {
   /// Threads, streaming threshold and algorithm table (LOOM_THREADS, LOOM_STREAM_BYTES,
   /// LOOM_ALGO).
   Tuning tuning;
+  /// Fault injection for tests and failure drills (LOOM_FAULT_KILL_AT="<seq>:<phase>"):
+  /// this process kills itself with SIGKILL right after posting the phase-th phase of its
+  /// collective number seq on a communicator. {0, 0}: off.
+  struct KillPoint {
+    uint64_t seq = 0;
+    uint64_t phase = 0;
+  } killAt;
 
   /// Reads the environment; `localRanks` ranks share this host's cores.
   static Config load(int localRanks);

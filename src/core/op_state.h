@@ -9,9 +9,23 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace loom::detail {
+
+/// Told when one of its operations fails (a communicator's failure report); called on the
+/// thread that completes the operation, before its waiters wake.
+class FailureSink {
+ public:
+  virtual void operationFailed(const std::exception_ptr& failure) = 0;
+
+ protected:
+  ~FailureSink() = default;
+};
+
+/// A failure's message ("unknown failure" if it is not a std::exception).
+std::string failureMessage(const std::exception_ptr& failure);
 
 struct OpState {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
@@ -26,6 +40,8 @@ struct OpState {
   std::exception_ptr error;  ///< set before status leaves kPending
   uint64_t seq;
   std::atomic<int> source{-1};  ///< receives: the rank the message came from
+  uint64_t flightId = 0;        ///< its entry in the flight record, or 0
+  FailureSink* sink = nullptr;  ///< told of a failure; outlives the operation
   std::mutex mutex;
   std::condition_variable done;
   std::vector<std::function<void(std::exception_ptr)>> callbacks;  ///< guarded by mutex

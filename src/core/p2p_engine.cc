@@ -10,6 +10,7 @@
 #include "loom/communicator.h"
 #include "transport/shm/futex.h"
 #include "util/backoff.h"
+#include "util/deadline.h"
 
 namespace loom {
 
@@ -42,7 +43,8 @@ bool matches(int wantPeer, int wantTag, int source, int tag) {
 
 }  // namespace
 
-P2pEngine::P2pEngine(shm::ShmComm& shm) : shm_(shm), rank_(shm.rank()), size_(shm.size()) {
+P2pEngine::P2pEngine(shm::ShmComm& shm, detail::FailureSink* sink)
+    : shm_(shm), sink_(sink), rank_(shm.rank()), size_(shm.size()) {
   outbound_.resize(static_cast<size_t>(size_));
   inbound_.resize(static_cast<size_t>(size_));
   for (int q = 0; q < size_; ++q) {
@@ -66,15 +68,17 @@ Error P2pEngine::opError(ErrorCode code, const Op& op, bool isSend, const std::s
 }
 
 Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, uint64_t flightId) {
   auto op = std::make_shared<Op>();
   op->state = std::make_shared<detail::OpState>(++nextSeq_);
+  op->state->flightId = flightId;
+  op->state->sink = sink_;
   op->data = static_cast<uint8_t*>(const_cast<void*>(data));
   op->bytes = bytes;
   op->peer = peer;
   op->tag = tag;
   op->timeout = timeout;
-  op->deadline = Clock::now() + timeout;
+  op->deadline = deadlineAfter(timeout);
   encodeHeader(op->header, tag, bytes);
   Request request(op->state);
   {
@@ -86,15 +90,17 @@ Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
 }
 
 Request P2pEngine::recv(void* data, size_t bytes, int peer, int tag,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, uint64_t flightId) {
   auto op = std::make_shared<Op>();
   op->state = std::make_shared<detail::OpState>(++nextSeq_);
+  op->state->flightId = flightId;
+  op->state->sink = sink_;
   op->data = static_cast<uint8_t*>(data);
   op->bytes = bytes;
   op->peer = peer;
   op->tag = tag;
   op->timeout = timeout;
-  op->deadline = Clock::now() + timeout;
+  op->deadline = deadlineAfter(timeout);
   Request request(op->state);
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);

@@ -34,17 +34,19 @@ class P2pEngine {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit P2pEngine(shm::ShmComm& shm);
+  /// `sink` (may be null) is told of every failed operation.
+  P2pEngine(shm::ShmComm& shm, detail::FailureSink* sink);
   /// Stops the thread; operations still pending fail with kAborted.
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
 
-  /// Queues a send of `bytes` bytes to `peer`.
-  Request send(const void* data, size_t bytes, int peer, int tag,
-               std::chrono::milliseconds timeout);
+  /// Queues a send of `bytes` bytes to `peer`; `flightId` is its flight-record entry or 0.
+  Request send(const void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout,
+               uint64_t flightId);
   /// Queues a receive of exactly `bytes` bytes from `peer` (or kAnySource).
-  Request recv(void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
+  Request recv(void* data, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout,
+               uint64_t flightId);
 
  private:
   struct Op {
@@ -89,6 +91,7 @@ class P2pEngine {
   Error opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const;
 
   shm::ShmComm& shm_;
+  detail::FailureSink* sink_;
   const int rank_;
   const int size_;
 

@@ -80,6 +80,8 @@ void ProcessService::run() {
   gServiceThread = std::this_thread::get_id();
   std::vector<pollfd> fds;
   std::vector<uint64_t> watchIds;
+  size_t earlyBase = 0;
+  std::set<int> hungUp;
   for (;;) {
     fds.clear();
     watchIds.clear();
@@ -92,12 +94,32 @@ void ProcessService::run() {
         fds.push_back({w.pidfd.get(), POLLIN, 0});
         watchIds.push_back(id);
       }
+      // Early arrivals too: a member waiting for its leader sends nothing more, so any event
+      // means it hung up (gave up, died) or broke the protocol. Without this its socket would
+      // stay open here until a leader that may never come asks for it.
+      earlyBase = fds.size();
+      for (const auto& [id, list] : early_) {
+        for (const Arrival& a : list) fds.push_back({a.socket.get(), POLLIN, 0});
+      }
     }
     const int ready = ::poll(fds.data(), fds.size(), pending_.empty() ? -1 : 1000);
     if (ready < 0 && errno != EINTR) continue;
     if (fds[1].revents & POLLIN) {
       uint64_t drained;
       [[maybe_unused]] ssize_t k = ::read(wakeFd_.get(), &drained, sizeof drained);
+    }
+    // Only this thread adds to early_, so an fd polled above that is still in early_ is the
+    // same arrival (acceptMembers may have taken it meanwhile; then it is not found).
+    hungUp.clear();
+    for (size_t i = earlyBase; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) hungUp.insert(fds[i].fd);
+    }
+    if (!hungUp.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = early_.begin(); it != early_.end();) {
+        std::erase_if(it->second, [&](const Arrival& a) { return hungUp.count(a.socket.get()); });
+        it = it->second.empty() ? early_.erase(it) : std::next(it);
+      }
     }
     // Pending connections first (indices shift once accept() appends).
     const size_t pendingCount = pending_.size();
@@ -165,6 +187,13 @@ void ProcessService::readHello(size_t index) {
   Arrival arrival{*hello, std::move(p.socket), p.peerPid};
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = expected_.find(hello->comm);
+  if (it == expected_.end() && completed_.count(hello->comm) != 0) {
+    // Every rank of this communicator has joined: whoever this is (a process outside the
+    // job, a second claim on a rank) is refused now rather than parked forever in early_.
+    const auto welcome = handshake::encodeWelcome(1, "this communicator is already complete");
+    unix_socket::sendWithFd(arrival.socket.get(), welcome.data(), welcome.size(), -1);
+    return;
+  }
   if (it != expected_.end()) {
     it->second.arrived.push_back(std::move(arrival));
     arrived_.notify_all();
@@ -187,6 +216,9 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
   if (auto it = early_.find(comm); it != early_.end()) {
     for (Arrival& a : it->second) expectation.arrived.push_back(std::move(a));
     early_.erase(it);
+    // The service thread may be polling these sockets (as early arrivals): make it let go, so
+    // closing a refused one below reaches its peer at once (poll holds a file reference).
+    wake();
   }
   auto refuse = [](Arrival& a, const std::string& why) {
     const auto welcome = handshake::encodeWelcome(1, why);
@@ -219,7 +251,10 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
       accepted.push_back(std::move(a));
     }
   }
+  // Whoever queued behind the last member is told why, not just hung up on.
+  for (Arrival& a : expectation.arrived) refuse(a, "this communicator is already complete");
   expected_.erase(comm);
+  completed_.insert(comm);
   return accepted;
 }
 
@@ -235,6 +270,19 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  // The leader's address comes from the store, which anyone who reaches its port can write:
+  // talk only to a process of our own user, so a process of another user that put its own
+  // socket there never gets our Hello (and its secret) nor makes us map memory it controls.
+  unsigned leaderUid = 0;
+  int leaderPid = 0;
+  if (!unix_socket::peerCredentials(socket.get(), &leaderUid, &leaderPid) ||
+      leaderUid != ::geteuid()) {
+    throw Error(ErrorCode::kPeerFailure, "create", hello.rank,
+                "the process at the leader's socket '" + address + "' runs as uid " +
+                    std::to_string(leaderUid) + ", not as this process's uid " +
+                    std::to_string(::geteuid()) +
+                    "; refusing to join (a store written by another user?)");
   }
   const auto bytes = handshake::encodeHello(hello);
   if (!posix::writeAll(socket.get(), bytes.data(), bytes.size())) {

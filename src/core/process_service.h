@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,6 +91,9 @@ class ProcessService {
   uint64_t nextWatch_ = 1;
   uint64_t firing_ = 0;  // watch whose callback runs now; mutex_
   std::condition_variable fired_;
+  // Communicators this process has finished leading (mutex_): a later Hello for one of them
+  // is refused at once instead of being parked in early_ for a leader that will never ask.
+  std::set<CommId> completed_;
   std::thread thread_;
 };
 

@@ -4,14 +4,30 @@
 
 #include <sched.h>
 
+#include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "util/backoff.h"
+#include "util/deadline.h"
 
 namespace loom {
 
 namespace detail {
 
+std::string failureMessage(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown failure";
+  }
+}
+
 void OpState::complete(std::exception_ptr failure) {
+  // The record and the failure report come first: a waiter that wakes may end the process.
+  if (flightId != 0)
+    FlightRecorder::instance().ended(flightId, failure ? failureMessage(failure) : "");
+  if (failure && sink != nullptr) sink->operationFailed(failure);
   std::vector<std::function<void(std::exception_ptr)>> run;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -68,7 +84,7 @@ void Request::wait() const {
 
 bool Request::waitFor(std::chrono::milliseconds timeout) const {
   if (!state_) return true;
-  if (!settle(*state_, std::chrono::steady_clock::now() + timeout)) return false;
+  if (!settle(*state_, deadlineAfter(timeout))) return false;
   if (state_->status.load(std::memory_order_acquire) == detail::OpState::kFailed) {
     std::rethrow_exception(state_->error);
   }

@@ -48,8 +48,11 @@ void rankInRange(const Site& site, const char* what, int rank) {
 
 size_t bytesOf(const Site& site, const char* what, size_t count, DataType type) {
   const size_t es = elementSize(type);
-  // Counts near SIZE_MAX usually come from a negative number converted to size_t.
-  if (count > (SIZE_MAX >> 2) / es) {
+  // Counts near SIZE_MAX usually come from a negative number converted to size_t. The bound
+  // is per rank, so that callers may form size x count elements (all_gather's output,
+  // reduce_scatter's input) and sums of per-rank counts without wrapping size_t.
+  const size_t ranks = site.size > 1 ? static_cast<size_t>(site.size) : 1;
+  if (count > (SIZE_MAX >> 2) / es / ranks) {
     fail(site, "argument '" + std::string(what) + "' is " + std::to_string(count) +
                    " elements, which cannot be in memory (a negative count converted to "
                    "size_t?)");

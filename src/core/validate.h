@@ -27,7 +27,7 @@ void dataType(const Site& site, DataType type);
 void reduction(const Site& site, ReduceOp op, DataType type);
 /// 0 <= rank < size; `what` names the argument ("root", "peer").
 void rankInRange(const Site& site, const char* what, int rank);
-/// count * elementSize fits in memory; returns the byte size.
+/// count * elementSize, times the group size, fits in memory; returns the byte size.
 size_t bytesOf(const Site& site, const char* what, size_t count, DataType type);
 /// A non-null pointer wherever count > 0.
 void buffer(const Site& site, const char* what, const void* ptr, size_t count);

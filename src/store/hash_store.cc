@@ -6,6 +6,7 @@
 #include "loom/error.h"
 #include "loom/store.h"
 #include "store/store_protocol.h"
+#include "util/deadline.h"
 
 namespace loom {
 
@@ -19,7 +20,7 @@ void HashStore::set(const std::string& key, const Bytes& value) {
 
 Bytes HashStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!changed_.wait_for(lock, timeout, [&] { return data_.count(key) != 0; })) {
+  if (!changed_.wait_until(lock, deadlineAfter(timeout), [&] { return data_.count(key) != 0; })) {
     throw Error(ErrorCode::kTimeout, "store get", -1,
                 "key '" + key + "' was not set within " + std::to_string(timeout.count()) +
                     " ms; did every rank start?");

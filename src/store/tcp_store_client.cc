@@ -13,6 +13,7 @@
 #include "loom/error.h"
 #include "loom/tcp_store.h"
 #include "store/store_protocol.h"
+#include "util/deadline.h"
 #include "util/posix.h"
 
 namespace loom {
@@ -47,7 +48,7 @@ TcpStore::~TcpStore() {
 }
 
 int TcpStore::connectOnce(std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = deadlineAfter(timeout);
   auto pause = std::chrono::milliseconds(1);
   int fd;
   while ((fd = tryConnect(host_, port_)) < 0) {

@@ -206,4 +206,36 @@ std::string driveRandomCollectives(Communicator& comm, int ops, uint32_t seed) {
   return "";
 }
 
+TimedDrive driveRandomCollectivesUntil(Communicator& comm,
+                                       std::chrono::steady_clock::time_point deadline, int batchOps,
+                                       uint32_t seed,
+                                       const std::function<void(int, long)>& afterBatch) {
+  TimedDrive result;
+  for (;;) {
+    result.failure =
+        driveRandomCollectives(comm, batchOps, seed + static_cast<uint32_t>(result.batches));
+    if (!result.failure.empty()) {
+      result.failure = "batch " + std::to_string(result.batches) + ": " + result.failure;
+      return result;
+    }
+    result.operations += batchOps;
+    ++result.batches;
+    // Every member votes; all get the same maximum, so all leave after this same batch.
+    int32_t timeUp = std::chrono::steady_clock::now() >= deadline ? 1 : 0;
+    try {
+      comm.allReduce(&timeUp, &timeUp, 1, DataType::kInt32, ReduceKind::kMax).wait();
+    } catch (const std::exception& e) {
+      result.failure = "agreement after batch " + std::to_string(result.batches) + ": " + e.what();
+      return result;
+    }
+    if (timeUp != 0 && timeUp != 1) {
+      result.failure = "agreement after batch " + std::to_string(result.batches) + " gave " +
+                       std::to_string(timeUp) + ", not 0 or 1";
+      return result;
+    }
+    if (afterBatch) afterBatch(result.batches, result.operations);
+    if (timeUp == 1) return result;
+  }
+}
+
 }  // namespace loom::testing

@@ -9,33 +9,19 @@
 #include <cstring>
 #include <thread>
 
+#include "../common/expect_error.h"
 #include "../common/forked_ranks.h"
 #include "loom/error.h"
 
 namespace loom {
 namespace {
 
+using testing::expectError;
 using testing::RankContext;
 
 void expectOk(int size, const std::function<void(RankContext&)>& body) {
   const auto outcomes = testing::runRanks(size, body);
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
-}
-
-// Runs `call`, expecting Error with `code` whose message contains every one of `parts`.
-template <class F>
-void expectError(F&& call, ErrorCode code, std::initializer_list<const char*> parts) {
-  try {
-    call();
-  } catch (const Error& e) {
-    LOOM_CHECK(e.code() == code, << "wrong code (" << errorCodeName(e.code()) << "): " << e.what());
-    for (const char* part : parts) {
-      LOOM_CHECK(std::string(e.what()).find(part) != std::string::npos,
-                 << "message lacks '" << part << "': " << e.what());
-    }
-    return;
-  }
-  LOOM_CHECK(false, << "expected an error containing '" << *parts.begin() << "'");
 }
 
 TEST(Errors, InvalidArgumentsAreRefusedBeforeAnythingIsSent) {

@@ -59,10 +59,13 @@ def run_ranks(
     env: dict | None = None,
     timeout: float = 300.0,
     finalize: bool = True,
+    killed: tuple[int, ...] = (),
 ) -> list[Any]:
     """Runs fn(rank, world_size, *args) on `world_size` forked ranks; returns their results
     in rank order, or fails the calling test with every failing rank's traceback. With
-    `finalize` the ranks meet in a closing barrier (skip it for tests that break the group)."""
+    `finalize` the ranks meet in a closing barrier (skip it for tests that break the group).
+    Ranks in `killed` are expected to die of SIGKILL (fault injection): their result is
+    "killed", and dying any other way, or not dying, fails the test."""
     queue = _CTX.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
@@ -90,6 +93,9 @@ def run_ranks(
                     # A rank that died without reporting (a crash, a signal) fails the test
                     # at once, and its peers, who may wait for it forever, are killed. Its
                     # report may still be in the pipe: give it a moment first.
+                    for r in killed:
+                        if procs[r].exitcode == -9 and r not in results:
+                            results[r] = "killed"
                     dead = [r for r, p in enumerate(procs) if p.exitcode is not None
                             and r not in results and r not in errors]
                     if dead:
@@ -100,7 +106,9 @@ def run_ranks(
                             unfinished = "was killed after a peer died"
                             break
                     continue
-                if status == "ok":
+                if status == "ok" and rank in killed:
+                    errors[rank] = f"rank {rank} was to be killed but finished"
+                elif status == "ok":
                     results[rank] = pickle.loads(payload)
                 else:
                     errors[rank] = payload

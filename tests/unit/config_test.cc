@@ -4,6 +4,7 @@
 
 #include "algorithms/selection.h"
 #include "core/bootstrap.h"
+#include "core/config.h"
 #include "core/handshake.h"
 #include "loom/error.h"
 #include "util/env.h"
@@ -100,6 +101,15 @@ TEST(Bootstrap, RosterRoundTripsAndRejectsWrongSizes) {
   EXPECT_FALSE(parseRoster(bytes, 4).has_value());
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(parseRoster(std::span<const uint8_t>(bytes).first(n), 3).has_value());
+  }
+}
+
+TEST(Config, DefaultChunkIsWholePagesForEveryRankCount) {
+  // 16 MiB / P must be rounded to pages: P = 5, 6, 7 once made create fail.
+  for (int ranks = 1; ranks <= 64; ++ranks) {
+    const Config config = Config::load(ranks);
+    EXPECT_EQ(config.chunkBytes % 4096, 0u) << ranks << " ranks";
+    EXPECT_GE(config.chunkBytes, size_t{1} << 20) << ranks << " ranks";
   }
 }
 

@@ -7,6 +7,7 @@
 //   rank lines        one cache line per rank: its phase counter (see ShmComm)
 //   doorbells         one cache line per rank: wakes its point-to-point engine
 //   descriptors       per rank, per half: the operation that rank started there
+//   signatures        per rank, per half: the caller's text for that operation (desync debug)
 //   ring controls     per ordered pair (src, dst): two cache lines (head, tail)
 //   slots             per rank, two halves of chunkBytes each (page-aligned)
 //   rings             per ordered pair: ringBytes of byte stream (touched only if used)
@@ -24,7 +25,7 @@ namespace loom::shm {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kMagic = 0x6d68732d6d6f6f6cULL;  // "loom-shm"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -55,7 +56,14 @@ struct alignas(kCacheLine) RankLine {
   /// Per half: a hash of the OpDesc this rank wrote there, so a waiter that already holds
   /// this line can check agreement without fetching the descriptor's line too.
   uint64_t fingerprint[2];
+  /// Progress for failure reports: the last collective this rank started and the last it
+  /// finished (sequence numbers), and the kind it started. Written by the owner only,
+  /// relaxed: readers use them to describe a hang, never to synchronise.
+  std::atomic<uint64_t> startedSeq;
+  std::atomic<uint64_t> finishedSeq;
+  std::atomic<uint8_t> startedKind;
 };
+static_assert(sizeof(RankLine) == kCacheLine, "a rank line is one cache line");
 
 /// Wakes a rank's point-to-point engine: bumped by senders that wrote into its inbound
 /// rings and by receivers that freed space in its outbound rings.
@@ -76,6 +84,14 @@ struct alignas(kCacheLine) OpDesc {
   uint8_t reduce;       ///< ReduceKind
   uint8_t algorithm;    ///< Algorithm, or 0 where there is no choice
   int32_t root;
+  uint64_t signatureHash;  ///< hash of the caller's signature (desync debug), else 0
+};
+static_assert(sizeof(OpDesc) == kCacheLine, "a descriptor is one cache line");
+
+/// The caller's description of an operation ("shapes [4, 8]"), written beside the OpDesc
+/// only in desync-debug mode, so a mismatch message can quote both sides.
+struct alignas(kCacheLine) OpSignature {
+  char text[128];
 };
 
 /// One ring's control: `head` (bytes written, by the sender) and `tail` (bytes consumed, by
@@ -105,6 +121,7 @@ struct Layout {
   size_t rankLines = 0;
   size_t doorbells = 0;
   size_t descs = 0;
+  size_t signatures = 0;
   size_t ringControls = 0;
   size_t slots = 0;
   size_t rings = 0;
@@ -121,7 +138,8 @@ struct Layout {
     l.rankLines = sizeof(SegmentHeader);
     l.doorbells = l.rankLines + p * sizeof(RankLine);
     l.descs = l.doorbells + p * sizeof(Doorbell);
-    l.ringControls = l.descs + 2 * p * sizeof(OpDesc);
+    l.signatures = l.descs + 2 * p * sizeof(OpDesc);
+    l.ringControls = l.signatures + 2 * p * sizeof(OpSignature);
     l.slots = roundUp(l.ringControls + p * p * sizeof(RingControl), kPage);
     l.rings = l.slots + 2 * p * chunkBytes;
     l.total = l.rings + p * p * ringBytes;

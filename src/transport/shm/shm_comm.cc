@@ -3,6 +3,7 @@
 #include "transport/shm/shm_comm.h"
 
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,6 +49,7 @@ void ShmComm::post(uint64_t phase) {
   // new value before sleeping, or we see its increment here and wake it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (line.sleepers.load(std::memory_order_relaxed) != 0) futexWakeAll(lowWord(&line.posted));
+  if (phase == killPhase_) ::raise(SIGKILL);  // fault injection; killPhase_ is 0 normally
 }
 
 void ShmComm::attachSelf(int pid) {
@@ -62,8 +64,16 @@ void ShmComm::depart() {
 
 void ShmComm::markDead(int q) {
   auto expected = static_cast<uint32_t>(RankState::kAlive);
-  lines_[q].state.compare_exchange_strong(expected, static_cast<uint32_t>(RankState::kDead),
-                                          std::memory_order_acq_rel);
+  if (lines_[q].state.compare_exchange_strong(expected, static_cast<uint32_t>(RankState::kDead),
+                                              std::memory_order_acq_rel)) {
+    // Fail the whole communicator, not only waits on q: a rank waiting for a live peer that
+    // itself waits for q (in a receive, or behind in an earlier collective) must learn of it
+    // too, or it would wait until its timeout.
+    fail(ErrorCode::kPeerFailure, q,
+         "rank " + std::to_string(q) + " (pid " + std::to_string(lines_[q].pid) +
+             ") exited without leaving the communicator; restart the job or rebuild the group "
+             "without it");
+  }
   wakeAll();
 }
 
@@ -133,11 +143,23 @@ std::vector<int> ShmComm::laggards(uint64_t phase) const {
 
 void ShmComm::timeOut(uint64_t phase, const WaitSpec& spec) {
   const std::vector<int> missing = laggards(phase);
+  // Where each laggard is tells behind (finished an earlier collective, never issued this
+  // one) from stuck (started one and is waiting inside it).
+  std::string where;
+  for (size_t i = 0; i < missing.size() && i < 4; ++i) {
+    const Progress p = progressOf(missing[i]);
+    where += (i == 0 ? "; " : ", ") + std::string("rank ") + std::to_string(missing[i]) +
+             (p.started == 0
+                  ? " has started no collective"
+                  : " last started #" + std::to_string(p.started) +
+                        (p.finished >= p.started ? " and finished it" : " and is still in it"));
+  }
   std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) +
                         " hit its timeout of " + std::to_string(spec.timeout.count()) +
                         " ms: rank(s) " + rankList(missing) +
                         " had not arrived (they are behind, stuck in other work, or issued "
-                        "a different sequence of collectives)";
+                        "a different sequence of collectives)" +
+                        where;
   fail(ErrorCode::kTimeout, missing.empty() ? -1 : missing.front(), message);
   throw failureError(spec.op);
 }

@@ -61,6 +61,12 @@ class ShmComm {
                                      layout_.descs)[static_cast<size_t>(q) * 2 + (phase & 1)];
   }
 
+  /// Rank q's signature text for the half of phase p (desync debug).
+  OpSignature& signature(int q, uint64_t phase) const {
+    return reinterpret_cast<OpSignature*>(
+        base_ + layout_.signatures)[static_cast<size_t>(q) * 2 + (phase & 1)];
+  }
+
   /// The fingerprint of the descriptor rank q wrote for the half of phase p.
   uint64_t fingerprint(int q, uint64_t phase) const { return lines_[q].fingerprint[phase & 1]; }
   /// Publishes this rank's descriptor fingerprint for phase p (before post(p)).
@@ -83,11 +89,40 @@ class ShmComm {
   /// The last phase this rank posted.
   uint64_t lastPosted() const { return lines_[rank_].posted.load(std::memory_order_relaxed); }
 
+  /// Publishes that this rank started collective `seq` of kind `kind` (for failure reports).
+  void noteStarted(uint64_t seq, uint8_t kind) {
+    lines_[rank_].startedKind.store(kind, std::memory_order_relaxed);
+    lines_[rank_].startedSeq.store(seq, std::memory_order_relaxed);
+    if (killSeq_ == seq) killPhase_ = lastPosted() + killOffset_;
+  }
+  /// Fault injection: die (SIGKILL) right after posting the `phase`-th phase of collective
+  /// `seq` (see LOOM_FAULT_KILL_AT).
+  void setKillPoint(uint64_t seq, uint64_t phase) {
+    killSeq_ = seq;
+    killOffset_ = phase;
+  }
+  /// Publishes that this rank finished collective `seq`.
+  void noteFinished(uint64_t seq) {
+    lines_[rank_].finishedSeq.store(seq, std::memory_order_relaxed);
+  }
+  /// What rank q last reported: (started seq, its kind, finished seq).
+  struct Progress {
+    uint64_t started = 0;
+    uint8_t kind = 0;
+    uint64_t finished = 0;
+  };
+  Progress progressOf(int q) const {
+    return {lines_[q].startedSeq.load(std::memory_order_relaxed),
+            lines_[q].startedKind.load(std::memory_order_relaxed),
+            lines_[q].finishedSeq.load(std::memory_order_relaxed)};
+  }
+
   /// Records this rank's pid and marks it alive (once, when it attaches).
   void attachSelf(int pid);
   /// Marks this rank as having left normally: waits that still need it fail at once.
   void depart();
-  /// Marks rank q dead (its process exited without departing) and wakes every waiter;
+  /// Marks rank q dead (its process exited without departing), fails the communicator and
+  /// wakes every waiter;
   /// no effect if q departed normally. Safe from any thread.
   void markDead(int q);
   /// Rank q's liveness.
@@ -135,6 +170,9 @@ class ShmComm {
   int size_;
   BackoffPolicy backoff_;
   uint64_t allPosted_ = 0;  // every rank is known to have posted at least this
+  uint64_t killSeq_ = 0;    // fault injection: the collective to die in, or 0
+  uint64_t killOffset_ = 0;
+  uint64_t killPhase_ = 0;  // the absolute phase to die after, once that collective starts
 };
 
 }  // namespace loom::shm

@@ -1,0 +1,67 @@
+#pragma once
+
+// The process-wide ring behind loom::flightRecord(). Each operation is recorded when it is
+// issued, marked when it starts and when it ends; the newest entries overwrite the oldest.
+// One short critical section per step keeps it cheap (tens of nanoseconds uncontended).
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "loom/flight_recorder.h"
+
+namespace loom::detail {
+
+class FlightRecorder {
+ public:
+  /// The process's recorder, sized from LOOM_FLIGHT_RECORDER on first use.
+  static FlightRecorder& instance();
+
+  explicit FlightRecorder(size_t capacity);
+
+  /// What an entry is about; `arguments` is formatted only when someone reads the record.
+  struct Subject {
+    std::string_view communicator;
+    int rank = -1;
+    int size = 0;
+    uint64_t sequence = 0;
+    std::string_view operation;  ///< must outlive the recorder (a literal)
+    uint64_t count = 0;          ///< elements, or bytes for send/recv
+    int8_t type = -1;            ///< DataType, or -1
+    int8_t reduce = -1;          ///< ReduceKind, or -1
+    int peer = -1;               ///< root or peer, or -1
+    int tag = 0;                 ///< send/recv tag
+    bool pointToPoint = false;   ///< send/recv: count is bytes, peer and tag apply
+  };
+
+  /// Records an issued operation; returns its id (0 when recording is off).
+  uint64_t issued(const Subject& subject);
+  /// Marks operation `id` running.
+  void started(uint64_t id);
+  /// Marks operation `id` ended, with its failure message if `error` is not empty.
+  void ended(uint64_t id, std::string_view error);
+
+  /// The live entries, oldest first.
+  std::vector<FlightRecord> snapshot() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Entry {
+    uint64_t id = 0;
+    char communicator[32] = {};
+    Subject subject;  // string_views into `communicator` and a literal
+    FlightRecord::State state = FlightRecord::State::kQueued;
+    std::chrono::system_clock::time_point issuedWall;
+    Clock::time_point issuedAt, startedAt, endedAt;
+    char error[160] = {};
+  };
+  Entry* find(uint64_t id);  // the entry for `id` if not yet overwritten; mutex_ held
+
+  mutable std::mutex mutex_;
+  std::vector<Entry> ring_;
+  uint64_t next_ = 1;
+};
+
+}  // namespace loom::detail

@@ -1,0 +1,267 @@
+// Fault injection: a rank killed with SIGKILL at a chosen point (between collectives, inside
+// one after a given phase, in the middle of a point-to-point message, before joining)
+// releases every survivor with an error naming the dead rank, long before the timeout. The
+// survivors then rebuild without it (shrink) and get right answers, and after tearing down
+// they hold exactly what they held before: no fds, mappings, threads or /dev/shm entries.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <thread>
+
+#include "../common/forked_ranks.h"
+#include "../common/process_stats.h"
+#include "loom/error.h"
+
+namespace loom {
+namespace {
+
+using testing::RankContext;
+using testing::sampleProcess;
+
+constexpr int kVictim = 2;
+constexpr int kRanks = 4;
+
+// Ops are long-lived enough that only the dead-peer detection can end them in time: a
+// survivor that reports kTimeout instead of kPeerFailure fails the test.
+CommOptions patientOptions() {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(120);
+  return options;
+}
+
+// The collective sequence every rank runs; the victim dies inside one of them.
+struct Step {
+  const char* name;
+  std::function<Request(Communicator&, std::vector<float>&)> issue;
+};
+
+std::vector<Step> steps() {
+  return {
+      {"barrier", [](Communicator& c, std::vector<float>&) { return c.barrier(); }},
+      {"small all_reduce",
+       [](Communicator& c, std::vector<float>& b) {
+         return c.allReduce(b.data(), b.data(), 64, DataType::kFloat32, ReduceKind::kSum);
+       }},
+      {"large all_reduce",
+       [](Communicator& c, std::vector<float>& b) {
+         return c.allReduce(b.data(), b.data(), b.size(), DataType::kFloat32, ReduceKind::kSum);
+       }},
+      {"broadcast",
+       [](Communicator& c, std::vector<float>& b) {
+         return c.broadcast(b.data(), b.data(), b.size(), DataType::kFloat32, 0);
+       }},
+      {"all_gather",
+       [](Communicator& c, std::vector<float>& b) {
+         return c.allGather(b.data() + c.rank() * 1024, b.data(), 1024, DataType::kFloat32);
+       }},
+      {"barrier", [](Communicator& c, std::vector<float>&) { return c.barrier(); }},
+  };
+}
+
+// Checks that `comm`, a rebuilt communicator of the survivors, computes right answers.
+void expectWorks(Communicator& comm) {
+  std::vector<double> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = comm.rank() * 1000.0 + static_cast<double>(i);
+  comm.allReduce(v.data(), v.data(), v.size(), DataType::kFloat64, ReduceKind::kSum).wait();
+  const double n = comm.size();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double want = 1000.0 * n * (n - 1) / 2 + n * static_cast<double>(i);
+    LOOM_CHECK(v[i] == want, << "element " << i << " is " << v[i] << ", want " << want);
+  }
+}
+
+struct KillPoint {
+  const char* label;
+  const char* killAt;  // LOOM_FAULT_KILL_AT, or nullptr: die between collectives 2 and 3
+};
+
+void PrintTo(const KillPoint& p, std::ostream* os) {
+  *os << p.label;
+}
+
+class KilledRank : public ::testing::TestWithParam<KillPoint> {};
+
+TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
+  const KillPoint point = GetParam();
+  testing::RunOptions run;
+  // Small chunks: the 4 MiB all_reduce runs many phases, so a kill lands mid-pipeline.
+  run.environment = {"LOOM_CHUNK_BYTES=64K"};
+  const auto outcomes = testing::runRanks(
+      kRanks,
+      [point](RankContext& ctx) {
+        // Warm up the per-process parts (process service, helper pool) so the baseline
+        // below counts only what a communicator holds.
+        ctx.connect()->barrier().wait();
+        const auto baseline = sampleProcess();
+        const auto shmBefore = testing::devShmEntries();
+        if (ctx.rank == kVictim && point.killAt != nullptr) {
+          ::setenv("LOOM_FAULT_KILL_AT", point.killAt, 1);
+        }
+        auto comm = ctx.connect(patientOptions());
+        std::vector<float> buf(1 << 20, 1.0f);
+        int step = 0;
+        std::optional<Error> failure;
+        for (const Step& s : steps()) {
+          ++step;
+          if (ctx.rank == kVictim && point.killAt == nullptr && step == 3) ::raise(SIGKILL);
+          try {
+            s.issue(*comm, buf).wait();
+          } catch (const Error& e) {
+            failure = e;
+            break;
+          }
+        }
+        LOOM_CHECK(ctx.rank != kVictim, << "the victim survived its kill point");
+        LOOM_CHECK(failure.has_value(), << "no step failed although rank 2 died");
+        LOOM_CHECK(failure->code() == ErrorCode::kPeerFailure, << "want a peer failure, got "
+                                                               << errorCodeName(failure->code())
+                                                               << ": " << failure->what());
+        const std::string message = failure->what();
+        LOOM_CHECK(message.find("rank 2") != std::string::npos, << message);
+        LOOM_CHECK(message.find("exited") != std::string::npos, << message);
+        // Later calls fail at once with the same story.
+        try {
+          comm->barrier().wait();
+          LOOM_CHECK(false, << "a barrier on the failed communicator succeeded");
+        } catch (const Error& e) {
+          LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+        }
+        // The survivors rebuild without the dead rank and carry on.
+        const std::vector<int> dead{kVictim};
+        auto rebuilt = comm->shrink(dead, patientOptions());
+        LOOM_CHECK(rebuilt->size() == kRanks - 1);
+        LOOM_CHECK(rebuilt->rank() == (ctx.rank < kVictim ? ctx.rank : ctx.rank - 1));
+        expectWorks(*rebuilt);
+        rebuilt.reset();
+        comm.reset();
+        const auto after = sampleProcess();
+        LOOM_CHECK(after.fds == baseline.fds,
+                   << "before: " << describe(baseline) << "; after: " << describe(after));
+        LOOM_CHECK(after.loomMappings == baseline.loomMappings,
+                   << "before: " << describe(baseline) << "; after: " << describe(after));
+        LOOM_CHECK(after.threads == baseline.threads,
+                   << "before: " << describe(baseline) << "; after: " << describe(after));
+        LOOM_CHECK(testing::devShmEntries() == shmBefore, << "/dev/shm changed");
+      },
+      run);
+  for (const auto& o : outcomes) {
+    if (o.rank == kVictim) {
+      EXPECT_FALSE(o.exited) << o.output;
+      EXPECT_EQ(o.status, SIGKILL) << o.output;
+      continue;
+    }
+    EXPECT_TRUE(o.exited && o.status == 0) << "rank " << o.rank << ":\n" << o.output;
+    EXPECT_NE(o.output.find("what each rank of 'world' was doing"), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("DEAD"), std::string::npos) << o.output;
+  }
+}
+
+// Collective numbers: 1 barrier, 2 small all_reduce, 3 large all_reduce (64 phases of
+// 64 KiB halves), 4 broadcast, 5 all_gather, 6 barrier.
+INSTANTIATE_TEST_SUITE_P(
+    Faults, KilledRank,
+    ::testing::Values(KillPoint{"between_collectives", nullptr},
+                      KillPoint{"after_opening_a_barrier", "1:1"},
+                      KillPoint{"inside_a_one_shot_all_reduce", "2:1"},
+                      KillPoint{"mid_pipeline_of_a_two_shot_all_reduce", "3:17"},
+                      KillPoint{"inside_a_broadcast", "4:3"},
+                      KillPoint{"inside_an_all_gather", "5:1"}),
+    [](const ::testing::TestParamInfo<KillPoint>& info) { return std::string(info.param.label); });
+
+TEST(Faults, SenderKilledMidMessageFailsTheReceiverNotCorruptsIt) {
+  const auto outcomes = testing::runRanks(3, [](RankContext& ctx) {
+    auto comm = ctx.connect(patientOptions());
+    comm->barrier().wait();
+    // 1 MiB through a 256 KiB ring: the send stalls with part of the message written.
+    std::vector<uint8_t> data(1 << 20, 7);
+    if (ctx.rank == 1) {
+      Request send = comm->send(data.data(), data.size(), DataType::kUInt8, 0, 5);
+      ctx.store->set("sending", {1});
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      LOOM_CHECK(!send.test(), << "the send finished without a receiver");
+      ::raise(SIGKILL);
+    }
+    if (ctx.rank == 0) {
+      ctx.store->get("sending", std::chrono::seconds(60));
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));  // until rank 1 is gone
+      std::vector<uint8_t> got(data.size(), 0);
+      try {
+        comm->recv(got.data(), got.size(), DataType::kUInt8, 1, 5).wait();
+        LOOM_CHECK(false, << "a receive from a sender that died mid-message succeeded");
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+        LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos, << e.what());
+      }
+    }
+    // The collectives notice too.
+    try {
+      comm->barrier().wait();
+      LOOM_CHECK(false, << "a barrier with a dead rank succeeded");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+    }
+  });
+  EXPECT_EQ(outcomes[1].status, SIGKILL) << outcomes[1].output;
+  EXPECT_TRUE(outcomes[0].exited && outcomes[0].status == 0) << outcomes[0].output;
+  EXPECT_TRUE(outcomes[2].exited && outcomes[2].status == 0) << outcomes[2].output;
+}
+
+TEST(Faults, RankThatNeverJoinsFailsCreateNamingIt) {
+  const auto outcomes = testing::runRanks(3, [](RankContext& ctx) {
+    if (ctx.rank == 2) ::raise(SIGKILL);  // dies before create
+    CommOptions options;
+    options.timeout = std::chrono::seconds(2);
+    try {
+      ctx.connect(options);
+      LOOM_CHECK(false, << "create succeeded without rank 2");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("2") != std::string::npos, << e.what());
+    }
+  });
+  EXPECT_TRUE(outcomes[0].exited && outcomes[0].status == 0) << outcomes[0].output;
+  EXPECT_TRUE(outcomes[1].exited && outcomes[1].status == 0) << outcomes[1].output;
+}
+
+TEST(Faults, ExitingWithLiveCommunicatorsAndPendingOperationsDoesNotHang) {
+  // std::exit runs static destructors and atexit handlers; no loom thread may hold it up,
+  // even with a communicator never destroyed and a receive that can never complete.
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    comm->barrier().wait();
+    static std::shared_ptr<Communicator> leaked = comm;
+    static std::vector<float> sink(16);
+    leaked->recv(sink.data(), sink.size(), DataType::kFloat32, 1 - ctx.rank, 99);
+    std::exit(0);
+  });
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+TEST(Faults, AnExceptionOutOfARankLeavesNoWaitersBehind) {
+  // Rank 1 throws while rank 0 waits in a collective: unwinding destroys rank 1's
+  // communicator, and rank 0 learns at once that rank 1 left without it.
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    auto comm = ctx.connect(patientOptions());
+    comm->barrier().wait();
+    if (ctx.rank == 1) throw std::runtime_error("user code failed");
+    float x = 1;
+    try {
+      comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+      LOOM_CHECK(false, << "an all_reduce without rank 1 succeeded");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kMismatch, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("destroyed its communicator") != std::string::npos,
+                 << e.what());
+    }
+  });
+  EXPECT_TRUE(outcomes[0].exited && outcomes[0].status == 0) << outcomes[0].output;
+  EXPECT_TRUE(outcomes[1].exited && outcomes[1].status != 0) << outcomes[1].output;
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,249 @@
+"""Bad input through torch.distributed on loom: wrong types, dtypes, sizes, split sizes, ranks
+and layouts are refused with an error naming the op and the argument, and the group still
+works after; empty and non-contiguous tensors and a world of one give the right results."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+
+ANY_ERROR = (RuntimeError, ValueError, TypeError, AttributeError)
+
+
+def expect(exc_type, pattern: str, fn) -> None:
+    try:
+        fn()
+    except exc_type as e:  # noqa: PERF203
+        assert re.search(pattern, str(e), re.S), f"message does not match {pattern!r}: {e}"
+        return
+    raise AssertionError(f"expected {exc_type} matching {pattern!r}")
+
+
+def still_works(world: int) -> None:
+    x = torch.arange(3, dtype=torch.float64)
+    dist.all_reduce(x)
+    assert x.tolist() == [world * i for i in range(3)], x
+
+
+def body_wrong_arguments(rank: int, world: int) -> None:
+    t = torch.ones(4)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    # Not tensors at all (torch's Python layer refuses these before the backend sees them).
+    expect(ANY_ERROR, r"", lambda: dist.all_reduce([1.0, 2.0]))
+    expect(ANY_ERROR, r"", lambda: dist.broadcast(3, src=0))
+    expect(ANY_ERROR, r"", lambda: dist.all_gather(t, t))
+    # Mixed dtypes between input and output.
+    expect(ANY_ERROR, r"dtype",
+           lambda: dist.all_gather_into_tensor(torch.empty(4 * world, dtype=torch.float64), t))
+    expect(ANY_ERROR, r"dtype",
+           lambda: dist.reduce_scatter_tensor(torch.empty(4, dtype=torch.int32), torch.ones(4 * world)))
+    expect(ANY_ERROR, r"dtype",
+           lambda: dist.all_to_all_single(torch.empty(4 * world, dtype=torch.int64), torch.ones(4 * world)))
+    # Wrong output sizes for the into-one-tensor collectives.
+    for n in (0, 4 * world - 1, 4 * world + 4):
+        expect(ANY_ERROR, r"all_gather_into_tensor.*output has %d elements" % n,
+               lambda: dist.all_gather_into_tensor(torch.empty(n), t))
+        expect(ANY_ERROR, r"reduce_scatter_tensor.*input has %d elements" % n,
+               lambda: dist.reduce_scatter_tensor(t.clone(), torch.ones(n)))
+    # all_to_all_single split sizes: negative, wrong sum, wrong length, uneven without splits.
+    x = torch.ones(2 * world)
+    expect(ANY_ERROR, r"all_to_all_single.*split sizes must not be negative",
+           lambda: dist.all_to_all_single(torch.empty(2 * world), x, [-1, 2 * world + 1] + [0] * (world - 2), None))
+    expect(ANY_ERROR, r"all_to_all_single.*split sizes add up to",
+           lambda: dist.all_to_all_single(torch.empty(2 * world), x, None, [1] * world))
+    expect(ANY_ERROR, r"all_to_all_single.*(one per rank|split)",
+           lambda: dist.all_to_all_single(torch.empty(2 * world), x, None, [2 * world]))
+    expect(ANY_ERROR, r"all_to_all_single.*do not divide evenly",
+           lambda: dist.all_to_all_single(torch.empty(2 * world + 1), torch.ones(2 * world + 1)))
+    # Sizes whose sum wraps int64 to the right total.
+    expect(ANY_ERROR, r"all_to_all_single.*split sizes add up to",
+           lambda: dist.all_to_all_single(torch.empty(2 * world), x, None,
+                                          [2**63 - 1, 2**63 - 1, 2 + 2 * world] if world == 3
+                                          else [2**63 - 1] + [2 * world - 1] + [0] * (world - 2)))
+    # Out-of-range roots and peers, negative and >= world.
+    for bad in (-1, world, world + 5):
+        expect(ANY_ERROR, r"rank|root|src|dst|group", lambda: dist.broadcast(t, src=bad))
+        expect(ANY_ERROR, r"rank|root|src|dst|group", lambda: dist.reduce(t, dst=bad))
+        expect(ANY_ERROR, r"rank|root|src|dst|group", lambda: dist.send(t, dst=bad))
+        # src=-1 once became an any-source receive that waited out the group timeout.
+        expect(RuntimeError, r"loom recv \(rank \d\): argument '(src|peer)' is %d" % bad,
+               lambda: dist.recv(t, src=bad))
+        expect(ANY_ERROR, r"rank|root|src|dst|group", lambda: dist.gather(t, None, group_dst=bad))
+        expect(ANY_ERROR, r"rank|root|src|dst|group", lambda: dist.scatter(t, None, group_src=bad))
+        # Straight to the backend, past torch's own checks.
+        opts = dist.BroadcastOptions()
+        opts.rootRank = bad
+        expect(RuntimeError, r"loom broadcast \(rank \d\): root %d is outside \[0, %d\)" % (bad, world),
+               lambda: backend.broadcast([t], opts))
+        ropts = dist.ReduceOptions()
+        ropts.rootRank = bad
+        expect(RuntimeError, r"loom reduce \(rank \d\): root %d is outside" % bad,
+               lambda: backend.reduce([t], ropts))
+        expect(RuntimeError, r"loom send \(rank \d\): argument 'peer' is %d" % bad,
+               lambda: backend.send([t], bad, 0))
+    # Sparse and meta tensors, and wrong list lengths at the backend.
+    sparse = torch.ones(4).to_sparse()
+    expect(RuntimeError, r"loom broadcast \(rank \d\): tensor is not a dense tensor \(layout sparse COO\)",
+           lambda: backend.broadcast([sparse], dist.BroadcastOptions()))
+    expect(RuntimeError, r"loom all_reduce.*sparse tensors can only be summed",
+           lambda: dist.all_reduce(sparse, op=dist.ReduceOp.MAX))
+    expect(RuntimeError, r"loom all_gather_into_tensor \(rank \d\): output is on meta",
+           lambda: backend._allgather_base(torch.empty(4 * world, device="meta"), t))
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 2 tensor\(s\); expected 1",
+           lambda: backend.allreduce([t, t.clone()]))
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 0 tensor\(s\)",
+           lambda: backend.allreduce([]))
+    expect(RuntimeError, r"loom all_to_all \(rank \d\): inputs has %d tensors" % (world + 1),
+           lambda: backend.alltoall([torch.empty(1)] * world, [torch.ones(1)] * (world + 1)))
+    # Undefined-size or non-dtype arguments to reductions.
+    expect(ANY_ERROR, r"", lambda: dist.all_reduce(t, op="SUM"))
+    expect(RuntimeError, r"dtype UInt16 cannot be reduced by loom",
+           lambda: dist.all_reduce(torch.ones(2, dtype=torch.uint16)))
+    still_works(world)
+
+
+def body_right_results(rank: int, world: int) -> None:
+    # Empty tensors: every collective completes; nothing to compare but shapes.
+    e = torch.empty(0)
+    dist.all_reduce(e)
+    dist.broadcast(e, src=world - 1)
+    dist.reduce(e, dst=0)
+    out = torch.empty(0)
+    dist.all_gather_into_tensor(out, e)
+    dist.reduce_scatter_tensor(out, e)
+    dist.all_to_all_single(out, e)
+    lst = [torch.empty(0) for _ in range(world)]
+    dist.all_gather(lst, e)
+    dist.all_to_all(lst, [torch.empty(0) for _ in range(world)])
+    dist.gather(e, lst if rank == 0 else None, dst=0)
+    dist.scatter(e, lst if rank == 0 else None, src=0)
+    if world > 1:
+        if rank == 0:
+            dist.send(e, dst=1)
+        elif rank == 1:
+            dist.recv(e, src=0)
+    # all_to_all_single with zero-row splits mixed in (rank q sends q rows to every rank).
+    send = torch.full((rank * world, 2), float(rank))
+    recv = torch.full((sum(range(world)), 2), -1.0)
+    dist.all_to_all_single(recv, send, [q for q in range(world)], [rank] * world)
+    want = torch.cat([torch.full((q, 2), float(q)) for q in range(world)])
+    assert torch.equal(recv, want), (recv, want)
+    # Non-contiguous inputs and outputs (a transposed view, a strided slice).
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
+    view = base.t()
+    dist.all_reduce(view)
+    ref = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * sum(range(1, world + 1))
+    assert torch.equal(view, ref), view
+    holder = torch.zeros(8 * world)
+    strided = holder[::2]
+    dist.all_gather_into_tensor(strided, torch.full((4,), float(rank)))
+    assert torch.equal(strided, torch.arange(world).repeat_interleave(4).float()), strided
+    assert torch.equal(holder[1::2], torch.zeros(4 * world))
+    still_works(world)
+
+
+def body_world_of_one(rank: int, world: int) -> None:
+    assert world == 1
+    x = torch.arange(6, dtype=torch.float32) - 2
+    for op, want in ((dist.ReduceOp.SUM, x), (dist.ReduceOp.MAX, x), (dist.ReduceOp.AVG, x),
+                     (dist.ReduceOp.PRODUCT, x)):
+        t = x.clone()
+        dist.all_reduce(t, op=op)
+        assert torch.equal(t, want), (op, t)
+        t = x.clone()
+        dist.reduce(t, dst=0, op=op)
+        assert torch.equal(t, want)
+    i = torch.tensor([5, 3, 6], dtype=torch.int32)
+    t = i.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.BAND)
+    assert torch.equal(t, i)
+    t = x.clone()
+    dist.broadcast(t, src=0)
+    assert torch.equal(t, x)
+    out = torch.empty(6)
+    dist.all_gather_into_tensor(out, x)
+    assert torch.equal(out, x)
+    out = torch.empty(6)
+    dist.reduce_scatter_tensor(out, x)
+    assert torch.equal(out, x)
+    out = torch.empty(6)
+    dist.all_to_all_single(out, x)
+    assert torch.equal(out, x)
+    lst = [torch.empty(6)]
+    dist.all_gather(lst, x)
+    assert torch.equal(lst[0], x)
+    lst = [torch.empty(6)]
+    dist.all_to_all(lst, [x.clone()])
+    assert torch.equal(lst[0], x)
+    lst = [torch.empty(6)]
+    dist.gather(x, lst, dst=0)
+    assert torch.equal(lst[0], x)
+    t = torch.empty(6)
+    dist.scatter(t, [x.clone()], src=0)
+    assert torch.equal(t, x)
+    t = torch.empty(6)
+    dist.reduce_scatter(t, [x.clone()])
+    assert torch.equal(t, x)
+    objs = [None]
+    dist.all_gather_object(objs, {"r": rank})
+    assert objs == [{"r": 0}]
+    dist.barrier()
+    # A rank out of range is still refused in a world of one.
+    expect(ANY_ERROR, r"rank|root|src|dst|group", lambda: dist.broadcast(x, src=1))
+    still_works(world)
+
+
+def body_process_group_arguments(rank: int, world: int) -> None:
+    import loom
+
+    assert loom.is_available()
+    store = dist.distributed_c10d._get_default_store()
+    t = timedelta(seconds=30)
+    # Wrong types: pybind refuses them.
+    expect(TypeError, r"incompatible|argument", lambda: loom.ProcessGroupLoom(store, "0", 1, t))
+    expect(TypeError, r"incompatible|argument", lambda: loom.ProcessGroupLoom(store, 0, 1, "soon"))
+    # Out-of-range rank and size, a non-positive timeout: loom's create refuses them.
+    expect(RuntimeError, r"loom create.*'rank' is -1", lambda: loom.ProcessGroupLoom(store, -1, 2, t))
+    expect(RuntimeError, r"loom create.*'rank' is 2", lambda: loom.ProcessGroupLoom(store, 2, 2, t))
+    expect(RuntimeError, r"loom create.*'size' is 0", lambda: loom.ProcessGroupLoom(store, 0, 0, t))
+    expect(RuntimeError, r"loom create.*timeout must be positive",
+           lambda: loom.ProcessGroupLoom(store, 0, 1, timedelta(0)))
+    expect(RuntimeError, r"loom create.*timeout must be positive",
+           lambda: loom.ProcessGroupLoom(store, 0, 1, timedelta(seconds=-1)))
+    assert isinstance(loom._C.kernel_isa(), str)
+    still_works(world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_wrong_arguments_are_refused(world):
+    run_ranks(world, body_wrong_arguments)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_empty_and_non_contiguous_tensors_give_right_results(world):
+    run_ranks(world, body_right_results)
+
+
+def test_world_of_one_gives_right_results():
+    run_ranks(1, body_world_of_one)
+
+
+def test_process_group_constructor_arguments():
+    run_ranks(2, body_process_group_arguments)
+
+
+def body_null_store(rank: int, world: int) -> None:
+    import loom
+
+    expect(TypeError, r"incompatible|store", lambda: loom.ProcessGroupLoom(None, 0, 1, timedelta(seconds=30)))
+    still_works(world)
+
+
+def test_process_group_refuses_a_null_store():
+    run_ranks(1, body_null_store)

@@ -1,0 +1,104 @@
+"""Failures through torch: a rank killed with SIGKILL fails its peers' collectives with a
+DistBackendError naming it; the survivors rebuild with dist.shrink_group and carry on;
+torchrun's elastic restart brings the whole job back; desync debug names both shapes; the
+flight record and the progress report say what each rank was doing; /dev/shm stays empty."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import loom
+from harness import run_ranks
+
+HERE = Path(__file__).resolve().parent
+
+
+def body_kill_then_shrink(rank: int, world: int):
+    x = torch.ones(8)
+    dist.all_reduce(x)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(3):
+            dist.all_reduce(x)
+        raise AssertionError("all_reduce succeeded with rank 2 dead")
+    except dist.DistBackendError as e:
+        message = str(e)
+    assert "rank 2" in message and "exited" in message, message
+    # What every rank was doing: rank 2 is marked dead.
+    assert "DEAD" in loom.progress_report(), loom.progress_report()
+    failed = [r for r in loom.flight_record() if r["state"] == "failed"]
+    assert failed and "rank 2" in failed[-1]["error"], failed
+    # The survivors rebuild without rank 2 and get right answers.
+    dist.shrink_group([2])
+    assert dist.get_world_size() == world - 1
+    y = torch.full((8,), float(dist.get_rank() + 1))
+    dist.all_reduce(y)
+    assert torch.equal(y, torch.full((8,), float(sum(range(1, world))))), y
+    return message
+
+
+@pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="this torch has no shrink_group")
+def test_killed_rank_fails_peers_then_survivors_shrink():
+    shm_before = sorted(os.listdir("/dev/shm"))
+    results = run_ranks(4, body_kill_then_shrink, killed=(2,))
+    assert results[2] == "killed"
+    for message in results[:2] + results[3:]:
+        assert "rank 2" in message
+    assert sorted(os.listdir("/dev/shm")) == shm_before
+
+
+def test_elastic_restart_under_torchrun(tmp_path):
+    shm_before = sorted(os.listdir("/dev/shm"))
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--max-restarts", "1", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "127.0.0.1:0", str(HERE / "elastic_worker.py"), str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result == {"attempt": 1, "world": 3, "x": [243.0] * 4}, result
+    assert sorted(os.listdir("/dev/shm")) == shm_before
+
+
+def body_shapes(rank: int, world: int):
+    x = torch.ones(4, 8) if rank == 0 else torch.ones(8, 4)
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return str(e)
+    return "passed"
+
+
+def test_desync_debug_names_both_shapes():
+    results = run_ranks(2, body_shapes, env={"LOOM_DESYNC_DEBUG": "1"}, finalize=False)
+    for message in results:
+        assert "shapes [4, 8]" in message and "shapes [8, 4]" in message, message
+    # Without the debug switch the same numel is all loom needs.
+    assert run_ranks(2, body_shapes) == ["passed", "passed"]
+
+
+def body_flight_record(rank: int, world: int):
+    t = torch.ones(16)
+    dist.all_reduce(t)
+    dist.broadcast(t, src=1)
+    records = [r for r in loom.flight_record() if r["operation"] in ("all_reduce", "broadcast")]
+    assert [r["operation"] for r in records[-2:]] == ["all_reduce", "broadcast"], records
+    assert records[-2]["arguments"] == "count 16, float32, SUM", records[-2]
+    assert all(r["state"] == "completed" for r in records[-2:]), records
+    assert "broadcast #" in loom.progress_report()
+    assert "all_reduce" in loom.format_flight_record()
+
+
+def test_flight_record_and_progress_report():
+    run_ranks(2, body_flight_record)
