@@ -40,6 +40,18 @@ enum class CollectiveKind : uint8_t {
 /// "all_reduce", "broadcast", ...
 std::string_view collectiveName(CollectiveKind kind);
 
+/// True for the collectives that apply a reduction (all_reduce, reduce, reduce_scatter).
+constexpr bool reduces(CollectiveKind kind) {
+  return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
+         kind == CollectiveKind::kReduceScatter;
+}
+
+/// True for the collectives with a root (reduce, broadcast, gather, scatter).
+constexpr bool hasRoot(CollectiveKind kind) {
+  return kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
+         kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter;
+}
+
 /// The arguments of one collective, as validated by the Communicator. Per-rank blocks are
 /// pointer + count pairs, so both contiguous buffers and lists of tensors fit.
 struct CollectiveArgs {

@@ -31,15 +31,13 @@ std::string describe(const shm::OpDesc& d, std::string_view signature) {
                   std::to_string(d.seq) + " (count " + std::to_string(d.count) + ", " +
                   std::string(dataTypeName(static_cast<DataType>(d.type)));
   const auto kind = static_cast<CollectiveKind>(d.kind);
-  if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
-      kind == CollectiveKind::kReduceScatter) {
+  if (reduces(kind)) {
     s += ", " + std::string(reduceKindName(static_cast<ReduceKind>(d.reduce)));
     if (static_cast<ReduceKind>(d.reduce) == ReduceKind::kPremulSum) {
       s += " x" + std::to_string(d.factor);
     }
   }
-  if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
-      kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
+  if (hasRoot(kind)) {
     s += ", root " + std::to_string(d.root);
   }
   if (d.countsHash != 0) s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);

@@ -30,14 +30,8 @@ FlightRecorder::Subject flightSubject(const CollectiveArgs& args, uint64_t seq) 
   if (args.kind == CollectiveKind::kBarrier) return s;
   s.count = args.count;
   s.type = static_cast<int8_t>(args.type);
-  const bool reduces = args.kind == CollectiveKind::kAllReduce ||
-                       args.kind == CollectiveKind::kReduce ||
-                       args.kind == CollectiveKind::kReduceScatter;
-  if (reduces) s.reduce = static_cast<int8_t>(args.op.kind());
-  const bool rooted = args.kind == CollectiveKind::kReduce ||
-                      args.kind == CollectiveKind::kBroadcast ||
-                      args.kind == CollectiveKind::kGather || args.kind == CollectiveKind::kScatter;
-  if (rooted) s.peer = args.root;
+  if (reduces(args.kind)) s.reduce = static_cast<int8_t>(args.op.kind());
+  if (hasRoot(args.kind)) s.peer = args.root;
   return s;
 }
 

@@ -82,12 +82,14 @@ FlightRecorder& FlightRecorder::instance() {
   return *recorder;
 }
 
-FlightRecorder::FlightRecorder(size_t capacity) : ring_(capacity) {}
+FlightRecorder::FlightRecorder(size_t capacity)
+    : wallAtStart_(std::chrono::system_clock::now()),
+      steadyAtStart_(Clock::now()),
+      ring_(capacity) {}
 
 uint64_t FlightRecorder::issued(const Subject& subject) {
   if (ring_.empty()) return 0;
   const auto now = Clock::now();
-  const auto wall = std::chrono::system_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_++;
   Entry& e = ring_[id % ring_.size()];
@@ -96,7 +98,6 @@ uint64_t FlightRecorder::issued(const Subject& subject) {
   e.subject = subject;
   e.subject.communicator = {};
   e.state = FlightRecord::State::kQueued;
-  e.issuedWall = wall;
   e.issuedAt = e.startedAt = e.endedAt = now;
   e.error[0] = '\0';
   return id;
@@ -160,7 +161,8 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
       if (s.peer >= 0) r.arguments += ", root " + std::to_string(s.peer);
     }
     r.state = e.state;
-    r.issued = e.issuedWall;
+    r.issued = wallAtStart_ + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                  e.issuedAt - steadyAtStart_);
     const bool running = e.state == FlightRecord::State::kRunning;
     const bool queued = e.state == FlightRecord::State::kQueued;
     r.queuedMs = millisBetween(e.issuedAt, queued ? now : e.startedAt);

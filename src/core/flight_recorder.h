@@ -53,12 +53,15 @@ class FlightRecorder {
     char communicator[32] = {};
     Subject subject;  // string_views into `communicator` and a literal
     FlightRecord::State state = FlightRecord::State::kQueued;
-    std::chrono::system_clock::time_point issuedWall;
     Clock::time_point issuedAt, startedAt, endedAt;
     char error[160] = {};
   };
   Entry* find(uint64_t id);  // the entry for `id` if not yet overwritten; mutex_ held
 
+  // Wall-clock times are derived from the steady ones at read time: one clock read fewer
+  // per operation.
+  const std::chrono::system_clock::time_point wallAtStart_;
+  const Clock::time_point steadyAtStart_;
   mutable std::mutex mutex_;
   std::vector<Entry> ring_;
   uint64_t next_ = 1;

@@ -76,6 +76,28 @@ bool sendWithFd(int socket, const void* data, size_t n, int fdToSend) {
   return posix::writeAll(socket, static_cast<const char*>(data) + k, n - static_cast<size_t>(k));
 }
 
+ssize_t recvSome(int socket, void* data, size_t n, posix::Fd* received) {
+  iovec iov{data, n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t k;
+  do {
+    k = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+  } while (k < 0 && errno == EINTR);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); k >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      *received = posix::Fd(fd);
+    }
+  }
+  return k;
+}
+
 bool recvWithFd(int socket, void* data, size_t n, posix::Fd* received,
                 std::chrono::steady_clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
@@ -87,23 +109,9 @@ bool recvWithFd(int socket, void* data, size_t n, posix::Fd* received,
     const int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
     if (ready < 0 && errno != EINTR) return false;
     if (ready <= 0) continue;
-    iovec iov{p, n};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t k = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    const ssize_t k = recvSome(socket, p, n, received);
+    if (k < 0 && errno == EAGAIN) continue;
     if (k <= 0) return false;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        *received = posix::Fd(fd);
-      }
-    }
     p += k;
     n -= static_cast<size_t>(k);
   }

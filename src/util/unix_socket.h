@@ -3,6 +3,8 @@
 // Unix stream sockets in the abstract namespace, and passing a file descriptor along with
 // a message (SCM_RIGHTS).
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <string>
@@ -22,6 +24,10 @@ bool peerCredentials(int socket, unsigned* uid, int* pid);
 
 /// Sends `n` bytes and, if fdToSend >= 0, that descriptor with them. False on failure.
 bool sendWithFd(int socket, const void* data, size_t n, int fdToSend);
+
+/// One recvmsg of up to `n` bytes (retried on EINTR); a descriptor sent with them lands in
+/// `received`. Returns the byte count, 0 at end of stream, or -1 with errno set.
+ssize_t recvSome(int socket, void* data, size_t n, posix::Fd* received);
 
 /// Receives exactly `n` bytes, waiting until `deadline`; a descriptor sent with them lands
 /// in `received` (left invalid if none came). False on timeout, error or end of stream.

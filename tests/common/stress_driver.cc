@@ -8,27 +8,18 @@
 #include <random>
 #include <vector>
 
+#include "algorithms/collective.h"
 #include "reference.h"
 
 namespace loom::testing {
 
 namespace {
 
-enum class Kind {
-  kAllReduce,
-  kReduce,
-  kBroadcast,
-  kAllGather,
-  kReduceScatter,
-  kAllToAll,
-  kGather,
-  kScatter,
-  kBarrier,
-  kCount
-};
+// The engine's own list of collectives, kAllReduce (1) to kBarrier (the last).
+constexpr unsigned kKinds = static_cast<unsigned>(CollectiveKind::kBarrier);
 
 struct Case {
-  Kind kind;
+  CollectiveKind kind;
   DataType type;
   ReduceOp op;
   size_t count;
@@ -39,7 +30,7 @@ struct Case {
 
 Case draw(std::mt19937& rng, int size, uint32_t salt) {
   Case c{};
-  c.kind = static_cast<Kind>(rng() % static_cast<unsigned>(Kind::kCount));
+  c.kind = static_cast<CollectiveKind>(1 + rng() % kKinds);
   c.type = static_cast<DataType>(rng() % kNumDataTypes);
   const auto ops = reductionsFor(c.type);
   c.op = ops[rng() % ops.size()];
@@ -69,7 +60,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
   auto& bufs = p->buffers;
   Pending* self = p.get();
   switch (c.kind) {
-    case Kind::kAllReduce: {
+    case CollectiveKind::kAllReduce: {
       bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es)};
       uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
       p->request = comm.allReduce(bufs[0].data(), out, n, c.type, c.op);
@@ -79,7 +70,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kReduce: {
+    case CollectiveKind::kReduce: {
       bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es)};
       uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
       p->request = comm.reduce(bufs[0].data(), out, n, c.type, c.op, c.root);
@@ -90,7 +81,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kBroadcast: {
+    case CollectiveKind::kBroadcast: {
       bufs = {inputBytes(c.type, n, c.root, c.salt), std::vector<uint8_t>(n * es)};
       uint8_t* out = c.inPlace && me == c.root ? bufs[0].data() : bufs[1].data();
       p->request = comm.broadcast(bufs[0].data(), out, n, c.type, c.root);
@@ -99,7 +90,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kAllGather: {
+    case CollectiveKind::kAllGather: {
       bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es * size)};
       const uint8_t* in = bufs[0].data();
       if (c.inPlace) {
@@ -118,7 +109,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kReduceScatter: {
+    case CollectiveKind::kReduceScatter: {
       bufs = {inputBytes(c.type, n * size, me, c.salt), std::vector<uint8_t>(n * es)};
       uint8_t* out = c.inPlace ? bufs[0].data() + me * n * es : bufs[1].data();
       p->request = comm.reduceScatter(bufs[0].data(), out, n, c.type, c.op);
@@ -128,7 +119,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kAllToAll: {
+    case CollectiveKind::kAllToAll: {
       bufs = {inputBytes(c.type, n * size, me, c.salt), std::vector<uint8_t>(n * es * size)};
       uint8_t* out = c.inPlace ? bufs[0].data() : bufs[1].data();
       p->request = comm.allToAll(bufs[0].data(), out, n, c.type);
@@ -142,7 +133,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kGather: {
+    case CollectiveKind::kGather: {
       bufs = {inputBytes(c.type, n, me, c.salt), std::vector<uint8_t>(n * es * size)};
       std::vector<void*> outs;
       if (me == c.root) {
@@ -159,7 +150,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kScatter: {
+    case CollectiveKind::kScatter: {
       bufs = {inputBytes(c.type, n * size, c.root, c.salt), std::vector<uint8_t>(n * es)};
       std::vector<const void*> ins;
       if (me == c.root) {
@@ -172,8 +163,7 @@ std::unique_ptr<Pending> issue(Communicator& comm, const Case& c) {
       };
       break;
     }
-    case Kind::kBarrier:
-    case Kind::kCount:
+    case CollectiveKind::kBarrier:
       p->request = comm.barrier();
       p->check = [] { return std::string(); };
       break;

@@ -120,23 +120,10 @@ Exchange talk(const std::string& address, const Bytes& bytes, bool finish,
     pollfd pfd{socket.get(), POLLIN, 0};
     if (::poll(&pfd, 1, 1000) <= 0) continue;
     uint8_t buffer[512];
-    iovec iov{buffer, sizeof buffer};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t k = ::recvmsg(socket.get(), &msg, MSG_CMSG_CLOEXEC);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); k >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        ::close(fd);
-        out.gotFd = true;
-      }
-    }
+    posix::Fd fd;  // closed again at once: only whether one came matters
+    const ssize_t k = unix_socket::recvSome(socket.get(), buffer, sizeof buffer, &fd);
+    if (k < 0 && errno == EAGAIN) continue;
+    if (fd) out.gotFd = true;
     if (k <= 0) {
       out.ended = k == 0 || errno == ECONNRESET;
       break;
