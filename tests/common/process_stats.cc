@@ -3,6 +3,7 @@
 #include "process_stats.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -52,6 +53,30 @@ std::string describe(const ProcessStats& stats) {
   return "fds " + std::to_string(stats.fds) + ", rss " + std::to_string(stats.rssKiB) +
          " KiB, threads " + std::to_string(stats.threads) + ", loom mappings " +
          std::to_string(stats.loomMappings);
+}
+
+std::string describeFds() {
+  std::string out;
+  for (const std::string& fd : listDirectory("/proc/self/fd")) {
+    char target[256] = {};
+    const std::string link = "/proc/self/fd/" + fd;
+    if (::readlink(link.c_str(), target, sizeof target - 1) < 0) continue;  // the listing's own
+    out += "  " + fd + " -> " + target;
+    // For sockets, the kernel's view (/proc/net/unix: state, path) tells who the peer is.
+    const std::string t = target;
+    if (t.rfind("socket:[", 0) == 0) {
+      const std::string inode = t.substr(8, t.size() - 9);
+      std::ifstream unix("/proc/net/unix");
+      for (std::string line; std::getline(unix, line);) {
+        std::istringstream f(line);
+        std::string field;
+        for (int i = 0; i < 7 && f >> field;) ++i;
+        if (field == inode) out += "  [" + line + "]";
+      }
+    }
+    out += "\n";
+  }
+  return out;
 }
 
 std::vector<std::string> devShmEntries() {

@@ -22,6 +22,9 @@ ProcessStats sampleProcess();
 /// "fds 12, rss 10240 KiB, threads 3, loom mappings 1" (for messages).
 std::string describe(const ProcessStats& stats);
 
+/// One line per open descriptor: "fd -> what it refers to" (for leak messages).
+std::string describeFds();
+
 /// The names in /dev/shm (sorted); loom must never add one.
 std::vector<std::string> devShmEntries();
 
