@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import loom  # noqa: F401  (registers the "loom" backend)
+from report import write_report
 
 
 def main() -> None:
@@ -21,6 +22,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--backend", default="loom")
+    parser.add_argument("--report", help="write losses and a weights digest here (for the tests)")
     args = parser.parse_args()
 
     dist.init_process_group(args.backend)  # torchrun provides rank, world size and the store
@@ -31,6 +33,7 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(1000 + rank)
     first = last = None
+    losses = []
     for step in range(args.steps):
         x = torch.randn(args.batch, 32, generator=data)
         with torch.no_grad():
@@ -39,6 +42,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        losses.append(loss.item())
         # The mean loss over all ranks, for the log.
         report = loss.detach().clone()
         dist.all_reduce(report, op=dist.ReduceOp.AVG)
@@ -48,6 +52,7 @@ def main() -> None:
             print(f"step {step:4d}  loss {last:.5f}", flush=True)
     if rank == 0:
         print(f"{world} ranks on {args.backend}: loss {first:.4f} -> {last:.4f}", flush=True)
+    write_report(args.report, rank, losses, model.module.parameters())
     dist.destroy_process_group()
     if last >= first:
         raise SystemExit("the loss did not go down")

@@ -16,15 +16,18 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import loom  # noqa: F401  (registers the "loom" backend)
+from report import write_report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    parser.add_argument("--backend", default="loom")
+    parser.add_argument("--report", help="write losses and a weights digest here (for the tests)")
     args = parser.parse_args()
 
-    dist.init_process_group("loom")
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
@@ -37,6 +40,7 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(1000 + rank)
     first = last = None
+    losses = []
     for step in range(args.steps):
         x = torch.randn(args.batch, 32, generator=data)
         with torch.no_grad():
@@ -45,6 +49,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        losses.append(loss.item())
         report = loss.detach().clone()
         dist.all_reduce(report, op=dist.ReduceOp.AVG)
         first = report.item() if first is None else first
@@ -53,6 +58,7 @@ def main() -> None:
             print(f"step {step:4d}  loss {last:.5f}", flush=True)
     if rank == 0:
         print(f"FSDP2 on {world} ranks: loss {first:.4f} -> {last:.4f}", flush=True)
+    write_report(args.report, rank, losses, [p.full_tensor() for p in model.parameters()])
     dist.destroy_process_group()
     if last >= first:
         raise SystemExit("the loss did not go down")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the C++ suites (release, AddressSanitizer + UndefinedBehaviorSanitizer,
 # ThreadSanitizer), bounded libFuzzer runs of the wire-format parsers, and the PyTorch
-# suites. Installs what it needs.
+# suites (PyTorch's generic suite and the framework recipes of docs/FRAMEWORKS.md included).
+# Installs what it needs into $PYTHON (default the python3 on PATH).
 #   LOOM_TEST_QUICK=1 skips the sanitizer builds, the fuzz runs and PyTorch's generic suite;
 #   LOOM_FUZZ_SECONDS sets each fuzz run's length (default 30).
 set -euo pipefail
@@ -22,9 +23,10 @@ run_ctest() {
 }
 
 bash scripts/setup.sh
+bash scripts/setup_frameworks.sh
 
 section "C++ formatting (.clang-format)"
-find include src torch tests bench \( -name '*.cc' -o -name '*.h' \) -print0 |
+find include src torch_plugin tests bench \( -name '*.cc' -o -name '*.h' \) -print0 |
   xargs -0 clang-format --dry-run --Werror
 echo "formatted"
 
@@ -65,8 +67,11 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
   done
 fi
 
-section "PyTorch backend tests"
+section "PyTorch backend tests, frameworks included"
 if [ "${LOOM_TEST_QUICK:-0}" = 1 ]; then export LOOM_SKIP_TORCH_SUITE=1; fi
+# Every framework test runs: a missing framework is a failure here, not a skip. DeepSpeed
+# compiles its CPU op into the build tree, not the user's cache.
+export LOOM_REQUIRE_FRAMEWORKS=1 TORCH_EXTENSIONS_DIR="$PWD/build/torch_extensions"
 (cd tests/python && OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs -p no:cacheprovider)
 
 section "all tests passed"

@@ -7,25 +7,28 @@
 
 To let ``init_process_group()`` with no backend pick loom for CPU tensors (the way PyTorch
 picks XCCL on Intel GPUs), call ``loom.make_default()`` or set ``LOOM_DEFAULT=1`` before
-importing loom.
+importing loom. To run framework code that asks for ``"gloo"`` by name on loom, call
+``loom.replace_gloo()`` or set ``LOOM_REPLACES_GLOO=1`` (never on by default).
+
+Frameworks that fix their backend list in code (accelerate, and through it the transformers
+Trainer) accept ``backend="loom"`` once loom is imported: see ``loom._integrations``.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import _C
+from . import _C, _integrations
+from ._backend_names import BACKEND_NAME, env_flag as _env_flag, make_default, replace_gloo
 
 __all__ = [
     "is_available",
     "make_default",
+    "replace_gloo",
     "flight_record",
     "format_flight_record",
     "progress_report",
@@ -33,7 +36,6 @@ __all__ = [
     "BACKEND_NAME",
 ]
 
-BACKEND_NAME = "loom"
 ProcessGroupLoom = _C.ProcessGroupLoom
 
 
@@ -58,48 +60,6 @@ def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
     )
 
 
-def _default_backend() -> str:
-    """What an unspecified backend becomes: loom for CPU, NCCL for CUDA where present."""
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        return f"cpu:{BACKEND_NAME},cuda:nccl"
-    return BACKEND_NAME
-
-
-def make_default() -> None:
-    """Makes ``init_process_group()`` without a backend (torchrun scripts, DeviceMesh's
-    implicit initialisation) use loom for CPU tensors, and NCCL for CUDA tensors where
-    present. Idempotent.
-
-    Why a wrapper and not ``Backend.default_device_backend_map["cpu"] = "loom"``: torch's
-    path for an unspecified backend pins the group's default backend type to Gloo whenever
-    NCCL is absent, and DDP then fails to find that backend. Naming the backend explicitly
-    avoids that path, so this wraps ``init_process_group`` to do just that.
-    """
-    original = c10d.init_process_group
-    if getattr(original, "_loom_default", False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def init_process_group(*args, **kwargs):
-        bound = signature.bind_partial(*args, **kwargs)
-        backend = bound.arguments.get("backend")
-        device_id = bound.arguments.get("device_id")
-        on_cpu = device_id is None or torch.device(device_id).type == "cpu"
-        if backend in (None, "undefined", dist.Backend.UNDEFINED) and on_cpu:
-            bound.arguments["backend"] = _default_backend()
-        return original(*bound.args, **bound.kwargs)
-
-    init_process_group._loom_default = True
-    c10d.init_process_group = init_process_group
-    dist.init_process_group = init_process_group
-    # DeviceMesh imported the function by name; point it at the wrapper as well.
-    import torch.distributed.device_mesh as device_mesh
-
-    if hasattr(device_mesh, "init_process_group"):
-        device_mesh.init_process_group = init_process_group
-
-
 def _register() -> None:
     if BACKEND_NAME in dist.Backend.backend_list:
         return
@@ -107,8 +67,11 @@ def _register() -> None:
 
 
 _register()
-if os.environ.get("LOOM_DEFAULT", "") not in ("", "0"):
+_integrations.install()
+if _env_flag("LOOM_DEFAULT"):
     make_default()
+if _env_flag("LOOM_REPLACES_GLOO"):
+    replace_gloo()
 
 
 def flight_record() -> list[dict]:

@@ -73,6 +73,13 @@ def calls_for(nbytes: int) -> int:
     return 5
 
 
+def _renamed(module, name: str, old_name: str):
+    """`module.name`, or `module.old_name` on a torch that predates the rename (torch 2.13
+    deprecates all_gather_into_tensor and reduce_scatter_tensor for the *_single names, which
+    torch 2.11 lacks)."""
+    return getattr(module, name, None) or getattr(module, old_name)
+
+
 def make_case(op: str, nbytes: int, world: int, rank: int):
     """Tensors for one call of `op` moving `nbytes` (nccl-tests convention) and the call."""
     import torch
@@ -88,10 +95,12 @@ def make_case(op: str, nbytes: int, world: int, rank: int):
     per = max(1, elems // world)
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(per * world), torch.ones(per)
-        return lambda g: dist.all_gather_into_tensor(out, inp, group=g)
+        gather = _renamed(dist, "all_gather_single", "all_gather_into_tensor")
+        return lambda g: gather(out, inp, group=g)
     if op == "reduce_scatter_tensor":
         out, inp = torch.empty(per), torch.ones(per * world)
-        return lambda g: dist.reduce_scatter_tensor(out, inp, group=g)
+        reduce_scatter = _renamed(dist, "reduce_scatter_single", "reduce_scatter_tensor")
+        return lambda g: reduce_scatter(out, inp, group=g)
     if op == "all_to_all_single":
         out, inp = torch.empty(per * world), torch.ones(per * world)
         return lambda g: dist.all_to_all_single(out, inp, group=g)
@@ -164,10 +173,6 @@ def ddp_step_time(group, params_millions: int, steps: int) -> float:
 
 def rank_main(rank: int, args, init_file: str, queue) -> None:
     try:
-        import warnings
-
-        # torch 2.12+ renamed the *_tensor collectives; the old names still work everywhere.
-        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         import torch
         import torch.distributed as dist
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -79,8 +80,42 @@ std::string describeFds() {
   return out;
 }
 
-std::vector<std::string> devShmEntries() {
-  return listDirectory("/dev/shm");
+SharedMemoryFootprint sharedMemoryFootprint() {
+  SharedMemoryFootprint footprint;
+  const auto isShared = [](const std::string& path) {
+    return path.rfind("/dev/shm/", 0) == 0 || path.rfind("/memfd:", 0) == 0;
+  };
+  for (const std::string& fd : listDirectory("/proc/self/fd")) {
+    char target[512] = {};
+    const std::string link = "/proc/self/fd/" + fd;
+    if (::readlink(link.c_str(), target, sizeof target - 1) < 0) continue;  // the listing's own
+    if (isShared(target)) footprint.held.push_back(std::string("fd ") + target);
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    // The path is the sixth field and may contain spaces ("(deleted)").
+    const size_t slash = line.find('/');
+    if (slash != std::string::npos && isShared(line.substr(slash))) {
+      footprint.held.push_back("map " + line.substr(slash));
+    }
+  }
+  std::sort(footprint.held.begin(), footprint.held.end());
+  for (const std::string& name : listDirectory("/dev/shm")) {
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower.find("loom") != std::string::npos) footprint.loomNames.push_back(name);
+  }
+  return footprint;
+}
+
+std::string describe(const SharedMemoryFootprint& footprint) {
+  const auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+    return "[" + out + "]";
+  };
+  return "held " + join(footprint.held) + ", loom names in /dev/shm " + join(footprint.loomNames);
 }
 
 }  // namespace loom::testing

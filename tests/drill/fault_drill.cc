@@ -134,7 +134,7 @@ void runOnce(const Fault& fault, int ranks, Sample& sample) {
       [&fault](RankContext& ctx) {
         ctx.connect()->barrier().wait();  // warm the per-process parts up
         const auto before = testing::sampleProcess();
-        const auto shmBefore = testing::devShmEntries();
+        const auto shmBefore = testing::sharedMemoryFootprint();
         CommOptions commOptions;
         commOptions.timeout = fault.timeout;
         auto comm = ctx.connect(commOptions);
@@ -160,7 +160,7 @@ void runOnce(const Fault& fault, int ranks, Sample& sample) {
         if (after.loomMappings != before.loomMappings) leak += "mappings ";
         if (after.threads != before.threads)
           leak += std::to_string(after.threads - before.threads) + " threads ";
-        if (testing::devShmEntries() != shmBefore) leak += "/dev/shm entries ";
+        if (testing::sharedMemoryFootprint() != shmBefore) leak += "shared memory ";
         std::printf("LEAK %s\n", leak.empty() ? "nothing" : leak.c_str());
         if (ctx.rank != fault.victim) ctx.store->set("drill_done", {1});
         std::fflush(stdout);

@@ -97,7 +97,7 @@ TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
         // below counts only what a communicator holds.
         ctx.connect()->barrier().wait();
         const auto baseline = sampleProcess();
-        const auto shmBefore = testing::devShmEntries();
+        const auto shmBefore = testing::sharedMemoryFootprint();
         if (ctx.rank == kVictim && point.killAt != nullptr) {
           ::setenv("LOOM_FAULT_KILL_AT", point.killAt, 1);
         }
@@ -145,7 +145,9 @@ TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
                    << "before: " << describe(baseline) << "; after: " << describe(after));
         LOOM_CHECK(after.threads == baseline.threads,
                    << "before: " << describe(baseline) << "; after: " << describe(after));
-        LOOM_CHECK(testing::devShmEntries() == shmBefore, << "/dev/shm changed");
+        const auto shmAfter = testing::sharedMemoryFootprint();
+        LOOM_CHECK(shmAfter == shmBefore, << "shared memory before: " << describe(shmBefore)
+                                          << "; after: " << describe(shmAfter));
       },
       run);
   for (const auto& o : outcomes) {

@@ -375,7 +375,7 @@ TEST(Security, SameUserStrangerIsRefusedWithoutHarm) {
 // Nothing of loom's appears in /dev/shm; the segment is an unlinked, owner-only, sealed memfd
 // and the process service's socket is abstract (no file anywhere).
 TEST(Security, NothingOnTheFilesystemAndTheSegmentIsOwnerOnly) {
-  const std::vector<std::string> before = testing::devShmEntries();
+  const testing::SharedMemoryFootprint before = testing::sharedMemoryFootprint();
   expectOk(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
     checkAllReduce(*comm);
@@ -402,7 +402,9 @@ TEST(Security, NothingOnTheFilesystemAndTheSegmentIsOwnerOnly) {
     }
     LOOM_CHECK(abstract, << "socket '" << address << "' is not in the abstract namespace");
   });
-  EXPECT_EQ(testing::devShmEntries(), before);
+  const testing::SharedMemoryFootprint after = testing::sharedMemoryFootprint();
+  EXPECT_EQ(after, before) << "before: " << testing::describe(before)
+                           << "; after: " << testing::describe(after);
 }
 
 // A member talks only to a leader of its own user: if the store names another user's socket,

@@ -254,7 +254,7 @@ std::string mib(uint64_t bytes) {
 
 void soakRank(testing::RankContext& ctx, int seconds, int logFd) {
   const int me = ctx.rank;
-  const auto shmBefore = testing::devShmEntries();
+  const auto shmBefore = testing::sharedMemoryFootprint();
   const ProcessStats before = testing::sampleProcess();
   const auto start = Clock::now();
 
@@ -431,7 +431,10 @@ void soakRank(testing::RankContext& ctx, int seconds, int logFd) {
   LOOM_CHECK(destroyed.loomMappings == 0, << summary.str());
   LOOM_CHECK(destroyed.fds == before.fds + 2, << summary.str());
   LOOM_CHECK(destroyed.threads == before.threads + 1 + helpers, << summary.str());
-  LOOM_CHECK(testing::devShmEntries() == shmBefore, << "/dev/shm changed during the soak");
+  const auto shmAfter = testing::sharedMemoryFootprint();
+  LOOM_CHECK(shmAfter == shmBefore,
+             << "shared memory before the soak: " << testing::describe(shmBefore)
+             << "; after: " << testing::describe(shmAfter));
 }
 
 TEST(Soak, EightRanksSeveralGroupsMixedTraffic) {

@@ -127,6 +127,13 @@ def run_ranks(
         return [results[r] for r in range(world_size)]
 
 
+def loom_names_in_dev_shm() -> list[str]:
+    """Names in /dev/shm that loom could have written (any containing "loom"). loom names
+    nothing there (its segments are memfds), so a leak check compares this before and after;
+    the rest of /dev/shm belongs to whatever else runs on the machine."""
+    return sorted(n for n in os.listdir("/dev/shm") if "loom" in n.lower())
+
+
 def run_alone(fn: Callable[..., Any], *args: Any) -> Any:
     """Runs fn(0, 1, *args) in one forked process (with a one-rank Gloo group) and returns
     its result: for reference computations that must not run in the pytest process."""

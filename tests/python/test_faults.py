@@ -1,7 +1,8 @@
 """Failures through torch: a rank killed with SIGKILL fails its peers' collectives with a
 DistBackendError naming it; the survivors rebuild with dist.shrink_group and carry on;
 torchrun's elastic restart brings the whole job back; desync debug names both shapes; the
-flight record and the progress report say what each rank was doing; /dev/shm stays empty."""
+flight record and the progress report say what each rank was doing; nothing of loom's is
+left in /dev/shm."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import loom
-from harness import run_ranks
+from harness import loom_names_in_dev_shm, run_ranks
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,16 +50,16 @@ def body_kill_then_shrink(rank: int, world: int):
 
 @pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="this torch has no shrink_group")
 def test_killed_rank_fails_peers_then_survivors_shrink():
-    shm_before = sorted(os.listdir("/dev/shm"))
+    shm_before = loom_names_in_dev_shm()
     results = run_ranks(4, body_kill_then_shrink, killed=(2,))
     assert results[2] == "killed"
     for message in results[:2] + results[3:]:
         assert "rank 2" in message
-    assert sorted(os.listdir("/dev/shm")) == shm_before
+    assert loom_names_in_dev_shm() == shm_before
 
 
 def test_elastic_restart_under_torchrun(tmp_path):
-    shm_before = sorted(os.listdir("/dev/shm"))
+    shm_before = loom_names_in_dev_shm()
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
            "--max-restarts", "1", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
@@ -68,7 +69,7 @@ def test_elastic_restart_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result == {"attempt": 1, "world": 3, "x": [243.0] * 4}, result
-    assert sorted(os.listdir("/dev/shm")) == shm_before
+    assert loom_names_in_dev_shm() == shm_before
 
 
 def body_shapes(rank: int, world: int):

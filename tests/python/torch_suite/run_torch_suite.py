@@ -1,7 +1,11 @@
 """Runs PyTorch's backend-generic distributed suite (torch.testing._internal.distributed.
-distributed_test, class _DistTestBase) with BACKEND=loom.
+distributed_test, class _DistTestBase) with BACKEND=loom (or any backend BACKEND names).
 
-    WORLD_SIZE=2 python run_torch_suite.py [unittest or pytest selection]
+    BACKEND=loom WORLD_SIZE=2 python -m pytest run_torch_suite.py::TestSuiteWithFork [-k name]
+
+TestSuiteWithFork starts each test's ranks by forking the test process (seconds per test, as
+the CPU-only suite allows); TestSuiteWithSpawn starts fresh interpreters, as PyTorch's own CI
+does (several seconds more per test: each rank imports torch again).
 
 The suite gates tests on hard-coded backend sets. This runner adds "loom" to the feature sets
 loom has (plugin, ddp, subgroup, and gpu/cuda, whose GPU tests skip anyway on a CPU-only
@@ -57,7 +61,13 @@ for name in GLOO_MARKED_GENERIC:
 torch.backends.cuda.matmul.allow_tf32 = False
 
 
-class TestLoomWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+class TestSuiteWithFork(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
+
+
+class TestSuiteWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
         self._spawn_processes()

@@ -1,0 +1,12 @@
+"""Adapters for frameworks that fix their list of backends in code, applied when the framework
+is imported (before or after loom). Each module says what it changes and why."""
+
+from __future__ import annotations
+
+from . import accelerate
+from ._post_import import when_imported
+
+
+def install() -> None:
+    """Arranges every adapter (idempotent)."""
+    when_imported("accelerate.state", accelerate.patch)

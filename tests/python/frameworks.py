@@ -1,0 +1,57 @@
+"""Running scripts under torchrun for the framework tests, and reading what they report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# What every framework run gets: one thread per rank (2 ranks share the 2 cores of CI), no
+# downloads, DeepSpeed on its CPU accelerator.
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DS_ACCELERATOR": "cpu",
+    "PYTHONWARNINGS": "ignore",
+}
+
+
+def require(*modules: str) -> None:
+    """Skips the calling test when a framework is not installed, unless the run must have them
+    all (LOOM_REQUIRE_FRAMEWORKS=1, as scripts/test.sh sets it): then that is a failure."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    message = f"not installed: {', '.join(missing)} (bash scripts/setup_frameworks.sh installs them)"
+    if os.environ.get("LOOM_REQUIRE_FRAMEWORKS") == "1":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def torchrun(script: Path, args: list[str], cwd: Path, ranks: int = 2, env: dict | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess:
+    """Runs `script` on `ranks` local ranks under torchrun; fails the test if it fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **ENV, **(env or {})})
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+def run_example(script: str, backend: str, extra: list[str], directory: Path, steps: int = 5) -> list[dict]:
+    """Runs examples/<script> with --backend and --report; returns every rank's report."""
+    report = directory / f"report-{backend}"
+    torchrun(EXAMPLES / script, ["--steps", str(steps), "--backend", backend, "--report", str(report), *extra],
+             cwd=directory)
+    ranks = sorted(report.glob("rank*.json"))
+    assert [p.name for p in ranks] == ["rank0.json", "rank1.json"], ranks
+    return [json.loads(p.read_text()) for p in ranks]
