@@ -49,4 +49,6 @@ def test_torch_and_loom_import_from_the_environment_when_run_from_the_checkout()
     assert done.returncode == 0, done.stderr
     torch_file, loom_file, _version = done.stdout.split()
     for module_file in (torch_file, loom_file):
-        assert not Path(module_file).resolve().is_relative_to(ROOT), f"imported from the checkout: {module_file}"
+        # A package's __init__.py sits in a folder of some sys.path entry: that entry must not
+        # be the checkout (a virtual environment inside it, as CI's, is fine).
+        assert Path(module_file).parent.parent != ROOT, f"imported from the checkout: {module_file}"
