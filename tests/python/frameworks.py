@@ -14,8 +14,10 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # What every framework run gets: one thread per rank (2 ranks share the 2 cores of CI), no
-# downloads, DeepSpeed on its CPU accelerator.
+# downloads, DeepSpeed on its CPU accelerator, and no GPU: these are CPU runs, and on a host
+# with GPUs the frameworks would otherwise prepare GPU runs.
 ENV = {
+    "CUDA_VISIBLE_DEVICES": "",
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
