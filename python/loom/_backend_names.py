@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import BackendConfig

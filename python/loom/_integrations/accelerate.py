@@ -30,9 +30,10 @@ def _launched_distributed() -> bool:
 
 
 def _accelerator_type() -> str:
+    """The device type of this host's accelerator (asked only when accelerate found one)."""
     import torch
 
-    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    accelerator = torch.accelerator.current_accelerator()
     return accelerator.type if accelerator is not None else "cuda"
 
 
