@@ -17,11 +17,11 @@
 
 #include "bench_ops.h"
 #include "core/config.h"
-#include "core/helper_pool.h"
 #include "core/topology.h"
 #include "kernels/reduce.h"
 #include "loom/loom.h"
 #include "util/env.h"
+#include "util/helper_pool.h"
 
 namespace loom::bench {
 namespace {

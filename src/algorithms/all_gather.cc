@@ -18,24 +18,15 @@ void allGather(CollectiveContext& ctx, const CollectiveArgs& args) {
   size_t total = 0;
   for (size_t n : args.outputCounts) total += n;
   const bool stream = ctx.streams(total * es);
-  const size_t chunks = longest == 0 ? 1 : (longest + perChunk - 1) / perChunk;
   auto partOf = [&](int q, size_t begin) {
     const size_t n = args.outputCounts[q];
     return begin >= n ? size_t{0} : std::min(perChunk, n - begin);
   };
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(longest, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
-    if (c == 0)
-      ctx.open(p, args, Algorithm{});
-    else
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(true);
     ctx.copy(ctx.slot(me, p), in + begin * es, partOf(me, begin) * es);
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else
-      ctx.waitAll(p);
+    ctx.finishPhase(p, CollectiveContext::Await::kAll);
     tasks.clear();
     for (int q = 0; q < size; ++q) {
       auto* dst = static_cast<uint8_t*>(args.outputs[q]) + begin * es;

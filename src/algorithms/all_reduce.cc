@@ -16,13 +16,7 @@
 
 namespace loom {
 
-namespace {
-
-size_t chunkCount(size_t count, size_t perChunk) {
-  return count == 0 ? 1 : (count + perChunk - 1) / perChunk;
-}
-
-}  // namespace
+using Await = CollectiveContext::Await;
 
 void allReduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
@@ -31,21 +25,12 @@ void allReduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.input);
   auto* out = static_cast<uint8_t*>(args.output);
   std::vector<const void*> srcs(static_cast<size_t>(ctx.size()));
-  const size_t chunks = chunkCount(args.count, perChunk);
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0)
-      ctx.open(p, args, Algorithm::kOneShot);
-    else
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(true);
     ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else
-      ctx.waitAll(p);
+    ctx.finishPhase(p, Await::kAll);
     for (int q = 0; q < ctx.size(); ++q) srcs[q] = ctx.slot(q, p);
     ctx.reduce(out + begin * es, srcs, n, spec);
   }
@@ -63,30 +48,19 @@ void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   std::vector<const void*> srcs(static_cast<size_t>(size));
   std::vector<CopyTask> gatherTasks(static_cast<size_t>(size));
   const bool stream = ctx.streams(args.count * es);
-  const size_t chunks = chunkCount(args.count, perChunk);
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t a = ctx.nextPhase();
-    const uint64_t b = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
     // Phase a: inputs in.
-    if (c == 0)
-      ctx.open(a, args, Algorithm::kTwoShot);
-    else
-      ctx.beginWrite(a);
+    const uint64_t a = ctx.startPhase(true);
     ctx.copy(ctx.slot(me, a), in + begin * es, n * es);
-    ctx.post(a);
-    if (c == 0)
-      ctx.verifyAll(a);
-    else
-      ctx.waitAll(a);
+    ctx.finishPhase(a, Await::kAll);
     // Phase b: reduce my slice of everyone's chunk into my other half.
     const auto [lo, hi] = sliceOf(n, me, size, align);
-    ctx.beginWrite(b);
+    const uint64_t b = ctx.startPhase(true);
     for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, a) + lo * es;
     ctx.reduce(ctx.slot(me, b) + lo * es, srcs, hi - lo, spec);
-    ctx.post(b);
-    ctx.waitAll(b);
+    ctx.finishPhase(b, Await::kAll);
     // Gather every rank's reduced slice.
     for (int q = 0; q < size; ++q) {
       const auto [qlo, qhi] = sliceOf(n, q, size, align);

@@ -32,22 +32,21 @@ bool overlaps(const CollectiveArgs& args, size_t es) {
 size_t exchangeCounts(CollectiveContext& ctx, const CollectiveArgs& args) {
   const int me = ctx.rank();
   const int size = ctx.size();
-  const uint64_t p = ctx.nextPhase();
-  ctx.open(p, args, Algorithm{});
+  const uint64_t p = ctx.startPhase(true);  // the opening phase
   auto* published = reinterpret_cast<uint64_t*>(ctx.slot(me, p));
   for (int q = 0; q < size; ++q) published[q] = args.inputCounts[q];
-  ctx.post(p);
-  ctx.verifyAll(p);
+  ctx.finishPhase(p, CollectiveContext::Await::kAll);
   size_t longest = 0;
   for (int q = 0; q < size; ++q) {
     const auto* theirs = reinterpret_cast<const uint64_t*>(ctx.slot(q, p));
     if (theirs[me] != args.outputCounts[q]) {
-      ctx.shm().fail(ErrorCode::kMismatch, q,
-                     "all_to_all: rank " + std::to_string(q) + " sends " +
-                         std::to_string(theirs[me]) + " elements to rank " + std::to_string(me) +
-                         ", which expects " + std::to_string(args.outputCounts[q]) +
-                         " from it; input and output split sizes must match pairwise");
-      throw ctx.shm().failureError("all_to_all");
+      ctx.failures().fail(ErrorCode::kMismatch, q,
+                          "all_to_all: rank " + std::to_string(q) + " sends " +
+                              std::to_string(theirs[me]) + " elements to rank " +
+                              std::to_string(me) + ", which expects " +
+                              std::to_string(args.outputCounts[q]) +
+                              " from it; input and output split sizes must match pairwise");
+      throw ctx.failures().failureError("all_to_all");
     }
     for (int r = 0; r < size; ++r) longest = std::max<size_t>(longest, theirs[r]);
   }
@@ -84,27 +83,18 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
   size_t received = 0;
   for (size_t n : args.outputCounts) received += n;
   const bool stream = ctx.streams(received * es);
-  size_t chunks = (longest + region - 1) / region;
-  if (!args.variable && chunks == 0) chunks = 1;  // the opening phase runs regardless
+  // The V variant's count exchange was the opening phase; it may be the only one.
+  const size_t chunks = args.variable ? (longest + region - 1) / region : chunksOf(longest, region);
   for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
     const size_t begin = c * region;
-    const bool opening = c == 0 && !args.variable;
-    if (opening)
-      ctx.open(p, args, Algorithm{});
-    else
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(true);
     uint8_t* mine = ctx.slot(me, p);
     for (int q = 0; q < size; ++q) {
       tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
                   part(args.inputCounts, q, begin) * es};
     }
     ctx.copy(tasks);
-    ctx.post(p);
-    if (opening)
-      ctx.verifyAll(p);
-    else
-      ctx.waitAll(p);
+    ctx.finishPhase(p, CollectiveContext::Await::kAll);
     for (int q = 0; q < size; ++q) {
       tasks[q] = {static_cast<uint8_t*>(args.outputs[q]) + begin * es,
                   ctx.slot(q, p) + me * region * es, part(args.outputCounts, q, begin) * es};

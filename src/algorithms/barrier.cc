@@ -4,11 +4,8 @@
 
 namespace loom {
 
-void barrier(CollectiveContext& ctx, const CollectiveArgs& args) {
-  const uint64_t p = ctx.nextPhase();
-  ctx.open(p, args, Algorithm{});
-  ctx.post(p);
-  ctx.verifyAll(p);
+void barrier(CollectiveContext& ctx, const CollectiveArgs&) {
+  ctx.finishPhase(ctx.startPhase(true), CollectiveContext::Await::kAll);
 }
 
 }  // namespace loom

@@ -7,6 +7,8 @@
 
 namespace loom {
 
+using Await = CollectiveContext::Await;
+
 void broadcast(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perChunk = ctx.chunkBytes() / es;
@@ -14,21 +16,12 @@ void broadcast(CollectiveContext& ctx, const CollectiveArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.input);
   auto* out = static_cast<uint8_t*>(args.output);
   const bool stream = ctx.streams(args.count * es);
-  const size_t chunks = args.count == 0 ? 1 : (args.count + perChunk - 1) / perChunk;
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0)
-      ctx.open(p, args, Algorithm{});
-    else if (root)
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(root);
     if (root) ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else if (!root)
-      ctx.waitPeer(args.root, p);
+    ctx.finishPhase(p, root ? Await::kNobody : Await::kRoot);
     if (!root) ctx.copy(out + begin * es, ctx.slot(args.root, p), n * es, stream);
   }
   if (root) ctx.copy(out, in, args.count * es, stream);

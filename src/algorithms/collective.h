@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "algorithms/selection.h"
-#include "core/helper_pool.h"
 #include "kernels/reduce.h"
 #include "loom/types.h"
 #include "transport/shm/shm_comm.h"
+#include "util/helper_pool.h"
 
 namespace loom {
 
@@ -103,11 +103,20 @@ struct Tuning {
 /// The running state of one collective on one rank.
 class CollectiveContext {
  public:
-  CollectiveContext(shm::ShmComm& shm, const shm::WaitSpec& wait, uint64_t seq, uint64_t& phase,
-                    const Tuning& tuning)
-      : shm_(shm), wait_(wait), seq_(seq), phase_(phase), tuning_(tuning) {}
+  CollectiveContext(shm::ShmComm& shm, Failures& failures, const WaitSpec& wait, uint64_t seq,
+                    uint64_t& phase, const Tuning& tuning)
+      : shm_(shm), failures_(failures), wait_(wait), seq_(seq), phase_(phase), tuning_(tuning) {}
+
+  /// Sets the collective this context runs and the algorithm chosen for it (before the
+  /// first startPhase; both go into the opening descriptor).
+  void begin(const CollectiveArgs& args, Algorithm algorithm) {
+    args_ = &args;
+    algorithm_ = algorithm;
+  }
 
   shm::ShmComm& shm() const { return shm_; }
+  /// Where a failure found by an algorithm (a mismatch) is recorded.
+  Failures& failures() const { return failures_; }
   int rank() const { return shm_.rank(); }
   int size() const { return shm_.size(); }
   size_t chunkBytes() const { return shm_.chunkBytes(); }
@@ -115,19 +124,22 @@ class CollectiveContext {
   /// True if an output of `bytes` per rank should be written with streaming stores.
   bool streams(size_t bytes) const { return bytes >= tuning_.streamBytes; }
 
-  /// Allocates the next phase number (every rank allocates the same sequence).
-  uint64_t nextPhase() { return ++phase_; }
+  /// Who a rank waits for after posting a phase, before it reads.
+  enum class Await : uint8_t {
+    kNobody,  ///< it reads nothing in this phase
+    kAll,     ///< every rank
+    kRoot,    ///< the collective's root
+  };
 
-  /// Opening, part 1: waits for the half of phase p to be free and writes this rank's
-  /// descriptor of `args` (with `algorithm`, 0 if none). Write data, then post(p).
-  void open(uint64_t p, const CollectiveArgs& args, Algorithm algorithm);
-  /// Opening, part 2: waits for every rank to post p and checks their descriptors.
-  void verifyAll(uint64_t p);
+  /// Starts the collective's next phase and returns its number. The first phase is the
+  /// opening: it writes this rank's descriptor. A later phase in which this rank `writes`
+  /// first waits until the half it reuses is free (a rank that only reads skips that wait).
+  uint64_t startPhase(bool writes);
+  /// Ends phase p: posts it (this rank's writes are complete and it is done reading every
+  /// earlier phase), then waits for the ranks it reads. Every rank waits for all in the
+  /// opening phase and checks their descriptors, whatever `await` says.
+  void finishPhase(uint64_t p, Await await);
 
-  void beginWrite(uint64_t p) { shm_.beginWrite(p, wait_); }
-  void post(uint64_t p) { shm_.post(p); }
-  void waitPeer(int q, uint64_t p) { shm_.waitPeer(q, p, wait_); }
-  void waitAll(uint64_t p) { shm_.waitAll(p, wait_); }
   uint8_t* slot(int q, uint64_t p) const { return shm_.slot(q, p); }
 
   /// Performs the copies, split across helper threads when large; `streaming` writes the
@@ -143,11 +155,20 @@ class CollectiveContext {
 
  private:
   int partsFor(size_t bytes) const;
+  // The opening phase: its first part writes this rank's descriptor, its second (after the
+  // post) waits for every rank and checks their descriptors against it.
+  void open(uint64_t p);
+  void verifyAll(uint64_t p);
+
   shm::ShmComm& shm_;
-  const shm::WaitSpec& wait_;
+  Failures& failures_;
+  const WaitSpec& wait_;
   uint64_t seq_;
   uint64_t& phase_;
   const Tuning& tuning_;
+  const CollectiveArgs* args_ = nullptr;
+  Algorithm algorithm_{};
+  uint64_t opening_ = 0;  // the opening phase's number, once started
   shm::OpDesc mine_{};
   uint64_t fingerprint_ = 0;
   const std::string* signature_ = nullptr;  // this rank's, for mismatch messages
@@ -178,6 +199,12 @@ inline std::pair<size_t, size_t> sliceOf(size_t count, int part, int parts, size
     return raw / align * align;
   };
   return {bound(part), bound(part + 1)};
+}
+
+/// Chunks of `perChunk` elements that `count` elements take; at least one, because the
+/// opening phase runs even for an empty collective.
+inline size_t chunksOf(size_t count, size_t perChunk) {
+  return count == 0 ? 1 : (count + perChunk - 1) / perChunk;
 }
 
 /// Elements of each per-destination region of a slot (reduce_scatter, all_to_all,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "algorithms/collective.h"
 #include "kernels/copy.h"
@@ -95,8 +96,30 @@ std::string_view collectiveName(CollectiveKind kind) {
   return "collective";
 }
 
-void CollectiveContext::open(uint64_t p, const CollectiveArgs& args, Algorithm algorithm) {
-  beginWrite(p);
+uint64_t CollectiveContext::startPhase(bool writes) {
+  const uint64_t p = ++phase_;
+  if (opening_ == 0) {
+    opening_ = p;
+    open(p);
+  } else if (writes) {
+    shm_.beginWrite(p, wait_);
+  }
+  return p;
+}
+
+void CollectiveContext::finishPhase(uint64_t p, Await await) {
+  shm_.post(p);
+  if (p == opening_) return verifyAll(p);
+  switch (await) {
+    case Await::kNobody: return;
+    case Await::kAll: return shm_.waitAll(p, wait_);
+    case Await::kRoot: return shm_.waitPeer(args_->root, p, wait_);
+  }
+}
+
+void CollectiveContext::open(uint64_t p) {
+  const CollectiveArgs& args = *args_;
+  shm_.beginWrite(p, wait_);
   mine_ = shm::OpDesc{};
   mine_.seq = seq_;
   mine_.count = args.count;
@@ -105,7 +128,7 @@ void CollectiveContext::open(uint64_t p, const CollectiveArgs& args, Algorithm a
   mine_.kind = static_cast<uint8_t>(args.kind);
   mine_.type = static_cast<uint8_t>(args.type);
   mine_.reduce = static_cast<uint8_t>(args.op.kind());
-  mine_.algorithm = static_cast<uint8_t>(algorithm);
+  mine_.algorithm = static_cast<uint8_t>(algorithm_);
   mine_.root = args.root;
   signature_ = &args.signature;
   if (!args.signature.empty()) {
@@ -123,7 +146,7 @@ void CollectiveContext::open(uint64_t p, const CollectiveArgs& args, Algorithm a
 }
 
 void CollectiveContext::verifyAll(uint64_t p) {
-  waitAll(p);
+  shm_.waitAll(p, wait_);
   for (int q = 0; q < size(); ++q) {
     // The fingerprint sits in the rank line the wait just read; the descriptor itself is
     // fetched only to describe a disagreement.
@@ -136,12 +159,13 @@ void CollectiveContext::verifyAll(uint64_t p) {
     const std::string_view theirText(raw, ::strnlen(raw, sizeof(shm::OpSignature::text)));
     const std::string_view myText = *signature_;
     const bool iAmLow = low == rank();
-    shm_.fail(ErrorCode::kMismatch, q,
-              "ranks issued different collectives at the same step: rank " + std::to_string(low) +
-                  " issued " + describe(iAmLow ? mine_ : theirs, iAmLow ? myText : theirText) +
-                  " but rank " + std::to_string(high) + " issued " +
-                  describe(iAmLow ? theirs : mine_, iAmLow ? theirText : myText));
-    throw shm_.failureError(collectiveName(static_cast<CollectiveKind>(mine_.kind)));
+    failures_.fail(ErrorCode::kMismatch, q,
+                   "ranks issued different collectives at the same step: rank " +
+                       std::to_string(low) + " issued " +
+                       describe(iAmLow ? mine_ : theirs, iAmLow ? myText : theirText) +
+                       " but rank " + std::to_string(high) + " issued " +
+                       describe(iAmLow ? theirs : mine_, iAmLow ? theirText : myText));
+    throw failures_.failureError(collectiveName(static_cast<CollectiveKind>(mine_.kind)));
   }
 }
 
@@ -210,22 +234,29 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
 
 void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elementSize(args.type);
+  using Run = void (*)(CollectiveContext&, const CollectiveArgs&);
+  auto choose = [](Algorithm algorithm, Run oneShot, Run twoShot) {
+    return std::pair{algorithm, algorithm == Algorithm::kOneShot ? oneShot : twoShot};
+  };
+  std::pair<Algorithm, Run> chosen{Algorithm{}, nullptr};
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      if (ctx.selection().allReduce(bytes) == Algorithm::kOneShot)
-        return allReduceOneShot(ctx, args);
-      return allReduceTwoShot(ctx, args);
+      chosen = choose(ctx.selection().allReduce(bytes), allReduceOneShot, allReduceTwoShot);
+      break;
     case CollectiveKind::kReduce:
-      if (ctx.selection().reduce(bytes) == Algorithm::kOneShot) return reduceOneShot(ctx, args);
-      return reduceTwoShot(ctx, args);
-    case CollectiveKind::kBroadcast: return broadcast(ctx, args);
-    case CollectiveKind::kAllGather: return allGather(ctx, args);
-    case CollectiveKind::kReduceScatter: return reduceScatter(ctx, args);
-    case CollectiveKind::kAllToAll: return allToAll(ctx, args);
-    case CollectiveKind::kGather: return gather(ctx, args);
-    case CollectiveKind::kScatter: return scatter(ctx, args);
-    case CollectiveKind::kBarrier: return barrier(ctx, args);
+      chosen = choose(ctx.selection().reduce(bytes), reduceOneShot, reduceTwoShot);
+      break;
+    case CollectiveKind::kBroadcast: chosen.second = broadcast; break;
+    case CollectiveKind::kAllGather: chosen.second = allGather; break;
+    case CollectiveKind::kReduceScatter: chosen.second = reduceScatter; break;
+    case CollectiveKind::kAllToAll: chosen.second = allToAll; break;
+    case CollectiveKind::kGather: chosen.second = gather; break;
+    case CollectiveKind::kScatter: chosen.second = scatter; break;
+    case CollectiveKind::kBarrier: chosen.second = barrier; break;
   }
+  // The choice travels in the opening descriptor: ranks whose tables differ get a mismatch.
+  ctx.begin(args, chosen.first);
+  chosen.second(ctx, args);
 }
 
 }  // namespace loom

@@ -9,6 +9,8 @@
 
 namespace loom {
 
+using Await = CollectiveContext::Await;
+
 void gather(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perChunk = ctx.chunkBytes() / es;
@@ -17,21 +19,12 @@ void gather(CollectiveContext& ctx, const CollectiveArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.input);
   std::vector<CopyTask> tasks;
   const bool stream = ctx.streams(args.count * es * static_cast<size_t>(ctx.size()));
-  const size_t chunks = args.count == 0 ? 1 : (args.count + perChunk - 1) / perChunk;
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0)
-      ctx.open(p, args, Algorithm{});
-    else if (!root)
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(!root);
     if (!root) ctx.copy(ctx.slot(me, p), in + begin * es, n * es);
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else if (root)
-      ctx.waitAll(p);
+    ctx.finishPhase(p, root ? Await::kAll : Await::kNobody);
     if (!root) continue;
     tasks.clear();
     for (int q = 0; q < ctx.size(); ++q) {
@@ -51,15 +44,10 @@ void scatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   const bool root = me == args.root;
   auto* out = static_cast<uint8_t*>(args.output);
   std::vector<CopyTask> tasks;
-  const size_t chunks = args.count == 0 ? 1 : (args.count + region - 1) / region;
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, region); c < chunks; ++c) {
     const size_t begin = c * region;
     const size_t n = std::min(region, args.count - begin);
-    if (c == 0)
-      ctx.open(p, args, Algorithm{});
-    else if (root)
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(root);
     if (root) {
       tasks.clear();
       uint8_t* mine = ctx.slot(me, p);
@@ -70,11 +58,7 @@ void scatter(CollectiveContext& ctx, const CollectiveArgs& args) {
       }
       ctx.copy(tasks);
     }
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else if (!root)
-      ctx.waitPeer(args.root, p);
+    ctx.finishPhase(p, root ? Await::kNobody : Await::kRoot);
     if (!root) ctx.copy(out + begin * es, ctx.slot(args.root, p) + me * region * es, n * es);
   }
   if (root) ctx.copy(out, args.inputs[me], args.count * es);

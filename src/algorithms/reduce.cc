@@ -8,6 +8,8 @@
 
 namespace loom {
 
+using Await = CollectiveContext::Await;
+
 void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perChunk = ctx.chunkBytes() / es;
@@ -16,21 +18,12 @@ void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.input);
   auto* out = static_cast<uint8_t*>(args.output);
   std::vector<const void*> srcs(static_cast<size_t>(ctx.size()));
-  const size_t chunks = args.count == 0 ? 1 : (args.count + perChunk - 1) / perChunk;
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0)
-      ctx.open(p, args, Algorithm::kOneShot);
-    else
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(true);
     ctx.copy(ctx.slot(ctx.rank(), p), in + begin * es, n * es);
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else if (root)
-      ctx.waitAll(p);
+    ctx.finishPhase(p, root ? Await::kAll : Await::kNobody);
     if (!root) continue;
     for (int q = 0; q < ctx.size(); ++q) srcs[q] = ctx.slot(q, p);
     ctx.reduce(out + begin * es, srcs, n, spec);
@@ -50,29 +43,18 @@ void reduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args) {
   std::vector<const void*> srcs(static_cast<size_t>(size));
   std::vector<CopyTask> gatherTasks(static_cast<size_t>(size));
   const bool stream = ctx.streams(args.count * es);
-  const size_t chunks = args.count == 0 ? 1 : (args.count + perChunk - 1) / perChunk;
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t a = ctx.nextPhase();
-    const uint64_t b = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
-    if (c == 0)
-      ctx.open(a, args, Algorithm::kTwoShot);
-    else
-      ctx.beginWrite(a);
+    const uint64_t a = ctx.startPhase(true);
     ctx.copy(ctx.slot(me, a), in + begin * es, n * es);
-    ctx.post(a);
-    if (c == 0)
-      ctx.verifyAll(a);
-    else
-      ctx.waitAll(a);
+    ctx.finishPhase(a, Await::kAll);
     const auto [lo, hi] = sliceOf(n, me, size, align);
-    ctx.beginWrite(b);
+    const uint64_t b = ctx.startPhase(true);
     for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, a) + lo * es;
     ctx.reduce(ctx.slot(me, b) + lo * es, srcs, hi - lo, spec);
-    ctx.post(b);
+    ctx.finishPhase(b, root ? Await::kAll : Await::kNobody);
     if (!root) continue;
-    ctx.waitAll(b);
     for (int q = 0; q < size; ++q) {
       const auto [qlo, qhi] = sliceOf(n, q, size, align);
       gatherTasks[q] = {out + (begin + qlo) * es, ctx.slot(q, b) + qlo * es, (qhi - qlo) * es};

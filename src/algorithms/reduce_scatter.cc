@@ -22,25 +22,16 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   };
   std::vector<CopyTask> tasks(static_cast<size_t>(size));
   std::vector<const void*> srcs(static_cast<size_t>(size));
-  const size_t chunks = longest == 0 ? 1 : (longest + region - 1) / region;
-  for (size_t c = 0; c < chunks; ++c) {
-    const uint64_t p = ctx.nextPhase();
+  for (size_t c = 0, chunks = chunksOf(longest, region); c < chunks; ++c) {
     const size_t begin = c * region;
-    if (c == 0)
-      ctx.open(p, args, Algorithm{});
-    else
-      ctx.beginWrite(p);
+    const uint64_t p = ctx.startPhase(true);
     uint8_t* mine = ctx.slot(me, p);
     for (int q = 0; q < size; ++q) {
       tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
                   partOf(q, begin) * es};
     }
     ctx.copy(tasks);
-    ctx.post(p);
-    if (c == 0)
-      ctx.verifyAll(p);
-    else
-      ctx.waitAll(p);
+    ctx.finishPhase(p, CollectiveContext::Await::kAll);
     for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, p) + me * region * es;
     ctx.reduce(out + begin * es, srcs, partOf(me, begin), spec);
   }

@@ -161,13 +161,19 @@ Roster exchangeRoster(int rank, int size, Store& store,
   return std::move(*roster);
 }
 
-void requireOneHost(const Roster& roster, int rank) {
-  const PeerInfo& self = roster.peers[rank];
-  for (size_t q = 0; q < roster.peers.size(); ++q) {
-    if (roster.peers[q].host == self.host) continue;
+HostMap hostMapOf(const Roster& roster) {
+  std::vector<HostId> ids;
+  ids.reserve(roster.peers.size());
+  for (const PeerInfo& peer : roster.peers) ids.push_back(peer.host);
+  return HostMap(ids);
+}
+
+void requireSupportedLinks(const Roster& roster, const HostMap& hosts, int rank) {
+  for (int q = 0; q < static_cast<int>(roster.peers.size()); ++q) {
+    if (hosts.link(rank, q) != Link::kNetwork) continue;
     throw Error(ErrorCode::kUnsupported, "create", rank,
                 "rank " + std::to_string(q) + " runs on host '" + roster.peers[q].hostname +
-                    "' and this rank on '" + self.hostname +
+                    "' and this rank on '" + roster.peers[rank].hostname +
                     "' (different kernels or network namespaces). This version of loom connects "
                     "ranks of one host through shared memory only; run all ranks on one host "
                     "(or in one network namespace) until the multi-host transport lands");

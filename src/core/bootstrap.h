@@ -49,7 +49,10 @@ std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size);
 Roster exchangeRoster(int rank, int size, Store& store,
                       std::chrono::steady_clock::time_point deadline);
 
-/// Throws Error(kUnsupported) unless every peer shares this rank's host.
-void requireOneHost(const Roster& roster, int rank);
+/// Where the roster's ranks run.
+HostMap hostMapOf(const Roster& roster);
+
+/// Throws Error(kUnsupported) if rank `rank` would need a link this build cannot make.
+void requireSupportedLinks(const Roster& roster, const HostMap& hosts, int rank);
 
 }  // namespace loom

@@ -4,16 +4,12 @@
 
 #include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
-#include <optional>
-
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "core/p2p_engine.h"
 #include "core/process_service.h"
+#include "transport/shm/ring_link.h"
 #include "util/deadline.h"
-#include "util/env.h"
 #include "util/unix_socket.h"
 
 namespace loom::detail {
@@ -35,37 +31,16 @@ FlightRecorder::Subject flightSubject(const CollectiveArgs& args, uint64_t seq) 
   return s;
 }
 
-const char* rankStateName(shm::RankState state) {
-  switch (state) {
-    case shm::RankState::kAlive: return "alive";
-    case shm::RankState::kDeparted: return "left";
-    case shm::RankState::kDead: return "DEAD";
-  }
-  return "?";
-}
-
-// The failure's loom error code, if it is a loom::Error.
-std::optional<ErrorCode> codeOf(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const Error& e) {
-    return e.code();
-  } catch (...) {
-    return std::nullopt;
-  }
-}
-
-// How many flight-record entries a report on stderr shows; a dump file gets them all.
-constexpr size_t kReportedEntries = 20;
-
 }  // namespace
 
 std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store& store,
                                                       const CommOptions& options) {
-  Config config = Config::load(size);
   const auto deadline = deadlineAfter(options.timeout);
   const Roster roster = exchangeRoster(rank, size, store, deadline);
-  requireOneHost(roster, rank);
+  const HostMap hosts = hostMapOf(roster);
+  requireSupportedLinks(roster, hosts, rank);
+  // Tunables that share out the host (threads, chunk sizes) count this host's ranks only.
+  Config config = Config::load(hosts.localRanks(rank));
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
   state->join(deadline);
   return state;
@@ -128,6 +103,8 @@ void CommState::join(Clock::time_point deadline) {
     segment = shm::Segment::attach(std::move(fd), roster_.id, size_);
   }
   shm_ = std::make_unique<shm::ShmComm>(std::move(segment), rank_, config_.backoff);
+  failures_ = std::make_unique<FailureDomain>(*shm_, name_);
+  shm_->setFailures(*failures_);
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
@@ -141,9 +118,9 @@ void CommState::watchPeers() {
   for (int q = 0; q < size_; ++q) {
     const PeerInfo& peer = roster_.peers[q];
     if (q == rank_ || peer.pidNamespace != self.pidNamespace || peer.pid == self.pid) continue;
-    shm::ShmComm* shm = shm_.get();
+    FailureDomain* failures = failures_.get();
     watches_.push_back(
-        ProcessService::instance().watch(peer.pid, [shm, q](int) { shm->markDead(q); }));
+        ProcessService::instance().watch(peer.pid, [failures, q](int) { failures->markDead(q); }));
   }
 }
 
@@ -163,9 +140,9 @@ void CommState::requireUsable(std::string_view op) {
     throw Error(ErrorCode::kAborted, op, rank_,
                 "communicator '" + name_ + "' has been shut down; create a new one");
   }
-  if (shm_->failed()) {
+  if (failures_->failed()) {
     // Failing at the call is a failure too: report it like one that ends a running operation.
-    Error error = shm_->failureError(op);
+    Error error = failures_->failureError(op);
     operationFailed(std::make_exception_ptr(error));
     throw error;
   }
@@ -177,9 +154,9 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
   FlightRecorder::instance().started(state.flightId);
   shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
   try {
-    const shm::WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout), timeout};
-    if (shm_->failed()) throw shm_->failureError(wait.op);
-    CollectiveContext ctx(*shm_, wait, state.seq, phase_, config_.tuning);
+    const WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout), timeout};
+    if (failures_->failed()) throw failures_->failureError(wait.op);
+    CollectiveContext ctx(*shm_, *failures_, wait, state.seq, phase_, config_.tuning);
     runCollective(ctx, args);
     shm_->noteFinished(state.seq);
   } catch (...) {
@@ -219,7 +196,13 @@ void CommState::settle(const Request& request) {
 
 P2pEngine& CommState::p2p() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
-  if (!p2p_) p2p_ = std::make_unique<P2pEngine>(*shm_, this);
+  if (!p2p_) {
+    // Every peer shares this host for now (requireSupportedLinks), so every link is a pair
+    // of shared-memory rings.
+    std::vector<std::unique_ptr<MessageLink>> links;
+    for (int q = 0; q < size_; ++q) links.push_back(std::make_unique<shm::RingLink>(*shm_, q));
+    p2p_ = std::make_unique<P2pEngine>(*shm_, *failures_, std::move(links), this);
+  }
   return *p2p_;
 }
 
@@ -248,9 +231,7 @@ int CommState::nextChildNumber(const std::string& key) {
 }
 
 void CommState::abort() {
-  if (!shm_) return;
-  shm_->fail(ErrorCode::kAborted, rank_,
-             "rank " + std::to_string(rank_) + " aborted communicator '" + name_ + "'");
+  if (failures_) failures_->abort();
 }
 
 void CommState::shutdown() {
@@ -261,57 +242,11 @@ void CommState::shutdown() {
 }
 
 std::string CommState::progressReport() const {
-  std::string out = "  rank  pid      state  last started              last finished\n";
-  char line[160];
-  for (int q = 0; q < size_; ++q) {
-    const shm::ShmComm::Progress p = shm_->progressOf(q);
-    const std::string started =
-        p.started == 0 ? std::string("-")
-                       : std::string(collectiveName(static_cast<CollectiveKind>(p.kind))) + " #" +
-                             std::to_string(p.started);
-    const std::string finished = p.finished == 0 ? "-" : "#" + std::to_string(p.finished);
-    const bool inside = p.started != 0 && p.finished < p.started;
-    std::snprintf(line, sizeof line, "  %4d  %-7d  %-5s  %-24s  %-13s%s%s\n", q, shm_->pidOf(q),
-                  rankStateName(shm_->stateOf(q)), started.c_str(), finished.c_str(),
-                  inside ? "  (inside it)" : "", q == rank_ ? "  <- this rank" : "");
-    out += line;
-  }
-  return out;
+  return failures_->progressReport();
 }
 
 void CommState::operationFailed(const std::exception_ptr& failure) {
-  // Only failures an operator must diagnose; an abort or a bad argument explains itself.
-  const std::optional<ErrorCode> code = codeOf(failure);
-  if (!code || (*code != ErrorCode::kTimeout && *code != ErrorCode::kPeerFailure &&
-                *code != ErrorCode::kMismatch)) {
-    return;
-  }
-  if (reported_.exchange(true)) return;
-  const std::vector<FlightRecord> records = flightRecord();
-  std::string report = "loom: communicator '" + name_ + "' failed on rank " +
-                       std::to_string(rank_) + " of " + std::to_string(size_) + " (pid " +
-                       std::to_string(::getpid()) + "): " + failureMessage(failure) + "\n" +
-                       "loom: what each rank of '" + name_ + "' was doing:\n" + progressReport();
-  const std::optional<std::string> dumpPrefix = env::text("LOOM_FLIGHT_RECORDER_DUMP");
-  if (dumpPrefix) {
-    // The whole record goes to a file per communicator and rank; stderr gets a pointer.
-    const std::string path = *dumpPrefix + name_ + ".rank" + std::to_string(rank_) + ".txt";
-    std::ofstream file(path, std::ios::app);
-    file << report << "loom: this process's flight record (" << records.size()
-         << " operations, oldest first):\n"
-         << formatFlightRecord(records);
-    report += file ? "loom: flight record written to " + path + "\n"
-                   : "loom: could not write the flight record to " + path + "\n";
-  } else {
-    const size_t shown = std::min(records.size(), kReportedEntries);
-    const std::vector<FlightRecord> recent(records.end() - static_cast<std::ptrdiff_t>(shown),
-                                           records.end());
-    report += "loom: this process's last " + std::to_string(shown) +
-              " operations (set LOOM_FLIGHT_RECORDER_DUMP=<path prefix> to write all):\n" +
-              formatFlightRecord(recent);
-  }
-  std::fputs(report.c_str(), stderr);
-  std::fflush(stderr);
+  failures_->report(failure);
 }
 
 }  // namespace loom::detail

@@ -20,6 +20,7 @@
 #include "algorithms/collective.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/failure_domain.h"
 #include "core/op_state.h"
 #include "core/worker.h"
 #include "loom/communicator.h"
@@ -91,11 +92,11 @@ class CommState final : public FailureSink {
   std::atomic<int64_t> timeoutMs_;
 
   std::unique_ptr<shm::ShmComm> shm_;
+  std::unique_ptr<FailureDomain> failures_;
   std::atomic<uint64_t> seq_{0};
   uint64_t phase_ = 0;  // worker thread only
   std::vector<uint64_t> watches_;
   std::atomic<bool> shutDown_{false};
-  std::atomic<bool> reported_{false};  // the failure report was written
 
   std::mutex childMutex_;
   std::map<std::string, int> childCounts_;  // guarded by childMutex_

@@ -8,34 +8,13 @@
 #include <cstring>
 
 #include "loom/communicator.h"
-#include "transport/shm/futex.h"
 #include "util/backoff.h"
 #include "util/deadline.h"
+#include "util/futex.h"
 
 namespace loom {
 
 namespace {
-
-// Largest message the engine accepts from a ring; anything larger means a corrupted stream.
-constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 44;
-constexpr uint32_t kHeaderMagic = 0x6d6f6f6c;  // "loom"
-
-void encodeHeader(uint8_t* out, int tag, uint64_t bytes) {
-  const auto t = static_cast<uint32_t>(tag);
-  std::memcpy(out, &t, 4);
-  std::memcpy(out + 4, &kHeaderMagic, 4);
-  std::memcpy(out + 8, &bytes, 8);
-}
-
-bool decodeHeader(const uint8_t* in, int* tag, uint64_t* bytes) {
-  uint32_t t;
-  uint32_t magic;
-  std::memcpy(&t, in, 4);
-  std::memcpy(&magic, in + 4, 4);
-  std::memcpy(bytes, in + 8, 8);
-  *tag = static_cast<int>(t);
-  return magic == kHeaderMagic && *bytes <= kMaxMessageBytes;
-}
 
 bool matches(int wantPeer, int wantTag, int source, int tag) {
   return (wantPeer == kAnySource || wantPeer == source) && wantTag == tag;
@@ -43,20 +22,22 @@ bool matches(int wantPeer, int wantTag, int source, int tag) {
 
 }  // namespace
 
-P2pEngine::P2pEngine(shm::ShmComm& shm, detail::FailureSink* sink)
-    : shm_(shm), sink_(sink), rank_(shm.rank()), size_(shm.size()) {
+P2pEngine::P2pEngine(shm::ShmComm& shm, Failures& failures,
+                     std::vector<std::unique_ptr<MessageLink>> links, detail::FailureSink* sink)
+    : shm_(shm),
+      failures_(failures),
+      sink_(sink),
+      rank_(shm.rank()),
+      size_(shm.size()),
+      links_(std::move(links)) {
   outbound_.resize(static_cast<size_t>(size_));
   inbound_.resize(static_cast<size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
-    writers_.emplace_back(shm_.ring(rank_, q), shm_.ringData(rank_, q), shm_.ringBytes());
-    readers_.emplace_back(shm_.ring(q, rank_), shm_.ringData(q, rank_), shm_.ringBytes());
-  }
   thread_ = std::thread([this] { run(); });
 }
 
 P2pEngine::~P2pEngine() {
   stopping_.store(true, std::memory_order_release);
-  ringDoorbell(rank_);
+  shm_.ringDoorbell(rank_);
   thread_.join();
 }
 
@@ -79,13 +60,12 @@ Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
   op->tag = tag;
   op->timeout = timeout;
   op->deadline = deadlineAfter(timeout);
-  encodeHeader(op->header, tag, bytes);
   Request request(op->state);
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);
     newSends_.push_back(std::move(op));
   }
-  ringDoorbell(rank_);
+  shm_.ringDoorbell(rank_);
   return request;
 }
 
@@ -106,14 +86,8 @@ Request P2pEngine::recv(void* data, size_t bytes, int peer, int tag,
     std::lock_guard<std::mutex> lock(inboxMutex_);
     newRecvs_.push_back(std::move(op));
   }
-  ringDoorbell(rank_);
+  shm_.ringDoorbell(rank_);
   return request;
-}
-
-void P2pEngine::ringDoorbell(int q) {
-  shm::Doorbell& bell = shm_.doorbell(q);
-  bell.rings.fetch_add(1, std::memory_order_seq_cst);
-  if (bell.sleeping.load(std::memory_order_seq_cst) != 0) shm::futexWakeAll(&bell.rings);
 }
 
 void P2pEngine::finish(Op& op, std::exception_ptr error) {
@@ -121,11 +95,10 @@ void P2pEngine::finish(Op& op, std::exception_ptr error) {
 }
 
 void P2pEngine::run() {
-  shm::Doorbell& bell = shm_.doorbell(rank_);
   for (;;) {
-    const uint32_t seen = bell.rings.load(std::memory_order_acquire);
-    if (shm_.failed()) {
-      failAll(std::make_exception_ptr(shm_.failureError("send/recv")));
+    const uint32_t seen = shm_.doorbellRings();
+    if (failures_.failed()) {
+      failAll(std::make_exception_ptr(failures_.failureError("send/recv")));
     }
     bool progressed = acceptNewOps();
     progressed |= progressSends();
@@ -135,19 +108,14 @@ void P2pEngine::run() {
     if (progressed) continue;
     // Idle: back off until a doorbell ring (new op, data in, space freed).
     Backoff backoff(shm_.backoff());
-    while (bell.rings.load(std::memory_order_acquire) == seen &&
-           !stopping_.load(std::memory_order_acquire)) {
+    while (shm_.doorbellRings() == seen && !stopping_.load(std::memory_order_acquire)) {
       const auto stage = backoff.next();
       if (stage == Backoff::Stage::kSpin) {
         cpuRelax();
       } else if (stage == Backoff::Stage::kYield) {
         sched_yield();
       } else {
-        bell.sleeping.store(1, std::memory_order_seq_cst);
-        if (bell.rings.load(std::memory_order_seq_cst) == seen) {
-          shm::futexWait(&bell.rings, seen, shm_.backoff().sleepSlice);
-        }
-        bell.sleeping.store(0, std::memory_order_relaxed);
+        shm_.sleepOnDoorbell(seen);
         break;  // re-check deadlines and failures
       }
     }
@@ -177,25 +145,15 @@ bool P2pEngine::progressSends() {
     bool wrote = false;
     while (!queue.empty()) {
       Op& op = *queue.front();
-      const size_t total = sizeof op.header + op.bytes;
-      while (op.done < total) {
-        size_t n;
-        if (op.done < sizeof op.header) {
-          n = writers_[q].write(op.header + op.done, sizeof op.header - op.done);
-        } else {
-          const size_t at = op.done - sizeof op.header;
-          n = writers_[q].write(op.data + at, op.bytes - at);
-        }
-        if (n == 0) break;
-        op.done += n;
-        wrote = true;
-      }
-      if (op.done < total) break;  // ring full
+      const uint64_t before = op.done;
+      const bool complete = links_[q]->write({op.tag, op.bytes}, op.data, op.done);
+      wrote |= op.done != before;
+      if (!complete) break;  // the link is full
       finish(op, nullptr);
       queue.pop_front();
     }
     if (wrote) {
-      ringDoorbell(q);
+      links_[q]->notifyPeer();
       progressed = true;
     }
   }
@@ -205,43 +163,44 @@ bool P2pEngine::progressSends() {
 bool P2pEngine::progressReceives() {
   bool progressed = false;
   for (int source = 0; source < size_; ++source) {
-    shm::RingReader& reader = readers_[source];
+    MessageLink& link = *links_[source];
     Inbound& in = inbound_[source];
     bool consumed = false;
-    while (reader.available() > 0) {
-      if (in.headerBytes < sizeof in.header) {
-        in.headerBytes +=
-            reader.read(in.header + in.headerBytes, sizeof in.header - in.headerBytes);
-        consumed = true;
-        if (in.headerBytes < sizeof in.header) break;
-        startMessage(source, in);
+    while (link.readable()) {
+      consumed = true;
+      if (!in.active) {
+        std::optional<Envelope> envelope;
+        try {
+          envelope = link.nextEnvelope();
+        } catch (const Error& e) {
+          failures_.fail(e.code(), source, e.detail());
+          return true;  // failAll picks everything up on the next turn
+        }
+        if (!envelope) break;  // the rest of the envelope is still on its way
+        startMessage(source, in, *envelope);
         if (in.payloadLeft == 0) finishMessage(source, in);
         continue;
       }
-      const size_t n = reader.read(in.target, in.payloadLeft);
+      const size_t n = link.read(in.target, in.payloadLeft);
+      if (n == 0) break;
       if (in.target != nullptr) in.target += n;
       if (in.unexpected) in.unexpected->received += n;
       in.payloadLeft -= n;
-      consumed = true;
       if (in.payloadLeft == 0) finishMessage(source, in);
     }
     if (consumed) {
-      ringDoorbell(source);  // the sender may be waiting for space
+      link.notifyPeer();  // the sender may be waiting for space
       progressed = true;
     }
   }
   return progressed;
 }
 
-void P2pEngine::startMessage(int source, Inbound& in) {
-  int tag = 0;
-  uint64_t bytes = 0;
-  if (!decodeHeader(in.header, &tag, &bytes)) {
-    shm_.fail(ErrorCode::kInternal, source,
-              "corrupted point-to-point stream from rank " + std::to_string(source));
-    in = Inbound{};
-    return;
-  }
+void P2pEngine::startMessage(int source, Inbound& in, const Envelope& envelope) {
+  const int tag = envelope.tag;
+  const uint64_t bytes = envelope.bytes;
+  in.active = true;
+  in.bytes = bytes;
   in.payloadLeft = bytes;
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     Op& op = **it;
@@ -262,11 +221,7 @@ void P2pEngine::startMessage(int source, Inbound& in) {
 }
 
 void P2pEngine::finishMessage(int source, Inbound& in) {
-  const uint64_t bytes = [&] {
-    uint64_t b;
-    std::memcpy(&b, in.header + 8, 8);
-    return b;
-  }();
+  const uint64_t bytes = in.bytes;
   if (in.recv) {
     Op& op = *in.recv;
     if (op.bytes == bytes) {
@@ -320,10 +275,10 @@ void P2pEngine::expire(Clock::time_point now) {
     Op& op = **it;
     std::string why;
     ErrorCode code = ErrorCode::kTimeout;
-    if (op.peer != kAnySource && shm_.stateOf(op.peer) != shm::RankState::kAlive &&
-        readers_[op.peer].available() == 0 && inbound_[op.peer].headerBytes == 0) {
+    if (op.peer != kAnySource && failures_.stateOf(op.peer) != RankState::kAlive &&
+        !links_[op.peer]->readable() && !inbound_[op.peer].active) {
       code = ErrorCode::kPeerFailure;
-      why = shm_.stateOf(op.peer) == shm::RankState::kDead
+      why = failures_.stateOf(op.peer) == RankState::kDead
                 ? "the sender's process exited"
                 : "the sender destroyed its communicator without sending it";
     } else if (now >= op.deadline) {
@@ -352,10 +307,10 @@ void P2pEngine::expire(Clock::time_point now) {
     auto& queue = outbound_[q];
     for (auto it = queue.begin(); it != queue.end();) {
       Op& op = **it;
-      if (shm_.stateOf(q) != shm::RankState::kAlive) {
+      if (failures_.stateOf(q) != RankState::kAlive) {
         finish(op,
                std::make_exception_ptr(opError(ErrorCode::kPeerFailure, op, true,
-                                               shm_.stateOf(q) == shm::RankState::kDead
+                                               failures_.stateOf(q) == RankState::kDead
                                                    ? "the receiver's process exited"
                                                    : "the receiver destroyed its communicator")));
         it = queue.erase(it);
@@ -369,7 +324,7 @@ void P2pEngine::expire(Clock::time_point now) {
                                   "did not complete within " + std::to_string(op.timeout.count()) +
                                       " ms: the receiver is not draining its channel");
       if (op.done != 0) {
-        shm_.fail(ErrorCode::kTimeout, q, error.detail());
+        failures_.fail(ErrorCode::kTimeout, q, error.detail());
         return;  // failAll picks everything up on the next turn
       }
       finish(op, std::make_exception_ptr(error));

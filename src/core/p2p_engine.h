@@ -3,14 +3,14 @@
 // Tag-matched send/recv between the ranks of one communicator, beside (not in) the
 // collective queue, so a send issued before a collective cannot deadlock it.
 //
-// Every ordered pair of ranks has a byte ring in the segment. A message is a 16-byte header
-// (tag, length) followed by its bytes; a send completes once all of it is in the ring, so
-// small sends complete at once and large ones stream as the receiver drains. Each rank's
-// engine thread drains its inbound rings continuously: into the matching posted receive if
-// there is one, else into a heap buffer (an "unexpected" message) that a later receive takes.
-// Matching follows MPI: messages from one sender with one tag are received in send order.
-// The engine thread starts with the communicator's first send or receive and sleeps on the
-// rank's doorbell futex when idle.
+// The engine owns matching, deadlines and requests; the bytes travel over one MessageLink
+// per peer (shared-memory rings within a host; see transport/message_link.h). A send
+// completes once the link has taken all of it, so small sends complete at once and large
+// ones stream as the receiver drains. The engine thread drains its inbound links
+// continuously: into the matching posted receive if there is one, else into a heap buffer
+// (an "unexpected" message) that a later receive takes. Matching follows MPI: messages from
+// one sender with one tag are received in send order. The engine thread starts with the
+// communicator's first send or receive and sleeps on the rank's doorbell futex when idle.
 
 #include <atomic>
 #include <chrono>
@@ -25,7 +25,8 @@
 
 #include "core/op_state.h"
 #include "loom/request.h"
-#include "transport/shm/byte_ring.h"
+#include "transport/failures.h"
+#include "transport/message_link.h"
 #include "transport/shm/shm_comm.h"
 
 namespace loom {
@@ -34,8 +35,11 @@ class P2pEngine {
  public:
   using Clock = std::chrono::steady_clock;
 
+  /// `links[q]` carries messages to and from rank q (the engine's own rank included);
+  /// `shm` gives this rank's doorbell, `failures` the communicator's failure domain;
   /// `sink` (may be null) is told of every failed operation.
-  P2pEngine(shm::ShmComm& shm, detail::FailureSink* sink);
+  P2pEngine(shm::ShmComm& shm, Failures& failures, std::vector<std::unique_ptr<MessageLink>> links,
+            detail::FailureSink* sink);
   /// Stops the thread; operations still pending fail with kAborted.
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
@@ -57,8 +61,7 @@ class P2pEngine {
     int tag = 0;
     Clock::time_point deadline;
     std::chrono::milliseconds timeout{0};
-    size_t done = 0;  ///< sends: bytes of header + payload written
-    uint8_t header[16] = {};
+    uint64_t done = 0;  ///< sends: what the link has taken so far (see MessageLink::write)
   };
   struct Unexpected {  // a message that arrived before its receive
     int source = 0;
@@ -67,10 +70,10 @@ class P2pEngine {
     size_t received = 0;
     std::shared_ptr<Op> claimedBy;  ///< a receive waiting for the rest of it
   };
-  struct Inbound {  // parse state of one source's ring
-    uint8_t header[16] = {};
-    size_t headerBytes = 0;
-    size_t payloadLeft = 0;
+  struct Inbound {  // the message arriving from one source, if any
+    bool active = false;
+    uint64_t bytes = 0;
+    uint64_t payloadLeft = 0;
     uint8_t* target = nullptr;               ///< where the payload goes; nullptr discards it
     std::shared_ptr<Op> recv;                ///< the receive being filled directly
     std::shared_ptr<Unexpected> unexpected;  ///< or the buffer being filled
@@ -80,17 +83,17 @@ class P2pEngine {
   bool acceptNewOps();
   bool progressSends();
   bool progressReceives();
-  void startMessage(int source, Inbound& in);
+  void startMessage(int source, Inbound& in, const Envelope& envelope);
   void finishMessage(int source, Inbound& in);
   void postReceive(const std::shared_ptr<Op>& op);
   void deliver(Unexpected& message, Op& op);
   void expire(Clock::time_point now);
   void failAll(const std::exception_ptr& error);
-  void ringDoorbell(int q);
   void finish(Op& op, std::exception_ptr error);
   Error opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const;
 
   shm::ShmComm& shm_;
+  Failures& failures_;
   detail::FailureSink* sink_;
   const int rank_;
   const int size_;
@@ -103,8 +106,7 @@ class P2pEngine {
 
   // Engine-thread state.
   std::vector<std::deque<std::shared_ptr<Op>>> outbound_;  // per destination, FIFO
-  std::vector<shm::RingWriter> writers_;
-  std::vector<shm::RingReader> readers_;
+  std::vector<std::unique_ptr<MessageLink>> links_;        // per peer
   std::vector<Inbound> inbound_;
   std::list<std::shared_ptr<Op>> posted_;              // receives without a message yet
   std::list<std::shared_ptr<Unexpected>> unexpected_;  // messages without a receive yet

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 
 #include "util/comm_id.h"
 
@@ -38,6 +39,19 @@ HostInfo readHost() {
 const HostInfo& localHost() {
   static const HostInfo info = readHost();
   return info;
+}
+
+HostMap::HostMap(std::span<const HostId> hostOfRank) {
+  std::map<HostId, int> numbers;
+  for (const HostId& id : hostOfRank) {
+    const auto [at, added] = numbers.try_emplace(id, static_cast<int>(ranksOn_.size()));
+    if (added) ranksOn_.emplace_back();
+    const int h = at->second;
+    const int rank = static_cast<int>(hostOf_.size());
+    hostOf_.push_back(h);
+    localIndex_.push_back(static_cast<int>(ranksOn_[h].size()));
+    ranksOn_[h].push_back(rank);
+  }
 }
 
 int availableCores() {

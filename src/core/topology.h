@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,41 @@ struct HostInfo {
   HostId id{};
   std::string hostname;
   uint64_t pidNamespace = 0;  ///< inode of /proc/self/ns/pid (pids comparable if equal)
+};
+
+/// How two ranks reach each other.
+enum class Link : uint8_t {
+  kSelf,          ///< the same rank
+  kSharedMemory,  ///< ranks of one host
+  kNetwork,       ///< ranks of different hosts
+};
+
+/// Which ranks of a communicator share a host. Hosts are numbered in order of their lowest
+/// rank, and a host's ranks are listed in rank order, so every rank derives the same map.
+class HostMap {
+ public:
+  /// The map of a communicator whose rank r runs on host `hostOfRank[r]`.
+  explicit HostMap(std::span<const HostId> hostOfRank);
+
+  int hosts() const { return static_cast<int>(ranksOn_.size()); }
+  /// The host rank r runs on.
+  int hostOf(int r) const { return hostOf_[r]; }
+  /// The ranks of host h, ascending.
+  const std::vector<int>& ranksOn(int h) const { return ranksOn_[h]; }
+  /// How many ranks share rank r's host (its own included).
+  int localRanks(int r) const { return static_cast<int>(ranksOn_[hostOf_[r]].size()); }
+  /// Rank r's position among the ranks of its host.
+  int localIndex(int r) const { return localIndex_[r]; }
+  /// How ranks a and b reach each other.
+  Link link(int a, int b) const {
+    if (a == b) return Link::kSelf;
+    return hostOf_[a] == hostOf_[b] ? Link::kSharedMemory : Link::kNetwork;
+  }
+
+ private:
+  std::vector<int> hostOf_;
+  std::vector<int> localIndex_;
+  std::vector<std::vector<int>> ranksOn_;
 };
 
 /// Reads this process's host identity (cached after the first call).

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "transport/failures.h"
+
 namespace loom::shm {
 
 inline constexpr size_t kCacheLine = 64;
@@ -40,18 +42,11 @@ struct alignas(kCacheLine) FailureRecord {
   char message[496];
 };
 
-/// Liveness of a rank, in its RankLine.
-enum class RankState : uint32_t {
-  kAlive = 0,
-  kDeparted = 1,  ///< destroyed its communicator normally
-  kDead = 2,      ///< its process exited without doing so (set by whoever noticed)
-};
-
 /// A rank's phase counter. The low 32 bits of `posted` double as its futex word.
 struct alignas(kCacheLine) RankLine {
   std::atomic<uint64_t> posted;
   std::atomic<uint32_t> sleepers;  ///< waiters asleep on `posted`
-  std::atomic<uint32_t> state;     ///< RankState
+  std::atomic<uint32_t> state;     ///< loom::RankState
   int32_t pid;                     ///< written once when the rank attaches
   /// Per half: a hash of the OpDesc this rank wrote there, so a waiter that already holds
   /// this line can check agreement without fetching the descriptor's line too.

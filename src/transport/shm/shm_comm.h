@@ -17,7 +17,9 @@
 //
 // Waits spin, then yield, then sleep on the counter's futex. Every wait also watches the
 // communicator's shared failure record, so one rank's failure (a dead peer, a timeout, a
-// mismatch, an abort) releases every rank's waiters at once.
+// mismatch, an abort) releases every rank's waiters at once. What a failure says is not
+// decided here: waits that cannot go on report to the communicator's Failures, which also
+// writes the record (through recordFailure) and reads it back (recordedFailure).
 
 #include <chrono>
 #include <cstdint>
@@ -27,24 +29,21 @@
 #include <vector>
 
 #include "loom/error.h"
+#include "transport/failures.h"
 #include "transport/shm/segment.h"
 #include "util/backoff.h"
 
 namespace loom::shm {
-
-/// What a wait needs to fail well: which operation, and until when.
-struct WaitSpec {
-  std::string_view op;
-  uint64_t seq = 0;
-  std::chrono::steady_clock::time_point deadline;
-  std::chrono::milliseconds timeout{0};
-};
 
 /// A rank's view of one communicator's segment: phase primitives, slots, descriptors and
 /// the failure record.
 class ShmComm {
  public:
   ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backoff);
+
+  /// Where waits report what stops them (a failure, a peer gone, the deadline); set once,
+  /// before the first wait.
+  void setFailures(Failures& failures) { failures_ = &failures; }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -121,10 +120,10 @@ class ShmComm {
   void attachSelf(int pid);
   /// Marks this rank as having left normally: waits that still need it fail at once.
   void depart();
-  /// Marks rank q dead (its process exited without departing), fails the communicator and
-  /// wakes every waiter;
-  /// no effect if q departed normally. Safe from any thread.
-  void markDead(int q);
+  /// Marks rank q dead if it is alive (not if it departed normally); true if this call made
+  /// the change. Wakes nobody: the caller records why first, then wakes. Safe from any
+  /// thread.
+  bool markDead(int q);
   /// Rank q's liveness.
   RankState stateOf(int q) const {
     return static_cast<RankState>(lines_[q].state.load(std::memory_order_acquire));
@@ -134,19 +133,34 @@ class ShmComm {
 
   /// True once any rank has recorded a failure.
   bool failed() const { return header_.failure.state.load(std::memory_order_acquire) != 0; }
-  /// Records a failure for every rank (the first report wins) and wakes every waiter.
-  void fail(ErrorCode code, int culprit, std::string_view message);
-  /// The recorded failure as an Error for operation `op` on this rank.
-  Error failureError(std::string_view op) const;
+  /// Writes the failure record unless another rank claimed it first, then wakes every waiter.
+  void recordFailure(ErrorCode code, int culprit, std::string_view message);
+  /// The failure record as read back; `complete` is false if its writer died mid-way.
+  struct RecordedFailure {
+    bool complete = false;
+    ErrorCode code = ErrorCode::kInternal;
+    int reporter = -1;
+    int culprit = -1;
+    std::string message;
+  };
+  RecordedFailure recordedFailure() const;
   /// Wakes every sleeper on this segment (phase counters and doorbells).
   void wakeAll();
   /// Ranks whose counter is below `phase` (for messages).
   std::vector<int> laggards(uint64_t phase) const;
 
-  /// Point-to-point plumbing (see p2p_engine).
+  /// Point-to-point plumbing (see ring_link and core/p2p_engine). Rank q's doorbell wakes
+  /// its engine: senders ring it after writing into q's inbound rings, receivers after
+  /// freeing space in q's outbound rings.
   Doorbell& doorbell(int q) const {
     return reinterpret_cast<Doorbell*>(base_ + layout_.doorbells)[q];
   }
+  /// Rings rank q's doorbell, waking its engine if it sleeps.
+  void ringDoorbell(int q);
+  /// How often this rank's doorbell has rung (compare before sleeping).
+  uint32_t doorbellRings() const { return doorbell(rank_).rings.load(std::memory_order_acquire); }
+  /// Sleeps at most one backoff slice unless this rank's doorbell rang since `seen`.
+  void sleepOnDoorbell(uint32_t seen);
   RingControl& ring(int src, int dst) const {
     return reinterpret_cast<RingControl*>(base_ + layout_.ringControls)[src * size_ + dst];
   }
@@ -158,8 +172,6 @@ class ShmComm {
 
  private:
   void slowWait(int q, uint64_t phase, const WaitSpec& spec);
-  [[noreturn]] void peerGone(int q, RankState state, const WaitSpec& spec);
-  [[noreturn]] void timeOut(uint64_t phase, const WaitSpec& spec);
 
   std::shared_ptr<Segment> segment_;
   uint8_t* base_;
@@ -169,6 +181,7 @@ class ShmComm {
   int rank_;
   int size_;
   BackoffPolicy backoff_;
+  Failures* failures_ = nullptr;
   uint64_t allPosted_ = 0;  // every rank is known to have posted at least this
   uint64_t killSeq_ = 0;    // fault injection: the collective to die in, or 0
   uint64_t killOffset_ = 0;

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace loom::shm {
+namespace loom {
 
 /// Sleeps while *word == expected, at most `timeout`. Returns on wake, timeout, signal or
 /// when the value already differs; callers re-check their condition.
@@ -24,4 +24,4 @@ inline const std::atomic<uint32_t>* lowWord(const std::atomic<uint64_t>* counter
   return reinterpret_cast<const std::atomic<uint32_t>*>(counter);
 }
 
-}  // namespace loom::shm
+}  // namespace loom

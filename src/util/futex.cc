@@ -1,6 +1,6 @@
 // futex(2) wrappers.
 
-#include "transport/shm/futex.h"
+#include "util/futex.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -9,7 +9,7 @@
 
 #include <climits>
 
-namespace loom::shm {
+namespace loom {
 
 void futexWait(const std::atomic<uint32_t>* word, uint32_t expected,
                std::chrono::nanoseconds timeout) {
@@ -24,4 +24,4 @@ void futexWakeAll(const std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-}  // namespace loom::shm
+}  // namespace loom

@@ -1,11 +1,11 @@
 // Fork-join over a small set of helper threads.
 
-#include "core/helper_pool.h"
+#include "util/helper_pool.h"
 
 #include <sched.h>
 #include <unistd.h>
 
-#include "transport/shm/futex.h"
+#include "util/futex.h"
 
 namespace loom {
 
@@ -49,7 +49,7 @@ void HelperPool::runErased(int parts, Thunk thunk, void* fn) {
   // still be reading thunk_/parts_ when the next region overwrites them.
   remaining_.store(helperCount_, std::memory_order_relaxed);
   generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes the region
-  if (sleepers_.load(std::memory_order_seq_cst) != 0) shm::futexWakeAll(&generation_);
+  if (sleepers_.load(std::memory_order_seq_cst) != 0) futexWakeAll(&generation_);
   thunk(fn, 0);
   Backoff backoff(backoff_);
   while (remaining_.load(std::memory_order_acquire) != 0) {
@@ -71,7 +71,7 @@ void HelperPool::helperLoop(int index, uint32_t seen) {
         case Backoff::Stage::kSleep:
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
           if (generation_.load(std::memory_order_seq_cst) == seen) {
-            shm::futexWait(&generation_, seen, backoff_.sleepSlice);
+            futexWait(&generation_, seen, backoff_.sleepSlice);
           }
           sleepers_.fetch_sub(1, std::memory_order_relaxed);
           break;

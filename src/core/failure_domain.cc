@@ -1,0 +1,194 @@
+// What failures say, and the report an operator reads.
+
+#include "core/failure_domain.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <vector>
+
+#include "algorithms/collective.h"
+#include "core/flight_recorder.h"
+#include "core/op_state.h"
+#include "util/env.h"
+
+namespace loom::detail {
+
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += ", ";
+    if (i == 8) {
+      s += "and " + std::to_string(ranks.size() - 8) + " more";
+      break;
+    }
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+const char* rankStateName(RankState state) {
+  switch (state) {
+    case RankState::kAlive: return "alive";
+    case RankState::kDeparted: return "left";
+    case RankState::kDead: return "DEAD";
+  }
+  return "?";
+}
+
+// The failure's loom error code, if it is a loom::Error.
+std::optional<ErrorCode> codeOf(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    return e.code();
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// How many flight-record entries a report on stderr shows; a dump file gets them all.
+constexpr size_t kReportedEntries = 20;
+
+}  // namespace
+
+FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name)
+    : shm_(shm), name_(std::move(name)), rank_(shm.rank()) {}
+
+void FailureDomain::fail(ErrorCode code, int culprit, std::string_view message) {
+  shm_.recordFailure(code, culprit, message);
+}
+
+Error FailureDomain::failureError(std::string_view op) const {
+  const shm::ShmComm::RecordedFailure record = shm_.recordedFailure();
+  if (!record.complete) {
+    return Error(ErrorCode::kPeerFailure, op, rank_,
+                 "the communicator failed (a rank died while recording why)");
+  }
+  std::string detail = record.message;
+  if (record.reporter != rank_) {
+    detail = "the communicator failed on rank " + std::to_string(record.reporter) + ": " + detail;
+  }
+  return Error(record.code, op, rank_, detail);
+}
+
+void FailureDomain::markDead(int q) {
+  if (!shm_.markDead(q)) {
+    shm_.wakeAll();
+    return;
+  }
+  // Waking comes with the record (fail() wakes everyone), so sleeping waiters find the
+  // reason written rather than blaming q with a wait's own message.
+  // Fail the whole communicator, not only waits on q: a rank waiting for a live peer that
+  // itself waits for q (in a receive, or behind in an earlier collective) must learn of it
+  // too, or it would wait until its timeout.
+  fail(ErrorCode::kPeerFailure, q,
+       "rank " + std::to_string(q) + " (pid " + std::to_string(shm_.pidOf(q)) +
+           ") exited without leaving the communicator; restart the job or rebuild the group "
+           "without it");
+}
+
+void FailureDomain::abort() {
+  fail(ErrorCode::kAborted, rank_,
+       "rank " + std::to_string(rank_) + " aborted communicator '" + name_ + "'");
+}
+
+void FailureDomain::peerGone(int q, RankState state, const WaitSpec& spec) {
+  std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) + ": rank " +
+                        std::to_string(q) + " (pid " + std::to_string(shm_.pidOf(q)) + ")";
+  if (state == RankState::kDead) {
+    fail(ErrorCode::kPeerFailure, q,
+         message + " exited while rank " + std::to_string(rank_) +
+             " was waiting for it; restart the job or rebuild the group without it");
+  } else {
+    fail(ErrorCode::kMismatch, q,
+         message +
+             " had already destroyed its communicator, so it issued fewer collectives "
+             "than rank " +
+             std::to_string(rank_));
+  }
+  throw failureError(spec.op);
+}
+
+void FailureDomain::timedOut(uint64_t phase, const WaitSpec& spec) {
+  const std::vector<int> missing = shm_.laggards(phase);
+  // Where each laggard is tells behind (finished an earlier collective, never issued this
+  // one) from stuck (started one and is waiting inside it).
+  std::string where;
+  for (size_t i = 0; i < missing.size() && i < 4; ++i) {
+    const shm::ShmComm::Progress p = shm_.progressOf(missing[i]);
+    where += (i == 0 ? "; " : ", ") + std::string("rank ") + std::to_string(missing[i]) +
+             (p.started == 0
+                  ? " has started no collective"
+                  : " last started #" + std::to_string(p.started) +
+                        (p.finished >= p.started ? " and finished it" : " and is still in it"));
+  }
+  std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) +
+                        " hit its timeout of " + std::to_string(spec.timeout.count()) +
+                        " ms: rank(s) " + rankList(missing) +
+                        " had not arrived (they are behind, stuck in other work, or issued "
+                        "a different sequence of collectives)" +
+                        where;
+  fail(ErrorCode::kTimeout, missing.empty() ? -1 : missing.front(), message);
+  throw failureError(spec.op);
+}
+
+std::string FailureDomain::progressReport() const {
+  std::string out = "  rank  pid      state  last started              last finished\n";
+  char line[160];
+  for (int q = 0; q < shm_.size(); ++q) {
+    const shm::ShmComm::Progress p = shm_.progressOf(q);
+    const std::string started =
+        p.started == 0 ? std::string("-")
+                       : std::string(collectiveName(static_cast<CollectiveKind>(p.kind))) + " #" +
+                             std::to_string(p.started);
+    const std::string finished = p.finished == 0 ? "-" : "#" + std::to_string(p.finished);
+    const bool inside = p.started != 0 && p.finished < p.started;
+    std::snprintf(line, sizeof line, "  %4d  %-7d  %-5s  %-24s  %-13s%s%s\n", q, shm_.pidOf(q),
+                  rankStateName(shm_.stateOf(q)), started.c_str(), finished.c_str(),
+                  inside ? "  (inside it)" : "", q == rank_ ? "  <- this rank" : "");
+    out += line;
+  }
+  return out;
+}
+
+void FailureDomain::report(const std::exception_ptr& failure) {
+  // Only failures an operator must diagnose; an abort or a bad argument explains itself.
+  const std::optional<ErrorCode> code = codeOf(failure);
+  if (!code || (*code != ErrorCode::kTimeout && *code != ErrorCode::kPeerFailure &&
+                *code != ErrorCode::kMismatch)) {
+    return;
+  }
+  if (reported_.exchange(true)) return;
+  const std::vector<FlightRecord> records = flightRecord();
+  std::string report = "loom: communicator '" + name_ + "' failed on rank " +
+                       std::to_string(rank_) + " of " + std::to_string(shm_.size()) + " (pid " +
+                       std::to_string(::getpid()) + "): " + failureMessage(failure) + "\n" +
+                       "loom: what each rank of '" + name_ + "' was doing:\n" + progressReport();
+  const std::optional<std::string> dumpPrefix = env::text("LOOM_FLIGHT_RECORDER_DUMP");
+  if (dumpPrefix) {
+    // The whole record goes to a file per communicator and rank; stderr gets a pointer.
+    const std::string path = *dumpPrefix + name_ + ".rank" + std::to_string(rank_) + ".txt";
+    std::ofstream file(path, std::ios::app);
+    file << report << "loom: this process's flight record (" << records.size()
+         << " operations, oldest first):\n"
+         << formatFlightRecord(records);
+    report += file ? "loom: flight record written to " + path + "\n"
+                   : "loom: could not write the flight record to " + path + "\n";
+  } else {
+    const size_t shown = std::min(records.size(), kReportedEntries);
+    const std::vector<FlightRecord> recent(records.end() - static_cast<std::ptrdiff_t>(shown),
+                                           records.end());
+    report += "loom: this process's last " + std::to_string(shown) +
+              " operations (set LOOM_FLIGHT_RECORDER_DUMP=<path prefix> to write all):\n" +
+              formatFlightRecord(recent);
+  }
+  std::fputs(report.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace loom::detail

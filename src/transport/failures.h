@@ -1,0 +1,54 @@
+#pragma once
+
+// The communicator's failure domain as transports and algorithms see it. One failure
+// anywhere (a dead rank, a timeout, a mismatch, an abort) is recorded once and fails every
+// rank of the communicator; waits that cannot go on report here, so what a failure says
+// (who, where, what to do) is decided in one place: core/failure_domain, which implements
+// this for ranks on this host through the shared segment and, beside it, for ranks on other
+// hosts by messages.
+
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+#include "loom/error.h"
+
+namespace loom {
+
+/// Liveness of a rank.
+enum class RankState : uint32_t {
+  kAlive = 0,
+  kDeparted = 1,  ///< destroyed its communicator normally
+  kDead = 2,      ///< its process exited without doing so (set by whoever noticed)
+};
+
+/// What a wait needs to fail well: which operation, and until when.
+struct WaitSpec {
+  std::string_view op;
+  uint64_t seq = 0;
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+};
+
+class Failures {
+ public:
+  /// Records a failure for every rank (the first report wins) and wakes every waiter.
+  virtual void fail(ErrorCode code, int culprit, std::string_view message) = 0;
+  /// True once any rank has recorded a failure.
+  virtual bool failed() const = 0;
+  /// The recorded failure as an Error for operation `op` on this rank.
+  virtual Error failureError(std::string_view op) const = 0;
+  /// Rank q's liveness.
+  virtual RankState stateOf(int q) const = 0;
+  /// A wait found rank q gone (`state`) before it posted what the wait needs: records why
+  /// and throws the communicator's failure.
+  [[noreturn]] virtual void peerGone(int q, RankState state, const WaitSpec& spec) = 0;
+  /// A wait reached its deadline with some ranks short of `phase`: records who they are
+  /// and where each one is, and throws.
+  [[noreturn]] virtual void timedOut(uint64_t phase, const WaitSpec& spec) = 0;
+
+ protected:
+  ~Failures() = default;
+};
+
+}  // namespace loom

@@ -1,0 +1,45 @@
+#pragma once
+
+// What the point-to-point engine needs from a transport: an ordered, reliable stream of
+// messages between this rank and one peer. The engine (src/core/p2p_engine) owns matching,
+// deadlines and requests; a link only moves envelopes and bytes. Shared-memory rings
+// implement it within a host (transport/shm/ring_link); a network link plugs in beside
+// them for peers on other hosts.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace loom {
+
+/// The envelope of one point-to-point message: its tag and its payload's size.
+struct Envelope {
+  int tag = 0;
+  uint64_t bytes = 0;
+};
+
+/// Both directions of message traffic with one peer, driven by one thread (the engine's).
+class MessageLink {
+ public:
+  virtual ~MessageLink() = default;
+
+  /// Outbound: hands over as much of the message (`envelope`, then `payload`) as the link
+  /// takes now. `done` counts what was handed over before (0 for a new message) and is
+  /// advanced; returns true once all of it is, after which `payload` may be reused.
+  /// Messages are delivered in the order their first write() began.
+  virtual bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) = 0;
+
+  /// Inbound: the envelope of the next message once it has arrived, else nullopt; its
+  /// payload then follows through read(). Throws Error(kInternal) if the stream is corrupt.
+  virtual std::optional<Envelope> nextEnvelope() = 0;
+  /// Inbound: moves up to `n` bytes of the current message's payload to `dst` (nullptr
+  /// discards them) and returns how many.
+  virtual size_t read(void* dst, size_t n) = 0;
+  /// True if inbound bytes are waiting (a message may be partly here).
+  virtual bool readable() const = 0;
+
+  /// Wakes the peer's engine after this side wrote data or freed space.
+  virtual void notifyPeer() = 0;
+};
+
+}  // namespace loom
