@@ -10,7 +10,6 @@
 #include "loom/communicator.h"
 #include "util/backoff.h"
 #include "util/deadline.h"
-#include "util/futex.h"
 
 namespace loom {
 
