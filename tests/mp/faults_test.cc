@@ -234,10 +234,13 @@ TEST(Faults, ExitingWithLiveCommunicatorsAndPendingOperationsDoesNotHang) {
   // even with a communicator never destroyed and a receive that can never complete.
   const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
-    comm->barrier().wait();
     static std::shared_ptr<Communicator> leaked = comm;
     static std::vector<float> sink(16);
+    // The receive is posted before the barrier: once a rank passes it, its peer may already
+    // have exited (never having left the communicator), and a receive issued then would fail
+    // at the call instead of staying pending.
     leaked->recv(sink.data(), sink.size(), DataType::kFloat32, 1 - ctx.rank, 99);
+    comm->barrier().wait();
     std::exit(0);
   });
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
