@@ -114,7 +114,6 @@ class CollectiveContext {
     algorithm_ = algorithm;
   }
 
-  shm::ShmComm& shm() const { return shm_; }
   /// Where a failure found by an algorithm (a mismatch) is recorded.
   Failures& failures() const { return failures_; }
   int rank() const { return shm_.rank(); }

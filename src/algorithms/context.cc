@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <utility>
 
 #include "algorithms/collective.h"
 #include "kernels/copy.h"
@@ -234,29 +233,25 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
 
 void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elementSize(args.type);
-  using Run = void (*)(CollectiveContext&, const CollectiveArgs&);
-  auto choose = [](Algorithm algorithm, Run oneShot, Run twoShot) {
-    return std::pair{algorithm, algorithm == Algorithm::kOneShot ? oneShot : twoShot};
-  };
-  std::pair<Algorithm, Run> chosen{Algorithm{}, nullptr};
+  Algorithm algorithm{};  // only all_reduce and reduce have a choice
+  if (args.kind == CollectiveKind::kAllReduce) algorithm = ctx.selection().allReduce(bytes);
+  if (args.kind == CollectiveKind::kReduce) algorithm = ctx.selection().reduce(bytes);
+  // The choice travels in the opening descriptor: ranks whose tables differ get a mismatch.
+  ctx.begin(args, algorithm);
+  const bool oneShot = algorithm == Algorithm::kOneShot;
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      chosen = choose(ctx.selection().allReduce(bytes), allReduceOneShot, allReduceTwoShot);
-      break;
+      return oneShot ? allReduceOneShot(ctx, args) : allReduceTwoShot(ctx, args);
     case CollectiveKind::kReduce:
-      chosen = choose(ctx.selection().reduce(bytes), reduceOneShot, reduceTwoShot);
-      break;
-    case CollectiveKind::kBroadcast: chosen.second = broadcast; break;
-    case CollectiveKind::kAllGather: chosen.second = allGather; break;
-    case CollectiveKind::kReduceScatter: chosen.second = reduceScatter; break;
-    case CollectiveKind::kAllToAll: chosen.second = allToAll; break;
-    case CollectiveKind::kGather: chosen.second = gather; break;
-    case CollectiveKind::kScatter: chosen.second = scatter; break;
-    case CollectiveKind::kBarrier: chosen.second = barrier; break;
+      return oneShot ? reduceOneShot(ctx, args) : reduceTwoShot(ctx, args);
+    case CollectiveKind::kBroadcast: return broadcast(ctx, args);
+    case CollectiveKind::kAllGather: return allGather(ctx, args);
+    case CollectiveKind::kReduceScatter: return reduceScatter(ctx, args);
+    case CollectiveKind::kAllToAll: return allToAll(ctx, args);
+    case CollectiveKind::kGather: return gather(ctx, args);
+    case CollectiveKind::kScatter: return scatter(ctx, args);
+    case CollectiveKind::kBarrier: return barrier(ctx, args);
   }
-  // The choice travels in the opening descriptor: ranks whose tables differ get a mismatch.
-  ctx.begin(args, chosen.first);
-  chosen.second(ctx, args);
 }
 
 }  // namespace loom

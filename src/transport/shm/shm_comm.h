@@ -152,9 +152,6 @@ class ShmComm {
   /// Point-to-point plumbing (see ring_link and core/p2p_engine). Rank q's doorbell wakes
   /// its engine: senders ring it after writing into q's inbound rings, receivers after
   /// freeing space in q's outbound rings.
-  Doorbell& doorbell(int q) const {
-    return reinterpret_cast<Doorbell*>(base_ + layout_.doorbells)[q];
-  }
   /// Rings rank q's doorbell, waking its engine if it sleeps.
   void ringDoorbell(int q);
   /// How often this rank's doorbell has rung (compare before sleeping).
@@ -172,6 +169,9 @@ class ShmComm {
 
  private:
   void slowWait(int q, uint64_t phase, const WaitSpec& spec);
+  Doorbell& doorbell(int q) const {
+    return reinterpret_cast<Doorbell*>(base_ + layout_.doorbells)[q];
+  }
 
   std::shared_ptr<Segment> segment_;
   uint8_t* base_;
