@@ -17,12 +17,17 @@ ask_python() { (cd "$outside" && "$PYTHON" "$@"); }
 need_apt=()
 for tool in cmake ninja g++ clang clang-format; do command -v "$tool" >/dev/null || need_apt+=("$tool"); done
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(gtest)
+# The network transport: libfabric, OpenSSL's libcrypto; iproute2 for the multi-host tests.
+command -v pkg-config >/dev/null && pkg-config --exists libfabric || need_apt+=(libfabric)
+[ -f /usr/include/openssl/hmac.h ] || need_apt+=(openssl)
+command -v ip >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   echo "== installing system packages (missing: ${need_apt[*]})"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    cmake ninja-build g++ clang clang-format libclang-rt-14-dev libgtest-dev libgmock-dev >/dev/null
+    cmake ninja-build g++ clang clang-format libclang-rt-14-dev libgtest-dev libgmock-dev \
+    pkg-config libfabric-dev libfabric-bin libssl-dev iproute2 >/dev/null
 fi
 
 echo "== installing Python packages into $(ask_python -c 'import sys; print(sys.prefix)')"

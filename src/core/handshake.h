@@ -17,7 +17,7 @@
 
 namespace loom::handshake {
 
-using Secret = std::array<uint8_t, 16>;
+using Secret = JobSecret;
 
 inline constexpr uint64_t kHelloMagic = 0x6f6c65682d6d6f6fULL;    // "oom-helo"
 inline constexpr uint64_t kWelcomeMagic = 0x656d6c772d6d6f6fULL;  // "oom-wlme"

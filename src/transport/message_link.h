@@ -36,7 +36,7 @@ class MessageLink {
   /// discards them) and returns how many.
   virtual size_t read(void* dst, size_t n) = 0;
   /// True if inbound bytes are waiting (a message may be partly here).
-  virtual bool readable() const = 0;
+  virtual bool readable() = 0;
 
   /// Wakes the peer's engine after this side wrote data or freed space.
   virtual void notifyPeer() = 0;

@@ -12,6 +12,10 @@ namespace loom {
 
 using CommId = std::array<uint8_t, 16>;
 
+/// The job secret: 16 random bytes rank 0 draws and shares through the store. Only its
+/// holders may join a communicator (locally or over the network).
+using JobSecret = std::array<uint8_t, 16>;
+
 /// Lower-case hex of the first `bytes` bytes, for messages.
 inline std::string toHex(const CommId& id, size_t bytes = 16) {
   static constexpr char kDigits[] = "0123456789abcdef";

@@ -21,7 +21,7 @@ class RingLink final : public MessageLink {
   bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override;
   std::optional<Envelope> nextEnvelope() override;
   size_t read(void* dst, size_t n) override;
-  bool readable() const override { return reader_.available() > 0; }
+  bool readable() override { return reader_.available() > 0; }
   void notifyPeer() override { shm_.ringDoorbell(peer_); }
 
   /// Bytes of the header on the wire.

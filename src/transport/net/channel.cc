@@ -1,0 +1,346 @@
+// Handshakes, frames and credits of one network connection.
+
+#include "transport/net/channel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/error.h"
+#include "transport/net/auth.h"
+
+namespace loom::net {
+
+namespace {
+
+// Receive buffers of the initiator: the acceptor's reply, then credit frames. Each credit
+// frame returns at least half the window, so at most two are ever waiting; four is room.
+constexpr int kSmallBuffers = 4;
+constexpr size_t kSmallBytes = 128;
+constexpr size_t kReplyBytes = kHelloBytes + kProofBytes;
+static_assert(kReplyBytes <= kSmallBytes && kFrameHeaderBytes <= kSmallBytes);
+
+void* contextOf(int index) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(index) + 1);
+}
+int indexOf(void* context) {
+  return static_cast<int>(reinterpret_cast<uintptr_t>(context) - 1);
+}
+
+std::string trafficOf(const Hello& h) {
+  return "communicator " + toHex(h.comm, 4) + ", rank " + std::to_string(h.sender) + " -> rank " +
+         std::to_string(h.receiver) + ", channel " + std::to_string(h.channel);
+}
+
+void requireShape(const ChannelShape& shape, const Endpoint& endpoint) {
+  if (shape.frames < 2 || shape.frameBytes <= kFrameHeaderBytes ||
+      shape.frameBytes > (size_t{1} << 30)) {
+    throw Error(ErrorCode::kInvalidArgument, "network", -1,
+                "a channel needs at least 2 frames of more than " +
+                    std::to_string(kFrameHeaderBytes) + " bytes (and at most 1 GiB)");
+  }
+  if (endpoint.injectLimit() < kReplyBytes) {
+    throw Error(ErrorCode::kUnsupported, "network", -1,
+                "this libfabric provider sends at most " + std::to_string(endpoint.injectLimit()) +
+                    " bytes inline; loom's handshake needs " + std::to_string(kReplyBytes) +
+                    "; choose another with LOOM_NET_PROVIDER");
+  }
+}
+
+}  // namespace
+
+// ---- SendChannel ----
+
+SendChannel::SendChannel(Fabric& fabric, const std::string& address, Hello hello,
+                         const JobSecret& secret, ChannelShape shape)
+    : shape_(shape), secret_(secret), endpoint_(fabric.connect(address)), mine_(hello) {
+  requireShape(shape_, *endpoint_);
+  mine_.role = Role::kInitiator;
+  mine_.nonce = freshNonce();
+  slots_.resize(static_cast<size_t>(shape_.frames) * shape_.frameBytes);
+  for (int i = shape_.frames - 1; i >= 0; --i) freeSlots_.push_back(i);
+  smalls_.resize(kSmallBuffers * kSmallBytes);
+  for (int i = 0; i < kSmallBuffers; ++i) {
+    endpoint_->postReceive(smalls_.data() + i * kSmallBytes, kSmallBytes, contextOf(i));
+  }
+  // The acceptor's Hello and Proof take two of its buffers; it returns them as credits.
+  credits_ = shape_.frames - 2;
+  endpoint_->start();
+}
+
+bool SendChannel::ready() {
+  switch (step_) {
+    case Step::kConnecting:
+      if (!endpoint_->connected()) return false;
+      step_ = Step::kSendHello;
+      [[fallthrough]];
+    case Step::kSendHello: {
+      const auto bytes = encodeHello(mine_);
+      if (!endpoint_->inject(bytes.data(), bytes.size())) return false;
+      step_ = Step::kAwaitReply;
+      [[fallthrough]];
+    }
+    case Step::kAwaitReply:
+      pump();
+      if (step_ == Step::kAwaitReply) return false;
+      [[fallthrough]];
+    case Step::kSendProof: {
+      const auto bytes = encodeProof(makeProof(secret_, Role::kInitiator, mine_, theirs_));
+      if (!endpoint_->inject(bytes.data(), bytes.size())) return false;
+      step_ = Step::kReady;
+      [[fallthrough]];
+    }
+    case Step::kReady: return true;
+  }
+  return false;
+}
+
+void SendChannel::pump() {
+  Completion done[16];
+  for (;;) {
+    const size_t n = endpoint_->poll(done);
+    for (size_t i = 0; i < n; ++i) {
+      const int index = indexOf(done[i].context);
+      if (!done[i].isReceive) {
+        freeSlots_.push_back(index);
+        continue;
+      }
+      uint8_t* buffer = smalls_.data() + index * kSmallBytes;
+      onReceive(buffer, done[i].length);
+      endpoint_->postReceive(buffer, kSmallBytes, done[i].context);
+    }
+    if (n < std::size(done)) return;
+  }
+}
+
+void SendChannel::onReceive(uint8_t* buffer, size_t length) {
+  auto refuse = [this](const std::string& why) {
+    throw Error(ErrorCode::kPeerFailure, "connect", mine_.sender,
+                "the peer at " + peer() + " (" + trafficOf(mine_) + ") " + why);
+  };
+  if (step_ == Step::kAwaitReply) {
+    const std::span<const uint8_t> bytes(buffer, length);
+    const auto hello = length == kReplyBytes ? parseHello(bytes.first(kHelloBytes)) : std::nullopt;
+    const auto proof =
+        length == kReplyBytes ? parseProof(bytes.subspan(kHelloBytes)) : std::nullopt;
+    if (!hello || !proof) refuse("answered with something that is not a loom handshake");
+    if (hello->role != Role::kAcceptor || hello->comm != mine_.comm ||
+        hello->sender != mine_.sender || hello->receiver != mine_.receiver ||
+        hello->channel != mine_.channel) {
+      refuse("answered for other traffic (" + trafficOf(*hello) + ")");
+    }
+    theirs_ = *hello;
+    if (!checkProof(secret_, Role::kAcceptor, mine_, theirs_, *proof)) {
+      refuse("did not prove the job secret: is another job using this address?");
+    }
+    step_ = Step::kSendProof;
+    return;
+  }
+  const auto header = step_ == Step::kReady && length == kFrameHeaderBytes
+                          ? parseFrameHeader({buffer, length})
+                          : std::nullopt;
+  if (!header || header->type != FrameType::kCredit ||
+      header->credits > static_cast<uint32_t>(shape_.frames - credits_)) {
+    refuse("broke the protocol (an unexpected or malformed credit frame)");
+  }
+  credits_ += static_cast<int>(header->credits);
+}
+
+bool SendChannel::postFrame(const FrameHeader& header, const uint8_t* payload) {
+  const int index = freeSlots_.back();
+  uint8_t* slot = slots_.data() + static_cast<size_t>(index) * shape_.frameBytes;
+  encodeFrameHeader(header, slot);
+  if (header.length != 0) std::memcpy(slot + kFrameHeaderBytes, payload, header.length);
+  const iovec part{slot, kFrameHeaderBytes + header.length};
+  if (!endpoint_->postSend({&part, 1}, contextOf(index))) return false;
+  freeSlots_.pop_back();
+  --credits_;
+  return true;
+}
+
+bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
+  if (!ready()) return false;
+  pump();
+  const uint64_t room = shape_.frameBytes - kFrameHeaderBytes;
+  for (;;) {
+    if (inMessage_ && done == envelope.bytes) {
+      inMessage_ = false;
+      return true;
+    }
+    if (credits_ == 0 || freeSlots_.empty()) return false;
+    FrameHeader header;
+    header.type = FrameType::kData;
+    header.first = !inMessage_;
+    header.envelope = envelope;
+    header.length = static_cast<uint32_t>(std::min(room, envelope.bytes - done));
+    if (!postFrame(header, payload + done)) return false;
+    inMessage_ = true;
+    done += header.length;
+  }
+}
+
+// ---- ReceiveChannel ----
+
+ReceiveChannel::ReceiveChannel(std::unique_ptr<Endpoint> endpoint, SecretLookup lookup,
+                               ChannelShape shape)
+    : shape_(shape), lookup_(std::move(lookup)), endpoint_(std::move(endpoint)) {
+  requireShape(shape_, *endpoint_);
+  buffers_.resize(static_cast<size_t>(shape_.frames) * shape_.frameBytes);
+  for (int i = 0; i < shape_.frames; ++i) {
+    endpoint_->postReceive(slot(i), shape_.frameBytes, contextOf(i));
+  }
+  endpoint_->start();
+}
+
+void ReceiveChannel::violation(const std::string& what) {
+  const std::string who =
+      step_ == Step::kReady ? "rank " + std::to_string(theirs_.sender) + " at " : "the process at ";
+  throw Error(ErrorCode::kPeerFailure, "network", step_ == Step::kReady ? theirs_.receiver : -1,
+              who + peer() + " " + what);
+}
+
+bool ReceiveChannel::ready() {
+  switch (step_) {
+    case Step::kConnecting:
+      if (!endpoint_->connected()) return false;
+      step_ = Step::kAwaitHello;
+      [[fallthrough]];
+    case Step::kAwaitHello: {
+      pump();
+      if (arrived_.empty()) return false;
+      const Frame frame = arrived_.front();
+      arrived_.pop_front();
+      const auto hello = parseHello({slot(frame.slot), frame.length});
+      if (!hello || hello->role != Role::kInitiator) {
+        violation("did not open with a loom handshake; connection refused");
+      }
+      const auto secret = lookup_(*hello);
+      if (!secret)
+        violation("announced traffic this process does not expect (" + trafficOf(*hello) + ")");
+      secret_ = *secret;
+      theirs_ = *hello;
+      mine_ = theirs_;
+      mine_.role = Role::kAcceptor;
+      mine_.nonce = freshNonce();
+      recycle(frame.slot);
+      step_ = Step::kSendReply;
+      [[fallthrough]];
+    }
+    case Step::kSendReply: {
+      uint8_t reply[kHelloBytes + kProofBytes];
+      const auto hello = encodeHello(mine_);
+      const auto proof = encodeProof(makeProof(secret_, Role::kAcceptor, theirs_, mine_));
+      std::memcpy(reply, hello.data(), hello.size());
+      std::memcpy(reply + hello.size(), proof.data(), proof.size());
+      if (!endpoint_->inject(reply, sizeof reply)) return false;
+      step_ = Step::kAwaitProof;
+      [[fallthrough]];
+    }
+    case Step::kAwaitProof: {
+      pump();
+      if (arrived_.empty()) return false;
+      const Frame frame = arrived_.front();
+      arrived_.pop_front();
+      const auto proof = parseProof({slot(frame.slot), frame.length});
+      if (!proof || !checkProof(secret_, Role::kInitiator, theirs_, mine_, *proof)) {
+        violation("did not prove the job secret (" + trafficOf(theirs_) +
+                  "); connection refused before any data");
+      }
+      recycle(frame.slot);
+      step_ = Step::kReady;
+      returnCredits();
+      [[fallthrough]];
+    }
+    case Step::kReady: return true;
+  }
+  return false;
+}
+
+void ReceiveChannel::pump() {
+  Completion done[16];
+  for (;;) {
+    const size_t n = endpoint_->poll(done);
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i].isReceive) arrived_.push_back({indexOf(done[i].context), done[i].length});
+    }
+    if (n < std::size(done)) break;
+  }
+  if (step_ == Step::kReady) returnCredits();
+}
+
+void ReceiveChannel::recycle(int index) {
+  endpoint_->postReceive(slot(index), shape_.frameBytes, contextOf(index));
+  ++owed_;
+}
+
+void ReceiveChannel::returnCredits() {
+  // Returning half the window at a time keeps credit frames few; the sender cannot be
+  // starved by this, since with no credits left all `frames` buffers are ours to drain.
+  if (owed_ < static_cast<uint32_t>(std::max(1, shape_.frames / 2))) return;
+  FrameHeader header;
+  header.type = FrameType::kCredit;
+  header.credits = owed_;
+  uint8_t bytes[kFrameHeaderBytes];
+  encodeFrameHeader(header, bytes);
+  if (endpoint_->inject(bytes, sizeof bytes)) owed_ = 0;  // else: again on the next pump
+}
+
+FrameHeader ReceiveChannel::openFrame(const Frame& frame) {
+  const auto header = parseFrameHeader({slot(frame.slot), frame.length});
+  if (!header) violation("sent a malformed frame");
+  if (auto problem = stream_.accept(*header)) violation("broke the message stream: " + *problem);
+  return *header;
+}
+
+std::optional<Envelope> ReceiveChannel::nextEnvelope() {
+  if (!ready()) return std::nullopt;
+  pump();
+  if (current_.slot >= 0 || !stream_.idle()) {
+    throw Error(ErrorCode::kInternal, "recv", theirs_.receiver,
+                "asked for the next message before the last one was read");
+  }
+  if (arrived_.empty()) return std::nullopt;
+  current_ = arrived_.front();
+  arrived_.pop_front();
+  const FrameHeader header = openFrame(current_);
+  if (!header.first) violation("continued a message that never began");
+  currentOffset_ = kFrameHeaderBytes;
+  if (currentOffset_ == current_.length) {
+    recycle(current_.slot);
+    current_ = Frame{};
+  }
+  return header.envelope;
+}
+
+size_t ReceiveChannel::read(void* dst, size_t n) {
+  if (!ready()) return 0;
+  pump();
+  auto* out = static_cast<uint8_t*>(dst);
+  size_t total = 0;
+  while (total < n) {
+    if (current_.slot < 0) {
+      if (arrived_.empty() || stream_.idle()) break;  // the message's next frame is not here
+      current_ = arrived_.front();
+      arrived_.pop_front();
+      currentOffset_ = kFrameHeaderBytes;
+      if (openFrame(current_).first) violation("began a message inside another");
+    }
+    const size_t m = std::min(n - total, current_.length - currentOffset_);
+    if (out != nullptr) std::memcpy(out + total, slot(current_.slot) + currentOffset_, m);
+    total += m;
+    currentOffset_ += m;
+    if (currentOffset_ == current_.length) {
+      recycle(current_.slot);
+      current_ = Frame{};
+    }
+  }
+  returnCredits();
+  return total;
+}
+
+bool ReceiveChannel::readable() {
+  if (!ready()) return false;
+  pump();
+  return current_.slot >= 0 || !arrived_.empty();
+}
+
+}  // namespace loom::net

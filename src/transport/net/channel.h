@@ -1,0 +1,120 @@
+#pragma once
+
+// One direction of message traffic between two ranks over one network connection.
+//
+// The initiator (SendChannel) connects and sends; the acceptor (ReceiveChannel) receives.
+// Neither accepts a data byte before both have proved the job secret (wire.h, auth.h).
+// Then messages travel as frames of at most `frameBytes`, each into one of the acceptor's
+// `frames` posted receive buffers; the initiator sends a frame only on a credit (one per
+// free buffer), and the acceptor returns credits as its reader drains frames, so no frame
+// ever arrives without a buffer, whatever the provider. Sends go from the channel's own
+// buffers, so a message's memory is free again once it is written. Each channel is driven
+// by one thread at a time; nothing here blocks.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/message_link.h"
+#include "transport/net/fabric.h"
+#include "transport/net/wire.h"
+#include "util/comm_id.h"
+
+namespace loom::net {
+
+/// Buffer sizes of a channel; both ends must agree (the bootstrap gives them the same).
+struct ChannelShape {
+  size_t frameBytes = size_t{128} << 10;  ///< one frame, header included
+  int frames = 8;                         ///< receive buffers, and so frames in flight
+};
+
+/// The initiator's end: connects, proves, sends.
+class SendChannel {
+ public:
+  /// Starts connecting to `address` for the traffic `hello` names (its role and nonce are
+  /// filled in here).
+  SendChannel(Fabric& fabric, const std::string& address, Hello hello, const JobSecret& secret,
+              ChannelShape shape);
+  /// Advances the connection and handshake; true once the peer has proved the secret.
+  /// Throws Error(kPeerFailure) if the peer cannot be reached, refuses, or fails its proof.
+  bool ready();
+  /// MessageLink::write for this direction (false while not ready()).
+  bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done);
+  /// Who this channel connects to, for messages.
+  const std::string& peer() const { return endpoint_->peer(); }
+
+ private:
+  void pump();
+  void onReceive(uint8_t* buffer, size_t length);
+  bool postFrame(const FrameHeader& header, const uint8_t* payload);
+
+  enum class Step { kConnecting, kSendHello, kAwaitReply, kSendProof, kReady };
+  const ChannelShape shape_;
+  const JobSecret secret_;
+  std::unique_ptr<Endpoint> endpoint_;
+  Step step_ = Step::kConnecting;
+  Hello mine_;
+  Hello theirs_;
+  std::vector<uint8_t> slots_;  // `frames` send buffers
+  std::vector<int> freeSlots_;
+  std::vector<uint8_t> smalls_;  // receive buffers for the reply and credit frames
+  int credits_ = 0;
+  bool inMessage_ = false;  // the current message's first frame is out
+};
+
+/// What the acceptor knows about the communicators it serves: the secret for the traffic a
+/// Hello announces, or nullopt if this process expects no such connection.
+using SecretLookup = std::function<std::optional<JobSecret>(const Hello&)>;
+
+/// The acceptor's end: checks the proof, receives.
+class ReceiveChannel {
+ public:
+  /// Takes an accepted endpoint that has not started yet.
+  ReceiveChannel(std::unique_ptr<Endpoint> endpoint, SecretLookup lookup, ChannelShape shape);
+  /// Advances the handshake; true once the initiator has proved the secret. Throws
+  /// Error(kPeerFailure) if it does not, or announces traffic this process does not expect.
+  bool ready();
+  /// The traffic this channel carries, once ready().
+  const Hello& announced() const { return theirs_; }
+
+  /// MessageLink's inbound half for this direction (see message_link.h). The stream's
+  /// violations throw Error(kPeerFailure).
+  std::optional<Envelope> nextEnvelope();
+  size_t read(void* dst, size_t n);
+  bool readable();
+  /// Who this channel accepted, for messages.
+  const std::string& peer() const { return endpoint_->peer(); }
+
+ private:
+  struct Frame {
+    int slot = -1;
+    size_t length = 0;  // header included
+  };
+  void pump();
+  uint8_t* slot(int i) { return buffers_.data() + static_cast<size_t>(i) * shape_.frameBytes; }
+  void recycle(int slot);
+  void returnCredits();
+  FrameHeader openFrame(const Frame& frame);
+  [[noreturn]] void violation(const std::string& what);
+
+  enum class Step { kConnecting, kAwaitHello, kSendReply, kAwaitProof, kReady };
+  const ChannelShape shape_;
+  SecretLookup lookup_;
+  std::unique_ptr<Endpoint> endpoint_;
+  Step step_ = Step::kConnecting;
+  JobSecret secret_{};
+  Hello theirs_;
+  Hello mine_;
+  std::vector<uint8_t> buffers_;  // `frames` receive buffers
+  std::deque<Frame> arrived_;     // in arrival order
+  Frame current_;                 // the frame being read
+  size_t currentOffset_ = 0;      // bytes of it read, header included
+  MessageStream stream_;
+  uint32_t owed_ = 0;  // credits not yet returned
+};
+
+}  // namespace loom::net

@@ -1,0 +1,95 @@
+// Network namespaces and veth pairs through iproute2.
+
+#include "netns_hosts.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <stdexcept>
+
+namespace loom::testing {
+
+namespace {
+
+// Runs a shell command; throws with its output if it fails.
+void run(const std::string& command) {
+  const std::string full = command + " 2>&1";
+  FILE* pipe = ::popen(full.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run: " + command);
+  std::string output;
+  char buffer[256];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  if (status != 0) throw std::runtime_error("`" + command + "` failed: " + output);
+}
+
+std::atomic<int> madeHere{0};
+
+}  // namespace
+
+std::string NetnsHosts::unavailableReason() {
+  if (::geteuid() != 0) return "network namespaces need root";
+  if (std::system("ip -V >/dev/null 2>&1") != 0) return "iproute2 (the ip command) is missing";
+  return "";
+}
+
+NetnsHosts::NetnsHosts(int hosts) {
+  const std::string prefix =
+      "loom" + std::to_string(::getpid()) + "n" + std::to_string(madeHere.fetch_add(1));
+  hub_ = prefix + "hub";
+  try {
+    run("ip netns add " + hub_);
+    run("ip -n " + hub_ + " link add br0 type bridge");
+    run("ip -n " + hub_ + " link set br0 up");
+    for (int h = 0; h < hosts; ++h) {
+      const std::string name = prefix + "h" + std::to_string(h);
+      run("ip netns add " + name);
+      names_.push_back(name);
+      const std::string port = "p" + std::to_string(h);
+      run("ip -n " + hub_ + " link add " + port + " type veth peer name eth0 netns " + name);
+      run("ip -n " + hub_ + " link set " + port + " master br0 up");
+      run("ip -n " + name + " addr add " + address(h) + "/24 dev eth0");
+      run("ip -n " + name + " link set eth0 up");
+      run("ip -n " + name + " link set lo up");
+    }
+  } catch (...) {
+    removeAll();
+    throw;
+  }
+}
+
+NetnsHosts::~NetnsHosts() {
+  removeAll();
+}
+
+void NetnsHosts::removeAll() {
+  // Deleting a namespace deletes its interfaces, and a veth pair goes with either end.
+  for (const std::string& name : names_)
+    std::system(("ip netns del " + name + " 2>/dev/null").c_str());
+  if (!hub_.empty()) std::system(("ip netns del " + hub_ + " 2>/dev/null").c_str());
+  names_.clear();
+  hub_.clear();
+}
+
+void NetnsHosts::enter(int h) const {
+  const std::string path = "/var/run/netns/" + names_.at(h);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("cannot enter network namespace " + names_.at(h));
+  }
+  ::close(fd);
+}
+
+std::string NetnsHosts::address(int h) const {
+  return "10.77.0." + std::to_string(h + 1);
+}
+
+void NetnsHosts::setLink(int h, bool up) const {
+  run("ip -n " + hub_ + " link set p" + std::to_string(h) + (up ? " up" : " down"));
+}
+
+}  // namespace loom::testing

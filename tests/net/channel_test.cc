@@ -1,0 +1,328 @@
+// Network channels between processes on different hosts (network namespaces joined by a
+// bridge): authenticated connections, messages intact both ways at every size around a
+// frame boundary, refusals before any data, and a peer that dies mid-message.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "expect_error.h"
+#include "forked_ranks.h"
+#include "netns_hosts.h"
+#include "transport/net/auth.h"
+#include "transport/net/channel.h"
+#include "transport/net/net_link.h"
+
+namespace loom::net {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using loom::testing::expectError;
+using loom::testing::NetnsHosts;
+using loom::testing::RankContext;
+
+constexpr auto kPatience = std::chrono::seconds(30);
+const JobSecret kSecret{0x5e, 0xc2, 0xe7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+const CommId kComm{0xc0, 0xaa, 1};
+
+Hello traffic(int sender, int receiver, uint32_t channel = 0) {
+  Hello h;
+  h.comm = kComm;
+  h.sender = sender;
+  h.receiver = receiver;
+  h.channel = channel;
+  return h;
+}
+
+SecretLookup expecting(const CommId& comm, const JobSecret& secret) {
+  return [comm, secret](const Hello& h) -> std::optional<JobSecret> {
+    if (h.comm == comm) return secret;
+    return std::nullopt;
+  };
+}
+
+// Publishes this rank's fabric address and returns rank `peer`'s.
+std::string exchangeAddresses(RankContext& ctx, int peer) {
+  const std::string mine = Fabric::instance().address();
+  ctx.store->set("address/" + std::to_string(ctx.rank), Bytes(mine.begin(), mine.end()));
+  const Bytes theirs = ctx.store->get("address/" + std::to_string(peer), kPatience);
+  return std::string(theirs.begin(), theirs.end());
+}
+
+// The next connection to this process, as a ReceiveChannel.
+std::unique_ptr<ReceiveChannel> acceptOne(SecretLookup lookup, ChannelShape shape) {
+  const auto deadline = Clock::now() + kPatience;
+  while (Clock::now() < deadline) {
+    if (auto endpoint = Fabric::instance().acceptNext(std::chrono::milliseconds(10))) {
+      return std::make_unique<ReceiveChannel>(std::move(endpoint), std::move(lookup), shape);
+    }
+  }
+  LOOM_CHECK(false, << "no connection arrived");
+  return nullptr;
+}
+
+// Connects this rank and `peer` both ways; both ranks call it at once.
+std::unique_ptr<NetLink> linkWith(int me, int peer, const std::string& address, ChannelShape shape,
+                                  uint32_t channel = 0) {
+  auto out = std::make_unique<SendChannel>(Fabric::instance(), address, traffic(me, peer, channel),
+                                           kSecret, shape);
+  std::unique_ptr<ReceiveChannel> in;
+  const auto deadline = Clock::now() + kPatience;
+  for (;;) {
+    LOOM_CHECK(Clock::now() < deadline, << "the link did not come up");
+    if (!in) {
+      if (auto endpoint = Fabric::instance().acceptNext(std::chrono::milliseconds(1))) {
+        in =
+            std::make_unique<ReceiveChannel>(std::move(endpoint), expecting(kComm, kSecret), shape);
+      }
+    }
+    const bool outReady = out->ready();
+    if (in && in->ready() && outReady) break;
+  }
+  LOOM_CHECK(in->announced().sender == peer && in->announced().receiver == me);
+  return std::make_unique<NetLink>(std::move(out), std::move(in));
+}
+
+uint8_t patternByte(int sender, size_t message, size_t j) {
+  return static_cast<uint8_t>((j * 131 + message * 7 + static_cast<size_t>(sender) * 29) ^
+                              (j >> 9));
+}
+
+// Sends `sizes` to the peer while receiving the peer's same list, and checks every byte.
+void exchange(MessageLink& link, int me, int peer, const std::vector<size_t>& sizes) {
+  std::vector<std::vector<uint8_t>> outgoing;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    outgoing.emplace_back(sizes[i]);
+    for (size_t j = 0; j < sizes[i]; ++j) outgoing[i][j] = patternByte(me, i, j);
+  }
+  size_t sent = 0, received = 0;
+  uint64_t done = 0;
+  std::optional<Envelope> incoming;
+  std::vector<uint8_t> buffer;
+  size_t filled = 0;
+  const auto deadline = Clock::now() + kPatience;
+  while (sent < sizes.size() || received < sizes.size()) {
+    LOOM_CHECK(Clock::now() < deadline,
+               << "stuck at message " << sent << " out, " << received << " in");
+    if (sent < sizes.size()) {
+      const Envelope envelope{static_cast<int>(sent) - 3, sizes[sent]};
+      if (link.write(envelope, outgoing[sent].data(), done)) {
+        ++sent;
+        done = 0;
+      }
+    }
+    if (received < sizes.size() && !incoming) {
+      incoming = link.nextEnvelope();
+      if (incoming) {
+        LOOM_CHECK(incoming->tag == static_cast<int>(received) - 3, << "tag " << incoming->tag);
+        LOOM_CHECK(incoming->bytes == sizes[received], << "bytes " << incoming->bytes);
+        buffer.assign(incoming->bytes, 0);
+        filled = 0;
+      }
+    }
+    if (incoming) {
+      filled += link.read(buffer.data() + filled, buffer.size() - filled);
+      if (filled == buffer.size()) {
+        for (size_t j = 0; j < buffer.size(); ++j) {
+          LOOM_CHECK(buffer[j] == patternByte(peer, received, j),
+                     << "message " << received << " byte " << j);
+        }
+        ++received;
+        incoming.reset();
+      }
+    }
+  }
+}
+
+class NetChannel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string reason = NetnsHosts::unavailableReason();
+    if (!reason.empty()) {
+      if (std::getenv("LOOM_REQUIRE_NETNS")) FAIL() << reason;
+      GTEST_SKIP() << reason;
+    }
+    hosts_ = std::make_unique<NetnsHosts>(2);
+  }
+  std::unique_ptr<NetnsHosts> hosts_;
+};
+
+TEST_F(NetChannel, MessagesArriveIntactBothWaysAcrossFrameBoundaries) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const int peer = 1 - ctx.rank;
+    const std::string address = exchangeAddresses(ctx, peer);
+    LOOM_CHECK(address.rfind(hosts.address(peer) + ":", 0) == 0, << address);
+    // A small window (3 frames of 4 KiB) exercises credits; the default one, bulk.
+    const ChannelShape small{4096, 3};
+    const size_t room = small.frameBytes - kFrameHeaderBytes;
+    auto link = linkWith(ctx.rank, peer, address, small, 0);
+    exchange(*link, ctx.rank, peer,
+             {0, 1, 7, room - 1, room, room + 1, 0, 3 * room + 5, 100 * room, 1 << 20});
+    auto bulk = linkWith(ctx.rank, peer, address, ChannelShape{}, 1);
+    exchange(*bulk, ctx.rank, peer, {size_t{16} << 20, 5, (size_t{8} << 20) + 3});
+  });
+}
+
+// A process that speaks the handshake itself, to send what loom never would.
+class Rogue {
+ public:
+  explicit Rogue(const std::string& address) : endpoint_(Fabric::instance().connect(address)) {
+    endpoint_->postReceive(reply_, sizeof reply_, nullptr);
+    endpoint_->start();
+    const auto deadline = Clock::now() + kPatience;
+    while (!endpoint_->connected()) LOOM_CHECK(Clock::now() < deadline, << "rogue not connected");
+  }
+  void send(const void* bytes, size_t n) {
+    LOOM_CHECK(endpoint_->inject(bytes, n), << "inject refused");
+  }
+  // Waits for the acceptor's reply (Hello + Proof).
+  std::optional<Hello> awaitReply() {
+    Completion done[4];
+    const auto deadline = Clock::now() + kPatience;
+    while (Clock::now() < deadline) {
+      if (endpoint_->poll(done) > 0) return parseHello({reply_, kHelloBytes});
+    }
+    return std::nullopt;
+  }
+  // Waits until the acceptor closes the connection.
+  void awaitClosed() {
+    Completion done[4];
+    const auto deadline = Clock::now() + kPatience;
+    try {
+      while (Clock::now() < deadline) endpoint_->poll(done);
+    } catch (const Error&) {
+      return;
+    }
+    LOOM_CHECK(false, << "the acceptor did not close the connection");
+  }
+
+ private:
+  std::unique_ptr<Endpoint> endpoint_;
+  uint8_t reply_[128] = {};
+};
+
+TEST_F(NetChannel, RefusesEveryoneWithoutTheSecretBeforeAnyData) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const std::string address = exchangeAddresses(ctx, 1 - ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      // The acceptor, four times: each refusal names what was wrong.
+      auto refuse = [&](std::initializer_list<const char*> parts) {
+        auto in = acceptOne(expecting(kComm, kSecret), shape);
+        const auto deadline = Clock::now() + kPatience;
+        expectError(
+            [&] {
+              while (!in->ready()) LOOM_CHECK(Clock::now() < deadline, << "no verdict");
+            },
+            ErrorCode::kPeerFailure, parts);
+      };
+      refuse({"did not open with a loom handshake"});
+      refuse({"does not expect", "communicator"});
+      refuse({"did not prove the job secret", "before any data"});
+      refuse({"closed by the peer"});  // the honest initiator with the wrong secret hung up
+      ctx.store->set("acceptor done", Bytes{1});
+      return;
+    }
+    // 1. Bytes that are no handshake at all.
+    {
+      Rogue rogue(address);
+      const std::vector<uint8_t> junk(50, 0x42);
+      rogue.send(junk.data(), junk.size());
+      rogue.awaitClosed();
+    }
+    // 2. A well-formed Hello for a communicator the acceptor does not serve.
+    {
+      Rogue rogue(address);
+      Hello hello = traffic(1, 0);
+      hello.comm[5] ^= 1;
+      hello.nonce = freshNonce();
+      const auto bytes = encodeHello(hello);
+      rogue.send(bytes.data(), bytes.size());
+      rogue.awaitClosed();
+    }
+    // 3. A guessed proof, then a data frame right behind it: refused, the frame never read.
+    {
+      Rogue rogue(address);
+      Hello hello = traffic(1, 0);
+      hello.nonce = freshNonce();
+      const auto bytes = encodeHello(hello);
+      rogue.send(bytes.data(), bytes.size());
+      const auto reply = rogue.awaitReply();
+      LOOM_CHECK(reply.has_value(), << "the acceptor did not answer a valid Hello");
+      JobSecret guess = kSecret;
+      guess[0] ^= 0xff;
+      const auto proof = encodeProof(makeProof(guess, Role::kInitiator, hello, *reply));
+      rogue.send(proof.data(), proof.size());
+      FrameHeader header;
+      header.first = true;
+      header.length = 8;
+      header.envelope = {0, 8};
+      uint8_t frame[kFrameHeaderBytes + 8] = {};
+      encodeFrameHeader(header, frame);
+      rogue.send(frame, sizeof frame);
+      rogue.awaitClosed();
+    }
+    // 4. loom itself, with another job's secret: it refuses the acceptor's proof.
+    {
+      JobSecret other = kSecret;
+      other[15] ^= 1;
+      SendChannel out(Fabric::instance(), address, traffic(1, 0), other, shape);
+      const auto deadline = Clock::now() + kPatience;
+      expectError(
+          [&] {
+            while (!out.ready()) LOOM_CHECK(Clock::now() < deadline, << "no verdict");
+          },
+          ErrorCode::kPeerFailure, {"did not prove the job secret", "10.77.0.1"});
+    }
+    ctx.store->get("acceptor done", kPatience);
+  });
+}
+
+TEST_F(NetChannel, APeerThatDiesMidMessageFailsTheReaderNamingIt) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const int peer = 1 - ctx.rank;
+    const std::string address = exchangeAddresses(ctx, peer);
+    auto link = linkWith(ctx.rank, peer, address, ChannelShape{4096, 4});
+    if (ctx.rank == 1) {
+      // Half a message, then the process is gone (as if killed: no goodbye).
+      std::vector<uint8_t> payload(1 << 20, 1);
+      uint64_t done = 0;
+      const auto deadline = Clock::now() + kPatience;
+      while (done < payload.size() / 2) {
+        LOOM_CHECK(Clock::now() < deadline, << "stuck at " << done);
+        link->write({0, payload.size()}, payload.data(), done);
+      }
+      ::_exit(0);
+    }
+    std::vector<uint8_t> buffer(1 << 20);
+    size_t filled = 0;
+    const auto deadline = Clock::now() + kPatience;
+    expectError(
+        [&] {
+          std::optional<Envelope> envelope;
+          while (!envelope) envelope = link->nextEnvelope();
+          for (;;) {
+            LOOM_CHECK(Clock::now() < deadline, << "the reader was not told");
+            filled += link->read(buffer.data() + filled, buffer.size() - filled);
+            LOOM_CHECK(filled < buffer.size(), << "a whole message from a dead peer");
+          }
+        },
+        ErrorCode::kPeerFailure, {"10.77.0.2", "closed"});
+    LOOM_CHECK(filled >= buffer.size() / 4, << "only " << filled << " bytes arrived first");
+  });
+}
+
+}  // namespace
+}  // namespace loom::net
