@@ -27,12 +27,13 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.integer(peer.pid);
   w.string(peer.hostname);
   w.string(peer.address);
+  w.string(peer.netAddress);
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
   return r.raw(peer->host.data(), peer->host.size()) && r.integer(&peer->pidNamespace) &&
          r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
-         r.string(&peer->address, kMaxName);
+         r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName);
 }
 
 }  // namespace
@@ -105,8 +106,64 @@ std::string missingRanks(Store& store, const std::string& prefix, int size) {
 
 }  // namespace
 
+namespace {
+
+// The second round, for rosters that span hosts: every rank publishes where it listens, and
+// rank 0 gathers the addresses into one record, as in the first round.
+void exchangeNetAddresses(int rank, Roster& roster, Store& store, const std::string& prefix,
+                          const std::string& mine, std::chrono::steady_clock::time_point deadline) {
+  const int size = static_cast<int>(roster.peers.size());
+  store.set(prefix + "net/" + std::to_string(rank), Bytes(mine.begin(), mine.end()));
+  auto late = [&](const std::string& who) {
+    return Error(ErrorCode::kTimeout, "create", rank,
+                 who +
+                     " did not publish its network address within the timeout; it joined "
+                     "the roster, so it failed while opening the network (see its log)");
+  };
+  if (rank == 0) {
+    ByteWriter all;
+    for (int q = 0; q < size; ++q) {
+      Bytes bytes;
+      try {
+        bytes = store.get(prefix + "net/" + std::to_string(q), remaining(deadline));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout) throw;
+        throw late("rank " + std::to_string(q));
+      }
+      roster.peers[q].netAddress.assign(bytes.begin(), bytes.end());
+      all.string(roster.peers[q].netAddress);
+    }
+    store.set(prefix + "net/all", all.bytes());
+    return;
+  }
+  Bytes bytes;
+  try {
+    bytes = store.get(prefix + "net/all", remaining(deadline));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+    throw late("a rank (rank 0 gathers them)");
+  }
+  ByteReader r(bytes);
+  for (PeerInfo& peer : roster.peers) {
+    if (!r.string(&peer.netAddress, kMaxName)) {
+      throw Error(ErrorCode::kInternal, "create", rank, "malformed network address record");
+    }
+  }
+}
+
+}  // namespace
+
 Roster exchangeRoster(int rank, int size, Store& store,
-                      std::chrono::steady_clock::time_point deadline) {
+                      std::chrono::steady_clock::time_point deadline, const Listen& listen) {
+  Roster roster = exchangeRosterOnly(rank, size, store, deadline);
+  if (hostMapOf(roster).hosts() > 1) {
+    exchangeNetAddresses(rank, roster, store, roster.storePrefix, listen(roster), deadline);
+  }
+  return roster;
+}
+
+Roster exchangeRosterOnly(int rank, int size, Store& store,
+                          std::chrono::steady_clock::time_point deadline) {
   // Several communicators may bootstrap through one store one after another: each rank
   // counts its own creations, and the n-th creation of every rank uses round n's keys.
   const int64_t round = store.add("loom/rounds/" + std::to_string(rank), 1);
@@ -137,6 +194,7 @@ Roster exchangeRoster(int rank, int size, Store& store,
       roster.peers.push_back(std::move(*peer));
     }
     store.set(prefix + "roster", encodeRoster(roster));
+    roster.storePrefix = prefix;
     return roster;
   }
   Bytes bytes;
@@ -158,6 +216,7 @@ Roster exchangeRoster(int rank, int size, Store& store,
                 "the roster rank 0 published does not describe " + std::to_string(size) +
                     " ranks; do all ranks pass the same size?");
   }
+  roster->storePrefix = prefix;
   return std::move(*roster);
 }
 
@@ -169,15 +228,26 @@ HostMap hostMapOf(const Roster& roster) {
 }
 
 void requireSupportedLinks(const Roster& roster, const HostMap& hosts, int rank) {
+#ifdef LOOM_HAVE_NET
+  (void)roster, (void)hosts, (void)rank;  // every pair has a link: shared memory or the network
+#else
   for (int q = 0; q < static_cast<int>(roster.peers.size()); ++q) {
     if (hosts.link(rank, q) != Link::kNetwork) continue;
     throw Error(ErrorCode::kUnsupported, "create", rank,
                 "rank " + std::to_string(q) + " runs on host '" + roster.peers[q].hostname +
                     "' and this rank on '" + roster.peers[rank].hostname +
-                    "' (different kernels or network namespaces). This version of loom connects "
-                    "ranks of one host through shared memory only; run all ranks on one host "
-                    "(or in one network namespace) until the multi-host transport lands");
+                    "' (different kernels or network namespaces), but this build of loom has "
+                    "no network transport: libfabric and OpenSSL were not found when it was "
+                    "built. Install libfabric-dev, libssl-dev and pkg-config and rebuild, or "
+                    "run all ranks on one host");
   }
+#endif
+}
+
+std::string describeRemote(const Roster& roster, int q) {
+  const PeerInfo& peer = roster.peers[q];
+  return "rank " + std::to_string(q) + " (host '" + peer.hostname + "'" +
+         (peer.netAddress.empty() ? std::string() : ", " + peer.netAddress) + ")";
 }
 
 }  // namespace loom

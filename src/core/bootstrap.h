@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,7 +26,8 @@ struct PeerInfo {
   uint64_t pidNamespace = 0;
   int32_t pid = 0;
   std::string hostname;
-  std::string address;  ///< its process service's socket name
+  std::string address;     ///< its process service's socket name
+  std::string netAddress;  ///< where it listens for other hosts ("ip:port"), if it does
 };
 
 /// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.
@@ -33,6 +35,7 @@ struct Roster {
   CommId id{};
   handshake::Secret secret{};
   std::vector<PeerInfo> peers;
+  std::string storePrefix;  ///< the store keys of this exchange (not sent)
 };
 
 /// This process's PeerInfo.
@@ -44,15 +47,27 @@ Bytes encodeRoster(const Roster& roster);
 /// Decodes a roster of exactly `size` peers; nullopt if malformed.
 std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size);
 
-/// Runs the exchange; every rank returns the same roster. Throws Error(kTimeout) naming the
-/// ranks that did not show up by `deadline`.
+/// Opens this process to other hosts for the communicator of `roster` and returns the
+/// address they connect to.
+using Listen = std::function<std::string(const Roster&)>;
+
+/// Runs the exchange; every rank returns the same roster. If the ranks span hosts, a second
+/// round fills every peer's netAddress with what `listen` returns on that rank (called once
+/// the roster is known, before the address is published, so no peer can connect early).
+/// Throws Error(kTimeout) naming the ranks that did not show up by `deadline`.
 Roster exchangeRoster(int rank, int size, Store& store,
-                      std::chrono::steady_clock::time_point deadline);
+                      std::chrono::steady_clock::time_point deadline, const Listen& listen);
+/// The first round alone (one host, or a caller that opens no network).
+Roster exchangeRosterOnly(int rank, int size, Store& store,
+                          std::chrono::steady_clock::time_point deadline);
 
 /// Where the roster's ranks run.
 HostMap hostMapOf(const Roster& roster);
 
 /// Throws Error(kUnsupported) if rank `rank` would need a link this build cannot make.
 void requireSupportedLinks(const Roster& roster, const HostMap& hosts, int rank);
+
+/// "rank 3 (host 'node7', 10.0.0.7:4242)": how messages name a rank of another host.
+std::string describeRemote(const Roster& roster, int q);
 
 }  // namespace loom

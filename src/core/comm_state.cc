@@ -11,6 +11,10 @@
 #include "transport/shm/ring_link.h"
 #include "util/deadline.h"
 #include "util/unix_socket.h"
+#ifdef LOOM_HAVE_NET
+#include "transport/net/net_link.h"
+#include "transport/net/net_service.h"
+#endif
 
 namespace loom::detail {
 
@@ -31,12 +35,25 @@ FlightRecorder::Subject flightSubject(const CollectiveArgs& args, uint64_t seq) 
   return s;
 }
 
+// Opens this process to other hosts for the communicator of `roster` (its connections are
+// accepted from now on) and returns the address its peers connect to.
+std::string listenFor(const Roster& roster) {
+#ifdef LOOM_HAVE_NET
+  net::NetService& service = net::NetService::instance();
+  service.expect(roster.id, roster.secret, net::ChannelShape{});
+  return service.address();
+#else
+  (void)roster;
+  return "";  // requireSupportedLinks refuses the roster
+#endif
+}
+
 }  // namespace
 
 std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store& store,
                                                       const CommOptions& options) {
   const auto deadline = deadlineAfter(options.timeout);
-  const Roster roster = exchangeRoster(rank, size, store, deadline);
+  const Roster roster = exchangeRoster(rank, size, store, deadline, listenFor);
   const HostMap hosts = hostMapOf(roster);
   requireSupportedLinks(roster, hosts, rank);
   // Tunables that share out the host (threads, chunk sizes) count this host's ranks only.
@@ -73,37 +90,46 @@ CommState::CommState(int rank, const Roster& roster, const CommOptions& options,
       size_(static_cast<int>(roster.peers.size())),
       name_(options.name),
       roster_(roster),
+      hosts_(hostMapOf(roster)),
       config_(std::move(config)),
       timeoutMs_(options.timeout.count()) {}
 
 void CommState::join(Clock::time_point deadline) {
+  // The segment holds this host's ranks, at their local index; each host's has its own id.
+  const int host = hosts_.hostOf(rank_);
+  const std::vector<int>& here = hosts_.ranksOn(host);
+  const int localRank = hosts_.localIndex(rank_);
+  const int localSize = static_cast<int>(here.size());
+  const CommId segmentId =
+      spansHosts() ? deriveId(roster_.id, "host/" + std::to_string(host)) : roster_.id;
+  if (spansHosts()) listenFor(roster_);  // children register here; top-level ones already did
   ProcessService& service = ProcessService::instance();
   std::shared_ptr<shm::Segment> segment;
-  if (rank_ == 0) {
-    const auto layout = shm::Layout::compute(size_, config_.chunkBytes, config_.ringBytes);
-    segment = shm::Segment::create(layout, roster_.id);
+  if (localRank == 0) {
+    const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
+    segment = shm::Segment::create(layout, segmentId);
     std::vector<Arrival> members =
-        service.acceptMembers(roster_.id, roster_.secret, size_ - 1, size_, deadline);
+        service.acceptMembers(segmentId, roster_.secret, localSize - 1, localSize, deadline);
     const auto welcome = handshake::encodeWelcome(0, "");
     for (Arrival& member : members) {
       if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),
                                    segment->fd())) {
         throw Error(ErrorCode::kPeerFailure, "create", rank_,
-                    "rank " + std::to_string(member.hello.rank) +
+                    "rank " + std::to_string(here[member.hello.rank]) +
                         " disconnected while joining; did it exit?");
       }
     }
   } else {
     handshake::Hello hello;
-    hello.comm = roster_.id;
+    hello.comm = segmentId;
     hello.secret = roster_.secret;
-    hello.rank = rank_;
+    hello.rank = localRank;
     hello.pid = static_cast<int32_t>(::getpid());
-    posix::Fd fd = service.joinLeader(roster_.peers[0].address, hello, deadline);
-    segment = shm::Segment::attach(std::move(fd), roster_.id, size_);
+    posix::Fd fd = service.joinLeader(roster_.peers[here[0]].address, hello, deadline);
+    segment = shm::Segment::attach(std::move(fd), segmentId, localSize);
   }
-  shm_ = std::make_unique<shm::ShmComm>(std::move(segment), rank_, config_.backoff);
-  failures_ = std::make_unique<FailureDomain>(*shm_, name_);
+  shm_ = std::make_unique<shm::ShmComm>(std::move(segment), localRank, config_.backoff, here);
+  failures_ = std::make_unique<FailureDomain>(*shm_, name_, rank_, roster_, hosts_);
   shm_->setFailures(*failures_);
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
@@ -112,10 +138,11 @@ void CommState::join(Clock::time_point deadline) {
 }
 
 void CommState::watchPeers() {
-  // Pids are comparable only within one pid namespace; elsewhere dead peers are found by
-  // the operation timeout instead.
+  // Only this host's ranks: their pids mean something here (and only within one pid
+  // namespace; elsewhere dead peers are found by the operation timeout instead). Ranks on
+  // other hosts are watched through their connections.
   const PeerInfo& self = roster_.peers[rank_];
-  for (int q = 0; q < size_; ++q) {
+  for (int q : hosts_.ranksOn(hosts_.hostOf(rank_))) {
     const PeerInfo& peer = roster_.peers[q];
     if (q == rank_ || peer.pidNamespace != self.pidNamespace || peer.pid == self.pid) continue;
     FailureDomain* failures = failures_.get();
@@ -128,6 +155,9 @@ CommState::~CommState() {
   shutdown();
   for (uint64_t id : watches_) ProcessService::instance().unwatch(id);
   if (shm_) shm_->depart();
+#ifdef LOOM_HAVE_NET
+  if (spansHosts()) net::NetService::instance().forget(roster_.id);
+#endif
 }
 
 std::chrono::milliseconds CommState::timeoutFor(const OpOptions& options) const {
@@ -167,6 +197,13 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
 
 Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   requireUsable(collectiveName(args.kind));
+  if (spansHosts()) {
+    throw Error(ErrorCode::kUnsupported, collectiveName(args.kind), rank_,
+                "this communicator spans " + std::to_string(hosts_.hosts()) +
+                    " hosts; this version of loom runs send/recv across hosts but collectives "
+                    "only within one host. Use a communicator of one host's ranks (split by "
+                    "host) for collectives until hierarchical collectives land");
+  }
   if (!options.signature.empty()) args.signature = options.signature;
   auto state = std::make_shared<OpState>(seq_.fetch_add(1, std::memory_order_relaxed) + 1);
   FlightRecorder::Subject subject = flightSubject(args, state->seq);
@@ -194,14 +231,35 @@ void CommState::settle(const Request& request) {
   }
 }
 
+std::unique_ptr<MessageLink> CommState::linkTo(int q) {
+  if (hosts_.link(rank_, q) != Link::kNetwork) {
+    return std::make_unique<shm::RingLink>(*shm_, hosts_.localIndex(q));
+  }
+#ifdef LOOM_HAVE_NET
+  // Channel 0 carries send/recv; the connection is made on the first send.
+  const Roster& roster = roster_;
+  const int me = rank_;
+  auto connect = [&roster, me, q] {
+    net::Hello hello;
+    hello.comm = roster.id;
+    hello.sender = me;
+    hello.receiver = q;
+    return std::make_unique<net::SendChannel>(net::Fabric::instance(), roster.peers[q].netAddress,
+                                              hello, roster.secret, net::ChannelShape{});
+  };
+  auto claim = [id = roster_.id, me, q] { return net::NetService::instance().claim(id, q, me, 0); };
+  return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q));
+#else
+  throw Error(ErrorCode::kInternal, "send/recv", rank_, "no network transport in this build");
+#endif
+}
+
 P2pEngine& CommState::p2p() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
   if (!p2p_) {
-    // Every peer shares this host for now (requireSupportedLinks), so every link is a pair
-    // of shared-memory rings.
     std::vector<std::unique_ptr<MessageLink>> links;
-    for (int q = 0; q < size_; ++q) links.push_back(std::make_unique<shm::RingLink>(*shm_, q));
-    p2p_ = std::make_unique<P2pEngine>(*shm_, *failures_, std::move(links), this);
+    for (int q = 0; q < size_; ++q) links.push_back(linkTo(q));
+    p2p_ = std::make_unique<P2pEngine>(rank_, *shm_, *failures_, std::move(links), this);
   }
   return *p2p_;
 }

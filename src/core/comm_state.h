@@ -1,11 +1,13 @@
 #pragma once
 
-// The state behind a Communicator handle: membership, the shared segment, the collective
-// worker, the point-to-point engine (started on first use) and the peer watches.
+// The state behind a Communicator handle: membership, this host's shared segment, the
+// collective worker, the point-to-point engine (started on first use) and the peer watches.
 //
-// Creation is the same for every communicator once the roster is known: rank 0 (the leader)
-// creates the segment and hands its fd to each member over the process service's socket;
-// members map it; every rank then watches its peers' processes. A top-level communicator
+// Creation is the same for every communicator once the roster is known: on each host, the
+// lowest rank (the host's leader) creates the host's segment and hands its fd to the host's
+// other ranks over the process service's socket; they map it; every rank then watches the
+// processes of its host's ranks. A communicator that spans hosts also registers with the
+// process's NetService, so its ranks on other hosts can connect. A top-level communicator
 // gets its roster from the store; a child (split, subset) derives it from its parent's, so
 // making one costs a few local socket round trips and no store traffic.
 
@@ -24,6 +26,7 @@
 #include "core/op_state.h"
 #include "core/worker.h"
 #include "loom/communicator.h"
+#include "transport/message_link.h"
 #include "transport/shm/shm_comm.h"
 
 namespace loom {
@@ -83,11 +86,15 @@ class CommState final : public FailureSink {
   void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout);
   void watchPeers();
   P2pEngine& p2p();
+  /// The point-to-point link to rank q: shared-memory rings or the network.
+  std::unique_ptr<MessageLink> linkTo(int q);
+  bool spansHosts() const { return hosts_.hosts() > 1; }
 
   const int rank_;
   const int size_;
   const std::string name_;
   const Roster roster_;
+  const HostMap hosts_;
   const Config config_;
   std::atomic<int64_t> timeoutMs_;
 

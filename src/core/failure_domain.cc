@@ -56,8 +56,42 @@ constexpr size_t kReportedEntries = 20;
 
 }  // namespace
 
-FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name)
-    : shm_(shm), name_(std::move(name)), rank_(shm.rank()) {}
+FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name, int rank, const Roster& roster,
+                             const HostMap& hosts)
+    : shm_(shm),
+      name_(std::move(name)),
+      rank_(rank),
+      roster_(roster),
+      hosts_(hosts),
+      remote_(new std::atomic<uint8_t>[roster.peers.size()]) {
+  for (size_t q = 0; q < roster.peers.size(); ++q) remote_[q].store(0);
+}
+
+std::string FailureDomain::describe(int q) const {
+  if (!onThisHost(q)) return describeRemote(roster_, q);
+  return "rank " + std::to_string(q) + " (pid " + std::to_string(shm_.pidOf(local(q))) + ")";
+}
+
+RankState FailureDomain::stateOf(int q) const {
+  if (onThisHost(q)) return shm_.stateOf(local(q));
+  return static_cast<RankState>(remote_[q].load(std::memory_order_acquire));
+}
+
+void FailureDomain::peerLeft(int q) {
+  uint8_t alive = static_cast<uint8_t>(RankState::kAlive);
+  remote_[q].compare_exchange_strong(alive, static_cast<uint8_t>(RankState::kDeparted));
+}
+
+void FailureDomain::peerLost(int q, std::string_view why) {
+  if (onThisHost(q)) {
+    fail(ErrorCode::kPeerFailure, q, describe(q) + ": " + std::string(why));
+    return;
+  }
+  remote_[q].store(static_cast<uint8_t>(RankState::kDead), std::memory_order_release);
+  fail(ErrorCode::kPeerFailure, q,
+       "lost " + describe(q) + ": " + std::string(why) +
+           "; restart the job or rebuild the group without it");
+}
 
 void FailureDomain::fail(ErrorCode code, int culprit, std::string_view message) {
   shm_.recordFailure(code, culprit, message);
@@ -70,14 +104,16 @@ Error FailureDomain::failureError(std::string_view op) const {
                  "the communicator failed (a rank died while recording why)");
   }
   std::string detail = record.message;
-  if (record.reporter != rank_) {
-    detail = "the communicator failed on rank " + std::to_string(record.reporter) + ": " + detail;
+  // The record's reporter is an index into this host's segment.
+  const int reporter = hosts_.ranksOn(hosts_.hostOf(rank_))[record.reporter];
+  if (reporter != rank_) {
+    detail = "the communicator failed on rank " + std::to_string(reporter) + ": " + detail;
   }
   return Error(record.code, op, rank_, detail);
 }
 
 void FailureDomain::markDead(int q) {
-  if (!shm_.markDead(q)) {
+  if (!shm_.markDead(local(q))) {
     shm_.wakeAll();
     return;
   }
@@ -87,8 +123,8 @@ void FailureDomain::markDead(int q) {
   // itself waits for q (in a receive, or behind in an earlier collective) must learn of it
   // too, or it would wait until its timeout.
   fail(ErrorCode::kPeerFailure, q,
-       "rank " + std::to_string(q) + " (pid " + std::to_string(shm_.pidOf(q)) +
-           ") exited without leaving the communicator; restart the job or rebuild the group "
+       describe(q) +
+           " exited without leaving the communicator; restart the job or rebuild the group "
            "without it");
 }
 
@@ -98,8 +134,7 @@ void FailureDomain::abort() {
 }
 
 void FailureDomain::peerGone(int q, RankState state, const WaitSpec& spec) {
-  std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) + ": rank " +
-                        std::to_string(q) + " (pid " + std::to_string(shm_.pidOf(q)) + ")";
+  std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) + ": " + describe(q);
   if (state == RankState::kDead) {
     fail(ErrorCode::kPeerFailure, q,
          message + " exited while rank " + std::to_string(rank_) +
@@ -115,18 +150,20 @@ void FailureDomain::peerGone(int q, RankState state, const WaitSpec& spec) {
 }
 
 void FailureDomain::timedOut(uint64_t phase, const WaitSpec& spec) {
-  const std::vector<int> missing = shm_.laggards(phase);
+  std::vector<int> missing = shm_.laggards(phase);
+  const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
   // Where each laggard is tells behind (finished an earlier collective, never issued this
   // one) from stuck (started one and is waiting inside it).
   std::string where;
   for (size_t i = 0; i < missing.size() && i < 4; ++i) {
     const shm::ShmComm::Progress p = shm_.progressOf(missing[i]);
-    where += (i == 0 ? "; " : ", ") + std::string("rank ") + std::to_string(missing[i]) +
+    where += (i == 0 ? "; " : ", ") + std::string("rank ") + std::to_string(here[missing[i]]) +
              (p.started == 0
                   ? " has started no collective"
                   : " last started #" + std::to_string(p.started) +
                         (p.finished >= p.started ? " and finished it" : " and is still in it"));
   }
+  for (int& m : missing) m = here[m];
   std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) +
                         " hit its timeout of " + std::to_string(spec.timeout.count()) +
                         " ms: rank(s) " + rankList(missing) +
@@ -140,17 +177,24 @@ void FailureDomain::timedOut(uint64_t phase, const WaitSpec& spec) {
 std::string FailureDomain::progressReport() const {
   std::string out = "  rank  pid      state  last started              last finished\n";
   char line[160];
-  for (int q = 0; q < shm_.size(); ++q) {
-    const shm::ShmComm::Progress p = shm_.progressOf(q);
+  for (int q = 0; q < static_cast<int>(roster_.peers.size()); ++q) {
+    if (!onThisHost(q)) {
+      std::snprintf(line, sizeof line, "  %4d  on host '%s' (its progress is not visible here)\n",
+                    q, roster_.peers[q].hostname.c_str());
+      out += line;
+      continue;
+    }
+    const shm::ShmComm::Progress p = shm_.progressOf(local(q));
     const std::string started =
         p.started == 0 ? std::string("-")
                        : std::string(collectiveName(static_cast<CollectiveKind>(p.kind))) + " #" +
                              std::to_string(p.started);
     const std::string finished = p.finished == 0 ? "-" : "#" + std::to_string(p.finished);
     const bool inside = p.started != 0 && p.finished < p.started;
-    std::snprintf(line, sizeof line, "  %4d  %-7d  %-5s  %-24s  %-13s%s%s\n", q, shm_.pidOf(q),
-                  rankStateName(shm_.stateOf(q)), started.c_str(), finished.c_str(),
-                  inside ? "  (inside it)" : "", q == rank_ ? "  <- this rank" : "");
+    std::snprintf(line, sizeof line, "  %4d  %-7d  %-5s  %-24s  %-13s%s%s\n", q,
+                  shm_.pidOf(local(q)), rankStateName(stateOf(q)), started.c_str(),
+                  finished.c_str(), inside ? "  (inside it)" : "",
+                  q == rank_ ? "  <- this rank" : "");
     out += line;
   }
   return out;
@@ -166,9 +210,10 @@ void FailureDomain::report(const std::exception_ptr& failure) {
   if (reported_.exchange(true)) return;
   const std::vector<FlightRecord> records = flightRecord();
   std::string report = "loom: communicator '" + name_ + "' failed on rank " +
-                       std::to_string(rank_) + " of " + std::to_string(shm_.size()) + " (pid " +
-                       std::to_string(::getpid()) + "): " + failureMessage(failure) + "\n" +
-                       "loom: what each rank of '" + name_ + "' was doing:\n" + progressReport();
+                       std::to_string(rank_) + " of " + std::to_string(roster_.peers.size()) +
+                       " (pid " + std::to_string(::getpid()) + "): " + failureMessage(failure) +
+                       "\n" + "loom: what each rank of '" + name_ + "' was doing:\n" +
+                       progressReport();
   const std::optional<std::string> dumpPrefix = env::text("LOOM_FLIGHT_RECORDER_DUMP");
   if (dumpPrefix) {
     // The whole record goes to a file per communicator and rank; stderr gets a pointer.

@@ -6,12 +6,18 @@
 // rank's discovery releases all of them at once; the messages name the operation, the ranks
 // involved and where each of them was. It also keeps the progress report (what every rank
 // last started and finished) and prints the failure report, once per communicator.
+//
+// It speaks communicator ranks. The shared segment holds this host's ranks only (at their
+// local index); ranks on other hosts are known from the roster and the network.
 
 #include <atomic>
 #include <exception>
+#include <memory>
 #include <string>
 #include <string_view>
 
+#include "core/bootstrap.h"
+#include "core/topology.h"
 #include "transport/failures.h"
 #include "transport/shm/shm_comm.h"
 
@@ -19,18 +25,22 @@ namespace loom::detail {
 
 class FailureDomain final : public Failures {
  public:
-  /// The domain of the communicator `name`, seen from `shm`'s rank.
-  FailureDomain(shm::ShmComm& shm, std::string name);
+  /// The domain of the communicator `name` (whose ranks `roster` lists, placed by `hosts`),
+  /// seen from rank `rank`, whose host's segment is `shm`. Keeps references to all three.
+  FailureDomain(shm::ShmComm& shm, std::string name, int rank, const Roster& roster,
+                const HostMap& hosts);
 
   void fail(ErrorCode code, int culprit, std::string_view message) override;
   bool failed() const override { return shm_.failed(); }
   Error failureError(std::string_view op) const override;
-  RankState stateOf(int q) const override { return shm_.stateOf(q); }
+  RankState stateOf(int q) const override;
   [[noreturn]] void peerGone(int q, RankState state, const WaitSpec& spec) override;
   [[noreturn]] void timedOut(uint64_t phase, const WaitSpec& spec) override;
+  void peerLost(int q, std::string_view why) override;
+  void peerLeft(int q) override;
 
-  /// Rank q's process exited without leaving the communicator: fails it for everyone (no
-  /// effect if q left normally). Safe from any thread.
+  /// Rank q (of this host) exited without leaving the communicator: fails it for everyone
+  /// (no effect if q left normally). Safe from any thread.
   void markDead(int q);
   /// This rank aborts the communicator.
   void abort();
@@ -42,9 +52,18 @@ class FailureDomain final : public Failures {
   void report(const std::exception_ptr& failure);
 
  private:
+  /// Rank q's index in this host's segment (q must be on this host).
+  int local(int q) const { return hosts_.localIndex(q); }
+  bool onThisHost(int q) const { return hosts_.hostOf(q) == hosts_.hostOf(rank_); }
+  /// "rank 2 (pid 4242)" on this host, "rank 5 (host 'b', 10.0.0.2:41234)" elsewhere.
+  std::string describe(int q) const;
+
   shm::ShmComm& shm_;
   const std::string name_;
   const int rank_;
+  const Roster& roster_;
+  const HostMap& hosts_;
+  std::unique_ptr<std::atomic<uint8_t>[]> remote_;  // RankState of ranks on other hosts
   std::atomic<bool> reported_{false};
 };
 

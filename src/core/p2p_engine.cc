@@ -21,14 +21,15 @@ bool matches(int wantPeer, int wantTag, int source, int tag) {
 
 }  // namespace
 
-P2pEngine::P2pEngine(shm::ShmComm& shm, Failures& failures,
+P2pEngine::P2pEngine(int rank, shm::ShmComm& shm, Failures& failures,
                      std::vector<std::unique_ptr<MessageLink>> links, detail::FailureSink* sink)
     : shm_(shm),
       failures_(failures),
       sink_(sink),
-      rank_(shm.rank()),
-      size_(shm.size()),
+      rank_(rank),
+      size_(static_cast<int>(links.size())),
       links_(std::move(links)) {
+  for (const auto& link : links_) polls_ |= link->polled();
   outbound_.resize(static_cast<size_t>(size_));
   inbound_.resize(static_cast<size_t>(size_));
   thread_ = std::thread([this] { run(); });
@@ -36,7 +37,7 @@ P2pEngine::P2pEngine(shm::ShmComm& shm, Failures& failures,
 
 P2pEngine::~P2pEngine() {
   stopping_.store(true, std::memory_order_release);
-  shm_.ringDoorbell(rank_);
+  shm_.ringDoorbell(shm_.rank());
   thread_.join();
 }
 
@@ -64,7 +65,7 @@ Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
     std::lock_guard<std::mutex> lock(inboxMutex_);
     newSends_.push_back(std::move(op));
   }
-  shm_.ringDoorbell(rank_);
+  shm_.ringDoorbell(shm_.rank());
   return request;
 }
 
@@ -85,7 +86,7 @@ Request P2pEngine::recv(void* data, size_t bytes, int peer, int tag,
     std::lock_guard<std::mutex> lock(inboxMutex_);
     newRecvs_.push_back(std::move(op));
   }
-  shm_.ringDoorbell(rank_);
+  shm_.ringDoorbell(shm_.rank());
   return request;
 }
 
@@ -105,23 +106,31 @@ void P2pEngine::run() {
     expire(Clock::now());
     if (stopping_.load(std::memory_order_acquire)) break;
     if (progressed) continue;
-    // Idle: back off until a doorbell ring (new op, data in, space freed).
-    Backoff backoff(shm_.backoff());
-    while (shm_.doorbellRings() == seen && !stopping_.load(std::memory_order_acquire)) {
-      const auto stage = backoff.next();
-      if (stage == Backoff::Stage::kSpin) {
-        cpuRelax();
-      } else if (stage == Backoff::Stage::kYield) {
-        sched_yield();
-      } else {
-        shm_.sleepOnDoorbell(seen);
-        break;  // re-check deadlines and failures
-      }
-    }
+    sleepUntilRung(seen);
   }
   failAll(std::make_exception_ptr(
       Error(ErrorCode::kAborted, "send/recv", rank_,
             "the communicator was shut down while this operation was pending")));
+}
+
+void P2pEngine::sleepUntilRung(uint32_t seen) {
+  // Idle: back off until a doorbell ring (new op, data in, space freed). Network links ring
+  // no doorbell, so with any of them the sleep is short and the links are looked at after.
+  // TODO(issue 11): wake on the fabric's completion fds instead of polling every slice.
+  constexpr auto kNetworkSlice = std::chrono::milliseconds(1);
+  Backoff backoff(shm_.backoff());
+  while (shm_.doorbellRings() == seen && !stopping_.load(std::memory_order_acquire)) {
+    const auto stage = backoff.next();
+    if (stage == Backoff::Stage::kSpin) {
+      cpuRelax();
+    } else if (stage == Backoff::Stage::kYield) {
+      sched_yield();
+    } else {
+      shm_.sleepOnDoorbell(
+          seen, polls_ ? std::chrono::nanoseconds(kNetworkSlice) : shm_.backoff().sleepSlice);
+      return;  // re-check deadlines, failures and polled links
+    }
+  }
 }
 
 bool P2pEngine::acceptNewOps() {
@@ -145,7 +154,14 @@ bool P2pEngine::progressSends() {
     while (!queue.empty()) {
       Op& op = *queue.front();
       const uint64_t before = op.done;
-      const bool complete = links_[q]->write({op.tag, op.bytes}, op.data, op.done);
+      bool complete = false;
+      try {
+        complete = links_[q]->write({op.tag, op.bytes}, op.data, op.done);
+      } catch (const Error& e) {
+        failures_.peerLost(q, e.detail());
+        return true;  // failAll picks everything up on the next turn
+      }
+      if (links_[q]->peerLeft()) failures_.peerLeft(q);  // expire() ends the send
       wrote |= op.done != before;
       if (!complete) break;  // the link is full
       finish(op, nullptr);
@@ -162,37 +178,44 @@ bool P2pEngine::progressSends() {
 bool P2pEngine::progressReceives() {
   bool progressed = false;
   for (int source = 0; source < size_; ++source) {
-    MessageLink& link = *links_[source];
-    Inbound& in = inbound_[source];
-    bool consumed = false;
-    while (link.readable()) {
-      consumed = true;
-      if (!in.active) {
-        std::optional<Envelope> envelope;
-        try {
-          envelope = link.nextEnvelope();
-        } catch (const Error& e) {
-          failures_.fail(e.code(), source, e.detail());
-          return true;  // failAll picks everything up on the next turn
-        }
-        if (!envelope) break;  // the rest of the envelope is still on its way
-        startMessage(source, in, *envelope);
-        if (in.payloadLeft == 0) finishMessage(source, in);
-        continue;
+    try {
+      progressed |= drain(source);
+    } catch (const Error& e) {
+      // A corrupt stream is loom's bug (kInternal); anything else means the link broke.
+      if (e.code() == ErrorCode::kInternal) {
+        failures_.fail(e.code(), source, e.detail());
+      } else {
+        failures_.peerLost(source, e.detail());
       }
-      const size_t n = link.read(in.target, in.payloadLeft);
-      if (n == 0) break;
-      if (in.target != nullptr) in.target += n;
-      if (in.unexpected) in.unexpected->received += n;
-      in.payloadLeft -= n;
-      if (in.payloadLeft == 0) finishMessage(source, in);
-    }
-    if (consumed) {
-      link.notifyPeer();  // the sender may be waiting for space
-      progressed = true;
+      return true;  // failAll picks everything up on the next turn
     }
   }
   return progressed;
+}
+
+bool P2pEngine::drain(int source) {
+  MessageLink& link = *links_[source];
+  Inbound& in = inbound_[source];
+  bool consumed = false;
+  while (link.readable()) {
+    consumed = true;
+    if (!in.active) {
+      const std::optional<Envelope> envelope = link.nextEnvelope();
+      if (!envelope) break;  // the rest of the envelope is still on its way
+      startMessage(source, in, *envelope);
+      if (in.payloadLeft == 0) finishMessage(source, in);
+      continue;
+    }
+    const size_t n = link.read(in.target, in.payloadLeft);
+    if (n == 0) break;
+    if (in.target != nullptr) in.target += n;
+    if (in.unexpected) in.unexpected->received += n;
+    in.payloadLeft -= n;
+    if (in.payloadLeft == 0) finishMessage(source, in);
+  }
+  if (consumed) link.notifyPeer();                  // the sender may be waiting for space
+  if (link.peerLeft()) failures_.peerLeft(source);  // expire() ends receives waiting on it
+  return consumed;
 }
 
 void P2pEngine::startMessage(int source, Inbound& in, const Envelope& envelope) {
@@ -268,6 +291,7 @@ void P2pEngine::postReceive(const std::shared_ptr<Op>& op) {
 }
 
 void P2pEngine::expire(Clock::time_point now) {
+  if (failures_.failed()) return;  // failAll ends everything with the recorded reason
   // Receives with no message yet: they end at their deadline, or at once if their sender
   // is gone and nothing more can arrive from it.
   for (auto it = posted_.begin(); it != posted_.end();) {

@@ -35,11 +35,12 @@ class P2pEngine {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// `links[q]` carries messages to and from rank q (the engine's own rank included);
-  /// `shm` gives this rank's doorbell, `failures` the communicator's failure domain;
-  /// `sink` (may be null) is told of every failed operation.
-  P2pEngine(shm::ShmComm& shm, Failures& failures, std::vector<std::unique_ptr<MessageLink>> links,
-            detail::FailureSink* sink);
+  /// The engine of communicator rank `rank` of `links.size()`: `links[q]` carries messages
+  /// to and from rank q (the engine's own rank included); `shm` gives this rank's doorbell,
+  /// `failures` the communicator's failure domain; `sink` (may be null) is told of every
+  /// failed operation.
+  P2pEngine(int rank, shm::ShmComm& shm, Failures& failures,
+            std::vector<std::unique_ptr<MessageLink>> links, detail::FailureSink* sink);
   /// Stops the thread; operations still pending fail with kAborted.
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
@@ -80,9 +81,12 @@ class P2pEngine {
   };
 
   void run();
+  void sleepUntilRung(uint32_t seen);
   bool acceptNewOps();
   bool progressSends();
   bool progressReceives();
+  /// Moves what has arrived from `source` into receives or unexpected buffers; true if any.
+  bool drain(int source);
   void startMessage(int source, Inbound& in, const Envelope& envelope);
   void finishMessage(int source, Inbound& in);
   void postReceive(const std::shared_ptr<Op>& op);
@@ -97,6 +101,7 @@ class P2pEngine {
   detail::FailureSink* sink_;
   const int rank_;
   const int size_;
+  bool polls_ = false;  // some link must be polled (see MessageLink::polled)
 
   std::mutex inboxMutex_;
   std::vector<std::shared_ptr<Op>> newSends_;  // guarded by inboxMutex_

@@ -43,6 +43,11 @@ class Failures {
   /// A wait found rank q gone (`state`) before it posted what the wait needs: records why
   /// and throws the communicator's failure.
   [[noreturn]] virtual void peerGone(int q, RankState state, const WaitSpec& spec) = 0;
+  /// The link to rank q broke (its process or host is gone, or the network between): marks
+  /// q dead and fails the communicator with `why`.
+  virtual void peerLost(int q, std::string_view why) = 0;
+  /// Rank q (on another host) said it left normally: waits on it end as for a departed rank.
+  virtual void peerLeft(int q) = 0;
   /// A wait reached its deadline with some ranks short of `phase`: records who they are
   /// and where each one is, and throws.
   [[noreturn]] virtual void timedOut(uint64_t phase, const WaitSpec& spec) = 0;

@@ -31,6 +31,7 @@ class MessageLink {
 
   /// Inbound: the envelope of the next message once it has arrived, else nullopt; its
   /// payload then follows through read(). Throws Error(kInternal) if the stream is corrupt.
+  /// Every call may throw Error(kPeerFailure) once the link to the peer is broken.
   virtual std::optional<Envelope> nextEnvelope() = 0;
   /// Inbound: moves up to `n` bytes of the current message's payload to `dst` (nullptr
   /// discards them) and returns how many.
@@ -40,6 +41,12 @@ class MessageLink {
 
   /// Wakes the peer's engine after this side wrote data or freed space.
   virtual void notifyPeer() = 0;
+  /// True once the peer has left normally (destroyed its communicator) and everything it
+  /// sent has been read; links whose peers leave through shared memory say so there.
+  virtual bool peerLeft() const { return false; }
+  /// True if arrivals do not ring this rank's doorbell (the network delivers on its own), so
+  /// an idle engine must look at this link now and then instead of sleeping until rung.
+  virtual bool polled() const { return false; }
 };
 
 }  // namespace loom

@@ -204,9 +204,10 @@ TEST(Errors, ShutdownThenUseIsAClearError) {
   });
 }
 
-TEST(Errors, RanksOnDifferentHostsAreRefused) {
-  // A rank in its own network namespace cannot reach the others' sockets: it counts as
-  // another host. Creating the namespace needs privileges; the test skips where we lack them.
+TEST(Errors, AHostThatCannotBeReachedIsNamedAndCollectivesAcrossHostsAreRefused) {
+  // A rank in its own network namespace is another host, and one with loopback only: no
+  // route leads to it or from it. Creating the namespace needs privileges; the test skips
+  // where we lack them.
   const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
     if (ctx.rank == 1) {
       const bool isolated = ::unshare(CLONE_NEWNET) == 0;
@@ -216,8 +217,19 @@ TEST(Errors, RanksOnDifferentHostsAreRefused) {
     // The store connection was made before unshare and keeps working.
     CommOptions options;
     options.timeout = std::chrono::seconds(20);
-    expectError([&] { ctx.connect(options); }, ErrorCode::kUnsupported,
-                {"create", "one host", "different kernels or network namespaces"});
+    auto comm = ctx.connect(options);
+    std::vector<float> x(4, 1.0f);
+    expectError(
+        [&] {
+          comm->allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceKind::kSum);
+        },
+        ErrorCode::kUnsupported, {"all_reduce", "spans 2 hosts"});
+    if (ctx.rank == 1) {
+      expectError([&] { comm->send(x.data(), x.size(), DataType::kFloat32, 0, 0).wait(); },
+                  ErrorCode::kPeerFailure, {"rank 0 (host '"});
+    }
+    ctx.store->set("done " + std::to_string(ctx.rank), {1});
+    ctx.store->get("done " + std::to_string(1 - ctx.rank), std::chrono::seconds(60));
   });
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
 }

@@ -94,7 +94,7 @@ TEST(NetWire, FrameHeadersRoundTripAndMustMatchTheirFrame) {
   EXPECT_FALSE(parseFrameHeader(type));
 }
 
-TEST(NetWire, CreditFramesCarryOnlyCredits) {
+TEST(NetWire, ControlFramesCarryNothingElse) {
   FrameHeader credit;
   credit.type = FrameType::kCredit;
   credit.credits = 4;
@@ -104,6 +104,12 @@ TEST(NetWire, CreditFramesCarryOnlyCredits) {
   EXPECT_FALSE(parseFrameHeader(frame(credit, 1)));  // no payload
   credit.credits = 0;
   EXPECT_FALSE(parseFrameHeader(frame(credit, 0)));  // an empty credit is noise
+  FrameHeader goodbye;
+  goodbye.type = FrameType::kGoodbye;
+  ASSERT_TRUE(parseFrameHeader(frame(goodbye, 0)));
+  EXPECT_FALSE(parseFrameHeader(frame(goodbye, 4)));  // no payload
+  goodbye.credits = 1;
+  EXPECT_FALSE(parseFrameHeader(frame(goodbye, 0)));  // no credits
   auto withCredits = frame(data(false, 8), 8);
   withCredits[4] = 1;  // data frames return no credits
   EXPECT_FALSE(parseFrameHeader(withCredits));

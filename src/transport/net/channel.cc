@@ -19,6 +19,37 @@ constexpr size_t kSmallBytes = 128;
 constexpr size_t kReplyBytes = kHelloBytes + kProofBytes;
 static_assert(kReplyBytes <= kSmallBytes && kFrameHeaderBytes <= kSmallBytes);
 
+// Tells the other end that this one leaves normally; best effort (it may be gone already).
+// The goodbye is sent with a completion and awaited, because closing right behind a queued
+// message may drop it; the wait is bounded, and a peer that is already gone ends it.
+constexpr auto kGoodbyePatience = std::chrono::seconds(2);
+void* const kGoodbyeContext = reinterpret_cast<void*>(~uintptr_t{0});
+
+void sayGoodbye(Endpoint& endpoint) {
+  FrameHeader header;
+  header.type = FrameType::kGoodbye;
+  uint8_t bytes[kFrameHeaderBytes];
+  encodeFrameHeader(header, bytes);
+  const iovec part{bytes, sizeof bytes};
+  const auto deadline = std::chrono::steady_clock::now() + kGoodbyePatience;
+  try {
+    while (!endpoint.postSend({&part, 1}, kGoodbyeContext)) {
+      if (std::chrono::steady_clock::now() > deadline) return;
+      Completion ignored[16];
+      endpoint.poll(ignored);
+    }
+    Completion done[16];
+    while (std::chrono::steady_clock::now() < deadline) {
+      const size_t n = endpoint.poll(done);
+      for (size_t i = 0; i < n; ++i) {
+        if (done[i].context == kGoodbyeContext) return;
+      }
+    }
+  } catch (const Error&) {
+    // The peer is gone already: nobody to tell.
+  }
+}
+
 void* contextOf(int index) {
   return reinterpret_cast<void*>(static_cast<uintptr_t>(index) + 1);
 }
@@ -31,13 +62,19 @@ std::string trafficOf(const Hello& h) {
          std::to_string(h.receiver) + ", channel " + std::to_string(h.channel);
 }
 
-void requireShape(const ChannelShape& shape, const Endpoint& endpoint) {
-  if (shape.frames < 2 || shape.frameBytes <= kFrameHeaderBytes ||
-      shape.frameBytes > (size_t{1} << 30)) {
+// Handshake contexts follow the frame buffers' (a window has far fewer frames).
+constexpr int kHandshakeContext = 1 << 20;
+
+void requireShape(const ChannelShape& shape) {
+  if (shape.frames < 2 || shape.frames >= kHandshakeContext ||
+      shape.frameBytes <= kFrameHeaderBytes || shape.frameBytes > (size_t{1} << 30)) {
     throw Error(ErrorCode::kInvalidArgument, "network", -1,
-                "a channel needs at least 2 frames of more than " +
+                "a channel needs 2 or more frames of more than " +
                     std::to_string(kFrameHeaderBytes) + " bytes (and at most 1 GiB)");
   }
+}
+
+void requireInline(const Endpoint& endpoint) {
   if (endpoint.injectLimit() < kReplyBytes) {
     throw Error(ErrorCode::kUnsupported, "network", -1,
                 "this libfabric provider sends at most " + std::to_string(endpoint.injectLimit()) +
@@ -53,7 +90,8 @@ void requireShape(const ChannelShape& shape, const Endpoint& endpoint) {
 SendChannel::SendChannel(Fabric& fabric, const std::string& address, Hello hello,
                          const JobSecret& secret, ChannelShape shape)
     : shape_(shape), secret_(secret), endpoint_(fabric.connect(address)), mine_(hello) {
-  requireShape(shape_, *endpoint_);
+  requireShape(shape_);
+  requireInline(*endpoint_);
   mine_.role = Role::kInitiator;
   mine_.nonce = freshNonce();
   slots_.resize(static_cast<size_t>(shape_.frames) * shape_.frameBytes);
@@ -62,9 +100,25 @@ SendChannel::SendChannel(Fabric& fabric, const std::string& address, Hello hello
   for (int i = 0; i < kSmallBuffers; ++i) {
     endpoint_->postReceive(smalls_.data() + i * kSmallBytes, kSmallBytes, contextOf(i));
   }
-  // The acceptor's Hello and Proof take two of its buffers; it returns them as credits.
-  credits_ = shape_.frames - 2;
+  // No credits until the acceptor, having checked the proof, grants its window.
   endpoint_->start();
+}
+
+SendChannel::~SendChannel() {
+  if (step_ == Step::kReady && !peerLeft_) {
+    // A written message is the channel's to deliver: let the frames still queued go first
+    // (bounded; a peer that leaves or fails ends it).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    try {
+      while (!peerLeft_ && freeSlots_.size() < static_cast<size_t>(shape_.frames) &&
+             std::chrono::steady_clock::now() < deadline) {
+        pump();
+      }
+    } catch (const Error&) {
+    }
+    if (!peerLeft_) sayGoodbye(*endpoint_);
+  }
+  endpoint_.reset();  // closed while the buffers it may still point into are alive
 }
 
 bool SendChannel::ready() {
@@ -94,9 +148,13 @@ bool SendChannel::ready() {
   return false;
 }
 
+void SendChannel::progress() {
+  if (ready()) pump();
+}
+
 void SendChannel::pump() {
   Completion done[16];
-  for (;;) {
+  while (!peerLeft_) {
     const size_t n = endpoint_->poll(done);
     for (size_t i = 0; i < n; ++i) {
       const int index = indexOf(done[i].context);
@@ -138,6 +196,10 @@ void SendChannel::onReceive(uint8_t* buffer, size_t length) {
   const auto header = step_ == Step::kReady && length == kFrameHeaderBytes
                           ? parseFrameHeader({buffer, length})
                           : std::nullopt;
+  if (header && header->type == FrameType::kGoodbye) {
+    peerLeft_ = true;
+    return;
+  }
   if (!header || header->type != FrameType::kCredit ||
       header->credits > static_cast<uint32_t>(shape_.frames - credits_)) {
     refuse("broke the protocol (an unexpected or malformed credit frame)");
@@ -158,7 +220,7 @@ bool SendChannel::postFrame(const FrameHeader& header, const uint8_t* payload) {
 }
 
 bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
-  if (!ready()) return false;
+  if (peerLeft_ || !ready()) return false;
   pump();
   const uint64_t room = shape_.frameBytes - kFrameHeaderBytes;
   for (;;) {
@@ -180,15 +242,22 @@ bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64
 
 // ---- ReceiveChannel ----
 
-ReceiveChannel::ReceiveChannel(std::unique_ptr<Endpoint> endpoint, SecretLookup lookup,
-                               ChannelShape shape)
-    : shape_(shape), lookup_(std::move(lookup)), endpoint_(std::move(endpoint)) {
-  requireShape(shape_, *endpoint_);
-  buffers_.resize(static_cast<size_t>(shape_.frames) * shape_.frameBytes);
-  for (int i = 0; i < shape_.frames; ++i) {
-    endpoint_->postReceive(slot(i), shape_.frameBytes, contextOf(i));
+ReceiveChannel::ReceiveChannel(std::unique_ptr<Endpoint> endpoint, SecretLookup lookup)
+    : lookup_(std::move(lookup)), endpoint_(std::move(endpoint)) {
+  requireInline(*endpoint_);
+  // Until the initiator has proved the secret it may send two messages, each into one of
+  // these; the window of frame buffers is posted only after the proof.
+  handshake_.resize(2 * kSmallBytes);
+  for (int i = 0; i < 2; ++i) {
+    endpoint_->postReceive(handshake_.data() + i * kSmallBytes, kSmallBytes,
+                           contextOf(kHandshakeContext + i));
   }
   endpoint_->start();
+}
+
+ReceiveChannel::~ReceiveChannel() {
+  if (step_ == Step::kReady && !goodbyeQueued_) sayGoodbye(*endpoint_);
+  endpoint_.reset();  // closed while the buffers it may still point into are alive
 }
 
 void ReceiveChannel::violation(const std::string& what) {
@@ -198,6 +267,15 @@ void ReceiveChannel::violation(const std::string& what) {
               who + peer() + " " + what);
 }
 
+std::optional<std::span<const uint8_t>> ReceiveChannel::nextHandshakeMessage() {
+  pump();
+  if (handshakeArrived_.empty()) return std::nullopt;
+  const Frame message = handshakeArrived_.front();
+  handshakeArrived_.pop_front();
+  return std::span<const uint8_t>(
+      handshake_.data() + (message.slot - kHandshakeContext) * kSmallBytes, message.length);
+}
+
 bool ReceiveChannel::ready() {
   switch (step_) {
     case Step::kConnecting:
@@ -205,30 +283,31 @@ bool ReceiveChannel::ready() {
       step_ = Step::kAwaitHello;
       [[fallthrough]];
     case Step::kAwaitHello: {
-      pump();
-      if (arrived_.empty()) return false;
-      const Frame frame = arrived_.front();
-      arrived_.pop_front();
-      const auto hello = parseHello({slot(frame.slot), frame.length});
+      const auto message = nextHandshakeMessage();
+      if (!message) return false;
+      const auto hello = parseHello(*message);
       if (!hello || hello->role != Role::kInitiator) {
         violation("did not open with a loom handshake; connection refused");
       }
-      const auto secret = lookup_(*hello);
-      if (!secret)
-        violation("announced traffic this process does not expect (" + trafficOf(*hello) + ")");
-      secret_ = *secret;
       theirs_ = *hello;
+      step_ = Step::kAwaitLookup;
+      [[fallthrough]];
+    }
+    case Step::kAwaitLookup: {
+      const auto expected = lookup_(theirs_);
+      if (!expected) return false;  // not (yet) expected here: the holder decides how long
+      expected_ = *expected;
+      requireShape(expected_.shape);
       mine_ = theirs_;
       mine_.role = Role::kAcceptor;
       mine_.nonce = freshNonce();
-      recycle(frame.slot);
       step_ = Step::kSendReply;
       [[fallthrough]];
     }
     case Step::kSendReply: {
       uint8_t reply[kHelloBytes + kProofBytes];
       const auto hello = encodeHello(mine_);
-      const auto proof = encodeProof(makeProof(secret_, Role::kAcceptor, theirs_, mine_));
+      const auto proof = encodeProof(makeProof(expected_.secret, Role::kAcceptor, theirs_, mine_));
       std::memcpy(reply, hello.data(), hello.size());
       std::memcpy(reply + hello.size(), proof.data(), proof.size());
       if (!endpoint_->inject(reply, sizeof reply)) return false;
@@ -236,20 +315,25 @@ bool ReceiveChannel::ready() {
       [[fallthrough]];
     }
     case Step::kAwaitProof: {
-      pump();
-      if (arrived_.empty()) return false;
-      const Frame frame = arrived_.front();
-      arrived_.pop_front();
-      const auto proof = parseProof({slot(frame.slot), frame.length});
-      if (!proof || !checkProof(secret_, Role::kInitiator, theirs_, mine_, *proof)) {
+      const auto message = nextHandshakeMessage();
+      if (!message) return false;
+      const auto proof = parseProof(*message);
+      if (!proof || !checkProof(expected_.secret, Role::kInitiator, theirs_, mine_, *proof)) {
         violation("did not prove the job secret (" + trafficOf(theirs_) +
                   "); connection refused before any data");
       }
-      recycle(frame.slot);
-      step_ = Step::kReady;
-      returnCredits();
+      // Proven: post the window and grant it whole.
+      const ChannelShape& shape = expected_.shape;
+      buffers_.resize(static_cast<size_t>(shape.frames) * shape.frameBytes);
+      for (int i = 0; i < shape.frames; ++i) recycle(i);
+      step_ = Step::kGrant;
       [[fallthrough]];
     }
+    case Step::kGrant:
+      returnCredits();
+      if (owed_ != 0) return false;
+      step_ = Step::kReady;
+      [[fallthrough]];
     case Step::kReady: return true;
   }
   return false;
@@ -257,10 +341,20 @@ bool ReceiveChannel::ready() {
 
 void ReceiveChannel::pump() {
   Completion done[16];
-  for (;;) {
+  while (!goodbyeQueued_) {
     const size_t n = endpoint_->poll(done);
     for (size_t i = 0; i < n; ++i) {
-      if (done[i].isReceive) arrived_.push_back({indexOf(done[i].context), done[i].length});
+      if (!done[i].isReceive) continue;
+      const int index = indexOf(done[i].context);
+      if (index >= kHandshakeContext) {
+        handshakeArrived_.push_back({index, done[i].length});
+        continue;
+      }
+      arrived_.push_back({index, done[i].length});
+      // Past a goodbye only the connection's closing can come: stop looking at once (the
+      // goodbye itself is read in its turn, after the frames before it).
+      goodbyeQueued_ |= done[i].length == kFrameHeaderBytes &&
+                        slot(index)[0] == static_cast<uint8_t>(FrameType::kGoodbye);
     }
     if (n < std::size(done)) break;
   }
@@ -268,14 +362,15 @@ void ReceiveChannel::pump() {
 }
 
 void ReceiveChannel::recycle(int index) {
-  endpoint_->postReceive(slot(index), shape_.frameBytes, contextOf(index));
+  endpoint_->postReceive(slot(index), expected_.shape.frameBytes, contextOf(index));
   ++owed_;
 }
 
 void ReceiveChannel::returnCredits() {
+  if (goodbyeQueued_) return;  // the sender has left: nobody to give them to
   // Returning half the window at a time keeps credit frames few; the sender cannot be
   // starved by this, since with no credits left all `frames` buffers are ours to drain.
-  if (owed_ < static_cast<uint32_t>(std::max(1, shape_.frames / 2))) return;
+  if (owed_ < static_cast<uint32_t>(std::max(1, expected_.shape.frames / 2))) return;
   FrameHeader header;
   header.type = FrameType::kCredit;
   header.credits = owed_;
@@ -287,6 +382,10 @@ void ReceiveChannel::returnCredits() {
 FrameHeader ReceiveChannel::openFrame(const Frame& frame) {
   const auto header = parseFrameHeader({slot(frame.slot), frame.length});
   if (!header) violation("sent a malformed frame");
+  if (header->type == FrameType::kGoodbye) {
+    if (!stream_.idle()) violation("left in the middle of a message");
+    return *header;
+  }
   if (auto problem = stream_.accept(*header)) violation("broke the message stream: " + *problem);
   return *header;
 }
@@ -298,10 +397,15 @@ std::optional<Envelope> ReceiveChannel::nextEnvelope() {
     throw Error(ErrorCode::kInternal, "recv", theirs_.receiver,
                 "asked for the next message before the last one was read");
   }
-  if (arrived_.empty()) return std::nullopt;
+  if (arrived_.empty() || peerLeft_) return std::nullopt;
   current_ = arrived_.front();
   arrived_.pop_front();
   const FrameHeader header = openFrame(current_);
+  if (header.type == FrameType::kGoodbye) {
+    peerLeft_ = true;
+    current_ = Frame{};
+    return std::nullopt;
+  }
   if (!header.first) violation("continued a message that never began");
   currentOffset_ = kFrameHeaderBytes;
   if (currentOffset_ == current_.length) {
@@ -322,7 +426,8 @@ size_t ReceiveChannel::read(void* dst, size_t n) {
       current_ = arrived_.front();
       arrived_.pop_front();
       currentOffset_ = kFrameHeaderBytes;
-      if (openFrame(current_).first) violation("began a message inside another");
+      const FrameHeader header = openFrame(current_);  // a goodbye here is a violation
+      if (header.first) violation("began a message inside another");
     }
     const size_t m = std::min(n - total, current_.length - currentOffset_);
     if (out != nullptr) std::memcpy(out + total, slot(current_.slot) + currentOffset_, m);
@@ -340,7 +445,7 @@ size_t ReceiveChannel::read(void* dst, size_t n) {
 bool ReceiveChannel::readable() {
   if (!ready()) return false;
   pump();
-  return current_.slot >= 0 || !arrived_.empty();
+  return !peerLeft_ && (current_.slot >= 0 || !arrived_.empty());
 }
 
 }  // namespace loom::net

@@ -4,10 +4,10 @@
 //
 // The initiator (SendChannel) connects and sends; the acceptor (ReceiveChannel) receives.
 // Neither accepts a data byte before both have proved the job secret (wire.h, auth.h).
-// Then messages travel as frames of at most `frameBytes`, each into one of the acceptor's
-// `frames` posted receive buffers; the initiator sends a frame only on a credit (one per
-// free buffer), and the acceptor returns credits as its reader drains frames, so no frame
-// ever arrives without a buffer, whatever the provider. Sends go from the channel's own
+// Then the acceptor posts its window of `frames` receive buffers and grants it as credits;
+// messages travel as frames of at most `frameBytes`, one per credit, and the acceptor
+// returns credits as its reader drains frames, so no frame ever arrives without a buffer,
+// whatever the provider. Sends go from the channel's own
 // buffers, so a message's memory is free again once it is written. Each channel is driven
 // by one thread at a time; nothing here blocks.
 
@@ -39,11 +39,21 @@ class SendChannel {
   /// filled in here).
   SendChannel(Fabric& fabric, const std::string& address, Hello hello, const JobSecret& secret,
               ChannelShape shape);
+  /// Says goodbye (if the connection is up and the peer is still there), then closes.
+  ~SendChannel();
+  SendChannel(const SendChannel&) = delete;
+  SendChannel& operator=(const SendChannel&) = delete;
   /// Advances the connection and handshake; true once the peer has proved the secret.
   /// Throws Error(kPeerFailure) if the peer cannot be reached, refuses, or fails its proof.
   bool ready();
-  /// MessageLink::write for this direction (false while not ready()).
+  /// MessageLink::write for this direction (false while not ready(), and for good once the
+  /// peer has left).
   bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done);
+  /// True once the peer said goodbye: it destroyed its communicator normally.
+  bool peerLeft() const { return peerLeft_; }
+  /// Moves frames already handed over along: providers may progress a send only while its
+  /// completion queue is polled, so whoever drives the channel calls this between writes.
+  void progress();
   /// Who this channel connects to, for messages.
   const std::string& peer() const { return endpoint_->peer(); }
 
@@ -64,21 +74,36 @@ class SendChannel {
   std::vector<uint8_t> smalls_;  // receive buffers for the reply and credit frames
   int credits_ = 0;
   bool inMessage_ = false;  // the current message's first frame is out
+  bool peerLeft_ = false;   // goodbye received: no more polling (the closing follows)
 };
 
-/// What the acceptor knows about the communicators it serves: the secret for the traffic a
-/// Hello announces, or nullopt if this process expects no such connection.
-using SecretLookup = std::function<std::optional<JobSecret>(const Hello&)>;
+/// What the acceptor needs to take the traffic a Hello announces.
+struct Expectation {
+  JobSecret secret{};
+  ChannelShape shape;
+};
+/// The acceptor's knowledge of the communicators it serves: the Expectation for the traffic
+/// a Hello announces, or nullopt if it expects none (yet: the caller decides how long a
+/// connection may wait for its communicator).
+using SecretLookup = std::function<std::optional<Expectation>(const Hello&)>;
 
 /// The acceptor's end: checks the proof, receives.
 class ReceiveChannel {
  public:
-  /// Takes an accepted endpoint that has not started yet.
-  ReceiveChannel(std::unique_ptr<Endpoint> endpoint, SecretLookup lookup, ChannelShape shape);
-  /// Advances the handshake; true once the initiator has proved the secret. Throws
-  /// Error(kPeerFailure) if it does not, or announces traffic this process does not expect.
+  /// Takes an accepted endpoint that has not started yet. Until the initiator's proof
+  /// checks out, the connection holds two 128-byte buffers and nothing more.
+  ReceiveChannel(std::unique_ptr<Endpoint> endpoint, SecretLookup lookup);
+  /// Says goodbye (if proven and the peer is still there), then closes.
+  ~ReceiveChannel();
+  ReceiveChannel(const ReceiveChannel&) = delete;
+  ReceiveChannel& operator=(const ReceiveChannel&) = delete;
+  /// Advances the handshake; true once the initiator has proved the secret and been granted
+  /// the window. Throws Error(kPeerFailure) if it sends anything but the handshake or fails
+  /// its proof.
   bool ready();
-  /// The traffic this channel carries, once ready().
+  /// True while the Hello has arrived but `lookup` does not know its traffic yet.
+  bool awaitingLookup() const { return step_ == Step::kAwaitLookup; }
+  /// The traffic this channel carries (meaningful once the Hello has arrived).
   const Hello& announced() const { return theirs_; }
 
   /// MessageLink's inbound half for this direction (see message_link.h). The stream's
@@ -86,6 +111,8 @@ class ReceiveChannel {
   std::optional<Envelope> nextEnvelope();
   size_t read(void* dst, size_t n);
   bool readable();
+  /// True once the initiator's goodbye has been read: everything it sent has been.
+  bool peerLeft() const { return peerLeft_; }
   /// Who this channel accepted, for messages.
   const std::string& peer() const { return endpoint_->peer(); }
 
@@ -95,26 +122,40 @@ class ReceiveChannel {
     size_t length = 0;  // header included
   };
   void pump();
-  uint8_t* slot(int i) { return buffers_.data() + static_cast<size_t>(i) * shape_.frameBytes; }
+  std::optional<std::span<const uint8_t>> nextHandshakeMessage();
+  uint8_t* slot(int i) {
+    return buffers_.data() + static_cast<size_t>(i) * expected_.shape.frameBytes;
+  }
   void recycle(int slot);
   void returnCredits();
   FrameHeader openFrame(const Frame& frame);
   [[noreturn]] void violation(const std::string& what);
 
-  enum class Step { kConnecting, kAwaitHello, kSendReply, kAwaitProof, kReady };
-  const ChannelShape shape_;
+  enum class Step {
+    kConnecting,
+    kAwaitHello,
+    kAwaitLookup,
+    kSendReply,
+    kAwaitProof,
+    kGrant,
+    kReady
+  };
   SecretLookup lookup_;
   std::unique_ptr<Endpoint> endpoint_;
   Step step_ = Step::kConnecting;
-  JobSecret secret_{};
+  Expectation expected_;
   Hello theirs_;
   Hello mine_;
-  std::vector<uint8_t> buffers_;  // `frames` receive buffers
-  std::deque<Frame> arrived_;     // in arrival order
-  Frame current_;                 // the frame being read
-  size_t currentOffset_ = 0;      // bytes of it read, header included
+  std::vector<uint8_t> handshake_;      // two buffers for the Hello and the Proof
+  std::deque<Frame> handshakeArrived_;  // slot = context index
+  std::vector<uint8_t> buffers_;        // the window: `frames` receive buffers, once proven
+  std::deque<Frame> arrived_;           // in arrival order
+  Frame current_;                       // the frame being read
+  size_t currentOffset_ = 0;            // bytes of it read, header included
   MessageStream stream_;
-  uint32_t owed_ = 0;  // credits not yet returned
+  uint32_t owed_ = 0;           // credits not yet returned
+  bool goodbyeQueued_ = false;  // a goodbye is among the arrivals: stop polling
+  bool peerLeft_ = false;       // ... and has been read
 };
 
 }  // namespace loom::net

@@ -1,11 +1,15 @@
 #pragma once
 
-// MessageLink to a rank on another host: this rank's SendChannel to it and the
-// ReceiveChannel it connected to this rank, both authenticated. The fabric delivers on its
-// own, so there is no doorbell to ring.
+// MessageLink to a rank on another host: this rank's SendChannel to it, made on the first
+// write, and the ReceiveChannel it connected to this rank, claimed once it has arrived and
+// proved the secret. The fabric delivers on its own: there is no doorbell to ring, and the
+// engine polls this link (polled()). Errors name the peer.
 
+#include <functional>
 #include <memory>
+#include <string>
 
+#include "loom/error.h"
 #include "transport/message_link.h"
 #include "transport/net/channel.h"
 
@@ -13,18 +17,33 @@ namespace loom::net {
 
 class NetLink final : public MessageLink {
  public:
+  using Connect = std::function<std::unique_ptr<SendChannel>()>;
+  using Claim = std::function<std::unique_ptr<ReceiveChannel>()>;
+
+  /// `connect` makes the outbound channel; `claim` returns the inbound one, or nullptr while
+  /// it has not arrived; `peer` names the peer in errors ("rank 3 (host 'b', 10.0.0.2:4242)").
+  NetLink(Connect connect, Claim claim, std::string peer)
+      : connect_(std::move(connect)), claim_(std::move(claim)), peer_(std::move(peer)) {}
+  /// A link over channels already made (tests).
   NetLink(std::unique_ptr<SendChannel> out, std::unique_ptr<ReceiveChannel> in)
       : out_(std::move(out)), in_(std::move(in)) {}
 
-  bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override {
-    return out_->write(envelope, payload, done);
-  }
-  std::optional<Envelope> nextEnvelope() override { return in_->nextEnvelope(); }
-  size_t read(void* dst, size_t n) override { return in_->read(dst, n); }
-  bool readable() override { return in_->readable(); }
+  bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override;
+  std::optional<Envelope> nextEnvelope() override;
+  size_t read(void* dst, size_t n) override;
+  bool readable() override;
   void notifyPeer() override {}
+  bool polled() const override { return true; }
+  bool peerLeft() const override { return (out_ && out_->peerLeft()) || (in_ && in_->peerLeft()); }
 
  private:
+  /// The inbound channel, claimed now if it has arrived.
+  ReceiveChannel* inbound();
+  [[noreturn]] void rethrow(const Error& e) const;
+
+  Connect connect_;
+  Claim claim_;
+  std::string peer_;
   std::unique_ptr<SendChannel> out_;
   std::unique_ptr<ReceiveChannel> in_;
 };

@@ -106,6 +106,14 @@ std::optional<FrameHeader> parseFrameHeader(std::span<const uint8_t> bytes) {
     if (h.first && h.length > h.envelope.bytes) return std::nullopt;
     return h;
   }
+  if (type == static_cast<uint8_t>(FrameType::kGoodbye)) {
+    h.type = FrameType::kGoodbye;
+    if (h.first || h.length != 0 || h.credits != 0 || h.envelope.tag != 0 ||
+        h.envelope.bytes != 0 || !in.atEnd()) {
+      return std::nullopt;
+    }
+    return h;
+  }
   if (type == static_cast<uint8_t>(FrameType::kCredit)) {
     h.type = FrameType::kCredit;
     if (h.first || h.length != 0 || h.credits == 0 || h.envelope.tag != 0 ||
@@ -118,7 +126,8 @@ std::optional<FrameHeader> parseFrameHeader(std::span<const uint8_t> bytes) {
 }
 
 std::optional<std::string> MessageStream::accept(const FrameHeader& header) {
-  if (header.type != FrameType::kData) return std::string("a credit frame in the data direction");
+  if (header.type != FrameType::kData)
+    return std::string("a control frame inside the message stream");
   if (header.first) {
     if (inMessage_) {
       return "a new message began with " + std::to_string(remaining_) +

@@ -11,7 +11,8 @@
 //   initiator -> acceptor: Proof(initiator)
 // (see transport/net/auth.h). Then the initiator sends data frames, each at most one
 // receive buffer long, and the acceptor sends credit frames. A message's first frame carries
-// its envelope; later frames continue its payload. All integers are little-endian.
+// its envelope; later frames continue its payload. Either end says goodbye before it closes
+// on leaving normally. All integers are little-endian.
 
 #include <array>
 #include <cstdint>
@@ -59,9 +60,11 @@ std::optional<ProofBytes> parseProof(std::span<const uint8_t> bytes);
 
 /// What a frame is.
 enum class FrameType : uint8_t {
-  kData = 1,    ///< initiator -> acceptor: payload bytes, the first frame of a message
-                ///< also its envelope
-  kCredit = 2,  ///< acceptor -> initiator: `credits` more frames may be sent
+  kData = 1,     ///< initiator -> acceptor: payload bytes, the first frame of a message
+                 ///< also its envelope
+  kCredit = 2,   ///< acceptor -> initiator: `credits` more frames may be sent
+  kGoodbye = 3,  ///< either way: this end destroyed its communicator normally; the
+                 ///< connection's closing that follows is no failure
 };
 
 /// The fixed header in front of every frame.

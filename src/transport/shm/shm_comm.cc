@@ -15,15 +15,21 @@
 
 namespace loom::shm {
 
-ShmComm::ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backoff)
+ShmComm::ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backoff,
+                 std::vector<int> ranks)
     : segment_(std::move(segment)),
       base_(segment_->base()),
       layout_(segment_->layout()),
       header_(segment_->header()),
       lines_(reinterpret_cast<RankLine*>(base_ + layout_.rankLines)),
       rank_(rank),
+      ranks_(std::move(ranks)),
       size_(layout_.size),
-      backoff_(backoff) {}
+      backoff_(backoff) {
+  if (ranks_.empty()) {
+    for (int q = 0; q < size_; ++q) ranks_.push_back(q);
+  }
+}
 
 void ShmComm::post(uint64_t phase) {
   RankLine& line = lines_[rank_];
@@ -69,7 +75,7 @@ void ShmComm::slowWait(int q, uint64_t phase, const WaitSpec& spec) {
     if (state != RankState::kAlive) {
       // Its last post may have landed just before it left: look once more.
       if (line.posted.load(std::memory_order_acquire) >= phase) return;
-      failures_->peerGone(q, state, spec);
+      failures_->peerGone(ranks_[q], state, spec);
     }
     switch (backoff.next()) {
       case Backoff::Stage::kSpin: cpuRelax(); break;
@@ -136,13 +142,13 @@ void ShmComm::ringDoorbell(int q) {
   if (bell.sleeping.load(std::memory_order_seq_cst) != 0) futexWakeAll(&bell.rings);
 }
 
-void ShmComm::sleepOnDoorbell(uint32_t seen) {
+void ShmComm::sleepOnDoorbell(uint32_t seen, std::chrono::nanoseconds slice) {
   // Pairs with ringDoorbell: either the ringer sees `sleeping` and wakes us, or we see its
   // new count here and do not sleep.
   Doorbell& bell = doorbell(rank_);
   bell.sleeping.store(1, std::memory_order_seq_cst);
   if (bell.rings.load(std::memory_order_seq_cst) == seen) {
-    futexWait(&bell.rings, seen, backoff_.sleepSlice);
+    futexWait(&bell.rings, seen, slice);
   }
   bell.sleeping.store(0, std::memory_order_relaxed);
 }

@@ -39,7 +39,11 @@ namespace loom::shm {
 /// the failure record.
 class ShmComm {
  public:
-  ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backoff);
+  /// Rank `rank` of the segment's ranks, which are the communicator's ranks `ranks` (the
+  /// ranks of this host, in order; empty: the segment holds the whole communicator). Failures
+  /// are reported in the communicator's ranks.
+  ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backoff,
+          std::vector<int> ranks = {});
 
   /// Where waits report what stops them (a failure, a peer gone, the deadline); set once,
   /// before the first wait.
@@ -156,8 +160,8 @@ class ShmComm {
   void ringDoorbell(int q);
   /// How often this rank's doorbell has rung (compare before sleeping).
   uint32_t doorbellRings() const { return doorbell(rank_).rings.load(std::memory_order_acquire); }
-  /// Sleeps at most one backoff slice unless this rank's doorbell rang since `seen`.
-  void sleepOnDoorbell(uint32_t seen);
+  /// Sleeps at most `slice` unless this rank's doorbell rang since `seen`.
+  void sleepOnDoorbell(uint32_t seen, std::chrono::nanoseconds slice);
   RingControl& ring(int src, int dst) const {
     return reinterpret_cast<RingControl*>(base_ + layout_.ringControls)[src * size_ + dst];
   }
@@ -179,6 +183,7 @@ class ShmComm {
   SegmentHeader& header_;
   RankLine* lines_;
   int rank_;
+  std::vector<int> ranks_;  // the communicator rank of each of the segment's ranks
   int size_;
   BackoffPolicy backoff_;
   Failures* failures_ = nullptr;

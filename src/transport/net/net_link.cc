@@ -1,0 +1,57 @@
+// Lazy connections and named errors for links to other hosts.
+
+#include "transport/net/net_link.h"
+
+#include "loom/error.h"
+
+namespace loom::net {
+
+void NetLink::rethrow(const Error& e) const {
+  if (peer_.empty()) throw e;
+  throw Error(e.code(), e.op(), e.rank(), "the link with " + peer_ + " broke: " + e.detail());
+}
+
+ReceiveChannel* NetLink::inbound() {
+  if (!in_ && claim_) in_ = claim_();
+  return in_.get();
+}
+
+bool NetLink::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
+  try {
+    if (!out_) out_ = connect_();
+    return out_->write(envelope, payload, done);
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+std::optional<Envelope> NetLink::nextEnvelope() {
+  try {
+    ReceiveChannel* in = inbound();
+    return in ? in->nextEnvelope() : std::nullopt;
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+size_t NetLink::read(void* dst, size_t n) {
+  try {
+    ReceiveChannel* in = inbound();
+    return in ? in->read(dst, n) : 0;
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+bool NetLink::readable() {
+  try {
+    // The engine asks every link this on every turn: the turn to move our sends along too.
+    if (out_) out_->progress();
+    ReceiveChannel* in = inbound();
+    return in && in->readable();
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+}  // namespace loom::net

@@ -1,0 +1,124 @@
+// Accepting, proving and routing incoming connections.
+
+#include "transport/net/net_service.h"
+
+#include "loom/error.h"
+
+namespace loom::net {
+
+NetService& NetService::instance() {
+  static NetService service(Fabric::instance(), Limits{});
+  return service;
+}
+
+NetService::NetService(Fabric& fabric, Limits limits) : fabric_(fabric), limits_(limits) {
+  thread_ = std::thread([this] { run(); });
+}
+
+NetService::~NetService() {
+  stopping_.store(true, std::memory_order_release);
+  thread_.join();
+}
+
+void NetService::expect(const CommId& comm, const JobSecret& secret, ChannelShape shape) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expected_[comm] = Expectation{secret, shape};
+}
+
+void NetService::forget(const CommId& comm) {
+  std::vector<std::unique_ptr<ReceiveChannel>> closing;  // closed outside the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  expected_.erase(comm);
+  for (auto it = proven_.lower_bound(Key{comm, INT32_MIN, INT32_MIN, 0});
+       it != proven_.end() && std::get<0>(it->first) == comm;) {
+    closing.push_back(std::move(it->second));
+    it = proven_.erase(it);
+  }
+}
+
+std::unique_ptr<ReceiveChannel> NetService::claim(const CommId& comm, int sender, int receiver,
+                                                  uint32_t channel) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = proven_.find(Key{comm, sender, receiver, channel});
+  if (it == proven_.end()) return nullptr;
+  auto found = std::move(it->second);
+  proven_.erase(it);
+  return found;
+}
+
+std::optional<Expectation> NetService::lookup(const Hello& hello) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = expected_.find(hello.comm);
+  if (it == expected_.end()) return std::nullopt;
+  return it->second;
+}
+
+void NetService::run() {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    // Idle, the thread sleeps in the listener's wait; with handshakes under way it polls.
+    const auto wait = std::chrono::milliseconds(pending_.empty() ? 100 : 1);
+    std::unique_ptr<Endpoint> endpoint;
+    try {
+      endpoint = fabric_.acceptNext(wait);
+    } catch (const Error&) {
+      refused_.fetch_add(1, std::memory_order_relaxed);  // the request could not be accepted
+    }
+    if (endpoint) {
+      if (pending_.size() >= limits_.maxPending) {
+        refused_.fetch_add(1, std::memory_order_relaxed);  // dropped unanswered
+      } else {
+        try {
+          pending_.push_back(
+              {std::make_unique<ReceiveChannel>(std::move(endpoint),
+                                                [this](const Hello& h) { return lookup(h); }),
+               Clock::now()});
+        } catch (const Error&) {
+          refused_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    }
+    advance(Clock::now());
+  }
+}
+
+void NetService::advance(Clock::time_point now) {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool done = false;
+    bool drop = false;
+    try {
+      done = p.channel->ready();
+    } catch (const Error&) {
+      drop = true;  // refused: the channel's message said why; the initiator learns by closure
+    }
+    if (!done && !drop) {
+      // The handshake has its own time once the communicator is known.
+      if (p.channel->awaitingLookup()) {
+        p.waited = true;
+        drop = now - p.since > limits_.unexpectedHold;
+      } else {
+        if (p.waited) {
+          p.waited = false;
+          p.since = now;
+        }
+        drop = now - p.since > limits_.handshake;
+      }
+    }
+    if (done) {
+      const Hello& h = p.channel->announced();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (expected_.count(h.comm)) {
+        proven_[Key{h.comm, h.sender, h.receiver, h.channel}] = std::move(p.channel);
+      }
+    }
+    if (done || drop) {
+      if (drop) refused_.fetch_add(1, std::memory_order_relaxed);
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+      continue;
+    }
+    ++i;
+  }
+}
+
+}  // namespace loom::net

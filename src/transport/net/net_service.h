@@ -1,0 +1,81 @@
+#pragma once
+
+// This process's side of incoming network connections. One thread accepts every connection
+// on the Fabric's listener, drives its handshake, and files the proven ReceiveChannel under
+// the traffic it carries (communicator, sender, receiver, channel) until the communicator's
+// link claims it. A connection for a communicator this process has not registered yet is
+// held (a peer may be faster to make a child communicator) until `unexpectedHold`; one that
+// has not completed its handshake within `handshake` is dropped, and at most `maxPending`
+// wait at once, so strangers cost little and nothing lasts.
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "transport/net/channel.h"
+#include "transport/net/fabric.h"
+
+namespace loom::net {
+
+class NetService {
+ public:
+  struct Limits {
+    std::chrono::milliseconds handshake{10'000};       ///< to prove the secret, once known
+    std::chrono::milliseconds unexpectedHold{60'000};  ///< to wait for its communicator
+    size_t maxPending = 256;                           ///< connections not yet proven
+  };
+
+  /// The process's service over Fabric::instance(), started on first use.
+  static NetService& instance();
+  explicit NetService(Fabric& fabric, Limits limits);
+  /// Stops the thread; channels not claimed are closed.
+  ~NetService();
+  NetService(const NetService&) = delete;
+  NetService& operator=(const NetService&) = delete;
+
+  /// Where peers connect ("address:port").
+  const std::string& address() const { return fabric_.address(); }
+
+  /// Accepts connections for communicator `comm` whose initiators prove `secret`, with
+  /// windows of `shape`.
+  void expect(const CommId& comm, const JobSecret& secret, ChannelShape shape);
+  /// Stops accepting for `comm` and closes its proven channels nobody claimed.
+  void forget(const CommId& comm);
+  /// The proven channel carrying `sender` -> `receiver` on `channel` of `comm`, or nullptr if
+  /// it has not arrived yet. Each is handed out once.
+  std::unique_ptr<ReceiveChannel> claim(const CommId& comm, int sender, int receiver,
+                                        uint32_t channel);
+
+  /// Connections refused or dropped so far (for tests and reports).
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  using Key = std::tuple<CommId, int, int, uint32_t>;
+  struct Pending {
+    std::unique_ptr<ReceiveChannel> channel;
+    Clock::time_point since;  ///< accepted, or found its communicator
+    bool waited = false;      ///< was waiting for its communicator
+  };
+
+  void run();
+  void advance(Clock::time_point now);
+  std::optional<Expectation> lookup(const Hello& hello);
+
+  Fabric& fabric_;
+  const Limits limits_;
+  std::mutex mutex_;
+  std::map<CommId, Expectation> expected_;                 // guarded by mutex_
+  std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;  // guarded by mutex_
+  std::vector<Pending> pending_;                           // service thread only
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace loom::net

@@ -1,0 +1,142 @@
+// The process's acceptor across hosts: proven connections reach the communicator and traffic
+// they announce (also when they come before the communicator is registered), and
+// connections that do not prove the secret in time are dropped without holding up others.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net_helpers.h"
+#include "transport/net/net_service.h"
+
+namespace loom::net {
+namespace {
+
+using namespace loom::net::testing;
+using std::chrono::milliseconds;
+
+CommId commNumber(uint8_t n) {
+  CommId id = kComm;
+  id[15] = n;
+  return id;
+}
+
+// Writes one message of `text` on `out`, driving the handshake first.
+void writeText(SendChannel& out, const std::string& text) {
+  uint64_t done = 0;
+  const auto deadline = Clock::now() + kPatience;
+  while (!out.write({7, text.size()}, reinterpret_cast<const uint8_t*>(text.data()), done)) {
+    LOOM_CHECK(Clock::now() < deadline, << "could not send '" << text << "'");
+  }
+}
+
+// Claims a channel from `service` (waiting for it) and reads its one message.
+std::string readText(NetService& service, const CommId& comm, int sender, int receiver,
+                     uint32_t channel) {
+  const auto deadline = Clock::now() + kPatience;
+  std::unique_ptr<ReceiveChannel> in;
+  while (!(in = service.claim(comm, sender, receiver, channel))) {
+    LOOM_CHECK(Clock::now() < deadline, << "channel " << channel << " never arrived");
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  std::optional<Envelope> envelope;
+  while (!(envelope = in->nextEnvelope())) LOOM_CHECK(Clock::now() < deadline);
+  std::string text(envelope->bytes, '\0');
+  size_t filled = 0;
+  while (filled < text.size()) {
+    LOOM_CHECK(Clock::now() < deadline);
+    filled += in->read(text.data() + filled, text.size() - filled);
+  }
+  return text;
+}
+
+TEST_F(TwoHosts, ServiceRoutesEachProvenChannelToItsTraffic) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService service(Fabric::instance(), NetService::Limits{});
+      service.expect(commNumber(1), kSecret, shape);
+      service.expect(commNumber(2), kSecret, shape);
+      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      // Communicator 3 is registered only after its connection has arrived.
+      ctx.store->get("sent", kPatience);
+      std::this_thread::sleep_for(milliseconds(300));
+      service.expect(commNumber(3), kSecret, shape);
+      LOOM_CHECK(readText(service, commNumber(2), 1, 0, 0) == "two");
+      LOOM_CHECK(readText(service, commNumber(1), 1, 0, 1) == "one, channel one");
+      LOOM_CHECK(readText(service, commNumber(1), 1, 0, 0) == "one");
+      LOOM_CHECK(readText(service, commNumber(3), 1, 0, 0) == "three, early");
+      LOOM_CHECK(service.claim(commNumber(1), 1, 0, 0) == nullptr, << "handed out twice");
+      LOOM_CHECK(service.refused() == 0, << service.refused() << " refused");
+      ctx.store->set("read", Bytes{1});
+      return;
+    }
+    const Bytes address = ctx.store->get("address", kPatience);
+    const std::string to(address.begin(), address.end());
+    auto channel = [&](uint8_t comm, uint32_t number) {
+      Hello hello = traffic(1, 0, number);
+      hello.comm = commNumber(comm);
+      return std::make_unique<SendChannel>(Fabric::instance(), to, hello, kSecret, shape);
+    };
+    auto three = channel(3, 0);
+    auto one = channel(1, 0);
+    auto oneOne = channel(1, 1);
+    auto two = channel(2, 0);
+    ctx.store->set("sent", Bytes{1});
+    writeText(*one, "one");
+    writeText(*two, "two");
+    writeText(*oneOne, "one, channel one");
+    writeText(*three, "three, early");
+    ctx.store->get("read", kPatience);
+  });
+}
+
+TEST_F(TwoHosts, ServiceDropsStrangersInTimeWithoutHoldingUpMembers) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService::Limits limits;
+      limits.handshake = milliseconds(500);
+      limits.unexpectedHold = milliseconds(1000);
+      NetService service(Fabric::instance(), limits);
+      service.expect(kComm, kSecret, shape);
+      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      LOOM_CHECK(readText(service, kComm, 1, 0, 0) == "member");
+      ctx.store->get("strangers gone", kPatience);
+      LOOM_CHECK(service.refused() == 3, << service.refused() << " refused, not 3");
+      return;
+    }
+    const Bytes address = ctx.store->get("address", kPatience);
+    const std::string to(address.begin(), address.end());
+    // A stranger that never speaks, one for a communicator nobody registers, one with junk.
+    Rogue silent(to);
+    Rogue unknown(to);
+    Hello hello = traffic(1, 0);
+    hello.comm[3] ^= 1;
+    hello.nonce = freshNonce();
+    const auto bytes = encodeHello(hello);
+    unknown.send(bytes.data(), bytes.size());
+    Rogue junk(to);
+    const std::vector<uint8_t> noise(64, 0xee);
+    junk.send(noise.data(), noise.size());
+    // A member gets through while they wait.
+    SendChannel member(Fabric::instance(), to, traffic(1, 0), kSecret, shape);
+    writeText(member, "member");
+    // Each stranger is dropped: junk at once, silence after 0.5 s, unknown after 1 s.
+    junk.awaitClosed();
+    silent.awaitClosed();
+    unknown.awaitClosed();
+    ctx.store->set("strangers gone", Bytes{1});
+  });
+}
+
+}  // namespace
+}  // namespace loom::net
