@@ -129,6 +129,15 @@ void CommState::join(Clock::time_point deadline) {
     segment = shm::Segment::attach(std::move(fd), segmentId, localSize);
   }
   shm_ = std::make_unique<shm::ShmComm>(std::move(segment), localRank, config_.backoff, here);
+  layout_.rank = rank_;
+  layout_.size = size_;
+  layout_.host = host;
+  layout_.localIndex = localRank;
+  layout_.rails = localSize;
+  for (int h = 0; h < hosts_.hosts(); ++h) {
+    layout_.ranksOn.push_back(hosts_.ranksOn(h));
+    layout_.rails = std::min(layout_.rails, static_cast<int>(hosts_.ranksOn(h).size()));
+  }
   failures_ = std::make_unique<FailureDomain>(*shm_, name_, rank_, roster_, hosts_);
   shm_->setFailures(*failures_);
   shm_->attachSelf(static_cast<int>(::getpid()));
@@ -186,8 +195,12 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
   try {
     const WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout), timeout};
     if (failures_->failed()) throw failures_->failureError(wait.op);
-    CollectiveContext ctx(*shm_, *failures_, wait, state.seq, phase_, config_.tuning);
-    runCollective(ctx, args);
+    if (spansHosts()) {
+      executeAcrossHosts(args, wait, state.seq);
+    } else {
+      CollectiveContext ctx(*shm_, *failures_, wait, state.seq, phase_, config_.tuning);
+      runCollective(ctx, args);
+    }
     shm_->noteFinished(state.seq);
   } catch (...) {
     error = std::current_exception();
@@ -195,15 +208,24 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
   state.complete(error);
 }
 
+void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& wait, uint64_t seq) {
+  if (collectiveLinks_.empty()) collectiveLinks_.resize(static_cast<size_t>(size_));
+  auto runLocal = [&](const CollectiveArgs& local) {
+    CollectiveContext ctx(*shm_, *failures_, wait, seq, phase_, config_.tuning);
+    runCollective(ctx, local);
+  };
+  auto linkTo = [this](int q) -> MessageLink& {
+    auto& link = collectiveLinks_[static_cast<size_t>(q)];
+    if (!link) link = this->linkTo(q, 1);  // channel 1: collectives
+    return *link;
+  };
+  auto describe = [this](int q) { return describeRemote(roster_, q); };
+  AcrossHostsContext ctx(layout_, runLocal, linkTo, describe, *failures_, wait);
+  runAcrossHosts(ctx, args);
+}
+
 Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   requireUsable(collectiveName(args.kind));
-  if (spansHosts()) {
-    throw Error(ErrorCode::kUnsupported, collectiveName(args.kind), rank_,
-                "this communicator spans " + std::to_string(hosts_.hosts()) +
-                    " hosts; this version of loom runs send/recv across hosts but collectives "
-                    "only within one host. Use a communicator of one host's ranks (split by "
-                    "host) for collectives until hierarchical collectives land");
-  }
   if (!options.signature.empty()) args.signature = options.signature;
   auto state = std::make_shared<OpState>(seq_.fetch_add(1, std::memory_order_relaxed) + 1);
   FlightRecorder::Subject subject = flightSubject(args, state->seq);
@@ -231,23 +253,26 @@ void CommState::settle(const Request& request) {
   }
 }
 
-std::unique_ptr<MessageLink> CommState::linkTo(int q) {
+std::unique_ptr<MessageLink> CommState::linkTo(int q, uint32_t channel) {
   if (hosts_.link(rank_, q) != Link::kNetwork) {
     return std::make_unique<shm::RingLink>(*shm_, hosts_.localIndex(q));
   }
 #ifdef LOOM_HAVE_NET
-  // Channel 0 carries send/recv; the connection is made on the first send.
+  // The connection is made on the first send.
   const Roster& roster = roster_;
   const int me = rank_;
-  auto connect = [&roster, me, q] {
+  auto connect = [&roster, me, q, channel] {
     net::Hello hello;
     hello.comm = roster.id;
     hello.sender = me;
     hello.receiver = q;
+    hello.channel = channel;
     return std::make_unique<net::SendChannel>(net::Fabric::instance(), roster.peers[q].netAddress,
                                               hello, roster.secret, net::ChannelShape{});
   };
-  auto claim = [id = roster_.id, me, q] { return net::NetService::instance().claim(id, q, me, 0); };
+  auto claim = [id = roster_.id, me, q, channel] {
+    return net::NetService::instance().claim(id, q, me, channel);
+  };
   return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q));
 #else
   throw Error(ErrorCode::kInternal, "send/recv", rank_, "no network transport in this build");
@@ -258,7 +283,7 @@ P2pEngine& CommState::p2p() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
   if (!p2p_) {
     std::vector<std::unique_ptr<MessageLink>> links;
-    for (int q = 0; q < size_; ++q) links.push_back(linkTo(q));
+    for (int q = 0; q < size_; ++q) links.push_back(linkTo(q, 0));
     p2p_ = std::make_unique<P2pEngine>(rank_, *shm_, *failures_, std::move(links), this);
   }
   return *p2p_;

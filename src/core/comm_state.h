@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/across_hosts.h"
 #include "algorithms/collective.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
@@ -86,8 +87,11 @@ class CommState final : public FailureSink {
   void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout);
   void watchPeers();
   P2pEngine& p2p();
-  /// The point-to-point link to rank q: shared-memory rings or the network.
-  std::unique_ptr<MessageLink> linkTo(int q);
+  /// The link to rank q for point-to-point traffic (channel 0) or collectives (channel 1):
+  /// shared-memory rings (point-to-point only) or the network.
+  std::unique_ptr<MessageLink> linkTo(int q, uint32_t channel);
+  /// Runs a collective whose ranks span hosts (on the worker thread).
+  void executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& wait, uint64_t seq);
   bool spansHosts() const { return hosts_.hosts() > 1; }
 
   const int rank_;
@@ -110,6 +114,9 @@ class CommState final : public FailureSink {
 
   std::mutex p2pMutex_;
   std::unique_ptr<P2pEngine> p2p_;  // created on first send/recv; guarded by p2pMutex_
+
+  HostLayout layout_;  // where the ranks run, for collectives across hosts
+  std::vector<std::unique_ptr<MessageLink>> collectiveLinks_;  // worker thread only; lazily
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
 

@@ -47,6 +47,9 @@ class MessageLink {
   /// True if arrivals do not ring this rank's doorbell (the network delivers on its own), so
   /// an idle engine must look at this link now and then instead of sleeping until rung.
   virtual bool polled() const { return false; }
+  /// True once everything written has left this process. A ring holds what it took; a
+  /// network link may still queue frames, which move only while it is driven.
+  virtual bool drained() { return true; }
 };
 
 }  // namespace loom

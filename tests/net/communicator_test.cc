@@ -1,7 +1,7 @@
 // Communicators whose ranks span hosts (network namespaces on this machine): each host's
 // ranks share a segment of their own, send/recv reaches every pair over shared memory or
-// the network, children made by subset work within and across hosts, and a rank killed on
-// one host fails its peers on the other, naming it.
+// the network, children made by subset and split work within and across hosts, and a rank
+// killed on one host fails its peers on the other, naming it.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -98,20 +98,22 @@ TEST_F(TwoHosts, ChildrenWorkWithinAndAcrossHosts) {
     local->allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceKind::kSum).wait();
     const float expected = hostOfRank(ctx.rank) == 0 ? 0 + 2 : 1 + 3;
     LOOM_CHECK(x[999] == expected, << x[999]);
-    // A subset across hosts, made by ranks 1 and 2 only: send/recv over the network.
+    // A subset across hosts, made by ranks 1 and 2 only: send/recv and a collective.
     if (ctx.rank == 1 || ctx.rank == 2) {
       const int members[] = {1, 2};
       auto pair = comm->subset(members, "pair");
       exchangeWithEveryone(*pair, {5, 200 << 10});
-      std::vector<float> y(4);
-      expectError(
-          [&] {
-            pair->allReduce(y.data(), y.data(), y.size(), DataType::kFloat32, ReduceKind::kSum);
-          },
-          ErrorCode::kUnsupported, {"spans 2 hosts"});
+      std::vector<int32_t> y(4, ctx.rank);
+      pair->allReduce(y.data(), y.data(), y.size(), DataType::kInt32, ReduceKind::kSum).wait();
+      LOOM_CHECK(y[3] == 3, << y[3]);
     }
-    // split exchanges colors with an all_gather, a collective across hosts: refused for now.
-    expectError([&] { comm->split(0, ctx.rank); }, ErrorCode::kUnsupported, {"spans 2 hosts"});
+    // split (whose colors go round in an all_gather across hosts): one child per host pair
+    // of ranks {0, 1} and {2, 3}, each spanning both hosts.
+    auto half = comm->split(ctx.rank / 2, ctx.rank);
+    LOOM_CHECK(half->size() == 2);
+    std::vector<int32_t> z(3, ctx.rank);
+    half->allReduce(z.data(), z.data(), z.size(), DataType::kInt32, ReduceKind::kMax).wait();
+    LOOM_CHECK(z[0] == (ctx.rank / 2) * 2 + 1, << z[0]);
   });
 }
 

@@ -51,6 +51,10 @@ class SendChannel {
   bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done);
   /// True once the peer said goodbye: it destroyed its communicator normally.
   bool peerLeft() const { return peerLeft_; }
+  /// True once every frame handed over has been sent (or the peer has left).
+  bool flushed() const {
+    return peerLeft_ || freeSlots_.size() == static_cast<size_t>(shape_.frames);
+  }
   /// Moves frames already handed over along: providers may progress a send only while its
   /// completion queue is polled, so whoever drives the channel calls this between writes.
   void progress();

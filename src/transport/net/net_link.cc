@@ -43,6 +43,16 @@ size_t NetLink::read(void* dst, size_t n) {
   }
 }
 
+bool NetLink::drained() {
+  try {
+    if (!out_) return true;
+    out_->progress();
+    return out_->flushed();
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
 bool NetLink::readable() {
   try {
     // The engine asks every link this on every turn: the turn to move our sends along too.

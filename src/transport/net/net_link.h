@@ -34,6 +34,7 @@ class NetLink final : public MessageLink {
   bool readable() override;
   void notifyPeer() override {}
   bool polled() const override { return true; }
+  bool drained() override;
   bool peerLeft() const override { return (out_ && out_->peerLeft()) || (in_ && in_->peerLeft()); }
 
  private:

@@ -1,0 +1,196 @@
+// Every collective on communicators whose ranks span hosts (network namespaces), against
+// the reference, bit for bit: ranks interleaved over two hosts (2 + 2: two rails) and an
+// uneven layout (2 + 1: one rail), in place and out of place, small sizes and sizes that
+// use every rail.
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "net_helpers.h"
+#include "reference.h"
+
+namespace loom {
+namespace {
+
+using loom::testing::fillInput;
+using loom::testing::firstDifference;
+using loom::testing::inputBytes;
+using loom::testing::NetnsHosts;
+using loom::testing::RankContext;
+using loom::testing::referenceReduce;
+using net::testing::TwoHosts;
+
+void expectSame(const void* got, const std::vector<uint8_t>& want, DataType type, size_t count,
+                const std::string& what) {
+  const std::string diff = firstDifference(got, want.data(), type, count);
+  LOOM_CHECK(diff.empty(), << what << ": " << diff);
+}
+
+std::string name(const char* op, DataType type, size_t count) {
+  return std::string(op) + " " + std::string(dataTypeName(type)) +
+         " count=" + std::to_string(count);
+}
+
+// Reductions whose hierarchical result equals the reference's single rounding exactly for
+// the reference's inputs (half-type products and scaled sums round at each level).
+bool exactAcrossLevels(DataType type, ReduceOp op) {
+  const bool half = type == DataType::kFloat16 || type == DataType::kBFloat16;
+  return !(half && (op.kind() == ReduceKind::kProduct || op.kind() == ReduceKind::kPremulSum));
+}
+
+void checkReductions(Communicator& comm) {
+  const int me = comm.rank();
+  const int n = comm.size();
+  uint32_t salt = 0;
+  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
+                        DataType::kInt32, DataType::kUInt8, DataType::kFloat64}) {
+    const size_t es = elementSize(type);
+    for (ReduceOp op : loom::testing::reductionsFor(type)) {
+      if (!exactAcrossLevels(type, op)) continue;
+      for (size_t count : {size_t{0}, size_t{1}, size_t{33}, size_t{70001}}) {
+        for (bool inPlace : {false, true}) {
+          ++salt;
+          std::vector<uint8_t> in(count * es + 1), out(count * es + 1);
+          fillInput(in.data(), type, count, me, salt);
+          uint8_t* dst = inPlace ? in.data() : out.data();
+          comm.allReduce(in.data(), dst, count, type, op).wait();
+          expectSame(dst, referenceReduce(type, op, count, n, salt), type, count,
+                     name("all_reduce", type, count) + " " +
+                         std::string(reduceKindName(op.kind())) + (inPlace ? " in place" : ""));
+        }
+      }
+      // reduce to the last rank, reduce_scatter of 1000 per rank
+      ++salt;
+      const size_t count = 1000;
+      std::vector<uint8_t> in(count * es * n), out(count * es * n);
+      fillInput(in.data(), type, count, me, salt);
+      comm.reduce(in.data(), out.data(), count, type, op, n - 1).wait();
+      if (me == n - 1) {
+        expectSame(out.data(), referenceReduce(type, op, count, n, salt), type, count,
+                   name("reduce", type, count));
+      }
+      ++salt;
+      fillInput(in.data(), type, count * n, me, salt);
+      comm.reduceScatter(in.data(), out.data(), count, type, op).wait();
+      expectSame(out.data(), referenceReduce(type, op, count, n, salt, me * count), type, count,
+                 name("reduce_scatter", type, count));
+    }
+  }
+}
+
+void checkMovement(Communicator& comm) {
+  const int me = comm.rank();
+  const int n = comm.size();
+  uint32_t salt = 5000;
+  for (DataType type : {DataType::kFloat32, DataType::kUInt8, DataType::kBFloat16}) {
+    const size_t es = elementSize(type);
+    for (size_t count : {size_t{0}, size_t{7}, size_t{40000}}) {
+      ++salt;
+      // broadcast from rank 1
+      std::vector<uint8_t> buffer(count * es + 1);
+      fillInput(buffer.data(), type, count, me, salt);
+      comm.broadcast(buffer.data(), buffer.data(), count, type, 1).wait();
+      expectSame(buffer.data(), inputBytes(type, count, 1, salt), type, count,
+                 name("broadcast", type, count));
+      // all_gather
+      std::vector<uint8_t> in(count * es + 1), out(count * es * n + 1);
+      fillInput(in.data(), type, count, me, salt);
+      comm.allGather(in.data(), out.data(), count, type).wait();
+      for (int q = 0; q < n; ++q) {
+        expectSame(out.data() + q * count * es, inputBytes(type, count, q, salt), type, count,
+                   name("all_gather", type, count) + " block " + std::to_string(q));
+      }
+      // all_to_all: block q of rank r is r's input at offset q*count
+      std::vector<uint8_t> blocks(count * es * n + 1), received(count * es * n + 1);
+      fillInput(blocks.data(), type, count * n, me, salt);
+      comm.allToAll(blocks.data(), received.data(), count, type).wait();
+      for (int q = 0; q < n; ++q) {
+        expectSame(received.data() + q * count * es, inputBytes(type, count, q, salt, me * count),
+                   type, count, name("all_to_all", type, count) + " from " + std::to_string(q));
+      }
+      // gather to the last rank, scatter from rank 0
+      std::vector<void*> outputs;
+      for (int q = 0; q < n; ++q) outputs.push_back(out.data() + q * count * es);
+      comm.gather(in.data(), outputs, count, type, n - 1).wait();
+      if (me == n - 1) {
+        for (int q = 0; q < n; ++q) {
+          expectSame(outputs[q], inputBytes(type, count, q, salt), type, count,
+                     name("gather", type, count));
+        }
+      }
+      std::vector<const void*> inputs;
+      for (int q = 0; q < n; ++q) inputs.push_back(blocks.data() + q * count * es);
+      comm.scatter(inputs, in.data(), count, type, 0).wait();
+      expectSame(in.data(), inputBytes(type, count, 0, salt, me * count), type, count,
+                 name("scatter", type, count));
+    }
+  }
+  // Uneven: rank q sends q + 3 * r elements to rank r (all_to_all_v), and contributes q + 1
+  // elements to an all_gather_v.
+  const DataType type = DataType::kInt32;
+  std::vector<std::vector<int32_t>> sendBlocks(n), recvBlocks(n), gathered(n);
+  std::vector<const void*> sendPtrs;
+  std::vector<void*> recvPtrs, gatherPtrs;
+  std::vector<size_t> sendCounts, recvCounts, gatherCounts;
+  for (int q = 0; q < n; ++q) {
+    sendBlocks[q].resize(static_cast<size_t>(me + 3 * q));
+    for (size_t j = 0; j < sendBlocks[q].size(); ++j) sendBlocks[q][j] = me * 1000 + q * 100 + j;
+    recvBlocks[q].resize(static_cast<size_t>(q + 3 * me));
+    gathered[q].resize(static_cast<size_t>(q + 1));
+    sendPtrs.push_back(sendBlocks[q].data());
+    sendCounts.push_back(sendBlocks[q].size());
+    recvPtrs.push_back(recvBlocks[q].data());
+    recvCounts.push_back(recvBlocks[q].size());
+    gatherPtrs.push_back(gathered[q].data());
+    gatherCounts.push_back(gathered[q].size());
+  }
+  comm.allToAllV(sendPtrs, sendCounts, recvPtrs, recvCounts, type).wait();
+  for (int q = 0; q < n; ++q) {
+    for (size_t j = 0; j < recvBlocks[q].size(); ++j) {
+      LOOM_CHECK(recvBlocks[q][j] == static_cast<int32_t>(q * 1000 + me * 100 + j),
+                 << "all_to_all_v from " << q << " element " << j);
+    }
+  }
+  std::vector<int32_t> mine(static_cast<size_t>(me + 1), 77 + me);
+  comm.allGatherV(mine.data(), gatherPtrs, gatherCounts, type).wait();
+  for (int q = 0; q < n; ++q) {
+    for (int32_t v : gathered[q]) LOOM_CHECK(v == 77 + q, << "all_gather_v from " << q);
+  }
+  comm.barrier().wait();
+}
+
+// Runs `check` on `size` ranks placed by `hostOf` on the fixture's two hosts.
+void runPlaced(const NetnsHosts& hosts, int size, int (*hostOf)(int),
+               void (*check)(Communicator&)) {
+  LOOM_RUN_RANKS(size, [&](RankContext& ctx) {
+    hosts.enter(hostOf(ctx.rank));
+    check(*ctx.connect());
+  });
+}
+
+int interleaved(int rank) {
+  return rank % 2;
+}  // 0 2 | 1 3
+int unevenly(int rank) {
+  return rank == 2 ? 1 : 0;
+}  // 0 1 | 2
+
+TEST_F(TwoHosts, ReductionsMatchTheReferenceInterleaved) {
+  runPlaced(*hosts_, 4, interleaved, checkReductions);
+}
+TEST_F(TwoHosts, ReductionsMatchTheReferenceUneven) {
+  runPlaced(*hosts_, 3, unevenly, checkReductions);
+}
+TEST_F(TwoHosts, DataMovementMatchesTheReferenceInterleaved) {
+  runPlaced(*hosts_, 4, interleaved, checkMovement);
+}
+TEST_F(TwoHosts, DataMovementMatchesTheReferenceUneven) {
+  runPlaced(*hosts_, 3, unevenly, checkMovement);
+}
+
+}  // namespace
+}  // namespace loom
