@@ -2,9 +2,15 @@
 
 #include "netns_hosts.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <regex>
 
 #include <atomic>
 #include <cstdio>
@@ -28,6 +34,22 @@ void run(const std::string& command) {
 
 std::atomic<int> madeHere{0};
 
+// Removes the namespaces of test processes that are gone (killed before their destructor
+// ran): loom tests name theirs loom<pid>n<k>..., so a dead pid's are nobody's.
+void reapOrphans() {
+  DIR* dir = ::opendir("/var/run/netns");
+  if (!dir) return;
+  static const std::regex ours("loom([0-9]+)(n|py)[0-9a-z]*");
+  while (dirent* entry = ::readdir(dir)) {
+    std::cmatch match;
+    if (!std::regex_match(entry->d_name, match, ours)) continue;
+    const long pid = std::strtol(match[1].str().c_str(), nullptr, 10);
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::system(("ip netns del " + std::string(entry->d_name) + " 2>/dev/null").c_str());
+  }
+  ::closedir(dir);
+}
+
 }  // namespace
 
 std::string NetnsHosts::unavailableReason() {
@@ -37,6 +59,7 @@ std::string NetnsHosts::unavailableReason() {
 }
 
 NetnsHosts::NetnsHosts(int hosts) {
+  reapOrphans();
   const std::string prefix =
       "loom" + std::to_string(::getpid()) + "n" + std::to_string(madeHere.fetch_add(1));
   hub_ = prefix + "hub";

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,22 @@ def _unavailable() -> str:
     return ""
 
 
+def _reap_orphans() -> None:
+    """Removes namespaces of loom test processes that are gone (killed before cleaning up):
+    their names carry the pid (loom<pid>py..., loom<pid>n...)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        match = re.fullmatch(r"loom(\d+)(?:n|py)[0-9a-z]*", line.split()[0]) if line.split() else None
+        if not match:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            subprocess.run(["ip", "netns", "del", line.split()[0]], capture_output=True)
+        except PermissionError:
+            pass
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
@@ -38,6 +55,7 @@ def hosts():
         if os.environ.get("LOOM_REQUIRE_NETNS") == "1":
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
+    _reap_orphans()
     prefix = f"loom{os.getpid()}py"
     hub, names = prefix + "hub", [prefix + "h0", prefix + "h1"]
     try:
