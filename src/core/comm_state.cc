@@ -144,6 +144,16 @@ void CommState::join(Clock::time_point deadline) {
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
   worker_ = std::make_unique<Worker>(config_.backoff);
+  if (spansHosts() && localRank < layout_.rails) {
+    std::vector<int> railPeers;
+    for (int h = 0; h < hosts_.hosts(); ++h) {
+      if (h != host) railPeers.push_back(hosts_.ranksOn(h)[localRank]);
+    }
+    control_ = std::make_unique<ControlPlane>(
+        rank_, railPeers, [this](int q) { return linkTo(q, 2); },  // channel 2: control
+        [this](int q) { return describeRemote(roster_, q); }, *failures_, config_.netSilence);
+    control_->awaitPeers(deadline);
+  }
 }
 
 void CommState::watchPeers() {
@@ -320,8 +330,11 @@ void CommState::abort() {
 void CommState::shutdown() {
   if (shutDown_.exchange(true)) return;
   if (worker_) worker_->drain();
-  std::lock_guard<std::mutex> lock(p2pMutex_);
-  p2p_.reset();
+  {
+    std::lock_guard<std::mutex> lock(p2pMutex_);
+    p2p_.reset();
+  }
+  control_.reset();  // last: a failure while draining still reaches the other hosts
 }
 
 std::string CommState::progressReport() const {

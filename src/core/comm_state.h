@@ -23,6 +23,7 @@
 #include "algorithms/collective.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/control_plane.h"
 #include "core/failure_domain.h"
 #include "core/op_state.h"
 #include "core/worker.h"
@@ -115,7 +116,8 @@ class CommState final : public FailureSink {
   std::mutex p2pMutex_;
   std::unique_ptr<P2pEngine> p2p_;  // created on first send/recv; guarded by p2pMutex_
 
-  HostLayout layout_;  // where the ranks run, for collectives across hosts
+  HostLayout layout_;                      // where the ranks run, for collectives across hosts
+  std::unique_ptr<ControlPlane> control_;  // rail ranks of a communicator spanning hosts
   std::vector<std::unique_ptr<MessageLink>> collectiveLinks_;  // worker thread only; lazily
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first

@@ -41,6 +41,8 @@ Config Config::load(int localRanks) {
   c.tuning.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
   c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));
   c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
+  c.netSilence =
+      std::chrono::milliseconds(env::integer("LOOM_NET_SILENCE_MS", 10'000, 200, 3'600'000));
   c.tuning.selection = SelectionTable::fromEnvironment();
   if (const auto kill = env::text("LOOM_FAULT_KILL_AT")) {
     unsigned long long seq = 0, phase = 0;

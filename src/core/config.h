@@ -3,6 +3,7 @@
 // Tunables, read from LOOM_* environment variables when a communicator is made. The
 // variables and their defaults are listed in docs/CONFIGURATION.md.
 
+#include <chrono>
 #include <cstddef>
 
 #include "algorithms/collective.h"
@@ -20,6 +21,9 @@ struct Config {
   /// Threads, streaming threshold and algorithm table (LOOM_THREADS, LOOM_STREAM_BYTES,
   /// LOOM_ALGO).
   Tuning tuning;
+  /// How long a rank of another host may stay silent before the communicator fails
+  /// (LOOM_NET_SILENCE_MS); heartbeats go out at a tenth of it.
+  std::chrono::milliseconds netSilence{10'000};
   /// Fault injection for tests and failure drills (LOOM_FAULT_KILL_AT="<seq>:<phase>"):
   /// this process kills itself with SIGKILL right after posting the phase-th phase of its
   /// collective number seq on a communicator. {0, 0}: off.

@@ -217,20 +217,9 @@ TEST(Errors, AHostThatCannotBeReachedIsNamed) {
     // The store connection was made before unshare and keeps working.
     CommOptions options;
     options.timeout = std::chrono::seconds(20);
-    auto comm = ctx.connect(options);
-    std::vector<float> x(4, 1.0f);
+    // Creation meets the other hosts, so it is where an unreachable one is named.
     const std::string other = "rank " + std::to_string(1 - ctx.rank) + " (host '";
-    if (ctx.rank == 1) {
-      expectError([&] { comm->send(x.data(), x.size(), DataType::kFloat32, 0, 0).wait(); },
-                  ErrorCode::kPeerFailure, {other.c_str()});
-    } else {
-      expectError(
-          [&] {
-            comm->allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceKind::kSum)
-                .wait();
-          },
-          ErrorCode::kPeerFailure, {"all_reduce", other.c_str()});
-    }
+    expectError([&] { ctx.connect(options); }, ErrorCode::kPeerFailure, {"create", other.c_str()});
     ctx.store->set("done " + std::to_string(ctx.rank), {1});
     ctx.store->get("done " + std::to_string(1 - ctx.rank), std::chrono::seconds(60));
   });

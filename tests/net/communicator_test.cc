@@ -142,5 +142,50 @@ TEST_F(TwoHosts, ARankKilledOnOneHostFailsItsPeerOnTheOtherNamingIt) {
   EXPECT_FALSE(outcomes[1].exited) << "rank 1 was to be killed: " << outcomes[1].output;
 }
 
+TEST_F(TwoHosts, ADeathOnOneHostFailsEveryRankOnTheOtherNamingTheDead) {
+  // Ranks 0 and 2 on host 0 never talk to rank 3 (host 1) directly: they learn of its
+  // death because host 1 forwards it (its rail ranks' control links).
+  const NetnsHosts& hosts = *hosts_;
+  const auto outcomes = loom::testing::runRanks(4, [&](RankContext& ctx) {
+    hosts.enter(hostOfRank(ctx.rank));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);  // the failure, not the timeout, must end it
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 3) ::raise(SIGKILL);
+    expectError([&] { comm->barrier().wait(); }, ErrorCode::kPeerFailure, {"rank 3"});
+  });
+  ASSERT_EQ(outcomes.size(), 4u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+  EXPECT_FALSE(outcomes[3].exited) << outcomes[3].output;
+}
+
+TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
+  const NetnsHosts& hosts = *hosts_;
+  loom::testing::RunOptions run;
+  run.environment = {"LOOM_NET_SILENCE_MS=1500"};
+  const auto outcomes = loom::testing::runRanks(
+      2,
+      [&](RankContext& ctx) {
+        hosts.enter(ctx.rank);
+        CommOptions options;
+        options.timeout = std::chrono::seconds(120);
+        auto comm = ctx.connect(options);
+        comm->barrier().wait();
+        ctx.store->set("ready " + std::to_string(ctx.rank), {1});
+        if (ctx.rank == 0) {
+          ctx.store->get("ready 1", std::chrono::seconds(60));
+          hosts.setLink(1, false);  // host 1 is cut off: no closing reaches anyone
+        }
+        const std::string other = "rank " + std::to_string(1 - ctx.rank) + " (host '";
+        expectError([&] { comm->barrier().wait(); }, ErrorCode::kPeerFailure,
+                    {"nothing heard from", other.c_str()});
+      },
+      run);
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
 }  // namespace
 }  // namespace loom

@@ -1,0 +1,132 @@
+// Heartbeats and failure forwarding between the hosts of a communicator.
+
+#include "core/control_plane.h"
+
+#include "loom/error.h"
+
+namespace loom::detail {
+
+namespace {
+
+constexpr int kHeartbeat = 1;
+constexpr int kFailure = 2;
+constexpr size_t kMaxText = 4096;
+constexpr auto kTurn = std::chrono::milliseconds(5);
+
+}  // namespace
+
+ControlPlane::ControlPlane(int rank, const std::vector<int>& peers, const MakeLink& makeLink,
+                           Describe describe, Failures& failures, std::chrono::milliseconds silence)
+    : rank_(rank), describe_(std::move(describe)), failures_(failures), silence_(silence) {
+  for (int q : peers) {
+    Peer peer;
+    peer.rank = q;
+    peer.link = makeLink(q);
+    peers_.push_back(std::move(peer));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+ControlPlane::~ControlPlane() {
+  stopping_.store(true, std::memory_order_release);
+  thread_.join();
+}
+
+void ControlPlane::awaitPeers(Clock::time_point deadline) {
+  while (met_.load(std::memory_order_acquire) < static_cast<int>(peers_.size())) {
+    if (failures_.failed()) throw failures_.failureError("create");
+    if (Clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout, "create", rank_,
+                  "not every rank on the other hosts connected within the timeout (" +
+                      std::to_string(met_.load()) + " of " + std::to_string(peers_.size()) +
+                      " did): did every rank make this communicator, and can the hosts reach "
+                      "each other (LOOM_NET_IFNAME)?");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void ControlPlane::run() {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    const auto now = Clock::now();
+    const bool failedHere = failures_.failed();
+    for (Peer& peer : peers_) {
+      if (peer.done) continue;
+      try {
+        serve(peer, now, failedHere);
+      } catch (const Error& e) {
+        peer.done = true;
+        if (!failures_.failed()) failures_.peerLost(peer.rank, e.detail());
+      }
+    }
+    std::this_thread::sleep_for(kTurn);
+  }
+}
+
+void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
+  // Out: the failure once (unless it came from this peer), else a heartbeat when due.
+  if (!peer.sending) {
+    if (failedHere && !peer.forwarded && !peer.toldUs) {
+      peer.out = failures_.failureError("network").detail().substr(0, kMaxText);
+      peer.outTag = kFailure;
+      peer.forwarded = peer.sending = true;
+    } else if (now >= peer.nextBeat) {
+      peer.out.clear();
+      peer.outTag = kHeartbeat;
+      peer.sending = true;
+      peer.nextBeat = now + silence_ / 10;
+    }
+  }
+  if (peer.sending &&
+      peer.link->write({peer.outTag, peer.out.size()},
+                       reinterpret_cast<const uint8_t*>(peer.out.data()), peer.written)) {
+    peer.sending = false;
+    peer.written = 0;
+    if (!peer.heard) {
+      peer.heard = now;  // met: the peer has made the communicator; silence counts from here
+      met_.fetch_add(1, std::memory_order_release);
+    }
+  }
+  receive(peer, now);
+  if (peer.link->peerLeft()) {
+    peer.done = true;  // it destroyed its communicator normally: silence is expected now
+    return;
+  }
+  if (!failedHere && peer.heard && now - *peer.heard > silence_) {
+    peer.done = true;
+    failures_.fail(ErrorCode::kPeerFailure, peer.rank,
+                   "nothing heard from " + describe_(peer.rank) + " for " +
+                       std::to_string(silence_.count()) +
+                       " ms: its process, its host or the network to it is gone "
+                       "(LOOM_NET_SILENCE_MS sets how long to wait)");
+  }
+}
+
+void ControlPlane::receive(Peer& peer, Clock::time_point now) {
+  while (peer.link->readable()) {
+    if (!peer.in) {
+      peer.in = peer.link->nextEnvelope();
+      if (!peer.in) return;
+      if ((peer.in->tag != kHeartbeat && peer.in->tag != kFailure) || peer.in->bytes > kMaxText) {
+        throw Error(ErrorCode::kPeerFailure, "network", rank_,
+                    "a malformed control message (tag " + std::to_string(peer.in->tag) + ", " +
+                        std::to_string(peer.in->bytes) + " bytes)");
+      }
+      peer.text.assign(peer.in->bytes, '\0');
+      peer.got = 0;
+      if (peer.heard) peer.heard = now;
+    }
+    const size_t n = peer.link->read(peer.text.data() + peer.got, peer.text.size() - peer.got);
+    peer.got += n;
+    if (n > 0 && peer.heard) peer.heard = now;
+    if (peer.got < peer.text.size()) return;
+    if (peer.in->tag == kFailure) {
+      peer.toldUs = true;
+      failures_.fail(ErrorCode::kPeerFailure, peer.rank,
+                     describe_(peer.rank) + " reports: " + peer.text);
+    }
+    peer.in.reset();
+  }
+}
+
+}  // namespace loom::detail

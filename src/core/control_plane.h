@@ -1,0 +1,81 @@
+#pragma once
+
+// What keeps the hosts of a communicator agreed about failures. Each rank of local index
+// below R (a rail rank, see algorithms/across_hosts.h) keeps a control link (channel 2) to
+// its rail peer on every other host, and a thread that
+//   - sends a heartbeat every tenth of `silence`;
+//   - forwards the first failure recorded on this host (a dead rank, a timeout, a mismatch,
+//     an abort) to those peers, which record it on theirs: every rank on every host then
+//     fails with the same reason, whichever host it began on;
+//   - fails the communicator when a peer that has spoken stays silent past `silence` (a dead
+//     host or a cut link sends no closing) or its connection breaks without a goodbye.
+// Creation waits until every control link is up (awaitPeers), so the hosts have met before
+// the communicator is used, and silence is timed from then on.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/failures.h"
+#include "transport/message_link.h"
+
+namespace loom::detail {
+
+class ControlPlane {
+ public:
+  using MakeLink = std::function<std::unique_ptr<MessageLink>(int q)>;
+  using Describe = std::function<std::string(int q)>;
+
+  /// Starts the thread for rank `rank`, whose rail peers on other hosts are `peers`.
+  ControlPlane(int rank, const std::vector<int>& peers, const MakeLink& makeLink, Describe describe,
+               Failures& failures, std::chrono::milliseconds silence);
+  /// Stops the thread; the links say goodbye.
+  ~ControlPlane();
+  /// Waits until the first heartbeat to every peer has gone out (so each peer has made the
+  /// communicator and proved the secret). Throws Error(kTimeout) naming the peers that did
+  /// not connect by `deadline`, or the communicator's failure.
+  void awaitPeers(std::chrono::steady_clock::time_point deadline);
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Peer {
+    int rank = 0;
+    std::unique_ptr<MessageLink> link;
+    std::optional<Clock::time_point> heard;  ///< the last word from it, once it has met us
+    Clock::time_point nextBeat;
+    bool done = false;    ///< left, broke or failed: nothing more to do with it
+    bool toldUs = false;  ///< it sent the failure: no need to send it back
+    bool forwarded = false;
+    // the message going out
+    bool sending = false;
+    int outTag = 0;
+    std::string out;
+    uint64_t written = 0;
+    // the message coming in
+    std::optional<Envelope> in;
+    std::string text;
+    size_t got = 0;
+  };
+
+  void run();
+  void serve(Peer& peer, Clock::time_point now, bool failedHere);
+  void receive(Peer& peer, Clock::time_point now);
+
+  const int rank_;
+  Describe describe_;
+  Failures& failures_;
+  const std::chrono::milliseconds silence_;
+  std::vector<Peer> peers_;  // the thread's only
+  std::atomic<int> met_{0};  // peers whose first heartbeat has gone out
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace loom::detail
