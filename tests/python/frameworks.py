@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -79,3 +80,21 @@ def run_example(script: str, backend: str, extra: list[str], directory: Path, st
     ranks = sorted(report.glob("rank*.json"))
     assert [p.name for p in ranks] == ["rank0.json", "rank1.json"], ranks
     return [json.loads(p.read_text()) for p in ranks]
+
+
+def assert_same_training(label: str, on_loom: list[dict], on_gloo: list[dict], needed: set[str]) -> None:
+    """The reports of one script run on loom and on Gloo: every rank's losses agree within 1e-5
+    relative, loom's flight record shows the operations in `needed`, the Gloo run used none of
+    loom, and in each run every rank ended with the same weights."""
+    for loom_rank, gloo_rank in zip(on_loom, on_gloo, strict=True):
+        rank = loom_rank["rank"]
+        assert len(loom_rank["losses"]) == len(gloo_rank["losses"]) > 0
+        for step, (got, want) in enumerate(zip(loom_rank["losses"], gloo_rank["losses"])):
+            assert math.isclose(got, want, rel_tol=1e-5), (
+                f"{label}, rank {rank}, step {step}: loss {got} on loom, {want} on Gloo")
+        ran = set(loom_rank["loom_ops"])
+        assert needed <= ran, f"{label}, rank {rank}: loom ran {loom_rank['loom_ops']}, not all of {needed}"
+        assert gloo_rank["loom_ops"] == {}, f"{label}: the Gloo run used loom: {gloo_rank['loom_ops']}"
+    for run, name in ((on_loom, "loom"), (on_gloo, "Gloo")):
+        digests = {r["weights"] for r in run}
+        assert len(digests) == 1, f"{label} on {name}: the ranks ended with different weights"

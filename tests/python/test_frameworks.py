@@ -5,11 +5,9 @@ framework needs (and that the Gloo run used none of loom)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from frameworks import require, run_example
+from frameworks import assert_same_training, require, run_example
 
 # recipe: (script, arguments, how the loom run names its backend, modules it needs, loom
 # operations the framework must have run)
@@ -33,15 +31,4 @@ def test_recipe_matches_gloo(recipe, tmp_path):
     require(*modules)
     on_loom = run_example(script, loom_backend, extra, tmp_path)
     on_gloo = run_example(script, "gloo", extra, tmp_path)
-    for loom_rank, gloo_rank in zip(on_loom, on_gloo):
-        rank = loom_rank["rank"]
-        assert len(loom_rank["losses"]) == len(gloo_rank["losses"]) > 0
-        for step, (got, want) in enumerate(zip(loom_rank["losses"], gloo_rank["losses"])):
-            assert math.isclose(got, want, rel_tol=1e-5), (
-                f"{recipe}, rank {rank}, step {step}: loss {got} on loom, {want} on Gloo")
-        ran = set(loom_rank["loom_ops"])
-        assert needed <= ran, f"{recipe}, rank {rank}: loom ran {loom_rank['loom_ops']}, not all of {needed}"
-        assert gloo_rank["loom_ops"] == {}, f"{recipe}: the Gloo run used loom: {gloo_rank['loom_ops']}"
-    for run, name in ((on_loom, "loom"), (on_gloo, "Gloo")):
-        digests = {r["weights"] for r in run}
-        assert len(digests) == 1, f"{recipe} on {name}: the ranks ended with different weights"
+    assert_same_training(recipe, on_loom, on_gloo, needed)

@@ -6,7 +6,6 @@ iproute2: skipped otherwise, a failure under LOOM_REQUIRE_NETNS=1 (scripts/test.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from frameworks import ENV, EXAMPLES
+from frameworks import ENV, EXAMPLES, assert_same_training
 
 
 def _unavailable() -> str:
@@ -105,13 +104,4 @@ def run_on_two_nodes(hosts: list[str], script: str, backend: str, directory: Pat
 def test_torchrun_two_nodes_matches_gloo(hosts, script, needed, tmp_path):
     on_loom = run_on_two_nodes(hosts, script, "loom", tmp_path)
     on_gloo = run_on_two_nodes(hosts, script, "gloo", tmp_path)
-    for loom_rank, gloo_rank in zip(on_loom, on_gloo):
-        rank = loom_rank["rank"]
-        assert len(loom_rank["losses"]) == len(gloo_rank["losses"]) > 0
-        for step, (got, want) in enumerate(zip(loom_rank["losses"], gloo_rank["losses"])):
-            assert math.isclose(got, want, rel_tol=1e-5), (
-                f"{script}, rank {rank}, step {step}: loss {got} on loom, {want} on Gloo")
-        assert needed <= set(loom_rank["loom_ops"]), f"{script}, rank {rank}: loom ran {loom_rank['loom_ops']}"
-        assert gloo_rank["loom_ops"] == {}, f"{script}: the Gloo run used loom"
-    for run, name in ((on_loom, "loom"), (on_gloo, "Gloo")):
-        assert len({r["weights"] for r in run}) == 1, f"{script} on {name}: ranks ended with different weights"
+    assert_same_training(script, on_loom, on_gloo, needed)
