@@ -159,8 +159,11 @@ void AcrossHostsContext::exchange(std::span<const NetTransfer> sends,
     bool started = false;
     size_t done = 0;
   };
+  // A send is done once its link has taken all of it and it has left this process: a
+  // network link moves queued frames only while driven, and the peer may be waiting for
+  // them before it sends what this rank waits for (a ring of three or more hosts).
   std::vector<uint64_t> sent(sends.size(), 0);
-  std::vector<bool> sendDone(sends.size(), false);
+  std::vector<bool> handedOver(sends.size(), false), sendDone(sends.size(), false);
   std::vector<Receiving> receiving;
   for (const NetTransfer& r : receives) receiving.push_back({&r});
   size_t left = sends.size() + receives.size();
@@ -175,12 +178,16 @@ void AcrossHostsContext::exchange(std::span<const NetTransfer> sends,
         if (sendDone[i]) continue;
         const NetTransfer& t = sends[i];
         current = t.peer;
-        const uint64_t before = sent[i];
-        const bool complete =
-            linkTo_(t.peer).write({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), sent[i]);
-        progressed |= sent[i] != before || complete;
-        if (complete) {
+        MessageLink& link = linkTo_(t.peer);
+        if (!handedOver[i]) {
+          const uint64_t before = sent[i];
+          handedOver[i] =
+              link.write({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), sent[i]);
+          progressed |= sent[i] != before || handedOver[i];
+        }
+        if (handedOver[i] && link.drained()) {
           sendDone[i] = true;
+          progressed = true;
           --left;
         }
       }
@@ -225,19 +232,6 @@ void AcrossHostsContext::exchange(std::span<const NetTransfer> sends,
         sched_yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-    // What the sends handed over must leave before the next step depends on the peer.
-    for (const NetTransfer& t : sends) {
-      current = t.peer;
-      while (!linkTo_(t.peer).drained()) {
-        if (failures_.failed()) throw failures_.failureError(op);
-        if (Clock::now() >= wait_.deadline) {
-          failWith(ErrorCode::kTimeout, t.peer,
-                   std::string(op) + " #" + std::to_string(wait_.seq) +
-                       " hit its timeout sending to " + describe_(t.peer));
-        }
-        sched_yield();
       }
     }
   } catch (const Error& e) {

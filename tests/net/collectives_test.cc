@@ -22,6 +22,7 @@ using loom::testing::inputBytes;
 using loom::testing::NetnsHosts;
 using loom::testing::RankContext;
 using loom::testing::referenceReduce;
+using net::testing::ThreeHosts;
 using net::testing::TwoHosts;
 
 void expectSame(const void* got, const std::vector<uint8_t>& want, DataType type, size_t count,
@@ -163,7 +164,7 @@ void checkMovement(Communicator& comm) {
   comm.barrier().wait();
 }
 
-// Runs `check` on `size` ranks placed by `hostOf` on the fixture's two hosts.
+// Runs `check` on `size` ranks placed by `hostOf` on `hosts`.
 void runPlaced(const NetnsHosts& hosts, int size, int (*hostOf)(int),
                void (*check)(Communicator&)) {
   LOOM_RUN_RANKS(size, [&](RankContext& ctx) {
@@ -178,6 +179,22 @@ int interleaved(int rank) {
 int unevenly(int rank) {
   return rank == 2 ? 1 : 0;
 }  // 0 1 | 2
+
+// Three hosts: the ring across hosts has distinct neighbours (with two, next is prev).
+int oneEach(int rank) {
+  return rank;
+}
+
+TEST_F(ThreeHosts, ReductionsMatchTheReferenceOneRankEach) {
+  runPlaced(*hosts_, 3, oneEach, checkReductions);
+}
+TEST_F(ThreeHosts, EveryCollectiveMatchesTheReferenceTwoOneOne) {
+  // Ranks 0 and 3 on host 0, rank 1 on host 1, rank 2 on host 2: one rail, uneven hosts.
+  runPlaced(
+      *hosts_, 4, [](int rank) { return rank == 3 ? 0 : rank; }, checkMovement);
+  runPlaced(
+      *hosts_, 4, [](int rank) { return rank == 3 ? 0 : rank; }, checkReductions);
+}
 
 TEST_F(TwoHosts, ReductionsMatchTheReferenceInterleaved) {
   runPlaced(*hosts_, 4, interleaved, checkReductions);

@@ -65,8 +65,9 @@ inline std::unique_ptr<ReceiveChannel> acceptOne(SecretLookup lookup) {
   return nullptr;
 }
 
-// Two hosts for each test (skipped without root, failed under LOOM_REQUIRE_NETNS).
-class TwoHosts : public ::testing::Test {
+// `Count` hosts for each test (skipped without root, failed under LOOM_REQUIRE_NETNS).
+template <int Count>
+class HostsFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string reason = NetnsHosts::unavailableReason();
@@ -74,10 +75,12 @@ class TwoHosts : public ::testing::Test {
       if (std::getenv("LOOM_REQUIRE_NETNS")) FAIL() << reason;
       GTEST_SKIP() << reason;
     }
-    hosts_ = std::make_unique<NetnsHosts>(2);
+    hosts_ = std::make_unique<NetnsHosts>(Count);
   }
   std::unique_ptr<NetnsHosts> hosts_;
 };
+using TwoHosts = HostsFixture<2>;
+using ThreeHosts = HostsFixture<3>;
 
 // A process that speaks the handshake itself, to send what loom never would.
 class Rogue {
