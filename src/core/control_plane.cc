@@ -30,6 +30,26 @@ ControlPlane::ControlPlane(int rank, const std::vector<int>& peers, const MakeLi
 ControlPlane::~ControlPlane() {
   stopping_.store(true, std::memory_order_release);
   thread_.join();
+  // A failure recorded here may not have gone out yet (ranks that fail at once destroy
+  // their communicator at once): deliver it before the links close, boundedly.
+  if (!failures_.failed()) return;
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    bool pending = false;
+    const auto now = Clock::now();
+    for (Peer& peer : peers_) {
+      const bool delivered = peer.forwarded && !peer.sending && peer.link->drained();
+      if (peer.done || peer.toldUs || delivered) continue;  // toldUs: it knows already
+      pending = true;
+      try {
+        serve(peer, now, true);
+      } catch (const Error&) {
+        peer.done = true;  // gone already: nobody to tell
+      }
+    }
+    if (!pending || now >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void ControlPlane::awaitPeers(Clock::time_point deadline) {
@@ -67,7 +87,10 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
   // Out: the failure once (unless it came from this peer), else a heartbeat when due.
   if (!peer.sending) {
     if (failedHere && !peer.forwarded && !peer.toldUs) {
-      peer.out = failures_.failureError("network").detail().substr(0, kMaxText);
+      // The failure's code (one byte), then its message.
+      const Error failure = failures_.failureError("network");
+      peer.out = static_cast<char>(static_cast<uint8_t>(failure.code()));
+      peer.out += failure.detail().substr(0, kMaxText - 1);
       peer.outTag = kFailure;
       peer.forwarded = peer.sending = true;
     } else if (now >= peer.nextBeat) {
@@ -122,8 +145,16 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
     if (peer.got < peer.text.size()) return;
     if (peer.in->tag == kFailure) {
       peer.toldUs = true;
-      failures_.fail(ErrorCode::kPeerFailure, peer.rank,
-                     describe_(peer.rank) + " reports: " + peer.text);
+      // Aborts, timeouts and mismatches keep their code across hosts; anything else (or a
+      // code this build does not know) is a peer failure.
+      const auto code = peer.text.empty()
+                            ? ErrorCode::kPeerFailure
+                            : static_cast<ErrorCode>(static_cast<uint8_t>(peer.text[0]));
+      const bool known = code == ErrorCode::kAborted || code == ErrorCode::kTimeout ||
+                         code == ErrorCode::kMismatch || code == ErrorCode::kPeerFailure;
+      failures_.fail(known ? code : ErrorCode::kPeerFailure, peer.rank,
+                     describe_(peer.rank) +
+                         " reports: " + (peer.text.empty() ? std::string() : peer.text.substr(1)));
     }
     peer.in.reset();
   }

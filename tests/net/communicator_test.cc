@@ -187,5 +187,43 @@ TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
 
+TEST_F(TwoHosts, AbortOnOneHostAbortsEveryRankOnTheOther) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
+    hosts.enter(hostOfRank(ctx.rank));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 2) comm->abort();
+    expectError([&] { comm->barrier().wait(); }, ErrorCode::kAborted,
+                {"rank 2 aborted communicator"});
+  });
+}
+
+TEST_F(TwoHosts, SurvivorsShrinkAcrossHostsAndGoOn) {
+  const NetnsHosts& hosts = *hosts_;
+  const auto outcomes = loom::testing::runRanks(4, [&](RankContext& ctx) {
+    hosts.enter(hostOfRank(ctx.rank));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 3) ::raise(SIGKILL);
+    expectError([&] { comm->barrier().wait(); }, ErrorCode::kPeerFailure, {"rank 3"});
+    // Ranks 0, 2 (host 0) and 1 (host 1) go on without rank 3.
+    const int dead[] = {3};
+    auto rest = comm->shrink(dead, options);
+    LOOM_CHECK(rest->size() == 3);
+    std::vector<int32_t> x(100000, ctx.rank + 1);
+    rest->allReduce(x.data(), x.data(), x.size(), DataType::kInt32, ReduceKind::kSum).wait();
+    LOOM_CHECK(x[99999] == 1 + 2 + 3, << x[99999]);
+  });
+  ASSERT_EQ(outcomes.size(), 4u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+}
+
 }  // namespace
 }  // namespace loom
