@@ -95,65 +95,78 @@ CommState::CommState(int rank, const Roster& roster, const CommOptions& options,
       timeoutMs_(options.timeout.count()) {}
 
 void CommState::join(Clock::time_point deadline) {
-  // The segment holds this host's ranks, at their local index; each host's has its own id.
-  const int host = hosts_.hostOf(rank_);
-  const std::vector<int>& here = hosts_.ranksOn(host);
-  const int localRank = hosts_.localIndex(rank_);
-  const int localSize = static_cast<int>(here.size());
-  const CommId segmentId =
-      spansHosts() ? deriveId(roster_.id, "host/" + std::to_string(host)) : roster_.id;
   if (spansHosts()) listenFor(roster_);  // children register here; top-level ones already did
-  ProcessService& service = ProcessService::instance();
-  std::shared_ptr<shm::Segment> segment;
-  if (localRank == 0) {
-    const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
-    segment = shm::Segment::create(layout, segmentId);
-    std::vector<Arrival> members =
-        service.acceptMembers(segmentId, roster_.secret, localSize - 1, localSize, deadline);
-    const auto welcome = handshake::encodeWelcome(0, "");
-    for (Arrival& member : members) {
-      if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),
-                                   segment->fd())) {
-        throw Error(ErrorCode::kPeerFailure, "create", rank_,
-                    "rank " + std::to_string(here[member.hello.rank]) +
-                        " disconnected while joining; did it exit?");
-      }
-    }
-  } else {
-    handshake::Hello hello;
-    hello.comm = segmentId;
-    hello.secret = roster_.secret;
-    hello.rank = localRank;
-    hello.pid = static_cast<int32_t>(::getpid());
-    posix::Fd fd = service.joinLeader(roster_.peers[here[0]].address, hello, deadline);
-    segment = shm::Segment::attach(std::move(fd), segmentId, localSize);
-  }
-  shm_ = std::make_unique<shm::ShmComm>(std::move(segment), localRank, config_.backoff, here);
-  layout_.rank = rank_;
-  layout_.size = size_;
-  layout_.host = host;
-  layout_.localIndex = localRank;
-  layout_.rails = localSize;
-  for (int h = 0; h < hosts_.hosts(); ++h) {
-    layout_.ranksOn.push_back(hosts_.ranksOn(h));
-    layout_.rails = std::min(layout_.rails, static_cast<int>(hosts_.ranksOn(h).size()));
-  }
+  const int localRank = hosts_.localIndex(rank_);
+  const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
+  shm_ = std::make_unique<shm::ShmComm>(joinSegment(deadline), localRank, config_.backoff, here);
+  layout_ = layoutOf(hosts_, rank_);
   failures_ = std::make_unique<FailureDomain>(*shm_, name_, rank_, roster_, hosts_);
   shm_->setFailures(*failures_);
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
   worker_ = std::make_unique<Worker>(config_.backoff);
-  if (spansHosts() && localRank < layout_.rails) {
-    std::vector<int> railPeers;
-    for (int h = 0; h < hosts_.hosts(); ++h) {
-      if (h != host) railPeers.push_back(hosts_.ranksOn(h)[localRank]);
-    }
-    control_ = std::make_unique<ControlPlane>(
-        rank_, railPeers, [this](int q) { return linkTo(q, 2); },  // channel 2: control
-        [this](int q) { return describeRemote(roster_, q); }, *failures_, config_.netSilence);
-    control_->awaitPeers(deadline);
+  if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);
+}
+
+std::shared_ptr<shm::Segment> CommState::joinSegment(Clock::time_point deadline) {
+  // The segment holds this host's ranks, at their local index; each host's has its own id.
+  // The host's lowest rank makes it and hands it to the others.
+  const int host = hosts_.hostOf(rank_);
+  const std::vector<int>& here = hosts_.ranksOn(host);
+  const int localRank = hosts_.localIndex(rank_);
+  const int localSize = static_cast<int>(here.size());
+  const CommId segmentId =
+      spansHosts() ? deriveId(roster_.id, "host/" + std::to_string(host)) : roster_.id;
+  ProcessService& service = ProcessService::instance();
+  if (localRank != 0) {
+    handshake::Hello hello;
+    hello.comm = segmentId;
+    hello.secret = roster_.secret;
+    hello.rank = localRank;
+    hello.pid = static_cast<int32_t>(::getpid());
+    posix::Fd fd = service.joinLeader(roster_.peers[here[0]].address, hello, deadline);
+    return shm::Segment::attach(std::move(fd), segmentId, localSize);
   }
+  const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
+  std::shared_ptr<shm::Segment> segment = shm::Segment::create(layout, segmentId);
+  std::vector<Arrival> members =
+      service.acceptMembers(segmentId, roster_.secret, localSize - 1, localSize, deadline);
+  const auto welcome = handshake::encodeWelcome(0, "");
+  for (Arrival& member : members) {
+    if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),
+                                 segment->fd())) {
+      throw Error(ErrorCode::kPeerFailure, "create", rank_,
+                  "rank " + std::to_string(here[member.hello.rank]) +
+                      " disconnected while joining; did it exit?");
+    }
+  }
+  return segment;
+}
+
+HostLayout CommState::layoutOf(const HostMap& hosts, int rank) {
+  HostLayout layout;
+  layout.rank = rank;
+  layout.host = hosts.hostOf(rank);
+  layout.localIndex = hosts.localIndex(rank);
+  layout.rails = hosts.localRanks(rank);
+  for (int h = 0; h < hosts.hosts(); ++h) {
+    layout.ranksOn.push_back(hosts.ranksOn(h));
+    layout.size += static_cast<int>(hosts.ranksOn(h).size());
+    layout.rails = std::min(layout.rails, static_cast<int>(hosts.ranksOn(h).size()));
+  }
+  return layout;
+}
+
+void CommState::startControlPlane(Clock::time_point deadline) {
+  std::vector<int> railPeers;
+  for (int h = 0; h < hosts_.hosts(); ++h) {
+    if (h != layout_.host) railPeers.push_back(hosts_.ranksOn(h)[layout_.localIndex]);
+  }
+  control_ = std::make_unique<ControlPlane>(
+      rank_, railPeers, [this](int q) { return linkTo(q, 2); },  // channel 2: control
+      [this](int q) { return describeRemote(roster_, q); }, *failures_, config_.netSilence);
+  control_->awaitPeers(deadline);  // the hosts meet before the communicator is used
 }
 
 void CommState::watchPeers() {

@@ -82,6 +82,12 @@ class CommState final : public FailureSink {
  private:
   CommState(int rank, const Roster& roster, const CommOptions& options, Config config);
   void join(std::chrono::steady_clock::time_point deadline);
+  /// Makes (the host's lowest rank) or receives this host's segment.
+  std::shared_ptr<shm::Segment> joinSegment(std::chrono::steady_clock::time_point deadline);
+  /// Where every rank runs, as rank `rank` sees it (for collectives across hosts).
+  static HostLayout layoutOf(const HostMap& hosts, int rank);
+  /// Starts this rail rank's control plane and waits until the other hosts have met it.
+  void startControlPlane(std::chrono::steady_clock::time_point deadline);
   /// Waits for `request` without throwing (for the blocking form of a call).
   static void settle(const Request& request);
   /// Runs one collective to completion on this thread (the worker's, or a blocking caller's).
