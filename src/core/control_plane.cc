@@ -38,10 +38,11 @@ ControlPlane::~ControlPlane() {
     bool pending = false;
     const auto now = Clock::now();
     for (Peer& peer : peers_) {
-      const bool delivered = peer.forwarded && !peer.sending && peer.link->drained();
-      if (peer.done || peer.toldUs || delivered) continue;  // toldUs: it knows already
-      pending = true;
+      if (peer.done || peer.toldUs) continue;  // toldUs: it knows already
       try {
+        // Asking the link whether it drained drives it, and a broken link throws.
+        if (peer.forwarded && !peer.sending && peer.link->drained()) continue;  // delivered
+        pending = true;
         serve(peer, now, true);
       } catch (const Error&) {
         peer.done = true;  // gone already: nobody to tell
