@@ -174,10 +174,15 @@ TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
         options.timeout = std::chrono::seconds(120);
         auto comm = ctx.connect(options);
         comm->barrier().wait();
-        ctx.store->set("ready " + std::to_string(ctx.rank), {1});
+        // Both enter the next barrier only once the link is down (the store does not go
+        // through it): a barrier message sent before the cut could complete rank 0's.
         if (ctx.rank == 0) {
           ctx.store->get("ready 1", std::chrono::seconds(60));
           hosts.setLink(1, false);  // host 1 is cut off: no closing reaches anyone
+          ctx.store->set("cut", {1});
+        } else {
+          ctx.store->set("ready 1", {1});
+          ctx.store->get("cut", std::chrono::seconds(60));
         }
         const std::string other = "rank " + std::to_string(1 - ctx.rank) + " (host '";
         expectError([&] { comm->barrier().wait(); }, ErrorCode::kPeerFailure,
