@@ -1,27 +1,27 @@
 #pragma once
 
-// Collectives over ranks on several hosts. Shared memory within each host (the ordinary
+// Collectives over ranks on several hosts: shared memory within each host (the ordinary
 // algorithms over this host's segment, with local ranks and roots), the network between
-// hosts over each pair's collective link (channel 1, beside send/recv's channel 0).
+// hosts. Each collective is a composition (hierarchical.cc) of local steps and inter-host
+// steps among the ranks of one local index on every host, a "rail" (rail.h), so every
+// local rank of a host that has work drives its own share of the network traffic.
 //
-// all_reduce is hierarchical and spreads the network traffic over every local rank: the
-// buffer is cut into R slices, R being the fewest ranks any host has; slice s is reduced
-// within each host to the rank of local index s, which ring-all-reduces it with the ranks of
-// local index s on the other hosts (its "rail"), and each host broadcasts the slices back.
-// So R ranks per host drive the network at once, each with 1/R of the bytes. Small buffers
-// use one rail (fewer local steps). all_to_all exchanges blocks directly, over the segment
-// with ranks of this host and over the network with the others. The other collectives are
-// derived from all_reduce for now (a bitwise OR of disjoint contributions moves bytes
-// exactly), at about twice the bytes a dedicated algorithm would move.
+// Algorithms reach memory, the host's segment and the network only through the
+// AcrossHostsContext they are given. Three contexts implement it: the network one that runs
+// them (network_context.h), a recorder that only writes down each rank's steps
+// (schedule.h: the simulation that checks the schedules up to thousands of ranks and feeds
+// the cost model of docs/SCALING.md), and an in-memory one in the unit tests that runs many
+// hosts as threads. So an algorithm must never touch a buffer itself: every copy,
+// reduction and zeroing goes through the context, and the recorder's buffers are addresses
+// that are never read.
 
-#include <functional>
+#include <cstddef>
+#include <cstdint>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "algorithms/collective.h"
-#include "transport/failures.h"
-#include "transport/message_link.h"
+#include "kernels/reduce.h"
 
 namespace loom {
 
@@ -34,10 +34,15 @@ struct HostLayout {
   int rails = 1;                          ///< the fewest ranks any host has
   std::vector<std::vector<int>> ranksOn;  ///< each host's ranks, ascending
   int hosts() const { return static_cast<int>(ranksOn.size()); }
+  int localSize() const { return static_cast<int>(ranksOn[host].size()); }
+
+  /// The layout of `ranksOn` (hosts numbered in their order) as rank `rank` sees it.
+  static HostLayout of(std::vector<std::vector<int>> ranksOn, int rank);
 };
 
-/// One block of a network exchange: `bytes` at `data` to or from `peer` (a communicator
-/// rank on another host), as one message tagged `tag`.
+/// One message of a network exchange: `bytes` at `data` to or from `peer` (a communicator
+/// rank on another host). Both ends name the same `tag`; a message that arrives with
+/// another tag or size is a mismatch.
 struct NetTransfer {
   int peer = 0;
   void* data = nullptr;
@@ -45,42 +50,60 @@ struct NetTransfer {
   int tag = 0;
 };
 
-/// What a collective across hosts uses of its communicator.
-class AcrossHostsContext {
+/// Scratch buffers kept from one collective to the next: allocating a large buffer and
+/// faulting its pages in anew for every call would cost more than many a network step.
+class ScratchArena {
  public:
-  /// Runs a collective among this host's ranks (ranks and roots are local indices).
-  using RunLocal = std::function<void(const CollectiveArgs&)>;
-  /// This rank's collective link to communicator rank q (on another host).
-  using LinkTo = std::function<MessageLink&(int q)>;
-  /// How messages name rank q ("rank 3 (host 'b', 10.0.0.2:4242)").
-  using Describe = std::function<std::string(int q)>;
-
-  AcrossHostsContext(const HostLayout& layout, RunLocal runLocal, LinkTo linkTo, Describe describe,
-                     Failures& failures, const WaitSpec& wait)
-      : layout_(layout),
-        runLocal_(std::move(runLocal)),
-        linkTo_(std::move(linkTo)),
-        describe_(std::move(describe)),
-        failures_(failures),
-        wait_(wait) {}
-
-  const HostLayout& layout() const { return layout_; }
-  void runLocal(const CollectiveArgs& args) const { runLocal_(args); }
-  /// Sends and receives every transfer, all progressing together, and returns once the
-  /// sends have left this process and the receives have arrived. A message of the wrong
-  /// size or tag is a mismatch; a broken link, a failure elsewhere or the deadline fails
-  /// the communicator, and this throws.
-  void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
+  /// The next unused buffer, of at least `bytes`.
+  uint8_t* take(size_t bytes);
+  /// Every buffer is unused again (at the start of a collective).
+  void reset() { used_ = 0; }
 
  private:
-  [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
+  std::vector<std::vector<uint8_t>> buffers_;
+  size_t used_ = 0;
+};
 
+/// What a collective across hosts uses of its communicator and of memory.
+class AcrossHostsContext {
+ public:
+  /// Scratch comes from `arena`, which is reset here.
+  AcrossHostsContext(const HostLayout& layout, ScratchArena& arena)
+      : layout_(layout), arena_(arena) {
+    arena_.reset();
+  }
+  virtual ~AcrossHostsContext() = default;
+  AcrossHostsContext(const AcrossHostsContext&) = delete;
+  AcrossHostsContext& operator=(const AcrossHostsContext&) = delete;
+
+  const HostLayout& layout() const { return layout_; }
+
+  /// Runs a collective among this host's ranks (ranks, roots and per-rank lists are local:
+  /// index i is ranksOn[host][i]). Every rank of the host runs the same local steps in the
+  /// same order.
+  virtual void runLocal(const CollectiveArgs& args) = 0;
+  /// Sends and receives every transfer, all progressing together, and returns once all
+  /// sends have left and all receives have arrived. Several transfers with one peer travel
+  /// in the order given, in each direction. Failures throw the communicator's error.
+  virtual void exchange(std::span<const NetTransfer> sends,
+                        std::span<const NetTransfer> receives) = 0;
+
+  /// kernels::reduce of `srcs` (in that order) into `dst`.
+  virtual void reduce(void* dst, std::span<const void* const> srcs, size_t count,
+                      const kernels::ReduceSpec& spec);
+  /// Copies `bytes` (the ranges may be equal, never partly overlap).
+  virtual void copy(void* dst, const void* src, size_t bytes);
+  /// Sets `bytes` at `dst` to zero.
+  virtual void zero(void* dst, size_t bytes);
+  /// Converts `count` integers of type `from` at `src` to type `to` at `dst` (C++
+  /// conversions: widening is exact, narrowing wraps).
+  virtual void convert(void* dst, DataType to, const void* src, DataType from, size_t count);
+  /// `bytes` of scratch memory that stays valid until the collective ends.
+  virtual uint8_t* scratch(size_t bytes);
+
+ private:
   const HostLayout& layout_;
-  RunLocal runLocal_;
-  LinkTo linkTo_;
-  Describe describe_;
-  Failures& failures_;
-  const WaitSpec& wait_;
+  ScratchArena& arena_;
 };
 
 /// Runs the collective `args` (as the caller passed it: communicator ranks, whole lists).

@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include "algorithms/network_context.h"
+
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "core/p2p_engine.h"
@@ -145,17 +147,9 @@ std::shared_ptr<shm::Segment> CommState::joinSegment(Clock::time_point deadline)
 }
 
 HostLayout CommState::layoutOf(const HostMap& hosts, int rank) {
-  HostLayout layout;
-  layout.rank = rank;
-  layout.host = hosts.hostOf(rank);
-  layout.localIndex = hosts.localIndex(rank);
-  layout.rails = hosts.localRanks(rank);
-  for (int h = 0; h < hosts.hosts(); ++h) {
-    layout.ranksOn.push_back(hosts.ranksOn(h));
-    layout.size += static_cast<int>(hosts.ranksOn(h).size());
-    layout.rails = std::min(layout.rails, static_cast<int>(hosts.ranksOn(h).size()));
-  }
-  return layout;
+  std::vector<std::vector<int>> ranksOn;
+  for (int h = 0; h < hosts.hosts(); ++h) ranksOn.push_back(hosts.ranksOn(h));
+  return HostLayout::of(std::move(ranksOn), rank);
 }
 
 void CommState::startControlPlane(Clock::time_point deadline) {
@@ -243,7 +237,7 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
     return *link;
   };
   auto describe = [this](int q) { return describeRemote(roster_, q); };
-  AcrossHostsContext ctx(layout_, runLocal, linkTo, describe, *failures_, wait);
+  NetworkContext ctx(layout_, scratch_, runLocal, linkTo, describe, *failures_, wait);
   runAcrossHosts(ctx, args);
 }
 

@@ -125,6 +125,7 @@ class CommState final : public FailureSink {
   HostLayout layout_;                      // where the ranks run, for collectives across hosts
   std::unique_ptr<ControlPlane> control_;  // rail ranks of a communicator spanning hosts
   std::vector<std::unique_ptr<MessageLink>> collectiveLinks_;  // worker thread only; lazily
+  ScratchArena scratch_;  // worker thread only: collectives across hosts
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
 

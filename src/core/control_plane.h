@@ -1,7 +1,7 @@
 #pragma once
 
 // What keeps the hosts of a communicator agreed about failures. Each rank of local index
-// below R (a rail rank, see algorithms/across_hosts.h) keeps a control link (channel 2) to
+// below R (a rail rank, see algorithms/hierarchical.h) keeps a control link (channel 2) to
 // its rail peer on every other host, and a thread that
 //   - sends a heartbeat every tenth of `silence`;
 //   - forwards the first failure recorded on this host (a dead rank, a timeout, a mismatch,

@@ -1,0 +1,331 @@
+// Inter-host steps among a rail: ring and recursive halving/doubling reduce-scatters and
+// all-gathers, the recursive-doubling all_reduce, and broadcasts (binomial tree, or scatter
+// then all-gather).
+
+#include "algorithms/rail.h"
+
+#include <algorithm>
+
+namespace loom {
+
+namespace {
+
+// An all_reduce of at most this many bytes per member runs as recursive doubling: log2 n
+// exchanges of the whole buffer beat 2(n - 1) or 2 log2 n smaller ones while latency rules.
+constexpr size_t kDoublingBytes = size_t{64} << 10;
+// A broadcast of at most this many bytes goes down a binomial tree in whole; larger ones are
+// scattered and then all-gathered, so no member sends the whole buffer more than once.
+constexpr size_t kTreeBytes = size_t{64} << 10;
+
+// Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
+enum Tag : int {
+  kFold = 1000,  // + 0..2: folding a pair in and out
+  kRing = 2000,
+  kHalving = 3000,
+  kDoubling = 4000,
+  kTree = 5000,
+  kScatter = 6000,
+};
+
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+bool isPowerOfTwo(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
+
+// Blocks [first, last) of a buffer as one transfer.
+NetTransfer blocks(int peer, uint8_t* data, const Bounds& bounds, int first, int last, size_t es,
+                   int tag) {
+  return {peer, data + bounds[first] * es, (bounds[last] - bounds[first]) * es, tag};
+}
+
+void sendOnly(AcrossHostsContext& ctx, const NetTransfer& send) {
+  ctx.exchange({&send, 1}, {});
+}
+void receiveOnly(AcrossHostsContext& ctx, const NetTransfer& receive) {
+  ctx.exchange({}, {&receive, 1});
+}
+void sendReceive(AcrossHostsContext& ctx, const NetTransfer& send, const NetTransfer& receive) {
+  ctx.exchange({&send, 1}, {&receive, 1});
+}
+
+// Recursive halving/doubling over n members: the largest power of two p <= n runs the
+// pattern; the first 2r (r = n - p) pair up, and in each pair the even member folds into
+// the odd one, which plays "virtual member" pos / 2 and covers both members' blocks.
+struct Fold {
+  Fold(int n, int position) : n(n), pos(position) {
+    p = 1;
+    while (p * 2 <= n) p *= 2;
+    r = n - p;
+  }
+  bool out() const { return pos < 2 * r && pos % 2 == 0; }
+  bool absorbs() const { return pos < 2 * r && pos % 2 == 1; }
+  int virt() const { return pos < 2 * r ? pos / 2 : pos - r; }
+  // The position that plays virtual member v.
+  int active(int v) const { return v < r ? 2 * v + 1 : v + r; }
+  // The first position whose block virtual member v covers (first(p) = n).
+  int first(int v) const { return v < r ? 2 * v : v + r; }
+
+  int n, pos, p, r;
+};
+
+// ---- ring ----
+
+// Step s: send block pos - s - 1 to the next member, receive block pos - s - 2 from the
+// previous one and reduce it into ours. After n - 1 steps block pos is complete here.
+void ringReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                       const Bounds& bounds, DataType type, ReduceOp op) {
+  const int n = rail.size();
+  const int pos = rail.position;
+  const size_t es = elementSize(type);
+  const int next = rail.members[mod(pos + 1, n)];
+  const int prev = rail.members[mod(pos - 1, n)];
+  size_t largest = 0;
+  for (int b = 0; b < n; ++b) largest = std::max(largest, bounds[b + 1] - bounds[b]);
+  uint8_t* incoming = ctx.scratch(largest * es);
+  const kernels::ReduceSpec spec{type, op, 1};
+  for (int step = 0; step < n - 1; ++step) {
+    const int out = mod(pos - step - 1, n);
+    const int in = mod(pos - step - 2, n);
+    const size_t count = bounds[in + 1] - bounds[in];
+    sendReceive(ctx, blocks(next, data, bounds, out, out + 1, es, kRing + step),
+                {prev, incoming, count * es, kRing + step});
+    uint8_t* mine = data + bounds[in] * es;
+    const void* srcs[2] = {mine, incoming};
+    ctx.reduce(mine, srcs, count, spec);
+  }
+}
+
+// Step s: send block pos - s, receive block pos - s - 1 in place.
+void ringAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
+                   DataType type) {
+  const int n = rail.size();
+  const int pos = rail.position;
+  const size_t es = elementSize(type);
+  const int next = rail.members[mod(pos + 1, n)];
+  const int prev = rail.members[mod(pos - 1, n)];
+  for (int step = 0; step < n - 1; ++step) {
+    const int out = mod(pos - step, n);
+    const int in = mod(pos - step - 1, n);
+    sendReceive(ctx, blocks(next, data, bounds, out, out + 1, es, kRing + n + step),
+                blocks(prev, data, bounds, in, in + 1, es, kRing + n + step));
+  }
+}
+
+// ---- recursive halving and doubling ----
+
+void halvingReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                          const Bounds& bounds, DataType type, ReduceOp op) {
+  const int n = rail.size();
+  const Fold f(n, rail.position);
+  const size_t es = elementSize(type);
+  const size_t total = bounds[n] - bounds[0];
+  const kernels::ReduceSpec spec{type, op, 1};
+  if (f.out()) {
+    const int partner = rail.members[f.pos + 1];
+    sendOnly(ctx, blocks(partner, data, bounds, 0, n, es, kFold));
+    receiveOnly(ctx, blocks(partner, data, bounds, f.pos, f.pos + 1, es, kFold + 1));
+    return;
+  }
+  uint8_t* incoming = ctx.scratch(total * es);
+  uint8_t* base = data + bounds[0] * es;
+  if (f.absorbs()) {
+    receiveOnly(ctx, {rail.members[f.pos - 1], incoming, total * es, kFold});
+    const void* srcs[2] = {incoming, base};  // the lower position's operand first
+    ctx.reduce(base, srcs, total, spec);
+  }
+  const int v = f.virt();
+  int lo = 0, hi = f.p;
+  for (int mask = f.p / 2, step = 0; mask >= 1; mask /= 2, ++step) {
+    const int partner = v ^ mask;
+    const int mid = lo + mask;
+    const auto [keepLo, keepHi] = v < mid ? std::pair{lo, mid} : std::pair{mid, hi};
+    const auto [giveLo, giveHi] = v < mid ? std::pair{mid, hi} : std::pair{lo, mid};
+    const int peer = rail.members[f.active(partner)];
+    const size_t kb = bounds[f.first(keepLo)], ke = bounds[f.first(keepHi)];
+    sendReceive(ctx,
+                blocks(peer, data, bounds, f.first(giveLo), f.first(giveHi), es, kHalving + step),
+                {peer, incoming, (ke - kb) * es, kHalving + step});
+    uint8_t* mine = data + kb * es;
+    const void* lower[2] = {mine, incoming};
+    const void* upper[2] = {incoming, mine};
+    ctx.reduce(mine, v < partner ? lower : upper, ke - kb, spec);
+    lo = keepLo;
+    hi = keepHi;
+  }
+  if (f.absorbs()) {
+    sendOnly(ctx, blocks(rail.members[f.pos - 1], data, bounds, f.pos - 1, f.pos, es, kFold + 1));
+  }
+}
+
+void doublingAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                       const Bounds& bounds, DataType type) {
+  const int n = rail.size();
+  const Fold f(n, rail.position);
+  const size_t es = elementSize(type);
+  if (f.out()) {
+    const int partner = rail.members[f.pos + 1];
+    sendOnly(ctx, blocks(partner, data, bounds, f.pos, f.pos + 1, es, kFold));
+    const NetTransfer rest[2] = {blocks(partner, data, bounds, 0, f.pos, es, kFold + 1),
+                                 blocks(partner, data, bounds, f.pos + 1, n, es, kFold + 2)};
+    ctx.exchange({}, rest);
+    return;
+  }
+  if (f.absorbs()) {
+    receiveOnly(ctx, blocks(rail.members[f.pos - 1], data, bounds, f.pos - 1, f.pos, es, kFold));
+  }
+  const int v = f.virt();
+  int lo = v, hi = v + 1;
+  for (int mask = 1, step = 0; mask < f.p; mask *= 2, ++step) {
+    const int partner = v ^ mask;
+    const auto [theirLo, theirHi] =
+        v < partner ? std::pair{hi, hi + mask} : std::pair{lo - mask, lo};
+    const int peer = rail.members[f.active(partner)];
+    sendReceive(
+        ctx, blocks(peer, data, bounds, f.first(lo), f.first(hi), es, kHalving + 100 + step),
+        blocks(peer, data, bounds, f.first(theirLo), f.first(theirHi), es, kHalving + 100 + step));
+    lo = std::min(lo, theirLo);
+    hi = std::max(hi, theirHi);
+  }
+  if (f.absorbs()) {
+    const int partner = rail.members[f.pos - 1];
+    const NetTransfer rest[2] = {blocks(partner, data, bounds, 0, f.pos - 1, es, kFold + 1),
+                                 blocks(partner, data, bounds, f.pos, n, es, kFold + 2)};
+    ctx.exchange(rest, {});
+  }
+}
+
+// Recursive doubling: log2 p exchanges of the whole buffer; both partners of a step reduce
+// the same two operands in the same order, so they stay bit-identical.
+void doublingAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
+                       DataType type, ReduceOp op) {
+  const Fold f(rail.size(), rail.position);
+  const size_t bytes = count * elementSize(type);
+  const kernels::ReduceSpec spec{type, op, 1};
+  if (f.out()) {
+    const int partner = rail.members[f.pos + 1];
+    sendOnly(ctx, {partner, data, bytes, kFold});
+    receiveOnly(ctx, {partner, data, bytes, kFold + 1});
+    return;
+  }
+  uint8_t* incoming = ctx.scratch(bytes);
+  if (f.absorbs()) {
+    receiveOnly(ctx, {rail.members[f.pos - 1], incoming, bytes, kFold});
+    const void* srcs[2] = {incoming, data};
+    ctx.reduce(data, srcs, count, spec);
+  }
+  const int v = f.virt();
+  for (int mask = 1, step = 0; mask < f.p; mask *= 2, ++step) {
+    const int partner = v ^ mask;
+    const int peer = rail.members[f.active(partner)];
+    sendReceive(ctx, {peer, data, bytes, kDoubling + step},
+                {peer, incoming, bytes, kDoubling + step});
+    const void* lower[2] = {data, incoming};
+    const void* upper[2] = {incoming, data};
+    ctx.reduce(data, v < partner ? lower : upper, count, spec);
+  }
+  if (f.absorbs()) sendOnly(ctx, {rail.members[f.pos - 1], data, bytes, kFold + 1});
+}
+
+// ---- broadcast ----
+
+// Binomial tree from position 0: in round k, the members that have the data (relative
+// positions below 2^k) send it to the member 2^k further on.
+void treeBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t bytes) {
+  const int n = rail.size();
+  const int rel = rail.position;
+  for (int mask = 1, step = 0; mask < n; mask *= 2, ++step) {
+    if (rel < mask && rel + mask < n) {
+      sendOnly(ctx, {rail.members[rel + mask], data, bytes, kTree + step});
+    } else if (rel >= mask && rel < 2 * mask) {
+      receiveOnly(ctx, {rail.members[rel - mask], data, bytes, kTree + step});
+    }
+  }
+}
+
+// Binomial scatter from position 0: member i ends with block i (and position 0 with all).
+void treeScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
+                 size_t es) {
+  const int n = rail.size();
+  const int rel = rail.position;
+  int top = 1;
+  while (top < n) top *= 2;
+  for (int mask = top / 2, step = 0; mask >= 1; mask /= 2, ++step) {
+    if (rel % (2 * mask) == 0 && rel + mask < n) {
+      const int to = rel + mask;
+      sendOnly(ctx, blocks(rail.members[to], data, bounds, to, std::min(to + mask, n), es,
+                           kScatter + step));
+    } else if (rel % (2 * mask) == mask) {
+      receiveOnly(ctx, blocks(rail.members[rel - mask], data, bounds, rel, std::min(rel + mask, n),
+                              es, kScatter + step));
+    }
+  }
+}
+
+}  // namespace
+
+Rail Rail::rotated(int first) const {
+  Rail r;
+  const int n = size();
+  for (int i = 0; i < n; ++i) r.members.push_back(members[mod(first + i, n)]);
+  r.position = mod(position - first, n);
+  return r;
+}
+
+RailPattern railPatternFor(int members) {
+  if (members <= 3) return RailPattern::kRing;
+  if (isPowerOfTwo(members) || members >= 16) return RailPattern::kHalving;
+  return RailPattern::kRing;
+}
+
+void railReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                       const Bounds& bounds, DataType type, ReduceOp op) {
+  if (rail.size() == 1) return;
+  if (railPatternFor(rail.size()) == RailPattern::kRing) {
+    ringReduceScatter(ctx, rail, data, bounds, type, op);
+  } else {
+    halvingReduceScatter(ctx, rail, data, bounds, type, op);
+  }
+}
+
+void railAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
+                   DataType type) {
+  if (rail.size() == 1) return;
+  if (railPatternFor(rail.size()) == RailPattern::kRing) {
+    ringAllGather(ctx, rail, data, bounds, type);
+  } else {
+    doublingAllGather(ctx, rail, data, bounds, type);
+  }
+}
+
+void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
+                   DataType type, ReduceOp op) {
+  const int n = rail.size();
+  if (n == 1 || count == 0) return;
+  // Two members: one exchange of the whole buffer moves what a reduce-scatter and an
+  // all-gather would, in one step instead of two.
+  if (n == 2 || count * elementSize(type) <= kDoublingBytes) {
+    return doublingAllReduce(ctx, rail, data, count, type, op);
+  }
+  Bounds bounds(static_cast<size_t>(n) + 1);
+  for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
+  railReduceScatter(ctx, rail, data, bounds, type, op);
+  railAllGather(ctx, rail, data, bounds, type);
+}
+
+void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
+                   DataType type, int root) {
+  const int n = rail.size();
+  if (n == 1 || count == 0) return;
+  const Rail fromRoot = rail.rotated(root);
+  const size_t es = elementSize(type);
+  if (n == 2 || count * es <= kTreeBytes) return treeBroadcast(ctx, fromRoot, data, count * es);
+  Bounds bounds(static_cast<size_t>(n) + 1);
+  for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
+  treeScatter(ctx, fromRoot, data, bounds, es);
+  railAllGather(ctx, fromRoot, data, bounds, type);
+}
+
+}  // namespace loom

@@ -1,0 +1,63 @@
+#pragma once
+
+// Inter-host steps among a rail: one rank on each host (the ranks of one local index), each
+// holding a buffer cut into one block per member. These are the network halves of the
+// hierarchical collectives (hierarchical.cc).
+//
+// Two patterns move the blocks:
+// - a ring (member i sends to i + 1): 2(n - 1) steps for an all_reduce, each member sending
+//   and receiving one block per step, always to the same neighbours;
+// - recursive halving and doubling: 2 log2(n) steps, halving the bytes each step; for n not
+//   a power of two, the first 2r members (r = n - 2^k) fold pairwise first (the even member
+//   hands its data to the odd one and gets its result back at the end).
+// Both move the bandwidth-optimal (n - 1)/n of the buffer per member and direction for a
+// reduce-scatter or an all-gather (plus the fold's extra buffer for folded pairs). Small
+// all_reduces use recursive doubling (log2 n steps of the whole buffer).
+//
+// Every element is reduced by exactly one member in one fixed order and then copied (ring,
+// halving), or by both partners of each step with the lower member's operand first
+// (doubling), so every member ends with the same bits.
+
+#include <cstddef>
+#include <vector>
+
+#include "algorithms/across_hosts.h"
+
+namespace loom {
+
+/// The members of a rail (communicator ranks, one per host, in the order of their blocks)
+/// and this rank's position among them.
+struct Rail {
+  std::vector<int> members;
+  int position = 0;
+  int size() const { return static_cast<int>(members.size()); }
+  /// The same members, numbered from `first`: position i becomes (i - first) mod n.
+  Rail rotated(int first) const;
+};
+
+/// Block i of a rail's buffer is elements [bounds[i], bounds[i + 1]); bounds has one entry
+/// more than the rail has members.
+using Bounds = std::vector<size_t>;
+
+/// How a rail moves blocks for reduce-scatters and all-gathers.
+enum class RailPattern : uint8_t { kRing, kHalving };
+
+/// The pattern for a rail of `members`: halving and doubling for 4 or more when a power of
+/// two, or from 16 on (where the fold costs less than a long ring's latency), else the ring.
+RailPattern railPatternFor(int members);
+
+/// After this, member i holds block i reduced over every member (its other blocks hold
+/// partial sums).
+void railReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                       const Bounds& bounds, DataType type, ReduceOp op);
+/// Member i holds block i; after this every member holds every block.
+void railAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
+                   DataType type);
+/// Every member's `count` elements at `data` reduced over the rail, on every member.
+void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
+                   DataType type, ReduceOp op);
+/// The `count` elements at `data` of the member at `root` (a position) to every member.
+void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
+                   DataType type, int root);
+
+}  // namespace loom

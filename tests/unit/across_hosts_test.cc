@@ -1,0 +1,375 @@
+// The collectives across hosts on many layouts, ranks as threads (memory_hosts.h): every
+// collective against the reference, bit for bit, on up to seventeen hosts (rings, recursive
+// halving and doubling with and without a fold), uneven and interleaved placements, equal
+// and per-rank counts, in place and out of place. The network path itself is tested between
+// namespace hosts (tests/net).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "algorithms/across_hosts.h"
+#include "algorithms/rail.h"
+#include "memory_hosts.h"
+#include "reference.h"
+
+namespace loom {
+namespace {
+
+using testing::fillInput;
+using testing::firstDifference;
+using testing::inputBytes;
+using testing::MemoryHosts;
+using testing::referenceReduce;
+
+using Layout = std::vector<std::vector<int>>;
+
+// Hosts of the given sizes, ranks numbered host by host.
+Layout blocked(const std::vector<int>& sizes) {
+  Layout layout;
+  int next = 0;
+  for (int n : sizes) {
+    layout.emplace_back();
+    for (int i = 0; i < n; ++i) layout.back().push_back(next++);
+  }
+  return layout;
+}
+
+// `hosts` hosts of `perHost` ranks, rank r on host r % hosts.
+Layout interleaved(int hosts, int perHost) {
+  Layout layout(static_cast<size_t>(hosts));
+  for (int r = 0; r < hosts * perHost; ++r) layout[r % hosts].push_back(r);
+  return layout;
+}
+
+std::string describe(const Layout& layout) {
+  std::string s;
+  for (const auto& host : layout) {
+    s += "[";
+    for (int r : host) s += std::to_string(r) + (r == host.back() ? "" : ",");
+    s += "]";
+  }
+  return s;
+}
+
+void check(const void* got, const std::vector<uint8_t>& want, DataType type, size_t count,
+           const std::string& what) {
+  const std::string diff = firstDifference(got, want.data(), type, count);
+  if (!diff.empty()) throw std::runtime_error(what + ": " + diff);
+}
+
+CollectiveArgs args(CollectiveKind kind, DataType type, ReduceOp op, int root, size_t count,
+                    const void* input, void* output) {
+  return CollectiveArgs::of(kind, type, op, root, count, input, output);
+}
+
+// Whether a reduction over n ranks of the reference's inputs (multiples of 1/8 in [-4, 4])
+// is exact in any order, so the hierarchical result must equal the reference bit for bit.
+// Otherwise the order of a hierarchy rounds differently from rank order (a product of
+// many, or bfloat16 partial sums past 8 bits), and the result is compared within rounding.
+bool exactInAnyOrder(DataType type, ReduceOp op, int n) {
+  const ReduceKind k = op.kind();
+  if (k == ReduceKind::kMin || k == ReduceKind::kMax) return true;
+  switch (type) {
+    case DataType::kFloat32: return k != ReduceKind::kProduct || n <= 4;
+    case DataType::kBFloat16: return k != ReduceKind::kProduct && n <= 8;
+    default: return true;  // integers wrap the same way in any order
+  }
+}
+
+float valueAt(const void* p, DataType type, size_t i) {
+  if (type == DataType::kFloat32) return static_cast<const float*>(p)[i];
+  const uint32_t bits = uint32_t{static_cast<const uint16_t*>(p)[i]} << 16;  // bfloat16
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The result is the reference's, exactly or within rounding (see exactInAnyOrder).
+void checkReduced(const void* got, const std::vector<uint8_t>& want, DataType type, ReduceOp op,
+                  size_t count, int n, const std::string& what) {
+  if (exactInAnyOrder(type, op, n)) return check(got, want, type, count, what);
+  const float tolerance = type == DataType::kFloat32 ? 1e-5f : 2e-2f;
+  for (size_t i = 0; i < count; ++i) {
+    const float g = valueAt(got, type, i), w = valueAt(want.data(), type, i);
+    if (std::fabs(g - w) > tolerance * std::max(1.0f, std::fabs(w))) {
+      throw std::runtime_error(what + ": element " + std::to_string(i) + " is " +
+                               std::to_string(g) + ", the reference " + std::to_string(w));
+    }
+  }
+}
+
+// Every rank holds the same bytes at `data` (compared through an all_gather of digests).
+void checkSameEverywhere(AcrossHostsContext& ctx, const void* data, size_t bytes,
+                         const std::string& what) {
+  uint64_t digest = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < bytes; ++i) {
+    digest = (digest ^ static_cast<const uint8_t*>(data)[i]) * 0x100000001b3ULL;
+  }
+  const int n = ctx.layout().size;
+  std::vector<uint64_t> all(static_cast<size_t>(n));
+  auto ag = args(CollectiveKind::kAllGather, DataType::kInt64, ReduceOp(), 0, 1, &digest, nullptr);
+  for (int q = 0; q < n; ++q) ag.outputs.push_back(&all[q]);
+  ag.outputCounts.assign(static_cast<size_t>(n), 1);
+  runAcrossHosts(ctx, ag);
+  for (int q = 0; q < n; ++q) {
+    if (all[q] != digest) {
+      throw std::runtime_error(what + ": rank " + std::to_string(q) + " has other bits than rank " +
+                               std::to_string(ctx.layout().rank));
+    }
+  }
+}
+
+// Layouts that reach every pattern: rings of 2, 3, 5, 6, 7 members; halving on 4, 8, 16;
+// halving with a fold on 17; one rail and several; hosts of different sizes; ranks not in
+// host order.
+std::vector<Layout> layouts() {
+  return {blocked({1, 1}),
+          blocked({2, 2}),
+          interleaved(2, 2),
+          blocked({2, 1}),
+          blocked({1, 3}),
+          blocked({1, 1, 1}),
+          blocked({3, 1, 2}),
+          blocked({2, 2, 2, 2}),
+          interleaved(5, 2),
+          blocked({1, 2, 3, 1, 2, 1}),
+          blocked(std::vector<int>(7, 1)),
+          blocked(std::vector<int>(8, 1)),
+          blocked(std::vector<int>(16, 1)),
+          blocked(std::vector<int>(17, 1))};
+}
+
+class AcrossHosts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(AcrossHosts, ReductionsMatchTheReference) {
+  MemoryHosts hosts(GetParam());
+  const int n = hosts.size();
+  hosts.run([&](AcrossHostsContext& ctx) {
+    const int me = ctx.layout().rank;
+    uint32_t salt = 0;
+    for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt32}) {
+      const size_t es = elementSize(type);
+      for (ReduceOp op : testing::reductionsFor(type)) {
+        if (type == DataType::kBFloat16 && op.kind() == ReduceKind::kProduct) {
+          continue;  // a bfloat16 product of several of these inputs is mostly rounding
+        }
+        for (size_t count : {size_t{0}, size_t{1}, size_t{33}, size_t{40000}}) {
+          ++salt;
+          const std::string what = std::string(dataTypeName(type)) + " " +
+                                   std::string(reduceKindName(op.kind())) + " count " +
+                                   std::to_string(count);
+          std::vector<uint8_t> in(count * es + 1), out(count * es + 1);
+          fillInput(in.data(), type, count, me, salt);
+          runAcrossHosts(
+              ctx, args(CollectiveKind::kAllReduce, type, op, 0, count, in.data(), out.data()));
+          const auto want = referenceReduce(type, op, count, n, salt);
+          checkReduced(out.data(), want, type, op, count, n, "all_reduce " + what);
+          checkSameEverywhere(ctx, out.data(), count * es, "all_reduce " + what);
+          runAcrossHosts(
+              ctx, args(CollectiveKind::kAllReduce, type, op, 0, count, in.data(), in.data()));
+          checkReduced(in.data(), want, type, op, count, n, "all_reduce in place " + what);
+          // reduce to the last rank
+          fillInput(in.data(), type, count, me, salt);
+          runAcrossHosts(
+              ctx, args(CollectiveKind::kReduce, type, op, n - 1, count, in.data(), out.data()));
+          if (me == n - 1) checkReduced(out.data(), want, type, op, count, n, "reduce " + what);
+        }
+        // reduce_scatter: equal blocks (out of place and in place) and per-rank counts
+        for (size_t block : {size_t{3}, size_t{9000}}) {
+          ++salt;
+          std::vector<uint8_t> in(block * n * es), out(block * es + 1);
+          fillInput(in.data(), type, block * n, me, salt);
+          auto rs = args(CollectiveKind::kReduceScatter, type, op, 0, block, nullptr, out.data());
+          for (int q = 0; q < n; ++q) rs.inputs.push_back(in.data() + q * block * es);
+          rs.inputCounts.assign(static_cast<size_t>(n), block);
+          runAcrossHosts(ctx, rs);
+          const auto want = referenceReduce(type, op, block, n, salt, me * block);
+          checkReduced(out.data(), want, type, op, block, n,
+                       "reduce_scatter " + std::to_string(block));
+          rs.output = in.data() + me * block * es;
+          runAcrossHosts(ctx, rs);
+          checkReduced(rs.output, want, type, op, block, n,
+                       "reduce_scatter in place " + std::to_string(block));
+        }
+        ++salt;
+        std::vector<size_t> counts(static_cast<size_t>(n));
+        for (int q = 0; q < n; ++q)
+          counts[q] = static_cast<size_t>((q * 7919) % 13 + (q % 3) * 9000);
+        const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+        std::vector<uint8_t> in(total * es + 1), out(counts[me] * es + 1);
+        fillInput(in.data(), type, total, me, salt);
+        auto rs = args(CollectiveKind::kReduceScatter, type, op, 0, total, nullptr, out.data());
+        size_t offset = 0;
+        for (int q = 0; q < n; ++q) {
+          rs.inputs.push_back(in.data() + offset * es);
+          offset += counts[q];
+        }
+        rs.inputCounts = counts;
+        rs.variable = true;
+        runAcrossHosts(ctx, rs);
+        const size_t mine = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+        checkReduced(out.data(), referenceReduce(type, op, counts[me], n, salt, mine), type, op,
+                     counts[me], n, "reduce_scatter_v");
+      }
+    }
+  });
+}
+
+TEST_P(AcrossHosts, DataMovementMatchesTheReference) {
+  MemoryHosts hosts(GetParam());
+  const int n = hosts.size();
+  hosts.run([&](AcrossHostsContext& ctx) {
+    const int me = ctx.layout().rank;
+    uint32_t salt = 100;
+    for (DataType type : {DataType::kFloat32, DataType::kUInt8}) {
+      const size_t es = elementSize(type);
+      for (size_t count : {size_t{0}, size_t{5}, size_t{40000}}) {
+        ++salt;
+        const std::string what =
+            std::string(dataTypeName(type)) + " count " + std::to_string(count);
+        for (int root : {0, n - 1, n / 2}) {
+          std::vector<uint8_t> buffer(count * es + 1), in(count * es + 1);
+          fillInput(in.data(), type, count, me, salt + root);
+          runAcrossHosts(ctx, args(CollectiveKind::kBroadcast, type, ReduceOp(), root, count,
+                                   in.data(), buffer.data()));
+          check(buffer.data(), inputBytes(type, count, root, salt + root), type, count,
+                "broadcast from " + std::to_string(root) + " " + what);
+        }
+        // all_gather, out of place and in place
+        std::vector<uint8_t> in(count * es + 1), out(count * es * n + 1);
+        fillInput(in.data(), type, count, me, salt);
+        auto ag = args(CollectiveKind::kAllGather, type, ReduceOp(), 0, count, in.data(), nullptr);
+        for (int q = 0; q < n; ++q) ag.outputs.push_back(out.data() + q * count * es);
+        ag.outputCounts.assign(static_cast<size_t>(n), count);
+        for (bool inPlace : {false, true}) {
+          if (inPlace) {
+            std::fill(out.begin(), out.end(), 0);
+            fillInput(out.data() + me * count * es, type, count, me, salt);
+            ag.input = out.data() + me * count * es;
+          }
+          runAcrossHosts(ctx, ag);
+          for (int q = 0; q < n; ++q) {
+            check(ag.outputs[q], inputBytes(type, count, q, salt), type, count,
+                  "all_gather block " + std::to_string(q) + (inPlace ? " in place " : " ") + what);
+          }
+        }
+        // all_to_all: block q of rank r is r's input at offset q * count
+        std::vector<uint8_t> blocks(count * es * n + 1), received(count * es * n + 1);
+        fillInput(blocks.data(), type, count * n, me, salt);
+        auto a2a = args(CollectiveKind::kAllToAll, type, ReduceOp(), 0, count, nullptr, nullptr);
+        for (int q = 0; q < n; ++q) {
+          a2a.inputs.push_back(blocks.data() + q * count * es);
+          a2a.outputs.push_back(received.data() + q * count * es);
+        }
+        a2a.inputCounts.assign(static_cast<size_t>(n), count);
+        a2a.outputCounts.assign(static_cast<size_t>(n), count);
+        runAcrossHosts(ctx, a2a);
+        for (int q = 0; q < n; ++q) {
+          check(a2a.outputs[q], inputBytes(type, count, q, salt, me * count), type, count,
+                "all_to_all from " + std::to_string(q) + " " + what);
+        }
+        // gather to the last rank, scatter from the first
+        std::vector<uint8_t> gathered(count * es * n + 1);
+        auto g = args(CollectiveKind::kGather, type, ReduceOp(), n - 1, count, in.data(), nullptr);
+        for (int q = 0; q < n; ++q) g.outputs.push_back(gathered.data() + q * count * es);
+        if (me != n - 1) g.outputs.clear();
+        runAcrossHosts(ctx, g);
+        if (me == n - 1) {
+          for (int q = 0; q < n; ++q) {
+            check(g.outputs[q], inputBytes(type, count, q, salt), type, count, "gather " + what);
+          }
+        }
+        auto sc = args(CollectiveKind::kScatter, type, ReduceOp(), 0, count, nullptr, in.data());
+        for (int q = 0; q < n; ++q) sc.inputs.push_back(blocks.data() + q * count * es);
+        runAcrossHosts(ctx, sc);
+        check(in.data(), inputBytes(type, count, 0, salt, me * count), type, count,
+              "scatter " + what);
+      }
+    }
+    // all_gather with per-rank counts, some zero
+    ++salt;
+    std::vector<size_t> counts(static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q)
+      counts[q] = q % 4 == 1 ? 0 : static_cast<size_t>(q * 3001 % 17000 + 1);
+    std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(n));
+    std::vector<void*> outputs;
+    for (int q = 0; q < n; ++q) {
+      blocks[q].resize(counts[q] + 1);
+      outputs.push_back(blocks[q].data());
+    }
+    std::vector<int32_t> mine(counts[me] + 1);
+    fillInput(mine.data(), DataType::kInt32, counts[me], me, salt);
+    auto ag =
+        args(CollectiveKind::kAllGather, DataType::kInt32, ReduceOp(), 0, 0, mine.data(), nullptr);
+    ag.outputs = outputs;
+    ag.outputCounts = counts;
+    ag.variable = true;
+    runAcrossHosts(ctx, ag);
+    for (int q = 0; q < n; ++q) {
+      check(outputs[q], inputBytes(DataType::kInt32, counts[q], q, salt), DataType::kInt32,
+            counts[q], "all_gather_v block " + std::to_string(q));
+    }
+    // barrier
+    runAcrossHosts(
+        ctx, args(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp(), 0, 0, nullptr, nullptr));
+  });
+}
+
+// Integer AVG sums past the element type's range on the way (int8: 4 ranks of 100 sum to
+// 400) and must still give the exact truncated average, as one host's kernels do.
+TEST(AcrossHostsAverage, NarrowIntegersDoNotWrapOnTheWay) {
+  MemoryHosts hosts(blocked({2, 2}));
+  hosts.run([&](AcrossHostsContext& ctx) {
+    const int me = ctx.layout().rank;
+    for (size_t count : {size_t{5}, size_t{100000}}) {
+      std::vector<int8_t> in(count, static_cast<int8_t>(100 + me)), out(count);
+      runAcrossHosts(ctx, args(CollectiveKind::kAllReduce, DataType::kInt8,
+                               ReduceOp(ReduceKind::kAvg), 0, count, in.data(), out.data()));
+      for (size_t i = 0; i < count; ++i) {
+        if (out[i] != 101)
+          throw std::runtime_error("all_reduce AVG int8: " + std::to_string(out[i]));
+      }
+      std::vector<int8_t> blocks(count * 4, static_cast<int8_t>(-120 - me)), mine(count);
+      auto rs = args(CollectiveKind::kReduceScatter, DataType::kInt8, ReduceOp(ReduceKind::kAvg), 0,
+                     count, nullptr, mine.data());
+      for (int q = 0; q < 4; ++q) rs.inputs.push_back(blocks.data() + q * count);
+      rs.inputCounts.assign(4, count);
+      runAcrossHosts(ctx, rs);
+      for (size_t i = 0; i < count; ++i) {
+        if (mine[i] != -121)
+          throw std::runtime_error("reduce_scatter AVG int8: " + std::to_string(mine[i]));
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, AcrossHosts, ::testing::ValuesIn(layouts()),
+                         [](const auto& info) {
+                           std::string name;
+                           for (char c : describe(info.param)) {
+                             name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           }
+                           return name.substr(0, 60) + "_" + std::to_string(info.index);
+                         });
+
+TEST(RailPattern, RingForFewHalvingForPowersOfTwoAndMany) {
+  EXPECT_EQ(railPatternFor(2), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(3), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(4), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(6), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(8), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(15), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(17), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(2048), RailPattern::kHalving);
+}
+
+}  // namespace
+}  // namespace loom

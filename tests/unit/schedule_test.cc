@@ -1,0 +1,147 @@
+// The schedules of the collectives across hosts (algorithms/schedule.h): every collective on
+// layouts up to 16,384 ranks finishes under rendezvous sends with every message matched, and
+// moves the bytes the cost model in docs/SCALING.md says; and the checker itself catches a
+// deadlock, a mismatched message and disagreeing local steps.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "algorithms/schedule.h"
+
+namespace loom {
+namespace {
+
+using Layout = std::vector<std::vector<int>>;
+
+Layout hostsOf(int hosts, int perHost) {
+  Layout layout(static_cast<size_t>(hosts));
+  for (int r = 0; r < hosts * perHost; ++r) layout[r / perHost].push_back(r);
+  return layout;
+}
+
+ScheduleReport simulate(const Layout& layout, const SimulatedOp& op) {
+  return checkSchedules(layout, recordSchedules(layout, op));
+}
+
+SimulatedOp opOf(CollectiveKind kind, size_t count, int root = 0) {
+  SimulatedOp op;
+  op.kind = kind;
+  op.count = count;
+  op.root = root;
+  return op;
+}
+
+TEST(Schedules, EveryCollectiveFinishesOnManyLayouts) {
+  const std::vector<Layout> layouts = {
+      hostsOf(2, 1), hostsOf(2, 4),  hostsOf(3, 2),  hostsOf(4, 3),  hostsOf(6, 2),
+      hostsOf(9, 1), hostsOf(12, 2), hostsOf(16, 2), hostsOf(33, 1), {{0, 3}, {1}, {2, 4, 5}}};
+  for (const Layout& layout : layouts) {
+    const int size = [&] {
+      int n = 0;
+      for (const auto& h : layout) n += static_cast<int>(h.size());
+      return n;
+    }();
+    for (int k = 1; k <= 9; ++k) {
+      const auto kind = static_cast<CollectiveKind>(k);
+      for (size_t count : {size_t{0}, size_t{10}, size_t{100000}}) {
+        const ScheduleReport report = simulate(layout, opOf(kind, count, size - 1));
+        EXPECT_EQ(report.error, "")
+            << collectiveName(kind) << " count " << count << " on " << layout.size() << " hosts";
+      }
+    }
+    SimulatedOp v = opOf(CollectiveKind::kAllGather, 0);
+    for (int q = 0; q < size; ++q) v.counts.push_back(static_cast<size_t>(q % 3) * 40000);
+    EXPECT_EQ(simulate(layout, v).error, "") << "all_gather_v";
+    v.kind = CollectiveKind::kReduceScatter;
+    EXPECT_EQ(simulate(layout, v).error, "") << "reduce_scatter_v";
+  }
+}
+
+// all_reduce of N bytes over H hosts of R ranks: the rails carry (H - 1)/H of the buffer
+// each way in total (2(H - 1)/H N per host), and each rail rank sends 1/R of that.
+TEST(Schedules, AllReduceMovesTheBandwidthOptimalBytesUpTo16384Ranks) {
+  struct Case {
+    int hosts, perHost;
+  };
+  for (const Case c : {Case{4, 4}, Case{8, 8}, Case{64, 8}, Case{2048, 8}}) {
+    const size_t count = size_t{16} << 20;  // 64 MiB of float32
+    const size_t bytes = count * 4;
+    const ScheduleReport report =
+        simulate(hostsOf(c.hosts, c.perHost), opOf(CollectiveKind::kAllReduce, count));
+    ASSERT_EQ(report.error, "") << c.hosts << " hosts";
+    const double perHost = 2.0 * (c.hosts - 1) / c.hosts * static_cast<double>(bytes);
+    EXPECT_NEAR(static_cast<double>(report.maxHostSentBytes), perHost, perHost * 0.01)
+        << c.hosts << " hosts";
+    EXPECT_NEAR(static_cast<double>(report.maxSentBytes), perHost / c.perHost,
+                perHost / c.perHost * 0.01);
+    // Recursive halving and doubling: 2 log2 H network steps.
+    EXPECT_EQ(report.maxNetworkSteps, static_cast<size_t>(2 * std::log2(c.hosts)));
+  }
+}
+
+TEST(Schedules, TwoHostsAllReduceIsOneExchangePerRail) {
+  const ScheduleReport report =
+      simulate(hostsOf(2, 4), opOf(CollectiveKind::kAllReduce, size_t{1} << 20));
+  ASSERT_EQ(report.error, "");
+  EXPECT_EQ(report.maxNetworkSteps, 1u);
+  EXPECT_EQ(report.maxSentBytes, (size_t{4} << 20) / 4);
+}
+
+TEST(Schedules, AllGatherAndReduceScatterSendTheirShareOnce) {
+  const int hosts = 8, perHost = 4;
+  const size_t perRank = 1 << 16;  // float32 elements
+  for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
+    const ScheduleReport report = simulate(hostsOf(hosts, perHost), opOf(kind, perRank));
+    ASSERT_EQ(report.error, "") << collectiveName(kind);
+    const double total = 4.0 * static_cast<double>(perRank) * hosts * perHost;
+    const double perHostBytes = (hosts - 1.0) / hosts * total;
+    EXPECT_NEAR(static_cast<double>(report.maxHostSentBytes), perHostBytes, perHostBytes * 0.01)
+        << collectiveName(kind);
+  }
+}
+
+// The checker catches what would hang or corrupt.
+ScheduleStep exchangeStep(std::vector<ScheduledMessage> sends,
+                          std::vector<ScheduledMessage> receives) {
+  ScheduleStep step;
+  step.sends = std::move(sends);
+  step.receives = std::move(receives);
+  return step;
+}
+
+TEST(ScheduleChecker, FindsADeadlock) {
+  // Each rank waits to receive before it sends.
+  const Layout layout = {{0}, {1}};
+  const std::vector<Schedule> schedules = {
+      {exchangeStep({}, {{1, 8, 0}}), exchangeStep({{1, 8, 0}}, {})},
+      {exchangeStep({}, {{0, 8, 0}}), exchangeStep({{0, 8, 0}}, {})}};
+  const ScheduleReport report = checkSchedules(layout, schedules);
+  EXPECT_NE(report.error.find("deadlock"), std::string::npos) << report.error;
+}
+
+TEST(ScheduleChecker, FindsAMismatchedMessage) {
+  const Layout layout = {{0}, {1}};
+  const std::vector<Schedule> schedules = {{exchangeStep({{1, 8, 0}}, {})},
+                                           {exchangeStep({}, {{0, 16, 0}})}};
+  const ScheduleReport report = checkSchedules(layout, schedules);
+  EXPECT_NE(report.error.find("16 bytes"), std::string::npos) << report.error;
+}
+
+TEST(ScheduleChecker, FindsLocalStepsThatDisagreeAndMessagesWithinAHost) {
+  ScheduleStep a, b;
+  a.local = b.local = true;
+  a.digest = 1;
+  b.digest = 2;
+  const ScheduleReport disagree = checkSchedules({{0, 1}}, {{a}, {b}});
+  EXPECT_NE(disagree.error.find("different local collectives"), std::string::npos)
+      << disagree.error;
+  const ScheduleReport sameHost =
+      checkSchedules({{0, 1}}, {{exchangeStep({{1, 8, 0}}, {})}, {exchangeStep({}, {{0, 8, 0}})}});
+  EXPECT_NE(sameHost.error.find("not on another host"), std::string::npos) << sameHost.error;
+}
+
+}  // namespace
+}  // namespace loom
