@@ -90,12 +90,38 @@ uint8_t* AcrossHostsContext::scratch(size_t bytes) {
 
 namespace {
 
+bool overlap(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  return x < y + bBytes && y < x + aBytes;
+}
+
 // Blocks for this host's ranks go through the segment; blocks for the others go directly
-// over the network, all at once.
+// over the network, all at once. Where an output overlaps a block still to be sent (an
+// all_to_all in place), the blocks for other hosts are copied aside first: a receive would
+// otherwise overwrite them while they are going out.
 void allToAllAcrossHosts(AcrossHostsContext& ctx, const CollectiveArgs& args) {
   const HostLayout& L = ctx.layout();
-  const size_t esize = elementSize(args.type);
+  const size_t es = elementSize(args.type);
   const std::vector<int>& here = L.ranksOn[L.host];
+  auto isLocal = [&](int q) { return std::find(here.begin(), here.end(), q) != here.end(); };
+  std::vector<const void*> sources = args.inputs;
+  bool aside = false;
+  for (int q = 0; q < L.size && !aside; ++q) {
+    if (isLocal(q)) continue;
+    for (int o = 0; o < L.size && !aside; ++o) {
+      aside = overlap(args.inputs[q], args.inputCounts[q] * es, args.outputs[o],
+                      args.outputCounts[o] * es);
+    }
+  }
+  if (aside) {
+    for (int q = 0; q < L.size; ++q) {
+      if (isLocal(q)) continue;
+      uint8_t* copy = ctx.scratch(args.inputCounts[q] * es);
+      ctx.copy(copy, args.inputs[q], args.inputCounts[q] * es);
+      sources[q] = copy;
+    }
+  }
   auto local = CollectiveArgs::of(CollectiveKind::kAllToAll, args.type, ReduceOp(), 0, args.count,
                                   nullptr, nullptr);
   local.variable = args.variable;
@@ -108,9 +134,9 @@ void allToAllAcrossHosts(AcrossHostsContext& ctx, const CollectiveArgs& args) {
   ctx.runLocal(local);
   std::vector<NetTransfer> sends, receives;
   for (int q = 0; q < L.size; ++q) {
-    if (std::find(here.begin(), here.end(), q) != here.end()) continue;
-    sends.push_back({q, const_cast<void*>(args.inputs[q]), args.inputCounts[q] * esize, 0});
-    receives.push_back({q, args.outputs[q], args.outputCounts[q] * esize, 0});
+    if (isLocal(q)) continue;
+    sends.push_back({q, const_cast<void*>(sources[q]), args.inputCounts[q] * es, 0});
+    receives.push_back({q, args.outputs[q], args.outputCounts[q] * es, 0});
   }
   ctx.exchange(sends, receives);
 }

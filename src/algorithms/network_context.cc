@@ -110,7 +110,12 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
           w.receiving = false;
           w.received = 0;
         }
-        if (w.done()) --left;
+        if (w.done()) {
+          --left;
+        } else if (link.peerLeft() && !link.readable()) {
+          // It destroyed its communicator: what this rank still expects will never come.
+          failures_.peerGone(w.peer, RankState::kDeparted, wait_);
+        }
       }
       if (progressed) {
         idleTurns = 0;

@@ -113,6 +113,14 @@ void checkMovement(Communicator& comm) {
         expectSame(received.data() + q * count * es, inputBytes(type, count, q, salt, me * count),
                    type, count, name("all_to_all", type, count) + " from " + std::to_string(q));
       }
+      // in place: blocks going out to another host are overwritten by what comes in
+      comm.allToAll(blocks.data(), blocks.data(), count, type).wait();
+      for (int q = 0; q < n; ++q) {
+        expectSame(blocks.data() + q * count * es, inputBytes(type, count, q, salt, me * count),
+                   type, count,
+                   name("all_to_all in place", type, count) + " from " + std::to_string(q));
+      }
+      fillInput(blocks.data(), type, count * n, me, salt);  // the scatter below sends them
       // gather to the last rank, scatter from rank 0
       std::vector<void*> outputs;
       for (int q = 0; q < n; ++q) outputs.push_back(out.data() + q * count * es);

@@ -192,6 +192,28 @@ TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
 
+TEST_F(TwoHosts, ARankThatLeavesEarlyIsNamedByItsPeerAcrossHosts) {
+  // Rank 1 destroys its communicator normally while rank 0 (the other host) waits for it
+  // in a collective: rank 0 must be told so at once, not wait out its timeout.
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 1) return;  // leaves: the communicator goes with the scope
+    std::vector<float> data(1 << 16, 1.0f);
+    expectError(
+        [&] {
+          comm->allReduce(data.data(), data.data(), data.size(), DataType::kFloat32,
+                          ReduceKind::kSum)
+              .wait();
+        },
+        ErrorCode::kMismatch, {"rank 1 (host '", "destroyed its communicator"});
+  });
+}
+
 TEST_F(TwoHosts, AbortOnOneHostAbortsEveryRankOnTheOther) {
   const NetnsHosts& hosts = *hosts_;
   LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
