@@ -1,7 +1,9 @@
-// loom-bench: times loom's collectives between ranks forked on this host, in the style of
-// nccl-tests (time, algbw, busbw and #wrong per size, out of place and in place), beside the
-// memory copy bandwidth measured in the same run with the same threads, so every large-size
-// figure comes with its roofline fraction. Run `loom-bench --help` for the options.
+// loom-bench: times loom's collectives between forked ranks, in the style of nccl-tests
+// (time, algbw, busbw and #wrong per size, out of place and in place), beside the memory
+// copy bandwidth measured in the same run with the same threads, so every large-size figure
+// comes with its roofline fraction. Ranks run on this host, on hosts made of network
+// namespaces on this machine (--hosts, optionally with shaped links), or on several machines
+// (--nnodes). Run `loom-bench --help` for the options.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +22,7 @@
 #include "core/topology.h"
 #include "kernels/reduce.h"
 #include "loom/loom.h"
+#include "netns_hosts.h"
 #include "util/env.h"
 #include "util/helper_pool.h"
 
@@ -43,12 +46,22 @@ struct Options {
   bool check = true;
   bool copyBandwidth = true;
   std::string json;
+  // Across hosts: namespace hosts on this machine, or this node of a job over machines.
+  int hosts = 1;
+  double linkGbit = 0;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterHost;
+  uint16_t masterPort = 0;
+
+  int world() const { return ranks * nnodes; }
+  int hostCount() const { return std::max(hosts, nnodes); }
 };
 
 const char* kUsage =
-    R"(loom-bench: collective bandwidth and latency between ranks forked on this host.
+    R"(loom-bench: collective bandwidth and latency between forked ranks.
 
-  -n, --ranks N        ranks to fork (default 2)
+  -n, --ranks N        ranks to fork (default 2; with --nnodes, per node)
   -b, --min-bytes S    smallest size, e.g. 8, 64K, 1M (default 8)
   -e, --max-bytes S    largest size (default 256M)
   -f, --factor F       size multiplier between rows (default 2)
@@ -64,12 +77,23 @@ const char* kUsage =
   -J, --json FILE      also write one JSON object per row to FILE
   -h, --help           this text
 
+Across hosts:
+      --hosts H        place the ranks on H hosts made of network namespaces on this
+                       machine, host by host (needs root and iproute2); the network between
+                       them is libfabric over veth pairs and a bridge
+      --link-gbit G    with --hosts: limit every host's link to G Gb/s each way (tc tbf)
+      --nnodes N --node-rank K --master HOST:PORT
+                       this machine is node K of N: it forks ranks K*n .. K*n+n-1; node 0
+                       serves the rendezvous store on PORT of HOST, which all nodes reach
+
 Sizes follow nccl-tests: the whole buffer (all_reduce, broadcast, reduce), the whole output
 (all_gather, gather), the whole input (reduce_scatter, scatter), the per-rank buffer
 (all_to_all). time is the median over repetitions of the slowest rank's mean per call;
 algbw = size / time; busbw = algbw x 2(P-1)/P (all_reduce), (P-1)/P (all_gather,
 reduce_scatter, all_to_all), 1 (rooted). roofline = bytes loom's algorithm moves through
 memory / time / the copy bandwidth measured at the start with the same ranks and threads.
+Across H hosts, hostbw = algbw x the same factor with P = H: the rate at which each host's
+link carries its share (compare it with the link's speed).
 Environment: LOOM_THREADS, LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_ISA tune loom itself.
 )";
 
@@ -152,6 +176,20 @@ Options parse(int argc, char** argv) {
       o.copyBandwidth = false;
     } else if (a == "-J" || a == "--json") {
       o.json = value();
+    } else if (a == "--hosts") {
+      o.hosts = std::atoi(value().c_str());
+    } else if (a == "--link-gbit") {
+      o.linkGbit = std::atof(value().c_str());
+    } else if (a == "--nnodes") {
+      o.nnodes = std::atoi(value().c_str());
+    } else if (a == "--node-rank") {
+      o.nodeRank = std::atoi(value().c_str());
+    } else if (a == "--master") {
+      const std::string master = value();
+      const size_t colon = master.rfind(':');
+      if (colon == std::string::npos) usageError("--master needs HOST:PORT");
+      o.masterHost = master.substr(0, colon);
+      o.masterPort = static_cast<uint16_t>(std::atoi(master.c_str() + colon + 1));
     } else {
       usageError("unknown option '" + a + "'");
     }
@@ -162,6 +200,13 @@ Options parse(int argc, char** argv) {
   if (o.reps < 1 || o.warmup < 0 || o.repMs <= 0) usageError("bad warmup, reps or rep-ms");
   if (!isSupported(o.reduce.kind(), o.type))
     usageError("that reduction does not apply to that dtype");
+  if (o.hosts < 1 || o.ranks % o.hosts != 0) usageError("--hosts must divide --ranks");
+  if (o.linkGbit < 0 || (o.linkGbit > 0 && o.hosts == 1)) usageError("--link-gbit needs --hosts");
+  if (o.nnodes < 1 || o.nodeRank < 0 || o.nodeRank >= o.nnodes)
+    usageError("bad --nnodes/--node-rank");
+  if (o.nnodes > 1 && (o.masterHost.empty() || o.masterPort == 0))
+    usageError("--nnodes needs --master");
+  if (o.nnodes > 1 && o.hosts > 1) usageError("--hosts and --nnodes do not mix");
   return o;
 }
 
@@ -232,18 +277,20 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
   return t;
 }
 
-int rankMain(int rank, const Options& o, uint16_t port) {
-  auto store = std::make_shared<TcpStore>("127.0.0.1", port);
-  auto comm = Communicator::create(rank, o.ranks, store);
-  const Config config = Config::load(o.ranks);
+int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
+  const int world = o.world();
+  auto comm = Communicator::create(rank, world, store);
+  const Config config = Config::load(world / o.hostCount());
   const bool lead = rank == 0;
   std::ofstream json;
   if (lead && !o.json.empty()) json.open(o.json);
   if (lead) {
     std::printf(
-        "# loom-bench: %d ranks on %s (%d cores available), %d thread(s)/rank, kernels %s, "
-        "chunk %zu KiB\n",
-        o.ranks, localHost().hostname.c_str(), availableCores(), config.tuning.threads,
+        "# loom-bench: %d ranks on %d host(s) (%s%s), %d cores available, %d thread(s)/rank, "
+        "kernels %s, chunk %zu KiB\n",
+        world, o.hostCount(), o.hosts > 1 ? "network namespaces" : localHost().hostname.c_str(),
+        o.linkGbit > 0 ? (", links shaped to " + std::to_string(o.linkGbit) + " Gb/s").c_str() : "",
+        availableCores(), config.tuning.threads,
         std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10);
   }
   double copyBw = 0;
@@ -254,7 +301,7 @@ int rankMain(int rank, const Options& o, uint16_t port) {
       std::printf(
           "# copy bandwidth: %.1f GB/s (read + write, %d ranks x %d threads each copying "
           "%zu MiB at once)\n",
-          copyBw / 1e9, o.ranks, config.tuning.threads, bytes >> 20);
+          copyBw / 1e9, world, config.tuning.threads, bytes >> 20);
     }
   }
   size_t totalWrong = 0;
@@ -266,9 +313,9 @@ int rankMain(int rank, const Options& o, uint16_t port) {
       std::printf("#\n# %s  %s  %s\n", std::string(opName(op)).c_str(),
                   std::string(dataTypeName(o.type)).c_str(),
                   std::string(reduceKindName(o.reduce.kind())).c_str());
-      std::printf("# %12s %12s  %10s %8s %8s %6s  %10s %8s %8s %6s  %8s\n", "size(B)", "count",
+      std::printf("# %12s %12s  %10s %8s %8s %6s  %10s %8s %8s %6s  %8s%s\n", "size(B)", "count",
                   "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw", "#wrong",
-                  "roofline");
+                  "roofline", o.hostCount() > 1 ? "    hostbw" : "");
     }
     for (double s = static_cast<double>(o.minBytes); s <= static_cast<double>(o.maxBytes) * 1.0001;
          s *= o.factor) {
@@ -283,24 +330,31 @@ int rankMain(int rank, const Options& o, uint16_t port) {
       totalWrong += t[0].wrong + t[1].wrong;
       if (!lead) continue;
       const double algbw[2] = {bytes / t[0].us / 1e3, bytes / t[1].us / 1e3};
-      const double bus = busFactor(op, o.ranks);
-      const double k = trafficFactor(op, o.ranks, bytes, config.tuning.selection);
+      const double bus = busFactor(op, world);
+      // The roofline models one host's shared memory; across hosts the network rules.
+      const double k =
+          o.hostCount() > 1 ? 0 : trafficFactor(op, world, bytes, config.tuning.selection);
       const double roof = copyBw > 0 ? k * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
+      const double hostbw = algbw[0] * busFactor(op, o.hostCount());
       busSum += algbw[0] * bus;
       ++busRows;
-      std::printf("  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%%\n",
-                  bytes, count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1],
+      std::printf("  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%%", bytes,
+                  count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1],
                   algbw[1] * bus, t[1].wrong, roof);
+      if (o.hostCount() > 1) std::printf(" %9.3f", hostbw);
+      std::printf("\n");
       std::fflush(stdout);
       if (json.is_open()) {
         for (int ip = 0; ip < 2; ++ip) {
-          json << "{\"op\":\"" << opName(op) << "\",\"ranks\":" << o.ranks
+          json << "{\"op\":\"" << opName(op) << "\",\"ranks\":" << world
+               << ",\"hosts\":" << o.hostCount() << ",\"link_gbit\":" << o.linkGbit
                << ",\"threads\":" << config.tuning.threads << ",\"dtype\":\""
                << dataTypeName(o.type) << "\",\"bytes\":" << bytes
                << ",\"inplace\":" << (ip ? "true" : "false") << ",\"time_us\":" << t[ip].us
                << ",\"algbw\":" << algbw[ip] << ",\"busbw\":" << algbw[ip] * bus
                << ",\"wrong\":" << t[ip].wrong << ",\"copy_bw\":" << copyBw / 1e9
-               << ",\"roofline\":" << (ip ? 0.0 : roof / 100) << "}\n";
+               << ",\"roofline\":" << (ip ? 0.0 : roof / 100)
+               << ",\"hostbw\":" << algbw[ip] * busFactor(op, o.hostCount()) << "}\n";
         }
       }
     }
@@ -319,16 +373,39 @@ int rankMain(int rank, const Options& o, uint16_t port) {
 int main(int argc, char** argv) {
   using namespace loom;
   const bench::Options options = bench::parse(argc, argv);
-  TcpStoreServer server("127.0.0.1", 0);
+  // Where the store is served: this machine's loopback, or node 0 of several machines.
+  const bool serves = options.nodeRank == 0;
+  const std::string storeHost = options.nnodes > 1 ? options.masterHost : "127.0.0.1";
+  std::unique_ptr<TcpStoreServer> server;
+  if (serves) server = std::make_unique<TcpStoreServer>(storeHost, options.masterPort);
+  const uint16_t port = serves ? server->port() : options.masterPort;
+  std::unique_ptr<testing::NetnsHosts> hosts;
+  if (options.hosts > 1) {
+    const std::string why = testing::NetnsHosts::unavailableReason();
+    if (!why.empty()) {
+      std::fprintf(stderr, "loom-bench: --hosts: %s\n", why.c_str());
+      return 2;
+    }
+    hosts = std::make_unique<testing::NetnsHosts>(options.hosts);
+    for (int h = 0; h < options.hosts && options.linkGbit > 0; ++h)
+      hosts->shape(h, options.linkGbit);
+    ::setenv("LOOM_NET_IFNAME", "eth0", 1);  // the namespace hosts' one interface
+  }
   std::vector<pid_t> children;
   std::fflush(stdout);
-  for (int r = 0; r < options.ranks; ++r) {
+  const int perHost = options.ranks / options.hosts;
+  for (int local = 0; local < options.ranks; ++local) {
+    const int r = options.nodeRank * options.ranks + local;
     const pid_t pid = ::fork();
     if (pid == 0) {
-      server.closeInChild();
+      if (server) server->closeInChild();
       int code = 1;
       try {
-        code = bench::rankMain(r, options, server.port());
+        // The store connection is made first: from inside a namespace host, this machine's
+        // loopback (where the store listens) is out of reach.
+        auto store = std::make_shared<TcpStore>(storeHost, port);
+        if (hosts) hosts->enter(local / perHost);
+        code = bench::rankMain(r, options, store);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "loom-bench rank %d: %s\n", r, e.what());
       }
@@ -337,7 +414,7 @@ int main(int argc, char** argv) {
     }
     children.push_back(pid);
   }
-  server.start();
+  if (server) server->start();
   int worst = 0;
   for (pid_t pid : children) {
     int status = 0;

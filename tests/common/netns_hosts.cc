@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <regex>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <stdexcept>
@@ -109,6 +110,17 @@ void NetnsHosts::enter(int h) const {
 
 std::string NetnsHosts::address(int h) const {
   return "10.77.0." + std::to_string(h + 1);
+}
+
+void NetnsHosts::shape(int h, double gbit) const {
+  // The bucket holds 2 ms at the rate (at least 64 KiB), enough that the kernel's timer
+  // granularity does not hold the link below its rate.
+  const auto bytesPerSecond = static_cast<long long>(gbit * 1e9 / 8);
+  const long long burst = std::max<long long>(bytesPerSecond / 500, 64 << 10);
+  const std::string tbf = " root tbf rate " + std::to_string(static_cast<long long>(gbit * 1e6)) +
+                          "kbit burst " + std::to_string(burst) + " latency 50ms";
+  run("ip netns exec " + names_.at(h) + " tc qdisc replace dev eth0" + tbf);
+  run("ip netns exec " + hub_ + " tc qdisc replace dev p" + std::to_string(h) + tbf);
 }
 
 void NetnsHosts::setLink(int h, bool up) const {

@@ -1,10 +1,10 @@
 #pragma once
 
-// Several hosts on one machine for multi-host tests: network namespaces, each with one
-// interface (eth0, address 10.77.0.<h+1>/24) whose veth peer sits on a bridge in a hub
-// namespace of its own. Nothing is added to the machine's own namespace, and everything is
-// removed again by the destructor (the names carry this process's pid). Needs root and
-// iproute2 (`ip`).
+// Several hosts on one machine for multi-host tests and benchmarks (loom-bench --hosts):
+// network namespaces, each with one interface (eth0, address 10.77.0.<h+1>/24) whose veth
+// peer sits on a bridge in a hub namespace of its own. Nothing is added to the machine's own
+// namespace, and everything is removed again by the destructor (the names carry this
+// process's pid). Needs root and iproute2 (`ip`, and `tc` to shape links).
 
 #include <string>
 #include <vector>
@@ -30,6 +30,9 @@ class NetnsHosts {
   std::string address(int h) const;
   /// Takes host h's link to the bridge down (false) or up again.
   void setLink(int h, bool up) const;
+  /// Limits host h's link to `gbit` Gb/s in each direction (a tc token bucket on both ends
+  /// of its veth pair, as a NIC of that speed would).
+  void shape(int h, double gbit) const;
 
  private:
   void removeAll();
