@@ -3,13 +3,18 @@
     python -m loom.bench                      # 2 ranks, 8 B .. 256 MiB, five collectives
     python -m loom.bench --ranks 4 --max-bytes 64M --ops all_reduce,all_gather_into_tensor
     python -m loom.bench --ddp-step           # also time a DDP training step (~100M params)
+    python -m loom.bench --ranks 8 --hosts 2 --link-gbit 10   # 2 namespace hosts (root)
+    torchrun --nnodes 2 --nproc-per-node 4 ... -m loom.bench  # across real machines
 
 Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
 size, both backends run the same call: a barrier, then the timed call, as seen from Python on
-rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median of several calls
-after warm-ups is reported. Output: a table with the Gloo/loom time ratio per size, a PNG plot
-of bus bandwidth, and the raw numbers as JSON (--out, default ./bench-out). The host's copy
-bandwidth is measured in the same run, so large sizes come with a roofline figure.
+rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and the 90th
+percentile of several calls after warm-ups are reported. Output: a table with the Gloo/loom
+time ratio per size, a PNG plot of bus bandwidth, and the raw numbers as JSON (--out, default
+./bench-out). The host's copy bandwidth is measured in the same run, so large sizes come with
+a roofline figure. Across hosts (--hosts on this machine, or under torchrun on several), the
+table also gives each host's link rate: busbw counted over hosts (the nccl-tests factor with
+P = hosts).
 """
 
 from __future__ import annotations
@@ -114,8 +119,9 @@ def case_bytes(op: str, nbytes: int, world: int) -> int:
     return max(1, elems // world) * world * 4
 
 
-def time_calls(call, group, barrier_group, n: int, warmup: int = 3) -> float:
-    """Median seconds of `n` calls, each after a barrier (on its own backend's group)."""
+def time_calls(call, group, barrier_group, n: int, warmup: int = 3) -> tuple[float, float]:
+    """Median and 90th percentile seconds of `n` calls, each after a barrier (on its own
+    backend's group)."""
     import torch.distributed as dist
 
     for _ in range(warmup):
@@ -126,7 +132,8 @@ def time_calls(call, group, barrier_group, n: int, warmup: int = 3) -> float:
         t0 = time.perf_counter()
         call(group)
         samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    samples.sort()
+    return statistics.median(samples), samples[min(len(samples) - 1, int(0.9 * len(samples)))]
 
 
 def copy_bandwidth(nbytes: int) -> float:
@@ -171,18 +178,25 @@ def ddp_step_time(group, params_millions: int, steps: int) -> float:
     return statistics.median(samples)
 
 
-def rank_main(rank: int, args, init_file: str, queue) -> None:
+def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) -> None:
+    """One rank: joins loom and Gloo groups, times every point, and hands rank 0's results to
+    `queue` (or, without one, returns them). With `hosts` (namespace hosts on this machine)
+    the rank first moves into its host, ranks placed host by host."""
     try:
+        if hosts is not None:
+            hosts.enter(rank // (world // len(hosts.names)))
+            os.environ["GLOO_SOCKET_IFNAME"] = os.environ["LOOM_NET_IFNAME"] = "eth0"
         import torch
         import torch.distributed as dist
 
         import loom  # noqa: F401
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
-        dist.init_process_group("loom", init_method=f"file://{init_file}", rank=rank,
-                                world_size=args.ranks, timeout=timedelta(minutes=10))
+        # Ranks on this machine share its cores (namespace hosts included).
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        dist.init_process_group("loom", init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(minutes=10))
         groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-        world = args.ranks
         copy_bw = copy_bandwidth(min(args.max_bytes, 256 << 20) if args.max_bytes >= 64 << 20 else 64 << 20)
         # Sizes below one element per rank round up to the same call: time each call once.
         points = []
@@ -205,8 +219,8 @@ def rank_main(rank: int, args, init_file: str, queue) -> None:
             call = make_case(op, nbytes, world, rank)
             row = {"op": op, "bytes": case_bytes(op, nbytes, world), "ranks": world}
             for backend in args.backends:
-                seconds = time_calls(call, groups[backend], groups[backend], calls_for(nbytes))
-                row[backend] = seconds
+                row[backend], row[backend + "_p90"] = time_calls(call, groups[backend], groups[backend],
+                                                                 calls_for(nbytes))
                 if bar is not None:
                     bar.set_description(f"{op} {human(nbytes)} {backend}")
                     bar.update()
@@ -219,32 +233,45 @@ def rank_main(rank: int, args, init_file: str, queue) -> None:
                 ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
         dist.barrier()
         dist.destroy_process_group()
-        queue.put((rank, "ok", {"results": results, "copy_bw": copy_bw, "ddp": ddp}))
+        data = {"results": results, "copy_bw": copy_bw, "ddp": ddp}
+        if queue is None:
+            return data
+        queue.put((rank, "ok", data))
     except BaseException:  # noqa: BLE001
+        if queue is None:
+            raise
         queue.put((rank, "error", traceback.format_exc()))
+    return None
 
 
-def print_table(results, backends, world, copy_bw) -> list[str]:
-    lines = [f"# {world} ranks; copy bandwidth {copy_bw / 1e9:.1f} GB/s (read + write, all ranks copying at once)"]
+def print_table(results, backends, world, copy_bw, hosts: int = 1) -> list[str]:
+    where = f"{world} ranks" + (f" on {hosts} hosts" if hosts > 1 else "")
+    lines = [f"# {where}; copy bandwidth {copy_bw / 1e9:.1f} GB/s (read + write, all ranks copying at once)",
+             "# us: median time per call; p90: its 90th percentile; GB/s: bus bandwidth (nccl-tests)"
+             + ("; host GB/s: busbw counted over hosts, each host's link rate" if hosts > 1 else "")]
     for op in dict.fromkeys(r["op"] for r in results):
         lines.append("")
         lines.append(f"## {op}")
-        head = f"{'size':>12} " + " ".join(f"{b + ' us':>12} {b + ' GB/s':>12}" for b in backends)
+        head = f"{'size':>12} "
+        for b in backends:
+            head += f"{b + ' us':>12} {'p90':>9} {b + ' GB/s':>11} " + (f"{'host GB/s':>10} " if hosts > 1 else "")
         if "loom" in backends and "gloo" in backends:
-            head += f" {'gloo/loom':>10}"
+            head += f"{'gloo/loom':>10}"
         lines.append(head)
         for r in (r for r in results if r["op"] == op):
             line = f"{human(r['bytes']):>12} "
             for b in backends:
-                busbw = r["bytes"] / r[b] * BUS_FACTOR[op](world) / 1e9
-                line += f"{r[b] * 1e6:12.1f} {busbw:12.3f} "
+                algbw = r["bytes"] / r[b] / 1e9
+                line += f"{r[b] * 1e6:12.1f} {r.get(b + '_p90', r[b]) * 1e6:9.1f} {algbw * BUS_FACTOR[op](world):11.3f} "
+                if hosts > 1:
+                    line += f"{algbw * BUS_FACTOR[op](hosts):10.3f} "
             if "loom" in backends and "gloo" in backends:
                 line += f"{r['gloo'] / r['loom']:9.1f}x"
             lines.append(line)
     return lines
 
 
-def plot(results, backends, world, path: Path) -> bool:
+def plot(results, backends, world, path: Path, hosts: int = 1) -> bool:
     try:
         import matplotlib
 
@@ -266,7 +293,8 @@ def plot(results, backends, world, path: Path) -> bool:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("bus bandwidth (GB/s)")
     axes[0][0].legend()
-    fig.suptitle(f"loom vs Gloo through torch.distributed, {world} ranks, CPU tensors")
+    where = f"{world} ranks" + (f" on {hosts} hosts" if hosts > 1 else "")
+    fig.suptitle(f"loom vs Gloo through torch.distributed, {where}, CPU tensors")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
@@ -285,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="where the table, plot and JSON go")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="place the ranks on this many hosts made of network namespaces on this "
+                             "machine, host by host (needs root and iproute2)")
+    parser.add_argument("--link-gbit", type=float, default=0,
+                        help="with --hosts: limit each host's link to this many Gb/s each way (tc tbf)")
     args = parser.parse_args(argv)
     args.ops = [o for o in args.ops.split(",") if o]
     args.backends = [b for b in args.backends.split(",") if b]
@@ -296,12 +329,42 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown backend '{b}'")
     if args.ranks < 1 or args.min_bytes > args.max_bytes:
         parser.error("need --ranks >= 1 and --min-bytes <= --max-bytes")
+    if args.hosts < 1 or args.ranks % args.hosts != 0:
+        parser.error("--hosts must divide --ranks")
+    if args.link_gbit and args.hosts == 1:
+        parser.error("--link-gbit needs --hosts")
 
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return run_under_torchrun(args)
+    hosts = None
+    if args.hosts > 1:
+        from loom import _netns
+
+        reason = _netns.unavailable_reason()
+        if reason:
+            parser.error(f"--hosts: {reason}")
+        hosts = _netns.NamespaceHosts(args.hosts)
+    try:
+        for h in range(args.hosts if args.link_gbit else 0):
+            hosts.shape(h, args.link_gbit)
+        data = run_forked(args, hosts)
+    finally:
+        if hosts is not None:
+            hosts.close()
+    if data is None:
+        return 1
+    report(data, args, args.ranks, args.hosts)
+    return 0
+
+
+def run_forked(args, hosts) -> dict | None:
+    """Forks the ranks; returns rank 0's results, or None (after printing why) if any failed."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=rank_main, args=(r, args, init_file, queue)) for r in range(args.ranks)]
+        init = f"file://{os.path.join(tmp, 'init')}"
+        procs = [ctx.Process(target=rank_main, args=(r, args.ranks, args, init, queue, hosts))
+                 for r in range(args.ranks)]
         for p in procs:
             p.start()
         outcome = {}
@@ -311,15 +374,27 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             p.join()
     failed = {r: p for r, (s, p) in outcome.items() if s != "ok"}
-    if failed:
-        for r, text in sorted(failed.items()):
-            print(f"--- rank {r} failed ---\n{text}", file=sys.stderr)
-        return 1
-    data = outcome[0][1]
-    lines = print_table(data["results"], args.backends, args.ranks, data["copy_bw"])
+    for r, text in sorted(failed.items()):
+        print(f"--- rank {r} failed ---\n{text}", file=sys.stderr)
+    return None if failed else outcome[0][1]
+
+
+def run_under_torchrun(args) -> int:
+    """This process is one rank of a torchrun job (on one machine or several): rank 0 reports."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    data = rank_main(rank, world, args, "env://", None)
+    if rank == 0:
+        report(data, args, world, hosts)
+    return 0
+
+
+def report(data: dict, args, world: int, hosts: int) -> None:
+    """Prints the table and writes it, the JSON and the plot to --out."""
+    lines = print_table(data["results"], args.backends, world, data["copy_bw"], hosts)
     if data["ddp"]:
         lines.append("")
-        lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, {args.ranks} ranks")
+        lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, {world} ranks")
         for b, seconds in data["ddp"].items():
             lines.append(f"{b:>6}: {seconds * 1e3:9.1f} ms per step")
         if "loom" in data["ddp"] and "gloo" in data["ddp"]:
@@ -327,10 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.txt").write_text("\n".join(lines) + "\n")
-    (args.out / "results.json").write_text(json.dumps({"ranks": args.ranks, **data}, indent=1))
-    if plot(data["results"], args.backends, args.ranks, args.out / "busbw.png"):
+    meta = {"ranks": world, "hosts": hosts, "link_gbit": getattr(args, "link_gbit", 0)}
+    (args.out / "results.json").write_text(json.dumps({**meta, **data}, indent=1))
+    if plot(data["results"], args.backends, world, args.out / "busbw.png", hosts):
         print(f"\nplot: {args.out / 'busbw.png'}; numbers: {args.out / 'results.json'}")
-    return 0
 
 
 if __name__ == "__main__":

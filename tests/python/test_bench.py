@@ -5,9 +5,13 @@ it keeps to the API torch 2.13 recommends), writing its table, JSON and plot."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
+
+from loom import _netns
 from loom.bench import OPS
 
 
@@ -23,3 +27,42 @@ def test_bench_runs_outside_the_checkout_without_deprecated_api(tmp_path):
         assert row["loom"] > 0 and row["gloo"] > 0, row
     assert (tmp_path / "out" / "table.txt").read_text().count("gloo/loom") == len(OPS)
     assert (tmp_path / "out" / "busbw.png").stat().st_size > 0
+    for row in results["results"]:
+        assert row["loom_p90"] >= row["loom"] and row["gloo_p90"] >= row["gloo"], row
+
+
+def test_bench_runs_under_torchrun(tmp_path):
+    """Launched by torchrun (as on several machines), rank 0 reports for the job."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "127.0.0.1:0", "-m", "loom.bench", "--max-bytes", "1K", "--ops", "all_reduce",
+           "--quiet", "--out", "out"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["ranks"] == 2 and results["hosts"] == 1
+    assert [row["bytes"] for row in results["results"]] == [8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def test_bench_across_namespace_hosts_with_shaped_links(tmp_path):
+    """--hosts places the ranks on namespace hosts (root only, like tests/net), and the table
+    gives each host's link rate."""
+    reason = _netns.unavailable_reason()
+    if reason:
+        if os.environ.get("LOOM_REQUIRE_NETNS") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    cmd = [sys.executable, "-m", "loom.bench", "--ranks", "4", "--hosts", "2", "--link-gbit", "1",
+           "--min-bytes", "4M", "--max-bytes", "4M", "--ops", "all_reduce,all_gather_into_tensor", "--quiet",
+           "--out", "out"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["hosts"] == 2 and results["link_gbit"] == 1
+    table = (tmp_path / "out" / "table.txt").read_text()
+    assert "on 2 hosts" in table and "host GB/s" in table
+    # An all_reduce of 4 MiB sends 4 MiB from each host: over 1 Gb/s that takes 34 ms (less
+    # what the token bucket lets through at once, 250 KB): the shaping is in force.
+    reduced = next(r for r in results["results"] if r["op"] == "all_reduce")
+    assert reduced["bytes"] == 4 << 20 and reduced["loom"] > 0.025, reduced

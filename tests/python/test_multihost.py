@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -17,62 +16,19 @@ from pathlib import Path
 import pytest
 
 from frameworks import ENV, EXAMPLES, assert_same_training, gloo_died_at_exit
-
-
-def _unavailable() -> str:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "iproute2 (the ip command) is missing"
-    return ""
-
-
-def _reap_orphans() -> None:
-    """Removes namespaces of loom test processes that are gone (killed before cleaning up):
-    their names carry the pid (loom<pid>py..., loom<pid>n...)."""
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for line in listing.splitlines():
-        match = re.fullmatch(r"loom(\d+)(?:n|py)[0-9a-z]*", line.split()[0]) if line.split() else None
-        if not match:
-            continue
-        try:
-            os.kill(int(match.group(1)), 0)
-        except ProcessLookupError:
-            subprocess.run(["ip", "netns", "del", line.split()[0]], capture_output=True)
-        except PermissionError:
-            pass
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+from loom import _netns
 
 
 @pytest.fixture
 def hosts():
     """Two hosts: namespaces loom<pid>py<h> with eth0 = 10.78.0.<h+1>/24 on a bridge in a hub."""
-    reason = _unavailable()
+    reason = _netns.unavailable_reason()
     if reason:
         if os.environ.get("LOOM_REQUIRE_NETNS") == "1":
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
-    _reap_orphans()
-    prefix = f"loom{os.getpid()}py"
-    hub, names = prefix + "hub", [prefix + "h0", prefix + "h1"]
-    try:
-        _ip("netns", "add", hub)
-        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", hub, "link", "set", "br0", "up")
-        for h, name in enumerate(names):
-            _ip("netns", "add", name)
-            _ip("-n", hub, "link", "add", f"p{h}", "type", "veth", "peer", "name", "eth0", "netns", name)
-            _ip("-n", hub, "link", "set", f"p{h}", "master", "br0", "up")
-            _ip("-n", name, "addr", "add", f"10.78.0.{h + 1}/24", "dev", "eth0")
-            _ip("-n", name, "link", "set", "eth0", "up")
-            _ip("-n", name, "link", "set", "lo", "up")
-        yield names
-    finally:
-        for name in [*names, hub]:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    with _netns.NamespaceHosts(2, subnet="10.78.0") as made:
+        yield made.names
 
 
 def start_two_nodes(hosts: list[str], script: str, backend: str, report: Path, cwd: Path) -> list[tuple]:
