@@ -55,6 +55,20 @@ std::optional<BenchOp> parseOp(std::string_view name) {
   return std::nullopt;
 }
 
+CollectiveKind collectiveOf(BenchOp op) {
+  switch (op) {
+    case BenchOp::kAllReduce: return CollectiveKind::kAllReduce;
+    case BenchOp::kAllGather: return CollectiveKind::kAllGather;
+    case BenchOp::kReduceScatter: return CollectiveKind::kReduceScatter;
+    case BenchOp::kBroadcast: return CollectiveKind::kBroadcast;
+    case BenchOp::kAllToAll: return CollectiveKind::kAllToAll;
+    case BenchOp::kReduce: return CollectiveKind::kReduce;
+    case BenchOp::kGather: return CollectiveKind::kGather;
+    case BenchOp::kScatter: return CollectiveKind::kScatter;
+  }
+  return CollectiveKind::kAllReduce;
+}
+
 double busFactor(BenchOp op, int ranks) {
   const double p = ranks;
   switch (op) {

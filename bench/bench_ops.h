@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "algorithms/collective.h"
 #include "algorithms/selection.h"
 #include "loom/communicator.h"
 
@@ -32,6 +33,8 @@ enum class BenchOp {
 std::string_view opName(BenchOp op);
 /// Parses an op name; nullopt if unknown.
 std::optional<BenchOp> parseOp(std::string_view name);
+/// The engine's collective behind `op`.
+CollectiveKind collectiveOf(BenchOp op);
 
 /// busbw = algbw x busFactor (nccl-tests): 2(P-1)/P for all_reduce, (P-1)/P for all_gather,
 /// reduce_scatter and all_to_all, 1 for the rooted ones.

@@ -332,8 +332,7 @@ class Checker {
       start = std::max(start, clock_[q]);
       bytes = std::max(bytes, step.localBytes);
     }
-    const double end =
-        start + cost_.localLatencyUs + bytes * cost_.localTrafficFactor / (cost_.memGBps * 1e3);
+    const double end = start + cost_.localLatencyUs + bytes / (cost_.localGBps * 1e3);
     for (int q : here) {
       clock_[q] = end;
       ++pos_[q];

@@ -82,16 +82,17 @@ struct SimulatedOp {
 std::vector<Schedule> recordSchedules(const std::vector<std::vector<int>>& ranksOn,
                                       const SimulatedOp& op);
 
-/// Costs of the simulation: an exchange step costs netLatency plus its larger direction's
-/// bytes over the rank's share of its host's network bandwidth (the host's rails share it);
-/// a local step costs localLatency plus its bytes over memBandwidth times the per-byte
-/// traffic factor of the shared-memory algorithms; memory work runs at memBandwidth.
+/// Costs of the simulation. An exchange step costs netLatency plus its larger direction's
+/// bytes over the rank's share of its host's network bandwidth (the host's ranks that use
+/// the network share it). A local collective costs localLatency plus the larger of a rank's
+/// input and output bytes over localGBps (a shared-memory collective's rate on that host,
+/// as loom-bench measures it). Copies and reductions outside them run at memGBps.
 struct CostModel {
   double netLatencyUs = 10;
   double hostNetGBps = 25;  ///< per host and direction (200 Gb/s)
   double localLatencyUs = 2;
-  double memGBps = 20;            ///< per rank, copy bandwidth (read + write)
-  double localTrafficFactor = 6;  ///< bytes through memory per local byte (about (5P+1)/P)
+  double localGBps = 8;  ///< bytes of a local collective per second
+  double memGBps = 20;   ///< copy bandwidth per rank, read + write
 };
 
 /// What the checker found.
