@@ -12,7 +12,8 @@
 # shaped: the 10 Gb/s runs (all_reduce). The runs use what build left there.
 # DEBS=DIR unpacks the .deb files in DIR first and uses them (for hosts that cannot install
 # Debian's libfabric, OpenSSL and iproute2: the GPU hosts). MAX_BYTES bounds the sweeps
-# (default 256M for loom-bench, a quarter of it through torch, where Gloo is slow).
+# (default 256M for loom-bench, a quarter of it through torch, where Gloo is slow); LAYOUTS
+# picks the layouts as "HOSTS RANKS" pairs, comma-separated (default "2 8,4 8").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bench_hosts.sh OUTDIR [build|open|shaped|all]}
@@ -47,7 +48,7 @@ if [ "$what" = build ] || [ "$what" = all ]; then
   "$PYTHON" -m pip install -q --no-deps --force-reinstall build/hosts-dist/*.whl
 fi
 
-layouts=("2 8" "4 8")  # hosts, ranks
+IFS=, read -r -a layouts <<<"${LAYOUTS:-2 8,4 8}"  # hosts, ranks
 if [ "$what" = open ] || [ "$what" = all ]; then
   for layout in "${layouts[@]}"; do
     read -r hosts ranks <<<"$layout"
