@@ -88,6 +88,21 @@ uint8_t* AcrossHostsContext::scratch(size_t bytes) {
   return arena_.take(bytes);
 }
 
+size_t AcrossHostsContext::startRail(RailSteps steps) {
+  std::exception_ptr outcome;
+  try {
+    steps(*this);
+  } catch (...) {
+    outcome = std::current_exception();
+  }
+  ranHere_.push_back(outcome);
+  return ranHere_.size() - 1;
+}
+
+void AcrossHostsContext::finishRail(size_t ticket) {
+  if (ranHere_.at(ticket)) std::rethrow_exception(ranHere_[ticket]);
+}
+
 namespace {
 
 bool overlap(const void* a, size_t aBytes, const void* b, size_t bBytes) {

@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -101,9 +103,21 @@ class AcrossHostsContext {
   /// `bytes` of scratch memory that stays valid until the collective ends.
   virtual uint8_t* scratch(size_t bytes);
 
+  /// A rail's part of a collective (exchanges, reductions, copies; never runLocal), run on
+  /// a context of its own.
+  using RailSteps = std::function<void(AcrossHostsContext& ctx)>;
+  /// Starts `steps` and returns a ticket at once. Where the context can, they run on another
+  /// thread while this one goes on with local steps (the network context's rail thread),
+  /// so a collective can overlap the network with shared memory; jobs run one at a time,
+  /// in the order started. This default runs them here and now.
+  virtual size_t startRail(RailSteps steps);
+  /// Waits for the job of `ticket` and rethrows its failure.
+  virtual void finishRail(size_t ticket);
+
  private:
   const HostLayout& layout_;
   ScratchArena& arena_;
+  std::vector<std::exception_ptr> ranHere_;  // the outcome of each job the default ran
 };
 
 /// Runs the collective `args` (as the caller passed it: communicator ranks, whole lists).

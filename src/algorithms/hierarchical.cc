@@ -107,6 +107,122 @@ bool sumsWiden(DataType type, ReduceOp op) {
 
 }  // namespace
 
+namespace {
+
+// An all_reduce of at least two segments goes in segments, so that the rail thread's
+// all_reduce of one overlaps this thread's local steps on the next and the previous.
+constexpr size_t kSegmentBytes = size_t{4} << 20;
+constexpr int kMaxSegments = 16;
+
+// Rail jobs a collective has started: every one is finished before the collective returns,
+// also when a local step fails (the jobs write into its buffers).
+class RailJobs {
+ public:
+  explicit RailJobs(AcrossHostsContext& ctx) : ctx_(ctx) {}
+  ~RailJobs() {
+    for (size_t ticket : pending_) {
+      try {
+        ctx_.finishRail(ticket);
+      } catch (...) {
+        // The collective is failing already; its error is the one that counts.
+      }
+    }
+  }
+  RailJobs(const RailJobs&) = delete;
+  RailJobs& operator=(const RailJobs&) = delete;
+
+  size_t start(AcrossHostsContext::RailSteps steps) {
+    pending_.push_back(ctx_.startRail(std::move(steps)));
+    return pending_.back();
+  }
+  void finish(size_t ticket) {
+    pending_.erase(std::find(pending_.begin(), pending_.end(), ticket));
+    ctx_.finishRail(ticket);
+  }
+
+ private:
+  AcrossHostsContext& ctx_;
+  std::vector<size_t> pending_;
+};
+
+// One segment of an all_reduce: `count` elements at `input` and `output`.
+class AllReduceSegment {
+ public:
+  AllReduceSegment(const HostLayout& L, const void* input, void* output, size_t count,
+                   DataType type, ReduceOp op, uint64_t countsHash)
+      : L_(L),
+        input_(input),
+        output_(output),
+        count_(count),
+        type_(type),
+        op_(op),
+        countsHash_(countsHash),
+        es_(elementSize(type)),
+        rails_(railsFor(L, count * es_)),
+        bounds_(slices(count, rails_, type)) {}
+
+  /// Rail rank s gets slice s reduced over this host.
+  void reduceWithinHost(AcrossHostsContext& ctx) const {
+    const ReduceOp local = op_.kind() == ReduceKind::kAvg ? ReduceOp(ReduceKind::kSum) : op_;
+    CollectiveArgs scatter = localV(CollectiveKind::kReduceScatter, type_, local, countsHash_);
+    scatter.count = count_;
+    for (int j = 0; j < L_.localSize(); ++j) {
+      scatter.inputs.push_back(at(input_, start(j), es_));
+      scatter.inputCounts.push_back(length(j));
+    }
+    scatter.output = at(output_, start(L_.localIndex), es_);
+    ctx.runLocal(scatter);
+  }
+
+  /// This rank's rail all-reduces its slice across hosts (nothing for a rank beyond the
+  /// rails). Copies what it needs: it may run on the rail thread after this is gone.
+  AcrossHostsContext::RailSteps acrossHosts() const {
+    const int me = L_.localIndex;
+    if (me >= rails_) return nullptr;
+    const ReduceKind kind = op_.kind();
+    const ReduceOp rail = kind == ReduceKind::kAvg || kind == ReduceKind::kPremulSum
+                              ? ReduceOp(ReduceKind::kSum)
+                              : op_;
+    return [members = railOf(L_, me), mine = at(output_, bounds_[me], es_), n = length(me),
+            type = type_, rail, op = op_, ranks = L_.size](AcrossHostsContext& ctx) {
+      railAllReduce(ctx, members, mine, n, type, rail);
+      if (op.kind() == ReduceKind::kAvg) {
+        const void* src = mine;
+        ctx.reduce(mine, {&src, 1}, n, {type, op, ranks});  // divides by every rank
+      }
+    };
+  }
+
+  /// Every rank of the host gathers the slices.
+  void gatherWithinHost(AcrossHostsContext& ctx) const {
+    CollectiveArgs gather = localV(CollectiveKind::kAllGather, type_, ReduceOp(), countsHash_);
+    gather.count = count_;
+    gather.input = at(output_, start(L_.localIndex), es_);
+    for (int j = 0; j < L_.localSize(); ++j) {
+      gather.outputs.push_back(at(output_, start(j), es_));
+      gather.outputCounts.push_back(length(j));
+    }
+    ctx.runLocal(gather);
+  }
+
+ private:
+  size_t start(int j) const { return j < rails_ ? bounds_[j] : 0; }
+  size_t length(int j) const { return j < rails_ ? bounds_[j + 1] - bounds_[j] : 0; }
+
+  const HostLayout& L_;
+  const void* input_;
+  void* output_;
+  size_t count_;
+  DataType type_;
+  ReduceOp op_;
+  uint64_t countsHash_;
+  size_t es_;
+  int rails_;
+  Bounds bounds_;
+};
+
+}  // namespace
+
 void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* output, size_t count,
                           DataType type, ReduceOp op, uint64_t countsHash) {
   if (sumsWiden(type, op)) {
@@ -118,45 +234,34 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   }
   const HostLayout& L = ctx.layout();
   const size_t es = elementSize(type);
-  const int rails = railsFor(L, count * es);
-  const ReduceKind kind = op.kind();
-  const ReduceOp localOp = kind == ReduceKind::kAvg ? ReduceOp(ReduceKind::kSum) : op;
-  const ReduceOp railOp =
-      kind == ReduceKind::kAvg || kind == ReduceKind::kPremulSum ? ReduceOp(ReduceKind::kSum) : op;
-  const Bounds bounds = slices(count, rails, type);
-  const int me = L.localIndex;
-  auto start = [&](int j) { return j < rails ? bounds[j] : 0; };
-  auto length = [&](int j) { return j < rails ? bounds[j + 1] - bounds[j] : 0; };
-
-  // 1. Rail rank s gets slice s reduced over this host.
-  CollectiveArgs scatter = localV(CollectiveKind::kReduceScatter, type, localOp, countsHash);
-  scatter.count = count;
-  for (int j = 0; j < L.localSize(); ++j) {
-    scatter.inputs.push_back(at(input, start(j), es));
-    scatter.inputCounts.push_back(length(j));
+  const size_t bytes = count * es;
+  const int segments = static_cast<int>(std::clamp<size_t>(bytes / kSegmentBytes, 1, kMaxSegments));
+  const Bounds cuts = slices(count, segments, type);
+  std::vector<AllReduceSegment> parts;
+  for (int s = 0; s < segments; ++s) {
+    parts.emplace_back(L, at(input, cuts[s], es), at(output, cuts[s], es), cuts[s + 1] - cuts[s],
+                       type, op, countsHash);
   }
-  scatter.output = at(output, start(me), es);
-  ctx.runLocal(scatter);
-
-  // 2. Each rail all-reduces its slice across hosts.
-  if (me < rails) {
-    uint8_t* mine = at(output, bounds[me], es);
-    railAllReduce(ctx, railOf(L, me), mine, length(me), type, railOp);
-    if (kind == ReduceKind::kAvg) {
-      const void* src = mine;
-      ctx.reduce(mine, {&src, 1}, length(me), {type, op, L.size});  // divides by every rank
-    }
+  if (segments == 1) {  // nothing to overlap: the rail part runs on this thread
+    parts[0].reduceWithinHost(ctx);
+    if (auto steps = parts[0].acrossHosts()) steps(ctx);
+    parts[0].gatherWithinHost(ctx);
+    return;
   }
-
-  // 3. Every rank of the host gathers the slices.
-  CollectiveArgs gather = localV(CollectiveKind::kAllGather, type, ReduceOp(), countsHash);
-  gather.count = count;
-  gather.input = at(output, start(me), es);
-  for (int j = 0; j < L.localSize(); ++j) {
-    gather.outputs.push_back(at(output, start(j), es));
-    gather.outputCounts.push_back(length(j));
+  // Segment s: reduce within the host, start its rail part, then finish the rail part of
+  // segment s - 1 and gather that one within the host.
+  RailJobs jobs(ctx);
+  std::vector<size_t> tickets(static_cast<size_t>(segments), SIZE_MAX);
+  auto gatherPrevious = [&](int s) {
+    if (tickets[s] != SIZE_MAX) jobs.finish(tickets[s]);
+    parts[s].gatherWithinHost(ctx);
+  };
+  for (int s = 0; s < segments; ++s) {
+    parts[s].reduceWithinHost(ctx);
+    if (auto steps = parts[s].acrossHosts()) tickets[s] = jobs.start(std::move(steps));
+    if (s > 0) gatherPrevious(s - 1);
   }
-  ctx.runLocal(gather);
+  gatherPrevious(segments - 1);
 }
 
 void allGatherAcrossHosts(AcrossHostsContext& ctx, const void* input,

@@ -1,4 +1,4 @@
-// The network exchange of collectives across hosts.
+// The network exchange of collectives across hosts, and the threads that share it.
 
 #include "algorithms/network_context.h"
 
@@ -9,11 +9,18 @@
 #include <thread>
 #include <vector>
 
+#include "loom/error.h"
+#include "util/backoff.h"
+
 namespace loom {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Exchanges that send at least this much (and receive too) hand their sends to the send
+// thread: below it, the hand-off costs more than the overlap saves.
+constexpr size_t kOffloadBytes = size_t{256} << 10;
 
 // The transfers of one exchange with one peer, each direction in order.
 struct PeerWork {
@@ -40,6 +47,67 @@ PeerWork& workFor(std::vector<PeerWork>& work, int peer) {
 
 }  // namespace
 
+NetworkContext::~NetworkContext() {
+  for (const auto& job : railJobs_) await(*job);
+}
+
+void NetworkContext::runLocal(const CollectiveArgs& args) {
+  if (!runLocal_) {
+    throw Error(ErrorCode::kInternal, wait_.op, layout().rank,
+                "a rail job asked for a local collective (only the collective's own thread "
+                "may run those)");
+  }
+  runLocal_(args);
+}
+
+std::shared_ptr<NetworkContext::Job> NetworkContext::handOff(Worker& thread,
+                                                             std::function<void()> fn) {
+  auto job = std::make_shared<Job>();
+  thread.submit([job, fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+    job->done.store(true, std::memory_order_release);
+  });
+  return job;
+}
+
+void NetworkContext::await(const Job& job) {
+  // The job ends by itself (it watches the failure record and the deadline): spin for a
+  // short one, then yield, then sleep a little at a time.
+  for (int turn = 0; !job.done.load(std::memory_order_acquire); ++turn) {
+    if (turn < 256) {
+      cpuRelax();
+    } else if (turn < 2048) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+size_t NetworkContext::startRail(RailSteps steps) {
+  if (!offload_.rail || !offload_.railScratch)
+    return AcrossHostsContext::startRail(std::move(steps));
+  // The job's own context: its scratch, and no local collectives (those are this thread's).
+  auto job = handOff(*offload_.rail, [this, steps = std::move(steps)] {
+    NetworkContext own(layout(), *offload_.railScratch, nullptr, linkTo_, describe_, failures_,
+                       wait_, NetOffload{offload_.sends, nullptr, nullptr});
+    steps(own);
+  });
+  railJobs_.push_back(std::move(job));
+  return railJobs_.size() - 1;
+}
+
+void NetworkContext::finishRail(size_t ticket) {
+  if (!offload_.rail || !offload_.railScratch) return AcrossHostsContext::finishRail(ticket);
+  const Job& job = *railJobs_.at(ticket);
+  await(job);
+  if (job.error) std::rethrow_exception(job.error);
+}
+
 void NetworkContext::failWith(ErrorCode code, int q, const std::string& message) {
   failures_.fail(code, q, message);
   throw failures_.failureError(wait_.op);
@@ -47,6 +115,25 @@ void NetworkContext::failWith(ErrorCode code, int q, const std::string& message)
 
 void NetworkContext::exchange(std::span<const NetTransfer> sends,
                               std::span<const NetTransfer> receives) {
+  size_t sending = 0;
+  for (const NetTransfer& t : sends) sending += t.bytes;
+  if (!offload_.sends || receives.empty() || sending < kOffloadBytes) return drive(sends, receives);
+  // Make every link here first: the send thread must not create them beside this one.
+  for (const NetTransfer& t : sends) linkTo_(t.peer);
+  for (const NetTransfer& t : receives) linkTo_(t.peer);
+  auto out = handOff(*offload_.sends, [&] { drive(sends, {}); });
+  try {
+    drive({}, receives);
+  } catch (...) {
+    await(*out);  // it ends too: the failure is recorded for every thread
+    throw;
+  }
+  await(*out);
+  if (out->error) std::rethrow_exception(out->error);
+}
+
+void NetworkContext::drive(std::span<const NetTransfer> sends,
+                           std::span<const NetTransfer> receives) {
   std::vector<PeerWork> work;
   for (const NetTransfer& t : sends) workFor(work, t.peer).sends.push_back(&t);
   for (const NetTransfer& t : receives) workFor(work, t.peer).receives.push_back(&t);
@@ -58,6 +145,7 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
     for (PeerWork& w : work) {
       current = w.peer;
       w.link = &linkTo_(w.peer);
+      w.drained = w.sends.empty();  // a receiving thread leaves the outbound side alone
     }
     while (left > 0) {
       if (failures_.failed()) throw failures_.failureError(op);
@@ -112,8 +200,13 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
         }
         if (w.done()) {
           --left;
-        } else if (link.peerLeft() && !link.readable()) {
-          // It destroyed its communicator: what this rank still expects will never come.
+          continue;
+        }
+        // A peer that destroyed its communicator: what this rank still expects of it will
+        // never come, and what it still sends has nobody to take it.
+        const bool waitsToReceive = w.nextReceive < w.receives.size();
+        if ((waitsToReceive && link.inboundEnded() && !link.readable()) ||
+            (!waitsToReceive && link.outboundEnded())) {
           failures_.peerGone(w.peer, RankState::kDeparted, wait_);
         }
       }

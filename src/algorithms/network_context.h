@@ -2,15 +2,34 @@
 
 // The AcrossHostsContext that runs collectives: local steps on this host's segment (through
 // the communicator), network steps over each pair's collective link.
+//
+// Two threads of the communicator's may share the work (Offload). A large exchange hands its
+// sends to the send thread and drives its receives itself: a link's two directions are
+// separate connections, and over TCP each byte costs kernel time on the thread that moves
+// it, so one thread per direction moves both at once. Rail jobs (startRail) run on the rail
+// thread, each on a context of its own, while the collective's thread goes on with local
+// steps: the network and shared memory overlap.
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "algorithms/across_hosts.h"
 #include "transport/failures.h"
 #include "transport/message_link.h"
+#include "util/worker.h"
 
 namespace loom {
+
+/// The communicator's threads a NetworkContext may hand work to, and the rail jobs' scratch
+/// (any may be null: that work is then done on the calling thread).
+struct NetOffload {
+  Worker* sends = nullptr;
+  Worker* rail = nullptr;
+  ScratchArena* railScratch = nullptr;
+};
 
 class NetworkContext final : public AcrossHostsContext {
  public:
@@ -22,20 +41,37 @@ class NetworkContext final : public AcrossHostsContext {
   using Describe = std::function<std::string(int q)>;
 
   NetworkContext(const HostLayout& layout, ScratchArena& arena, RunLocal runLocal, LinkTo linkTo,
-                 Describe describe, Failures& failures, const WaitSpec& wait)
+                 Describe describe, Failures& failures, const WaitSpec& wait,
+                 NetOffload offload = {})
       : AcrossHostsContext(layout, arena),
         runLocal_(std::move(runLocal)),
         linkTo_(std::move(linkTo)),
         describe_(std::move(describe)),
         failures_(failures),
-        wait_(wait) {}
+        wait_(wait),
+        offload_(offload) {}
+  /// Waits for rail jobs still running (a collective that failed part-way).
+  ~NetworkContext() override;
 
-  void runLocal(const CollectiveArgs& args) override { runLocal_(args); }
-  /// A message of the wrong size or tag is a mismatch; a broken link, a failure elsewhere or
-  /// the deadline fails the communicator, and this throws its error.
+  void runLocal(const CollectiveArgs& args) override;
+  /// A message of the wrong size or tag is a mismatch; a broken link, a peer that left, a
+  /// failure elsewhere or the deadline fails the communicator, and this throws its error.
   void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives) override;
+  size_t startRail(RailSteps steps) override;
+  void finishRail(size_t ticket) override;
 
  private:
+  // A job on another thread and its outcome.
+  struct Job {
+    std::atomic<bool> done{false};
+    std::exception_ptr error;
+  };
+  /// Runs `fn` on `thread` (which must outlive the wait for it).
+  static std::shared_ptr<Job> handOff(Worker& thread, std::function<void()> fn);
+  /// Waits for `job` to finish; it always does (it watches failures and the deadline).
+  static void await(const Job& job);
+  /// Moves the transfers on this thread until all are done (one direction may be empty).
+  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
   [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
 
   RunLocal runLocal_;
@@ -43,6 +79,8 @@ class NetworkContext final : public AcrossHostsContext {
   Describe describe_;
   Failures& failures_;
   const WaitSpec& wait_;
+  NetOffload offload_;
+  std::vector<std::shared_ptr<Job>> railJobs_;
 };
 
 }  // namespace loom

@@ -237,7 +237,14 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
     return *link;
   };
   auto describe = [this](int q) { return describeRemote(roster_, q); };
-  NetworkContext ctx(layout_, scratch_, runLocal, linkTo, describe, *failures_, wait);
+  // The threads that share the network work, made on first use (the send thread: every
+  // rank exchanges with other hosts; the rail thread: rail ranks only).
+  if (!sendThread_) sendThread_ = std::make_unique<Worker>(config_.backoff);
+  if (!railThread_ && layout_.localIndex < layout_.rails) {
+    railThread_ = std::make_unique<Worker>(config_.backoff);
+  }
+  NetworkContext ctx(layout_, scratch_, runLocal, linkTo, describe, *failures_, wait,
+                     {sendThread_.get(), railThread_.get(), &railScratch_});
   runAcrossHosts(ctx, args);
 }
 
@@ -290,7 +297,9 @@ std::unique_ptr<MessageLink> CommState::linkTo(int q, uint32_t channel) {
   auto claim = [id = roster_.id, me, q, channel] {
     return net::NetService::instance().claim(id, q, me, channel);
   };
-  return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q));
+  // Collective links (channel 1) may have their directions driven by two threads.
+  const auto drivers = channel == 1 ? net::NetLink::Drivers::kTwo : net::NetLink::Drivers::kOne;
+  return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q), drivers);
 #else
   throw Error(ErrorCode::kInternal, "send/recv", rank_, "no network transport in this build");
 #endif

@@ -26,10 +26,10 @@
 #include "core/control_plane.h"
 #include "core/failure_domain.h"
 #include "core/op_state.h"
-#include "core/worker.h"
 #include "loom/communicator.h"
 #include "transport/message_link.h"
 #include "transport/shm/shm_comm.h"
+#include "util/worker.h"
 
 namespace loom {
 
@@ -124,8 +124,15 @@ class CommState final : public FailureSink {
 
   HostLayout layout_;                      // where the ranks run, for collectives across hosts
   std::unique_ptr<ControlPlane> control_;  // rail ranks of a communicator spanning hosts
-  std::vector<std::unique_ptr<MessageLink>> collectiveLinks_;  // worker thread only; lazily
-  ScratchArena scratch_;  // worker thread only: collectives across hosts
+  // Made lazily by the collective's thread; driven by it and, during its collectives, by the
+  // rail and send threads.
+  std::vector<std::unique_ptr<MessageLink>> collectiveLinks_;
+  ScratchArena scratch_;      // worker thread only: collectives across hosts
+  ScratchArena railScratch_;  // the rail thread's
+  // Threads a collective across hosts hands network work to (algorithms/network_context.h);
+  // idle between collectives. Destroyed before the links they drive.
+  std::unique_ptr<Worker> sendThread_;
+  std::unique_ptr<Worker> railThread_;
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
 

@@ -44,6 +44,12 @@ class MessageLink {
   /// True once the peer has left normally (destroyed its communicator) and everything it
   /// sent has been read; links whose peers leave through shared memory say so there.
   virtual bool peerLeft() const { return false; }
+  /// The halves of peerLeft() for a link whose directions two threads drive (one writes,
+  /// the other reads), each safe to ask on its own direction's thread: the peer has left
+  /// and everything it sent has been read (inbound); the peer has left, so nothing more can
+  /// be written to it (outbound).
+  virtual bool inboundEnded() const { return peerLeft(); }
+  virtual bool outboundEnded() const { return peerLeft(); }
   /// True if arrivals do not ring this rank's doorbell (the network delivers on its own), so
   /// an idle engine must look at this link now and then instead of sleeping until rung.
   virtual bool polled() const { return false; }

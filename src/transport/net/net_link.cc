@@ -55,8 +55,9 @@ bool NetLink::drained() {
 
 bool NetLink::readable() {
   try {
-    // The engine asks every link this on every turn: the turn to move our sends along too.
-    if (out_) out_->progress();
+    // The engine asks every link this on every turn: the turn to move our sends along too
+    // (unless another thread drives them).
+    if (out_ && drivers_ == Drivers::kOne) out_->progress();
     ReceiveChannel* in = inbound();
     return in && in->readable();
   } catch (const Error& e) {

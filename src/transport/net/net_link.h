@@ -3,7 +3,8 @@
 // MessageLink to a rank on another host: this rank's SendChannel to it, made on the first
 // write, and the ReceiveChannel it connected to this rank, claimed once it has arrived and
 // proved the secret. The fabric delivers on its own: there is no doorbell to ring, and the
-// engine polls this link (polled()). Errors name the peer.
+// engine polls this link (polled()). The two directions share nothing, so one thread may
+// write while another reads. Errors name the peer.
 
 #include <functional>
 #include <memory>
@@ -20,10 +21,18 @@ class NetLink final : public MessageLink {
   using Connect = std::function<std::unique_ptr<SendChannel>()>;
   using Claim = std::function<std::unique_ptr<ReceiveChannel>()>;
 
+  /// Who drives the link: one thread, whose every readable() also moves queued sends along
+  /// (the point-to-point engine, the control plane), or two, one per direction (collectives
+  /// across hosts), where only write() and drained() touch the outbound side.
+  enum class Drivers { kOne, kTwo };
+
   /// `connect` makes the outbound channel; `claim` returns the inbound one, or nullptr while
   /// it has not arrived; `peer` names the peer in errors ("rank 3 (host 'b', 10.0.0.2:4242)").
-  NetLink(Connect connect, Claim claim, std::string peer)
-      : connect_(std::move(connect)), claim_(std::move(claim)), peer_(std::move(peer)) {}
+  NetLink(Connect connect, Claim claim, std::string peer, Drivers drivers = Drivers::kOne)
+      : connect_(std::move(connect)),
+        claim_(std::move(claim)),
+        peer_(std::move(peer)),
+        drivers_(drivers) {}
   /// A link over channels already made (tests).
   NetLink(std::unique_ptr<SendChannel> out, std::unique_ptr<ReceiveChannel> in)
       : out_(std::move(out)), in_(std::move(in)) {}
@@ -35,7 +44,9 @@ class NetLink final : public MessageLink {
   void notifyPeer() override {}
   bool polled() const override { return true; }
   bool drained() override;
-  bool peerLeft() const override { return (out_ && out_->peerLeft()) || (in_ && in_->peerLeft()); }
+  bool peerLeft() const override { return outboundEnded() || inboundEnded(); }
+  bool inboundEnded() const override { return in_ && in_->peerLeft(); }
+  bool outboundEnded() const override { return out_ && out_->peerLeft(); }
 
  private:
   /// The inbound channel, claimed now if it has arrived.
@@ -45,6 +56,7 @@ class NetLink final : public MessageLink {
   Connect connect_;
   Claim claim_;
   std::string peer_;
+  Drivers drivers_ = Drivers::kOne;
   std::unique_ptr<SendChannel> out_;
   std::unique_ptr<ReceiveChannel> in_;
 };

@@ -1,6 +1,6 @@
 // The collective worker thread.
 
-#include "core/worker.h"
+#include "util/worker.h"
 
 #include <sched.h>
 

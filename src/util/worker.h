@@ -1,8 +1,9 @@
 #pragma once
 
 // Runs jobs one at a time, in submission order, on its own thread: a communicator's
-// collectives complete in issue order while the caller goes on. After a job the thread
-// spins briefly for the next (back-to-back collectives are common), then sleeps.
+// collectives complete in issue order while the caller goes on, and a collective across
+// hosts hands its network work to threads of its own (network_context.h). After a job the
+// thread spins briefly for the next (back-to-back jobs are common), then sleeps.
 
 #include <atomic>
 #include <condition_variable>
