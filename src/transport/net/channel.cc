@@ -13,8 +13,9 @@ namespace loom::net {
 namespace {
 
 // Receive buffers of the initiator: the acceptor's reply, then credit frames. Each credit
-// frame returns at least half the window, so at most two are ever waiting; four is room.
-constexpr int kSmallBuffers = 4;
+// frame returns at least a quarter of the window, so at most four are ever waiting; eight
+// is room.
+constexpr int kSmallBuffers = 8;
 constexpr size_t kSmallBytes = 128;
 constexpr size_t kReplyBytes = kHelloBytes + kProofBytes;
 static_assert(kReplyBytes <= kSmallBytes && kFrameHeaderBytes <= kSmallBytes);
@@ -368,9 +369,10 @@ void ReceiveChannel::recycle(int index) {
 
 void ReceiveChannel::returnCredits() {
   if (goodbyeQueued_) return;  // the sender has left: nobody to give them to
-  // Returning half the window at a time keeps credit frames few; the sender cannot be
-  // starved by this, since with no credits left all `frames` buffers are ours to drain.
-  if (owed_ < static_cast<uint32_t>(std::max(1, expected_.shape.frames / 2))) return;
+  // Returning a quarter of the window at a time keeps credit frames few while the sender
+  // still has three quarters to go on with; it cannot be starved by this, since with no
+  // credits left all `frames` buffers are ours to drain.
+  if (owed_ < static_cast<uint32_t>(std::max(1, expected_.shape.frames / 4))) return;
   FrameHeader header;
   header.type = FrameType::kCredit;
   header.credits = owed_;

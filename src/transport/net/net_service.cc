@@ -20,9 +20,9 @@ NetService::~NetService() {
   thread_.join();
 }
 
-void NetService::expect(const CommId& comm, const JobSecret& secret, ChannelShape shape) {
+void NetService::expect(const CommId& comm, const JobSecret& secret, ShapeOf shapeOf) {
   std::lock_guard<std::mutex> lock(mutex_);
-  expected_[comm] = Expectation{secret, shape};
+  expected_[comm] = Expected{secret, std::move(shapeOf)};
 }
 
 void NetService::forget(const CommId& comm) {
@@ -50,7 +50,7 @@ std::optional<Expectation> NetService::lookup(const Hello& hello) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = expected_.find(hello.comm);
   if (it == expected_.end()) return std::nullopt;
-  return it->second;
+  return Expectation{it->second.secret, it->second.shapeOf(hello.channel)};
 }
 
 void NetService::run() {

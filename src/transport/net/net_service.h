@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,9 +42,15 @@ class NetService {
   /// Where peers connect ("address:port").
   const std::string& address() const { return fabric_.address(); }
 
+  /// The window of each channel of a communicator (both ends must agree).
+  using ShapeOf = std::function<ChannelShape(uint32_t channel)>;
   /// Accepts connections for communicator `comm` whose initiators prove `secret`, with
-  /// windows of `shape`.
-  void expect(const CommId& comm, const JobSecret& secret, ChannelShape shape);
+  /// windows of shapeOf(channel).
+  void expect(const CommId& comm, const JobSecret& secret, ShapeOf shapeOf);
+  /// The same with one window for every channel.
+  void expect(const CommId& comm, const JobSecret& secret, ChannelShape shape) {
+    expect(comm, secret, [shape](uint32_t) { return shape; });
+  }
   /// Stops accepting for `comm` and closes its proven channels nobody claimed.
   void forget(const CommId& comm);
   /// The proven channel carrying `sender` -> `receiver` on `channel` of `comm`, or nullptr if
@@ -70,7 +77,11 @@ class NetService {
   Fabric& fabric_;
   const Limits limits_;
   std::mutex mutex_;
-  std::map<CommId, Expectation> expected_;                 // guarded by mutex_
+  struct Expected {
+    JobSecret secret{};
+    ShapeOf shapeOf;
+  };
+  std::map<CommId, Expected> expected_;                    // guarded by mutex_
   std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;  // guarded by mutex_
   std::vector<Pending> pending_;                           // service thread only
   std::atomic<uint64_t> refused_{0};
