@@ -172,6 +172,45 @@ void checkMovement(Communicator& comm) {
   comm.barrier().wait();
 }
 
+// Buffers of 8 MiB and more go in segments whose network steps run on the rail thread while
+// the collective's thread runs the local steps of the others (hierarchical.cc).
+void checkLarge(Communicator& comm) {
+  const int me = comm.rank();
+  const int n = comm.size();
+  const DataType type = DataType::kFloat32;
+  uint32_t salt = 9000;
+  for (ReduceOp op : {ReduceOp(ReduceKind::kSum), ReduceOp(ReduceKind::kAvg)}) {
+    const size_t count = size_t{3} << 20;  // 12 MiB: three segments
+    std::vector<float> in(count), out(count);
+    fillInput(in.data(), type, count, me, ++salt);
+    comm.allReduce(in.data(), out.data(), count, type, op).wait();
+    const auto want = referenceReduce(type, op, count, n, salt);
+    expectSame(out.data(), want, type, count, name("all_reduce", type, count));
+    comm.allReduce(in.data(), in.data(), count, type, op).wait();
+    expectSame(in.data(), want, type, count, name("all_reduce in place", type, count));
+    const size_t block = size_t{3} << 19;  // 6 MiB per rank: at least 24 MiB in all
+    std::vector<float> blocks(block * n), mine(block);
+    fillInput(blocks.data(), type, block * n, me, ++salt);
+    comm.reduceScatter(blocks.data(), mine.data(), block, type, op).wait();
+    expectSame(mine.data(), referenceReduce(type, op, block, n, salt, me * block), type, block,
+               name("reduce_scatter", type, block));
+  }
+  const size_t block = size_t{1} << 20;  // 4 MiB per rank
+  std::vector<float> mine(block), all(block * n);
+  fillInput(mine.data(), type, block, me, ++salt);
+  comm.allGather(mine.data(), all.data(), block, type).wait();
+  for (int q = 0; q < n; ++q) {
+    expectSame(all.data() + q * block, inputBytes(type, block, q, salt), type, block,
+               name("all_gather", type, block) + " block " + std::to_string(q));
+  }
+  const size_t count = size_t{3} << 20;
+  std::vector<float> data(count);
+  fillInput(data.data(), type, count, me, ++salt);
+  comm.broadcast(data.data(), data.data(), count, type, n - 1).wait();
+  expectSame(data.data(), inputBytes(type, count, n - 1, salt), type, count,
+             name("broadcast", type, count));
+}
+
 // Runs `check` on `size` ranks placed by `hostOf` on `hosts`.
 void runPlaced(const NetnsHosts& hosts, int size, int (*hostOf)(int),
                void (*check)(Communicator&)) {
@@ -215,6 +254,13 @@ TEST_F(TwoHosts, DataMovementMatchesTheReferenceInterleaved) {
 }
 TEST_F(TwoHosts, DataMovementMatchesTheReferenceUneven) {
   runPlaced(*hosts_, 3, unevenly, checkMovement);
+}
+TEST_F(TwoHosts, LargeCollectivesGoInSegmentsInterleaved) {
+  runPlaced(*hosts_, 4, interleaved, checkLarge);
+}
+TEST_F(ThreeHosts, LargeCollectivesGoInSegmentsTwoOneOne) {
+  runPlaced(
+      *hosts_, 4, [](int rank) { return rank == 3 ? 0 : rank; }, checkLarge);
 }
 
 }  // namespace

@@ -351,14 +351,67 @@ TEST(AcrossHostsAverage, NarrowIntegersDoNotWrapOnTheWay) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, AcrossHosts, ::testing::ValuesIn(layouts()),
-                         [](const auto& info) {
-                           std::string name;
-                           for (char c : describe(info.param)) {
-                             name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           }
-                           return name.substr(0, 60) + "_" + std::to_string(info.index);
-                         });
+// 8 MiB and more go in segments (hierarchical.cc): each is a collective of its own, whose
+// rail part this context runs at once. Up to 8 hosts (every pattern; more threads would only
+// make the buffers slower to check).
+class LargeAcrossHosts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(LargeAcrossHosts, CollectivesGoInSegments) {
+  MemoryHosts hosts(GetParam());
+  const int n = hosts.size();
+  hosts.run([&](AcrossHostsContext& ctx) {
+    const int me = ctx.layout().rank;
+    const DataType type = DataType::kFloat32;
+    const size_t count = size_t{5} << 19;  // 10 MiB: two segments
+    std::vector<float> in(count), out(count);
+    fillInput(in.data(), type, count, me, 77);
+    const ReduceOp avg(ReduceKind::kAvg);
+    runAcrossHosts(ctx,
+                   args(CollectiveKind::kAllReduce, type, avg, 0, count, in.data(), out.data()));
+    check(out.data(), referenceReduce(type, avg, count, n, 77), type, count, "all_reduce");
+    const size_t block = (size_t{9} << 20) / 4 / n + 3;  // 9 MiB in all, blocks not line-sized
+    std::vector<float> blocks(block * n), mine(block);
+    fillInput(blocks.data(), type, block * n, me, 78);
+    auto rs = args(CollectiveKind::kReduceScatter, type, avg, 0, block, nullptr, mine.data());
+    for (int q = 0; q < n; ++q) rs.inputs.push_back(blocks.data() + q * block);
+    rs.inputCounts.assign(static_cast<size_t>(n), block);
+    runAcrossHosts(ctx, rs);
+    check(mine.data(), referenceReduce(type, avg, block, n, 78, me * block), type, block,
+          "reduce_scatter");
+    fillInput(mine.data(), type, block, me, 79);
+    auto ag = args(CollectiveKind::kAllGather, type, ReduceOp(), 0, block, mine.data(), nullptr);
+    for (int q = 0; q < n; ++q) ag.outputs.push_back(blocks.data() + q * block);
+    ag.outputCounts.assign(static_cast<size_t>(n), block);
+    runAcrossHosts(ctx, ag);
+    for (int q = 0; q < n; ++q) {
+      check(ag.outputs[q], inputBytes(type, block, q, 79), type, block,
+            "all_gather block " + std::to_string(q));
+    }
+    fillInput(in.data(), type, count, me, 80);
+    runAcrossHosts(ctx, args(CollectiveKind::kBroadcast, type, ReduceOp(), n / 2, count, in.data(),
+                             out.data()));
+    check(out.data(), inputBytes(type, count, n / 2, 80), type, count, "broadcast");
+  });
+}
+
+std::string layoutName(const ::testing::TestParamInfo<Layout>& info) {
+  std::string name;
+  for (char c : describe(info.param)) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name.substr(0, 60) + "_" + std::to_string(info.index);
+}
+
+std::vector<Layout> layoutsUpTo8Hosts() {
+  std::vector<Layout> some;
+  for (const Layout& l : layouts()) {
+    if (l.size() <= 8) some.push_back(l);
+  }
+  return some;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, LargeAcrossHosts, ::testing::ValuesIn(layoutsUpTo8Hosts()),
+                         layoutName);
+
+INSTANTIATE_TEST_SUITE_P(Layouts, AcrossHosts, ::testing::ValuesIn(layouts()), layoutName);
 
 TEST(RailPattern, RingForFewHalvingForPowersOfTwoAndMany) {
   EXPECT_EQ(railPatternFor(2), RailPattern::kRing);
