@@ -25,6 +25,7 @@
 #include "netns_hosts.h"
 #include "util/env.h"
 #include "util/helper_pool.h"
+#include "util/trace.h"
 
 namespace loom::bench {
 namespace {
@@ -410,6 +411,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "loom-bench rank %d: %s\n", r, e.what());
       }
       std::fflush(stdout);
+      trace::flush();  // _exit skips the atexit handler that would write it
       ::_exit(code);
     }
     children.push_back(pid);

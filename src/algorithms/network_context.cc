@@ -11,6 +11,7 @@
 
 #include "loom/error.h"
 #include "util/backoff.h"
+#include "util/trace.h"
 
 namespace loom {
 
@@ -75,6 +76,7 @@ std::shared_ptr<NetworkContext::Job> NetworkContext::handOff(Worker& thread,
 }
 
 void NetworkContext::await(const Job& job) {
+  const trace::Span span("wait for a hand-off");
   // The job ends by itself (it watches the failure record and the deadline): spin for a
   // short one, then yield, then sleep a little at a time.
   for (int turn = 0; !job.done.load(std::memory_order_acquire); ++turn) {
@@ -92,7 +94,8 @@ size_t NetworkContext::startRail(RailSteps steps) {
   if (!offload_.rail || !offload_.railScratch)
     return AcrossHostsContext::startRail(std::move(steps));
   // The job's own context: its scratch, and no local collectives (those are this thread's).
-  auto job = handOff(*offload_.rail, [this, steps = std::move(steps)] {
+  auto job = handOff(*offload_.rail, [this, steps = std::move(steps), n = railJobs_.size()] {
+    const trace::Span span("rail job", n);
     NetworkContext own(layout(), *offload_.railScratch, nullptr, linkTo_, describe_, failures_,
                        wait_, NetOffload{offload_.sends, nullptr, nullptr});
     steps(own);
@@ -134,6 +137,10 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
 
 void NetworkContext::drive(std::span<const NetTransfer> sends,
                            std::span<const NetTransfer> receives) {
+  size_t bytes = 0;
+  for (const NetTransfer& t : sends) bytes += t.bytes;
+  for (const NetTransfer& t : receives) bytes += t.bytes;
+  const trace::Span span(sends.empty() ? "receive" : receives.empty() ? "send" : "exchange", bytes);
   std::vector<PeerWork> work;
   for (const NetTransfer& t : sends) workFor(work, t.peer).sends.push_back(&t);
   for (const NetTransfer& t : receives) workFor(work, t.peer).receives.push_back(&t);

@@ -12,6 +12,7 @@
 #include "core/process_service.h"
 #include "transport/shm/ring_link.h"
 #include "util/deadline.h"
+#include "util/trace.h"
 #include "util/unix_socket.h"
 #ifdef LOOM_HAVE_NET
 #include "transport/net/net_link.h"
@@ -224,6 +225,7 @@ void CommState::requireUsable(std::string_view op) {
 void CommState::execute(const CollectiveArgs& args, OpState& state,
                         std::chrono::milliseconds timeout) {
   std::exception_ptr error;
+  const trace::Span span(collectiveName(args.kind).data(), state.seq);
   FlightRecorder::instance().started(state.flightId);
   shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
   try {
@@ -245,6 +247,7 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
 void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& wait, uint64_t seq) {
   if (collectiveLinks_.empty()) collectiveLinks_.resize(static_cast<size_t>(size_));
   auto runLocal = [&](const CollectiveArgs& local) {
+    const trace::Span span("local step", static_cast<uint64_t>(local.kind));
     CollectiveContext ctx(*shm_, *failures_, wait, seq, phase_, config_.tuning);
     runCollective(ctx, local);
   };

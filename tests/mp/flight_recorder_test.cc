@@ -1,9 +1,11 @@
 // The record of what each rank was doing: every operation appears in the flight record with
 // its state; a timeout names where each laggard is and prints the per-rank progress table
 // and the recent operations (or writes them to LOOM_FLIGHT_RECORDER_DUMP); desync debug
-// signatures that differ across ranks fail with both quoted.
+// signatures that differ across ranks fail with both quoted; LOOM_TRACE writes a timeline.
 
 #include <gtest/gtest.h>
+
+#include <dirent.h>
 
 #include <fstream>
 #include <sstream>
@@ -11,6 +13,7 @@
 #include "../common/forked_ranks.h"
 #include "loom/error.h"
 #include "loom/flight_recorder.h"
+#include "util/trace.h"
 
 namespace loom {
 namespace {
@@ -137,6 +140,45 @@ TEST(FlightRecorder, TimeoutSaysWhereEachLaggardIsAndPrintsTheRecord) {
   EXPECT_TRUE(contains(dumped.str(), "flight record (2 operations")) << dumped.str();
   EXPECT_TRUE(contains(dumped.str(), "all_reduce")) << dumped.str();
   std::remove(path.c_str());
+}
+
+TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
+  const std::string dir = ::testing::TempDir();
+  const std::string name = "loom_trace_" + std::to_string(::getpid());
+  testing::RunOptions run;
+  run.environment = {"LOOM_TRACE=" + dir + name};
+  const auto outcomes = testing::runRanks(
+      2,
+      [](RankContext& ctx) {
+        auto comm = ctx.connect();
+        std::vector<float> x(1000, 1.0f);
+        for (int i = 0; i < 3; ++i) {
+          comm->allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceKind::kSum)
+              .wait();
+        }
+        comm->barrier().wait();
+        trace::flush();
+      },
+      run);
+  ASSERT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+  // One file per rank process, each a Chrome trace with the collectives in it.
+  int files = 0;
+  DIR* d = ::opendir(dir.c_str());
+  ASSERT_NE(d, nullptr);
+  while (dirent* entry = ::readdir(d)) {
+    const std::string file = entry->d_name;
+    if (file.rfind(name + ".", 0) != 0) continue;
+    ++files;
+    std::ifstream in(dir + file);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_TRUE(contains(text.str(), "{\"traceEvents\":[")) << file;
+    EXPECT_TRUE(contains(text.str(), "\"name\":\"all_reduce\",\"ph\":\"X\"")) << text.str();
+    EXPECT_TRUE(contains(text.str(), "\"name\":\"barrier\"")) << text.str();
+    std::remove((dir + file).c_str());
+  }
+  ::closedir(d);
+  EXPECT_EQ(files, 2);
 }
 
 TEST(Desync, DifferentSignaturesFailNamingBothSides) {
