@@ -33,12 +33,47 @@ size_t sum(const std::vector<size_t>& v) {
 RecordingContext::RecordingContext(const HostLayout& layout, ScratchArena& arena)
     : AcrossHostsContext(layout, arena), nextScratch_(kFakeScratch) {}
 
+ScheduleStep& RecordingContext::push(ScheduleStep step) {
+  step.onRail = onRail_;
+  step.memoryBytes = memory();
+  memory() = 0;
+  steps_.push_back(std::move(step));
+  return steps_.back();
+}
+
+size_t RecordingContext::startRail(RailSteps steps) {
+  const size_t job = jobs_++;
+  ScheduleStep start;
+  start.marker = ScheduleStep::Marker::kRailStart;
+  start.job = job;
+  push(std::move(start));
+  onRail_ = true;
+  std::exception_ptr failure;
+  try {
+    steps(*this);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  ScheduleStep done;
+  done.marker = ScheduleStep::Marker::kRailDone;
+  done.job = job;
+  push(std::move(done));
+  onRail_ = false;
+  if (failure) std::rethrow_exception(failure);
+  return job;
+}
+
+void RecordingContext::finishRail(size_t ticket) {
+  ScheduleStep finish;
+  finish.marker = ScheduleStep::Marker::kRailFinish;
+  finish.job = ticket;
+  push(std::move(finish));
+}
+
 void RecordingContext::runLocal(const CollectiveArgs& args) {
   ScheduleStep step;
   step.local = true;
   step.collective = args.kind;
-  step.memoryBytes = memory_;
-  memory_ = 0;
   uint64_t h = 0xcbf29ce484222325ULL;
   h = mix(h, static_cast<uint64_t>(args.kind) | uint64_t{static_cast<uint8_t>(args.type)} << 8 |
                  uint64_t{static_cast<uint8_t>(args.op.kind())} << 16);
@@ -64,34 +99,32 @@ void RecordingContext::runLocal(const CollectiveArgs& args) {
     default: step.localBytes = args.count * es;
   }
   step.digest = h;
-  steps_.push_back(std::move(step));
+  push(std::move(step));
 }
 
 void RecordingContext::exchange(std::span<const NetTransfer> sends,
                                 std::span<const NetTransfer> receives) {
   ScheduleStep step;
-  step.memoryBytes = memory_;
-  memory_ = 0;
   for (const NetTransfer& t : sends) step.sends.push_back({t.peer, t.bytes, t.tag});
   for (const NetTransfer& t : receives) step.receives.push_back({t.peer, t.bytes, t.tag});
-  steps_.push_back(std::move(step));
+  push(std::move(step));
 }
 
 void RecordingContext::reduce(void*, std::span<const void* const> srcs, size_t count,
                               const kernels::ReduceSpec& spec) {
-  memory_ += count * elementSize(spec.type) * (srcs.size() + 1);
+  memory() += count * elementSize(spec.type) * (srcs.size() + 1);
 }
 
 void RecordingContext::copy(void* dst, const void* src, size_t bytes) {
-  if (dst != src) memory_ += 2 * bytes;
+  if (dst != src) memory() += 2 * bytes;
 }
 
 void RecordingContext::zero(void*, size_t bytes) {
-  memory_ += bytes;
+  memory() += bytes;
 }
 
 void RecordingContext::convert(void*, DataType to, const void*, DataType from, size_t count) {
-  memory_ += count * (elementSize(to) + elementSize(from));
+  memory() += count * (elementSize(to) + elementSize(from));
 }
 
 uint8_t* RecordingContext::scratch(size_t bytes) {
@@ -101,12 +134,7 @@ uint8_t* RecordingContext::scratch(size_t bytes) {
 }
 
 Schedule RecordingContext::take() {
-  if (memory_ != 0) {
-    ScheduleStep tail;
-    tail.memoryBytes = memory_;
-    memory_ = 0;
-    steps_.push_back(std::move(tail));
-  }
+  if (memory_ != 0) push(ScheduleStep{});  // the memory work after the last step
   return std::move(steps_);
 }
 
@@ -185,6 +213,8 @@ class Checker {
     }
     pos_.assign(size_, 0);
     clock_.assign(size_, 0);
+    railClock_.assign(size_, 0);
+    railDone_.resize(size_);
     remaining_.assign(size_, 0);
     latest_.assign(size_, 0);
     sent_.assign(size_, 0);
@@ -212,7 +242,9 @@ class Checker {
       enter(r);
     }
     if (report_.error.empty()) findStuck();
-    for (size_t r = 0; r < size_; ++r) report_.timeUs = std::max(report_.timeUs, clock_[r]);
+    for (size_t r = 0; r < size_; ++r) {
+      report_.timeUs = std::max({report_.timeUs, clock_[r], railClock_[r]});
+    }
     summarise();
     return report_;
   }
@@ -237,19 +269,44 @@ class Checker {
     if (report_.error.empty()) report_.error = what;
   }
 
+  // The clock of the thread that runs `step` on rank r: its rail thread's or its own.
+  double& clockOf(int r, const ScheduleStep& step) {
+    return step.onRail ? railClock_[r] : clock_[r];
+  }
+
+  // A marker between rank r's two threads (instantaneous).
+  void mark(int r, const ScheduleStep& step) {
+    std::vector<double>& done = railDone_[r];
+    switch (step.marker) {
+      case ScheduleStep::Marker::kRailStart:  // handed over: runs once the rail thread is free
+        railClock_[r] = std::max(railClock_[r], clock_[r]);
+        break;
+      case ScheduleStep::Marker::kRailDone:
+        if (done.size() <= step.job) done.resize(step.job + 1, 0);
+        done[step.job] = railClock_[r];
+        break;
+      case ScheduleStep::Marker::kRailFinish:  // the collective's thread waits for the job
+        clock_[r] = std::max(clock_[r], step.job < done.size() ? done[step.job] : 0.0);
+        break;
+      case ScheduleStep::Marker::kNone: break;
+    }
+  }
+
   // Runs rank r's steps from its current one until it must wait for others.
   void enter(int r) {
     const Schedule& steps = s_[r];
     while (pos_[r] < steps.size()) {
       const ScheduleStep& step = steps[pos_[r]];
-      clock_[r] += step.memoryBytes / (cost_.memGBps * 1e3);
+      clockOf(r, step) += step.memoryBytes / (cost_.memGBps * 1e3);
+      if (step.marker != ScheduleStep::Marker::kNone) mark(r, step);
       if (step.local) return arriveLocal(r);
       if (step.sends.empty() && step.receives.empty()) {
         ++pos_[r];
         continue;
       }
       remaining_[r] = step.sends.size() + step.receives.size();
-      latest_[r] = clock_[r];
+      const double entry = clockOf(r, step);
+      latest_[r] = entry;
       sent_[r] = received_[r] = 0;
       std::vector<std::pair<int, int>> pairs;
       for (const ScheduledMessage& m : step.sends) {
@@ -258,11 +315,11 @@ class Checker {
                       std::to_string(m.peer) + ", which is not on another host");
         }
         PairQueues& q = pairs_[key(r, m.peer)];
-        q.sends.push_back({q.sentSoFar++, m.bytes, m.tag, clock_[r]});
+        q.sends.push_back({q.sentSoFar++, m.bytes, m.tag, entry});
         pairs.emplace_back(r, m.peer);
       }
       for (const ScheduledMessage& m : step.receives) {
-        pairs_[key(m.peer, r)].receives.push_back({0, m.bytes, m.tag, clock_[r]});
+        pairs_[key(m.peer, r)].receives.push_back({0, m.bytes, m.tag, entry});
         pairs.emplace_back(m.peer, r);
       }
       for (const auto& [from, to] : pairs) match(from, to);
@@ -297,7 +354,7 @@ class Checker {
 
   void finishExchange(int r) {
     const double bytes = static_cast<double>(std::max(sent_[r], received_[r]));
-    clock_[r] = latest_[r] + cost_.netLatencyUs + bytes / (share_[r] * 1e3);
+    clockOf(r, s_[r][pos_[r]]) = latest_[r] + cost_.netLatencyUs + bytes / (share_[r] * 1e3);
     ++pos_[r];
     ready_.push_back(r);
   }
@@ -374,7 +431,8 @@ class Checker {
   const size_t size_;
   std::vector<int> hostOf_;
   std::vector<size_t> pos_;
-  std::vector<double> clock_, latest_, share_;
+  std::vector<double> clock_, railClock_, latest_, share_;  // ranks' and rail threads' clocks
+  std::vector<std::vector<double>> railDone_;               // per rank: when each rail job ended
   std::vector<size_t> remaining_, sent_, received_;
   std::vector<size_t> totalSent_;  // over the whole schedule
   std::vector<int> arrived_;

@@ -28,8 +28,15 @@ struct ScheduledMessage {
 };
 
 /// One step of a rank's schedule: a collective among its host's ranks, or a network
-/// exchange; with the memory work (copies and reductions) done since the previous step.
+/// exchange; with the memory work (copies and reductions) done since the previous step on
+/// the same thread. Steps of rail jobs run on the rank's rail thread (onRail), between a
+/// start marker (the job is handed over) and a finish marker (the collective's thread
+/// waits for it), so the cost model overlaps them with the collective's later local steps.
 struct ScheduleStep {
+  enum class Marker : uint8_t { kNone, kRailStart, kRailDone, kRailFinish };
+  Marker marker = Marker::kNone;
+  size_t job = 0;  ///< a marker's rail job
+  bool onRail = false;
   bool local = false;
   // A local step: the collective and a digest of everything its ranks must agree on.
   CollectiveKind collective = CollectiveKind::kBarrier;
@@ -55,13 +62,22 @@ class RecordingContext final : public AcrossHostsContext {
   void zero(void* dst, size_t bytes) override;
   void convert(void* dst, DataType to, const void* src, DataType from, size_t count) override;
   uint8_t* scratch(size_t bytes) override;
+  /// Records the job's steps at once, marked as the rail thread's.
+  size_t startRail(RailSteps steps) override;
+  void finishRail(size_t ticket) override;
 
   /// The steps so far (the memory work after the last step becomes a step of its own).
   Schedule take();
 
  private:
+  ScheduleStep& push(ScheduleStep step);
+  size_t& memory() { return onRail_ ? railMemory_ : memory_; }
+
   Schedule steps_;
-  size_t memory_ = 0;
+  size_t memory_ = 0;      // since the collective's thread's last step
+  size_t railMemory_ = 0;  // since the rail thread's last step
+  bool onRail_ = false;
+  size_t jobs_ = 0;
   uintptr_t nextScratch_;
 };
 
