@@ -211,6 +211,42 @@ BlockSlices sliceBlocks(const std::vector<size_t>& counts, int s, int segments, 
   return out;
 }
 
+// A buffer of `count` elements cut into one slice per rail (at cache lines); the ranks
+// beyond the rails hold none. All_reduce and broadcast carry slice s on rail s.
+class RailSlices {
+ public:
+  RailSlices(const HostLayout& L, size_t count, DataType type)
+      : L_(L),
+        count_(count),
+        type_(type),
+        rails_(railsFor(L, count * elementSize(type))),
+        bounds_(slices(count, rails_, type)) {}
+
+  int rails() const { return rails_; }
+  size_t start(int j) const { return j < rails_ ? bounds_[j] : 0; }
+  size_t length(int j) const { return j < rails_ ? bounds_[j + 1] - bounds_[j] : 0; }
+
+  /// Every rank of the host gathers the slices of `buffer` (each rail rank's in place).
+  void gatherWithinHost(AcrossHostsContext& ctx, void* buffer, uint64_t countsHash) const {
+    const size_t es = elementSize(type_);
+    CollectiveArgs gather = localV(CollectiveKind::kAllGather, type_, ReduceOp(), countsHash);
+    gather.count = count_;
+    gather.input = at(buffer, start(L_.localIndex), es);
+    for (int j = 0; j < L_.localSize(); ++j) {
+      gather.outputs.push_back(at(buffer, start(j), es));
+      gather.outputCounts.push_back(length(j));
+    }
+    ctx.runLocal(gather);
+  }
+
+ private:
+  const HostLayout& L_;
+  const size_t count_;
+  const DataType type_;
+  const int rails_;
+  const Bounds bounds_;
+};
+
 // ---- all_reduce ----
 
 class AllReduceSegment final : public Segment {
@@ -225,8 +261,7 @@ class AllReduceSegment final : public Segment {
         op_(op),
         countsHash_(countsHash),
         es_(elementSize(type)),
-        rails_(railsFor(L, count * es_)),
-        bounds_(slices(count, rails_, type)) {}
+        slices_(L, count, type) {}
 
   // Rail rank s gets slice s reduced over this host.
   void before(AcrossHostsContext& ctx) override {
@@ -234,43 +269,34 @@ class AllReduceSegment final : public Segment {
         localV(CollectiveKind::kReduceScatter, type_, withinHost(op_), countsHash_);
     scatter.count = count_;
     for (int j = 0; j < L_.localSize(); ++j) {
-      scatter.inputs.push_back(at(input_, start(j), es_));
-      scatter.inputCounts.push_back(length(j));
+      scatter.inputs.push_back(at(input_, slices_.start(j), es_));
+      scatter.inputCounts.push_back(slices_.length(j));
     }
-    scatter.output = at(output_, start(L_.localIndex), es_);
+    scatter.output = at(output_, slices_.start(L_.localIndex), es_);
     ctx.runLocal(scatter);
   }
 
   // This rank's rail all-reduces its slice across hosts.
   AcrossHostsContext::RailSteps acrossHosts() override {
-    if (L_.localIndex >= rails_) return nullptr;
+    if (L_.localIndex >= slices_.rails()) return nullptr;
     return [this](AcrossHostsContext& ctx) {
       const int me = L_.localIndex;
-      uint8_t* mine = at(output_, bounds_[me], es_);
-      railAllReduce(ctx, railOf(L_, me), mine, length(me), type_, betweenHosts(op_));
+      uint8_t* mine = at(output_, slices_.start(me), es_);
+      const size_t n = slices_.length(me);
+      railAllReduce(ctx, railOf(L_, me), mine, n, type_, betweenHosts(op_));
       if (op_.kind() == ReduceKind::kAvg) {
         const void* src = mine;
-        ctx.reduce(mine, {&src, 1}, length(me), {type_, op_, L_.size});  // divides by all
+        ctx.reduce(mine, {&src, 1}, n, {type_, op_, L_.size});  // divides by every rank
       }
     };
   }
 
   // Every rank of the host gathers the slices.
   void after(AcrossHostsContext& ctx) override {
-    CollectiveArgs gather = localV(CollectiveKind::kAllGather, type_, ReduceOp(), countsHash_);
-    gather.count = count_;
-    gather.input = at(output_, start(L_.localIndex), es_);
-    for (int j = 0; j < L_.localSize(); ++j) {
-      gather.outputs.push_back(at(output_, start(j), es_));
-      gather.outputCounts.push_back(length(j));
-    }
-    ctx.runLocal(gather);
+    slices_.gatherWithinHost(ctx, output_, countsHash_);
   }
 
  private:
-  size_t start(int j) const { return j < rails_ ? bounds_[j] : 0; }
-  size_t length(int j) const { return j < rails_ ? bounds_[j + 1] - bounds_[j] : 0; }
-
   const HostLayout& L_;
   const void* input_;
   void* output_;
@@ -279,8 +305,7 @@ class AllReduceSegment final : public Segment {
   const ReduceOp op_;
   const uint64_t countsHash_;
   const size_t es_;
-  const int rails_;
-  const Bounds bounds_;
+  const RailSlices slices_;
 };
 
 // ---- all_gather ----
@@ -496,8 +521,7 @@ class BroadcastSegment final : public Segment {
         rootHost_(rootHost),
         rootIndex_(rootIndex),
         es_(elementSize(type)),
-        rails_(railsFor(L, count * es_)),
-        bounds_(slices(count, rails_, type)) {}
+        slices_(L, count, type) {}
 
   // The root's host: every rank gets the data.
   void before(AcrossHostsContext& ctx) override {
@@ -508,31 +532,20 @@ class BroadcastSegment final : public Segment {
 
   // Rail s carries slice s from the root's host to the others.
   AcrossHostsContext::RailSteps acrossHosts() override {
-    if (L_.localIndex >= rails_) return nullptr;
+    if (L_.localIndex >= slices_.rails()) return nullptr;
     return [this](AcrossHostsContext& ctx) {
       const int me = L_.localIndex;
-      railBroadcast(ctx, railOf(L_, me), at(output_, bounds_[me], es_), length(me), type_,
-                    rootHost_);
+      railBroadcast(ctx, railOf(L_, me), at(output_, slices_.start(me), es_), slices_.length(me),
+                    type_, rootHost_);
     };
   }
 
   // Every other host gathers the slices.
   void after(AcrossHostsContext& ctx) override {
-    if (L_.host == rootHost_) return;
-    CollectiveArgs gather = localV(CollectiveKind::kAllGather, type_, ReduceOp(), 0);
-    gather.count = count_;
-    gather.input = at(output_, start(L_.localIndex), es_);
-    for (int j = 0; j < L_.localSize(); ++j) {
-      gather.outputs.push_back(at(output_, start(j), es_));
-      gather.outputCounts.push_back(length(j));
-    }
-    ctx.runLocal(gather);
+    if (L_.host != rootHost_) slices_.gatherWithinHost(ctx, output_, 0);
   }
 
  private:
-  size_t start(int j) const { return j < rails_ ? bounds_[j] : 0; }
-  size_t length(int j) const { return j < rails_ ? bounds_[j + 1] - bounds_[j] : 0; }
-
   const HostLayout& L_;
   const void* input_;
   void* output_;
@@ -541,8 +554,7 @@ class BroadcastSegment final : public Segment {
   const int rootHost_;
   const int rootIndex_;
   const size_t es_;
-  const int rails_;
-  const Bounds bounds_;
+  const RailSlices slices_;
 };
 
 }  // namespace
