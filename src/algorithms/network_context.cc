@@ -23,6 +23,10 @@ using Clock = std::chrono::steady_clock;
 // thread: below it, the hand-off costs more than the overlap saves.
 constexpr size_t kOffloadBytes = size_t{256} << 10;
 
+// How long a peer seen leaving mid-collective is given for the reason to arrive (a failure
+// forwarded by its host), before it is reported as having issued fewer collectives.
+constexpr auto kReasonGrace = std::chrono::milliseconds(100);
+
 // The transfers of one exchange with one peer, each direction in order.
 struct PeerWork {
   int peer = 0;
@@ -34,6 +38,7 @@ struct PeerWork {
   size_t nextReceive = 0;
   bool receiving = false;  // the next receive's envelope has been read
   size_t received = 0;     // of that receive
+  std::optional<std::chrono::steady_clock::time_point> leftAt;  // when the peer was seen gone
   bool done() const { return drained && nextReceive == receives.size(); }
 };
 
@@ -210,11 +215,18 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
           continue;
         }
         // A peer that destroyed its communicator: what this rank still expects of it will
-        // never come, and what it still sends has nobody to take it.
+        // never come, and what it still sends has nobody to take it. A peer whose
+        // communicator failed leaves the same way, right after its host forwarded the
+        // failure on the control link (read every few milliseconds): the failure, once it
+        // arrives, is the reason; a peer that left without one issued fewer collectives.
         const bool waitsToReceive = w.nextReceive < w.receives.size();
         if ((waitsToReceive && link.inboundEnded() && !link.readable()) ||
             (!waitsToReceive && link.outboundEnded())) {
-          failures_.peerGone(w.peer, RankState::kDeparted, wait_);
+          const auto now = Clock::now();
+          if (!w.leftAt) w.leftAt = now;
+          if (now - *w.leftAt >= kReasonGrace) {
+            failures_.peerGone(w.peer, RankState::kDeparted, wait_);
+          }
         }
       }
       if (progressed) {
