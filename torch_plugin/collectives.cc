@@ -510,6 +510,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
       s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
       [staged, in, target] { staged->finish(); },
       [&](std::vector<Request>& r) {
+        // Without split sizes every block is the same size: the equal form, which the
+        // engine can run in ways the per-pair form cannot (across hosts, small ones through
+        // carriers), and which needs no exchange of counts.
+        if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
+          r.push_back(comm_->allToAll(in.ptr(), target.data_ptr(), sendCounts[0], in.type,
+                                      opOptions(opts.timeout, !opts.asyncOp)));
+          return;
+        }
         r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
                                      opOptions(opts.timeout, !opts.asyncOp)));
       });
