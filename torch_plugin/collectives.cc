@@ -35,12 +35,12 @@ struct GatherPlan {
 
 GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outputs,
                          const at::Tensor& input) {
-  requireCpuDense(s, "input", input);
+  requireDense(s, "input", input);
   requirePerRank(s, "output list", outputs.size());
   GatherPlan plan{Outputs{}, movementView(input), {}, {}};
   const DataType type = plan.in.type;
   for (size_t q = 0; q < outputs.size(); ++q) {
-    requireCpuDense(s, "outputs", outputs[q]);
+    requireDense(s, "outputs", outputs[q]);
     if (outputs[q].scalar_type() != input.scalar_type()) {
       invalid(s, "output " + std::to_string(q) + " has dtype " +
                      c10::toString(outputs[q].scalar_type()) + " but the input has " +
@@ -69,7 +69,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
                                                            const c10d::BroadcastOptions& opts) {
   const CallSite s = site("broadcast");
   requireCount(s, "tensors", tensors.size(), 1);
-  requireCpuDense(s, "tensor", tensors[0]);
+  requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   auto outputs = std::make_shared<Outputs>();
   const Flat flat = movementView(tensors[0]);
@@ -89,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   const CallSite s = site("all_reduce");
   requireCount(s, "tensors", tensors.size(), 1);
   if (tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors, opts);
-  requireCpuDense(s, "tensor", tensors[0]);
+  requireDense(s, "tensor", tensors[0]);
   if (opts.sparseIndices) invalid(s, "all_reduce with sparse indices is not supported");
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
@@ -166,7 +166,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   const CallSite s = site("all_reduce_coalesced");
   if (tensors.empty()) invalid(s, "needs at least one tensor");
   for (const auto& t : tensors) {
-    requireCpuDense(s, "tensors", t);
+    requireDense(s, "tensors", t);
     if (t.scalar_type() != tensors[0].scalar_type()) {
       invalid(s, "all tensors must share one dtype (got " +
                      std::string(c10::toString(t.scalar_type())) + " and " +
@@ -198,7 +198,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
                                                         const c10d::ReduceOptions& opts) {
   const CallSite s = site("reduce");
   requireCount(s, "tensors", tensors.size(), 1);
-  requireCpuDense(s, "tensor", tensors[0]);
+  requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
@@ -306,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   const CallSite s = site("gather");
   requireRoot(s, opts.rootRank);
   requireCount(s, "inputs", inputs.size(), 1);
-  requireCpuDense(s, "input", inputs[0]);
+  requireDense(s, "input", inputs[0]);
   const bool root = rank_ == opts.rootRank;
   auto staged = std::make_shared<Outputs>();
   std::vector<at::Tensor> targets;
@@ -337,7 +337,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   const CallSite s = site("scatter");
   requireRoot(s, opts.rootRank);
   requireCount(s, "outputs", outputs.size(), 1);
-  requireCpuDense(s, "output", outputs[0]);
+  requireDense(s, "output", outputs[0]);
   const bool root = rank_ == opts.rootRank;
   std::vector<Flat> ins;
   std::vector<const void*> sources;
@@ -372,12 +372,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   requireCount(s, "outputs", outputs.size(), 1);
   requireCount(s, "input lists", inputs.size(), 1);
   requirePerRank(s, "input list", inputs[0].size());
-  requireCpuDense(s, "output", outputs[0]);
+  requireDense(s, "output", outputs[0]);
   std::vector<Flat> ins;
   std::vector<const void*> sources;
   std::vector<size_t> counts;
   for (size_t q = 0; q < inputs[0].size(); ++q) {
-    requireCpuDense(s, "inputs", inputs[0][q]);
+    requireDense(s, "inputs", inputs[0][q]);
     if (inputs[0][q].scalar_type() != outputs[0].scalar_type())
       invalid(s, "input and output dtypes differ");
     ins.push_back(reductionView(s, inputs[0][q], opts.reduceOp));
@@ -450,8 +450,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
   const CallSite s = site("all_to_all_single");
-  requireCpuDense(s, "input", input);
-  requireCpuDense(s, "output", output);
+  requireDense(s, "input", input);
+  requireDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
   const Flat in = movementView(input);
   auto staged = std::make_shared<Outputs>();
@@ -535,8 +535,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   auto staged = std::make_shared<Outputs>();
   std::vector<at::Tensor> targets;
   for (int q = 0; q < size_; ++q) {
-    requireCpuDense(s, "inputs", inputs[q]);
-    requireCpuDense(s, "outputs", outputs[q]);
+    requireDense(s, "inputs", inputs[q]);
+    requireDense(s, "outputs", outputs[q]);
     if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
         outputs[q].scalar_type() != inputs[0].scalar_type()) {
       invalid(s, "all input and output tensors must share one dtype");

@@ -2,8 +2,11 @@
 
 // The one path every ProcessGroupLoom operation takes from checked arguments to a Work.
 
+#include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <optional>
 
 #include "loom/error.h"
 #include "process_group_loom.h"
@@ -35,6 +38,10 @@ void releasingGil(F&& f) {
 /// it into every loom operation the call issues.
 inline thread_local std::string tLaunchSignature;
 
+/// A CUDA call being launched on this thread: opOptions() queues its loom operations on
+/// the group's loom stream for that device. Unset for CPU calls.
+inline thread_local std::optional<c10::Stream> tLaunchStream;
+
 template <class Issue>
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c10d::OpType type,
                                                         const char* title,
@@ -44,16 +51,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
                                                         Issue&& issue) {
   std::vector<Request> requests;
   if (desyncDebug_) tLaunchSignature = signatureOf(type, inputs, outputs);
+  // CUDA tensors: the collectives go on the loom stream, after the work the caller has
+  // queued so far on its current stream.
+  const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
+  tLaunchStream = stream;
   try {
     // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
     releasingGil([&] { issue(requests); });
   } catch (const Error& e) {
     tLaunchSignature.clear();
+    tLaunchStream.reset();
     rethrowForTorch(e);
   }
   tLaunchSignature.clear();
+  tLaunchStream.reset();
+  if (stream) {
+    finishOnStream(*stream, inputs, outputs, finisher, requests);
+    finisher = nullptr;
+  }
   auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
-                                            std::move(finisher));
+                                            std::move(finisher), stream);
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());

@@ -2,6 +2,10 @@
 
 #include "process_group_loom.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -109,7 +113,72 @@ OpOptions ProcessGroupLoom::opOptions(std::chrono::milliseconds timeout, bool bl
   // launch() releases the GIL meanwhile.
   o.blocking = blocking;
   o.signature = tLaunchSignature;
+  if (tLaunchStream) {
+    // The loom stream orders the call; the host never waits for a CUDA collective (as NCCL,
+    // async_op=False makes the current stream wait, in Work.wait()).
+    o.device = DeviceKind::kCuda;
+    o.deviceIndex = tLaunchStream->device_index();
+    o.stream = tLaunchStream->native_handle();
+    o.blocking = false;
+  }
   return o;
+}
+
+std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
+                                                           const std::vector<at::Tensor>& inputs,
+                                                           const std::vector<at::Tensor>& outputs) {
+  std::optional<c10::Device> device;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (!device) {
+      device = t.device();
+    } else if (t.device() != *device) {
+      invalid(site, "tensors on " + device->str() + " and " + t.device().str() +
+                        " in one call; pass them all on one device");
+    }
+  };
+  for (const auto& t : inputs) see(t);
+  for (const auto& t : outputs) see(t);
+  if (!device || device->is_cpu()) return std::nullopt;
+  if (!device->is_cuda()) {
+    invalid(site, "tensors on " + device->str() + "; loom takes CPU and CUDA tensors");
+  }
+  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  c10::Stream stream = [&] {
+    std::lock_guard<std::mutex> lock(streamMutex_);
+    if (!loomStream_) {
+      loomStream_ = impl.getStreamFromGlobalPool(*device, /*isHighPriority=*/false);
+    } else if (loomStream_->device() != *device) {
+      invalid(site, "this group's CUDA collectives run on " + loomStream_->device().str() +
+                        " but these tensors are on " + device->str() +
+                        "; use one GPU per rank (init_process_group(device_id=...))");
+    }
+    return *loomStream_;
+  }();
+  c10::Event ready(c10::DeviceType::CUDA);
+  ready.record(impl.getStream(*device));
+  ready.block(stream);
+  return stream;
+}
+
+void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
+                                      const std::vector<at::Tensor>& inputs,
+                                      const std::vector<at::Tensor>& outputs,
+                                      const std::function<void()>& finisher,
+                                      std::vector<Request>& requests) {
+  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  if (finisher) {
+    c10::StreamGuard guard(stream);
+    finisher();
+  }
+  for (const auto* list : {&inputs, &outputs}) {
+    for (const auto& t : *list) {
+      if (t.defined() && t.has_storage()) impl.recordDataPtrOnStream(t.storage().data_ptr(), stream);
+    }
+  }
+  if (finisher && !requests.empty()) {
+    requests.back().onComplete([keep = finisher](std::exception_ptr) {});
+  }
 }
 
 std::string ProcessGroupLoom::signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "loom/communicator.h"
@@ -126,6 +127,19 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          const char* title);
   OpOptions opOptions(std::chrono::milliseconds timeout, bool blocking = false) const;
+  /// For a call on CUDA tensors: checks they are all on one GPU, makes the group's loom
+  /// stream for it wait for the caller's current stream, and returns that stream.
+  /// nullopt for CPU tensors; mixing devices is an error.
+  std::optional<c10::Stream> cudaStreamFor(const CallSite& site,
+                                           const std::vector<at::Tensor>& inputs,
+                                           const std::vector<at::Tensor>& outputs);
+  /// After a CUDA call's collectives are queued: runs `finisher` (copy-backs) on `stream`,
+  /// tells the caching allocator the tensors are in use there, and keeps what `finisher`
+  /// holds (staged tensors) alive until the GPU has run the call's last request.
+  static void finishOnStream(const c10::Stream& stream, const std::vector<at::Tensor>& inputs,
+                             const std::vector<at::Tensor>& outputs,
+                             const std::function<void()>& finisher,
+                             std::vector<Request>& requests);
   /// Desync debug: the tensor shapes of a call that must agree across ranks, or "".
   std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) const;
@@ -139,6 +153,9 @@ class ProcessGroupLoom : public c10d::Backend {
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<Request> coalesced_;
+
+  std::mutex streamMutex_;
+  std::optional<c10::Stream> loomStream_;  // CUDA calls' stream (one GPU per rank); streamMutex_
 };
 
 }  // namespace loom::torch_plugin

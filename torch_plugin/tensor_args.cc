@@ -57,11 +57,19 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
 }
 
 void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t) {
-  if (!t.defined()) invalid(site, std::string(what) + " is an undefined tensor");
+  requireDense(site, what, t);
   if (!t.device().is_cpu()) {
     invalid(site, std::string(what) + " is on " + t.device().str() +
-                      "; the loom backend handles CPU tensors (use e.g. "
-                      "init_process_group(\"cpu:loom,cuda:nccl\") for GPU tensors)");
+                      "; loom's " + site.op + " takes CPU tensors only so far (use e.g. "
+                      "init_process_group(\"cpu:loom,cuda:nccl\") for it on GPU tensors)");
+  }
+}
+
+void requireDense(const CallSite& site, const char* what, const at::Tensor& t) {
+  if (!t.defined()) invalid(site, std::string(what) + " is an undefined tensor");
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
+    invalid(site, std::string(what) + " is on " + t.device().str() +
+                      "; the loom backend takes CPU and CUDA tensors");
   }
   if (t.layout() != at::kStrided) {
     invalid(site, std::string(what) + " is not a dense tensor (layout " + layoutName(t.layout()) +
@@ -72,8 +80,8 @@ void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t
 void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
                          const at::Tensor& whole, const std::string& partName,
                          const at::Tensor& part) {
-  requireCpuDense(site, partName.c_str(), part);
-  requireCpuDense(site, wholeName.c_str(), whole);
+  requireDense(site, partName.c_str(), part);
+  requireDense(site, wholeName.c_str(), whole);
   if (whole.scalar_type() != part.scalar_type()) {
     invalid(site, wholeName + " and " + partName + " dtypes differ");
   }
@@ -87,7 +95,7 @@ void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
 void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
                  const at::Tensor& like) {
   for (size_t i = 0; i < list.size(); ++i) {
-    requireCpuDense(site, what, list[i]);
+    requireDense(site, what, list[i]);
     if (list[i].scalar_type() != like.scalar_type()) {
       invalid(site, std::string(what) + "[" + std::to_string(i) + "] has dtype " +
                         c10::toString(list[i].scalar_type()) + " but the input has " +

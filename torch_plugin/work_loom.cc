@@ -3,6 +3,8 @@
 #include "work_loom.h"
 
 #include <ATen/core/jit_type.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <sched.h>
 
@@ -41,13 +43,25 @@ std::vector<at::Tensor> profiled(const std::vector<at::Tensor>& inputs) {
 
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
-                   std::function<void()> finisher)
+                   std::function<void()> finisher, std::optional<c10::Stream> cudaStream)
     : c10d::Work(rank, type, profilingTitle, profiled(inputs)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+      cudaStream_(cudaStream) {
+  const auto resultType = c10::ListType::create(c10::TensorType::get());
+  if (!cudaStream_) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(resultType);
+    return;
+  }
+  // Everything this work queued is on the loom stream: mark its end there, and complete the
+  // future now with the loom stream current, so the future's own events follow it.
+  const c10::Device device = cudaStream_->device();
+  cudaEnd_.emplace(device.type());
+  cudaEnd_->record(*cudaStream_);
+  future_ = c10::make_intrusive<c10::ivalue::Future>(resultType, std::vector<c10::Device>{device});
+  c10::StreamGuard guard(*cudaStream_);
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 WorkLoom::~WorkLoom() = default;
@@ -93,6 +107,12 @@ void WorkLoom::requestDone(std::exception_ptr error, int source) {
 void WorkLoom::complete(std::exception_ptr error) {
   error = asDistBackendError(error);
   finisher_ = nullptr;  // releases staged tensors
+  if (cudaStream_) {
+    // The future completed at launch; the work records how the GPU side ended.
+    done_.store(true, std::memory_order_release);
+    finish(error);
+    return;
+  }
   if (error) {
     future_->setError(error);
   } else {
@@ -106,7 +126,19 @@ void WorkLoom::complete(std::exception_ptr error) {
 // during the marking: report completion as soon as the future has it, so code woken by a
 // chained future sees a completed work.
 bool WorkLoom::isCompleted() {
+  if (cudaStream_) return done_.load(std::memory_order_acquire) || cudaEnd_->query();
   return done_.load(std::memory_order_acquire) || future_->completed();
+}
+
+std::exception_ptr WorkLoom::failureSoFar() {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return asDistBackendError(firstError_);
+}
+
+void WorkLoom::synchronize() {
+  if (!cudaStream_) return;
+  const c10::impl::VirtualGuardImpl impl(cudaStream_->device_type());
+  cudaEnd_->block(impl.getStream(cudaStream_->device()));
 }
 
 bool WorkLoom::isSuccess() const {
@@ -128,6 +160,12 @@ std::vector<at::Tensor> WorkLoom::result() {
 }
 
 bool WorkLoom::wait(std::chrono::milliseconds timeout) {
+  if (cudaStream_) {
+    // As NCCL: the caller's stream waits for the collectives; the host goes on.
+    if (std::exception_ptr failure = failureSoFar()) std::rethrow_exception(failure);
+    synchronize();
+    return true;
+  }
   // Most collectives finish within microseconds: poll briefly before sleeping.
   const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
   while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spinUntil) {

@@ -7,10 +7,13 @@
 // chained on get_future() run there, as they do on Gloo's worker threads.
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,9 +26,11 @@ class WorkLoom : public c10d::Work {
   /// `what` names the operation for messages ("all_reduce"); `inputs` give the profiler
   /// event its shapes; `outputs` are the tensors result() and the future return; `finisher`
   /// runs once every request has succeeded.
+  /// `cudaStream`: the loom stream of a CUDA call (its collectives and copy-backs are
+  /// queued there already); nullopt for CPU work.
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
            const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
-           std::function<void()> finisher);
+           std::function<void()> finisher, std::optional<c10::Stream> cudaStream = std::nullopt);
   ~WorkLoom() override;
 
   /// Starts waiting on `requests` (call exactly once). An empty list completes at once.
@@ -38,13 +43,15 @@ class WorkLoom : public c10d::Work {
   std::vector<at::Tensor> result() override;
   /// Waits (spinning briefly first); a timeout throws DistBackendError naming the operation.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
-  void synchronize() override {}
+  void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
   void requestDone(std::exception_ptr error, int source);
   void complete(std::exception_ptr error);
+  /// CUDA work: the first failure so far, as DistBackendError (nullptr if none).
+  std::exception_ptr failureSoFar();
 
   std::string what_;
   std::vector<at::Tensor> outputs_;
@@ -56,6 +63,8 @@ class WorkLoom : public c10d::Work {
   uint64_t seq_ = 0;
   std::mutex errorMutex_;
   std::exception_ptr firstError_;  // guarded by errorMutex_
+  std::optional<c10::Stream> cudaStream_;  // CUDA work: the loom stream
+  std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
 };
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).

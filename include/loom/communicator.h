@@ -39,6 +39,16 @@ struct OpOptions {
   /// signatures differ at the same collective fail with kMismatch quoting both (up to 127
   /// characters each). Empty: not checked. Collectives only.
   std::string signature;
+  /// Where the buffers live: host memory (the default) or CUDA device memory. Collectives
+  /// only; CUDA buffers need every rank of the communicator on one host.
+  DeviceKind device = DeviceKind::kCpu;
+  /// kCuda: the device ordinal of the buffers (this rank's GPU; the same on every call).
+  int deviceIndex = 0;
+  /// kCuda: the CUstream to queue the collective on. It runs after the work queued there
+  /// before the call, and work queued after it sees its results; the call does not wait
+  /// for the GPU, and the Request completes once the GPU has run it. Buffers must stay
+  /// valid until then (as for any stream work).
+  void* stream = nullptr;
 };
 
 /// Receive from whichever rank sends first.

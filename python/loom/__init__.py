@@ -63,7 +63,7 @@ def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
 def _register() -> None:
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 
 _register()

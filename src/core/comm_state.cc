@@ -6,6 +6,7 @@
 
 #include "algorithms/network_context.h"
 
+#include "core/fd_exchange.h"
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "core/p2p_engine.h"
@@ -14,6 +15,9 @@
 #include "util/deadline.h"
 #include "util/trace.h"
 #include "util/unix_socket.h"
+#ifdef LOOM_HAVE_CUDA
+#include "core/cuda_executor.h"
+#endif
 #ifdef LOOM_HAVE_NET
 #include "transport/net/net_link.h"
 #include "transport/net/net_service.h"
@@ -280,6 +284,11 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   state->sink = this;
   const auto timeout = timeoutFor(options);
   Request request(state);
+  if (options.device != DeviceKind::kCpu) {
+    deviceExecutor(options, collectiveName(args.kind)).enqueue(args, state, options, timeout);
+    if (options.blocking) settle(request);
+    return request;
+  }
   if (options.blocking && worker_->runHereIfIdle([&] { execute(args, *state, timeout); })) {
     return request;
   }
@@ -287,6 +296,34 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
       [this, args = std::move(args), state, timeout] { execute(args, *state, timeout); });
   if (options.blocking) settle(request);
   return request;
+}
+
+DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_view op) {
+  std::lock_guard<std::mutex> lock(deviceMutex_);
+  if (cuda_) return *cuda_;
+#ifdef LOOM_HAVE_CUDA
+  if (spansHosts()) {
+    throw Error(ErrorCode::kUnsupported, op, rank_,
+                "CUDA collectives across hosts are not supported yet; keep the ranks of a "
+                "communicator with CUDA tensors on one host, or use CPU tensors");
+  }
+  const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
+  FdExchange exchange;
+  exchange.id = deriveId(roster_.id, "cuda-workspaces");
+  exchange.secret = roster_.secret;
+  exchange.localRank = hosts_.localIndex(rank_);
+  exchange.localSize = static_cast<int>(here.size());
+  exchange.leaderAddress = roster_.peers[here[0]].address;
+  exchange.op = std::string(op);
+  exchange.rank = rank_;
+  cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cudaChunkBytes, exchange,
+                                         *failures_, deadlineAfter(timeoutFor(options)));
+  return *cuda_;
+#else
+  throw Error(ErrorCode::kUnsupported, op, rank_,
+              "this build of loom has no CUDA path (it was built without nvcc); rebuild it "
+              "where the CUDA toolkit is installed, or use CPU tensors");
+#endif
 }
 
 void CommState::settle(const Request& request) {
@@ -367,6 +404,10 @@ void CommState::abort() {
 void CommState::shutdown() {
   if (shutDown_.exchange(true)) return;
   if (worker_) worker_->drain();
+  {
+    std::lock_guard<std::mutex> lock(deviceMutex_);
+    cuda_.reset();  // waits for the queued CUDA collectives
+  }
   {
     std::lock_guard<std::mutex> lock(p2pMutex_);
     p2p_.reset();

@@ -24,6 +24,7 @@
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/control_plane.h"
+#include "core/device_executor.h"
 #include "core/failure_domain.h"
 #include "core/op_state.h"
 #include "loom/communicator.h"
@@ -90,6 +91,9 @@ class CommState final : public FailureSink {
   void startControlPlane(std::chrono::steady_clock::time_point deadline);
   /// Waits for `request` without throwing (for the blocking form of a call).
   static void settle(const Request& request);
+  /// The executor of collectives on `options.device` memory, made on first use (a
+  /// collective step over this host's ranks).
+  DeviceExecutor& deviceExecutor(const OpOptions& options, std::string_view op);
   /// Runs one collective to completion on this thread (the worker's, or a blocking caller's).
   void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout);
   void watchPeers();
@@ -133,6 +137,9 @@ class CommState final : public FailureSink {
   // idle between collectives. Destroyed before the links they drive.
   std::unique_ptr<Worker> sendThread_;
   std::unique_ptr<Worker> railThread_;
+
+  std::mutex deviceMutex_;
+  std::unique_ptr<DeviceExecutor> cuda_;  // CUDA collectives; guarded by deviceMutex_
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
 

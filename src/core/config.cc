@@ -27,6 +27,13 @@ Config Config::load(int localRanks) {
         ErrorCode::kInvalidArgument, "config", -1,
         "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " + std::to_string(c.chunkBytes) + ")");
   }
+  c.cudaChunkBytes =
+      env::bytes("LOOM_CUDA_CHUNK_BYTES", c.cudaChunkBytes, 64 << 10, size_t{1} << 30);
+  if (c.cudaChunkBytes % 4096 != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "config", -1,
+                "LOOM_CUDA_CHUNK_BYTES must be a multiple of 4096 (got " +
+                    std::to_string(c.cudaChunkBytes) + ")");
+  }
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
   // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).
   c.tuning.streamBytes = env::bytes("LOOM_STREAM_BYTES", size_t{8} << 20, 0, SIZE_MAX);

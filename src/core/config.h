@@ -14,6 +14,9 @@ namespace loom {
 struct Config {
   /// Bytes per slot half (LOOM_CHUNK_BYTES). The leader's value is used by all ranks.
   size_t chunkBytes = 1 << 20;
+  /// CUDA collectives: bytes each rank moves per step through its device workspace
+  /// (LOOM_CUDA_CHUNK_BYTES); the workspace holds four of them. All ranks must agree.
+  size_t cudaChunkBytes = 8 << 20;
   /// Bytes per point-to-point ring, a power of two (LOOM_P2P_RING_BYTES).
   size_t ringBytes = 256 << 10;
   /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US).

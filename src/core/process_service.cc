@@ -258,8 +258,8 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
   return accepted;
 }
 
-posix::Fd ProcessService::joinLeader(const std::string& address, const handshake::Hello& hello,
-                                     Clock::time_point deadline) {
+posix::Fd ProcessService::introduce(const std::string& address, const handshake::Hello& hello,
+                                    Clock::time_point deadline) {
   posix::Fd socket;
   auto pause = std::chrono::milliseconds(1);
   while (!(socket = unix_socket::connectAbstract(address))) {
@@ -288,6 +288,12 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
   if (!posix::writeAll(socket.get(), bytes.data(), bytes.size())) {
     throw Error(ErrorCode::kPeerFailure, "create", hello.rank, "the leader closed the connection");
   }
+  return socket;
+}
+
+posix::Fd ProcessService::joinLeader(const std::string& address, const handshake::Hello& hello,
+                                     Clock::time_point deadline) {
+  posix::Fd socket = introduce(address, hello, deadline);
   uint8_t reply[handshake::kWelcomeBytes];
   posix::Fd segment;
   if (!unix_socket::recvWithFd(socket.get(), reply, sizeof reply, &segment, deadline)) {

@@ -48,6 +48,10 @@ class ProcessService {
   /// segment fd it is given. Throws Error on refusal, timeout or a dead leader.
   posix::Fd joinLeader(const std::string& address, const handshake::Hello& hello,
                        Clock::time_point deadline);
+  /// Member side, the first half of joinLeader: connects to the leader at `address` (a
+  /// process of this uid only) and sends the Hello; returns the socket for what follows.
+  posix::Fd introduce(const std::string& address, const handshake::Hello& hello,
+                      Clock::time_point deadline);
 
   /// Calls `onExit(pid)` on the service thread when process `pid` exits. Returns an id for
   /// unwatch(). Returns 0 (and never calls) if the process cannot be watched.

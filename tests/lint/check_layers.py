@@ -18,8 +18,9 @@ ALLOWED = {
     "kernels": {"common", "util"},
     "store": {"common", "util"},
     "transport": {"common", "util"},
+    "cuda": {"common", "util"},
     "algorithms": {"common", "util", "kernels", "transport"},
-    "core": {"common", "util", "kernels", "store", "transport", "algorithms"},
+    "core": {"common", "util", "kernels", "store", "transport", "algorithms", "cuda"},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# loom's CUDA path on a GPU host (run by hand there; CI has no GPU): builds and installs
+# loom with its CUDA path into the current Python (which must have a CUDA build of torch),
+# runs the correctness suite with 2, 3 and 4 ranks sharing GPU 0 and the benchmark against
+# Gloo on the same CUDA tensors, and writes what they print to OUTDIR. docs/PERFORMANCE.md
+# ("CUDA tensors") and tests/README.md quote these files.
+#
+#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|all]   (default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|all]}
+what=${2:-all}
+mkdir -p "$out"
+PYTHON=${PYTHON:-python3}
+# NVLink SHARP and multicast stay off on the shared GPU hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+if [ "$what" = build ] || [ "$what" = all ]; then
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) SKBUILD_CMAKE_DEFINE="LOOM_CUDA=ON;LOOM_WITH_NET=OFF" \
+    "$PYTHON" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
+fi
+"$PYTHON" - <<'PY' | tee "$out/cuda_host.txt"
+import torch, loom
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0))
+PY
+if [ "$what" = check ] || [ "$what" = all ]; then
+  "$PYTHON" tests/cuda/check_cuda.py --ranks ${RANKS:-2 3 4} 2>&1 | tee "$out/cuda_check.txt"
+  # Multi-step paths with a small chunk (blocks cut into many steps, uneven shares).
+  LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
+    --parts reductions movement 2>&1 | tee "$out/cuda_check_small_chunk.txt"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" --out "$out" 2>&1 \
+    | tail -80
+fi

@@ -1,0 +1,36 @@
+#pragma once
+
+// Every rank of one host hands a file descriptor to every other (device memory exported by
+// each rank, for instance) through the host's leader, over its process service socket, with
+// the same uid and job-secret checks as the segment hand-off:
+//   member -> leader: Hello;  leader -> member: Welcome
+//   member -> leader: its descriptor (SCM_RIGHTS)
+//   leader -> member: every rank's descriptor, in local rank order, one Welcome each
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/handshake.h"
+#include "util/comm_id.h"
+#include "util/posix.h"
+
+namespace loom::detail {
+
+/// What one exchange needs to know.
+struct FdExchange {
+  CommId id;                   ///< unique to this exchange (derived from the communicator's)
+  handshake::Secret secret;    ///< the job's
+  int localRank = 0;           ///< this rank's index on the host; 0 is the leader
+  int localSize = 1;           ///< ranks on the host
+  std::string leaderAddress;   ///< the leader's process service socket
+  std::string op;              ///< for messages
+  int rank = -1;               ///< communicator rank, for messages
+};
+
+/// Returns the descriptors of every local rank, by local index (this rank's is a copy of
+/// `mine`). Throws Error(kTimeout) at `deadline` or kPeerFailure if a rank disconnects.
+std::vector<posix::Fd> exchangeFds(const FdExchange& exchange, int mine,
+                                   std::chrono::steady_clock::time_point deadline);
+
+}  // namespace loom::detail

@@ -1,0 +1,86 @@
+// Loading and launching loom's CUDA kernels.
+
+#include "cuda/kernels.h"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/driver.h"
+#include "loom/error.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 512;
+
+// The bool kernels exist for the bitwise kinds; the other kinds map onto them.
+ReduceKind boolKind(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum:
+    case ReduceKind::kMax: return ReduceKind::kBitOr;
+    case ReduceKind::kProduct:
+    case ReduceKind::kMin: return ReduceKind::kBitAnd;
+    default: return kind;
+  }
+}
+
+}  // namespace
+
+Kernels::Kernels() {
+  const Driver& d = Driver::get();
+  check(d.cuModuleLoadData(&module_, kKernelImage), "cuda", -1,
+        "loading loom's kernels (cuModuleLoadData; does this build's image cover this GPU?)");
+  check(d.cuModuleGetFunction(&copy_, module_, "loom_copy"), "cuda", -1, "finding loom_copy");
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    for (int k = 0; k < kNumReduceKinds; ++k) {
+      const auto type = static_cast<DataType>(t);
+      const auto kind = static_cast<ReduceKind>(k);
+      if (!isSupported(kind, type)) continue;
+      const ReduceKind compiled = type == DataType::kBool ? boolKind(kind) : kind;
+      const std::string name =
+          "loom_reduce_" + std::to_string(t) + "_" + std::to_string(static_cast<int>(compiled));
+      CUfunction fn = nullptr;
+      check(d.cuModuleGetFunction(&fn, module_, name.c_str()), "cuda", -1, "finding " + name);
+      reduce_[static_cast<size_t>(t * kNumReduceKinds + k)] = fn;
+    }
+  }
+  CUdevice device = 0;
+  check(d.cuCtxGetDevice(&device), "cuda", -1, "cuCtxGetDevice");
+  check(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuda",
+        -1, "cuDeviceGetAttribute");
+}
+
+Kernels::~Kernels() {
+  if (module_ != nullptr) Driver::get().cuModuleUnload(module_);
+}
+
+void Kernels::reduce(CUstream stream, DataType type, ReduceKind kind,
+                     const ReduceParams& params) const {
+  CUfunction fn = reduce_[static_cast<size_t>(static_cast<int>(type) * kNumReduceKinds +
+                                              static_cast<int>(kind))];
+  if (fn == nullptr) {
+    throw Error(ErrorCode::kInternal, "cuda", -1, "no kernel for this reduction");
+  }
+  if (params.count == 0) return;
+  // One 16-byte vector per thread per pass; enough blocks to fill the GPU, no more.
+  const uint64_t vectors = (params.count * elementSize(type) + 15) / 16;
+  const uint64_t wanted = (vectors + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(std::clamp<uint64_t>(wanted, 1, 4 * sms_));
+  void* args[] = {const_cast<ReduceParams*>(&params)};
+  check(Driver::get().cuLaunchKernel(fn, blocks, 1, 1, kThreads, 1, 1, 0, stream, args, nullptr),
+        "cuda", -1, "launching a reduction");
+}
+
+void Kernels::copy(CUstream stream, const CopyParams& params, uint64_t longest) const {
+  if (params.count == 0 || longest == 0) return;
+  const uint64_t wanted = (longest / 16 + kThreads - 1) / kThreads;
+  const unsigned perSegment = static_cast<unsigned>(
+      std::clamp<uint64_t>(wanted, 1, std::max<uint64_t>(1, 4 * sms_ / params.count)));
+  void* args[] = {const_cast<CopyParams*>(&params)};
+  check(Driver::get().cuLaunchKernel(copy_, perSegment, static_cast<unsigned>(params.count), 1,
+                                     kThreads, 1, 1, 0, stream, args, nullptr),
+        "cuda", -1, "launching a copy");
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,194 @@
+// loom's CUDA kernels: the reduction (every dtype x ReduceOp, one kernel each, named
+// loom_reduce_<DataType>_<ReduceKind> by enum value) and a multi-segment copy. 128-bit
+// loads and stores where every pointer is 16-byte aligned, element by element elsewhere.
+// Sources are combined in rank order with one rounding per element, and the build turns
+// off FMA contraction, so results are bit-identical across ranks and equal to the CPU
+// kernels' (src/kernels/reduce_impl.h has the same semantics).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "cuda/kernel_params.h"
+
+using loom::cuda::CopyParams;
+using loom::cuda::ReduceParams;
+
+namespace {
+
+enum Kind { kSum, kProduct, kMin, kMax, kAvg, kPremulSum, kBitAnd, kBitOr, kBitXor };
+
+// The accumulator of a storage type: float for the half types.
+template <class S> struct Acc { using type = S; };
+template <> struct Acc<__half> { using type = float; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+
+template <class A, class S> __device__ inline A widen(S v) { return static_cast<A>(v); }
+template <> __device__ inline float widen<float, __half>(__half v) { return __half2float(v); }
+template <> __device__ inline float widen<float, __nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <class S, class A> __device__ inline S narrow(A v) { return static_cast<S>(v); }
+template <> __device__ inline __half narrow<__half, float>(float v) { return __float2half_rn(v); }
+template <> __device__ inline __nv_bfloat16 narrow<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <class T> struct Unsigned { using type = T; };
+template <> struct Unsigned<int8_t> { using type = uint32_t; };
+template <> struct Unsigned<uint8_t> { using type = uint32_t; };
+template <> struct Unsigned<int16_t> { using type = uint32_t; };
+template <> struct Unsigned<int32_t> { using type = uint32_t; };
+template <> struct Unsigned<int64_t> { using type = uint64_t; };
+
+template <class A> __device__ constexpr bool isFloat() {
+  return __is_same(A, float) || __is_same(A, double);
+}
+
+// One binary combine; integers wrap, floating min/max propagate NaN (as torch.minimum).
+template <int K, class A> __device__ inline A combine(A a, A b) {
+  if constexpr (K == kSum || K == kAvg || K == kPremulSum) {
+    if constexpr (isFloat<A>()) {
+      return a + b;
+    } else {
+      using U = typename Unsigned<A>::type;
+      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    }
+  } else if constexpr (K == kProduct) {
+    if constexpr (isFloat<A>()) {
+      return a * b;
+    } else {
+      using U = typename Unsigned<A>::type;
+      return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+    }
+  } else if constexpr (K == kMin) {
+    if constexpr (isFloat<A>()) return (a < b || a != a) ? a : b;
+    else return a < b ? a : b;
+  } else if constexpr (K == kMax) {
+    if constexpr (isFloat<A>()) return (a > b || a != a) ? a : b;
+    else return a > b ? a : b;
+  } else if constexpr (K == kBitAnd) {
+    return static_cast<A>(a & b);
+  } else if constexpr (K == kBitOr) {
+    return static_cast<A>(a | b);
+  } else {
+    return static_cast<A>(a ^ b);
+  }
+}
+
+// Element i of the reduction.
+template <class S, class A, int K>
+__device__ inline S reduceOne(const ReduceParams& p, uint64_t i) {
+  const S* const* srcs = reinterpret_cast<const S* const*>(p.srcs);
+  A acc = widen<A>(srcs[0][i]);
+  if constexpr (K == kPremulSum) acc = acc * static_cast<A>(p.factor);
+  for (int s = 1; s < p.nsrc; ++s) {
+    const A v = widen<A>(srcs[s][i]);
+    if constexpr (K == kPremulSum) acc = acc + v * static_cast<A>(p.factor);
+    else acc = combine<K>(acc, v);
+  }
+  if constexpr (K == kAvg) acc = acc / static_cast<A>(p.divisor);
+  return narrow<S>(acc);
+}
+
+template <class S, class A, int K>
+__device__ void reduceBody(const ReduceParams& p) {
+  if (*p.abort != 0) return;
+  constexpr int kV = 16 / sizeof(S);
+  bool aligned = reinterpret_cast<uintptr_t>(p.dst) % 16 == 0;
+  for (int s = 0; s < p.nsrc; ++s) aligned &= reinterpret_cast<uintptr_t>(p.srcs[s]) % 16 == 0;
+  const uint64_t vectors = aligned ? p.count / kV : 0;
+  const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  for (uint64_t v = first; v < vectors; v += stride) {
+    union Pack {
+      uint4 raw;
+      S e[kV];
+    };
+    Pack in;
+    A acc[kV];
+    in.raw = reinterpret_cast<const uint4*>(p.srcs[0])[v];
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      acc[j] = widen<A>(in.e[j]);
+      if constexpr (K == kPremulSum) acc[j] = acc[j] * static_cast<A>(p.factor);
+    }
+    for (int s = 1; s < p.nsrc; ++s) {
+      in.raw = reinterpret_cast<const uint4*>(p.srcs[s])[v];
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        const A x = widen<A>(in.e[j]);
+        if constexpr (K == kPremulSum) acc[j] = acc[j] + x * static_cast<A>(p.factor);
+        else acc[j] = combine<K>(acc[j], x);
+      }
+    }
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      if constexpr (K == kAvg) acc[j] = acc[j] / static_cast<A>(p.divisor);
+      out.e[j] = narrow<S>(acc[j]);
+    }
+    reinterpret_cast<uint4*>(p.dst)[v] = out.raw;
+  }
+  S* dst = static_cast<S*>(p.dst);
+  for (uint64_t i = vectors * kV + first; i < p.count; i += stride) dst[i] = reduceOne<S, A, K>(p, i);
+}
+
+}  // namespace
+
+#define LOOM_REDUCE(T, kind, S, A)                                       \
+  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) { \
+    reduceBody<S, A, kind>(p);                                              \
+  }
+
+// Floating point: every kind but the bitwise ones (DataType 0-3).
+#define LOOM_FLOAT_KINDS(T, S)           \
+  LOOM_REDUCE(T, 0, S, typename Acc<S>::type)     \
+  LOOM_REDUCE(T, 1, S, typename Acc<S>::type)     \
+  LOOM_REDUCE(T, 2, S, typename Acc<S>::type)     \
+  LOOM_REDUCE(T, 3, S, typename Acc<S>::type)     \
+  LOOM_REDUCE(T, 4, S, typename Acc<S>::type)     \
+  LOOM_REDUCE(T, 5, S, typename Acc<S>::type)
+// Integers: every kind but PREMUL_SUM; AVG sums in int64 before the (truncating) division.
+#define LOOM_INT_KINDS(T, S) \
+  LOOM_REDUCE(T, 0, S, S)    \
+  LOOM_REDUCE(T, 1, S, S)    \
+  LOOM_REDUCE(T, 2, S, S)    \
+  LOOM_REDUCE(T, 3, S, S)    \
+  LOOM_REDUCE(T, 4, S, int64_t) \
+  LOOM_REDUCE(T, 6, S, S)    \
+  LOOM_REDUCE(T, 7, S, S)    \
+  LOOM_REDUCE(T, 8, S, S)
+
+LOOM_FLOAT_KINDS(0, float)
+LOOM_FLOAT_KINDS(1, double)
+LOOM_FLOAT_KINDS(2, __half)
+LOOM_FLOAT_KINDS(3, __nv_bfloat16)
+LOOM_INT_KINDS(4, int8_t)
+LOOM_INT_KINDS(5, uint8_t)
+LOOM_INT_KINDS(6, int16_t)
+LOOM_INT_KINDS(7, int32_t)
+LOOM_INT_KINDS(8, int64_t)
+// Bool (9) as bytes: SUM, MAX and BOR are logical or, PRODUCT, MIN and BAND logical and.
+LOOM_REDUCE(9, 6, uint8_t, uint8_t)
+LOOM_REDUCE(9, 7, uint8_t, uint8_t)
+LOOM_REDUCE(9, 8, uint8_t, uint8_t)
+
+// Copies segment blockIdx.y of p, 16 bytes at a time where both ends are aligned.
+extern "C" __global__ void loom_copy(CopyParams p) {
+  if (*p.abort != 0 || blockIdx.y >= p.count) return;
+  const loom::cuda::Segment seg = p.segments[blockIdx.y];
+  const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  uint64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(seg.dst) | reinterpret_cast<uintptr_t>(seg.src)) % 16 == 0) {
+    const uint64_t vectors = seg.bytes / 16;
+    const uint4* src = static_cast<const uint4*>(seg.src);
+    uint4* dst = static_cast<uint4*>(seg.dst);
+    for (uint64_t v = first; v < vectors; v += stride) dst[v] = src[v];
+    done = vectors * 16;
+  }
+  const uint8_t* src = static_cast<const uint8_t*>(seg.src);
+  uint8_t* dst = static_cast<uint8_t*>(seg.dst);
+  for (uint64_t i = done + first; i < seg.bytes; i += stride) dst[i] = src[i];
+}

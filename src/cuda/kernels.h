@@ -1,0 +1,39 @@
+#pragma once
+
+// loom's CUDA kernels (kernels.cu), loaded from the image embedded in the library into one
+// context, and launched with their parameter structs.
+
+#include <cuda.h>
+
+#include <array>
+
+#include "cuda/kernel_params.h"
+#include "loom/types.h"
+
+namespace loom::cuda {
+
+class Kernels {
+ public:
+  /// Loads the kernels into the current context.
+  Kernels();
+  ~Kernels();
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+  /// Queues dst = reduce(srcs) on `stream` (see ReduceParams).
+  void reduce(CUstream stream, DataType type, ReduceKind kind, const ReduceParams& params) const;
+  /// Queues every segment's copy on `stream`; `longest` is the largest segment's bytes.
+  void copy(CUstream stream, const CopyParams& params, uint64_t longest) const;
+
+ private:
+  CUmodule module_ = nullptr;
+  CUfunction copy_ = nullptr;
+  // By (type, kind); null where the pair is not supported.
+  std::array<CUfunction, kNumDataTypes * kNumReduceKinds> reduce_{};
+  int sms_ = 0;
+};
+
+/// The image compiled from kernels.cu (a fatbinary; the build embeds it).
+extern const unsigned char kKernelImage[];
+
+}  // namespace loom::cuda

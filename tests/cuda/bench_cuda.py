@@ -1,0 +1,176 @@
+"""loom against Gloo on CUDA tensors, several ranks sharing one GPU: time per call of each
+collective (a barrier, the call repeated, a stream synchronize, as seen from Python on
+rank 0), median and p90 of several repeats, for sizes from 8 B up. Gloo takes CUDA tensors
+by staging them through the host and TCP. Results are checked once per size.
+
+    python tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes 64M --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import loom  # noqa: F401
+
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def call(op: str, x: torch.Tensor, out: torch.Tensor, group, world: int):
+    if op == "all_reduce":
+        dist.all_reduce(x, group=group)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(out, x, group=group)
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(x, out, group=group)
+    elif op == "broadcast":
+        dist.broadcast(x, src=0, group=group)
+    else:
+        dist.all_to_all_single(out[: x.numel()], x, group=group)
+
+
+def expected(op: str, world: int, n: int) -> float | None:
+    # Inputs are all ones: what every output element must be.
+    return {"all_reduce": world, "reduce_scatter": world}.get(op, 1.0)
+
+
+def time_op(op, n, group, world, dev, repeats, budget_s):
+    if op == "all_to_all":
+        n = max(world, n // world * world)  # equal blocks
+    x = torch.ones(n, device=dev)
+    out = torch.ones(n * world, device=dev)
+    if op == "reduce_scatter":
+        out, x = torch.ones(n * world, device=dev), torch.empty(n, device=dev)
+    # Check once.
+    check_in = torch.ones(n, device=dev)
+    if op == "reduce_scatter":
+        dist.reduce_scatter_tensor(x, out, group=group)
+        result = x
+    elif op == "all_reduce":
+        result = check_in.clone()
+        dist.all_reduce(result, group=group)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(out, check_in, group=group)
+        result = out
+    elif op == "broadcast":
+        result = check_in.clone()
+        dist.broadcast(result, src=0, group=group)
+    else:
+        result = torch.empty(n, device=dev)
+        dist.all_to_all_single(result, check_in, group=group)
+    torch.cuda.synchronize()
+    wrong = int((result != expected(op, world, n)).sum().item())
+    # Calibrate iterations to about budget_s per repeat; rank 0 decides for everyone, so
+    # every rank issues the same collectives.
+    iters = 1
+    while True:
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call(op, x, out, group, world)
+        torch.cuda.synchronize()
+        more = torch.tensor([int(time.perf_counter() - t0 < budget_s / 4 and iters < 1000)])
+        dist.broadcast(more, src=0, group=cpu_group)
+        if not more.item():
+            break
+        iters *= 4
+    samples = []
+    for _ in range(repeats):
+        dist.barrier(group=group)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call(op, x, out, group, world)
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / iters * 1e6)
+    return samples, wrong
+
+
+cpu_group = None
+
+
+def worker(rank, world, port, args, queue):
+    global cpu_group
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("loom", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    cpu_group = dist.new_group(backend="gloo")
+    groups = {"loom": dist.group.WORLD, "gloo": cpu_group}
+    size = 8
+    rows = []
+    while size <= args.max_bytes:
+        n = max(1, size // 4)
+        for op in args.ops:
+            for name in ("loom", "gloo"):
+                if name == "gloo" and size > args.gloo_max_bytes:
+                    continue
+                samples, wrong = time_op(op, n, groups[name], world, dev, args.repeats, args.budget)
+                if rank == 0:
+                    s = sorted(samples)
+                    rows.append((op, size, name, statistics.median(s), s[min(len(s) - 1, int(0.9 * len(s)))], wrong))
+                    print(f"P={world} {op:<15} {size:>10} B {name:<5} median {rows[-1][3]:10.1f} us  p90 {rows[-1][4]:10.1f} us  #wrong {wrong}", flush=True)
+        size *= 4
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("64M"))
+    parser.add_argument("--gloo-max-bytes", type=parse_bytes, default=parse_bytes("16M"))
+    parser.add_argument("--ops", nargs="+", default=OPS)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--budget", type=float, default=0.05, help="seconds per repeat")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    ctx = mp.get_context("spawn")
+    lines = []
+    for world in args.ranks:
+        queue = ctx.Queue()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [ctx.Process(target=worker, args=(r, world, port, args, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        rows = queue.get(timeout=3000)
+        for p in procs:
+            p.join()
+        by = {(op, size, name): (med, p90, wrong) for op, size, name, med, p90, wrong in rows}
+        lines.append(f"# P={world} ranks on one GPU ({torch.cuda.get_device_name(0)}); time per call in us")
+        lines.append(f"{'op':<15} {'bytes':>10} {'loom med':>10} {'loom p90':>10} {'gloo med':>10} {'gloo p90':>10} {'gloo/loom':>9} {'wrong':>5}")
+        for (op, size, name), (med, p90, wrong) in by.items():
+            if name != "loom":
+                continue
+            g = by.get((op, size, "gloo"))
+            ratio = f"{g[0] / med:9.1f}" if g else f"{'':>9}"
+            gm = f"{g[0]:10.1f} {g[1]:10.1f}" if g else f"{'-':>10} {'-':>10}"
+            lines.append(f"{op:<15} {size:>10} {med:10.1f} {p90:10.1f} {gm} {ratio} {wrong + (g[2] if g else 0):5d}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "cuda_bench.txt"), "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""loom's CUDA path, checked on a GPU host: every collective x dtype x reduce op on CUDA
+tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
+loom's GPU path runs on a one-GPU machine), plus streams, staging, DDP equivalence and a
+rank killed mid-collective. Not part of scripts/test.sh (CI has no GPU): run by hand on
+the device with scripts/cuda_check.sh, which records its output.
+
+    python tests/cuda/check_cuda.py --ranks 2 3 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: E402
+
+import loom  # noqa: E402,F401  (registers the backend)
+
+SIZES = [0, 1, 7, 1000, 70_000]  # 70k float32 elements take the two-shot all_reduce
+LARGE = 3_000_000  # float32: more than one step of the default 8 MiB chunk
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    got = got.cpu()
+    if got.dtype.is_floating_point or got.dtype.is_complex:
+        torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")
+    else:
+        assert torch.equal(got, want), f"{what}: got {got[:8].tolist()} want {want[:8].tolist()}"
+
+
+def reductions(rank: int, world: int, dev: torch.device) -> int:
+    checks = 0
+    salt = 0
+    for dtype in DTYPES:
+        for op in ops_for(dtype):
+            sizes = SIZES + [LARGE] if dtype == torch.float32 and op_name(op) == "SUM" else SIZES
+            for n in sizes:
+                salt += 1
+                what = f"{dtype} {op_name(op)} n={n}"
+                inputs = [data(r, n, dtype, salt) for r in range(world)]
+                want = reference(inputs, op, dtype)
+                t = inputs[rank].to(dev)
+                dist.all_reduce(t, op=op)
+                same(t, want, "all_reduce " + what)
+                t = inputs[rank].to(dev)
+                dist.reduce(t, dst=world - 1, op=op)
+                if rank == world - 1:
+                    same(t, want, "reduce " + what)
+                if dtype.is_complex:
+                    checks += 2
+                    continue
+                # reduce_scatter: block r of world blocks of n elements
+                blocks = [data(r, n * world, dtype, salt + 7) for r in range(world)]
+                full = reference(blocks, op, dtype)
+                out = torch.empty(n, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(out, blocks[rank].to(dev), op=op)
+                same(out, full[rank * n:(rank + 1) * n], "reduce_scatter_tensor " + what)
+                outs = torch.empty(n, dtype=dtype, device=dev)
+                dist.reduce_scatter(outs, list(blocks[rank].to(dev).chunk(world)) if n else
+                                    [torch.empty(0, dtype=dtype, device=dev)] * world, op=op)
+                same(outs, full[rank * n:(rank + 1) * n], "reduce_scatter " + what)
+                checks += 4
+    return checks
+
+
+def movement(rank: int, world: int, dev: torch.device) -> int:
+    checks = 0
+    for dtype in DTYPES:
+        for n in SIZES + ([LARGE] if dtype == torch.float32 else []):
+            what = f"{dtype} n={n}"
+            mine = data(rank, n, dtype, 99).to(dev)
+            everyone = [data(r, n, dtype, 99) for r in range(world)]
+            root = 1 % world
+            t = mine.clone()
+            dist.broadcast(t, src=root)
+            same(t, everyone[root], "broadcast " + what)
+            out = torch.empty(n * world, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, mine)
+            same(out, torch.cat(everyone), "all_gather_into_tensor " + what)
+            outs = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)]
+            dist.all_gather(outs, mine)
+            for q in range(world):
+                same(outs[q], everyone[q], f"all_gather[{q}] " + what)
+            # all_to_all: block q of rank r is data(r, ..., salt q)
+            blocks = [torch.cat([data(r, n, dtype, 200 + q) for q in range(world)]) for r in range(world)]
+            got = torch.empty(n * world, dtype=dtype, device=dev)
+            dist.all_to_all_single(got, blocks[rank].to(dev))
+            same(got, torch.cat([blocks[q][rank * n:(rank + 1) * n] for q in range(world)]),
+                 "all_to_all_single " + what)
+            ins = list(blocks[rank].to(dev).chunk(world)) if n else [torch.empty(0, dtype=dtype, device=dev)] * world
+            outl = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)]
+            dist.all_to_all(outl, ins)
+            for q in range(world):
+                same(outl[q], blocks[q][rank * n:(rank + 1) * n], f"all_to_all[{q}] " + what)
+            gathered = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)] if rank == root else None
+            dist.gather(mine, gathered, dst=root)
+            if rank == root:
+                for q in range(world):
+                    same(gathered[q], everyone[q], f"gather[{q}] " + what)
+            piece = torch.empty(n, dtype=dtype, device=dev)
+            dist.scatter(piece, [e.to(dev) for e in everyone] if rank == root else None, src=root)
+            same(piece, everyone[rank], "scatter " + what)
+            checks += 8
+    return checks
+
+
+def streams_and_staging(rank: int, world: int, dev: torch.device) -> int:
+    # Produced and consumed on a side stream, asynchronously: the collective must follow
+    # the producer and precede the consumer without any host synchronisation.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.full((1 << 20,), float(rank + 1), device=dev)
+        torch.cuda._sleep(20_000_000)  # keeps the producer busy, so a missed wait shows
+        x.mul_(2)
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        y = x * 1
+    side.synchronize()
+    want = 2.0 * world * (world + 1) / 2
+    assert torch.all(y == want).item(), f"stream order: got {y[:4].tolist()}, want {want}"
+    # Non-contiguous tensors are staged, and copied back on the loom stream.
+    m = torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4).t() * (rank + 1)
+    dist.all_reduce(m)
+    want_m = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (world * (world + 1) / 2)
+    same(m, want_m, "all_reduce of a transposed tensor")
+    # The future completes with the outputs, usable after the loom stream.
+    f = dist.all_reduce(torch.ones(8, device=dev), async_op=True).get_future()
+    got = f.then(lambda fut: fut.value()[0] * 2).wait()
+    same(got, torch.full((8,), 2.0 * world), "future chained on a CUDA all_reduce")
+    # Mixed CPU and CUDA tensors are refused with a clear error.
+    try:
+        dist.all_gather([torch.empty(4) for _ in range(world)], torch.ones(4, device=dev))
+        raise AssertionError("mixing devices was accepted")
+    except (RuntimeError, ValueError) as e:
+        assert "one device" in str(e), e
+    return 4
+
+
+def ddp(rank: int, world: int, dev: torch.device) -> int:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
+    reference_model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    reference_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        batch = torch.randn(world * 8, 32, generator=g)
+        target = torch.randn(world * 8, 4, generator=g)
+        opt.zero_grad()
+        mine = slice(rank * 8, (rank + 1) * 8)
+        torch.nn.functional.mse_loss(wrapped(batch[mine].to(dev)), target[mine].to(dev)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference_model(batch), target).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"DDP parameter {name}: {m}")
+    return 1
+
+
+def killed_rank(rank: int, world: int, dev: torch.device) -> int:
+    """The last rank exits; the others' CUDA all_reduce must not hang the GPU, the next call
+    must name the dead rank, and the GPU must still work."""
+    x = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == world - 1:
+        os._exit(0)
+    try:
+        dist.all_reduce(x)  # waits on the GPU for a rank that is gone...
+    except RuntimeError as e:  # ...unless its death is known already
+        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
+    time.sleep(2)
+    torch.cuda.synchronize()  # must return: the waits are released once the rank is found dead
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        raise AssertionError("an all_reduce after a rank died succeeded")
+    except RuntimeError as e:
+        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 1
+
+
+def worker(rank: int, world: int, port: int, part: str, results) -> None:
+    dev = torch.device("cuda", 0)  # every rank on the one GPU
+    torch.cuda.set_device(dev)
+    dist.init_process_group("loom", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=__import__("datetime").timedelta(seconds=60))
+    try:
+        n = {"reductions": reductions, "movement": movement, "streams": streams_and_staging,
+             "ddp": ddp, "killed": killed_rank}[part](rank, world, dev)
+        torch.cuda.synchronize()
+        results.put((rank, part, n, None))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, part, 0, traceback.format_exc()))
+    if part != "killed":
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp", "killed"])
+    args = parser.parse_args()
+    ctx = mp.get_context("spawn")
+    failed = 0
+    for world in args.ranks:
+        for part in args.parts:
+            results = ctx.Queue()
+            start = time.time()
+            port = free_port()
+            procs = [ctx.Process(target=worker, args=(r, world, port, part, results))
+                     for r in range(world)]
+            for p in procs:
+                p.start()
+            expected = world - 1 if part == "killed" else world
+            got = []
+            for _ in range(expected):
+                try:
+                    got.append(results.get(timeout=600))
+                except Exception:  # noqa: BLE001
+                    break
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+            errors = [g for g in got if g[3]]
+            ok = len(got) == expected and not errors
+            failed += not ok
+            checks = sum(g[2] for g in got)
+            print(f"P={world} {part:<10} {'ok' if ok else 'FAILED'}: {checks} checks, "
+                  f"{time.time() - start:.1f} s", flush=True)
+            for g in errors:
+                print(f"  rank {g[0]}:\n{g[3]}", flush=True)
+            if len(got) != expected:
+                print(f"  only {len(got)} of {expected} ranks reported", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
