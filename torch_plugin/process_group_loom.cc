@@ -173,7 +173,8 @@ void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
   }
   for (const auto* list : {&inputs, &outputs}) {
     for (const auto& t : *list) {
-      if (t.defined() && t.has_storage()) impl.recordDataPtrOnStream(t.storage().data_ptr(), stream);
+      if (t.defined() && t.has_storage())
+        impl.recordDataPtrOnStream(t.storage().data_ptr(), stream);
     }
   }
   if (finisher && !requests.empty()) {

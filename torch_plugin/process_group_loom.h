@@ -138,8 +138,7 @@ class ProcessGroupLoom : public c10d::Backend {
   /// holds (staged tensors) alive until the GPU has run the call's last request.
   static void finishOnStream(const c10::Stream& stream, const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs,
-                             const std::function<void()>& finisher,
-                             std::vector<Request>& requests);
+                             const std::function<void()>& finisher, std::vector<Request>& requests);
   /// Desync debug: the tensor shapes of a call that must agree across ranks, or "".
   std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) const;

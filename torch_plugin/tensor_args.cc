@@ -59,8 +59,8 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
 void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t) {
   requireDense(site, what, t);
   if (!t.device().is_cpu()) {
-    invalid(site, std::string(what) + " is on " + t.device().str() +
-                      "; loom's " + site.op + " takes CPU tensors only so far (use e.g. "
+    invalid(site, std::string(what) + " is on " + t.device().str() + "; loom's " + site.op +
+                      " takes CPU tensors only so far (use e.g. "
                       "init_process_group(\"cpu:loom,cuda:nccl\") for it on GPU tensors)");
   }
 }

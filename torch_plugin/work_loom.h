@@ -62,7 +62,7 @@ class WorkLoom : public c10d::Work {
   std::atomic<int> source_{-1};
   uint64_t seq_ = 0;
   std::mutex errorMutex_;
-  std::exception_ptr firstError_;  // guarded by errorMutex_
+  std::exception_ptr firstError_;          // guarded by errorMutex_
   std::optional<c10::Stream> cudaStream_;  // CUDA work: the loom stream
   std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
 };

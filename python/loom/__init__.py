@@ -1,8 +1,9 @@
-"""loom: a native PyTorch distributed backend for the CPU tensors of ranks on one host.
+"""loom: a native PyTorch distributed backend: CPU tensors within and across hosts, CUDA
+tensors among the ranks of one host (several may share a GPU).
 
 ``import loom`` registers the backend ``"loom"``; then::
 
-    dist.init_process_group("loom")                 # CPU tensors through loom
+    dist.init_process_group("loom")                 # CPU and CUDA tensors through loom
     dist.init_process_group("cpu:loom,cuda:nccl")   # CPU through loom, CUDA through NCCL
 
 To let ``init_process_group()`` with no backend pick loom for CPU tensors (the way PyTorch

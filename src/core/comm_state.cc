@@ -316,8 +316,13 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
   exchange.leaderAddress = roster_.peers[here[0]].address;
   exchange.op = std::string(op);
   exchange.rank = rank_;
-  cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cudaChunkBytes, exchange,
-                                         *failures_, deadlineAfter(timeoutFor(options)));
+  try {
+    cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cudaChunkBytes, exchange,
+                                           *failures_, deadlineAfter(timeoutFor(options)));
+  } catch (const Error& e) {
+    if (e.op() == op) throw;
+    throw Error(e.code(), op, rank_, e.detail());  // the driver's errors name no operation
+  }
   return *cuda_;
 #else
   throw Error(ErrorCode::kUnsupported, op, rank_,

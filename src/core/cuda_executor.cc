@@ -14,8 +14,8 @@ namespace loom::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using cuda::Driver;
 using cuda::check;
+using cuda::Driver;
 
 // The workspace: flags (one 64-byte line each, plus the abort word), then the slots.
 constexpr size_t kFlagStride = 64;
@@ -28,10 +28,18 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // synchronisation); larger ones reduce a share each and gather the shares (two-shot).
 constexpr size_t kOneShotBytes = 256 << 10;
 
-size_t roundDown(size_t v, size_t to) { return v / to * to; }
-size_t clipped(size_t count, size_t lo, size_t n) { return lo >= count ? 0 : std::min(n, count - lo); }
-const uint8_t* at(const void* p, size_t bytes) { return static_cast<const uint8_t*>(p) + bytes; }
-uint8_t* at(void* p, size_t bytes) { return static_cast<uint8_t*>(p) + bytes; }
+size_t roundDown(size_t v, size_t to) {
+  return v / to * to;
+}
+size_t clipped(size_t count, size_t lo, size_t n) {
+  return lo >= count ? 0 : std::min(n, count - lo);
+}
+const uint8_t* at(const void* p, size_t bytes) {
+  return static_cast<const uint8_t*>(p) + bytes;
+}
+uint8_t* at(void* p, size_t bytes) {
+  return static_cast<uint8_t*>(p) + bytes;
+}
 
 }  // namespace
 
@@ -129,8 +137,8 @@ void CudaExecutor::await(Flag flag, uint64_t epoch, int only) {
     waits.push_back(p);
   }
   if (waits.empty()) return;
-  check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(waits.size()),
-                                         waits.data(), 0),
+  check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(waits.size()), waits.data(),
+                                         0),
         "cuda", rank_, "cuStreamBatchMemOp");
 }
 
@@ -452,8 +460,9 @@ void CudaExecutor::monitor() {
     } else if (!finished && (failures_.failed() || Clock::now() >= first.deadline)) {
       if (!failures_.failed()) {
         failures_.fail(ErrorCode::kTimeout, -1,
-                       first.op + " on CUDA tensors did not finish within its timeout (some "
-                                  "rank has not issued it, or its GPU is stuck)");
+                       first.op +
+                           " on CUDA tensors did not finish within its timeout (some "
+                           "rank has not issued it, or its GPU is stuck)");
       }
       release();
       failure = std::make_exception_ptr(failures_.failureError(first.op));

@@ -96,7 +96,7 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<std::unique_ptr<cuda::SharedMemory>> peers_;  // by rank; [rank_] is empty
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
 
-  std::mutex enqueueMutex_;  // one collective is queued at a time
+  std::mutex enqueueMutex_;    // one collective is queued at a time
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
   uint64_t epoch_ = 0;         // steps queued so far (under enqueueMutex_)
 

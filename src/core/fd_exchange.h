@@ -19,13 +19,13 @@ namespace loom::detail {
 
 /// What one exchange needs to know.
 struct FdExchange {
-  CommId id;                   ///< unique to this exchange (derived from the communicator's)
-  handshake::Secret secret;    ///< the job's
-  int localRank = 0;           ///< this rank's index on the host; 0 is the leader
-  int localSize = 1;           ///< ranks on the host
-  std::string leaderAddress;   ///< the leader's process service socket
-  std::string op;              ///< for messages
-  int rank = -1;               ///< communicator rank, for messages
+  CommId id;                  ///< unique to this exchange (derived from the communicator's)
+  handshake::Secret secret;   ///< the job's
+  int localRank = 0;          ///< this rank's index on the host; 0 is the leader
+  int localSize = 1;          ///< ranks on the host
+  std::string leaderAddress;  ///< the leader's process service socket
+  std::string op;             ///< for messages
+  int rank = -1;              ///< communicator rank, for messages
 };
 
 /// Returns the descriptors of every local rank, by local index (this rank's is a copy of

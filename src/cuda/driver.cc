@@ -26,13 +26,13 @@ Driver load() {
                     "); CUDA tensors need an NVIDIA GPU and its driver");
   }
   Driver d;
-#define LOOM_CUDA_RESOLVE(name)                                                               \
-  d.name = reinterpret_cast<decltype(d.name)>(::dlsym(library, LOOM_CUDA_SYMBOL(name)));      \
-  if (d.name == nullptr) {                                                                    \
-    throw Error(ErrorCode::kUnsupported, "cuda", -1,                                          \
-                std::string("the CUDA driver lacks ") + LOOM_CUDA_SYMBOL(name) +              \
-                    " (loom was built for CUDA " + std::to_string(CUDA_VERSION / 1000) +      \
-                    "); update the driver");                                                  \
+#define LOOM_CUDA_RESOLVE(name)                                                          \
+  d.name = reinterpret_cast<decltype(d.name)>(::dlsym(library, LOOM_CUDA_SYMBOL(name))); \
+  if (d.name == nullptr) {                                                               \
+    throw Error(ErrorCode::kUnsupported, "cuda", -1,                                     \
+                std::string("the CUDA driver lacks ") + LOOM_CUDA_SYMBOL(name) +         \
+                    " (loom was built for CUDA " + std::to_string(CUDA_VERSION / 1000) + \
+                    "); update the driver");                                             \
   }
   LOOM_CUDA_DRIVER_FUNCTIONS(LOOM_CUDA_RESOLVE)
 #undef LOOM_CUDA_RESOLVE

@@ -20,8 +20,8 @@ struct ReduceParams {
   const void* srcs[kMaxSources];
   int nsrc;
   uint64_t count;
-  double factor;   ///< PREMUL_SUM's factor
-  double divisor;  ///< AVG's: the number of ranks
+  double factor;                   ///< PREMUL_SUM's factor
+  double divisor;                  ///< AVG's: the number of ranks
   const volatile uint64_t* abort;  ///< nonzero: the communicator failed; do nothing
 };
 

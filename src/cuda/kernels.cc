@@ -47,8 +47,8 @@ Kernels::Kernels() {
   }
   CUdevice device = 0;
   check(d.cuCtxGetDevice(&device), "cuda", -1, "cuCtxGetDevice");
-  check(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuda",
-        -1, "cuDeviceGetAttribute");
+  check(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuda", -1,
+        "cuDeviceGetAttribute");
 }
 
 Kernels::~Kernels() {

@@ -19,34 +19,77 @@ namespace {
 enum Kind { kSum, kProduct, kMin, kMax, kAvg, kPremulSum, kBitAnd, kBitOr, kBitXor };
 
 // The accumulator of a storage type: float for the half types.
-template <class S> struct Acc { using type = S; };
-template <> struct Acc<__half> { using type = float; };
-template <> struct Acc<__nv_bfloat16> { using type = float; };
+template <class S>
+struct Acc {
+  using type = S;
+};
+template <>
+struct Acc<__half> {
+  using type = float;
+};
+template <>
+struct Acc<__nv_bfloat16> {
+  using type = float;
+};
 
-template <class A, class S> __device__ inline A widen(S v) { return static_cast<A>(v); }
-template <> __device__ inline float widen<float, __half>(__half v) { return __half2float(v); }
-template <> __device__ inline float widen<float, __nv_bfloat16>(__nv_bfloat16 v) {
+template <class A, class S>
+__device__ inline A widen(S v) {
+  return static_cast<A>(v);
+}
+template <>
+__device__ inline float widen<float, __half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ inline float widen<float, __nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
-template <class S, class A> __device__ inline S narrow(A v) { return static_cast<S>(v); }
-template <> __device__ inline __half narrow<__half, float>(float v) { return __float2half_rn(v); }
-template <> __device__ inline __nv_bfloat16 narrow<__nv_bfloat16, float>(float v) {
+template <class S, class A>
+__device__ inline S narrow(A v) {
+  return static_cast<S>(v);
+}
+template <>
+__device__ inline __half narrow<__half, float>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ inline __nv_bfloat16 narrow<__nv_bfloat16, float>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-template <class T> struct Unsigned { using type = T; };
-template <> struct Unsigned<int8_t> { using type = uint32_t; };
-template <> struct Unsigned<uint8_t> { using type = uint32_t; };
-template <> struct Unsigned<int16_t> { using type = uint32_t; };
-template <> struct Unsigned<int32_t> { using type = uint32_t; };
-template <> struct Unsigned<int64_t> { using type = uint64_t; };
+template <class T>
+struct Unsigned {
+  using type = T;
+};
+template <>
+struct Unsigned<int8_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<uint8_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<int16_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<int64_t> {
+  using type = uint64_t;
+};
 
-template <class A> __device__ constexpr bool isFloat() {
+template <class A>
+__device__ constexpr bool isFloat() {
   return __is_same(A, float) || __is_same(A, double);
 }
 
 // One binary combine; integers wrap, floating min/max propagate NaN (as torch.minimum).
-template <int K, class A> __device__ inline A combine(A a, A b) {
+template <int K, class A>
+__device__ inline A combine(A a, A b) {
   if constexpr (K == kSum || K == kAvg || K == kPremulSum) {
     if constexpr (isFloat<A>()) {
       return a + b;
@@ -62,11 +105,15 @@ template <int K, class A> __device__ inline A combine(A a, A b) {
       return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
     }
   } else if constexpr (K == kMin) {
-    if constexpr (isFloat<A>()) return (a < b || a != a) ? a : b;
-    else return a < b ? a : b;
+    if constexpr (isFloat<A>())
+      return (a < b || a != a) ? a : b;
+    else
+      return a < b ? a : b;
   } else if constexpr (K == kMax) {
-    if constexpr (isFloat<A>()) return (a > b || a != a) ? a : b;
-    else return a > b ? a : b;
+    if constexpr (isFloat<A>())
+      return (a > b || a != a) ? a : b;
+    else
+      return a > b ? a : b;
   } else if constexpr (K == kBitAnd) {
     return static_cast<A>(a & b);
   } else if constexpr (K == kBitOr) {
@@ -84,8 +131,10 @@ __device__ inline S reduceOne(const ReduceParams& p, uint64_t i) {
   if constexpr (K == kPremulSum) acc = acc * static_cast<A>(p.factor);
   for (int s = 1; s < p.nsrc; ++s) {
     const A v = widen<A>(srcs[s][i]);
-    if constexpr (K == kPremulSum) acc = acc + v * static_cast<A>(p.factor);
-    else acc = combine<K>(acc, v);
+    if constexpr (K == kPremulSum)
+      acc = acc + v * static_cast<A>(p.factor);
+    else
+      acc = combine<K>(acc, v);
   }
   if constexpr (K == kAvg) acc = acc / static_cast<A>(p.divisor);
   return narrow<S>(acc);
@@ -118,8 +167,10 @@ __device__ void reduceBody(const ReduceParams& p) {
 #pragma unroll
       for (int j = 0; j < kV; ++j) {
         const A x = widen<A>(in.e[j]);
-        if constexpr (K == kPremulSum) acc[j] = acc[j] + x * static_cast<A>(p.factor);
-        else acc[j] = combine<K>(acc[j], x);
+        if constexpr (K == kPremulSum)
+          acc[j] = acc[j] + x * static_cast<A>(p.factor);
+        else
+          acc[j] = combine<K>(acc[j], x);
       }
     }
     Pack out;
@@ -131,33 +182,34 @@ __device__ void reduceBody(const ReduceParams& p) {
     reinterpret_cast<uint4*>(p.dst)[v] = out.raw;
   }
   S* dst = static_cast<S*>(p.dst);
-  for (uint64_t i = vectors * kV + first; i < p.count; i += stride) dst[i] = reduceOne<S, A, K>(p, i);
+  for (uint64_t i = vectors * kV + first; i < p.count; i += stride)
+    dst[i] = reduceOne<S, A, K>(p, i);
 }
 
 }  // namespace
 
-#define LOOM_REDUCE(T, kind, S, A)                                       \
+#define LOOM_REDUCE(T, kind, S, A)                                      \
   extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) { \
-    reduceBody<S, A, kind>(p);                                              \
+    reduceBody<S, A, kind>(p);                                          \
   }
 
 // Floating point: every kind but the bitwise ones (DataType 0-3).
-#define LOOM_FLOAT_KINDS(T, S)           \
-  LOOM_REDUCE(T, 0, S, typename Acc<S>::type)     \
-  LOOM_REDUCE(T, 1, S, typename Acc<S>::type)     \
-  LOOM_REDUCE(T, 2, S, typename Acc<S>::type)     \
-  LOOM_REDUCE(T, 3, S, typename Acc<S>::type)     \
-  LOOM_REDUCE(T, 4, S, typename Acc<S>::type)     \
+#define LOOM_FLOAT_KINDS(T, S)                \
+  LOOM_REDUCE(T, 0, S, typename Acc<S>::type) \
+  LOOM_REDUCE(T, 1, S, typename Acc<S>::type) \
+  LOOM_REDUCE(T, 2, S, typename Acc<S>::type) \
+  LOOM_REDUCE(T, 3, S, typename Acc<S>::type) \
+  LOOM_REDUCE(T, 4, S, typename Acc<S>::type) \
   LOOM_REDUCE(T, 5, S, typename Acc<S>::type)
 // Integers: every kind but PREMUL_SUM; AVG sums in int64 before the (truncating) division.
-#define LOOM_INT_KINDS(T, S) \
-  LOOM_REDUCE(T, 0, S, S)    \
-  LOOM_REDUCE(T, 1, S, S)    \
-  LOOM_REDUCE(T, 2, S, S)    \
-  LOOM_REDUCE(T, 3, S, S)    \
+#define LOOM_INT_KINDS(T, S)    \
+  LOOM_REDUCE(T, 0, S, S)       \
+  LOOM_REDUCE(T, 1, S, S)       \
+  LOOM_REDUCE(T, 2, S, S)       \
+  LOOM_REDUCE(T, 3, S, S)       \
   LOOM_REDUCE(T, 4, S, int64_t) \
-  LOOM_REDUCE(T, 6, S, S)    \
-  LOOM_REDUCE(T, 7, S, S)    \
+  LOOM_REDUCE(T, 6, S, S)       \
+  LOOM_REDUCE(T, 7, S, S)       \
   LOOM_REDUCE(T, 8, S, S)
 
 LOOM_FLOAT_KINDS(0, float)

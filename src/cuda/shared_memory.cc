@@ -39,9 +39,10 @@ std::unique_ptr<SharedMemory> SharedMemory::open(int fd, size_t bytes, CUdevice 
   const Driver& d = Driver::get();
   CUmemGenericAllocationHandle handle = 0;
   // The driver takes the descriptor's value as the "handle" argument.
-  check(d.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-        "cuda", -1, "cuMemImportFromShareableHandle");
+  check(
+      d.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+      "cuda", -1, "cuMemImportFromShareableHandle");
   std::unique_ptr<SharedMemory> memory(new SharedMemory(handle, bytes));
   memory->mapFor(accessor);
   return memory;

@@ -37,10 +37,10 @@ def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         assert torch.equal(got, want), f"{what}: got {got[:8].tolist()} want {want[:8].tolist()}"
 
 
-def reductions(rank: int, world: int, dev: torch.device) -> int:
+def reductions(rank: int, world: int, dev: torch.device, dtypes) -> int:
     checks = 0
     salt = 0
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for op in ops_for(dtype):
             sizes = SIZES + [LARGE] if dtype == torch.float32 and op_name(op) == "SUM" else SIZES
             for n in sizes:
@@ -72,9 +72,9 @@ def reductions(rank: int, world: int, dev: torch.device) -> int:
     return checks
 
 
-def movement(rank: int, world: int, dev: torch.device) -> int:
+def movement(rank: int, world: int, dev: torch.device, dtypes) -> int:
     checks = 0
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for n in SIZES + ([LARGE] if dtype == torch.float32 else []):
             what = f"{dtype} n={n}"
             mine = data(rank, n, dtype, 99).to(dev)
@@ -113,7 +113,7 @@ def movement(rank: int, world: int, dev: torch.device) -> int:
     return checks
 
 
-def streams_and_staging(rank: int, world: int, dev: torch.device) -> int:
+def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int:
     # Produced and consumed on a side stream, asynchronously: the collective must follow
     # the producer and precede the consumer without any host synchronisation.
     side = torch.cuda.Stream()
@@ -145,7 +145,7 @@ def streams_and_staging(rank: int, world: int, dev: torch.device) -> int:
     return 4
 
 
-def ddp(rank: int, world: int, dev: torch.device) -> int:
+def ddp(rank: int, world: int, dev: torch.device, dtypes) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
     reference_model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
@@ -170,7 +170,7 @@ def ddp(rank: int, world: int, dev: torch.device) -> int:
     return 1
 
 
-def killed_rank(rank: int, world: int, dev: torch.device) -> int:
+def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """The last rank exits; the others' CUDA all_reduce must not hang the GPU, the next call
     must name the dead rank, and the GPU must still work."""
     x = torch.ones(1 << 16, device=dev)
@@ -195,14 +195,14 @@ def killed_rank(rank: int, world: int, dev: torch.device) -> int:
     return 1
 
 
-def worker(rank: int, world: int, port: int, part: str, results) -> None:
+def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
     dist.init_process_group("loom", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(seconds=60))
     try:
         n = {"reductions": reductions, "movement": movement, "streams": streams_and_staging,
-             "ddp": ddp, "killed": killed_rank}[part](rank, world, dev)
+             "ddp": ddp, "killed": killed_rank}[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -221,7 +221,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp", "killed"])
+    parser.add_argument("--dtypes", nargs="+", default=None,
+                        help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
+                             "under compute-sanitizer")
     args = parser.parse_args()
+    dtypes = DTYPES if args.dtypes is None else [getattr(torch, name) for name in args.dtypes]
     ctx = mp.get_context("spawn")
     failed = 0
     for world in args.ranks:
@@ -229,7 +233,7 @@ def main() -> int:
             results = ctx.Queue()
             start = time.time()
             port = free_port()
-            procs = [ctx.Process(target=worker, args=(r, world, port, part, results))
+            procs = [ctx.Process(target=worker, args=(r, world, port, part, dtypes, results))
                      for r in range(world)]
             for p in procs:
                 p.start()

@@ -1,0 +1,49 @@
+// The CUDA path where there is no GPU (the development and CI machines): collectives on
+// CUDA buffers fail at the call with an error naming the operation and what to do, and the
+// communicator goes on working on host memory. The path itself is tested on a GPU host by
+// tests/cuda/check_cuda.py (scripts/cuda_check.sh).
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "loom/communicator.h"
+#include "loom/error.h"
+#include "loom/store.h"
+
+namespace loom {
+namespace {
+
+bool haveCudaDriver() {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver != nullptr) ::dlclose(driver);
+  return driver != nullptr;
+}
+
+TEST(Cuda, WithoutAGpuCollectivesOnCudaBuffersFailWithAClearError) {
+  if (haveCudaDriver()) {
+    GTEST_SKIP() << "this machine has a CUDA driver: scripts/cuda_check.sh tests the CUDA path";
+  }
+  auto comm = Communicator::create(0, 1, std::make_shared<HashStore>());
+  float x = 2.0f;
+  OpOptions onGpu;
+  onGpu.device = DeviceKind::kCuda;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the second call must not crash either
+    try {
+      comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum, onGpu);
+      FAIL() << "a collective on CUDA buffers ran without a GPU";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_EQ(e.op(), "all_reduce") << e.what();
+      EXPECT_EQ(e.rank(), 0) << e.what();
+      EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+    }
+  }
+  comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+  EXPECT_EQ(x, 2.0f);
+}
+
+}  // namespace
+}  // namespace loom
