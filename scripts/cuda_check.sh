@@ -25,8 +25,9 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cu
 PY
 if [ "$what" = check ] || [ "$what" = all ]; then
   "$PYTHON" tests/cuda/check_cuda.py --ranks ${RANKS:-2 3 4} 2>&1 | tee "$out/cuda_check.txt"
-  # Multi-step paths with a small chunk (blocks cut into many steps, uneven shares).
-  LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
+  # Multi-step paths with a small chunk (blocks cut into many steps), and the two-shot
+  # all_reduce (uneven shares), which ranks sharing a GPU do not use by default.
+  LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CUDA_ONE_SHOT_BYTES=0 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
     --parts reductions movement 2>&1 | tee "$out/cuda_check_small_chunk.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -317,8 +317,9 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
   exchange.op = std::string(op);
   exchange.rank = rank_;
   try {
-    cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cudaChunkBytes, exchange,
-                                           *failures_, deadlineAfter(timeoutFor(options)));
+    cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cudaChunkBytes,
+                                           config_.cudaOneShotBytes, exchange, *failures_,
+                                           deadlineAfter(timeoutFor(options)));
   } catch (const Error& e) {
     if (e.op() == op) throw;
     throw Error(e.code(), op, rank_, e.detail());  // the driver's errors name no operation

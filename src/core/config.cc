@@ -34,6 +34,9 @@ Config Config::load(int localRanks) {
                 "LOOM_CUDA_CHUNK_BYTES must be a multiple of 4096 (got " +
                     std::to_string(c.cudaChunkBytes) + ")");
   }
+  if (env::text("LOOM_CUDA_ONE_SHOT_BYTES")) {
+    c.cudaOneShotBytes = env::bytes("LOOM_CUDA_ONE_SHOT_BYTES", 0, 0, SIZE_MAX);
+  }
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
   // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).
   c.tuning.streamBytes = env::bytes("LOOM_STREAM_BYTES", size_t{8} << 20, 0, SIZE_MAX);

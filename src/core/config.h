@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 
 #include "algorithms/collective.h"
 #include "util/backoff.h"
@@ -17,6 +18,9 @@ struct Config {
   /// CUDA collectives: bytes each rank moves per step through its device workspace
   /// (LOOM_CUDA_CHUNK_BYTES); the workspace holds four of them. All ranks must agree.
   size_t cudaChunkBytes = 8 << 20;
+  /// CUDA all_reduce: the largest size reduced one-shot (LOOM_CUDA_ONE_SHOT_BYTES); unset:
+  /// 256 KiB, or every size when the ranks share one GPU.
+  std::optional<size_t> cudaOneShotBytes;
   /// Bytes per point-to-point ring, a power of two (LOOM_P2P_RING_BYTES).
   size_t ringBytes = 256 << 10;
   /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US).

@@ -26,6 +26,9 @@ constexpr size_t kDataOffset = 64 << 10;
 constexpr uint64_t kReleased = uint64_t{1} << 62;
 // All reductions up to this many bytes read every peer's whole slot (one-shot: one
 // synchronisation); larger ones reduce a share each and gather the shares (two-shot).
+// Ranks that share one GPU always go one-shot: they take turns on it, and a second round of
+// waits costs a switch between processes (about 135 us on an H100, docs/PERFORMANCE.md)
+// while re-reading every input costs little.
 constexpr size_t kOneShotBytes = 256 << 10;
 
 size_t roundDown(size_t v, size_t to) {
@@ -43,8 +46,8 @@ uint8_t* at(void* p, size_t bytes) {
 
 }  // namespace
 
-CudaExecutor::CudaExecutor(int device, size_t chunkBytes, FdExchange exchange,
-                           FailureDomain& failures, Clock::time_point deadline)
+CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> oneShotBytes,
+                           FdExchange exchange, FailureDomain& failures, Clock::time_point deadline)
     : device_(device),
       chunk_(chunkBytes),
       rank_(exchange.localRank),
@@ -68,6 +71,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, FdExchange exchange,
   mine_ = cuda::SharedMemory::allocate(dev, bytes);
   posix::Fd exported = mine_->exportFd();
   std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
+  bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
   peers_.resize(static_cast<size_t>(size_));
   bases_.resize(static_cast<size_t>(size_));
   for (int q = 0; q < size_; ++q) {
@@ -77,7 +81,14 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, FdExchange exchange,
     }
     peers_[q] = cuda::SharedMemory::open(fds[q].get(), mine_->bytes(), dev);
     bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
+    int ordinal = -1;
+    if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                peers_[q]->address()) != CUDA_SUCCESS ||
+        ordinal != device) {
+      sharedGpu = false;
+    }
   }
+  oneShotBytes_ = oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
   monitor_ = std::thread([this] { monitor(); });
 }
 
@@ -228,7 +239,7 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
     reduce(args.output, {args.input}, total, args);
     return;
   }
-  const bool oneShot = total * es <= kOneShotBytes;
+  const bool oneShot = total * es <= oneShotBytes_;
   for (size_t lo = 0; lo < total; lo += perStep) {
     const size_t n = std::min(perStep, total - lo);
     const uint64_t e = beginStep();

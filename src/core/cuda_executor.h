@@ -25,6 +25,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -40,7 +41,10 @@ class CudaExecutor final : public DeviceExecutor {
  public:
   /// Joins the host's CUDA workspace exchange (collective over the ranks of this host,
   /// which must be the whole communicator) for buffers on device `device`.
-  CudaExecutor(int device, size_t chunkBytes, FdExchange exchange, FailureDomain& failures,
+  /// `oneShotBytes`: the largest all_reduce reduced one-shot (unset: 256 KiB, or every size
+  /// when the ranks share this GPU).
+  CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> oneShotBytes,
+               FdExchange exchange, FailureDomain& failures,
                std::chrono::steady_clock::time_point deadline);
   ~CudaExecutor() override;
 
@@ -95,6 +99,7 @@ class CudaExecutor final : public DeviceExecutor {
   std::unique_ptr<cuda::SharedMemory> mine_;
   std::vector<std::unique_ptr<cuda::SharedMemory>> peers_;  // by rank; [rank_] is empty
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
+  size_t oneShotBytes_ = 0;
 
   std::mutex enqueueMutex_;    // one collective is queued at a time
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)

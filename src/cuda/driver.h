@@ -34,6 +34,7 @@ namespace loom::cuda {
   X(cuMemUnmap)                       \
   X(cuMemSetAccess)                   \
   X(cuMemsetD8)                       \
+  X(cuPointerGetAttribute)            \
   X(cuModuleLoadData)                 \
   X(cuModuleUnload)                   \
   X(cuModuleGetFunction)              \
