@@ -41,7 +41,13 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "progress_report",
           [](ProcessGroupLoom& pg) { return pg.communicator().progressReport(); },
-          "What every rank of this group last started and finished (read from shared memory).");
+          "What every rank of this group last started and finished (read from shared memory).")
+      // torch's new_group on a group bound to a device (init_process_group(device_id=...))
+      // calls this on the ranks left out of the new group, for NCCL's split, in which every
+      // rank must take part. loom's split needs only the members (Communicator::subset).
+      .def(
+          "perform_nocolor_split", [](ProcessGroupLoom&, const at::Device&) {},
+          "Nothing to do: ranks outside a new group take no part in loom's split.");
 
   m.def(
       "flight_record",

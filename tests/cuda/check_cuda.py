@@ -170,6 +170,61 @@ def ddp(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 1
 
 
+def fsdp2(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """FSDP2 (all_gather_into_tensor, reduce_scatter_tensor on CUDA) against a
+    single-process reference on the whole batch; functional collectives too."""
+    from torch.distributed.fsdp import fully_shard
+    import torch.distributed._functional_collectives as funcol
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
+    reference_model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    reference_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        batch = torch.randn(world * 8, 32, generator=g)
+        target = torch.randn(world * 8, 4, generator=g)
+        mine = slice(rank * 8, (rank + 1) * 8)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(batch[mine].to(dev)), target[mine].to(dev)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference_model(batch), target).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference_model.parameters()):
+        torch.testing.assert_close(p.full_tensor().detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"FSDP2 parameter {name}: {m}")
+    x = torch.full((1000,), float(rank + 1), device=dev)
+    y = funcol.all_reduce(x, "sum", dist.group.WORLD)
+    same(y, torch.full((1000,), world * (world + 1) / 2), "functional all_reduce")
+    z = funcol.all_gather_tensor(x, 0, dist.group.WORLD)
+    same(z, torch.cat([torch.full((1000,), float(r + 1)) for r in range(world)]), "functional all_gather")
+    return 3
+
+
+def device_bound(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A group bound to its GPU (init_process_group(device_id=...), "cpu:loom,cuda:loom" as
+    set up by worker()): CUDA and CPU tensors in one group, and a subgroup split from it."""
+    x = torch.full((4,), float(rank), device=dev)
+    dist.all_reduce(x)
+    c = torch.full((4,), float(rank))
+    dist.all_reduce(c)
+    same(x, c, "cuda and cpu all_reduce in one group")
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0])
+    if rank % 2 == 0:
+        y = torch.ones(8, device=dev)
+        dist.all_reduce(y, group=evens)
+        same(y, torch.full((8,), float((world + 1) // 2)), "all_reduce in a subgroup")
+    dist.barrier()
+    return 2
+
+
 def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """The last rank exits; the others' CUDA all_reduce must not hang the GPU, the next call
     must name the dead rank, and the GPU must still work."""
@@ -198,11 +253,15 @@ def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
-    dist.init_process_group("loom", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=__import__("datetime").timedelta(seconds=60))
+    bound = part == "device_bound"
+    dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=__import__("datetime").timedelta(seconds=60),
+                            device_id=dev if bound else None)
     try:
         n = {"reductions": reductions, "movement": movement, "streams": streams_and_staging,
-             "ddp": ddp, "killed": killed_rank}[part](rank, world, dev, dtypes)
+             "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound,
+             "killed": killed_rank}[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -220,7 +279,8 @@ def free_port() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
-    parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp", "killed"])
+    parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp",
+                                                       "fsdp2", "device_bound", "killed"])
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
                              "under compute-sanitizer")
