@@ -64,31 +64,42 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
   check(d.cuDeviceGet(&dev, device), op, exchange.rank, "cuDeviceGet");
   check(d.cuDevicePrimaryCtxRetain(&context_, dev), op, exchange.rank, "cuDevicePrimaryCtxRetain");
   cuda::ContextGuard guard(context_);
-  check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
-        "cuStreamCreate");
-  kernels_ = std::make_unique<cuda::Kernels>();
-  const size_t bytes = kDataOffset + 4 * chunk_;
-  mine_ = cuda::SharedMemory::allocate(dev, bytes);
-  posix::Fd exported = mine_->exportFd();
-  std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
-  bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
-  peers_.resize(static_cast<size_t>(size_));
-  bases_.resize(static_cast<size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) {
-      bases_[q] = reinterpret_cast<uint8_t*>(mine_->address());
-      continue;
+  try {
+    check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
+          "cuStreamCreate");
+    kernels_ = std::make_unique<cuda::Kernels>();
+    const size_t bytes = kDataOffset + 4 * chunk_;
+    mine_ = cuda::SharedMemory::allocate(dev, bytes);
+    posix::Fd exported = mine_->exportFd();
+    std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
+    bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
+    peers_.resize(static_cast<size_t>(size_));
+    bases_.resize(static_cast<size_t>(size_));
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) {
+        bases_[q] = reinterpret_cast<uint8_t*>(mine_->address());
+        continue;
+      }
+      peers_[q] = cuda::SharedMemory::open(fds[q].get(), mine_->bytes(), dev);
+      bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
+      int ordinal = -1;
+      if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                  peers_[q]->address()) != CUDA_SUCCESS ||
+          ordinal != device) {
+        sharedGpu = false;
+      }
     }
-    peers_[q] = cuda::SharedMemory::open(fds[q].get(), mine_->bytes(), dev);
-    bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
-    int ordinal = -1;
-    if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                peers_[q]->address()) != CUDA_SUCCESS ||
-        ordinal != device) {
-      sharedGpu = false;
-    }
+    oneShotBytes_ = oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
+  } catch (...) {
+    // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
+    // destructor does not run for an object whose constructor threw).
+    peers_.clear();
+    mine_.reset();
+    kernels_.reset();
+    if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
+    d.cuDevicePrimaryCtxRelease(dev);
+    throw;
   }
-  oneShotBytes_ = oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
   monitor_ = std::thread([this] { monitor(); });
 }
 
