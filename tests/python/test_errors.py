@@ -25,10 +25,10 @@ def expect(exc_type, pattern: str, fn) -> None:
 
 def body_bad_input(rank: int, world: int) -> None:
     t = torch.ones(4)
-    # A non-CPU tensor reaching the backend (meta stands in for a GPU tensor on this CPU-only
-    # host; through dist.* torch routes tensors by device, so call the backend directly).
+    # A tensor on a device loom does not take (meta: neither CPU nor CUDA) reaching the backend
+    # (through dist.* torch routes tensors by device, so call the backend directly).
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensor is on meta.*CPU tensors",
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensor is on meta.*CPU and CUDA tensors",
            lambda: backend.allreduce([torch.ones(4, device="meta")]))
     # Root out of range.
     expect((RuntimeError, ValueError), r"root|rank", lambda: dist.broadcast(t, src=world + 3))

@@ -179,7 +179,8 @@ def test_malformed_switch_is_an_error_naming_it(value):
 
 def test_accelerate_adapter_on_a_gpu_run(monkeypatch):
     # A stand-in for accelerate.state on a GPU host (this machine has none): accelerate would
-    # prepare a multi-GPU run. Plain "loom" cannot carry CUDA tensors; the device map can.
+    # prepare a multi-GPU run. Plain "loom" carries CUDA tensors (its CUDA path), but not
+    # those of an accelerator it has no path for (XPU here); the device map can.
     import enum
     import types
 
@@ -194,8 +195,11 @@ def test_accelerate_adapter_on_a_gpu_run(monkeypatch):
     adapter.patch(types.SimpleNamespace(PartialState=PartialState, DistributedType=kinds))
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setattr(adapter, "_accelerator_type", lambda: "cuda")
-    with pytest.raises(ValueError, match="cpu:loom,cuda:nccl"):
+    assert PartialState()._prepare_backend(backend="loom") == ("loom", kinds.MULTI_GPU)
+    monkeypatch.setattr(adapter, "_accelerator_type", lambda: "xpu")
+    with pytest.raises(ValueError, match="carries no 'xpu' tensors.*cpu:loom,xpu:<its backend>"):
         PartialState()._prepare_backend(backend="loom")
+    monkeypatch.setattr(adapter, "_accelerator_type", lambda: "cuda")
     assert PartialState()._prepare_backend(backend="cpu:loom,cuda:nccl") == ("cpu:loom,cuda:nccl", kinds.MULTI_GPU)
     # Backends that do not run on loom reach accelerate untouched.
     assert PartialState()._prepare_backend(backend="nccl") == ("nccl", kinds.MULTI_GPU)

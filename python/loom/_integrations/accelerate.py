@@ -60,7 +60,7 @@ def patch(state: ModuleType) -> None:
             if device not in _backend_names.device_backends(backend):
                 raise ValueError(
                     f"loom: accelerate prepares a {kind} run (tensors on '{device}' devices), and "
-                    f"backend {backend!r} carries only CPU tensors. Use backend "
+                    f"backend {backend!r} carries no '{device}' tensors. Use backend "
                     f"'cpu:loom,{device}:<its backend>' (e.g. 'cpu:loom,cuda:nccl') to keep device "
                     f"tensors on the device's own backend, or pass cpu=True "
                     f"(TrainingArguments(use_cpu=True)) to train on CPUs through loom.")
