@@ -50,21 +50,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
                                                         std::function<void()> finisher,
                                                         Issue&& issue) {
   std::vector<Request> requests;
-  if (desyncDebug_) tLaunchSignature = signatureOf(type, inputs, outputs);
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.
   const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
-  tLaunchStream = stream;
-  try {
-    // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
-    releasingGil([&] { issue(requests); });
-  } catch (const Error& e) {
-    tLaunchSignature.clear();
-    tLaunchStream.reset();
-    rethrowForTorch(e);
+  {
+    // What opOptions() reads for this call, cleared however issue() ends.
+    struct CallScope {
+      ~CallScope() {
+        tLaunchSignature.clear();
+        tLaunchStream.reset();
+      }
+    } scope;
+    if (desyncDebug_) tLaunchSignature = signatureOf(type, inputs, outputs);
+    tLaunchStream = stream;
+    try {
+      // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
+      releasingGil([&] { issue(requests); });
+    } catch (const Error& e) {
+      rethrowForTorch(e);
+    }
   }
-  tLaunchSignature.clear();
-  tLaunchStream.reset();
   if (stream) {
     finishOnStream(*stream, inputs, outputs, finisher, requests);
     finisher = nullptr;

@@ -137,6 +137,11 @@ std::exception_ptr WorkLoom::failureSoFar() {
 
 void WorkLoom::synchronize() {
   if (!cudaStream_) return;
+  blockCurrentStream();
+  cudaEnd_->synchronize();  // and the host waits for the GPU too
+}
+
+void WorkLoom::blockCurrentStream() {
   const c10::impl::VirtualGuardImpl impl(cudaStream_->device_type());
   cudaEnd_->block(impl.getStream(cudaStream_->device()));
 }
@@ -163,7 +168,7 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   if (cudaStream_) {
     // As NCCL: the caller's stream waits for the collectives; the host goes on.
     if (std::exception_ptr failure = failureSoFar()) std::rethrow_exception(failure);
-    synchronize();
+    blockCurrentStream();
     return true;
   }
   // Most collectives finish within microseconds: poll briefly before sleeping.

@@ -5,6 +5,13 @@
 // tensors (or set to the error), and waiters wake. This happens on the thread that finished
 // the last request (the communicator's worker), so DDP comm hooks and functional collectives
 // chained on get_future() run there, as they do on Gloo's worker threads.
+//
+// CUDA work (made with the loom stream its collectives were queued on) follows NCCL's
+// semantics instead: wait() makes the caller's current stream wait for the collectives (no
+// host blocking; synchronize() blocks the host as well), isCompleted() asks the GPU, and the
+// future is complete from the start, bound to the loom stream, so callbacks chained on it are
+// ordered after the collectives by torch's CUDA-aware futures. A failure found later (a dead
+// peer, a timeout) is raised by wait() and fails the communicator.
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Event.h>
@@ -43,6 +50,8 @@ class WorkLoom : public c10d::Work {
   std::vector<at::Tensor> result() override;
   /// Waits (spinning briefly first); a timeout throws DistBackendError naming the operation.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
+  /// the collectives, and the host blocks until the GPU has run them.
   void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
@@ -50,6 +59,8 @@ class WorkLoom : public c10d::Work {
  private:
   void requestDone(std::exception_ptr error, int source);
   void complete(std::exception_ptr error);
+  /// CUDA work: makes the caller's current stream wait for the end of this work.
+  void blockCurrentStream();
   /// CUDA work: the first failure so far, as DistBackendError (nullptr if none).
   std::exception_ptr failureSoFar();
 

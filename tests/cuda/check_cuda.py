@@ -127,6 +127,13 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     side.synchronize()
     want = 2.0 * world * (world + 1) / 2
     assert torch.all(y == want).item(), f"stream order: got {y[:4].tolist()}, want {want}"
+    # synchronize() blocks the host until the GPU has run the collective.
+    z = torch.ones(1 << 20, device=dev)
+    torch.cuda._sleep(20_000_000)
+    w = dist.all_reduce(z, async_op=True)
+    w.synchronize()
+    assert w.is_completed(), "synchronize() returned before the GPU ran the all_reduce"
+    same(z[:4], torch.full((4,), float(world)), "all_reduce after synchronize()")
     # Non-contiguous tensors are staged, and copied back on the loom stream.
     m = torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4).t() * (rank + 1)
     dist.all_reduce(m)
@@ -142,7 +149,7 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
         raise AssertionError("mixing devices was accepted")
     except (RuntimeError, ValueError) as e:
         assert "one device" in str(e), e
-    return 4
+    return 5
 
 
 def ddp(rank: int, world: int, dev: torch.device, dtypes) -> int:
