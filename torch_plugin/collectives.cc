@@ -561,7 +561,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
                                                       int tag) {
   const CallSite s = site("send");
   requireCount(s, "tensors", tensors.size(), 1);
-  requireCpuDense(s, "tensor", tensors[0]);
+  requireDense(s, "tensor", tensors[0]);
   const Flat in = movementView(tensors[0]);
   return launch(
       s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
@@ -586,7 +586,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>
                                                          int srcRank, int tag, const char* title) {
   const CallSite s = site("recv");
   requireCount(s, "tensors", tensors.size(), 1);
-  requireCpuDense(s, "tensor", tensors[0]);
+  requireDense(s, "tensor", tensors[0]);
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(tensors[0]);
   return launch(

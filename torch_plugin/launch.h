@@ -70,16 +70,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       rethrowForTorch(e);
     }
   }
+  // A CUDA send or receive inside a coalescing block is held by loom until the block ends
+  // (endCoalescing): so are its copy-backs, and its own work waits on the host (the
+  // block's work has the stream semantics; batch_isend_irecv returns that one).
+  const bool pointToPoint = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
+                            type == c10d::OpType::RECVANYSOURCE;
+  bool held = false;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    if (coalescing_) {
+      coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
+      if (stream) coalescedStream_ = stream;
+      held = stream && pointToPoint;
+      if (held) held_.push_back({*stream, inputs, outputs, finisher, requests});
+    }
+  }
   if (stream) {
-    finishOnStream(*stream, inputs, outputs, finisher, requests);
+    if (!held) finishOnStream(*stream, inputs, outputs, finisher, requests);
     finisher = nullptr;
   }
   auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
-                                            std::move(finisher), stream);
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
-  }
+                                            std::move(finisher), held ? std::nullopt : stream);
   work->track(std::move(requests));
   return work;
 }

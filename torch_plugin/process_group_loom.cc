@@ -213,25 +213,47 @@ void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
   });
 }
 
+void ProcessGroupLoom::eagerConnectSingleDevice(at::Device device) {
+  if (!device.is_cuda()) return;
+  translated([&] {
+    releasingGil([&] { comm_->connectDevice(DeviceKind::kCuda, device.index()); });
+    return 0;
+  });
+}
+
 void ProcessGroupLoom::startCoalescing() {
   std::lock_guard<std::mutex> lock(coalesceMutex_);
   TORCH_CHECK(!coalescing_, "loom: startCoalescing called twice without endCoalescing");
   coalescing_ = true;
   coalesced_.clear();
+  held_.clear();
+  coalescedStream_.reset();
+  comm_->startGroup();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   std::vector<Request> requests;
+  std::vector<HeldFinish> held;
+  std::optional<c10::Stream> stream;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     TORCH_CHECK(coalescing_, "loom: endCoalescing called without startCoalescing");
     coalescing_ = false;
     requests.swap(coalesced_);
+    held.swap(held_);
+    stream.swap(coalescedStream_);
   }
-  // The operations were queued as they were called; this work completes with the last.
-  auto work =
-      c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced",
-                                    std::vector<at::Tensor>{}, std::vector<at::Tensor>{}, nullptr);
+  // CUDA sends and receives are queued now, together; then their copy-backs.
+  translated([&] {
+    releasingGil([&] { comm_->endGroup(); });
+    return 0;
+  });
+  for (HeldFinish& h : held) finishOnStream(h.stream, h.inputs, h.outputs, h.finisher, h.requests);
+  // The operations were queued as they were called (CUDA transfers just now); this work
+  // completes with the last, and on CUDA follows the stream semantics of its calls.
+  auto work = c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
+                                            "coalesced", std::vector<at::Tensor>{},
+                                            std::vector<at::Tensor>{}, nullptr, stream);
   work->track(std::move(requests));
   return work;
 }

@@ -57,7 +57,9 @@ class ProcessGroupLoom : public c10d::Backend {
       const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
   void abort() override;
   void shutdown() override;
-  void eagerConnectSingleDevice(at::Device) override {}
+  /// init_process_group(device_id=cuda:N): sets up the CUDA workspaces now, with every rank
+  /// (so a first send/recv between two ranks need not wait for the others).
+  void eagerConnectSingleDevice(at::Device device) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -148,10 +150,20 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<Options> options_;
   const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
 
-  // Coalescing: requests issued between startCoalescing and endCoalescing.
+  // Coalescing: requests issued between startCoalescing and endCoalescing (a loom group:
+  // CUDA sends and receives are held until endCoalescing, and so are their copy-backs).
+  struct HeldFinish {
+    c10::Stream stream;
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> outputs;
+    std::function<void()> finisher;
+    std::vector<Request> requests;
+  };
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<Request> coalesced_;
+  std::vector<HeldFinish> held_;                // guarded by coalesceMutex_
+  std::optional<c10::Stream> coalescedStream_;  // a CUDA call's, if any; coalesceMutex_
 
   std::mutex streamMutex_;
   std::optional<c10::Stream> loomStream_;  // CUDA calls' stream (one GPU per rank); streamMutex_

@@ -56,15 +56,6 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
   }
 }
 
-void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t) {
-  requireDense(site, what, t);
-  if (!t.device().is_cpu()) {
-    invalid(site, std::string(what) + " is on " + t.device().str() + "; loom's " + site.op +
-                      " takes CPU tensors only so far (use e.g. "
-                      "init_process_group(\"cpu:loom,cuda:nccl\") for it on GPU tensors)");
-  }
-}
-
 void requireDense(const CallSite& site, const char* what, const at::Tensor& t) {
   if (!t.defined()) invalid(site, std::string(what) + " is an undefined tensor");
   if (!t.device().is_cpu() && !t.device().is_cuda()) {

@@ -33,9 +33,6 @@ void requireCount(const CallSite& site, const char* what, size_t actual, size_t 
 /// of a call share one device is checked when it is launched.)
 void requireDense(const CallSite& site, const char* what, const at::Tensor& t);
 
-/// Checks `t` is a dense CPU tensor (for operations loom has on CPU tensors only).
-void requireCpuDense(const CallSite& site, const char* what, const at::Tensor& t);
-
 /// Checks the pair of an into-one-tensor collective: `whole` and `part` are dense
 /// tensors of one dtype and `whole` holds `size` x `part`'s elements.
 void requireWholeOfParts(const CallSite& site, const std::string& wholeName,

@@ -152,8 +152,23 @@ class Communicator {
                const OpOptions& options = {});
   /// Receives a message of exactly `count` elements from `peer` (or kAnySource) with `tag`.
   /// Messages from one sender with one tag arrive in the order they were sent.
+  /// On CUDA memory (OpOptions::device), like NCCL: a pair's messages match in the order
+  /// issued and must agree in tag and size (a disagreement fails with kMismatch), a send
+  /// may wait until its receive is issued, and kAnySource is refused.
   Request recv(void* data, size_t count, DataType type, int peer, int tag,
                const OpOptions& options = {});
+  /// Opens a group: device sends and receives issued until the matching endGroup are
+  /// queued together at endGroup and progress together, so ones that depend on each other
+  /// (a ring exchange, a halo swap) cannot deadlock. Host-memory ones are unaffected (they
+  /// always progress independently). Groups nest; like ncclGroupStart.
+  void startGroup();
+  /// Closes a group, queueing its device transfers on their stream. If they are refused,
+  /// their requests fail with the reason, which is also thrown here.
+  void endGroup();
+  /// Sets up this communicator's operations on `device` memory now, with every rank of it
+  /// (a collective), instead of at the first such operation: then a first send/recv
+  /// between two ranks does not wait for the others. A no-op for kCpu.
+  void connectDevice(DeviceKind device, int deviceIndex);
 
   /// Fails every pending and future operation of this communicator and of its peers'
   /// copies at once (Error kAborted); never blocks. Safe from any thread.

@@ -285,7 +285,12 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   const auto timeout = timeoutFor(options);
   Request request(state);
   if (options.device != DeviceKind::kCpu) {
-    deviceExecutor(options, collectiveName(args.kind)).enqueue(args, state, options, timeout);
+    try {
+      deviceExecutor(options, collectiveName(args.kind)).enqueue(args, state, options, timeout);
+    } catch (const Error& e) {
+      FlightRecorder::instance().ended(state->flightId, e.what());  // refused: never ran
+      throw;
+    }
     if (options.blocking) settle(request);
     return request;
   }
@@ -384,6 +389,10 @@ Request CommState::send(const void* data, size_t bytes, int peer, int tag,
   requireUsable("send");
   const uint64_t flightId = FlightRecorder::instance().issued(
       {name_, rank_, size_, 0, "send", bytes, -1, -1, peer, tag, true});
+  if (options.device != DeviceKind::kCpu) {
+    return deviceTransfer({Transfer::Kind::kSend, peer, tag, const_cast<void*>(data), bytes},
+                          options, flightId);
+  }
   Request request = p2p().send(data, bytes, peer, tag, timeoutFor(options), flightId);
   if (options.blocking) settle(request);
   return request;
@@ -393,9 +402,98 @@ Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOpt
   requireUsable("recv");
   const uint64_t flightId = FlightRecorder::instance().issued(
       {name_, rank_, size_, 0, "recv", bytes, -1, -1, peer, tag, true});
+  if (options.device != DeviceKind::kCpu) {
+    return deviceTransfer({Transfer::Kind::kRecv, peer, tag, data, bytes}, options, flightId);
+  }
   Request request = p2p().recv(data, bytes, peer, tag, timeoutFor(options), flightId);
   if (options.blocking) settle(request);
   return request;
+}
+
+Request CommState::deviceTransfer(const Transfer& transfer, const OpOptions& options,
+                                  uint64_t flightId) {
+  const char* op = transfer.kind == Transfer::Kind::kSend ? "send" : "recv";
+  auto refuse = [&](ErrorCode code, const std::string& detail) {
+    Error e(code, op, rank_, detail);
+    FlightRecorder::instance().ended(flightId, e.what());  // never queued
+    throw e;
+  };
+  if (transfer.peer == kAnySource) {
+    refuse(ErrorCode::kUnsupported,
+           "receiving from any source is not supported on CUDA tensors (the GPU must know the "
+           "sender when the receive is queued); name the source rank");
+  }
+  std::unique_lock<std::mutex> lock(groupMutex_);
+  if (groupDepth_ > 0 && options.blocking) {
+    refuse(ErrorCode::kInvalidArgument,
+           "a blocking call inside a group would wait for the group's end; make it "
+           "non-blocking, or issue it outside the group");
+  }
+  if (deviceMessages_.empty()) deviceMessages_.resize(static_cast<size_t>(size_));
+  auto state = std::make_shared<OpState>(++deviceMessages_[static_cast<size_t>(transfer.peer)]);
+  state->flightId = flightId;
+  state->sink = this;
+  if (transfer.kind == Transfer::Kind::kRecv) state->source = transfer.peer;
+  Request request(state);
+  held_.push_back({transfer, std::move(state), options});
+  if (groupDepth_ == 0) flushGroup();
+  lock.unlock();
+  if (options.blocking) settle(request);
+  return request;
+}
+
+void CommState::connectDevice(DeviceKind device, int deviceIndex) {
+  if (device == DeviceKind::kCpu) return;
+  requireUsable("connect_device");
+  OpOptions options;
+  options.device = device;
+  options.deviceIndex = deviceIndex;
+  deviceExecutor(options, "connect_device");
+}
+
+void CommState::startGroup() {
+  std::lock_guard<std::mutex> lock(groupMutex_);
+  ++groupDepth_;
+}
+
+void CommState::endGroup() {
+  std::lock_guard<std::mutex> lock(groupMutex_);
+  if (groupDepth_ == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "end_group", rank_,
+                "endGroup without a matching startGroup");
+  }
+  if (--groupDepth_ == 0) flushGroup();
+}
+
+void CommState::flushGroup() {
+  std::vector<HeldTransfer> held;
+  held.swap(held_);
+  if (held.empty()) return;
+  std::vector<Transfer> transfers;
+  std::vector<std::shared_ptr<OpState>> states;
+  std::chrono::milliseconds timeout{0};
+  for (const HeldTransfer& h : held) {
+    transfers.push_back(h.transfer);
+    states.push_back(h.state);
+    timeout = std::max(timeout, timeoutFor(h.options));
+  }
+  const OpOptions& options = held.front().options;
+  const char* op = held.size() == 1 ? (transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv")
+                                    : "send/recv group";
+  try {
+    for (const HeldTransfer& h : held) {
+      if (h.options.stream != options.stream || h.options.deviceIndex != options.deviceIndex) {
+        throw Error(ErrorCode::kInvalidArgument, op, rank_,
+                    "the sends and receives of one group must be on one device and stream");
+      }
+    }
+    deviceExecutor(options, op).enqueueTransfers(transfers, states, options, timeout);
+  } catch (...) {
+    // Nothing was queued: every request of the group fails with the reason.
+    const std::exception_ptr failure = std::current_exception();
+    for (const auto& state : states) state->complete(failure);
+    throw;
+  }
 }
 
 int CommState::nextChildNumber(const std::string& key) {

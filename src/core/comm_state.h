@@ -63,6 +63,12 @@ class CommState final : public FailureSink {
   Request submit(CollectiveArgs args, const OpOptions& options);
   Request send(const void* data, size_t bytes, int peer, int tag, const OpOptions& options);
   Request recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options);
+  /// Device sends and receives issued until the matching endGroup are held and queued
+  /// together there (they progress together); groups nest.
+  void startGroup();
+  void endGroup();
+  /// Makes the executor for `device` memory now (see Communicator::connectDevice).
+  void connectDevice(DeviceKind device, int deviceIndex);
 
   /// Counts children made with `key` so far (split and subset salts).
   int nextChildNumber(const std::string& key);
@@ -96,6 +102,10 @@ class CommState final : public FailureSink {
   DeviceExecutor& deviceExecutor(const OpOptions& options, std::string_view op);
   /// Runs one collective to completion on this thread (the worker's, or a blocking caller's).
   void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout);
+  /// A send or receive of device memory: queued now, or held until the group ends.
+  Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId);
+  /// Queues the held transfers (under groupMutex_), or fails their requests.
+  void flushGroup();
   void watchPeers();
   P2pEngine& p2p();
   /// The link to rank q for point-to-point traffic (channel 0) or collectives (channel 1):
@@ -140,6 +150,17 @@ class CommState final : public FailureSink {
 
   std::mutex deviceMutex_;
   std::unique_ptr<DeviceExecutor> cuda_;  // CUDA collectives; guarded by deviceMutex_
+
+  // Device transfers held in an open group (startGroup/endGroup).
+  struct HeldTransfer {
+    Transfer transfer;
+    std::shared_ptr<OpState> state;
+    OpOptions options;
+  };
+  std::mutex groupMutex_;
+  int groupDepth_ = 0;                    // guarded by groupMutex_
+  std::vector<HeldTransfer> held_;        // guarded by groupMutex_
+  std::vector<uint64_t> deviceMessages_;  // by peer: device transfers issued (groupMutex_)
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
 

@@ -400,6 +400,18 @@ Request Communicator::recv(void* data, size_t count, DataType type, int peer, in
   return state_->recv(data, bytes, peer, tag, options);
 }
 
+void Communicator::startGroup() {
+  state_->startGroup();
+}
+
+void Communicator::endGroup() {
+  state_->endGroup();
+}
+
+void Communicator::connectDevice(DeviceKind device, int deviceIndex) {
+  state_->connectDevice(device, deviceIndex);
+}
+
 void Communicator::abort() {
   state_->abort();
 }

@@ -3,7 +3,11 @@
 #include "core/cuda_executor.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "core/flight_recorder.h"
 #include "cuda/driver.h"
@@ -17,10 +21,20 @@ using Clock = std::chrono::steady_clock;
 using cuda::check;
 using cuda::Driver;
 
-// The workspace: flags (one 64-byte line each, plus the abort word), then the slots.
+// The workspace. The flags page: the collective flags (one 64-byte line each), the abort
+// word, the mismatch claim, this rank's collective descriptors (by epoch parity), then per
+// peer a pair block: the "sent" flag (chunks sent to it), the "taken" flag (chunks taken
+// from it) and the descriptors of the chunks sent to it (by chunk parity). Then the two
+// collective slots, then a mailbox per sending peer.
 constexpr size_t kFlagStride = 64;
 constexpr size_t kAbortOffset = 3 * kFlagStride;
+constexpr size_t kClaimOffset = 4 * kFlagStride;
+constexpr size_t kDescOffset = 5 * kFlagStride;
+constexpr size_t kPairOffset = 8 * kFlagStride;
+constexpr size_t kPairStride = 4 * kFlagStride;
+constexpr size_t kPairDescOffset = 2 * kFlagStride;
 constexpr size_t kDataOffset = 64 << 10;
+static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
 // A value above any epoch: written into every flag to release waits when the
 // communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
 constexpr uint64_t kReleased = uint64_t{1} << 62;
@@ -30,6 +44,75 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // waits costs a switch between processes (about 135 us on an H100, docs/PERFORMANCE.md)
 // while re-reading every input costs little.
 constexpr size_t kOneShotBytes = 256 << 10;
+
+// Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
+// purpose below) | dtype (8) | reduce kind (8) | 1 if per-rank sizes vary (8) | root or
+// tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
+// its bytes (40 bits) and the chunk's index (24).
+constexpr uint8_t kSendRecv = 0x40;
+constexpr uint8_t kAllToAllBlock = 0x41;
+constexpr int kChunkShift = 40;
+
+uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
+  return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
+         uint64_t{static_cast<uint8_t>(kind)} << 16 | uint64_t{variable} << 24 |
+         uint64_t{rootOrTag} << 32;
+}
+
+cuda::Descriptor describe(const CollectiveArgs& args) {
+  const CollectiveKind k = args.kind;
+  const bool reduces = k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduce ||
+                       k == CollectiveKind::kReduceScatter;
+  const bool rooted = k == CollectiveKind::kReduce || k == CollectiveKind::kBroadcast ||
+                      k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+  return {{word0(static_cast<uint8_t>(k), args.type, reduces ? args.op.kind() : ReduceKind{},
+                 args.variable, rooted ? static_cast<uint32_t>(args.root) : 0),
+           args.variable ? args.countsHash : args.count}};
+}
+
+cuda::Descriptor describe(const Transfer& t, uint8_t purpose, uint64_t chunk) {
+  const uint64_t bytes = t.bytes & ((uint64_t{1} << kChunkShift) - 1);
+  return {{word0(purpose, DataType{}, ReduceKind{}, false, static_cast<uint32_t>(t.tag)),
+           bytes | chunk << kChunkShift}};
+}
+
+// A descriptor in words, for the mismatch error.
+std::string explain(const cuda::Descriptor& d) {
+  const uint64_t w0 = d.words[0];
+  const uint64_t w1 = d.words[1];
+  const auto what = static_cast<uint8_t>(w0);
+  const auto high = static_cast<int32_t>(static_cast<uint32_t>(w0 >> 32));
+  if (what == kSendRecv || what == kAllToAllBlock) {
+    const uint64_t bytes = w1 & ((uint64_t{1} << kChunkShift) - 1);
+    const std::string size = std::to_string(bytes) + " bytes";
+    return what == kAllToAllBlock
+               ? "an all_to_all block of " + size
+               : "a message with tag " + std::to_string(high) + " of " + size +
+                     (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")"
+                                        : "");
+  }
+  const auto kind = static_cast<CollectiveKind>(what);
+  const auto type = static_cast<DataType>(static_cast<uint8_t>(w0 >> 8));
+  std::string text(collectiveName(kind));
+  if (kind == CollectiveKind::kBarrier) return text;
+  text += " of " + std::string(dataTypeName(type)) + ", ";
+  if ((w0 >> 24) & 1) {
+    char hash[32];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(w1));
+    text += std::string("per-rank sizes with hash ") + hash;
+  } else {
+    text += std::to_string(w1) + " elements";
+  }
+  if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
+      kind == CollectiveKind::kReduceScatter) {
+    text += ", " + std::string(reduceKindName(static_cast<ReduceKind>(w0 >> 16 & 0xff)));
+  }
+  if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
+      kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
+    text += ", root " + std::to_string(high);
+  }
+  return text;
+}
 
 size_t roundDown(size_t v, size_t to) {
   return v / to * to;
@@ -46,13 +129,30 @@ uint8_t* at(void* p, size_t bytes) {
 
 }  // namespace
 
+// Fixed-capacity lists for one step (no allocation per step): a segment per rank and one
+// more (a root's own block), a source per rank.
+struct CudaExecutor::Segments {
+  std::array<cuda::Segment, cuda::kMaxSources + 1> items;
+  size_t n = 0;
+  void add(void* dst, const void* src, size_t bytes) { items[n++] = {dst, src, bytes}; }
+  operator std::span<const cuda::Segment>() const { return {items.data(), n}; }
+};
+struct CudaExecutor::Sources {
+  std::array<const void*, cuda::kMaxSources> items;
+  int n = 0;
+  void add(const void* src) { items[static_cast<size_t>(n++)] = src; }
+};
+
 CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> oneShotBytes,
                            FdExchange exchange, FailureDomain& failures, Clock::time_point deadline)
     : device_(device),
       chunk_(chunkBytes),
       rank_(exchange.localRank),
       size_(exchange.localSize),
-      failures_(failures) {
+      failures_(failures),
+      mailSlot_(std::max<size_t>(roundDown(chunkBytes / 4, 16), 4096)),
+      sent_(static_cast<size_t>(exchange.localSize)),
+      taken_(static_cast<size_t>(exchange.localSize)) {
   const Driver& d = Driver::get();
   const std::string& op = exchange.op;
   if (size_ > cuda::kMaxSources) {
@@ -68,7 +168,16 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
           "cuStreamCreate");
     kernels_ = std::make_unique<cuda::Kernels>();
-    const size_t bytes = kDataOffset + 4 * chunk_;
+    void* report = nullptr;
+    check(d.cuMemHostAlloc(&report, sizeof(cuda::MismatchReport),
+                           CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+          op, exchange.rank, "cuMemHostAlloc");
+    reportHost_ = new (report) cuda::MismatchReport{};
+    CUdeviceptr reportDevice = 0;
+    check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
+          "cuMemHostGetDevicePointer");
+    report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
+    const size_t bytes = kDataOffset + 4 * chunk_ + static_cast<size_t>(size_) * 2 * mailSlot_;
     mine_ = cuda::SharedMemory::allocate(dev, bytes);
     posix::Fd exported = mine_->exportFd();
     std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
@@ -96,6 +205,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     peers_.clear();
     mine_.reset();
     kernels_.reset();
+    if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
     if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
     d.cuDevicePrimaryCtxRelease(dev);
     throw;
@@ -120,6 +230,7 @@ CudaExecutor::~CudaExecutor() {
   peers_.clear();
   mine_.reset();
   kernels_.reset();
+  d.cuMemFreeHost(reportHost_);
   CUdevice dev = 0;
   d.cuDeviceGet(&dev, device_);
   d.cuDevicePrimaryCtxRelease(dev);
@@ -133,6 +244,15 @@ uint8_t* CudaExecutor::reduced(int q, uint64_t epoch) const {
   return in(q, epoch) + chunk_;
 }
 
+uint8_t* CudaExecutor::pair(int owner, int peer) const {
+  return bases_[owner] + kPairOffset + static_cast<size_t>(peer) * kPairStride;
+}
+
+uint8_t* CudaExecutor::mailbox(int receiver, int sender, uint64_t chunk) const {
+  return bases_[receiver] + kDataOffset + 4 * chunk_ +
+         (static_cast<size_t>(sender) * 2 + chunk % 2) * mailSlot_;
+}
+
 uint64_t CudaExecutor::beginStep() {
   const uint64_t e = ++epoch_;
   // Slot e % 2 was last used in step e - 2: wait until every peer is done reading it.
@@ -140,33 +260,93 @@ uint64_t CudaExecutor::beginStep() {
   return e;
 }
 
-void CudaExecutor::signal(Flag flag, uint64_t epoch) {
-  // The default write is ordered after all earlier work on the stream, with a fence.
-  auto address = reinterpret_cast<CUdeviceptr>(bases_[rank_] + flag * kFlagStride);
-  check(Driver::get().cuStreamWriteValue64(stream_, address, epoch, CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuda", rank_, "cuStreamWriteValue64");
+template <class Body>
+void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
+  for (size_t lo = 0; lo == 0 || lo < count; lo += perStep) {
+    const uint64_t e = beginStep();
+    body(lo, e);
+    signal(kDone, e);
+  }
 }
 
-void CudaExecutor::await(Flag flag, uint64_t epoch, int only) {
-  std::vector<CUstreamBatchMemOpParams> waits;
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_ || (only >= 0 && q != only)) continue;
-    CUstreamBatchMemOpParams p{};
-    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-    p.waitValue.address = reinterpret_cast<CUdeviceptr>(bases_[q] + flag * kFlagStride);
-    p.waitValue.value64 = epoch;
-    p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-    waits.push_back(p);
-  }
-  if (waits.empty()) return;
-  check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(waits.size()), waits.data(),
-                                         0),
+void CudaExecutor::memOps(std::span<const CUstreamBatchMemOpParams> ops) {
+  if (ops.empty()) return;
+  check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(ops.size()),
+                                         const_cast<CUstreamBatchMemOpParams*>(ops.data()), 0),
         "cuda", rank_, "cuStreamBatchMemOp");
 }
 
-void CudaExecutor::copy(const std::vector<cuda::Segment>& segments) {
+CUstreamBatchMemOpParams CudaExecutor::waitOp(const uint8_t* flag, uint64_t value) {
+  CUstreamBatchMemOpParams p{};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  p.waitValue.address = reinterpret_cast<CUdeviceptr>(flag);
+  p.waitValue.value64 = value;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  return p;
+}
+
+CUstreamBatchMemOpParams CudaExecutor::writeOp(uint8_t* flag, uint64_t value) {
+  // The default write is ordered after all earlier work on the stream, with a fence.
+  CUstreamBatchMemOpParams p{};
+  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  p.writeValue.address = reinterpret_cast<CUdeviceptr>(flag);
+  p.writeValue.value64 = value;
+  p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return p;
+}
+
+void CudaExecutor::signal(Flag flag, uint64_t epoch) {
+  const CUstreamBatchMemOpParams op = writeOp(bases_[rank_] + flag * kFlagStride, epoch);
+  memOps({&op, 1});
+}
+
+void CudaExecutor::await(Flag flag, uint64_t epoch, int only) {
+  std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> waits;
+  size_t n = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || (only >= 0 && q != only)) continue;
+    waits[n++] = waitOp(bases_[q] + flag * kFlagStride, epoch);
+  }
+  memOps({waits.data(), n});
+}
+
+cuda::Agreement CudaExecutor::noAgreement() {
+  cuda::Agreement a{};
+  a.claim = reinterpret_cast<uint32_t*>(bases_[rank_] + kClaimOffset);
+  a.report = report_;
+  a.abort = reinterpret_cast<volatile uint64_t*>(bases_[rank_] + kAbortOffset);
+  return a;
+}
+
+cuda::Descriptor* CudaExecutor::descriptor(int q, uint64_t epoch) const {
+  return reinterpret_cast<cuda::Descriptor*>(bases_[q] + kDescOffset +
+                                             (epoch % 2) * sizeof(cuda::Descriptor));
+}
+
+cuda::Descriptor* CudaExecutor::pairDescriptor(int sender, int receiver, uint64_t chunk) const {
+  return reinterpret_cast<cuda::Descriptor*>(pair(sender, receiver) + kPairDescOffset +
+                                             (chunk % 2) * sizeof(cuda::Descriptor));
+}
+
+cuda::Agreement CudaExecutor::publishing(uint64_t epoch) {
+  cuda::Agreement a = noAgreement();
+  if (epoch == firstEpoch_) a.publish[a.npublish++] = {descriptor(rank_, epoch), described_};
+  return a;
+}
+
+cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
+  cuda::Agreement a = noAgreement();
+  if (epoch != firstEpoch_) return a;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || (only >= 0 && q != only)) continue;
+    a.expect[a.nexpect++] = {descriptor(q, epoch), described_, q};
+  }
+  return a;
+}
+
+void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {
   cuda::CopyParams params{};
-  params.abort = reinterpret_cast<const volatile uint64_t*>(bases_[rank_] + kAbortOffset);
+  params.agreement = agreement;
   uint64_t longest = 0;
   for (const cuda::Segment& s : segments) {
     if (s.bytes == 0 || s.dst == s.src) continue;
@@ -174,6 +354,7 @@ void CudaExecutor::copy(const std::vector<cuda::Segment>& segments) {
       kernels_->copy(stream_, params, longest);
       params.count = 0;
       longest = 0;
+      params.agreement = noAgreement();  // the first launch checked and published
     }
     params.segments[params.count++] = s;
     longest = std::max(longest, s.bytes);
@@ -181,33 +362,33 @@ void CudaExecutor::copy(const std::vector<cuda::Segment>& segments) {
   kernels_->copy(stream_, params, longest);
 }
 
-void CudaExecutor::reduce(void* dst, std::vector<const void*> srcs, size_t count,
-                          const CollectiveArgs& args) {
+void CudaExecutor::copy(std::initializer_list<cuda::Segment> segments,
+                        const cuda::Agreement& agreement) {
+  copy(std::span<const cuda::Segment>(segments.begin(), segments.size()), agreement);
+}
+
+void CudaExecutor::reduce(void* dst, const Sources& srcs, size_t count, const CollectiveArgs& args,
+                          const cuda::Agreement& agreement) {
   cuda::ReduceParams params{};
   params.dst = dst;
-  params.nsrc = static_cast<int>(srcs.size());
-  for (size_t s = 0; s < srcs.size(); ++s) params.srcs[s] = srcs[s];
+  params.nsrc = srcs.n;
+  for (int s = 0; s < srcs.n; ++s) params.srcs[s] = srcs.items[static_cast<size_t>(s)];
   params.count = count;
   params.factor = args.op.factor();
   params.divisor = size_;
-  params.abort = reinterpret_cast<const volatile uint64_t*>(bases_[rank_] + kAbortOffset);
+  params.agreement = agreement;
   kernels_->reduce(stream_, args.type, args.op.kind(), params);
 }
 
-void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpState>& state,
-                           const OpOptions& options, std::chrono::milliseconds timeout) {
-  const std::string op(collectiveName(args.kind));
+template <class Fill>
+void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<OpState>> states,
+                         const OpOptions& options, std::chrono::milliseconds timeout, Fill&& fill) {
   const Driver& d = Driver::get();
   if (options.deviceIndex != device_) {
     throw Error(ErrorCode::kInvalidArgument, op, rank_,
                 "the tensors are on cuda:" + std::to_string(options.deviceIndex) +
                     " but this communicator's CUDA collectives run on cuda:" +
                     std::to_string(device_) + "; use one GPU per rank and communicator");
-  }
-  if (args.kind == CollectiveKind::kAllToAll && args.variable && !equalBlocks(args)) {
-    throw Error(ErrorCode::kUnsupported, op, rank_,
-                "uneven split sizes on CUDA tensors are not supported yet; pass equal splits "
-                "or CPU tensors");
   }
   std::lock_guard<std::mutex> lock(enqueueMutex_);
   cuda::ContextGuard guard(context_);
@@ -220,105 +401,126 @@ void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpS
                 "outside the capture");
   }
   if (failures_.failed()) throw failures_.failureError(op);
-  FlightRecorder::instance().started(state->flightId);
-  switch (args.kind) {
-    case CollectiveKind::kAllReduce: allReduce(args); break;
-    case CollectiveKind::kReduce: reduceToRoot(args); break;
-    case CollectiveKind::kBroadcast: broadcast(args); break;
-    case CollectiveKind::kAllGather: allGather(args, false); break;
-    case CollectiveKind::kGather: allGather(args, true); break;
-    case CollectiveKind::kReduceScatter: reduceScatter(args); break;
-    case CollectiveKind::kAllToAll: allToAll(args); break;
-    case CollectiveKind::kScatter: scatter(args); break;
-    case CollectiveKind::kBarrier: barrier(); break;
-  }
+  for (const auto& state : states) FlightRecorder::instance().started(state->flightId);
   CUevent event = nullptr;
-  check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
-  check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
+  try {
+    firstEpoch_ = epoch_ + 1;
+    fill();
+    check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
+    check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
+  } catch (const Error& e) {
+    // Part of the call may be queued: this rank's epochs and channels no longer match its
+    // peers', so the communicator cannot go on (and its peers must not wait for it).
+    if (event != nullptr) d.cuEventDestroy(event);
+    failures_.fail(e.code(), rank_, e.what());
+    throw;
+  }
   {
     std::lock_guard<std::mutex> pendingLock(pendingMutex_);
-    pending_.push_back(Pending{event, state, Clock::now() + timeout, op});
+    pending_.push_back(Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op});
   }
   pendingChanged_.notify_all();
 }
 
+void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpState>& state,
+                           const OpOptions& options, std::chrono::milliseconds timeout) {
+  queue(std::string(collectiveName(args.kind)), {&state, 1}, options, timeout, [&] {
+    described_ = describe(args);
+    switch (args.kind) {
+      case CollectiveKind::kAllReduce: allReduce(args); break;
+      case CollectiveKind::kReduce: reduceToRoot(args); break;
+      case CollectiveKind::kBroadcast: broadcast(args); break;
+      case CollectiveKind::kAllGather: allGather(args, false); break;
+      case CollectiveKind::kGather: allGather(args, true); break;
+      case CollectiveKind::kReduceScatter: reduceScatter(args); break;
+      case CollectiveKind::kAllToAll: args.variable ? allToAllV(args) : allToAll(args); break;
+      case CollectiveKind::kScatter: scatter(args); break;
+      case CollectiveKind::kBarrier: barrier(); break;
+    }
+  });
+}
+
+void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
+                                    std::span<const std::shared_ptr<OpState>> states,
+                                    const OpOptions& options, std::chrono::milliseconds timeout) {
+  std::string op = "send/recv group";
+  if (transfers.size() == 1) op = transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv";
+  queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
+}
+
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
-  const size_t total = args.count;
   const size_t perStep = chunk_ / es;
   if (size_ == 1) {
-    reduce(args.output, {args.input}, total, args);
+    Sources own;
+    own.add(args.input);
+    reduce(args.output, own, args.count, args, noAgreement());
     return;
   }
-  const bool oneShot = total * es <= oneShotBytes_;
-  for (size_t lo = 0; lo < total; lo += perStep) {
-    const size_t n = std::min(perStep, total - lo);
-    const uint64_t e = beginStep();
-    copy({{in(rank_, e), at(args.input, lo * es), n * es}});
+  const bool oneShot = args.count * es <= oneShotBytes_;
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t n = clipped(args.count, lo, perStep);
+    copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
     signal(kReady, e);
     await(kReady, e);
+    Sources srcs;
     if (oneShot) {
-      std::vector<const void*> srcs;
-      for (int q = 0; q < size_; ++q) srcs.push_back(in(q, e));
-      reduce(at(args.output, lo * es), srcs, n, args);
-    } else {
-      // Shares of whole 16-byte vectors; rank q reduces share q into its reduced half.
-      const size_t vector = 16 / std::min<size_t>(es, 16);
-      const size_t share = (n / size_ + vector) / vector * vector;
-      std::vector<const void*> srcs;
-      for (int q = 0; q < size_; ++q) srcs.push_back(in(q, e) + rank_ * share * es);
-      reduce(reduced(rank_, e), srcs, clipped(n, rank_ * share, share), args);
-      signal(kReduced, e);
-      await(kReduced, e);
-      std::vector<cuda::Segment> gather;
-      for (int q = 0; q < size_; ++q) {
-        gather.push_back({at(args.output, (lo + q * share) * es), reduced(q, e),
-                          clipped(n, q * share, share) * es});
-      }
-      copy(gather);
+      for (int q = 0; q < size_; ++q) srcs.add(in(q, e));
+      reduce(at(args.output, lo * es), srcs, n, args, expecting(e));
+      return;
     }
-    signal(kDone, e);
-  }
+    // Shares of whole 16-byte vectors; rank q reduces share q into its reduced half.
+    const size_t vector = 16 / std::min<size_t>(es, 16);
+    const size_t share = (n / size_ + vector) / vector * vector;
+    for (int q = 0; q < size_; ++q) srcs.add(in(q, e) + rank_ * share * es);
+    reduce(reduced(rank_, e), srcs, clipped(n, rank_ * share, share), args, expecting(e));
+    signal(kReduced, e);
+    await(kReduced, e);
+    Segments gather;
+    for (int q = 0; q < size_; ++q) {
+      gather.add(at(args.output, (lo + q * share) * es), reduced(q, e),
+                 clipped(n, q * share, share) * es);
+    }
+    copy(gather, noAgreement());
+  });
 }
 
 void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
   if (size_ == 1) {
-    reduce(args.output, {args.input}, args.count, args);
+    Sources own;
+    own.add(args.input);
+    reduce(args.output, own, args.count, args, noAgreement());
     return;
   }
-  for (size_t lo = 0; lo < args.count; lo += perStep) {
-    const size_t n = std::min(perStep, args.count - lo);
-    const uint64_t e = beginStep();
-    copy({{in(rank_, e), at(args.input, lo * es), n * es}});
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t n = clipped(args.count, lo, perStep);
+    copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
     signal(kReady, e);
-    if (rank_ == args.root) {
-      await(kReady, e);
-      std::vector<const void*> srcs;
-      for (int q = 0; q < size_; ++q) srcs.push_back(in(q, e));
-      reduce(at(args.output, lo * es), srcs, n, args);
-    }
-    signal(kDone, e);
-  }
+    if (rank_ != args.root) return;
+    await(kReady, e);
+    Sources srcs;
+    for (int q = 0; q < size_; ++q) srcs.add(in(q, e));
+    reduce(at(args.output, lo * es), srcs, n, args, expecting(e));
+  });
 }
 
 void CudaExecutor::broadcast(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
-  for (size_t lo = 0; lo < args.count; lo += perStep) {
-    const size_t bytes = std::min(perStep, args.count - lo) * es;
-    const uint64_t e = beginStep();
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t bytes = clipped(args.count, lo, perStep) * es;
     if (rank_ == args.root) {
       copy({{in(rank_, e), at(args.input, lo * es), bytes},
-            {at(args.output, lo * es), at(args.input, lo * es), bytes}});
+            {at(args.output, lo * es), at(args.input, lo * es), bytes}},
+           publishing(e));
       signal(kReady, e);
     } else {
       await(kReady, e, args.root);
-      copy({{at(args.output, lo * es), in(args.root, e), bytes}});
+      copy({{at(args.output, lo * es), in(args.root, e), bytes}}, expecting(e, args.root));
     }
-    signal(kDone, e);
-  }
+  });
 }
 
 void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
@@ -329,23 +531,20 @@ void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
   auto countOf = [&](int q) { return onlyRoot ? args.count : args.outputCounts[q]; };
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
-  const size_t mine = countOf(rank_);
   const bool receives = !onlyRoot || rank_ == args.root;
-  for (size_t lo = 0; lo < longest; lo += perStep) {
-    const uint64_t e = beginStep();
-    copy({{in(rank_, e), at(args.input, lo * es), clipped(mine, lo, perStep) * es}});
+  steps(longest, perStep, [&](size_t lo, uint64_t e) {
+    copy({{in(rank_, e), at(args.input, lo * es), clipped(countOf(rank_), lo, perStep) * es}},
+         publishing(e));
     signal(kReady, e);
-    if (receives) {
-      await(kReady, e);
-      std::vector<cuda::Segment> out;
-      for (int q = 0; q < size_; ++q) {
-        const void* src = q == rank_ ? at(args.input, lo * es) : in(q, e);
-        out.push_back({at(args.outputs[q], lo * es), src, clipped(countOf(q), lo, perStep) * es});
-      }
-      copy(out);
+    if (!receives) return;
+    await(kReady, e);
+    Segments out;
+    for (int q = 0; q < size_; ++q) {
+      const void* src = q == rank_ ? at(args.input, lo * es) : in(q, e);
+      out.add(at(args.outputs[q], lo * es), src, clipped(countOf(q), lo, perStep) * es);
     }
-    signal(kDone, e);
-  }
+    copy(out, expecting(e));
+  });
 }
 
 void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
@@ -357,102 +556,206 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
   if (size_ == 1) {
-    reduce(args.output, {args.inputs[0]}, countOf(0), args);
+    Sources own;
+    own.add(args.inputs[0]);
+    reduce(args.output, own, countOf(0), args, noAgreement());
     return;
   }
-  for (size_t lo = 0; lo < longest; lo += perStep) {
-    const uint64_t e = beginStep();
-    std::vector<cuda::Segment> stage;
+  steps(longest, perStep, [&](size_t lo, uint64_t e) {
+    Segments stage;
     for (int q = 0; q < size_; ++q) {
-      stage.push_back({in(rank_, e) + q * block, at(args.inputs[q], lo * es),
-                       clipped(countOf(q), lo, perStep) * es});
+      stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es),
+                clipped(countOf(q), lo, perStep) * es);
     }
-    copy(stage);
+    copy(stage, publishing(e));
     signal(kReady, e);
     await(kReady, e);
-    std::vector<const void*> srcs;
-    for (int q = 0; q < size_; ++q) srcs.push_back(in(q, e) + rank_ * block);
-    reduce(at(args.output, lo * es), srcs, clipped(countOf(rank_), lo, perStep), args);
-    signal(kDone, e);
-  }
-}
-
-bool CudaExecutor::equalBlocks(const CollectiveArgs& args) {
-  // Every block of this rank the same size, sent and received: then so are its peers'
-  // (their sends to it are its receives), unless they pass split sizes that do not match.
-  for (size_t q = 0; q < args.inputCounts.size(); ++q) {
-    if (args.inputCounts[q] != args.inputCounts[0] || args.outputCounts[q] != args.inputCounts[0])
-      return false;
-  }
-  return true;
+    Sources srcs;
+    for (int q = 0; q < size_; ++q) srcs.add(in(q, e) + rank_ * block);
+    reduce(at(args.output, lo * es), srcs, clipped(countOf(rank_), lo, perStep), args,
+           expecting(e));
+  });
 }
 
 void CudaExecutor::allToAll(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
-  const size_t count = args.variable ? args.inputCounts[0] : args.count;
   const size_t block = roundDown(chunk_ / size_, 16);
   const size_t perStep = block / es;
-  for (size_t lo = 0; lo < count; lo += perStep) {
-    const size_t bytes = clipped(count, lo, perStep) * es;
-    const uint64_t e = beginStep();
-    std::vector<cuda::Segment> stage;
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t bytes = clipped(args.count, lo, perStep) * es;
+    Segments stage;
     for (int q = 0; q < size_; ++q) {
-      stage.push_back({in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes});
+      stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes);
     }
-    copy(stage);
+    copy(stage, publishing(e));
     signal(kReady, e);
     await(kReady, e);
-    std::vector<cuda::Segment> out;
+    Segments out;
     for (int q = 0; q < size_; ++q) {
-      out.push_back({at(args.outputs[q], lo * es), in(q, e) + rank_ * block, bytes});
+      out.add(at(args.outputs[q], lo * es), in(q, e) + rank_ * block, bytes);
     }
-    copy(out);
-    signal(kDone, e);
+    copy(out, expecting(e));
+  });
+}
+
+void CudaExecutor::allToAllV(const CollectiveArgs& args) {
+  // Only the two ends of a pair know its block's size, so the blocks go as transfers (whose
+  // chunks are counted per pair), not in collective steps (counted by every rank alike).
+  const size_t es = elementSize(args.type);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    transfers.push_back(
+        {Transfer::Kind::kSend, q, 0, const_cast<void*>(args.inputs[q]), args.inputCounts[q] * es});
+    transfers.push_back({Transfer::Kind::kRecv, q, 0, args.outputs[q], args.outputCounts[q] * es});
   }
+  const size_t own = std::min(args.inputCounts[rank_], args.outputCounts[rank_]) * es;
+  copy({{args.outputs[rank_], args.inputs[rank_], own}}, noAgreement());
+  transfer(transfers, kAllToAllBlock);
 }
 
 void CudaExecutor::scatter(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t block = roundDown(chunk_ / size_, 16);
   const size_t perStep = block / es;
-  for (size_t lo = 0; lo < args.count; lo += perStep) {
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t bytes = clipped(args.count, lo, perStep) * es;
-    const uint64_t e = beginStep();
     if (rank_ == args.root) {
-      std::vector<cuda::Segment> stage;
+      Segments stage;
       for (int q = 0; q < size_; ++q) {
-        stage.push_back({in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes});
+        stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes);
       }
-      stage.push_back({at(args.output, lo * es), at(args.inputs[rank_], lo * es), bytes});
-      copy(stage);
+      stage.add(at(args.output, lo * es), at(args.inputs[rank_], lo * es), bytes);
+      copy(stage, publishing(e));
       signal(kReady, e);
     } else {
       await(kReady, e, args.root);
-      copy({{at(args.output, lo * es), in(args.root, e) + rank_ * block, bytes}});
+      copy({{at(args.output, lo * es), in(args.root, e) + rank_ * block, bytes}},
+           expecting(e, args.root));
     }
-    signal(kDone, e);
-  }
+  });
 }
 
 void CudaExecutor::barrier() {
-  const uint64_t e = beginStep();
-  signal(kReady, e);
-  await(kReady, e);
-  signal(kDone, e);
+  steps(0, 1, [&](size_t, uint64_t e) {
+    copy(Segments{}, publishing(e));
+    signal(kReady, e);
+    await(kReady, e);
+    copy(Segments{}, expecting(e));
+  });
+}
+
+void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose) {
+  // Each pair's messages form one stream of chunks per direction, in issue order; a round
+  // moves the next chunk of every pair, so no peer's progress waits on another's.
+  struct Chunk {
+    const Transfer* transfer;
+    uint64_t index;
+  };
+  std::vector<std::vector<Chunk>> out(static_cast<size_t>(size_));
+  std::vector<std::vector<Chunk>> in(static_cast<size_t>(size_));
+  size_t rounds = 0;
+  for (const Transfer& t : transfers) {
+    std::vector<Chunk>& chunks = (t.kind == Transfer::Kind::kSend ? out : in)[t.peer];
+    // At least one chunk, even when empty: it carries the descriptor the receiver checks.
+    const uint64_t n = std::max<uint64_t>(1, (t.bytes + mailSlot_ - 1) / mailSlot_);
+    for (uint64_t c = 0; c < n; ++c) chunks.push_back({&t, c});
+    rounds = std::max(rounds, chunks.size());
+  }
+  for (size_t k = 0; k < rounds; ++k) {
+    std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> ops;
+    size_t nops = 0;
+    // Sends: once the receiver has taken what this slot held, fill it and say so.
+    Segments segments;
+    cuda::Agreement agreement = noAgreement();
+    for (int q = 0; q < size_; ++q) {
+      if (k >= out[q].size()) continue;
+      const Chunk& c = out[q][k];
+      const uint64_t seq = ++sent_[q];
+      if (seq > 2) ops[nops++] = waitOp(pair(q, rank_) + kTaken * kFlagStride, seq - 2);
+      const size_t lo = c.index * mailSlot_;
+      segments.add(mailbox(q, rank_, seq), at(c.transfer->data, lo),
+                   clipped(c.transfer->bytes, lo, mailSlot_));
+      agreement.publish[agreement.npublish++] = {pairDescriptor(rank_, q, seq),
+                                                 describe(*c.transfer, purpose, c.index)};
+    }
+    if (agreement.npublish > 0) {
+      memOps({ops.data(), nops});
+      copy(segments, agreement);
+      nops = 0;
+      for (int q = 0; q < size_; ++q) {
+        if (k < out[q].size())
+          ops[nops++] = writeOp(pair(rank_, q) + kSent * kFlagStride, sent_[q]);
+      }
+      memOps({ops.data(), nops});
+    }
+    // Receives: once the sender has filled the slot, check what it says, copy it out and
+    // free the slot.
+    nops = 0;
+    segments = Segments{};
+    agreement = noAgreement();
+    for (int q = 0; q < size_; ++q) {
+      if (k >= in[q].size()) continue;
+      const Chunk& c = in[q][k];
+      const uint64_t seq = ++taken_[q];
+      ops[nops++] = waitOp(pair(q, rank_) + kSent * kFlagStride, seq);
+      const size_t lo = c.index * mailSlot_;
+      segments.add(at(c.transfer->data, lo), mailbox(rank_, q, seq),
+                   clipped(c.transfer->bytes, lo, mailSlot_));
+      agreement.expect[agreement.nexpect++] = {pairDescriptor(q, rank_, seq),
+                                               describe(*c.transfer, purpose, c.index), q};
+    }
+    if (agreement.nexpect > 0) {
+      memOps({ops.data(), nops});
+      copy(segments, agreement);
+      nops = 0;
+      for (int q = 0; q < size_; ++q) {
+        if (k < in[q].size())
+          ops[nops++] = writeOp(pair(rank_, q) + kTaken * kFlagStride, taken_[q]);
+      }
+      memOps({ops.data(), nops});
+    }
+  }
 }
 
 void CudaExecutor::release() {
   if (released_.exchange(true)) return;
   const Driver& d = Driver::get();
-  // The abort word first (kernels still queued skip their work), then every flag.
-  d.cuStreamWriteValue64(abortStream_, reinterpret_cast<CUdeviceptr>(bases_[rank_] + kAbortOffset),
-                         1, CU_STREAM_WRITE_VALUE_DEFAULT);
-  for (uint8_t* base : bases_) {
-    for (int flag = kReady; flag <= kDone; ++flag) {
-      d.cuStreamWriteValue64(abortStream_, reinterpret_cast<CUdeviceptr>(base + flag * kFlagStride),
-                             kReleased, CU_STREAM_WRITE_VALUE_DEFAULT);
+  auto write = [&](uint8_t* word, uint64_t value) {
+    d.cuStreamWriteValue64(abortStream_, reinterpret_cast<CUdeviceptr>(word), value,
+                           CU_STREAM_WRITE_VALUE_DEFAULT);
+  };
+  // Every rank's abort word first (their kernels still queued skip their work, and none
+  // reads a slot or a descriptor that a released wait let it reach early), then every flag.
+  for (uint8_t* base : bases_) write(base + kAbortOffset, 1);
+  for (int q = 0; q < size_; ++q) {
+    for (int flag = kReady; flag <= kDone; ++flag) write(bases_[q] + flag * kFlagStride, kReleased);
+    for (int peer = 0; peer < size_; ++peer) {
+      write(pair(q, peer) + kSent * kFlagStride, kReleased);
+      write(pair(q, peer) + kTaken * kFlagStride, kReleased);
     }
   }
+}
+
+void CudaExecutor::reportMismatch() {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const cuda::MismatchReport& r = *reportHost_;
+  const std::string peer = "rank " + std::to_string(r.peer);
+  const std::string self = "rank " + std::to_string(rank_);
+  const auto what = static_cast<uint8_t>(r.mine.words[0]);
+  std::string message;
+  if (what == kSendRecv || what == kAllToAllBlock) {
+    message = "on CUDA tensors, " + peer + "'s next message to " + self + " is " +
+              explain(r.theirs) + ", but " + self + " is receiving " + explain(r.mine) +
+              " from it; a pair's sends and receives on CUDA tensors match in the order they "
+              "are issued (as with NCCL), so issue them in the same order and sizes on both";
+  } else {
+    message = "on CUDA tensors, " + peer + " issued " + explain(r.theirs) + " where " + self +
+              " issued " + explain(r.mine) +
+              "; every rank must issue the same collectives, with the same sizes, in the same "
+              "order";
+  }
+  failures_.fail(ErrorCode::kMismatch, r.peer, message);
 }
 
 void CudaExecutor::monitor() {
@@ -471,6 +774,9 @@ void CudaExecutor::monitor() {
     }
     Pending& first = pending_.front();  // one stream per enqueue order: finish in order
     const CUresult state = d.cuEventQuery(first.event);
+    // After the query: a kernel's report is visible once the event behind it has fired. A
+    // kernel that found a mismatch did nothing, so its call must not succeed.
+    if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
     std::exception_ptr failure;
     bool finished = state == CUDA_SUCCESS;
     if (!finished && state != CUDA_ERROR_NOT_READY) {
@@ -479,7 +785,7 @@ void CudaExecutor::monitor() {
                 "the GPU reported an error while running it (a fault in a kernel before it, "
                 "or the device was lost); see the CUDA error from PyTorch"));
       finished = true;
-    } else if (!finished && (failures_.failed() || Clock::now() >= first.deadline)) {
+    } else if (failures_.failed() || (!finished && Clock::now() >= first.deadline)) {
       if (!failures_.failed()) {
         failures_.fail(ErrorCode::kTimeout, -1,
                        first.op +
@@ -504,7 +810,7 @@ void CudaExecutor::monitor() {
     pending_.pop_front();
     lock.unlock();
     d.cuEventDestroy(done.event);
-    done.state->complete(failure);
+    for (const auto& state : done.states) state->complete(failure);
     since = Clock::now();
     lock.lock();
     pendingChanged_.notify_all();

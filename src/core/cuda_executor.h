@@ -1,31 +1,48 @@
 #pragma once
 
-// Collectives on CUDA memory among the ranks of one host, as work on the caller's stream
-// with no host round trip per step.
+// Collectives and point-to-point transfers on CUDA memory among the ranks of one host, as
+// work on the caller's stream with no host round trip per step.
 //
 // Each rank owns a device workspace (cuMem, exported as a file descriptor and mapped by
-// every rank of the host): a page of flags, then two slots of two halves (chunk bytes
-// each). A collective runs in steps of at most one chunk per rank; step e uses slot e % 2.
-// In a step each rank copies its share into its slot, raises its flag to e, makes its
-// stream wait until its peers' flags reach e (cuStreamBatchMemOp: the wait is done by the
-// GPU's front end, not a spinning kernel, so ranks that share one GPU and are time-sliced
-// by it never burn a peer's turn), then reduces or copies out of the peers' slots. A slot
-// is refilled only after every peer has said it is done with it ("done" flag >= e - 2).
+// every rank of the host): a page of flags, two collective slots of two halves (chunk bytes
+// each), and a mailbox per sending peer (two slots of a quarter chunk).
+//
+// A collective runs in steps of at most one chunk per rank; step e uses slot e % 2. In a
+// step each rank copies its share into its slot, raises its flag to e, makes its stream
+// wait until its peers' flags reach e (cuStreamBatchMemOp: the wait is done by the GPU's
+// front end, not a spinning kernel, so ranks that share one GPU and are time-sliced by it
+// never burn a peer's turn), then reduces or copies out of the peers' slots. A slot is
+// refilled only after every peer has said it is done with it ("done" flag >= e - 2).
 // Results are bit-identical across ranks: every rank reduces in rank order.
 //
+// A transfer moves in chunks through the receiver's mailbox for the sender: the sender
+// writes chunk k into slot k % 2 once the receiver has taken chunk k - 2, and raises its
+// "sent" flag for that peer; the receiver waits for it, copies out and raises "taken". The
+// transfers of one call advance a chunk per peer per round, so a ring of sends and
+// receives in one call cannot deadlock.
+//
+// Every operation's first step checks agreement: each rank publishes what it is doing (a
+// descriptor: kind, dtype, op, root, sizes; a transfer's tag and size) and the kernel that
+// first reads a peer's data compares the peer's descriptor with its own. Ranks that issued
+// different operations get kMismatch naming both, never a wrong answer.
+//
 // A monitor thread completes requests when their events fire, and enforces deadlines and
-// failures: when the communicator fails (a dead rank, a timeout, an abort) it sets the
-// abort word the kernels check and raises every flag of every workspace past any epoch, so
-// no stream stays blocked on a peer and the GPU is usable afterwards.
+// failures: when the communicator fails (a dead rank, a timeout, an abort, a mismatch) it
+// sets the abort word the kernels check and raises every flag of every workspace past any
+// epoch, so no stream stays blocked on a peer and the GPU is usable afterwards.
 
 #include <cuda.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -50,28 +67,65 @@ class CudaExecutor final : public DeviceExecutor {
 
   void enqueue(const CollectiveArgs& args, const std::shared_ptr<OpState>& state,
                const OpOptions& options, std::chrono::milliseconds timeout) override;
+  void enqueueTransfers(std::span<const Transfer> transfers,
+                        std::span<const std::shared_ptr<OpState>> states, const OpOptions& options,
+                        std::chrono::milliseconds timeout) override;
 
   /// The device ordinal the workspaces live on.
   int device() const { return device_; }
 
  private:
+  // A rank's flags, each written by that rank only (see the layout in cuda_executor.cc).
   enum Flag : int { kReady = 0, kReduced = 1, kDone = 2 };
+  enum PairFlag : int { kSent = 0, kTaken = 1 };
   struct Pending {
     CUevent event;
-    std::shared_ptr<OpState> state;
+    std::vector<std::shared_ptr<OpState>> states;
     std::chrono::steady_clock::time_point deadline;
     std::string op;
   };
+  // The segments of one step's copies, and the sources of its reductions.
+  struct Segments;
+  struct Sources;
+
+  /// Checks, locks and fills the stream for one call (`fill` queues its steps), then
+  /// hands its requests to the monitor.
+  template <class Fill>
+  void queue(const std::string& op, std::span<const std::shared_ptr<OpState>> states,
+             const OpOptions& options, std::chrono::milliseconds timeout, Fill&& fill);
 
   // The steps collectives are made of (on the stream being filled).
   uint64_t beginStep();
+  /// Runs `body(lo, e)` for each step of `perStep` elements of `count` (at least one step,
+  /// so every call is checked), each in its own epoch e.
+  template <class Body>
+  void steps(size_t count, size_t perStep, Body&& body);
   void signal(Flag flag, uint64_t epoch);
   void await(Flag flag, uint64_t epoch, int only = -1);  // every peer, or just `only`
-  void copy(const std::vector<cuda::Segment>& segments);
-  void reduce(void* dst, std::vector<const void*> srcs, size_t count, const CollectiveArgs& args);
+  /// Queues flag waits and writes, in order, as one batch.
+  void memOps(std::span<const CUstreamBatchMemOpParams> ops);
+  static CUstreamBatchMemOpParams waitOp(const uint8_t* flag, uint64_t value);  // flag >= value
+  static CUstreamBatchMemOpParams writeOp(uint8_t* flag, uint64_t value);
+  /// What a launch in step `epoch` checks: this rank publishes its descriptor (`publish`)
+  /// or expects its peers' (every peer, or `only`); nothing after an operation's first step.
+  cuda::Agreement publishing(uint64_t epoch);
+  cuda::Agreement expecting(uint64_t epoch, int only = -1);
+  cuda::Agreement noAgreement();
+  void copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement);
+  void copy(std::initializer_list<cuda::Segment> segments, const cuda::Agreement& agreement);
+  void reduce(void* dst, const Sources& srcs, size_t count, const CollectiveArgs& args,
+              const cuda::Agreement& agreement);
   // Slot addresses: rank q's input half and reduced half of the slot for `epoch`.
   uint8_t* in(int q, uint64_t epoch) const;
   uint8_t* reduced(int q, uint64_t epoch) const;
+  /// Rank `owner`'s flags about its peer `peer` (PairFlag lines, then chunk descriptors).
+  uint8_t* pair(int owner, int peer) const;
+  /// The slot of `receiver`'s mailbox for `sender` that chunk number `chunk` goes through.
+  uint8_t* mailbox(int receiver, int sender, uint64_t chunk) const;
+  /// Rank q's descriptor of its collective step `epoch`, and `sender`'s of chunk number
+  /// `chunk` it sent to `receiver`.
+  cuda::Descriptor* descriptor(int q, uint64_t epoch) const;
+  cuda::Descriptor* pairDescriptor(int sender, int receiver, uint64_t chunk) const;
 
   void allReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
@@ -79,12 +133,17 @@ class CudaExecutor final : public DeviceExecutor {
   void allGather(const CollectiveArgs& args, bool onlyRoot);
   void reduceScatter(const CollectiveArgs& args);
   void allToAll(const CollectiveArgs& args);
-  /// An all_to_all with split sizes whose blocks are all one size (the equal form).
-  static bool equalBlocks(const CollectiveArgs& args);
+  /// all_to_all with split sizes: a transfer to and from every peer, and a local copy.
+  void allToAllV(const CollectiveArgs& args);
   void scatter(const CollectiveArgs& args);
   void barrier();
+  /// Queues `transfers`; `purpose` goes into their descriptors (user send/recv, or the
+  /// blocks of an all_to_all).
+  void transfer(std::span<const Transfer> transfers, uint8_t purpose);
 
   void monitor();
+  /// Turns a kernel's mismatch report into the communicator's failure.
+  void reportMismatch();
   /// Frees every stream waiting on a flag of any workspace and stops the kernels.
   void release();
 
@@ -100,10 +159,17 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<std::unique_ptr<cuda::SharedMemory>> peers_;  // by rank; [rank_] is empty
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
   size_t oneShotBytes_ = 0;
+  size_t mailSlot_ = 0;                     // bytes per mailbox slot
+  cuda::MismatchReport* report_ = nullptr;  // host memory the kernels write (device view)
+  cuda::MismatchReport* reportHost_ = nullptr;
 
-  std::mutex enqueueMutex_;    // one collective is queued at a time
-  CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
-  uint64_t epoch_ = 0;         // steps queued so far (under enqueueMutex_)
+  std::mutex enqueueMutex_;       // one collective is queued at a time
+  CUstream stream_ = nullptr;     // the stream being filled (under enqueueMutex_)
+  uint64_t epoch_ = 0;            // steps queued so far (under enqueueMutex_)
+  uint64_t firstEpoch_ = 0;       // the first step of the call being filled
+  cuda::Descriptor described_{};  // what the collective being filled is (its first step)
+  std::vector<uint64_t> sent_;    // by peer: chunks sent to it (under enqueueMutex_)
+  std::vector<uint64_t> taken_;   // by peer: chunks taken from it (under enqueueMutex_)
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;

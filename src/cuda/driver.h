@@ -34,6 +34,9 @@ namespace loom::cuda {
   X(cuMemUnmap)                       \
   X(cuMemSetAccess)                   \
   X(cuMemsetD8)                       \
+  X(cuMemHostAlloc)                   \
+  X(cuMemFreeHost)                    \
+  X(cuMemHostGetDevicePointer)        \
   X(cuPointerGetAttribute)            \
   X(cuModuleLoadData)                 \
   X(cuModuleUnload)                   \

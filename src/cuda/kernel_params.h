@@ -2,16 +2,56 @@
 
 // The arguments of loom's CUDA kernels (src/cuda/kernels.cu), shared by the kernels and
 // the host code that launches them. Plain structs passed by value as the kernel's one
-// parameter; no CUDA header needed.
+// parameter (under the 4 KiB every architecture takes); no CUDA header needed.
 
 #include <cstdint>
 
 namespace loom::cuda {
 
-/// Most sources one reduction reads (ranks of one host sharing the work).
+/// Most ranks of one host that CUDA collectives span, so most sources one reduction reads,
+/// and most peers one step checks.
 inline constexpr int kMaxSources = 32;
 /// Most segments one copy launch moves.
 inline constexpr int kMaxSegments = 32;
+
+/// What a rank says it is doing in a step, so its peers can check they do the same: two
+/// words (core/cuda_executor.cc encodes them; kernels only compare).
+struct Descriptor {
+  uint64_t words[2];
+};
+
+/// Written by a kernel that finds a peer doing something else; host memory the executor's
+/// monitor polls. `raised` is set last, once the rest is written.
+struct MismatchReport {
+  int32_t peer;
+  Descriptor mine;
+  Descriptor theirs;
+  volatile uint32_t raised;
+};
+
+/// Before a kernel works it checks its peers and publishes itself: each `expect` entry is a
+/// peer's descriptor (in the peer's memory, published before the peer raised the flag this
+/// rank waited for) that must equal `words`; each `publish` entry is written for peers to
+/// check. On a disagreement the kernel reports it (the first to claim `claim` writes
+/// `report`), sets `abort`, and does nothing else.
+struct Agreement {
+  struct Expect {
+    const volatile Descriptor* theirs;
+    Descriptor words;
+    int32_t peer;
+  };
+  struct Publish {
+    Descriptor* at;
+    Descriptor words;
+  };
+  Expect expect[kMaxSources];
+  int nexpect;
+  Publish publish[kMaxSources];
+  int npublish;
+  uint32_t* claim;           ///< device memory, zero until a disagreement is claimed
+  MismatchReport* report;    ///< host memory mapped for the device
+  volatile uint64_t* abort;  ///< nonzero: the communicator failed; do nothing
+};
 
 /// dst[i] = op over s = 0..nsrc-1, in that order, of srcs[s][i], for i < count; the
 /// element type and op are in the kernel's name (loom_reduce_<type>_<op>, enum values).
@@ -20,9 +60,9 @@ struct ReduceParams {
   const void* srcs[kMaxSources];
   int nsrc;
   uint64_t count;
-  double factor;                   ///< PREMUL_SUM's factor
-  double divisor;                  ///< AVG's: the number of ranks
-  const volatile uint64_t* abort;  ///< nonzero: the communicator failed; do nothing
+  double factor;   ///< PREMUL_SUM's factor
+  double divisor;  ///< AVG's: the number of ranks
+  Agreement agreement;
 };
 
 /// One contiguous copy.
@@ -36,7 +76,7 @@ struct Segment {
 struct CopyParams {
   Segment segments[kMaxSegments];
   int count;
-  const volatile uint64_t* abort;
+  Agreement agreement;
 };
 
 }  // namespace loom::cuda

@@ -13,6 +13,14 @@ namespace loom::cuda {
 namespace {
 
 constexpr unsigned kThreads = 512;
+static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096,
+              "kernel parameters must fit the 4 KiB every architecture accepts");
+static_assert(kMaxSources <= kThreads, "one thread per published descriptor");
+
+// Whether a launch has something to check or publish even with no data to move.
+bool agrees(const Agreement& a) {
+  return a.nexpect > 0 || a.npublish > 0;
+}
 
 // The bool kernels exist for the bitwise kinds; the other kinds map onto them.
 ReduceKind boolKind(ReduceKind kind) {
@@ -62,7 +70,7 @@ void Kernels::reduce(CUstream stream, DataType type, ReduceKind kind,
   if (fn == nullptr) {
     throw Error(ErrorCode::kInternal, "cuda", -1, "no kernel for this reduction");
   }
-  if (params.count == 0) return;
+  if (params.count == 0 && !agrees(params.agreement)) return;
   // One 16-byte vector per thread per pass; enough blocks to fill the GPU, no more.
   const uint64_t vectors = (params.count * elementSize(type) + 15) / 16;
   const uint64_t wanted = (vectors + kThreads - 1) / kThreads;
@@ -73,13 +81,14 @@ void Kernels::reduce(CUstream stream, DataType type, ReduceKind kind,
 }
 
 void Kernels::copy(CUstream stream, const CopyParams& params, uint64_t longest) const {
-  if (params.count == 0 || longest == 0) return;
+  if ((params.count == 0 || longest == 0) && !agrees(params.agreement)) return;
+  const unsigned segments = static_cast<unsigned>(std::max(params.count, 1));
   const uint64_t wanted = (longest / 16 + kThreads - 1) / kThreads;
-  const unsigned perSegment = static_cast<unsigned>(
-      std::clamp<uint64_t>(wanted, 1, std::max<uint64_t>(1, 4 * sms_ / params.count)));
+  const unsigned perSegment =
+      static_cast<unsigned>(std::clamp<uint64_t>(wanted, 1, std::max(1u, 4 * sms_ / segments)));
   void* args[] = {const_cast<CopyParams*>(&params)};
-  check(Driver::get().cuLaunchKernel(copy_, perSegment, static_cast<unsigned>(params.count), 1,
-                                     kThreads, 1, 1, 0, stream, args, nullptr),
+  check(Driver::get().cuLaunchKernel(copy_, perSegment, segments, 1, kThreads, 1, 1, 0, stream,
+                                     args, nullptr),
         "cuda", -1, "launching a copy");
 }
 

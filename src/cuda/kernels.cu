@@ -3,18 +3,50 @@
 // loads and stores where every pointer is 16-byte aligned, element by element elsewhere.
 // Sources are combined in rank order with one rounding per element, and the build turns
 // off FMA contraction, so results are bit-identical across ranks and equal to the CPU
-// kernels' (src/kernels/reduce_impl.h has the same semantics).
+// kernels' (src/kernels/reduce_impl.h has the same semantics). Before its work every
+// kernel checks that its peers run the same step (Agreement): ranks that issued different
+// operations get a named error instead of a wrong answer.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cuda/kernel_params.h"
 
+using loom::cuda::Agreement;
 using loom::cuda::CopyParams;
+using loom::cuda::Descriptor;
 using loom::cuda::ReduceParams;
 
 namespace {
+
+// Checks the peers and publishes this rank (see Agreement). False: do no work, because
+// the communicator failed or a peer is doing something else (reported here).
+__device__ bool agree(const Agreement& a) {
+  if (*a.abort != 0) return false;
+  for (int i = 0; i < a.nexpect; ++i) {
+    const Agreement::Expect& x = a.expect[i];
+    const uint64_t w0 = x.theirs->words[0];
+    const uint64_t w1 = x.theirs->words[1];
+    if (w0 == x.words.words[0] && w1 == x.words.words[1]) continue;
+    // Every block finds the same; one thread of all of them writes the report.
+    if (threadIdx.x == 0 && atomicCAS(a.claim, 0u, 1u) == 0u) {
+      a.report->peer = x.peer;
+      a.report->mine = x.words;
+      a.report->theirs = Descriptor{{w0, w1}};
+      __threadfence_system();
+      a.report->raised = 1;
+    }
+    *a.abort = 2;
+    return false;
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.npublish) {
+    *a.publish[threadIdx.x].at = a.publish[threadIdx.x].words;
+  }
+  return true;
+}
 
 enum Kind { kSum, kProduct, kMin, kMax, kAvg, kPremulSum, kBitAnd, kBitOr, kBitXor };
 
@@ -57,30 +89,10 @@ __device__ inline __nv_bfloat16 narrow<__nv_bfloat16, float>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Wrapping integer arithmetic (signed overflow is undefined; unsigned wraps), as the CPU
+// kernels' Wide<T>: narrow types widen to 32 bits.
 template <class T>
-struct Unsigned {
-  using type = T;
-};
-template <>
-struct Unsigned<int8_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<uint8_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<int16_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<int32_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<int64_t> {
-  using type = uint64_t;
-};
+using Wide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
 
 template <class A>
 __device__ constexpr bool isFloat() {
@@ -94,14 +106,14 @@ __device__ inline A combine(A a, A b) {
     if constexpr (isFloat<A>()) {
       return a + b;
     } else {
-      using U = typename Unsigned<A>::type;
+      using U = Wide<A>;
       return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
     }
   } else if constexpr (K == kProduct) {
     if constexpr (isFloat<A>()) {
       return a * b;
     } else {
-      using U = typename Unsigned<A>::type;
+      using U = Wide<A>;
       return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
     }
   } else if constexpr (K == kMin) {
@@ -142,7 +154,7 @@ __device__ inline S reduceOne(const ReduceParams& p, uint64_t i) {
 
 template <class S, class A, int K>
 __device__ void reduceBody(const ReduceParams& p) {
-  if (*p.abort != 0) return;
+  if (!agree(p.agreement)) return;
   constexpr int kV = 16 / sizeof(S);
   bool aligned = reinterpret_cast<uintptr_t>(p.dst) % 16 == 0;
   for (int s = 0; s < p.nsrc; ++s) aligned &= reinterpret_cast<uintptr_t>(p.srcs[s]) % 16 == 0;
@@ -228,7 +240,7 @@ LOOM_REDUCE(9, 8, uint8_t, uint8_t)
 
 // Copies segment blockIdx.y of p, 16 bytes at a time where both ends are aligned.
 extern "C" __global__ void loom_copy(CopyParams p) {
-  if (*p.abort != 0 || blockIdx.y >= p.count) return;
+  if (!agree(p.agreement) || blockIdx.y >= p.count) return;
   const loom::cuda::Segment seg = p.segments[blockIdx.y];
   const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;

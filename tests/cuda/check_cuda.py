@@ -1,7 +1,8 @@
 """loom's CUDA path, checked on a GPU host: every collective x dtype x reduce op on CUDA
 tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
-loom's GPU path runs on a one-GPU machine), plus streams, staging, DDP equivalence and a
-rank killed mid-collective. Not part of scripts/test.sh (CI has no GPU): run by hand on
+loom's GPU path runs on a one-GPU machine), plus send/recv and uneven all_to_all, streams,
+staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, mismatched calls
+and a rank killed mid-collective. Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -232,6 +233,135 @@ def device_bound(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 2
 
 
+def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """send/recv with tags (small, and large enough to take many mailbox chunks), a ring of
+    batched isend/irecv (which deadlocks unless the sends and receives progress together),
+    a non-contiguous receive, and all_to_all_single with uneven split sizes."""
+    checks = 0
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.uint8]:
+        for n in [0, 1, 1000, LARGE]:
+            what = f"{dtype} n={n}"
+            # Rank 0 sends two messages with different tags to rank 1, which receives them
+            # in issue order; everyone else passes one along the ring.
+            if rank == 0 and world > 1:
+                dist.send(data(0, n, dtype, 1).to(dev), dst=1, tag=5)
+                dist.send(data(0, n, dtype, 2).to(dev), dst=1, tag=6)
+            elif rank == 1:
+                a = torch.empty(n, dtype=dtype, device=dev)
+                b = torch.empty(n, dtype=dtype, device=dev)
+                dist.recv(a, src=0, tag=5)
+                dist.recv(b, src=0, tag=6)
+                same(a, data(0, n, dtype, 1), "recv tag 5 " + what)
+                same(b, data(0, n, dtype, 2), "recv tag 6 " + what)
+                checks += 2
+            got = torch.empty(n, dtype=dtype, device=dev)
+            works = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, data(rank, n, dtype, 3).to(dev), nxt),
+                dist.P2POp(dist.irecv, got, prv)])
+            for w in works:
+                w.wait()
+            same(got, data(prv, n, dtype, 3), "ring isend/irecv " + what)
+            checks += 1
+    # A non-contiguous receive in a batch is staged and copied back after the transfer.
+    m = torch.empty(4, 6, device=dev).t()
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, torch.arange(24, dtype=torch.float32, device=dev).reshape(6, 4) + rank, nxt),
+        dist.P2POp(dist.irecv, m, prv)])
+    for w in works:
+        w.wait()
+    same(m, torch.arange(24, dtype=torch.float32).reshape(6, 4) + prv, "transposed irecv")
+    checks += 1
+    # Uneven all_to_all_single: rank r sends (r + q) * k rows to rank q, some of them
+    # empty, and blocks large enough to span several chunks.
+    for k in [0, 3, 700_000]:
+        send_splits = [((rank + q) % 3) * k for q in range(world)]
+        recv_splits = [((q + rank) % 3) * k for q in range(world)]
+        payload = torch.cat([torch.full((send_splits[q],), float(rank * 100 + q)) for q in range(world)])
+        out = torch.empty(sum(recv_splits), device=dev)
+        dist.all_to_all_single(out, payload.to(dev), recv_splits, send_splits)
+        want = torch.cat([torch.full((recv_splits[q],), float(q * 100 + rank)) for q in range(world)])
+        same(out, want, f"uneven all_to_all_single k={k}")
+        checks += 1
+    # recv from any source cannot be queued on the GPU: a clear error.
+    try:
+        dist.recv(torch.empty(4, device=dev))
+        raise AssertionError("recv from any source on CUDA was accepted")
+    except RuntimeError as e:
+        assert "any source" in str(e), e
+    dist.barrier()
+    return checks + 1
+
+
+def mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Rank 0 all_reduces 1000 elements, the others 2000: every rank gets an error naming
+    both calls (never a wrong answer), and the GPU stays usable."""
+    x = torch.ones(1000 if rank == 0 else 2000, device=dev)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()  # must return: the kernels that found it did nothing
+    return expect_failure(rank, dev, ["1000 elements", "2000 elements", "issued all_reduce"])
+
+
+def tag_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Rank 0 sends with tag 1, rank 1 receives with tag 2: both learn of it by name."""
+    if rank == 0:
+        dist.send(torch.ones(10, device=dev), dst=1, tag=1)
+    elif rank == 1:
+        dist.recv(torch.empty(10, device=dev), src=0, tag=2)
+    torch.cuda.synchronize()
+    return expect_failure(rank, dev, ["tag 1", "tag 2", "in the order they are issued"])
+
+
+def expect_failure(rank: int, dev: torch.device, words) -> int:
+    deadline = time.time() + 30
+    while True:
+        try:
+            dist.all_reduce(torch.ones(4, device=dev))
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            for w in words:
+                assert w in str(e), f"the error does not say {w!r}: {e}"
+            break
+        assert time.time() < deadline, "no rank reported the mismatch within 30 s"
+        time.sleep(0.5)
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 1
+
+
+def dtensor(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """DTensor and tensor parallelism on a CUDA DeviceMesh (several ranks on one GPU: the
+    mesh is made from the group, not one device per rank), and compiled functional
+    collectives, against single-process references."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    import torch.distributed._functional_collectives as funcol
+
+    mesh = DeviceMesh("cuda", list(range(world)))
+    full = torch.arange(world * 6 * 5, dtype=torch.float32).reshape(world * 6, 5)
+    d = distribute_tensor(full.to(dev), mesh, [Shard(0)])
+    same(d.redistribute(mesh, [Replicate()]).to_local(), full, "DTensor Shard(0) -> Replicate")
+    same((d.sum(dim=0)).full_tensor(), full.sum(dim=0), "DTensor partial sum -> Replicate")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8 * world), torch.nn.ReLU(),
+                                torch.nn.Linear(8 * world, 4)).to(dev)
+    reference_model = torch.nn.Sequential(torch.nn.Linear(16, 8 * world), torch.nn.ReLU(),
+                                          torch.nn.Linear(8 * world, 4))
+    reference_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(model(x.to(dev)).cpu(), reference_model(x), rtol=1e-4, atol=1e-5)
+
+    def step(t):
+        return funcol.all_reduce(t * 2, "sum", dist.group.WORLD) + 1
+
+    compiled = torch.compile(step, fullgraph=True)
+    t = torch.full((1000,), float(rank + 1), device=dev)
+    same(compiled(t), torch.full((1000,), 2.0 * world * (world + 1) / 2 + 1), "compiled all_reduce")
+    return 4
+
+
 def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """The last rank exits; the others' CUDA all_reduce must not hang the GPU, the next call
     must name the dead rank, and the GPU must still work."""
@@ -260,20 +390,23 @@ def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
-    bound = part == "device_bound"
+    # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
+    # a send between two ranks, which must not wait for the others.
+    bound = part in ("device_bound", "p2p", "tag_mismatch")
     dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=60),
                             device_id=dev if bound else None)
     try:
         n = {"reductions": reductions, "movement": movement, "streams": streams_and_staging,
-             "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound,
+             "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
+             "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank}[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part != "killed":
+    if part not in ("killed", "mismatch", "tag_mismatch"):
         dist.destroy_process_group()
 
 
@@ -287,7 +420,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp",
-                                                       "fsdp2", "device_bound", "killed"])
+                                                       "fsdp2", "device_bound", "p2p", "mismatch",
+                                                       "tag_mismatch", "dtensor", "killed"])
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
                              "under compute-sanitizer")
