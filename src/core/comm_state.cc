@@ -509,6 +509,22 @@ void CommState::shutdown() {
   if (shutDown_.exchange(true)) return;
   if (worker_) worker_->drain();
   {
+    // Device transfers of a group never ended were never queued: they fail.
+    std::vector<HeldTransfer> held;
+    {
+      std::lock_guard<std::mutex> lock(groupMutex_);
+      held.swap(held_);
+      groupDepth_ = 0;
+    }
+    for (const HeldTransfer& h : held) {
+      const char* op = h.transfer.kind == Transfer::Kind::kSend ? "send" : "recv";
+      h.state->complete(std::make_exception_ptr(
+          Error(ErrorCode::kAborted, op, rank_,
+                "the communicator was shut down inside a group (startGroup without "
+                "endGroup), so this transfer was never queued")));
+    }
+  }
+  {
     std::lock_guard<std::mutex> lock(deviceMutex_);
     cuda_.reset();  // waits for the queued CUDA collectives
   }

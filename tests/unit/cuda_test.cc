@@ -45,5 +45,53 @@ TEST(Cuda, WithoutAGpuCollectivesOnCudaBuffersFailWithAClearError) {
   EXPECT_EQ(x, 2.0f);
 }
 
+TEST(Cuda, WithoutAGpuSendsOnCudaBuffersFailAndGroupsKeepTheirPromises) {
+  if (haveCudaDriver()) {
+    GTEST_SKIP() << "this machine has a CUDA driver: scripts/cuda_check.sh tests the CUDA path";
+  }
+  auto comm = Communicator::create(0, 1, std::make_shared<HashStore>());
+  float x = 2.0f;
+  OpOptions onGpu;
+  onGpu.device = DeviceKind::kCuda;
+  // Alone: refused at the call, naming the operation.
+  try {
+    comm->send(&x, 1, DataType::kFloat32, 0, 7, onGpu);
+    FAIL() << "a send of CUDA buffers ran without a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    EXPECT_EQ(e.op(), "send") << e.what();
+  }
+  // From any source: refused whatever the machine.
+  EXPECT_THROW(comm->recv(&x, 1, DataType::kFloat32, kAnySource, 0, onGpu), Error);
+  // In a group: held, then at endGroup every request fails with the reason, which is thrown.
+  comm->startGroup();
+  Request send = comm->send(&x, 1, DataType::kFloat32, 0, 1, onGpu);
+  Request recv = comm->recv(&x, 1, DataType::kFloat32, 0, 1, onGpu);
+  EXPECT_FALSE(send.test());
+  EXPECT_THROW(comm->endGroup(), Error);
+  for (const Request& r : {send, recv}) {
+    ASSERT_TRUE(r.test());
+    try {
+      r.wait();
+      FAIL() << "a held transfer succeeded without a GPU";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    }
+  }
+  EXPECT_THROW(comm->endGroup(), Error);  // no group open
+  // Shut down inside a group: the held transfer fails instead of waiting forever.
+  comm->startGroup();
+  Request held = comm->send(&x, 1, DataType::kFloat32, 0, 2, onGpu);
+  comm->shutdown();
+  ASSERT_TRUE(held.test());
+  try {
+    held.wait();
+    FAIL() << "a transfer held across shutdown succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("endGroup"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace loom
