@@ -662,7 +662,24 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
     for (uint64_t c = 0; c < n; ++c) chunks.push_back({&t, c});
     rounds = std::max(rounds, chunks.size());
   }
-  for (size_t k = 0; k < rounds; ++k) {
+  // One direction of round k, once its chunks are listed: the waits, the copy (which checks
+  // or publishes), then this rank's flag towards every peer it moved a chunk with.
+  size_t k = 0;
+  auto finishRound = [&](std::span<const CUstreamBatchMemOpParams> waits, const Segments& segments,
+                         const cuda::Agreement& agreement,
+                         const std::vector<std::vector<Chunk>>& chunks, PairFlag flag) {
+    memOps(waits);
+    copy(segments, agreement);
+    const std::vector<uint64_t>& count = flag == kSent ? sent_ : taken_;
+    std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> writes;
+    size_t n = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (k < chunks[q].size())
+        writes[n++] = writeOp(pair(rank_, q) + flag * kFlagStride, count[q]);
+    }
+    memOps({writes.data(), n});
+  };
+  for (; k < rounds; ++k) {
     std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> ops;
     size_t nops = 0;
     // Sends: once the receiver has taken what this slot held, fill it and say so.
@@ -679,16 +696,7 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       agreement.publish[agreement.npublish++] = {pairDescriptor(rank_, q, seq),
                                                  describe(*c.transfer, purpose, c.index)};
     }
-    if (agreement.npublish > 0) {
-      memOps({ops.data(), nops});
-      copy(segments, agreement);
-      nops = 0;
-      for (int q = 0; q < size_; ++q) {
-        if (k < out[q].size())
-          ops[nops++] = writeOp(pair(rank_, q) + kSent * kFlagStride, sent_[q]);
-      }
-      memOps({ops.data(), nops});
-    }
+    if (agreement.npublish > 0) finishRound({ops.data(), nops}, segments, agreement, out, kSent);
     // Receives: once the sender has filled the slot, check what it says, copy it out and
     // free the slot.
     nops = 0;
@@ -705,16 +713,7 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       agreement.expect[agreement.nexpect++] = {pairDescriptor(q, rank_, seq),
                                                describe(*c.transfer, purpose, c.index), q};
     }
-    if (agreement.nexpect > 0) {
-      memOps({ops.data(), nops});
-      copy(segments, agreement);
-      nops = 0;
-      for (int q = 0; q < size_; ++q) {
-        if (k < in[q].size())
-          ops[nops++] = writeOp(pair(rank_, q) + kTaken * kFlagStride, taken_[q]);
-      }
-      memOps({ops.data(), nops});
-    }
+    if (agreement.nexpect > 0) finishRound({ops.data(), nops}, segments, agreement, in, kTaken);
   }
 }
 
