@@ -25,7 +25,9 @@ def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
 
 
 def write_report(directory: str | None, rank: int, losses: list[float], weights: Iterable[torch.Tensor]) -> None:
-    """Writes DIR/rank<r>.json (nothing without a directory)."""
+    """Writes DIR/rank<r>.json (nothing without a directory). The file appears whole or not at
+    all (written aside, then renamed), so a reader that finds it can trust it even if this
+    process dies later."""
     if directory is None:
         return
     record = {
@@ -35,4 +37,6 @@ def write_report(directory: str | None, rank: int, losses: list[float], weights:
         "loom_ops": dict(Counter(r["operation"] for r in loom.flight_record())),
     }
     Path(directory).mkdir(parents=True, exist_ok=True)
-    (Path(directory) / f"rank{rank}.json").write_text(json.dumps(record))
+    aside = Path(directory) / f".rank{rank}.json.part"
+    aside.write_text(json.dumps(record))
+    aside.replace(Path(directory) / f"rank{rank}.json")
