@@ -67,6 +67,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
       releasingGil([&] { issue(requests); });
     } catch (const Error& e) {
+      // The loom stream was made to follow the caller's: join it back, so a refused call
+      // inside a CUDA graph capture leaves a capture that can still end (and its error is
+      // the one the caller sees).
+      if (stream) rejoin(*stream);
       rethrowForTorch(e);
     }
   }

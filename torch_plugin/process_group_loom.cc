@@ -161,6 +161,13 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
   return stream;
 }
 
+void ProcessGroupLoom::rejoin(const c10::Stream& stream) {
+  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  c10::Event joined(c10::DeviceType::CUDA);
+  joined.record(stream);
+  joined.block(impl.getStream(stream.device()));
+}
+
 void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
                                       const std::vector<at::Tensor>& inputs,
                                       const std::vector<at::Tensor>& outputs,

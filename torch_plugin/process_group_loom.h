@@ -135,6 +135,9 @@ class ProcessGroupLoom : public c10d::Backend {
   std::optional<c10::Stream> cudaStreamFor(const CallSite& site,
                                            const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& outputs);
+  /// Makes the caller's current stream wait for `stream` (the loom stream of a call that
+  /// queued nothing after all).
+  static void rejoin(const c10::Stream& stream);
   /// After a CUDA call's collectives are queued: runs `finisher` (copy-backs) on `stream`,
   /// tells the caching allocator the tensors are in use there, and keeps what `finisher`
   /// holds (staged tensors) alive until the GPU has run the call's last request.

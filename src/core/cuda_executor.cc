@@ -21,11 +21,12 @@ using Clock = std::chrono::steady_clock;
 using cuda::check;
 using cuda::Driver;
 
-// The workspace. The flags page: the collective flags (one 64-byte line each), the abort
-// word, the mismatch claim, this rank's collective descriptors (by epoch parity), then per
-// peer a pair block: the "sent" flag (chunks sent to it), the "taken" flag (chunks taken
-// from it) and the descriptors of the chunks sent to it (by chunk parity). Then the two
-// collective slots, then a mailbox per sending peer.
+// The workspace. The flags page: the eager lane's collective flags (one 64-byte line each),
+// the abort word, the mismatch claim, the eager lane's descriptors (by epoch parity), then
+// per peer a pair block: the "sent" flag (chunks sent to it), the "taken" flag (chunks
+// taken from it) and the descriptors of the chunks sent to it (by chunk parity). At 32 KiB
+// the graph lane's collective flags, its device epoch and its descriptors. Then the eager
+// lane's two collective slots, the graph lane's two, and a mailbox per sending peer.
 constexpr size_t kFlagStride = 64;
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
@@ -33,8 +34,11 @@ constexpr size_t kDescOffset = 5 * kFlagStride;
 constexpr size_t kPairOffset = 8 * kFlagStride;
 constexpr size_t kPairStride = 4 * kFlagStride;
 constexpr size_t kPairDescOffset = 2 * kFlagStride;
+constexpr size_t kGraphOffset = 32 << 10;
+constexpr size_t kDeviceEpochOffset = kGraphOffset + 3 * kFlagStride;
+constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
 constexpr size_t kDataOffset = 64 << 10;
-static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
+static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
 // A value above any epoch: written into every flag to release waits when the
 // communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
 constexpr uint64_t kReleased = uint64_t{1} << 62;
@@ -151,6 +155,8 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       size_(exchange.localSize),
       failures_(failures),
       mailSlot_(std::max<size_t>(roundDown(chunkBytes / 4, 16), 4096)),
+      eager_{0, kDescOffset, kDataOffset, false},
+      graph_{kGraphOffset, kGraphDescOffset, kDataOffset + 4 * chunkBytes, true},
       sent_(static_cast<size_t>(exchange.localSize)),
       taken_(static_cast<size_t>(exchange.localSize)) {
   const Driver& d = Driver::get();
@@ -160,6 +166,9 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
                 "CUDA collectives take at most " + std::to_string(cuda::kMaxSources) +
                     " ranks per host; this communicator has " + std::to_string(size_));
   }
+  // The first CUDA call of a group may come while its stream captures a graph: setting up
+  // is loom's own business, not the capture's.
+  cuda::RelaxedCaptureGuard relaxed;
   CUdevice dev = 0;
   check(d.cuDeviceGet(&dev, device), op, exchange.rank, "cuDeviceGet");
   check(d.cuDevicePrimaryCtxRetain(&context_, dev), op, exchange.rank, "cuDevicePrimaryCtxRetain");
@@ -177,7 +186,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
           "cuMemHostGetDevicePointer");
     report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
-    const size_t bytes = kDataOffset + 4 * chunk_ + static_cast<size_t>(size_) * 2 * mailSlot_;
+    const size_t bytes = kDataOffset + 8 * chunk_ + static_cast<size_t>(size_) * 2 * mailSlot_;
     mine_ = cuda::SharedMemory::allocate(dev, bytes);
     posix::Fd exported = mine_->exportFd();
     std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
@@ -236,8 +245,12 @@ CudaExecutor::~CudaExecutor() {
   d.cuDevicePrimaryCtxRelease(dev);
 }
 
+uint8_t* CudaExecutor::flag(int q, Flag flag) const {
+  return bases_[q] + lane_->flags + flag * kFlagStride;
+}
+
 uint8_t* CudaExecutor::in(int q, uint64_t epoch) const {
-  return bases_[q] + kDataOffset + (epoch % 2) * 2 * chunk_;
+  return bases_[q] + lane_->slots + (epoch % 2) * 2 * chunk_;
 }
 
 uint8_t* CudaExecutor::reduced(int q, uint64_t epoch) const {
@@ -249,14 +262,16 @@ uint8_t* CudaExecutor::pair(int owner, int peer) const {
 }
 
 uint8_t* CudaExecutor::mailbox(int receiver, int sender, uint64_t chunk) const {
-  return bases_[receiver] + kDataOffset + 4 * chunk_ +
+  return bases_[receiver] + kDataOffset + 8 * chunk_ +
          (static_cast<size_t>(sender) * 2 + chunk % 2) * mailSlot_;
 }
 
 uint64_t CudaExecutor::beginStep() {
-  const uint64_t e = ++epoch_;
-  // Slot e % 2 was last used in step e - 2: wait until every peer is done reading it.
-  if (e > 2) await(kDone, e - 2);
+  const uint64_t e = ++lane_->epoch;
+  // Slot e % 2 was last used in step e - 2: wait until every peer is done reading it. (In
+  // the graph lane e counts from the device epoch, and e - 2 may be a step of an earlier
+  // captured call.)
+  if (lane_->onDevice || e > 2) await(kDone, e - 2);
   return e;
 }
 
@@ -269,11 +284,26 @@ void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
   }
 }
 
-void CudaExecutor::memOps(std::span<const CUstreamBatchMemOpParams> ops) {
-  if (ops.empty()) return;
-  check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(ops.size()),
-                                         const_cast<CUstreamBatchMemOpParams*>(ops.data()), 0),
-        "cuda", rank_, "cuStreamBatchMemOp");
+void CudaExecutor::memOps(std::span<const CUstreamBatchMemOpParams> ops, uint64_t advance) {
+  if (!lane_->onDevice) {
+    if (ops.empty()) return;
+    check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(ops.size()),
+                                           const_cast<CUstreamBatchMemOpParams*>(ops.data()), 0),
+          "cuda", rank_, "cuStreamBatchMemOp");
+    return;
+  }
+  if (ops.empty() && advance == 0) return;
+  cuda::FlagParams params{};
+  for (const CUstreamBatchMemOpParams& op : ops) {
+    const bool wait = op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    params.ops[params.count++] = {
+        reinterpret_cast<uint64_t*>(wait ? op.waitValue.address : op.writeValue.address),
+        wait ? op.waitValue.value64 : op.writeValue.value64, wait};
+  }
+  params.epoch = reinterpret_cast<uint64_t*>(bases_[rank_] + kDeviceEpochOffset);
+  params.advance = advance;
+  params.abort = reinterpret_cast<const volatile uint64_t*>(bases_[rank_] + kAbortOffset);
+  kernels_->flags(stream_, params);
 }
 
 CUstreamBatchMemOpParams CudaExecutor::waitOp(const uint8_t* flag, uint64_t value) {
@@ -295,17 +325,17 @@ CUstreamBatchMemOpParams CudaExecutor::writeOp(uint8_t* flag, uint64_t value) {
   return p;
 }
 
-void CudaExecutor::signal(Flag flag, uint64_t epoch) {
-  const CUstreamBatchMemOpParams op = writeOp(bases_[rank_] + flag * kFlagStride, epoch);
+void CudaExecutor::signal(Flag which, uint64_t epoch) {
+  const CUstreamBatchMemOpParams op = writeOp(flag(rank_, which), epoch);
   memOps({&op, 1});
 }
 
-void CudaExecutor::await(Flag flag, uint64_t epoch, int only) {
+void CudaExecutor::await(Flag which, uint64_t epoch, int only) {
   std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> waits;
   size_t n = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
-    waits[n++] = waitOp(bases_[q] + flag * kFlagStride, epoch);
+    waits[n++] = waitOp(flag(q, which), epoch);
   }
   memOps({waits.data(), n});
 }
@@ -319,7 +349,7 @@ cuda::Agreement CudaExecutor::noAgreement() {
 }
 
 cuda::Descriptor* CudaExecutor::descriptor(int q, uint64_t epoch) const {
-  return reinterpret_cast<cuda::Descriptor*>(bases_[q] + kDescOffset +
+  return reinterpret_cast<cuda::Descriptor*>(bases_[q] + lane_->descriptors +
                                              (epoch % 2) * sizeof(cuda::Descriptor));
 }
 
@@ -382,7 +412,8 @@ void CudaExecutor::reduce(void* dst, const Sources& srcs, size_t count, const Co
 
 template <class Fill>
 void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<OpState>> states,
-                         const OpOptions& options, std::chrono::milliseconds timeout, Fill&& fill) {
+                         const OpOptions& options, std::chrono::milliseconds timeout,
+                         bool capturable, Fill&& fill) {
   const Driver& d = Driver::get();
   if (options.deviceIndex != device_) {
     throw Error(ErrorCode::kInvalidArgument, op, rank_,
@@ -395,25 +426,39 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   stream_ = static_cast<CUstream>(options.stream);
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(d.cuStreamIsCapturing(stream_, &capture), op, rank_, "cuStreamIsCapturing");
-  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+  const bool captured = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  if (captured && !capturable) {
     throw Error(ErrorCode::kUnsupported, op, rank_,
-                "capturing loom collectives in a CUDA graph is not supported yet; run them "
-                "outside the capture");
+                "send/recv and all_to_all with split sizes on CUDA tensors cannot be captured "
+                "in a CUDA graph yet; run them outside the capture (every other collective "
+                "can be captured)");
   }
   if (failures_.failed()) throw failures_.failureError(op);
   for (const auto& state : states) FlightRecorder::instance().started(state->flightId);
+  lane_ = captured ? &graph_ : &eager_;
+  if (captured) graph_.epoch = 0;
   CUevent event = nullptr;
   try {
-    firstEpoch_ = epoch_ + 1;
+    firstEpoch_ = lane_->epoch + 1;
     fill();
-    check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
-    check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
+    if (captured) {
+      finishCapturedCall();
+    } else {
+      check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
+      check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
+    }
   } catch (const Error& e) {
     // Part of the call may be queued: this rank's epochs and channels no longer match its
     // peers', so the communicator cannot go on (and its peers must not wait for it).
     if (event != nullptr) d.cuEventDestroy(event);
     failures_.fail(e.code(), rank_, e.what());
     throw;
+  }
+  if (captured) {
+    // Captured, it has done what it will do now: it runs at every replay of the graph (a
+    // replay's failure shows as the communicator's, through the monitor).
+    for (const auto& state : states) state->complete(nullptr);
+    return;
   }
   {
     std::lock_guard<std::mutex> pendingLock(pendingMutex_);
@@ -422,9 +467,22 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   pendingChanged_.notify_all();
 }
 
+void CudaExecutor::finishCapturedCall() {
+  // An odd number of steps ends on slot 1: one more "done" (with nothing to be done for)
+  // keeps the next call's first step on slot 1.
+  uint64_t steps = graph_.epoch;
+  if (steps % 2 == 1) {
+    const CUstreamBatchMemOpParams op = writeOp(flag(rank_, kDone), ++steps);
+    memOps({&op, 1}, steps);
+  } else {
+    memOps({}, steps);
+  }
+}
+
 void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpState>& state,
                            const OpOptions& options, std::chrono::milliseconds timeout) {
-  queue(std::string(collectiveName(args.kind)), {&state, 1}, options, timeout, [&] {
+  const bool capturable = !(args.kind == CollectiveKind::kAllToAll && args.variable);
+  queue(std::string(collectiveName(args.kind)), {&state, 1}, options, timeout, capturable, [&] {
     described_ = describe(args);
     switch (args.kind) {
       case CollectiveKind::kAllReduce: allReduce(args); break;
@@ -445,7 +503,7 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
                                     const OpOptions& options, std::chrono::milliseconds timeout) {
   std::string op = "send/recv group";
   if (transfers.size() == 1) op = transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv";
-  queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
+  queue(op, states, options, timeout, false, [&] { transfer(transfers, kSendRecv); });
 }
 
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
@@ -728,7 +786,10 @@ void CudaExecutor::release() {
   // reads a slot or a descriptor that a released wait let it reach early), then every flag.
   for (uint8_t* base : bases_) write(base + kAbortOffset, 1);
   for (int q = 0; q < size_; ++q) {
-    for (int flag = kReady; flag <= kDone; ++flag) write(bases_[q] + flag * kFlagStride, kReleased);
+    for (const Lane* lane : {&eager_, &graph_}) {
+      for (int f = kReady; f <= kDone; ++f)
+        write(bases_[q] + lane->flags + f * kFlagStride, kReleased);
+    }
     for (int peer = 0; peer < size_; ++peer) {
       write(pair(q, peer) + kSent * kFlagStride, kReleased);
       write(pair(q, peer) + kTaken * kFlagStride, kReleased);
@@ -760,6 +821,7 @@ void CudaExecutor::reportMismatch() {
 void CudaExecutor::monitor() {
   const Driver& d = Driver::get();
   cuda::ContextGuard guard(context_);
+  cuda::RelaxedCaptureGuard relaxed;  // polls while the caller's thread may be capturing
   // Poll often while a collective is young (its request completes within microseconds of
   // its event), every 100 us once it has run for half a millisecond.
   Clock::time_point since = Clock::now();
@@ -767,7 +829,12 @@ void CudaExecutor::monitor() {
   while (true) {
     if (pending_.empty()) {
       if (stopping_) return;
-      pendingChanged_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+      pendingChanged_.wait_for(lock, std::chrono::milliseconds(10),
+                               [this] { return stopping_ || !pending_.empty(); });
+      // With nothing queued, replays of captured calls may still be running: a mismatch one
+      // of them found, a dead peer or an abort must release them too.
+      if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
+      if (failures_.failed()) release();
       since = Clock::now();
       continue;
     }

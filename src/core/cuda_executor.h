@@ -21,6 +21,14 @@
 // transfers of one call advance a chunk per peer per round, so a ring of sends and
 // receives in one call cannot deadlock.
 //
+// Operations captured in a CUDA graph run at every replay, at a point the host never sees,
+// so they cannot carry epochs numbered by the host. They have a lane of their own (flags,
+// descriptors and slots apart from the eager lane's): their steps number from an epoch in
+// device memory that each rank's stream advances after every captured operation, and their
+// flag waits and writes are a one-thread kernel (loom_flags) reading that epoch. Ranks
+// replay the same graphs in the same order, so their device epochs agree as host epochs do.
+// Send/recv (and all_to_all with split sizes) are not captured yet.
+//
 // Every operation's first step checks agreement: each rank publishes what it is doing (a
 // descriptor: kind, dtype, op, root, sizes; a transfer's tag and size) and the kernel that
 // first reads a peer's data compares the peer's descriptor with its own. Ranks that issued
@@ -87,12 +95,28 @@ class CudaExecutor final : public DeviceExecutor {
   // The segments of one step's copies, and the sources of its reductions.
   struct Segments;
   struct Sources;
+  // Where one kind of operation keeps its flags, descriptors and slots (offsets into every
+  // workspace), and how it numbers its steps: eager operations from epoch, on the host;
+  // captured ones (onDevice) from the device epoch, epoch counting the steps of the call
+  // being captured.
+  struct Lane {
+    size_t flags;
+    size_t descriptors;
+    size_t slots;
+    bool onDevice;
+    uint64_t epoch = 0;
+  };
 
   /// Checks, locks and fills the stream for one call (`fill` queues its steps), then
   /// hands its requests to the monitor.
+  /// `capturable`: whether the call may be captured in a CUDA graph.
   template <class Fill>
   void queue(const std::string& op, std::span<const std::shared_ptr<OpState>> states,
-             const OpOptions& options, std::chrono::milliseconds timeout, Fill&& fill);
+             const OpOptions& options, std::chrono::milliseconds timeout, bool capturable,
+             Fill&& fill);
+  /// After a captured call's steps: advances the device epoch past them (to an even
+  /// epoch, so every captured call starts on slot 1 as the host assumed when capturing).
+  void finishCapturedCall();
 
   // The steps collectives are made of (on the stream being filled).
   uint64_t beginStep();
@@ -100,10 +124,11 @@ class CudaExecutor final : public DeviceExecutor {
   /// so every call is checked), each in its own epoch e.
   template <class Body>
   void steps(size_t count, size_t perStep, Body&& body);
-  void signal(Flag flag, uint64_t epoch);
-  void await(Flag flag, uint64_t epoch, int only = -1);  // every peer, or just `only`
-  /// Queues flag waits and writes, in order, as one batch.
-  void memOps(std::span<const CUstreamBatchMemOpParams> ops);
+  void signal(Flag which, uint64_t epoch);
+  void await(Flag which, uint64_t epoch, int only = -1);  // every peer, or just `only`
+  /// Queues flag waits and writes, in order, as one batch (in the graph lane, their values
+  /// are offsets from the device epoch).
+  void memOps(std::span<const CUstreamBatchMemOpParams> ops, uint64_t advance = 0);
   static CUstreamBatchMemOpParams waitOp(const uint8_t* flag, uint64_t value);  // flag >= value
   static CUstreamBatchMemOpParams writeOp(uint8_t* flag, uint64_t value);
   /// What a launch in step `epoch` checks: this rank publishes its descriptor (`publish`)
@@ -115,6 +140,8 @@ class CudaExecutor final : public DeviceExecutor {
   void copy(std::initializer_list<cuda::Segment> segments, const cuda::Agreement& agreement);
   void reduce(void* dst, const Sources& srcs, size_t count, const CollectiveArgs& args,
               const cuda::Agreement& agreement);
+  /// Rank q's collective flag `flag` in the lane being filled.
+  uint8_t* flag(int q, Flag flag) const;
   // Slot addresses: rank q's input half and reduced half of the slot for `epoch`.
   uint8_t* in(int q, uint64_t epoch) const;
   uint8_t* reduced(int q, uint64_t epoch) const;
@@ -163,9 +190,11 @@ class CudaExecutor final : public DeviceExecutor {
   cuda::MismatchReport* report_ = nullptr;  // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;
 
-  std::mutex enqueueMutex_;       // one collective is queued at a time
-  CUstream stream_ = nullptr;     // the stream being filled (under enqueueMutex_)
-  uint64_t epoch_ = 0;            // steps queued so far (under enqueueMutex_)
+  std::mutex enqueueMutex_;    // one collective is queued at a time
+  CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
+  Lane eager_;                 // lanes: under enqueueMutex_
+  Lane graph_;
+  Lane* lane_ = &eager_;          // the lane of the call being filled
   uint64_t firstEpoch_ = 0;       // the first step of the call being filled
   cuda::Descriptor described_{};  // what the collective being filled is (its first step)
   std::vector<uint64_t> sent_;    // by peer: chunks sent to it (under enqueueMutex_)

@@ -79,4 +79,13 @@ ContextGuard::~ContextGuard() {
   if (switched_) Driver::get().cuCtxSetCurrent(previous_);
 }
 
+RelaxedCaptureGuard::RelaxedCaptureGuard() {
+  check(Driver::get().cuThreadExchangeStreamCaptureMode(&previous_), "cuda", -1,
+        "cuThreadExchangeStreamCaptureMode");
+}
+
+RelaxedCaptureGuard::~RelaxedCaptureGuard() {
+  Driver::get().cuThreadExchangeStreamCaptureMode(&previous_);
+}
+
 }  // namespace loom::cuda

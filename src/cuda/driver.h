@@ -12,46 +12,47 @@
 namespace loom::cuda {
 
 // Every driver entry point loom calls.
-#define LOOM_CUDA_DRIVER_FUNCTIONS(X) \
-  X(cuInit)                           \
-  X(cuGetErrorName)                   \
-  X(cuGetErrorString)                 \
-  X(cuDeviceGet)                      \
-  X(cuDeviceGetAttribute)             \
-  X(cuDevicePrimaryCtxRetain)         \
-  X(cuDevicePrimaryCtxRelease)        \
-  X(cuCtxGetCurrent)                  \
-  X(cuCtxSetCurrent)                  \
-  X(cuCtxGetDevice)                   \
-  X(cuMemGetAllocationGranularity)    \
-  X(cuMemCreate)                      \
-  X(cuMemRelease)                     \
-  X(cuMemExportToShareableHandle)     \
-  X(cuMemImportFromShareableHandle)   \
-  X(cuMemAddressReserve)              \
-  X(cuMemAddressFree)                 \
-  X(cuMemMap)                         \
-  X(cuMemUnmap)                       \
-  X(cuMemSetAccess)                   \
-  X(cuMemsetD8)                       \
-  X(cuMemHostAlloc)                   \
-  X(cuMemFreeHost)                    \
-  X(cuMemHostGetDevicePointer)        \
-  X(cuPointerGetAttribute)            \
-  X(cuModuleLoadData)                 \
-  X(cuModuleUnload)                   \
-  X(cuModuleGetFunction)              \
-  X(cuLaunchKernel)                   \
-  X(cuMemcpyDtoDAsync)                \
-  X(cuStreamCreate)                   \
-  X(cuStreamDestroy)                  \
-  X(cuStreamSynchronize)              \
-  X(cuStreamWriteValue64)             \
-  X(cuStreamBatchMemOp)               \
-  X(cuStreamIsCapturing)              \
-  X(cuEventCreate)                    \
-  X(cuEventDestroy)                   \
-  X(cuEventRecord)                    \
+#define LOOM_CUDA_DRIVER_FUNCTIONS(X)  \
+  X(cuInit)                            \
+  X(cuGetErrorName)                    \
+  X(cuGetErrorString)                  \
+  X(cuDeviceGet)                       \
+  X(cuDeviceGetAttribute)              \
+  X(cuDevicePrimaryCtxRetain)          \
+  X(cuDevicePrimaryCtxRelease)         \
+  X(cuCtxGetCurrent)                   \
+  X(cuCtxSetCurrent)                   \
+  X(cuCtxGetDevice)                    \
+  X(cuMemGetAllocationGranularity)     \
+  X(cuMemCreate)                       \
+  X(cuMemRelease)                      \
+  X(cuMemExportToShareableHandle)      \
+  X(cuMemImportFromShareableHandle)    \
+  X(cuMemAddressReserve)               \
+  X(cuMemAddressFree)                  \
+  X(cuMemMap)                          \
+  X(cuMemUnmap)                        \
+  X(cuMemSetAccess)                    \
+  X(cuMemsetD8)                        \
+  X(cuMemHostAlloc)                    \
+  X(cuMemFreeHost)                     \
+  X(cuMemHostGetDevicePointer)         \
+  X(cuPointerGetAttribute)             \
+  X(cuModuleLoadData)                  \
+  X(cuModuleUnload)                    \
+  X(cuModuleGetFunction)               \
+  X(cuLaunchKernel)                    \
+  X(cuMemcpyDtoDAsync)                 \
+  X(cuStreamCreate)                    \
+  X(cuStreamDestroy)                   \
+  X(cuStreamSynchronize)               \
+  X(cuStreamWriteValue64)              \
+  X(cuStreamBatchMemOp)                \
+  X(cuStreamIsCapturing)               \
+  X(cuThreadExchangeStreamCaptureMode) \
+  X(cuEventCreate)                     \
+  X(cuEventDestroy)                    \
+  X(cuEventRecord)                     \
   X(cuEventQuery)
 
 /// The loaded driver: one function pointer per entry point, named as in cuda.h.
@@ -80,6 +81,20 @@ class ContextGuard {
  private:
   CUcontext previous_ = nullptr;
   bool switched_ = false;
+};
+
+/// Lets this thread make, for the guard's lifetime, the calls a CUDA graph capture in
+/// global mode (torch.cuda.graph's default) forbids while any thread captures, such as
+/// allocating or querying events: loom's own setup and polling belong to no capture.
+class RelaxedCaptureGuard {
+ public:
+  RelaxedCaptureGuard();
+  ~RelaxedCaptureGuard();
+  RelaxedCaptureGuard(const RelaxedCaptureGuard&) = delete;
+  RelaxedCaptureGuard& operator=(const RelaxedCaptureGuard&) = delete;
+
+ private:
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
 };
 
 }  // namespace loom::cuda

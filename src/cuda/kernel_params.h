@@ -79,4 +79,23 @@ struct CopyParams {
   Agreement agreement;
 };
 
+/// A wait for a flag (until flag >= epoch + offset, compared as a signed difference) or a
+/// write of one (flag = epoch + offset, released at system scope).
+struct FlagOp {
+  uint64_t* flag;
+  uint64_t offset;
+  int32_t wait;
+};
+
+/// Flag waits and writes, in order, relative to a device-resident epoch: what operations
+/// captured in a CUDA graph use, since each replay runs at an epoch the host never sees
+/// (loom_flags). Afterwards `*epoch += advance`.
+struct FlagParams {
+  FlagOp ops[kMaxSources];
+  int count;
+  uint64_t* epoch;  ///< this rank's; only its own stream writes it
+  uint64_t advance;
+  const volatile uint64_t* abort;  ///< nonzero: stop waiting
+};
+
 }  // namespace loom::cuda

@@ -13,7 +13,8 @@ namespace loom::cuda {
 namespace {
 
 constexpr unsigned kThreads = 512;
-static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096,
+static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096 &&
+                  sizeof(FlagParams) <= 4096,
               "kernel parameters must fit the 4 KiB every architecture accepts");
 static_assert(kMaxSources <= kThreads, "one thread per published descriptor");
 
@@ -40,6 +41,7 @@ Kernels::Kernels() {
   check(d.cuModuleLoadData(&module_, kKernelImage), "cuda", -1,
         "loading loom's kernels (cuModuleLoadData; does this build's image cover this GPU?)");
   check(d.cuModuleGetFunction(&copy_, module_, "loom_copy"), "cuda", -1, "finding loom_copy");
+  check(d.cuModuleGetFunction(&flags_, module_, "loom_flags"), "cuda", -1, "finding loom_flags");
   for (int t = 0; t < kNumDataTypes; ++t) {
     for (int k = 0; k < kNumReduceKinds; ++k) {
       const auto type = static_cast<DataType>(t);
@@ -90,6 +92,12 @@ void Kernels::copy(CUstream stream, const CopyParams& params, uint64_t longest) 
   check(Driver::get().cuLaunchKernel(copy_, perSegment, segments, 1, kThreads, 1, 1, 0, stream,
                                      args, nullptr),
         "cuda", -1, "launching a copy");
+}
+
+void Kernels::flags(CUstream stream, const FlagParams& params) const {
+  void* args[] = {const_cast<FlagParams*>(&params)};
+  check(Driver::get().cuLaunchKernel(flags_, 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr), "cuda",
+        -1, "launching flag waits");
 }
 
 }  // namespace loom::cuda

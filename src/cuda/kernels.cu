@@ -7,6 +7,7 @@
 // kernel checks that its peers run the same step (Agreement): ranks that issued different
 // operations get a named error instead of a wrong answer.
 
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -18,6 +19,7 @@
 using loom::cuda::Agreement;
 using loom::cuda::CopyParams;
 using loom::cuda::Descriptor;
+using loom::cuda::FlagParams;
 using loom::cuda::ReduceParams;
 
 namespace {
@@ -255,4 +257,28 @@ extern "C" __global__ void loom_copy(CopyParams p) {
   const uint8_t* src = static_cast<const uint8_t*>(seg.src);
   uint8_t* dst = static_cast<uint8_t*>(seg.dst);
   for (uint64_t i = done + first; i < seg.bytes; i += stride) dst[i] = src[i];
+}
+
+// The flag waits and writes of one step of an operation captured in a CUDA graph, by one
+// thread (see FlagParams). A spinning wait, where eager operations let the GPU's front end
+// wait (cuStreamBatchMemOp): a graph's memory-operation nodes hold fixed values, and each
+// replay needs the values of its own epoch. The wait gives up when the communicator fails
+// (the executor also raises every flag then).
+extern "C" __global__ void loom_flags(FlagParams p) {
+  using Flag = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
+  const uint64_t epoch = *p.epoch;
+  for (int i = 0; i < p.count; ++i) {
+    Flag flag(*p.ops[i].flag);
+    const uint64_t value = epoch + p.ops[i].offset;
+    if (!p.ops[i].wait) {
+      // Release: the earlier kernels of this stream wrote what the flag announces.
+      flag.store(value, ::cuda::memory_order_release);
+      continue;
+    }
+    while (static_cast<int64_t>(flag.load(::cuda::memory_order_acquire) - value) < 0) {
+      if (*p.abort != 0) return;
+      __nanosleep(200);
+    }
+  }
+  *p.epoch = epoch + p.advance;
 }

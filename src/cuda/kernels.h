@@ -24,10 +24,13 @@ class Kernels {
   void reduce(CUstream stream, DataType type, ReduceKind kind, const ReduceParams& params) const;
   /// Queues every segment's copy on `stream`; `longest` is the largest segment's bytes.
   void copy(CUstream stream, const CopyParams& params, uint64_t longest) const;
+  /// Queues flag waits and writes relative to a device-resident epoch (see FlagParams).
+  void flags(CUstream stream, const FlagParams& params) const;
 
  private:
   CUmodule module_ = nullptr;
   CUfunction copy_ = nullptr;
+  CUfunction flags_ = nullptr;
   // By (type, kind); null where the pair is not supported.
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> reduce_{};
   int sms_ = 0;

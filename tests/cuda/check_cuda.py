@@ -1,8 +1,8 @@
 """loom's CUDA path, checked on a GPU host: every collective x dtype x reduce op on CUDA
 tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
 loom's GPU path runs on a one-GPU machine), plus send/recv and uneven all_to_all, streams,
-staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, mismatched calls
-and a rank killed mid-collective. Not part of scripts/test.sh (CI has no GPU): run by hand on
+staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA graph capture
+and replay, mismatched calls and a rank killed mid-collective (also during a replay). Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -387,6 +387,103 @@ def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 1
 
 
+def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Collectives captured in CUDA graphs and replayed with new inputs each time: calls of
+    one and of several steps, two graphs replayed in turn, and eager calls between the
+    replays (they run in a lane of their own). A send inside a capture is refused by name,
+    and the capture can still end."""
+    n_large = LARGE  # float32: two steps of the default chunk
+    big = torch.zeros(n_large, device=dev)
+    small = torch.zeros(1000, dtype=torch.int32, device=dev)
+    piece = torch.zeros(300, device=dev)
+    gathered = torch.empty(world * 300, device=dev)
+    scatter_in = torch.zeros(world * 500, dtype=torch.bfloat16, device=dev)
+    scatter_out = torch.empty(500, dtype=torch.bfloat16, device=dev)
+    root_data = torch.zeros(777, dtype=torch.float16, device=dev)
+    # Warm up on a side stream, as torch's CUDA graph notes ask.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.current_stream().wait_stream(side)
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        dist.all_reduce(big)
+        dist.all_reduce(small, op=dist.ReduceOp.MAX)  # one step: the device epoch is padded
+        dist.all_gather_into_tensor(gathered, piece)
+    with torch.cuda.graph(second):
+        dist.reduce_scatter_tensor(scatter_out, scatter_in)
+        dist.broadcast(root_data, src=world - 1)
+    checks = 0
+    for replay in range(4):
+        salt = 100 * replay
+        everyone = [data(r, n_large, torch.float32, salt + 1) for r in range(world)]
+        ints = [data(r, 1000, torch.int32, salt + 2) for r in range(world)]
+        pieces = [data(r, 300, torch.float32, salt + 3) for r in range(world)]
+        big.copy_(everyone[rank])
+        small.copy_(ints[rank])
+        piece.copy_(pieces[rank])
+        first.replay()
+        eager = torch.full((5,), float(rank + replay), device=dev)
+        dist.all_reduce(eager)  # between replays, in the eager lane
+        same(big, reference(everyone, dist.ReduceOp.SUM, torch.float32), f"replay {replay} all_reduce")
+        same(small, reference(ints, dist.ReduceOp.MAX, torch.int32), f"replay {replay} all_reduce MAX")
+        same(gathered, torch.cat(pieces), f"replay {replay} all_gather_into_tensor")
+        same(eager, torch.full((5,), float(sum(range(world)) + world * replay)), "eager between replays")
+        blocks = [data(r, world * 500, torch.bfloat16, salt + 4) for r in range(world)]
+        scatter_in.copy_(blocks[rank])
+        root_data.copy_(data(world - 1, 777, torch.float16, salt + 5))
+        second.replay()
+        want = reference([b[rank * 500:(rank + 1) * 500] for b in blocks], dist.ReduceOp.SUM,
+                         torch.bfloat16)
+        same(scatter_out, want, f"replay {replay} reduce_scatter_tensor")
+        same(root_data, data(world - 1, 777, torch.float16, salt + 5), f"replay {replay} broadcast")
+        checks += 6
+    if world >= 2:
+        refused = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(refused):
+                if rank == 0:
+                    dist.send(torch.ones(4, device=dev), dst=1)
+                elif rank == 1:
+                    dist.recv(torch.empty(4, device=dev), src=0)
+                else:
+                    raise RuntimeError("cannot be captured (this rank sends nothing)")
+            raise AssertionError("a send/recv was captured")
+        except RuntimeError as e:
+            assert "cannot be captured" in str(e), e
+        checks += 1
+    dist.all_reduce(torch.ones(4, device=dev))  # the group still works
+    return checks
+
+
+def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank exits while the others replay a captured all_reduce: their GPUs are
+    released (the replay's waits end), and the next call names the dead rank."""
+    x = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
+    dist.barrier()
+    if rank == world - 1:
+        os._exit(0)
+    graph.replay()  # waits on the GPU for a rank that is gone
+    torch.cuda.synchronize()  # must return once the rank is found dead
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        raise AssertionError("an all_reduce after a rank died succeeded")
+    except RuntimeError as e:
+        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 2
+
+
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
@@ -401,12 +498,13 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
         n = {"reductions": reductions, "movement": movement, "streams": streams_and_staging,
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
-             "killed": killed_rank}[part](rank, world, dev, dtypes)
+             "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
+             }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part not in ("killed", "mismatch", "tag_mismatch"):
+    if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch"):
         dist.destroy_process_group()
 
 
@@ -421,7 +519,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp",
                                                        "fsdp2", "device_bound", "p2p", "mismatch",
-                                                       "tag_mismatch", "dtensor", "killed"])
+                                                       "tag_mismatch", "dtensor", "killed",
+                                                       "graphs", "graph_killed"])
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
                              "under compute-sanitizer")
@@ -438,7 +537,7 @@ def main() -> int:
                      for r in range(world)]
             for p in procs:
                 p.start()
-            expected = world - 1 if part == "killed" else world
+            expected = world - 1 if part in ("killed", "graph_killed") else world
             got = []
             for _ in range(expected):
                 try:
