@@ -1,7 +1,10 @@
 """loom against Gloo on CUDA tensors, several ranks sharing one GPU: time per call of each
-collective (a barrier, the call repeated, a stream synchronize, as seen from Python on
-rank 0), median and p90 of several repeats, for sizes from 8 B up. Gloo takes CUDA tensors
-by staging them through the host and TCP. Results are checked once per size.
+collective and of a send/recv exchange between rank pairs (a barrier, the call repeated, a
+stream synchronize, as seen from Python on rank 0), median and p90 of several repeats, for
+sizes from 8 B up, with the bus bandwidth (nccl-tests' factors) beside the bandwidth of a
+device-to-device copy of the same bytes by one rank, timed the same way in the same run.
+Gloo takes CUDA tensors by staging them through the host and TCP (not for send/recv, which
+it refuses on CUDA tensors). Results are checked once per size.
 
     python tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes 64M --out DIR
 """
@@ -22,7 +25,7 @@ import torch.multiprocessing as mp
 
 import loom  # noqa: F401
 
-OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
 
 
 def parse_bytes(text: str) -> int:
@@ -39,8 +42,46 @@ def call(op: str, x: torch.Tensor, out: torch.Tensor, group, world: int):
         dist.reduce_scatter_tensor(x, out, group=group)
     elif op == "broadcast":
         dist.broadcast(x, src=0, group=group)
+    elif op == "send_recv":
+        exchange(x, out[: x.numel()], group, world)
     else:
         dist.all_to_all_single(out[: x.numel()], x, group=group)
+
+
+def exchange(x: torch.Tensor, into: torch.Tensor, group, world: int) -> None:
+    """Rank r sends x to rank r ^ 1 and receives its x into `into` (an odd last rank idles)."""
+    peer = dist.get_rank() ^ 1
+    if peer >= world:
+        return
+    ops = [dist.P2POp(dist.isend, x, peer, group), dist.P2POp(dist.irecv, into, peer, group)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+
+
+def bus_bytes(op: str, size: int, world: int) -> float:
+    """The bytes nccl-tests' bus bandwidth counts for one call: the larger buffer's bytes
+    times its factor (`size` is the bytes each rank contributes)."""
+    whole = size * world if op in ("all_gather", "reduce_scatter") else size
+    factor = {"all_reduce": 2 * (world - 1) / world, "broadcast": 1.0,
+              "send_recv": 1.0}.get(op, (world - 1) / world)
+    return whole * factor
+
+
+def time_copy(nbytes: int, dev, repeats: int, iters: int) -> list[float]:
+    """Rank 0 alone copies `nbytes` device to device, timed as the collectives are."""
+    src = torch.ones(max(1, nbytes // 4), device=dev)
+    dst = torch.empty_like(src)
+    samples = []
+    for _ in range(repeats):
+        dist.barrier(group=cpu_group)
+        if dist.get_rank() == 0:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dst.copy_(src)
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) / iters * 1e6)
+    return samples
 
 
 def expected(op: str, world: int, n: int) -> float | None:
@@ -69,6 +110,11 @@ def time_op(op, n, group, world, dev, repeats, budget_s):
     elif op == "broadcast":
         result = check_in.clone()
         dist.broadcast(result, src=0, group=group)
+    elif op == "send_recv":
+        result = torch.ones(n, device=dev)
+        if dist.get_rank() ^ 1 < world:
+            result.zero_()
+            exchange(check_in, result, group, world)
     else:
         result = torch.empty(n, device=dev)
         dist.all_to_all_single(result, check_in, group=group)
@@ -113,11 +159,17 @@ def worker(rank, world, port, args, queue):
     groups = {"loom": dist.group.WORLD, "gloo": cpu_group}
     size = 8
     rows = []
+    copied = set()
     while size <= args.max_bytes:
         n = max(1, size // 4)
+        for nbytes in sorted({size, size * world}):  # what one call's bus bytes are counted on
+            copy = sorted(time_copy(nbytes, dev, args.repeats, 20))
+            if rank == 0 and ("copy", nbytes) not in copied:
+                copied.add(("copy", nbytes))
+                rows.append(("copy", nbytes, "loom", statistics.median(copy), copy[int(0.9 * (len(copy) - 1))], 0))
         for op in args.ops:
             for name in ("loom", "gloo"):
-                if name == "gloo" and size > args.gloo_max_bytes:
+                if name == "gloo" and (size > args.gloo_max_bytes or op == "send_recv"):
                     continue
                 samples, wrong = time_op(op, n, groups[name], world, dev, args.repeats, args.budget)
                 if rank == 0:
@@ -155,14 +207,20 @@ def main() -> int:
             p.join()
         by = {(op, size, name): (med, p90, wrong) for op, size, name, med, p90, wrong in rows}
         lines.append(f"# P={world} ranks on one GPU ({torch.cuda.get_device_name(0)}); time per call in us")
-        lines.append(f"{'op':<15} {'bytes':>10} {'loom med':>10} {'loom p90':>10} {'gloo med':>10} {'gloo p90':>10} {'gloo/loom':>9} {'wrong':>5}")
+        lines.append("# busbw: nccl-tests' bus bandwidth of loom's median, GB/s; copy: a device-to-device "
+                     "copy of the same bytes by one rank in the same run, GB/s (bytes copied / time)")
+        lines.append(f"{'op':<15} {'bytes':>10} {'loom med':>10} {'loom p90':>10} {'gloo med':>10} {'gloo p90':>10} {'gloo/loom':>9} {'busbw':>7} {'copy':>7} {'wrong':>5}")
         for (op, size, name), (med, p90, wrong) in by.items():
-            if name != "loom":
+            if name != "loom" or op == "copy":
                 continue
             g = by.get((op, size, "gloo"))
             ratio = f"{g[0] / med:9.1f}" if g else f"{'':>9}"
             gm = f"{g[0]:10.1f} {g[1]:10.1f}" if g else f"{'-':>10} {'-':>10}"
-            lines.append(f"{op:<15} {size:>10} {med:10.1f} {p90:10.1f} {gm} {ratio} {wrong + (g[2] if g else 0):5d}")
+            busbw = bus_bytes(op, size, world) / med / 1e3
+            whole = size * world if op in ("all_gather", "reduce_scatter") else size
+            copy = by.get(("copy", whole, "loom"))
+            copy_bw = f"{whole / copy[0] / 1e3:7.1f}" if copy else f"{'-':>7}"
+            lines.append(f"{op:<15} {size:>10} {med:10.1f} {p90:10.1f} {gm} {ratio} {busbw:7.1f} {copy_bw} {wrong + (g[2] if g else 0):5d}")
     text = "\n".join(lines)
     print(text)
     if args.out:
