@@ -67,7 +67,7 @@ void requireRoot(const CallSite& site, int64_t root) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
-  const CallSite s = site("broadcast");
+  const CallSite s = site("broadcast", !opts.asyncOp);
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
@@ -86,7 +86,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
-  const CallSite s = site("all_reduce");
+  const CallSite s = site("all_reduce", !opts.asyncOp);
   requireCount(s, "tensors", tensors.size(), 1);
   if (tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors, opts);
   requireDense(s, "tensor", tensors[0]);
@@ -163,7 +163,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  const CallSite s = site("all_reduce_coalesced");
+  const CallSite s = site("all_reduce_coalesced", !opts.asyncOp);
   if (tensors.empty()) invalid(s, "needs at least one tensor");
   for (const auto& t : tensors) {
     requireDense(s, "tensors", t);
@@ -196,7 +196,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
-  const CallSite s = site("reduce");
+  const CallSite s = site("reduce", !opts.asyncOp);
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
@@ -216,7 +216,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  const CallSite s = site("all_gather");
+  const CallSite s = site("all_gather", !opts.asyncOp);
   requireCount(s, "inputs", inputs.size(), 1);
   requireCount(s, "output lists", outputs.size(), 1);
   auto plan = std::make_shared<GatherPlan>(planAllgather(s, outputs[0], inputs[0]));
@@ -231,7 +231,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  const CallSite s = site("all_gather_into_tensor");
+  const CallSite s = site("all_gather_into_tensor", !opts.asyncOp);
   requireWholeOfParts(s, "output", output, "input", input);
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(output);
@@ -249,7 +249,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   // outputs[q][i] receives rank q's inputs[i].
-  const CallSite s = site("all_gather_coalesced");
+  const CallSite s = site("all_gather_coalesced", !opts.asyncOp);
   requirePerRank(s, "output lists", outputs.size());
   auto plans = std::make_shared<std::vector<GatherPlan>>();
   std::vector<at::Tensor> all;
@@ -278,7 +278,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  const CallSite s = site("all_gather_into_tensor_coalesced");
+  const CallSite s = site("all_gather_into_tensor_coalesced", !opts.asyncOp);
   requireCount(s, "outputs", outputs.size(), inputs.size());
   auto staged = std::make_shared<Outputs>();
   std::vector<Flat> ins;
@@ -303,7 +303,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  const CallSite s = site("gather");
+  const CallSite s = site("gather", !opts.asyncOp);
   requireRoot(s, opts.rootRank);
   requireCount(s, "inputs", inputs.size(), 1);
   requireDense(s, "input", inputs[0]);
@@ -334,7 +334,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
-  const CallSite s = site("scatter");
+  const CallSite s = site("scatter", !opts.asyncOp);
   requireRoot(s, opts.rootRank);
   requireCount(s, "outputs", outputs.size(), 1);
   requireDense(s, "output", outputs[0]);
@@ -368,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  const CallSite s = site("reduce_scatter");
+  const CallSite s = site("reduce_scatter", !opts.asyncOp);
   requireCount(s, "outputs", outputs.size(), 1);
   requireCount(s, "input lists", inputs.size(), 1);
   requirePerRank(s, "input list", inputs[0].size());
@@ -403,7 +403,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  const CallSite s = site("reduce_scatter_tensor");
+  const CallSite s = site("reduce_scatter_tensor", !opts.asyncOp);
   requireWholeOfParts(s, "input", input, "output", output);
   const Flat in = reductionView(s, input, opts.reduceOp);
   const Flat out = reductionView(s, output, opts.reduceOp);
@@ -422,7 +422,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  const CallSite s = site("reduce_scatter_tensor_coalesced");
+  const CallSite s = site("reduce_scatter_tensor_coalesced", !opts.asyncOp);
   requireCount(s, "outputs", outputs.size(), inputs.size());
   std::vector<Flat> ins, outs;
   std::vector<ReduceOp> ops;
@@ -449,7 +449,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
-  const CallSite s = site("all_to_all_single");
+  const CallSite s = site("all_to_all_single", !opts.asyncOp);
   requireDense(s, "input", input);
   requireDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
@@ -526,7 +526,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
-  const CallSite s = site("all_to_all");
+  const CallSite s = site("all_to_all", !opts.asyncOp);
   requirePerRank(s, "inputs", inputs.size());
   requirePerRank(s, "outputs", outputs.size());
   std::vector<Flat> ins;
@@ -605,7 +605,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
-  const CallSite s = site("barrier");
+  const CallSite s = site("barrier", !opts.asyncOp);
   return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr, [&](std::vector<Request>& r) {
     r.push_back(comm_->barrier(opOptions(opts.timeout, !opts.asyncOp)));
   });

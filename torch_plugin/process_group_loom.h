@@ -129,8 +129,9 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          const char* title);
   OpOptions opOptions(std::chrono::milliseconds timeout, bool blocking = false) const;
-  /// For a call on CUDA tensors: checks they are all on one GPU, makes the group's loom
-  /// stream for it wait for the caller's current stream, and returns that stream.
+  /// For a call on CUDA tensors: checks they are all on one GPU and returns the stream the
+  /// call runs on: the caller's current stream for a blocking call outside a coalescing
+  /// block, else the group's loom stream, made to wait for the caller's current stream.
   /// nullopt for CPU tensors; mixing devices is an error.
   std::optional<c10::Stream> cudaStreamFor(const CallSite& site,
                                            const std::vector<at::Tensor>& inputs,
@@ -147,7 +148,9 @@ class ProcessGroupLoom : public c10d::Backend {
   /// Desync debug: the tensor shapes of a call that must agree across ranks, or "".
   std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) const;
-  CallSite site(const char* op) const { return CallSite{op, rank_, size_}; }
+  CallSite site(const char* op, bool blocking = false) const {
+    return CallSite{op, rank_, size_, blocking};
+  }
 
   std::shared_ptr<Communicator> comm_;
   c10::intrusive_ptr<Options> options_;

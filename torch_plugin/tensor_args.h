@@ -21,6 +21,7 @@ struct CallSite {
   const char* op;
   int rank;
   int size;
+  bool blocking = false;  ///< async_op=False: the caller waits for the call
 };
 
 /// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>".

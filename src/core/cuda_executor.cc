@@ -176,6 +176,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
   try {
     check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
           "cuStreamCreate");
+    check(d.cuEventCreate(&lastEnd_, CU_EVENT_DISABLE_TIMING), op, exchange.rank, "cuEventCreate");
     kernels_ = std::make_unique<cuda::Kernels>();
     void* report = nullptr;
     check(d.cuMemHostAlloc(&report, sizeof(cuda::MismatchReport),
@@ -215,6 +216,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     mine_.reset();
     kernels_.reset();
     if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
+    if (lastEnd_ != nullptr) d.cuEventDestroy(lastEnd_);
     if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
     d.cuDevicePrimaryCtxRelease(dev);
     throw;
@@ -236,6 +238,7 @@ CudaExecutor::~CudaExecutor() {
   cuda::ContextGuard guard(context_);
   d.cuStreamSynchronize(abortStream_);
   d.cuStreamDestroy(abortStream_);
+  d.cuEventDestroy(lastEnd_);
   peers_.clear();
   mine_.reset();
   kernels_.reset();
@@ -439,6 +442,13 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   if (captured) graph_.epoch = 0;
   CUevent event = nullptr;
   try {
+    unsigned long long streamId = 0;
+    if (!captured) {
+      check(d.cuStreamGetId(stream_, &streamId), op, rank_, "cuStreamGetId");
+      if (lastStream_ && *lastStream_ != streamId) {
+        check(d.cuStreamWaitEvent(stream_, lastEnd_, 0), op, rank_, "cuStreamWaitEvent");
+      }
+    }
     firstEpoch_ = lane_->epoch + 1;
     fill();
     if (captured) {
@@ -446,6 +456,8 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     } else {
       check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
       check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
+      check(d.cuEventRecord(lastEnd_, stream_), op, rank_, "cuEventRecord");
+      lastStream_ = streamId;
     }
   } catch (const Error& e) {
     // Part of the call may be queued: this rank's epochs and channels no longer match its

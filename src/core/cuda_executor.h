@@ -29,6 +29,10 @@
 // replay the same graphs in the same order, so their device epochs agree as host epochs do.
 // Send/recv (and all_to_all with split sizes) are not captured yet.
 //
+// Calls may come on different streams (the caller's own for a blocking call, a loom stream
+// for an asynchronous one): a call on another stream than the last waits for the last one's
+// end, so every rank's calls run on its GPU in the order they were numbered.
+//
 // Every operation's first step checks agreement: each rank publishes what it is doing (a
 // descriptor: kind, dtype, op, root, sizes; a transfer's tag and size) and the kernel that
 // first reads a peer's data compares the peer's descriptor with its own. Ranks that issued
@@ -192,7 +196,12 @@ class CudaExecutor final : public DeviceExecutor {
 
   std::mutex enqueueMutex_;    // one collective is queued at a time
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
-  Lane eager_;                 // lanes: under enqueueMutex_
+  // The end of the last eager call and its stream: a call on another stream waits for it,
+  // so the calls run on the GPU in the order their epochs were given (under enqueueMutex_).
+  // Streams are told apart by ID: a handle may be reused by a new stream.
+  CUevent lastEnd_ = nullptr;
+  std::optional<unsigned long long> lastStream_;
+  Lane eager_;  // lanes: under enqueueMutex_
   Lane graph_;
   Lane* lane_ = &eager_;          // the lane of the call being filled
   uint64_t firstEpoch_ = 0;       // the first step of the call being filled

@@ -53,6 +53,8 @@ namespace loom::cuda {
   X(cuEventCreate)                     \
   X(cuEventDestroy)                    \
   X(cuEventRecord)                     \
+  X(cuStreamWaitEvent)                 \
+  X(cuStreamGetId)                     \
   X(cuEventQuery)
 
 /// The loaded driver: one function pointer per entry point, named as in cuda.h.

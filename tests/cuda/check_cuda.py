@@ -135,6 +135,21 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     w.synchronize()
     assert w.is_completed(), "synchronize() returned before the GPU ran the all_reduce"
     same(z[:4], torch.full((4,), float(world)), "all_reduce after synchronize()")
+    # Calls run in the order issued whatever their streams: an asynchronous call (on the
+    # loom stream) held back by a busy caller stream, then a blocking call on a side stream
+    # (blocking calls run on the caller's stream), which must not overtake it.
+    a = torch.full((LARGE,), float(rank + 1), device=dev)
+    torch.cuda._sleep(20_000_000)
+    pending = dist.all_reduce(a, async_op=True)
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        b = torch.full((1000,), float(rank + 2), device=dev)
+        dist.all_reduce(b)
+        b2 = b * 1
+    pending.wait()
+    torch.cuda.synchronize()
+    same(a[-4:], torch.full((4,), world * (world + 1) / 2), "an async call before a blocking one")
+    same(b2[:4], torch.full((4,), world * (world + 3) / 2), "a blocking call on another stream")
     # Non-contiguous tensors are staged, and copied back on the loom stream.
     m = torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4).t() * (rank + 1)
     dist.all_reduce(m)
@@ -150,7 +165,7 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
         raise AssertionError("mixing devices was accepted")
     except (RuntimeError, ValueError) as e:
         assert "one device" in str(e), e
-    return 5
+    return 7
 
 
 def ddp(rank: int, world: int, dev: torch.device, dtypes) -> int:
