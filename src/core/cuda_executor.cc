@@ -25,8 +25,10 @@ using cuda::Driver;
 // the abort word, the mismatch claim, the eager lane's descriptors (by epoch parity), then
 // per peer a pair block: the "sent" flag (chunks sent to it), the "taken" flag (chunks
 // taken from it) and the descriptors of the chunks sent to it (by chunk parity). At 32 KiB
-// the graph lane's collective flags, its device epoch and its descriptors. Then the eager
-// lane's two collective slots, the graph lane's two, and a mailbox per sending peer.
+// the graph lane's: its collective flags, device epoch and descriptors, its device counts
+// of chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's
+// two collective slots, the graph lane's two, the eager lane's mailboxes (one per sending
+// peer) and the graph lane's.
 constexpr size_t kFlagStride = 64;
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
@@ -37,8 +39,12 @@ constexpr size_t kPairDescOffset = 2 * kFlagStride;
 constexpr size_t kGraphOffset = 32 << 10;
 constexpr size_t kDeviceEpochOffset = kGraphOffset + 3 * kFlagStride;
 constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
+constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
+constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
 constexpr size_t kDataOffset = 64 << 10;
 static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
+static_assert(kGraphCountsOffset + cuda::kMaxSources * 16 <= kGraphPairOffset);
+static_assert(kGraphPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
 // A value above any epoch: written into every flag to release waits when the
 // communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
 constexpr uint64_t kReleased = uint64_t{1} << 62;
@@ -155,10 +161,24 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       size_(exchange.localSize),
       failures_(failures),
       mailSlot_(std::max<size_t>(roundDown(chunkBytes / 4, 16), 4096)),
-      eager_{0, kDescOffset, kDataOffset, false},
-      graph_{kGraphOffset, kGraphDescOffset, kDataOffset + 4 * chunkBytes, true},
-      sent_(static_cast<size_t>(exchange.localSize)),
-      taken_(static_cast<size_t>(exchange.localSize)) {
+      eager_{0,
+             kDescOffset,
+             kDataOffset,
+             kPairOffset,
+             kDataOffset + 8 * chunkBytes,
+             false,
+             0,
+             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize)),
+             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize))},
+      graph_{kGraphOffset,
+             kGraphDescOffset,
+             kDataOffset + 4 * chunkBytes,
+             kGraphPairOffset,
+             kDataOffset + 8 * chunkBytes + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_,
+             true,
+             0,
+             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize)),
+             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize))} {
   const Driver& d = Driver::get();
   const std::string& op = exchange.op;
   if (size_ > cuda::kMaxSources) {
@@ -187,7 +207,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
           "cuMemHostGetDevicePointer");
     report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
-    const size_t bytes = kDataOffset + 8 * chunk_ + static_cast<size_t>(size_) * 2 * mailSlot_;
+    const size_t bytes = graph_.mailboxes + static_cast<size_t>(size_) * 2 * mailSlot_;
     mine_ = cuda::SharedMemory::allocate(dev, bytes);
     posix::Fd exported = mine_->exportFd();
     std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
@@ -261,12 +281,28 @@ uint8_t* CudaExecutor::reduced(int q, uint64_t epoch) const {
 }
 
 uint8_t* CudaExecutor::pair(int owner, int peer) const {
-  return bases_[owner] + kPairOffset + static_cast<size_t>(peer) * kPairStride;
+  return bases_[owner] + lane_->pairs + static_cast<size_t>(peer) * kPairStride;
 }
 
 uint8_t* CudaExecutor::mailbox(int receiver, int sender, uint64_t chunk) const {
-  return bases_[receiver] + kDataOffset + 8 * chunk_ +
+  return bases_[receiver] + lane_->mailboxes +
          (static_cast<size_t>(sender) * 2 + chunk % 2) * mailSlot_;
+}
+
+uint64_t* CudaExecutor::epochBase() const {
+  if (!lane_->onDevice) return nullptr;
+  return reinterpret_cast<uint64_t*>(bases_[rank_] + kDeviceEpochOffset);
+}
+
+uint64_t* CudaExecutor::sentBase(int peer) const {
+  if (!lane_->onDevice) return nullptr;
+  return reinterpret_cast<uint64_t*>(bases_[rank_] + kGraphCountsOffset +
+                                     static_cast<size_t>(peer) * 16);
+}
+
+uint64_t* CudaExecutor::takenBase(int peer) const {
+  if (!lane_->onDevice) return nullptr;
+  return sentBase(peer) + 1;
 }
 
 uint64_t CudaExecutor::beginStep() {
@@ -287,60 +323,53 @@ void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
   }
 }
 
-void CudaExecutor::memOps(std::span<const CUstreamBatchMemOpParams> ops, uint64_t advance) {
+void CudaExecutor::flags(std::span<const FlagStep> steps, std::span<const cuda::Advance> advances) {
   if (!lane_->onDevice) {
-    if (ops.empty()) return;
-    check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(ops.size()),
-                                           const_cast<CUstreamBatchMemOpParams*>(ops.data()), 0),
+    if (steps.empty()) return;
+    std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> ops{};
+    size_t n = 0;
+    for (const FlagStep& f : steps) {
+      CUstreamBatchMemOpParams& p = ops[n++];
+      if (f.wait) {
+        p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+        p.waitValue.address = reinterpret_cast<CUdeviceptr>(f.flag);
+        p.waitValue.value64 = f.value;
+        p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      } else {
+        // The default write is ordered after all earlier work on the stream, with a fence.
+        p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+        p.writeValue.address = reinterpret_cast<CUdeviceptr>(f.flag);
+        p.writeValue.value64 = f.value;
+        p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+      }
+    }
+    check(Driver::get().cuStreamBatchMemOp(stream_, static_cast<unsigned>(n), ops.data(), 0),
           "cuda", rank_, "cuStreamBatchMemOp");
     return;
   }
-  if (ops.empty() && advance == 0) return;
+  if (steps.empty() && advances.empty()) return;
   cuda::FlagParams params{};
-  for (const CUstreamBatchMemOpParams& op : ops) {
-    const bool wait = op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
-    params.ops[params.count++] = {
-        reinterpret_cast<uint64_t*>(wait ? op.waitValue.address : op.writeValue.address),
-        wait ? op.waitValue.value64 : op.writeValue.value64, wait};
+  for (const FlagStep& f : steps) {
+    params.ops[params.count++] = {reinterpret_cast<uint64_t*>(f.flag), f.base, f.value, f.wait};
   }
-  params.epoch = reinterpret_cast<uint64_t*>(bases_[rank_] + kDeviceEpochOffset);
-  params.advance = advance;
+  for (const cuda::Advance& a : advances) params.advances[params.nadvance++] = a;
   params.abort = reinterpret_cast<const volatile uint64_t*>(bases_[rank_] + kAbortOffset);
   kernels_->flags(stream_, params);
 }
 
-CUstreamBatchMemOpParams CudaExecutor::waitOp(const uint8_t* flag, uint64_t value) {
-  CUstreamBatchMemOpParams p{};
-  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-  p.waitValue.address = reinterpret_cast<CUdeviceptr>(flag);
-  p.waitValue.value64 = value;
-  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-  return p;
-}
-
-CUstreamBatchMemOpParams CudaExecutor::writeOp(uint8_t* flag, uint64_t value) {
-  // The default write is ordered after all earlier work on the stream, with a fence.
-  CUstreamBatchMemOpParams p{};
-  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-  p.writeValue.address = reinterpret_cast<CUdeviceptr>(flag);
-  p.writeValue.value64 = value;
-  p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-  return p;
-}
-
 void CudaExecutor::signal(Flag which, uint64_t epoch) {
-  const CUstreamBatchMemOpParams op = writeOp(flag(rank_, which), epoch);
-  memOps({&op, 1});
+  const FlagStep write{flag(rank_, which), epoch, false, epochBase()};
+  flags({&write, 1});
 }
 
 void CudaExecutor::await(Flag which, uint64_t epoch, int only) {
-  std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> waits;
+  std::array<FlagStep, cuda::kMaxSources> waits;
   size_t n = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
-    waits[n++] = waitOp(flag(q, which), epoch);
+    waits[n++] = {flag(q, which), epoch, true, epochBase()};
   }
-  memOps({waits.data(), n});
+  flags({waits.data(), n});
 }
 
 cuda::Agreement CudaExecutor::noAgreement() {
@@ -415,8 +444,7 @@ void CudaExecutor::reduce(void* dst, const Sources& srcs, size_t count, const Co
 
 template <class Fill>
 void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<OpState>> states,
-                         const OpOptions& options, std::chrono::milliseconds timeout,
-                         bool capturable, Fill&& fill) {
+                         const OpOptions& options, std::chrono::milliseconds timeout, Fill&& fill) {
   const Driver& d = Driver::get();
   if (options.deviceIndex != device_) {
     throw Error(ErrorCode::kInvalidArgument, op, rank_,
@@ -430,16 +458,14 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(d.cuStreamIsCapturing(stream_, &capture), op, rank_, "cuStreamIsCapturing");
   const bool captured = capture != CU_STREAM_CAPTURE_STATUS_NONE;
-  if (captured && !capturable) {
-    throw Error(ErrorCode::kUnsupported, op, rank_,
-                "send/recv and all_to_all with split sizes on CUDA tensors cannot be captured "
-                "in a CUDA graph yet; run them outside the capture (every other collective "
-                "can be captured)");
-  }
   if (failures_.failed()) throw failures_.failureError(op);
   for (const auto& state : states) FlightRecorder::instance().started(state->flightId);
   lane_ = captured ? &graph_ : &eager_;
-  if (captured) graph_.epoch = 0;
+  if (captured) {
+    graph_.epoch = 0;
+    std::fill(graph_.sent.begin(), graph_.sent.end(), 0);
+    std::fill(graph_.taken.begin(), graph_.taken.end(), 0);
+  }
   CUevent event = nullptr;
   try {
     unsigned long long streamId = 0;
@@ -480,21 +506,33 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
 }
 
 void CudaExecutor::finishCapturedCall() {
-  // An odd number of steps ends on slot 1: one more "done" (with nothing to be done for)
-  // keeps the next call's first step on slot 1.
-  uint64_t steps = graph_.epoch;
-  if (steps % 2 == 1) {
-    const CUstreamBatchMemOpParams op = writeOp(flag(rank_, kDone), ++steps);
-    memOps({&op, 1}, steps);
-  } else {
-    memOps({}, steps);
+  // A counter that ended odd would start the next call on slot 0: one more write of the
+  // flag (announcing a step or chunk with nothing in it) makes it even.
+  std::vector<FlagStep> writes;
+  std::vector<cuda::Advance> advances;
+  auto evenUp = [&](uint64_t& count, uint8_t* flag, uint64_t* base) {
+    if (count % 2 == 1) writes.push_back({flag, ++count, false, base});
+    if (count > 0) advances.push_back({base, count});
+  };
+  evenUp(graph_.epoch, flag(rank_, kDone), epochBase());
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    evenUp(graph_.sent[q], pair(rank_, q) + kSent * kFlagStride, sentBase(q));
+    evenUp(graph_.taken[q], pair(rank_, q) + kTaken * kFlagStride, takenBase(q));
   }
+  // The advances go with the last batch, after every write that reads the old counts.
+  for (size_t i = 0; i < writes.size(); i += cuda::kMaxSources) {
+    const size_t n = std::min<size_t>(cuda::kMaxSources, writes.size() - i);
+    const bool last = i + n == writes.size();
+    flags({writes.data() + i, n},
+          last ? std::span<const cuda::Advance>(advances) : std::span<const cuda::Advance>());
+  }
+  if (writes.empty()) flags({}, advances);
 }
 
 void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpState>& state,
                            const OpOptions& options, std::chrono::milliseconds timeout) {
-  const bool capturable = !(args.kind == CollectiveKind::kAllToAll && args.variable);
-  queue(std::string(collectiveName(args.kind)), {&state, 1}, options, timeout, capturable, [&] {
+  queue(std::string(collectiveName(args.kind)), {&state, 1}, options, timeout, [&] {
     described_ = describe(args);
     switch (args.kind) {
       case CollectiveKind::kAllReduce: allReduce(args); break;
@@ -515,7 +553,7 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
                                     const OpOptions& options, std::chrono::milliseconds timeout) {
   std::string op = "send/recv group";
   if (transfers.size() == 1) op = transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv";
-  queue(op, states, options, timeout, false, [&] { transfer(transfers, kSendRecv); });
+  queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
 }
 
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
@@ -735,55 +773,64 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
   // One direction of round k, once its chunks are listed: the waits, the copy (which checks
   // or publishes), then this rank's flag towards every peer it moved a chunk with.
   size_t k = 0;
-  auto finishRound = [&](std::span<const CUstreamBatchMemOpParams> waits, const Segments& segments,
+  auto finishRound = [&](std::span<const FlagStep> waits, const Segments& segments,
                          const cuda::Agreement& agreement,
-                         const std::vector<std::vector<Chunk>>& chunks, PairFlag flag) {
-    memOps(waits);
+                         const std::vector<std::vector<Chunk>>& chunks, PairFlag which) {
+    flags(waits);
     copy(segments, agreement);
-    const std::vector<uint64_t>& count = flag == kSent ? sent_ : taken_;
-    std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> writes;
+    const std::vector<uint64_t>& count = which == kSent ? lane_->sent : lane_->taken;
+    std::array<FlagStep, cuda::kMaxSources> writes;
     size_t n = 0;
     for (int q = 0; q < size_; ++q) {
-      if (k < chunks[q].size())
-        writes[n++] = writeOp(pair(rank_, q) + flag * kFlagStride, count[q]);
+      if (k < chunks[q].size()) {
+        writes[n++] = {pair(rank_, q) + which * kFlagStride, count[q], false,
+                       which == kSent ? sentBase(q) : takenBase(q)};
+      }
     }
-    memOps({writes.data(), n});
+    flags({writes.data(), n});
   };
   for (; k < rounds; ++k) {
-    std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> ops;
-    size_t nops = 0;
-    // Sends: once the receiver has taken what this slot held, fill it and say so.
+    std::array<FlagStep, cuda::kMaxSources> waits;
+    size_t nwaits = 0;
+    // Sends: once the receiver has taken what this slot held, fill it and say so. (In the
+    // graph lane the count is relative, and the chunk two back may be an earlier call's.)
     Segments segments;
     cuda::Agreement agreement = noAgreement();
     for (int q = 0; q < size_; ++q) {
       if (k >= out[q].size()) continue;
       const Chunk& c = out[q][k];
-      const uint64_t seq = ++sent_[q];
-      if (seq > 2) ops[nops++] = waitOp(pair(q, rank_) + kTaken * kFlagStride, seq - 2);
+      const uint64_t seq = ++lane_->sent[q];
+      if (lane_->onDevice || seq > 2) {
+        waits[nwaits++] = {pair(q, rank_) + kTaken * kFlagStride, seq - 2, true, sentBase(q)};
+      }
       const size_t lo = c.index * mailSlot_;
       segments.add(mailbox(q, rank_, seq), at(c.transfer->data, lo),
                    clipped(c.transfer->bytes, lo, mailSlot_));
       agreement.publish[agreement.npublish++] = {pairDescriptor(rank_, q, seq),
                                                  describe(*c.transfer, purpose, c.index)};
     }
-    if (agreement.npublish > 0) finishRound({ops.data(), nops}, segments, agreement, out, kSent);
+    if (agreement.npublish > 0) {
+      finishRound({waits.data(), nwaits}, segments, agreement, out, kSent);
+    }
     // Receives: once the sender has filled the slot, check what it says, copy it out and
     // free the slot.
-    nops = 0;
+    nwaits = 0;
     segments = Segments{};
     agreement = noAgreement();
     for (int q = 0; q < size_; ++q) {
       if (k >= in[q].size()) continue;
       const Chunk& c = in[q][k];
-      const uint64_t seq = ++taken_[q];
-      ops[nops++] = waitOp(pair(q, rank_) + kSent * kFlagStride, seq);
+      const uint64_t seq = ++lane_->taken[q];
+      waits[nwaits++] = {pair(q, rank_) + kSent * kFlagStride, seq, true, takenBase(q)};
       const size_t lo = c.index * mailSlot_;
       segments.add(at(c.transfer->data, lo), mailbox(rank_, q, seq),
                    clipped(c.transfer->bytes, lo, mailSlot_));
       agreement.expect[agreement.nexpect++] = {pairDescriptor(q, rank_, seq),
                                                describe(*c.transfer, purpose, c.index), q};
     }
-    if (agreement.nexpect > 0) finishRound({ops.data(), nops}, segments, agreement, in, kTaken);
+    if (agreement.nexpect > 0) {
+      finishRound({waits.data(), nwaits}, segments, agreement, in, kTaken);
+    }
   }
 }
 
@@ -799,12 +846,14 @@ void CudaExecutor::release() {
   for (uint8_t* base : bases_) write(base + kAbortOffset, 1);
   for (int q = 0; q < size_; ++q) {
     for (const Lane* lane : {&eager_, &graph_}) {
-      for (int f = kReady; f <= kDone; ++f)
+      for (int f = kReady; f <= kDone; ++f) {
         write(bases_[q] + lane->flags + f * kFlagStride, kReleased);
-    }
-    for (int peer = 0; peer < size_; ++peer) {
-      write(pair(q, peer) + kSent * kFlagStride, kReleased);
-      write(pair(q, peer) + kTaken * kFlagStride, kReleased);
+      }
+      for (int peer = 0; peer < size_; ++peer) {
+        uint8_t* block = bases_[q] + lane->pairs + static_cast<size_t>(peer) * kPairStride;
+        write(block + kSent * kFlagStride, kReleased);
+        write(block + kTaken * kFlagStride, kReleased);
+      }
     }
   }
 }

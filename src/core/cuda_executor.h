@@ -22,12 +22,13 @@
 // receives in one call cannot deadlock.
 //
 // Operations captured in a CUDA graph run at every replay, at a point the host never sees,
-// so they cannot carry epochs numbered by the host. They have a lane of their own (flags,
-// descriptors and slots apart from the eager lane's): their steps number from an epoch in
-// device memory that each rank's stream advances after every captured operation, and their
-// flag waits and writes are a one-thread kernel (loom_flags) reading that epoch. Ranks
-// replay the same graphs in the same order, so their device epochs agree as host epochs do.
-// Send/recv (and all_to_all with split sizes) are not captured yet.
+// so they cannot carry epochs or chunk numbers counted by the host. They have a lane of their
+// own (flags, descriptors, slots, pair blocks and mailboxes apart from the eager lane's):
+// their steps number from an epoch in device memory, and each pair's chunks from a sent and
+// a taken count in device memory, which each rank's stream advances after every captured
+// operation; their flag waits and writes are a one-thread kernel (loom_flags) reading those
+// counters. Ranks replay the same graphs in the same order, so their counters agree as the
+// host's do.
 //
 // Calls may come on different streams (the caller's own for a blocking call, a loom stream
 // for an asynchronous one): a call on another stream than the last waits for the last one's
@@ -99,27 +100,38 @@ class CudaExecutor final : public DeviceExecutor {
   // The segments of one step's copies, and the sources of its reductions.
   struct Segments;
   struct Sources;
-  // Where one kind of operation keeps its flags, descriptors and slots (offsets into every
-  // workspace), and how it numbers its steps: eager operations from epoch, on the host;
-  // captured ones (onDevice) from the device epoch, epoch counting the steps of the call
-  // being captured.
+  // Where one kind of operation keeps its flags, descriptors, slots, pair blocks and
+  // mailboxes (offsets into every workspace), and how it numbers its steps and chunks:
+  // eager operations from epoch, sent and taken, on the host; captured ones (onDevice) from
+  // counters in device memory, the host's counting only the call being captured.
   struct Lane {
     size_t flags;
     size_t descriptors;
     size_t slots;
+    size_t pairs;
+    size_t mailboxes;
     bool onDevice;
     uint64_t epoch = 0;
+    std::vector<uint64_t> sent;   // by peer: chunks sent to it
+    std::vector<uint64_t> taken;  // by peer: chunks taken from it
+  };
+  // A flag wait (flag >= value) or write (flag = value); in the graph lane `value` counts
+  // from the device counter `base` (the lane's epoch, or a pair's sent or taken count).
+  struct FlagStep {
+    uint8_t* flag;
+    uint64_t value;
+    bool wait;
+    const uint64_t* base;
   };
 
   /// Checks, locks and fills the stream for one call (`fill` queues its steps), then
   /// hands its requests to the monitor.
-  /// `capturable`: whether the call may be captured in a CUDA graph.
   template <class Fill>
   void queue(const std::string& op, std::span<const std::shared_ptr<OpState>> states,
-             const OpOptions& options, std::chrono::milliseconds timeout, bool capturable,
-             Fill&& fill);
-  /// After a captured call's steps: advances the device epoch past them (to an even
-  /// epoch, so every captured call starts on slot 1 as the host assumed when capturing).
+             const OpOptions& options, std::chrono::milliseconds timeout, Fill&& fill);
+  /// After a captured call: advances the device counters past its steps and chunks, each
+  /// to an even count, so that every captured call starts on slot 1 of each, as the host
+  /// assumed when capturing it.
   void finishCapturedCall();
 
   // The steps collectives are made of (on the stream being filled).
@@ -130,11 +142,14 @@ class CudaExecutor final : public DeviceExecutor {
   void steps(size_t count, size_t perStep, Body&& body);
   void signal(Flag which, uint64_t epoch);
   void await(Flag which, uint64_t epoch, int only = -1);  // every peer, or just `only`
-  /// Queues flag waits and writes, in order, as one batch (in the graph lane, their values
-  /// are offsets from the device epoch).
-  void memOps(std::span<const CUstreamBatchMemOpParams> ops, uint64_t advance = 0);
-  static CUstreamBatchMemOpParams waitOp(const uint8_t* flag, uint64_t value);  // flag >= value
-  static CUstreamBatchMemOpParams writeOp(uint8_t* flag, uint64_t value);
+  /// Queues flag waits and writes, in order, as one batch: stream memory operations in the
+  /// eager lane, loom_flags in the graph lane (then the advances of device counters).
+  void flags(std::span<const FlagStep> steps, std::span<const cuda::Advance> advances = {});
+  /// The device counters of the graph lane (nullptr in the eager lane): its epoch, and the
+  /// chunks sent to and taken from `peer`.
+  uint64_t* epochBase() const;
+  uint64_t* sentBase(int peer) const;
+  uint64_t* takenBase(int peer) const;
   /// What a launch in step `epoch` checks: this rank publishes its descriptor (`publish`)
   /// or expects its peers' (every peer, or `only`); nothing after an operation's first step.
   cuda::Agreement publishing(uint64_t epoch);
@@ -206,8 +221,6 @@ class CudaExecutor final : public DeviceExecutor {
   Lane* lane_ = &eager_;          // the lane of the call being filled
   uint64_t firstEpoch_ = 0;       // the first step of the call being filled
   cuda::Descriptor described_{};  // what the collective being filled is (its first step)
-  std::vector<uint64_t> sent_;    // by peer: chunks sent to it (under enqueueMutex_)
-  std::vector<uint64_t> taken_;   // by peer: chunks taken from it (under enqueueMutex_)
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;

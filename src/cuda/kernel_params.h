@@ -79,22 +79,30 @@ struct CopyParams {
   Agreement agreement;
 };
 
-/// A wait for a flag (until flag >= epoch + offset, compared as a signed difference) or a
-/// write of one (flag = epoch + offset, released at system scope).
+/// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a
+/// write of one (flag = *base + offset, released at system scope).
 struct FlagOp {
   uint64_t* flag;
+  const uint64_t* base;
   uint64_t offset;
   int32_t wait;
 };
 
-/// Flag waits and writes, in order, relative to a device-resident epoch: what operations
-/// captured in a CUDA graph use, since each replay runs at an epoch the host never sees
-/// (loom_flags). Afterwards `*epoch += advance`.
+/// `*word += by`, after a call's flag operations.
+struct Advance {
+  uint64_t* word;
+  uint64_t by;
+};
+
+/// Flag waits and writes, in order, relative to counters in device memory: what operations
+/// captured in a CUDA graph use, since each replay runs at counts the host never sees
+/// (loom_flags). Afterwards each advance is applied. The counters are this rank's own, and
+/// only its stream writes them.
 struct FlagParams {
   FlagOp ops[kMaxSources];
   int count;
-  uint64_t* epoch;  ///< this rank's; only its own stream writes it
-  uint64_t advance;
+  Advance advances[2 * kMaxSources + 1];
+  int nadvance;
   const volatile uint64_t* abort;  ///< nonzero: stop waiting
 };
 

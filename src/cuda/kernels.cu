@@ -266,10 +266,9 @@ extern "C" __global__ void loom_copy(CopyParams p) {
 // (the executor also raises every flag then).
 extern "C" __global__ void loom_flags(FlagParams p) {
   using Flag = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
-  const uint64_t epoch = *p.epoch;
   for (int i = 0; i < p.count; ++i) {
     Flag flag(*p.ops[i].flag);
-    const uint64_t value = epoch + p.ops[i].offset;
+    const uint64_t value = *p.ops[i].base + p.ops[i].offset;
     if (!p.ops[i].wait) {
       // Release: the earlier kernels of this stream wrote what the flag announces.
       flag.store(value, ::cuda::memory_order_release);
@@ -280,5 +279,5 @@ extern "C" __global__ void loom_flags(FlagParams p) {
       __nanosleep(200);
     }
   }
-  *p.epoch = epoch + p.advance;
+  for (int i = 0; i < p.nadvance; ++i) *p.advances[i].word += p.advances[i].by;
 }

@@ -168,28 +168,44 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     return 7
 
 
-def ddp(rank: int, world: int, dev: torch.device, dtypes) -> int:
+def small_model(dev=None) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    return model if dev is None else model.to(dev)
+
+
+def train_against_reference(rank: int, world: int, dev: torch.device, build, full_tensor) -> None:
+    """Three SGD steps of a small model, distributed as `build(model)` makes it (each rank on
+    its slice of the batch), against the same steps in this process on the whole batch: the
+    parameters (`full_tensor(p)` gathers a sharded one) must agree."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
-    reference_model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    model = small_model(dev)
+    reference_model = small_model()
     reference_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
-    wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+    wrapped = build(model)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         batch = torch.randn(world * 8, 32, generator=g)
         target = torch.randn(world * 8, 4, generator=g)
-        opt.zero_grad()
         mine = slice(rank * 8, (rank + 1) * 8)
+        opt.zero_grad()
         torch.nn.functional.mse_loss(wrapped(batch[mine].to(dev)), target[mine].to(dev)).backward()
         opt.step()
         ref_opt.zero_grad()
         torch.nn.functional.mse_loss(reference_model(batch), target).backward()
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), reference_model.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"DDP parameter {name}: {m}")
+        torch.testing.assert_close(full_tensor(p).detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"parameter {name}: {m}")
+
+
+def ddp(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """DDP (bucketed asynchronous all_reduce on CUDA) against a single-process reference."""
+    train_against_reference(
+        rank, world, dev,
+        lambda model: torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index]),
+        lambda p: p)
     return 1
 
 
@@ -199,30 +215,13 @@ def fsdp2(rank: int, world: int, dev: torch.device, dtypes) -> int:
     from torch.distributed.fsdp import fully_shard
     import torch.distributed._functional_collectives as funcol
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
-    reference_model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    reference_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        batch = torch.randn(world * 8, 32, generator=g)
-        target = torch.randn(world * 8, 4, generator=g)
-        mine = slice(rank * 8, (rank + 1) * 8)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(batch[mine].to(dev)), target[mine].to(dev)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.mse_loss(reference_model(batch), target).backward()
-        ref_opt.step()
-    for (name, p), q in zip(model.named_parameters(), reference_model.parameters()):
-        torch.testing.assert_close(p.full_tensor().detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"FSDP2 parameter {name}: {m}")
+    def shard(model):
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        return fully_shard(model)
+
+    train_against_reference(rank, world, dev, shard, lambda p: p.full_tensor())
     x = torch.full((1000,), float(rank + 1), device=dev)
     y = funcol.all_reduce(x, "sum", dist.group.WORLD)
     same(y, torch.full((1000,), world * (world + 1) / 2), "functional all_reduce")
@@ -404,9 +403,8 @@ def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
 
 def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """Collectives captured in CUDA graphs and replayed with new inputs each time: calls of
-    one and of several steps, two graphs replayed in turn, and eager calls between the
-    replays (they run in a lane of their own). A send inside a capture is refused by name,
-    and the capture can still end."""
+    one and of several steps, two graphs replayed in turn, send/recv and uneven all_to_all,
+    and eager calls between the replays (they run in a lane of their own)."""
     n_large = LARGE  # float32: two steps of the default chunk
     big = torch.zeros(n_large, device=dev)
     small = torch.zeros(1000, dtype=torch.int32, device=dev)
@@ -454,20 +452,39 @@ def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
         same(scatter_out, want, f"replay {replay} reduce_scatter_tensor")
         same(root_data, data(world - 1, 777, torch.float16, salt + 5), f"replay {replay} broadcast")
         checks += 6
-    if world >= 2:
-        refused = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(refused):
-                if rank == 0:
-                    dist.send(torch.ones(4, device=dev), dst=1)
-                elif rank == 1:
-                    dist.recv(torch.empty(4, device=dev), src=0)
-                else:
-                    raise RuntimeError("cannot be captured (this rank sends nothing)")
-            raise AssertionError("a send/recv was captured")
-        except RuntimeError as e:
-            assert "cannot be captured" in str(e), e
-        checks += 1
+    # Send/recv and all_to_all with split sizes, captured too: a ring exchange through
+    # batch_isend_irecv (several mailbox chunks with a small chunk size) and uneven blocks,
+    # with an eager exchange between the replays (their chunks are counted apart).
+    right, left = (rank + 1) % world, (rank - 1) % world
+    outgoing = torch.zeros(10_000, device=dev)
+    incoming = torch.empty(10_000, device=dev)
+    splits_in = [r + 1 + rank for r in range(world)]  # what this rank sends to r
+    splits_out = [rank + 1 + r for r in range(world)]  # what r sends to this rank
+    a2a_in = torch.zeros(sum(splits_in), device=dev)
+    a2a_out = torch.empty(sum(splits_out), device=dev)
+
+    def ring(send: torch.Tensor, recv: torch.Tensor) -> None:
+        ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, recv, left)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+    third = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(third):
+        ring(outgoing, incoming)
+        dist.all_to_all_single(a2a_out, a2a_in, splits_out, splits_in)
+    for replay in range(3):
+        outgoing.copy_(data(rank, 10_000, torch.float32, 500 + replay))
+        a2a_in.copy_(torch.cat([torch.full((splits_in[r],), float(100 * rank + r + replay))
+                                for r in range(world)]))
+        third.replay()
+        eager_in = torch.empty(7, device=dev)
+        ring(torch.full((7,), float(rank + replay), device=dev), eager_in)
+        same(incoming, data(left, 10_000, torch.float32, 500 + replay), f"replay {replay} ring")
+        want = torch.cat([torch.full((splits_out[r],), float(100 * r + rank + replay))
+                          for r in range(world)])
+        same(a2a_out, want, f"replay {replay} all_to_all_single with splits")
+        same(eager_in, torch.full((7,), float(left + replay)), "eager exchange between replays")
+        checks += 3
     dist.all_reduce(torch.ones(4, device=dev))  # the group still works
     return checks
 
