@@ -5,7 +5,8 @@
 //
 // Each rank owns a device workspace (cuMem, exported as a file descriptor and mapped by
 // every rank of the host): a page of flags, two collective slots of two halves (chunk bytes
-// each), and a mailbox per sending peer (two slots of a quarter chunk).
+// each), and a mailbox per sending peer (two slots of a quarter chunk); and the same slots
+// and mailboxes again for operations captured in CUDA graphs (below).
 //
 // A collective runs in steps of at most one chunk per rank; step e uses slot e % 2. In a
 // step each rank copies its share into its slot, raises its flag to e, makes its stream
