@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import _C, _integrations
+from ._openmp_hint import hint_wait_policy as _hint_wait_policy
 from ._backend_names import BACKEND_NAME, env_flag as _env_flag, make_default, replace_gloo
 
 __all__ = [
@@ -47,6 +48,7 @@ def is_available() -> bool:
 
 def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
     # torch's extended API: the store arrives already prefixed for this group.
+    _hint_wait_policy(dist_backend_opts.group_rank, dist_backend_opts.group_size)
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout))
