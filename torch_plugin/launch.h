@@ -69,8 +69,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     } catch (const Error& e) {
       // The loom stream was made to follow the caller's: join it back, so a refused call
       // inside a CUDA graph capture leaves a capture that can still end (and its error is
-      // the one the caller sees).
-      if (stream) rejoin(*stream);
+      // the one the caller sees). A blocking call ran on the caller's stream: nothing to join.
+      if (stream && !site.blocking) {
+        try {
+          rejoin(*stream);
+        } catch (...) {
+          // An invalidated capture refuses the join too; the loom error is the one to report.
+        }
+      }
       rethrowForTorch(e);
     }
   }

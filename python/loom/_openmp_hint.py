@@ -17,17 +17,23 @@ _hinted = False
 
 
 def hint_wait_policy(group_rank: int, group_size: int) -> None:
-    """Logs the hint on the first rank of this machine if torch's OpenMP threads (more than
-    one per rank) spin by default and several ranks share the machine. Setting
-    OMP_WAIT_POLICY (to any value) or GOMP_SPINCOUNT silences it."""
+    """Logs the hint once per process, on the machine's first rank (LOCAL_RANK 0, else group
+    rank 0), if torch's OpenMP threads (more than one per rank) spin by default and several
+    ranks share the machine. Setting OMP_WAIT_POLICY (to any value), GOMP_SPINCOUNT or
+    KMP_BLOCKTIME silences it."""
     global _hinted
     if _hinted:
         return
     _hinted = True
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+    if any(name in os.environ for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
         return
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", group_size))
-    first_here = int(os.environ.get("LOCAL_RANK", group_rank)) == 0
+    try:
+        # Without a launcher that says (torchrun does), the group's ranks are taken to share
+        # the machine.
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", group_size))
+        first_here = int(os.environ.get("LOCAL_RANK", group_rank)) == 0
+    except ValueError:
+        return
     threads = torch.get_num_threads()
     if local_ranks < 2 or threads < 2 or not first_here:
         return

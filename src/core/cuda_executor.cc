@@ -161,24 +161,11 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       size_(exchange.localSize),
       failures_(failures),
       mailSlot_(std::max<size_t>(roundDown(chunkBytes / 4, 16), 4096)),
-      eager_{0,
-             kDescOffset,
-             kDataOffset,
-             kPairOffset,
-             kDataOffset + 8 * chunkBytes,
-             false,
-             0,
-             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize)),
-             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize))},
-      graph_{kGraphOffset,
-             kGraphDescOffset,
-             kDataOffset + 4 * chunkBytes,
-             kGraphPairOffset,
+      eager_(0, kDescOffset, kDataOffset, kPairOffset, kDataOffset + 8 * chunkBytes, false,
+             exchange.localSize),
+      graph_(kGraphOffset, kGraphDescOffset, kDataOffset + 4 * chunkBytes, kGraphPairOffset,
              kDataOffset + 8 * chunkBytes + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_,
-             true,
-             0,
-             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize)),
-             std::vector<uint64_t>(static_cast<size_t>(exchange.localSize))} {
+             true, exchange.localSize) {
   const Driver& d = Driver::get();
   const std::string& op = exchange.op;
   if (size_ > cuda::kMaxSources) {
@@ -196,7 +183,10 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
   try {
     check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
           "cuStreamCreate");
-    check(d.cuEventCreate(&lastEnd_, CU_EVENT_DISABLE_TIMING), op, exchange.rank, "cuEventCreate");
+    for (Lane* lane : {&eager_, &graph_}) {
+      check(d.cuEventCreate(&lane->lastEnd, CU_EVENT_DISABLE_TIMING), op, exchange.rank,
+            "cuEventCreate");
+    }
     kernels_ = std::make_unique<cuda::Kernels>();
     void* report = nullptr;
     check(d.cuMemHostAlloc(&report, sizeof(cuda::MismatchReport),
@@ -207,7 +197,7 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
           "cuMemHostGetDevicePointer");
     report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
-    const size_t bytes = graph_.mailboxes + static_cast<size_t>(size_) * 2 * mailSlot_;
+    const size_t bytes = graph_.mailboxesAt + static_cast<size_t>(size_) * 2 * mailSlot_;
     mine_ = cuda::SharedMemory::allocate(dev, bytes);
     posix::Fd exported = mine_->exportFd();
     std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
@@ -236,7 +226,9 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     mine_.reset();
     kernels_.reset();
     if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
-    if (lastEnd_ != nullptr) d.cuEventDestroy(lastEnd_);
+    for (Lane* lane : {&eager_, &graph_}) {
+      if (lane->lastEnd != nullptr) d.cuEventDestroy(lane->lastEnd);
+    }
     if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
     d.cuDevicePrimaryCtxRelease(dev);
     throw;
@@ -256,9 +248,13 @@ CudaExecutor::~CudaExecutor() {
   monitor_.join();
   const Driver& d = Driver::get();
   cuda::ContextGuard guard(context_);
+  // Replays of captured calls may still be running on the workspaces about to be unmapped
+  // (released already if the communicator failed); the caller's graphs must not be replayed
+  // after this.
+  if (graphsCaptured_) d.cuCtxSynchronize();
   d.cuStreamSynchronize(abortStream_);
   d.cuStreamDestroy(abortStream_);
-  d.cuEventDestroy(lastEnd_);
+  for (Lane* lane : {&eager_, &graph_}) d.cuEventDestroy(lane->lastEnd);
   peers_.clear();
   mine_.reset();
   kernels_.reset();
@@ -269,11 +265,11 @@ CudaExecutor::~CudaExecutor() {
 }
 
 uint8_t* CudaExecutor::flag(int q, Flag flag) const {
-  return bases_[q] + lane_->flags + flag * kFlagStride;
+  return bases_[q] + lane_->flagsAt + flag * kFlagStride;
 }
 
 uint8_t* CudaExecutor::in(int q, uint64_t epoch) const {
-  return bases_[q] + lane_->slots + (epoch % 2) * 2 * chunk_;
+  return bases_[q] + lane_->slotsAt + (epoch % 2) * 2 * chunk_;
 }
 
 uint8_t* CudaExecutor::reduced(int q, uint64_t epoch) const {
@@ -281,11 +277,11 @@ uint8_t* CudaExecutor::reduced(int q, uint64_t epoch) const {
 }
 
 uint8_t* CudaExecutor::pair(int owner, int peer) const {
-  return bases_[owner] + lane_->pairs + static_cast<size_t>(peer) * kPairStride;
+  return bases_[owner] + lane_->pairsAt + static_cast<size_t>(peer) * kPairStride;
 }
 
 uint8_t* CudaExecutor::mailbox(int receiver, int sender, uint64_t chunk) const {
-  return bases_[receiver] + lane_->mailboxes +
+  return bases_[receiver] + lane_->mailboxesAt +
          (static_cast<size_t>(sender) * 2 + chunk % 2) * mailSlot_;
 }
 
@@ -323,7 +319,12 @@ void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
   }
 }
 
-void CudaExecutor::flags(std::span<const FlagStep> steps, std::span<const cuda::Advance> advances) {
+void CudaExecutor::queueFlagSteps(std::span<const FlagStep> steps,
+                                  std::span<const cuda::Advance> advances) {
+  if (steps.size() > cuda::kMaxSources || advances.size() > 2 * cuda::kMaxSources + 1 ||
+      (!advances.empty() && !lane_->onDevice)) {
+    throw Error(ErrorCode::kInternal, "cuda", rank_, "a batch of flag steps out of bounds");
+  }
   if (!lane_->onDevice) {
     if (steps.empty()) return;
     std::array<CUstreamBatchMemOpParams, cuda::kMaxSources> ops{};
@@ -333,13 +334,13 @@ void CudaExecutor::flags(std::span<const FlagStep> steps, std::span<const cuda::
       if (f.wait) {
         p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
         p.waitValue.address = reinterpret_cast<CUdeviceptr>(f.flag);
-        p.waitValue.value64 = f.value;
+        p.waitValue.value64 = f.offset;
         p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
       } else {
         // The default write is ordered after all earlier work on the stream, with a fence.
         p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
         p.writeValue.address = reinterpret_cast<CUdeviceptr>(f.flag);
-        p.writeValue.value64 = f.value;
+        p.writeValue.value64 = f.offset;
         p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
       }
     }
@@ -350,7 +351,7 @@ void CudaExecutor::flags(std::span<const FlagStep> steps, std::span<const cuda::
   if (steps.empty() && advances.empty()) return;
   cuda::FlagParams params{};
   for (const FlagStep& f : steps) {
-    params.ops[params.count++] = {reinterpret_cast<uint64_t*>(f.flag), f.base, f.value, f.wait};
+    params.ops[params.count++] = {reinterpret_cast<uint64_t*>(f.flag), f.base, f.offset, f.wait};
   }
   for (const cuda::Advance& a : advances) params.advances[params.nadvance++] = a;
   params.abort = reinterpret_cast<const volatile uint64_t*>(bases_[rank_] + kAbortOffset);
@@ -358,8 +359,8 @@ void CudaExecutor::flags(std::span<const FlagStep> steps, std::span<const cuda::
 }
 
 void CudaExecutor::signal(Flag which, uint64_t epoch) {
-  const FlagStep write{flag(rank_, which), epoch, false, epochBase()};
-  flags({&write, 1});
+  const FlagStep write{flag(rank_, which), epochBase(), epoch, false};
+  queueFlagSteps({&write, 1});
 }
 
 void CudaExecutor::await(Flag which, uint64_t epoch, int only) {
@@ -367,9 +368,9 @@ void CudaExecutor::await(Flag which, uint64_t epoch, int only) {
   size_t n = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
-    waits[n++] = {flag(q, which), epoch, true, epochBase()};
+    waits[n++] = {flag(q, which), epochBase(), epoch, true};
   }
-  flags({waits.data(), n});
+  queueFlagSteps({waits.data(), n});
 }
 
 cuda::Agreement CudaExecutor::noAgreement() {
@@ -381,7 +382,7 @@ cuda::Agreement CudaExecutor::noAgreement() {
 }
 
 cuda::Descriptor* CudaExecutor::descriptor(int q, uint64_t epoch) const {
-  return reinterpret_cast<cuda::Descriptor*>(bases_[q] + lane_->descriptors +
+  return reinterpret_cast<cuda::Descriptor*>(bases_[q] + lane_->descriptorsAt +
                                              (epoch % 2) * sizeof(cuda::Descriptor));
 }
 
@@ -456,40 +457,57 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   cuda::ContextGuard guard(context_);
   stream_ = static_cast<CUstream>(options.stream);
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  check(d.cuStreamIsCapturing(stream_, &capture), op, rank_, "cuStreamIsCapturing");
-  const bool captured = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t captureId = 0;
+  check(d.cuStreamGetCaptureInfo(stream_, &capture, &captureId, nullptr, nullptr, nullptr, nullptr),
+        op, rank_, "cuStreamGetCaptureInfo");
+  if (capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    throw Error(ErrorCode::kInvalidArgument, op, rank_,
+                "the stream's CUDA graph capture was invalidated by an earlier error; end that "
+                "capture and capture again");
+  }
+  const bool captured = capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
   if (failures_.failed()) throw failures_.failureError(op);
   for (const auto& state : states) FlightRecorder::instance().started(state->flightId);
   lane_ = captured ? &graph_ : &eager_;
   if (captured) {
+    graphsCaptured_ = true;
     graph_.epoch = 0;
     std::fill(graph_.sent.begin(), graph_.sent.end(), 0);
     std::fill(graph_.taken.begin(), graph_.taken.end(), 0);
   }
   CUevent event = nullptr;
+  Lane& lane = *lane_;
+  // Part of the call may be queued when something fails: this rank's epochs and channels
+  // no longer match its peers', so the communicator cannot go on (and its peers must not
+  // wait for it).
+  auto failed = [&](ErrorCode code, const std::string& what) {
+    if (event != nullptr) d.cuEventDestroy(event);
+    failures_.fail(code, rank_, what);
+  };
   try {
-    unsigned long long streamId = 0;
-    if (!captured) {
-      check(d.cuStreamGetId(stream_, &streamId), op, rank_, "cuStreamGetId");
-      if (lastStream_ && *lastStream_ != streamId) {
-        check(d.cuStreamWaitEvent(stream_, lastEnd_, 0), op, rank_, "cuStreamWaitEvent");
-      }
+    // A capturing stream refuses cuStreamGetId; within one capture its streams all live,
+    // so their handles tell them apart.
+    unsigned long long streamId = reinterpret_cast<uintptr_t>(stream_);
+    if (!captured) check(d.cuStreamGetId(stream_, &streamId), op, rank_, "cuStreamGetId");
+    const bool sameCapture = !captured || lane.lastCapture == captureId;
+    if (lane.lastStream && *lane.lastStream != streamId && sameCapture) {
+      check(d.cuStreamWaitEvent(stream_, lane.lastEnd, 0), op, rank_, "cuStreamWaitEvent");
     }
-    firstEpoch_ = lane_->epoch + 1;
+    firstEpoch_ = lane.epoch + 1;
     fill();
-    if (captured) {
-      finishCapturedCall();
-    } else {
+    if (captured) finishCapturedCall();
+    check(d.cuEventRecord(lane.lastEnd, stream_), op, rank_, "cuEventRecord");
+    lane.lastStream = streamId;
+    lane.lastCapture = captureId;
+    if (!captured) {
       check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
       check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
-      check(d.cuEventRecord(lastEnd_, stream_), op, rank_, "cuEventRecord");
-      lastStream_ = streamId;
     }
   } catch (const Error& e) {
-    // Part of the call may be queued: this rank's epochs and channels no longer match its
-    // peers', so the communicator cannot go on (and its peers must not wait for it).
-    if (event != nullptr) d.cuEventDestroy(event);
-    failures_.fail(e.code(), rank_, e.what());
+    failed(e.code(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    failed(ErrorCode::kInternal, std::string("queueing it failed: ") + e.what());
     throw;
   }
   if (captured) {
@@ -511,7 +529,7 @@ void CudaExecutor::finishCapturedCall() {
   std::vector<FlagStep> writes;
   std::vector<cuda::Advance> advances;
   auto evenUp = [&](uint64_t& count, uint8_t* flag, uint64_t* base) {
-    if (count % 2 == 1) writes.push_back({flag, ++count, false, base});
+    if (count % 2 == 1) writes.push_back({flag, base, ++count, false});
     if (count > 0) advances.push_back({base, count});
   };
   evenUp(graph_.epoch, flag(rank_, kDone), epochBase());
@@ -524,10 +542,10 @@ void CudaExecutor::finishCapturedCall() {
   for (size_t i = 0; i < writes.size(); i += cuda::kMaxSources) {
     const size_t n = std::min<size_t>(cuda::kMaxSources, writes.size() - i);
     const bool last = i + n == writes.size();
-    flags({writes.data() + i, n},
-          last ? std::span<const cuda::Advance>(advances) : std::span<const cuda::Advance>());
+    queueFlagSteps({writes.data() + i, n}, last ? std::span<const cuda::Advance>(advances)
+                                                : std::span<const cuda::Advance>());
   }
-  if (writes.empty()) flags({}, advances);
+  if (writes.empty()) queueFlagSteps({}, advances);
 }
 
 void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpState>& state,
@@ -776,18 +794,18 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
   auto finishRound = [&](std::span<const FlagStep> waits, const Segments& segments,
                          const cuda::Agreement& agreement,
                          const std::vector<std::vector<Chunk>>& chunks, PairFlag which) {
-    flags(waits);
+    queueFlagSteps(waits);
     copy(segments, agreement);
     const std::vector<uint64_t>& count = which == kSent ? lane_->sent : lane_->taken;
     std::array<FlagStep, cuda::kMaxSources> writes;
     size_t n = 0;
     for (int q = 0; q < size_; ++q) {
       if (k < chunks[q].size()) {
-        writes[n++] = {pair(rank_, q) + which * kFlagStride, count[q], false,
-                       which == kSent ? sentBase(q) : takenBase(q)};
+        writes[n++] = {pair(rank_, q) + which * kFlagStride,
+                       which == kSent ? sentBase(q) : takenBase(q), count[q], false};
       }
     }
-    flags({writes.data(), n});
+    queueFlagSteps({writes.data(), n});
   };
   for (; k < rounds; ++k) {
     std::array<FlagStep, cuda::kMaxSources> waits;
@@ -801,7 +819,7 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       const Chunk& c = out[q][k];
       const uint64_t seq = ++lane_->sent[q];
       if (lane_->onDevice || seq > 2) {
-        waits[nwaits++] = {pair(q, rank_) + kTaken * kFlagStride, seq - 2, true, sentBase(q)};
+        waits[nwaits++] = {pair(q, rank_) + kTaken * kFlagStride, sentBase(q), seq - 2, true};
       }
       const size_t lo = c.index * mailSlot_;
       segments.add(mailbox(q, rank_, seq), at(c.transfer->data, lo),
@@ -821,7 +839,7 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       if (k >= in[q].size()) continue;
       const Chunk& c = in[q][k];
       const uint64_t seq = ++lane_->taken[q];
-      waits[nwaits++] = {pair(q, rank_) + kSent * kFlagStride, seq, true, takenBase(q)};
+      waits[nwaits++] = {pair(q, rank_) + kSent * kFlagStride, takenBase(q), seq, true};
       const size_t lo = c.index * mailSlot_;
       segments.add(at(c.transfer->data, lo), mailbox(rank_, q, seq),
                    clipped(c.transfer->bytes, lo, mailSlot_));
@@ -847,10 +865,10 @@ void CudaExecutor::release() {
   for (int q = 0; q < size_; ++q) {
     for (const Lane* lane : {&eager_, &graph_}) {
       for (int f = kReady; f <= kDone; ++f) {
-        write(bases_[q] + lane->flags + f * kFlagStride, kReleased);
+        write(bases_[q] + lane->flagsAt + f * kFlagStride, kReleased);
       }
       for (int peer = 0; peer < size_; ++peer) {
-        uint8_t* block = bases_[q] + lane->pairs + static_cast<size_t>(peer) * kPairStride;
+        uint8_t* block = bases_[q] + lane->pairsAt + static_cast<size_t>(peer) * kPairStride;
         write(block + kSent * kFlagStride, kReleased);
         write(block + kTaken * kFlagStride, kReleased);
       }

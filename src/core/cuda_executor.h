@@ -29,21 +29,25 @@
 // a taken count in device memory, which each rank's stream advances after every captured
 // operation; their flag waits and writes are a one-thread kernel (loom_flags) reading those
 // counters. Ranks replay the same graphs in the same order, so their counters agree as the
-// host's do.
+// host's do. A rank that captures a call its peers issue eagerly (or the reverse) waits in
+// the other lane: that is a timeout, not a named mismatch.
 //
 // Calls may come on different streams (the caller's own for a blocking call, a loom stream
-// for an asynchronous one): a call on another stream than the last waits for the last one's
-// end, so every rank's calls run on its GPU in the order they were numbered.
+// for an asynchronous one): a call on another stream than the last of its lane waits for
+// that one, so every rank's calls run on its GPU in the order they were numbered (within a
+// capture too). Replays of different graphs are ordered by the caller, as with NCCL: replay
+// them on one stream, or make their streams wait for each other.
 //
 // Every operation's first step checks agreement: each rank publishes what it is doing (a
 // descriptor: kind, dtype, op, root, sizes; a transfer's tag and size) and the kernel that
 // first reads a peer's data compares the peer's descriptor with its own. Ranks that issued
 // different operations get kMismatch naming both, never a wrong answer.
 //
-// A monitor thread completes requests when their events fire, and enforces deadlines and
-// failures: when the communicator fails (a dead rank, a timeout, an abort, a mismatch) it
-// sets the abort word the kernels check and raises every flag of every workspace past any
-// epoch, so no stream stays blocked on a peer and the GPU is usable afterwards.
+// A monitor thread completes requests when their events fire, and enforces deadlines (of
+// eager calls; a replay has none) and failures: when the communicator fails (a dead rank, a
+// timeout, an abort, a mismatch) it sets the abort word the kernels check and raises every flag of
+// every workspace past any epoch, so no stream stays blocked on a peer and the GPU is usable
+// afterwards.
 
 #include <cuda.h>
 
@@ -105,24 +109,45 @@ class CudaExecutor final : public DeviceExecutor {
   // mailboxes (offsets into every workspace), and how it numbers its steps and chunks:
   // eager operations from epoch, sent and taken, on the host; captured ones (onDevice) from
   // counters in device memory, the host's counting only the call being captured.
+  // A lane's calls may come on different streams (the caller's own for a blocking call, a
+  // loom stream for an asynchronous one): a call on another stream than the lane's last
+  // call waits for that call's collective steps (`lastEnd`), so every rank runs a lane's
+  // calls in the order they were numbered. Streams are told apart by ID (a handle may be
+  // reused), in the graph lane by handle and only within one capture (a capturing stream
+  // has no ID to give, and an event recorded in one capture cannot be waited for in
+  // another).
   struct Lane {
-    size_t flags;
-    size_t descriptors;
-    size_t slots;
-    size_t pairs;
-    size_t mailboxes;
+    Lane(size_t flags, size_t descriptors, size_t slots, size_t pairs, size_t mailboxes,
+         bool device, int peers)
+        : flagsAt(flags),
+          descriptorsAt(descriptors),
+          slotsAt(slots),
+          pairsAt(pairs),
+          mailboxesAt(mailboxes),
+          onDevice(device),
+          sent(static_cast<size_t>(peers)),
+          taken(static_cast<size_t>(peers)) {}
+    size_t flagsAt;        // the ready/reduced/done lines
+    size_t descriptorsAt;  // two collective descriptors, by epoch parity
+    size_t slotsAt;        // two slots of two halves, chunk bytes each
+    size_t pairsAt;        // a pair block per peer
+    size_t mailboxesAt;    // two mailbox slots per sending peer
     bool onDevice;
     uint64_t epoch = 0;
     std::vector<uint64_t> sent;   // by peer: chunks sent to it
     std::vector<uint64_t> taken;  // by peer: chunks taken from it
+    CUevent lastEnd = nullptr;
+    std::optional<unsigned long long> lastStream;
+    unsigned long long lastCapture = 0;  // graph lane: the capture lastEnd was recorded in
   };
-  // A flag wait (flag >= value) or write (flag = value); in the graph lane `value` counts
-  // from the device counter `base` (the lane's epoch, or a pair's sent or taken count).
+  // A flag wait (flag >= *base + offset) or write (flag = *base + offset); in the eager lane
+  // base is null and offset the absolute value. The graph lane's bases are device counters
+  // (its epoch, or a pair's sent or taken count).
   struct FlagStep {
     uint8_t* flag;
-    uint64_t value;
-    bool wait;
     const uint64_t* base;
+    uint64_t offset;
+    bool wait;
   };
 
   /// Checks, locks and fills the stream for one call (`fill` queues its steps), then
@@ -143,9 +168,11 @@ class CudaExecutor final : public DeviceExecutor {
   void steps(size_t count, size_t perStep, Body&& body);
   void signal(Flag which, uint64_t epoch);
   void await(Flag which, uint64_t epoch, int only = -1);  // every peer, or just `only`
-  /// Queues flag waits and writes, in order, as one batch: stream memory operations in the
-  /// eager lane, loom_flags in the graph lane (then the advances of device counters).
-  void flags(std::span<const FlagStep> steps, std::span<const cuda::Advance> advances = {});
+  /// Queues flag waits and writes (at most kMaxSources), in order, as one batch: stream
+  /// memory operations in the eager lane, loom_flags in the graph lane (then the advances
+  /// of device counters, graph lane only).
+  void queueFlagSteps(std::span<const FlagStep> steps,
+                      std::span<const cuda::Advance> advances = {});
   /// The device counters of the graph lane (nullptr in the eager lane): its epoch, and the
   /// chunks sent to and taken from `peer`.
   uint64_t* epochBase() const;
@@ -160,8 +187,8 @@ class CudaExecutor final : public DeviceExecutor {
   void copy(std::initializer_list<cuda::Segment> segments, const cuda::Agreement& agreement);
   void reduce(void* dst, const Sources& srcs, size_t count, const CollectiveArgs& args,
               const cuda::Agreement& agreement);
-  /// Rank q's collective flag `flag` in the lane being filled.
-  uint8_t* flag(int q, Flag flag) const;
+  /// Rank q's collective flag `which` in the lane being filled.
+  uint8_t* flag(int q, Flag which) const;
   // Slot addresses: rank q's input half and reduced half of the slot for `epoch`.
   uint8_t* in(int q, uint64_t epoch) const;
   uint8_t* reduced(int q, uint64_t epoch) const;
@@ -212,14 +239,10 @@ class CudaExecutor final : public DeviceExecutor {
 
   std::mutex enqueueMutex_;    // one collective is queued at a time
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
-  // The end of the last eager call and its stream: a call on another stream waits for it,
-  // so the calls run on the GPU in the order their epochs were given (under enqueueMutex_).
-  // Streams are told apart by ID: a handle may be reused by a new stream.
-  CUevent lastEnd_ = nullptr;
-  std::optional<unsigned long long> lastStream_;
-  Lane eager_;  // lanes: under enqueueMutex_
+  Lane eager_;                 // lanes: under enqueueMutex_
   Lane graph_;
   Lane* lane_ = &eager_;          // the lane of the call being filled
+  bool graphsCaptured_ = false;   // any call captured: the destructor waits for replays
   uint64_t firstEpoch_ = 0;       // the first step of the call being filled
   cuda::Descriptor described_{};  // what the collective being filled is (its first step)
 

@@ -48,13 +48,14 @@ namespace loom::cuda {
   X(cuStreamSynchronize)               \
   X(cuStreamWriteValue64)              \
   X(cuStreamBatchMemOp)                \
-  X(cuStreamIsCapturing)               \
+  X(cuStreamGetCaptureInfo)            \
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuEventCreate)                     \
   X(cuEventDestroy)                    \
   X(cuEventRecord)                     \
   X(cuStreamWaitEvent)                 \
   X(cuStreamGetId)                     \
+  X(cuCtxSynchronize)                  \
   X(cuEventQuery)
 
 /// The loaded driver: one function pointer per entry point, named as in cuda.h.

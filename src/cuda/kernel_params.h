@@ -97,7 +97,7 @@ struct Advance {
 /// Flag waits and writes, in order, relative to counters in device memory: what operations
 /// captured in a CUDA graph use, since each replay runs at counts the host never sees
 /// (loom_flags). Afterwards each advance is applied. The counters are this rank's own, and
-/// only its stream writes them.
+/// only its captured calls write them, one after another (the executor orders them).
 struct FlagParams {
   FlagOp ops[kMaxSources];
   int count;

@@ -270,7 +270,9 @@ extern "C" __global__ void loom_flags(FlagParams p) {
     Flag flag(*p.ops[i].flag);
     const uint64_t value = *p.ops[i].base + p.ops[i].offset;
     if (!p.ops[i].wait) {
-      // Release: the earlier kernels of this stream wrote what the flag announces.
+      // Release: the earlier kernels of this stream wrote what the flag announces (their
+      // writes happen before this kernel starts, by stream order; the release makes them
+      // visible to a peer that acquires the flag, whose later kernels then read them).
       flag.store(value, ::cuda::memory_order_release);
       continue;
     }

@@ -24,7 +24,7 @@ class Kernels {
   void reduce(CUstream stream, DataType type, ReduceKind kind, const ReduceParams& params) const;
   /// Queues every segment's copy on `stream`; `longest` is the largest segment's bytes.
   void copy(CUstream stream, const CopyParams& params, uint64_t longest) const;
-  /// Queues flag waits and writes relative to a device-resident epoch (see FlagParams).
+  /// Queues flag waits and writes relative to device counters (see FlagParams).
   void flags(CUstream stream, const FlagParams& params) const;
 
  private:

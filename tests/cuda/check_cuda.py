@@ -485,6 +485,24 @@ def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
         same(a2a_out, want, f"replay {replay} all_to_all_single with splits")
         same(eager_in, torch.full((7,), float(left + replay)), "eager exchange between replays")
         checks += 3
+    # Inside one capture, an asynchronous call (loom stream) then a blocking one (the
+    # capturing stream): the second must follow the first at every replay.
+    early = torch.zeros(LARGE, device=dev)
+    late = torch.zeros(300, device=dev)
+    fourth = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(fourth):
+        pending = dist.all_reduce(early, async_op=True)
+        dist.all_reduce(late)
+        pending.wait()
+    for replay in range(3):
+        early.fill_(float(rank + replay))
+        late.fill_(float(2 * rank + replay))
+        fourth.replay()
+        same(early[-4:], torch.full((4,), float(sum(range(world)) + world * replay)),
+             f"replay {replay}: an async call captured before a blocking one")
+        same(late[:4], torch.full((4,), float(2 * sum(range(world)) + world * replay)),
+             f"replay {replay}: the blocking call after it")
+        checks += 2
     dist.all_reduce(torch.ones(4, device=dev))  # the group still works
     return checks
 
