@@ -69,8 +69,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     } catch (const Error& e) {
       // The loom stream was made to follow the caller's: join it back, so a refused call
       // inside a CUDA graph capture leaves a capture that can still end (and its error is
-      // the one the caller sees). A blocking call ran on the caller's stream: nothing to join.
-      if (stream && !site.blocking) {
+      // the one the caller sees).
+      if (stream) {
         try {
           rejoin(*stream);
         } catch (...) {

@@ -172,6 +172,7 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
 
 void ProcessGroupLoom::rejoin(const c10::Stream& stream) {
   const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  if (impl.getStream(stream.device()) == stream) return;  // a blocking call's: nothing to join
   c10::Event joined(c10::DeviceType::CUDA);
   joined.record(stream);
   joined.block(impl.getStream(stream.device()));

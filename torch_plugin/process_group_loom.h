@@ -137,7 +137,7 @@ class ProcessGroupLoom : public c10d::Backend {
                                            const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& outputs);
   /// Makes the caller's current stream wait for `stream` (the loom stream of a call that
-  /// queued nothing after all).
+  /// queued nothing after all); nothing if `stream` is the current stream.
   static void rejoin(const c10::Stream& stream);
   /// After a CUDA call's collectives are queued: runs `finisher` (copy-backs) on `stream`,
   /// tells the caching allocator the tensors are in use there, and keeps what `finisher`
