@@ -233,7 +233,9 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
                 ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
         dist.barrier()
         dist.destroy_process_group()
-        data = {"results": results, "copy_bw": copy_bw, "ddp": ddp}
+        data = {"results": results, "copy_bw": copy_bw, "ddp": ddp,
+                "torch_threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
         if queue is None:
             return data
         queue.put((rank, "ok", data))
@@ -392,6 +394,10 @@ def run_under_torchrun(args) -> int:
 def report(data: dict, args, world: int, hosts: int) -> None:
     """Prints the table and writes it, the JSON and the plot to --out."""
     lines = print_table(data["results"], args.backends, world, data["copy_bw"], hosts)
+    # What the ranks' torch threads did between calls changes the numbers (docs/PERFORMANCE.md,
+    # "Where loom falls short"): every table says.
+    policy = data["omp_wait_policy"] or "unset (torch's OpenMP threads spin after each op)"
+    lines.insert(2, f"# torch threads per rank: {data['torch_threads']}; OMP_WAIT_POLICY: {policy}")
     if data["ddp"]:
         lines.append("")
         lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, {world} ranks")

@@ -26,6 +26,8 @@ def test_bench_runs_outside_the_checkout_without_deprecated_api(tmp_path):
     for row in results["results"]:
         assert row["loom"] > 0 and row["gloo"] > 0, row
     assert (tmp_path / "out" / "table.txt").read_text().count("gloo/loom") == len(OPS)
+    assert "OMP_WAIT_POLICY: unset" in (tmp_path / "out" / "table.txt").read_text()
+    assert results["omp_wait_policy"] == "" and results["torch_threads"] >= 1
     assert (tmp_path / "out" / "busbw.png").stat().st_size > 0
     for row in results["results"]:
         assert row["loom_p90"] >= row["loom"] and row["gloo_p90"] >= row["gloo"], row
