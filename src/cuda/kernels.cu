@@ -7,10 +7,10 @@
 // kernel checks that its peers run the same step (Agreement): ranks that issued different
 // operations get a named error instead of a wrong answer.
 
-#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <cuda/atomic>
 
 #include <type_traits>
 

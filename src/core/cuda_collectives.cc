@@ -1,0 +1,290 @@
+// The collectives and point-to-point transfers of the CUDA executor, as steps over the
+// workspaces (see cuda_executor.h for the protocol, cuda_executor.cc for the machinery).
+
+#include <algorithm>
+#include <vector>
+
+#include "core/cuda_executor.h"
+#include "core/cuda_steps.h"
+
+namespace loom::detail {
+
+void CudaExecutor::allReduce(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t perStep = chunk_ / es;
+  if (size_ == 1) {
+    Sources own;
+    own.add(args.input);
+    reduce(args.output, own, args.count, args, noAgreement());
+    return;
+  }
+  const bool oneShot = args.count * es <= oneShotBytes_;
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t n = clipped(args.count, lo, perStep);
+    copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
+    signal(kReady, e);
+    await(kReady, e);
+    Sources srcs;
+    if (oneShot) {
+      for (int q = 0; q < size_; ++q) srcs.add(in(q, e));
+      reduce(at(args.output, lo * es), srcs, n, args, expecting(e));
+      return;
+    }
+    // Shares of whole 16-byte vectors; rank q reduces share q into its reduced half.
+    const size_t vector = 16 / std::min<size_t>(es, 16);
+    const size_t share = (n / size_ + vector) / vector * vector;
+    for (int q = 0; q < size_; ++q) srcs.add(in(q, e) + rank_ * share * es);
+    reduce(reduced(rank_, e), srcs, clipped(n, rank_ * share, share), args, expecting(e));
+    signal(kReduced, e);
+    await(kReduced, e);
+    Segments gather;
+    for (int q = 0; q < size_; ++q) {
+      gather.add(at(args.output, (lo + q * share) * es), reduced(q, e),
+                 clipped(n, q * share, share) * es);
+    }
+    copy(gather, noAgreement());
+  });
+}
+
+void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t perStep = chunk_ / es;
+  if (size_ == 1) {
+    Sources own;
+    own.add(args.input);
+    reduce(args.output, own, args.count, args, noAgreement());
+    return;
+  }
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t n = clipped(args.count, lo, perStep);
+    copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
+    signal(kReady, e);
+    if (rank_ != args.root) return;
+    await(kReady, e);
+    Sources srcs;
+    for (int q = 0; q < size_; ++q) srcs.add(in(q, e));
+    reduce(at(args.output, lo * es), srcs, n, args, expecting(e));
+  });
+}
+
+void CudaExecutor::broadcast(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t perStep = chunk_ / es;
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t bytes = clipped(args.count, lo, perStep) * es;
+    if (rank_ == args.root) {
+      copy({{in(rank_, e), at(args.input, lo * es), bytes},
+            {at(args.output, lo * es), at(args.input, lo * es), bytes}},
+           publishing(e));
+      signal(kReady, e);
+    } else {
+      await(kReady, e, args.root);
+      copy({{at(args.output, lo * es), in(args.root, e), bytes}}, expecting(e, args.root));
+    }
+  });
+}
+
+void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
+  // Rank q's block: outputCounts[q] elements (count for gather, whose outputs only the
+  // root has); each step moves up to a chunk of every block.
+  const size_t es = elementSize(args.type);
+  const size_t perStep = chunk_ / es;
+  auto countOf = [&](int q) { return onlyRoot ? args.count : args.outputCounts[q]; };
+  size_t longest = 0;
+  for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
+  const bool receives = !onlyRoot || rank_ == args.root;
+  steps(longest, perStep, [&](size_t lo, uint64_t e) {
+    copy({{in(rank_, e), at(args.input, lo * es), clipped(countOf(rank_), lo, perStep) * es}},
+         publishing(e));
+    signal(kReady, e);
+    if (!receives) return;
+    await(kReady, e);
+    Segments out;
+    for (int q = 0; q < size_; ++q) {
+      const void* src = q == rank_ ? at(args.input, lo * es) : in(q, e);
+      out.add(at(args.outputs[q], lo * es), src, clipped(countOf(q), lo, perStep) * es);
+    }
+    copy(out, expecting(e));
+  });
+}
+
+void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  // The slot holds one block per rank.
+  const size_t block = roundDown(chunk_ / size_, 16);
+  const size_t perStep = block / es;
+  auto countOf = [&](int q) { return args.variable ? args.inputCounts[q] : args.count; };
+  size_t longest = 0;
+  for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
+  if (size_ == 1) {
+    Sources own;
+    own.add(args.inputs[0]);
+    reduce(args.output, own, countOf(0), args, noAgreement());
+    return;
+  }
+  steps(longest, perStep, [&](size_t lo, uint64_t e) {
+    Segments stage;
+    for (int q = 0; q < size_; ++q) {
+      stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es),
+                clipped(countOf(q), lo, perStep) * es);
+    }
+    copy(stage, publishing(e));
+    signal(kReady, e);
+    await(kReady, e);
+    Sources srcs;
+    for (int q = 0; q < size_; ++q) srcs.add(in(q, e) + rank_ * block);
+    reduce(at(args.output, lo * es), srcs, clipped(countOf(rank_), lo, perStep), args,
+           expecting(e));
+  });
+}
+
+void CudaExecutor::allToAll(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t block = roundDown(chunk_ / size_, 16);
+  const size_t perStep = block / es;
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t bytes = clipped(args.count, lo, perStep) * es;
+    Segments stage;
+    for (int q = 0; q < size_; ++q) {
+      stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes);
+    }
+    copy(stage, publishing(e));
+    signal(kReady, e);
+    await(kReady, e);
+    Segments out;
+    for (int q = 0; q < size_; ++q) {
+      out.add(at(args.outputs[q], lo * es), in(q, e) + rank_ * block, bytes);
+    }
+    copy(out, expecting(e));
+  });
+}
+
+void CudaExecutor::allToAllV(const CollectiveArgs& args) {
+  // Only the two ends of a pair know its block's size, so the blocks go as transfers (whose
+  // chunks are counted per pair), not in collective steps (counted by every rank alike).
+  const size_t es = elementSize(args.type);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    transfers.push_back(
+        {Transfer::Kind::kSend, q, 0, const_cast<void*>(args.inputs[q]), args.inputCounts[q] * es});
+    transfers.push_back({Transfer::Kind::kRecv, q, 0, args.outputs[q], args.outputCounts[q] * es});
+  }
+  const size_t own = std::min(args.inputCounts[rank_], args.outputCounts[rank_]) * es;
+  copy({{args.outputs[rank_], args.inputs[rank_], own}}, noAgreement());
+  transfer(transfers, kAllToAllBlock);
+}
+
+void CudaExecutor::scatter(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const size_t block = roundDown(chunk_ / size_, 16);
+  const size_t perStep = block / es;
+  steps(args.count, perStep, [&](size_t lo, uint64_t e) {
+    const size_t bytes = clipped(args.count, lo, perStep) * es;
+    if (rank_ == args.root) {
+      Segments stage;
+      for (int q = 0; q < size_; ++q) {
+        stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes);
+      }
+      stage.add(at(args.output, lo * es), at(args.inputs[rank_], lo * es), bytes);
+      copy(stage, publishing(e));
+      signal(kReady, e);
+    } else {
+      await(kReady, e, args.root);
+      copy({{at(args.output, lo * es), in(args.root, e) + rank_ * block, bytes}},
+           expecting(e, args.root));
+    }
+  });
+}
+
+void CudaExecutor::barrier() {
+  steps(0, 1, [&](size_t, uint64_t e) {
+    copy(Segments{}, publishing(e));
+    signal(kReady, e);
+    await(kReady, e);
+    copy(Segments{}, expecting(e));
+  });
+}
+
+void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose) {
+  // Each pair's messages form one stream of chunks per direction, in issue order; a round
+  // moves the next chunk of every pair, so no peer's progress waits on another's.
+  struct Chunk {
+    const Transfer* transfer;
+    uint64_t index;
+  };
+  std::vector<std::vector<Chunk>> out(static_cast<size_t>(size_));
+  std::vector<std::vector<Chunk>> in(static_cast<size_t>(size_));
+  size_t rounds = 0;
+  for (const Transfer& t : transfers) {
+    std::vector<Chunk>& chunks = (t.kind == Transfer::Kind::kSend ? out : in)[t.peer];
+    // At least one chunk, even when empty: it carries the descriptor the receiver checks.
+    const uint64_t n = std::max<uint64_t>(1, (t.bytes + mailSlot_ - 1) / mailSlot_);
+    for (uint64_t c = 0; c < n; ++c) chunks.push_back({&t, c});
+    rounds = std::max(rounds, chunks.size());
+  }
+  // One direction of round k, once its chunks are listed: the waits, the copy (which checks
+  // or publishes), then this rank's flag towards every peer it moved a chunk with.
+  size_t k = 0;
+  auto finishRound = [&](std::span<const FlagStep> waits, const Segments& segments,
+                         const cuda::Agreement& agreement,
+                         const std::vector<std::vector<Chunk>>& chunks, PairFlag which) {
+    queueFlagSteps(waits);
+    copy(segments, agreement);
+    const std::vector<uint64_t>& count = which == kSent ? lane_->sent : lane_->taken;
+    std::array<FlagStep, cuda::kMaxSources> writes;
+    size_t n = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (k < chunks[q].size()) {
+        writes[n++] = {pair(rank_, q) + which * kFlagStride,
+                       which == kSent ? sentBase(q) : takenBase(q), count[q], false};
+      }
+    }
+    queueFlagSteps({writes.data(), n});
+  };
+  for (; k < rounds; ++k) {
+    std::array<FlagStep, cuda::kMaxSources> waits;
+    size_t nwaits = 0;
+    // Sends: once the receiver has taken what this slot held, fill it and say so. (In the
+    // graph lane the count is relative, and the chunk two back may be an earlier call's.)
+    Segments segments;
+    cuda::Agreement agreement = noAgreement();
+    for (int q = 0; q < size_; ++q) {
+      if (k >= out[q].size()) continue;
+      const Chunk& c = out[q][k];
+      const uint64_t seq = ++lane_->sent[q];
+      if (lane_->onDevice || seq > 2) {
+        waits[nwaits++] = {pair(q, rank_) + kTaken * kFlagStride, sentBase(q), seq - 2, true};
+      }
+      const size_t lo = c.index * mailSlot_;
+      segments.add(mailbox(q, rank_, seq), at(c.transfer->data, lo),
+                   clipped(c.transfer->bytes, lo, mailSlot_));
+      agreement.publish[agreement.npublish++] = {pairDescriptor(rank_, q, seq),
+                                                 describeChunk(*c.transfer, purpose, c.index)};
+    }
+    if (agreement.npublish > 0) {
+      finishRound({waits.data(), nwaits}, segments, agreement, out, kSent);
+    }
+    // Receives: once the sender has filled the slot, check what it says, copy it out and
+    // free the slot.
+    nwaits = 0;
+    segments = Segments{};
+    agreement = noAgreement();
+    for (int q = 0; q < size_; ++q) {
+      if (k >= in[q].size()) continue;
+      const Chunk& c = in[q][k];
+      const uint64_t seq = ++lane_->taken[q];
+      waits[nwaits++] = {pair(q, rank_) + kSent * kFlagStride, takenBase(q), seq, true};
+      const size_t lo = c.index * mailSlot_;
+      segments.add(at(c.transfer->data, lo), mailbox(rank_, q, seq),
+                   clipped(c.transfer->bytes, lo, mailSlot_));
+      agreement.expect[agreement.nexpect++] = {pairDescriptor(q, rank_, seq),
+                                               describeChunk(*c.transfer, purpose, c.index), q};
+    }
+    if (agreement.nexpect > 0) {
+      finishRound({waits.data(), nwaits}, segments, agreement, in, kTaken);
+    }
+  }
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,64 @@
+#pragma once
+
+// What the two halves of the CUDA executor share: cuda_executor.cc (workspace, flags,
+// agreement, launches, queueing, failures) and cuda_collectives.cc (the collectives and
+// transfers, as steps). Internal to those two files.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "core/cuda_executor.h"
+
+namespace loom::detail {
+
+/// Every flag and descriptor of a workspace's flags page sits on a line of its own.
+inline constexpr size_t kFlagStride = 64;
+
+/// A transfer's purpose, in its descriptors (beside the CollectiveKinds of collectives).
+inline constexpr uint8_t kSendRecv = 0x40;
+inline constexpr uint8_t kAllToAllBlock = 0x41;
+
+/// The descriptor of chunk number `chunk` of transfer `t`, made for `purpose`.
+cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk);
+
+inline size_t roundDown(size_t v, size_t to) {
+  return v / to * to;
+}
+/// How many of the `n` elements from `lo` lie below `count`.
+inline size_t clipped(size_t count, size_t lo, size_t n) {
+  return lo >= count ? 0 : std::min(n, count - lo);
+}
+inline const uint8_t* at(const void* p, size_t bytes) {
+  return static_cast<const uint8_t*>(p) + bytes;
+}
+inline uint8_t* at(void* p, size_t bytes) {
+  return static_cast<uint8_t*>(p) + bytes;
+}
+
+// Fixed-capacity lists for one step (no allocation per step): a segment per rank and one
+// more (a root's own block), a source per rank.
+struct CudaExecutor::Segments {
+  std::array<cuda::Segment, cuda::kMaxSources + 1> items;
+  size_t n = 0;
+  void add(void* dst, const void* src, size_t bytes) { items[n++] = {dst, src, bytes}; }
+  operator std::span<const cuda::Segment>() const { return {items.data(), n}; }
+};
+struct CudaExecutor::Sources {
+  std::array<const void*, cuda::kMaxSources> items;
+  int n = 0;
+  void add(const void* src) { items[static_cast<size_t>(n++)] = src; }
+};
+
+template <class Body>
+void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
+  for (size_t lo = 0; lo == 0 || lo < count; lo += perStep) {
+    const uint64_t e = beginStep();
+    body(lo, e);
+    signal(kDone, e);
+  }
+}
+
+}  // namespace loom::detail
