@@ -22,14 +22,22 @@ bool haveCudaDriver() {
   return driver != nullptr;
 }
 
-TEST(Cuda, WithoutAGpuCollectivesOnCudaBuffersFailWithAClearError) {
-  if (haveCudaDriver()) {
-    GTEST_SKIP() << "this machine has a CUDA driver: scripts/cuda_check.sh tests the CUDA path";
+// A one-rank communicator and options that put a call on CUDA; skipped where there is a
+// driver (there the CUDA path runs for real).
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (haveCudaDriver()) {
+      GTEST_SKIP() << "this machine has a CUDA driver: scripts/cuda_check.sh tests the CUDA path";
+    }
+    onGpu.device = DeviceKind::kCuda;
   }
-  auto comm = Communicator::create(0, 1, std::make_shared<HashStore>());
+  std::shared_ptr<Communicator> comm = Communicator::create(0, 1, std::make_shared<HashStore>());
   float x = 2.0f;
   OpOptions onGpu;
-  onGpu.device = DeviceKind::kCuda;
+};
+
+TEST_F(Cuda, WithoutAGpuCollectivesOnCudaBuffersFailWithAClearError) {
   for (int attempt = 0; attempt < 2; ++attempt) {  // the second call must not crash either
     try {
       comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum, onGpu);
@@ -45,14 +53,7 @@ TEST(Cuda, WithoutAGpuCollectivesOnCudaBuffersFailWithAClearError) {
   EXPECT_EQ(x, 2.0f);
 }
 
-TEST(Cuda, WithoutAGpuSendsOnCudaBuffersFailAndGroupsKeepTheirPromises) {
-  if (haveCudaDriver()) {
-    GTEST_SKIP() << "this machine has a CUDA driver: scripts/cuda_check.sh tests the CUDA path";
-  }
-  auto comm = Communicator::create(0, 1, std::make_shared<HashStore>());
-  float x = 2.0f;
-  OpOptions onGpu;
-  onGpu.device = DeviceKind::kCuda;
+TEST_F(Cuda, WithoutAGpuSendsOnCudaBuffersFailAndGroupsKeepTheirPromises) {
   // Alone: refused at the call, naming the operation.
   try {
     comm->send(&x, 1, DataType::kFloat32, 0, 7, onGpu);
