@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import loom  # noqa: F401
+from spawned import run_spawned
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
 
@@ -192,19 +191,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=0.05, help="seconds per repeat")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    ctx = mp.get_context("spawn")
     lines = []
     for world in args.ranks:
-        queue = ctx.Queue()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = [ctx.Process(target=worker, args=(r, world, port, args, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        rows = queue.get(timeout=3000)
-        for p in procs:
-            p.join()
+        rows = run_spawned(worker, world, args, timeout=3000)
         by = {(op, size, name): (med, p90, wrong) for op, size, name, med, p90, wrong in rows}
         lines.append(f"# P={world} ranks on one GPU ({torch.cuda.get_device_name(0)}); time per call in us")
         lines.append("# busbw: nccl-tests' bus bandwidth of loom's median, GB/s; copy: a device-to-device "

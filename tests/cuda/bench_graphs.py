@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import loom  # noqa: F401
+from spawned import run_spawned
 
 SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
 
@@ -102,19 +101,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    ctx = mp.get_context("spawn")
     lines = []
     for world in args.ranks:
-        queue = ctx.Queue()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = [ctx.Process(target=worker, args=(r, world, port, args, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        rows = queue.get(timeout=1200)
-        for p in procs:
-            p.join()
+        rows = run_spawned(worker, world, args, timeout=1200)
         lines.append(f"# P={world} ranks on one GPU ({torch.cuda.get_device_name(0)}); time per call "
                      f"in us, {args.iters} calls per run, {args.repeats} runs")
         lines.append(f"{'op':<11} {'bytes':>9} {'eager med':>10} {'eager p90':>10} {'graph med':>10} "

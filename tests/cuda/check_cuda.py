@@ -376,6 +376,17 @@ def dtensor(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 4
 
 
+def dead_rank_is_named(world: int, dev: torch.device, x: torch.Tensor) -> None:
+    """After the last rank died: the next all_reduce fails naming it, and the GPU still works."""
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        raise AssertionError("an all_reduce after a rank died succeeded")
+    except RuntimeError as e:
+        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+
+
 def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """The last rank exits; the others' CUDA all_reduce must not hang the GPU, the next call
     must name the dead rank, and the GPU must still work."""
@@ -391,13 +402,7 @@ def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
         assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
     time.sleep(2)
     torch.cuda.synchronize()  # must return: the waits are released once the rank is found dead
-    try:
-        dist.all_reduce(x)
-        torch.cuda.synchronize()
-        raise AssertionError("an all_reduce after a rank died succeeded")
-    except RuntimeError as e:
-        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
-    assert torch.ones(4, device=dev).sum().item() == 4.0
+    dead_rank_is_named(world, dev, x)
     return 1
 
 
@@ -524,13 +529,7 @@ def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
         os._exit(0)
     graph.replay()  # waits on the GPU for a rank that is gone
     torch.cuda.synchronize()  # must return once the rank is found dead
-    try:
-        dist.all_reduce(x)
-        torch.cuda.synchronize()
-        raise AssertionError("an all_reduce after a rank died succeeded")
-    except RuntimeError as e:
-        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
-    assert torch.ones(4, device=dev).sum().item() == 4.0
+    dead_rank_is_named(world, dev, x)
     return 2
 
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import socket
 import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import loom  # noqa: F401
+from spawned import run_spawned
 
 VARIANTS = ["back_to_back", "kernel_between", "kernel_side", "no_wait_back", "kernel_alone",
             "kernel_sync"]
@@ -84,18 +83,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    ctx = mp.get_context("spawn")
     for world in args.ranks:
-        queue = ctx.Queue()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = [ctx.Process(target=worker, args=(r, world, port, args, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        results = queue.get(timeout=600)
-        for p in procs:
-            p.join()
+        results = run_spawned(worker, world, args, timeout=600)
         print(f"# P={world} ranks on one GPU ({torch.cuda.get_device_name(0)}); us per iteration, "
               f"{args.iters} iterations per run, {args.repeats} runs")
         for variant, s in results.items():
