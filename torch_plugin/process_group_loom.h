@@ -109,8 +109,13 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
-  /// The communicator underneath (tests and the Python side use it).
+  /// The communicator underneath (tests, the Python side and torch.ops.loom use it).
   Communicator& communicator() { return *comm_; }
+  /// Whether a coalescing block is open (startCoalescing without its endCoalescing).
+  bool isCoalescing() {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    return coalescing_;
+  }
 
  private:
   /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom;

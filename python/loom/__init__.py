@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import _C, _integrations
+from . import _C, _integrations, ops
 from ._openmp_hint import hint_wait_policy as _hint_wait_policy
 from ._backend_names import BACKEND_NAME, env_flag as _env_flag, make_default, replace_gloo
 

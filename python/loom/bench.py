@@ -3,11 +3,13 @@
     python -m loom.bench                      # 2 ranks, 8 B .. 256 MiB, five collectives
     python -m loom.bench --ranks 4 --max-bytes 64M --ops all_reduce,all_gather_into_tensor
     python -m loom.bench --ddp-step           # also time a DDP training step (~100M params)
+    python -m loom.bench --ranks 4 --ops all_reduce --backends loom,direct,fake,gloo --max-bytes 1M
     python -m loom.bench --ranks 8 --hosts 2 --link-gbit 10   # 2 namespace hosts (root)
     torchrun --nnodes 2 --nproc-per-node 4 ... -m loom.bench  # across real machines
 
 Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
-size, both backends run the same call: a barrier, then the timed call, as seen from Python on
+size, the backends run the same call (`direct`: loom's torch.ops.loom operator on the loom
+group, skipping c10d; `fake`: torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen from Python on
 rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and the 90th
 percentile of several calls after warm-ups are reported. Output: a table with the Gloo/loom
 time ratio per size, a PNG plot of bus bandwidth, and the raw numbers as JSON (--out, default
@@ -85,29 +87,43 @@ def _renamed(module, name: str, old_name: str):
     return getattr(module, name, None) or getattr(module, old_name)
 
 
-def make_case(op: str, nbytes: int, world: int, rank: int):
-    """Tensors for one call of `op` moving `nbytes` (nccl-tests convention) and the call."""
+def make_case(op: str, nbytes: int, world: int, rank: int, backend: str = "loom"):
+    """Tensors for one call of `op` moving `nbytes` (nccl-tests convention) and the call:
+    torch.distributed's on the group it is given, or for `backend` "direct" loom's torch
+    operator on that group (python/loom/ops.py; its gather, reduce-scatter and all-to-all
+    forms return a new tensor, so their times include allocating it)."""
     import torch
     import torch.distributed as dist
 
     elems = max(1, nbytes // 4)
+    direct = backend == "direct"
     if op == "all_reduce":
         t = torch.ones(elems)
+        if direct:
+            return lambda g: torch.ops.loom.all_reduce_(t, "sum", g.group_name)
         return lambda g: dist.all_reduce(t, group=g)
     if op == "broadcast":
         t = torch.ones(elems)
+        if direct:
+            return lambda g: torch.ops.loom.broadcast_(t, 0, g.group_name)
         return lambda g: dist.broadcast(t, src=0, group=g)
     per = max(1, elems // world)
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(per * world), torch.ones(per)
+        if direct:
+            return lambda g: torch.ops.loom.all_gather_into_tensor(inp, world, g.group_name)
         gather = _renamed(dist, "all_gather_single", "all_gather_into_tensor")
         return lambda g: gather(out, inp, group=g)
     if op == "reduce_scatter_tensor":
         out, inp = torch.empty(per), torch.ones(per * world)
+        if direct:
+            return lambda g: torch.ops.loom.reduce_scatter_tensor(inp, "sum", world, g.group_name)
         reduce_scatter = _renamed(dist, "reduce_scatter_single", "reduce_scatter_tensor")
         return lambda g: reduce_scatter(out, inp, group=g)
     if op == "all_to_all_single":
         out, inp = torch.empty(per * world), torch.ones(per * world)
+        if direct:
+            return lambda g: torch.ops.loom.all_to_all_single(inp, [], [], g.group_name)
         return lambda g: dist.all_to_all_single(out, inp, group=g)
     raise ValueError(op)
 
@@ -196,7 +212,14 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
         dist.init_process_group("loom", init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
-        groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+        groups = {"loom": dist.group.WORLD, "direct": dist.group.WORLD}
+        # Each other backend only where asked for (the fake group is torch's no-op backend:
+        # what any c10d call costs before a backend does anything).
+        if "fake" in args.backends:
+            import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+        for other in ("gloo", "fake"):
+            if other in args.backends:
+                groups[other] = dist.new_group(backend=other)
         copy_bw = copy_bandwidth(min(args.max_bytes, 256 << 20) if args.max_bytes >= 64 << 20 else 64 << 20)
         # Sizes below one element per rank round up to the same call: time each call once.
         points = []
@@ -216,9 +239,9 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
                 bar = None
         results = []
         for op, nbytes in points:
-            call = make_case(op, nbytes, world, rank)
             row = {"op": op, "bytes": case_bytes(op, nbytes, world), "ranks": world}
             for backend in args.backends:
+                call = make_case(op, nbytes, world, rank, backend)
                 row[backend], row[backend + "_p90"] = time_calls(call, groups[backend], groups[backend],
                                                                  calls_for(nbytes))
                 if bar is not None:
@@ -229,7 +252,7 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
             bar.close()
         ddp = {}
         if args.ddp_step:
-            for backend in args.backends:
+            for backend in (b for b in args.backends if b in ("loom", "gloo")):
                 ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
         dist.barrier()
         dist.destroy_process_group()
@@ -309,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-bytes", type=parse_size, default=8, help="smallest size (default 8)")
     parser.add_argument("--max-bytes", type=parse_size, default=256 << 20, help="largest size (default 256M)")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)}")
-    parser.add_argument("--backends", default="loom,gloo", help="comma-separated: loom, gloo")
+    parser.add_argument("--backends", default="loom,gloo",
+                        help="comma-separated: loom, gloo, direct (loom's torch.ops.loom operators), "
+                             "fake (torch's no-op backend: the floor of any c10d call)")
     parser.add_argument("--ddp-step", action="store_true", help="also time a DDP training step")
     parser.add_argument("--ddp-params", type=int, default=100, help="DDP model size in millions of parameters")
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps")
@@ -327,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         if op not in OPS:
             parser.error(f"unknown op '{op}'; choose from {', '.join(OPS)}")
     for b in args.backends:
-        if b not in ("loom", "gloo"):
+        if b not in ("loom", "gloo", "direct", "fake"):
             parser.error(f"unknown backend '{b}'")
     if args.ranks < 1 or args.min_bytes > args.max_bytes:
         parser.error("need --ranks >= 1 and --min-bytes <= --max-bytes")

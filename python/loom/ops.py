@@ -1,0 +1,64 @@
+"""torch.ops.loom.*: loom's collectives as torch operators, for callers that cannot afford
+c10d's Work and future on every call (tensor-parallel inference: an all_reduce of a few KiB
+between layers). Each names its group by string, as torch's functional collectives do, and
+returns once the collective is done::
+
+    import loom, torch, torch.distributed as dist
+    dist.init_process_group("loom")
+    name = dist.group.WORLD.group_name
+    torch.ops.loom.all_reduce_(x, "sum", name)            # in place, returns None
+    y = torch.ops.loom.all_reduce(x, "sum", name)         # into a new tensor
+    torch.ops.loom.broadcast_(x, 0, name)                 # src is a rank of the group
+    g = torch.ops.loom.all_gather_into_tensor(x, dist.get_world_size(), name)
+    r = torch.ops.loom.reduce_scatter_tensor(g, "sum", dist.get_world_size(), name)
+    a = torch.ops.loom.all_to_all_single(x, [], [], name)  # [] : equal splits
+
+reduce_op is one of sum, avg, product, min, max, band, bor, bxor. Results equal those of
+the torch.distributed calls on the same group. Contiguous CPU tensors go straight to the
+communicator on the calling thread; CUDA and other tensors take the group's c10d path with
+async_op=False (on the caller's current stream). They are not part of a coalescing block.
+torch.compile traces them (the fake kernels below give the output shapes).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C  # noqa: F401  (defines the operators)
+
+
+@torch.library.register_fake("loom::all_reduce_")
+def _all_reduce_inplace_fake(tensor, reduce_op, group_name):
+    return None
+
+
+@torch.library.register_fake("loom::all_reduce")
+def _all_reduce_fake(input, reduce_op, group_name):
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("loom::broadcast_")
+def _broadcast_fake(tensor, src, group_name):
+    return None
+
+
+@torch.library.register_fake("loom::all_gather_into_tensor")
+def _all_gather_fake(input, group_size, group_name):
+    shape = list(input.shape) or [1]
+    shape[0] = shape[0] * group_size if input.dim() else group_size
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("loom::reduce_scatter_tensor")
+def _reduce_scatter_fake(input, reduce_op, group_size, group_name):
+    shape = list(input.shape)
+    shape[0] //= group_size
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("loom::all_to_all_single")
+def _all_to_all_fake(input, output_split_sizes, input_split_sizes, group_name):
+    shape = list(input.shape) or [1]
+    if output_split_sizes:
+        shape[0] = sum(output_split_sizes)
+    return input.new_empty(shape)

@@ -1,0 +1,325 @@
+// torch.ops.loom.*: loom's collectives as torch operators, for latency-bound callers
+// (tensor-parallel inference calls all_reduce on small activations between layers). They
+// name their group by string, as torch's functional collectives do (group.group_name),
+// run to completion before returning and skip c10d's Work and future: on contiguous CPU
+// tensors the collective runs on the calling thread straight over the group's communicator.
+// Other tensors (CUDA, non-contiguous, complex) take the group's c10d method with
+// async_op=False, which stages them; results are the same either way. The schemas mark what
+// is written (Tensor(a!)) and the in-place forms return nothing, so torch.compile can
+// functionalize them; their fake kernels are in python/loom/ops.py.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "launch.h"
+#include "process_group_loom.h"
+#include "tensor_args.h"
+
+namespace loom::torch_plugin {
+namespace {
+
+/// "torch.ops.loom.<op>" for messages, as the operator is spelled in Python.
+std::string opName(const char* op) {
+  return std::string("torch.ops.loom.") + op;
+}
+
+/// The loom backend of the group named `groupName` for tensors on `device`, with a message
+/// that says what to pass when the name is unknown or the group is not loom's there.
+ProcessGroupLoom& loomGroup(const char* op, const std::string& groupName,
+                            const at::Device& device) {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  try {
+    group = c10d::resolve_process_group(groupName);
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, opName(op) + ": no process group is named '" + groupName +
+                           "'; pass a group's group_name (dist.group.WORLD.group_name for the "
+                           "default group) of a group that is still alive");
+  }
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    backend = group->getBackend(device.type());
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' has no backend for " +
+                           device.str() + " tensors; make it with the loom backend for them");
+  }
+  auto* pg = dynamic_cast<ProcessGroupLoom*>(backend.get());
+  if (pg == nullptr) {
+    TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' runs " + device.str() +
+                           " tensors on '" + backend->getBackendName() +
+                           "', not loom; torch.ops.loom.* need a group made with the loom "
+                           "backend (init_process_group(\"loom\") or new_group(backend=\"loom\"))");
+  }
+  return *pg;
+}
+
+c10d::ReduceOp reduceOpNamed(const CallSite& site, const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "sum") return c10d::ReduceOp::SUM;
+  if (lower == "avg") return c10d::ReduceOp::AVG;
+  if (lower == "product") return c10d::ReduceOp::PRODUCT;
+  if (lower == "min") return c10d::ReduceOp::MIN;
+  if (lower == "max") return c10d::ReduceOp::MAX;
+  if (lower == "band") return c10d::ReduceOp::BAND;
+  if (lower == "bor") return c10d::ReduceOp::BOR;
+  if (lower == "bxor") return c10d::ReduceOp::BXOR;
+  invalid(site, "reduce_op '" + name +
+                    "' is not one of sum, avg, product, min, max, band, bor, bxor (as in "
+                    "torch's functional collectives)");
+}
+
+/// Whether `tensors` can go to the communicator as they are: contiguous CPU tensors of a
+/// type loom reduces or moves as itself (complex and unknown dtypes are staged by c10d's
+/// path).
+bool direct(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors) {
+    if (!t->device().is_cpu() || !t->is_contiguous() || t->is_complex()) return false;
+    const at::ScalarType s = t->scalar_type();
+    if (s != at::kFloat && s != at::kDouble && s != at::kHalf && s != at::kBFloat16 &&
+        s != at::kChar && s != at::kByte && s != at::kShort && s != at::kInt && s != at::kLong &&
+        s != at::kBool) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Runs one blocking loom operation issued by `issue` on this thread, without the GIL,
+/// translating loom's errors as the c10d path does.
+template <class Issue>
+void runBlocking(Issue&& issue) {
+  try {
+    releasingGil([&] { issue().wait(); });
+  } catch (const Error& e) {
+    rethrowForTorch(e);
+  }
+}
+
+OpOptions blockingOptions() {
+  OpOptions o;
+  o.blocking = true;
+  return o;
+}
+
+/// Waits for a c10d call made with async_op=False (CUDA: already ordered on the caller's
+/// stream; CPU: finished).
+void waitFor(const c10::intrusive_ptr<c10d::Work>& work) {
+  releasingGil([&] { work->wait(); });
+}
+
+/// Refuses a group inside a coalescing block: a direct call cannot join the block's work.
+void requireNotCoalescing(ProcessGroupLoom& pg, const CallSite& site) {
+  if (pg.isCoalescing()) {
+    invalid(site,
+            "the group is inside a coalescing block (batch_isend_irecv or "
+            "_coalescing_manager); torch.ops.loom.* run alone: call them outside it");
+  }
+}
+
+CallSite siteOf(const char* op, ProcessGroupLoom& pg) {
+  return CallSite{op, pg.getRank(), pg.getSize(), true};
+}
+
+void requireGroupSize(const CallSite& site, int64_t groupSize) {
+  if (groupSize != site.size) {
+    invalid(site, "group_size is " + std::to_string(groupSize) + " but the group has " +
+                      std::to_string(site.size) + " ranks");
+  }
+}
+
+void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std::string& group) {
+  ProcessGroupLoom& pg = loomGroup("all_reduce_", group, tensor.device());
+  const CallSite s = siteOf("all_reduce_", pg);
+  requireNotCoalescing(pg, s);
+  requireDense(s, "tensor", tensor);
+  const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
+  if (direct({&tensor})) {
+    const Flat flat = reductionView(s, tensor, op);
+    const ReduceOp loomOp = reduceOpOf(s, op, flat.type);
+    runBlocking([&] {
+      return pg.communicator().allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, loomOp,
+                                         blockingOptions());
+    });
+    return;
+  }
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  opts.asyncOp = false;
+  waitFor(pg.allreduce(tensors, opts));
+}
+
+at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
+                     const std::string& group) {
+  ProcessGroupLoom& pg = loomGroup("all_reduce", group, input.device());
+  const CallSite s = siteOf("all_reduce", pg);
+  requireNotCoalescing(pg, s);
+  requireDense(s, "input", input);
+  const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
+  at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
+  if (direct({&input})) {
+    const Flat in = reductionView(s, input, op);
+    const ReduceOp loomOp = reduceOpOf(s, op, in.type);
+    runBlocking([&] {
+      return pg.communicator().allReduce(in.ptr(), output.data_ptr(), in.count, in.type, loomOp,
+                                         blockingOptions());
+    });
+    return output;
+  }
+  output.copy_(input);
+  allReduceInPlace(output, reduceOp, group);
+  return output;
+}
+
+void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group) {
+  ProcessGroupLoom& pg = loomGroup("broadcast_", group, tensor.device());
+  const CallSite s = siteOf("broadcast_", pg);
+  requireNotCoalescing(pg, s);
+  requireDense(s, "tensor", tensor);
+  if (src < 0 || src >= s.size) {
+    invalid(s, "src " + std::to_string(src) + " is not a rank of the group (0 to " +
+                   std::to_string(s.size - 1) + ")");
+  }
+  if (direct({&tensor})) {
+    const Flat flat = movementView(tensor);
+    runBlocking([&] {
+      return pg.communicator().broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
+                                         static_cast<int>(src), blockingOptions());
+    });
+    return;
+  }
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  opts.asyncOp = false;
+  waitFor(pg.broadcast(tensors, opts));
+}
+
+/// `input`'s shape with dim 0 multiplied by `factor` (a 0-d input counts as one row).
+std::vector<int64_t> scaledRows(const at::Tensor& input, int64_t factor) {
+  if (input.dim() == 0) return {factor};
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] *= factor;
+  return shape;
+}
+
+at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
+                               const std::string& group) {
+  ProcessGroupLoom& pg = loomGroup("all_gather_into_tensor", group, input.device());
+  const CallSite s = siteOf("all_gather_into_tensor", pg);
+  requireNotCoalescing(pg, s);
+  requireDense(s, "input", input);
+  requireGroupSize(s, groupSize);
+  at::Tensor output = at::empty(scaledRows(input, groupSize), input.options());
+  if (direct({&input})) {
+    const Flat in = movementView(input);
+    runBlocking([&] {
+      return pg.communicator().allGather(in.ptr(), output.data_ptr(), in.count, in.type,
+                                         blockingOptions());
+    });
+    return output;
+  }
+  at::Tensor in = input;
+  c10d::AllgatherOptions opts;
+  opts.asyncOp = false;
+  waitFor(pg._allgather_base(output, in, opts));
+  return output;
+}
+
+at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduceOp,
+                               int64_t groupSize, const std::string& group) {
+  ProcessGroupLoom& pg = loomGroup("reduce_scatter_tensor", group, input.device());
+  const CallSite s = siteOf("reduce_scatter_tensor", pg);
+  requireNotCoalescing(pg, s);
+  requireDense(s, "input", input);
+  requireGroupSize(s, groupSize);
+  if (input.dim() == 0 || input.size(0) % groupSize != 0) {
+    invalid(s, "input has " + std::to_string(input.dim() ? input.size(0) : 1) +
+                   " rows, which do not divide evenly among " + std::to_string(groupSize) +
+                   " ranks");
+  }
+  const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] /= groupSize;
+  at::Tensor output = at::empty(shape, input.options());
+  if (direct({&input})) {
+    const Flat in = reductionView(s, input, op);
+    const ReduceOp loomOp = reduceOpOf(s, op, in.type);
+    runBlocking([&] {
+      return pg.communicator().reduceScatter(in.ptr(), output.data_ptr(), in.count / groupSize,
+                                             in.type, loomOp, blockingOptions());
+    });
+    return output;
+  }
+  at::Tensor in = input;
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = op;
+  opts.asyncOp = false;
+  waitFor(pg._reduce_scatter_base(output, in, opts));
+  return output;
+}
+
+at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
+                          at::IntArrayRef inputSplitSizes, const std::string& group) {
+  // Always c10d's path: the split checks live there; all_to_all is rarely latency-bound.
+  ProcessGroupLoom& pg = loomGroup("all_to_all_single", group, input.device());
+  const CallSite s = siteOf("all_to_all_single", pg);
+  requireNotCoalescing(pg, s);
+  requireDense(s, "input", input);
+  int64_t rows = input.dim() ? input.size(0) : 1;
+  if (!outputSplitSizes.empty()) {
+    rows = 0;
+    for (int64_t n : outputSplitSizes) rows += std::max<int64_t>(n, 0);
+  }
+  std::vector<int64_t> shape = input.dim() ? input.sizes().vec() : std::vector<int64_t>{1};
+  shape[0] = rows;
+  at::Tensor output = at::empty(shape, input.options());
+  at::Tensor in = input.dim() ? input : input.reshape({1});
+  std::vector<int64_t> outSplits = outputSplitSizes.vec();
+  std::vector<int64_t> inSplits = inputSplitSizes.vec();
+  c10d::AllToAllOptions opts;
+  opts.asyncOp = false;
+  waitFor(pg.alltoall_base(output, in, outSplits, inSplits, opts));
+  return output;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(loom, m) {
+  m.def("all_reduce_(Tensor(a!) tensor, str reduce_op, str group_name) -> ()");
+  m.def("all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor");
+  m.def("broadcast_(Tensor(a!) tensor, int src, str group_name) -> ()");
+  m.def("all_gather_into_tensor(Tensor input, int group_size, str group_name) -> Tensor");
+  m.def(
+      "reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> "
+      "Tensor");
+  m.def(
+      "all_to_all_single(Tensor input, int[] output_split_sizes, int[] input_split_sizes, "
+      "str group_name) -> Tensor");
+}
+
+// The same kernels for CPU and CUDA tensors: each picks its path by the tensors.
+#define LOOM_DIRECT_OPS(m)                                \
+  m.impl("all_reduce_", &allReduceInPlace);               \
+  m.impl("all_reduce", &allReduce);                       \
+  m.impl("broadcast_", &broadcastInPlace);                \
+  m.impl("all_gather_into_tensor", &allGatherIntoTensor); \
+  m.impl("reduce_scatter_tensor", &reduceScatterTensor);  \
+  m.impl("all_to_all_single", &allToAllSingle)
+
+TORCH_LIBRARY_IMPL(loom, CPU, m) {
+  LOOM_DIRECT_OPS(m);
+}
+TORCH_LIBRARY_IMPL(loom, CUDA, m) {
+  LOOM_DIRECT_OPS(m);
+}
+
+}  // namespace loom::torch_plugin
