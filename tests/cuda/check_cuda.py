@@ -533,6 +533,45 @@ def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 2
 
 
+def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """torch.ops.loom.* on CUDA tensors (they take the group's c10d path on the caller's
+    stream): each equal to the torch.distributed call, ordered after a kernel of the
+    caller's, and traced by torch.compile."""
+    name = dist.group.WORLD.group_name
+    checks = 0
+    for dtype in dtypes:
+        x = (torch.arange(1000, device=dev) % 7 + rank).to(dtype)
+        want = x.clone()
+        dist.all_reduce(want)
+        got = x.clone()
+        got.mul_(1)  # a kernel of the caller's just before the call, on its stream
+        torch.ops.loom.all_reduce_(got, "sum", name)
+        same(got, want.cpu(), f"loom.all_reduce_ {dtype}")
+        same(torch.ops.loom.all_reduce(x, "sum", name), want.cpu(), f"loom.all_reduce {dtype}")
+        checks += 2
+    x = torch.full((6, 2), float(rank), device=dev)
+    t = x.clone()
+    torch.ops.loom.broadcast_(t, world - 1, name)
+    same(t, torch.full((6, 2), float(world - 1)), "loom.broadcast_")
+    g = torch.ops.loom.all_gather_into_tensor(x, world, name)
+    same(g, torch.cat([torch.full((6, 2), float(q)) for q in range(world)]), "loom.all_gather_into_tensor")
+    r = torch.ops.loom.reduce_scatter_tensor(g, "sum", world, name)
+    same(r, torch.cat([torch.full((6, 2), float(q)) for q in range(world)]).chunk(world)[rank] * world,
+         "loom.reduce_scatter_tensor")
+    a = torch.ops.loom.all_to_all_single(g, [], [], name)
+    same(a, torch.full((6 * world, 2), float(rank)), "loom.all_to_all_single")
+
+    def step(v):
+        y = v * 2
+        torch.ops.loom.all_reduce_(y, "sum", name)
+        return y + 1
+
+    compiled = torch.compile(step, fullgraph=True)
+    v = torch.full((100,), float(rank + 1), device=dev)
+    same(compiled(v), torch.full((100,), 2.0 * world * (world + 1) / 2 + 1), "compiled loom.all_reduce_")
+    return checks + 5
+
+
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
@@ -548,6 +587,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
+             "direct": direct_ops,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
@@ -569,7 +609,7 @@ def main() -> int:
     parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp",
                                                        "fsdp2", "device_bound", "p2p", "mismatch",
                                                        "tag_mismatch", "dtensor", "killed",
-                                                       "graphs", "graph_killed"])
+                                                       "graphs", "graph_killed", "direct"])
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
                              "under compute-sanitizer")
