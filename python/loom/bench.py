@@ -9,8 +9,9 @@
 
 Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
 size, the backends run the same call (`direct`: loom's torch.ops.loom operator on the loom
-group, skipping c10d; `fake`: torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen from Python on
-rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and the 90th
+group, skipping c10d, with a one-element all_reduce of that operator as its barrier; `fake`:
+torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen
+from Python on rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and the 90th
 percentile of several calls after warm-ups are reported. Output: a table with the Gloo/loom
 time ratio per size, a PNG plot of bus bandwidth, and the raw numbers as JSON (--out, default
 ./bench-out). The host's copy bandwidth is measured in the same run, so large sizes come with
@@ -135,21 +136,31 @@ def case_bytes(op: str, nbytes: int, world: int) -> int:
     return max(1, elems // world) * world * 4
 
 
-def time_calls(call, group, barrier_group, n: int, warmup: int = 3) -> tuple[float, float]:
-    """Median and 90th percentile seconds of `n` calls, each after a barrier (on its own
-    backend's group)."""
-    import torch.distributed as dist
-
+def time_calls(call, group, barrier, n: int, warmup: int = 3) -> tuple[float, float]:
+    """Median and 90th percentile seconds of `n` calls, each after `barrier()`."""
     for _ in range(warmup):
         call(group)
     samples = []
     for _ in range(n):
-        dist.barrier(group=barrier_group)
+        barrier()
         t0 = time.perf_counter()
         call(group)
         samples.append(time.perf_counter() - t0)
     samples.sort()
     return statistics.median(samples), samples[min(len(samples) - 1, int(0.9 * len(samples)))]
+
+
+def barrier_for(backend: str, group):
+    """The barrier before each timed call: the backend's own. For torch.ops.loom that is a
+    one-element all_reduce through the same operator, as DeepSpeed's benchmark uses its own
+    shm all_reduce (../shared/anchors): a c10d barrier would add its exit skew to the call."""
+    import torch
+    import torch.distributed as dist
+
+    if backend == "direct":
+        one = torch.zeros(1)
+        return lambda: torch.ops.loom.all_reduce_(one, "sum", group.group_name)
+    return lambda: dist.barrier(group=group)
 
 
 def copy_bandwidth(nbytes: int) -> float:
@@ -242,7 +253,8 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
             row = {"op": op, "bytes": case_bytes(op, nbytes, world), "ranks": world}
             for backend in args.backends:
                 call = make_case(op, nbytes, world, rank, backend)
-                row[backend], row[backend + "_p90"] = time_calls(call, groups[backend], groups[backend],
+                row[backend], row[backend + "_p90"] = time_calls(call, groups[backend],
+                                                                 barrier_for(backend, groups[backend]),
                                                                  calls_for(nbytes))
                 if bar is not None:
                     bar.set_description(f"{op} {human(nbytes)} {backend}")

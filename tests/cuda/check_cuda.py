@@ -543,8 +543,8 @@ def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
         x = (torch.arange(1000, device=dev) % 7 + rank).to(dtype)
         want = x.clone()
         dist.all_reduce(want)
-        got = x.clone()
-        got.mul_(1)  # a kernel of the caller's just before the call, on its stream
+        got = torch.empty_like(x)
+        got.copy_(x)  # a kernel of the caller's just before the call, on its stream
         torch.ops.loom.all_reduce_(got, "sum", name)
         same(got, want.cpu(), f"loom.all_reduce_ {dtype}")
         same(torch.ops.loom.all_reduce(x, "sum", name), want.cpu(), f"loom.all_reduce {dtype}")
