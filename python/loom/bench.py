@@ -11,8 +11,8 @@ Each rank joins a loom default group and a Gloo group over the same ranks. For e
 size, the backends run the same call (`direct`: loom's torch.ops.loom operator on the loom
 group, skipping c10d, with a one-element all_reduce of that operator as its barrier; `fake`:
 torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen
-from Python on rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and the 90th
-percentile of several calls after warm-ups are reported. Output: a table with the Gloo/loom
+from Python on rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and
+the 90th percentile of several calls after warm-ups are reported. Output: a table with the Gloo/loom
 time ratio per size, a PNG plot of bus bandwidth, and the raw numbers as JSON (--out, default
 ./bench-out). The host's copy bandwidth is measured in the same run, so large sizes come with
 a roofline figure. Across hosts (--hosts on this machine, or under torchrun on several), the
