@@ -115,17 +115,26 @@ void waitFor(const c10::intrusive_ptr<c10d::Work>& work) {
   releasingGil([&] { work->wait(); });
 }
 
-/// Refuses a group inside a coalescing block: a direct call cannot join the block's work.
-void requireNotCoalescing(ProcessGroupLoom& pg, const CallSite& site) {
+/// One operator call: the group's loom backend and the call site for messages.
+struct DirectCall {
+  ProcessGroupLoom& pg;
+  CallSite site;
+};
+
+/// The checks every operator starts with: the group is loom's for `tensor`'s device, no
+/// coalescing block is open on it (a direct call cannot join the block's work), and
+/// `tensor` (named `what`) is dense.
+DirectCall startCall(const char* op, const std::string& group, const at::Tensor& tensor,
+                     const char* what) {
+  ProcessGroupLoom& pg = loomGroup(op, group, tensor.device());
+  const CallSite site{op, pg.getRank(), pg.getSize(), true};
   if (pg.isCoalescing()) {
     invalid(site,
             "the group is inside a coalescing block (batch_isend_irecv or "
             "_coalescing_manager); torch.ops.loom.* run alone: call them outside it");
   }
-}
-
-CallSite siteOf(const char* op, ProcessGroupLoom& pg) {
-  return CallSite{op, pg.getRank(), pg.getSize(), true};
+  requireDense(site, what, tensor);
+  return {pg, site};
 }
 
 void requireGroupSize(const CallSite& site, int64_t groupSize) {
@@ -136,10 +145,7 @@ void requireGroupSize(const CallSite& site, int64_t groupSize) {
 }
 
 void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std::string& group) {
-  ProcessGroupLoom& pg = loomGroup("all_reduce_", group, tensor.device());
-  const CallSite s = siteOf("all_reduce_", pg);
-  requireNotCoalescing(pg, s);
-  requireDense(s, "tensor", tensor);
+  auto [pg, s] = startCall("all_reduce_", group, tensor, "tensor");
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&tensor})) {
     const Flat flat = reductionView(s, tensor, op);
@@ -159,10 +165,7 @@ void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std
 
 at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
                      const std::string& group) {
-  ProcessGroupLoom& pg = loomGroup("all_reduce", group, input.device());
-  const CallSite s = siteOf("all_reduce", pg);
-  requireNotCoalescing(pg, s);
-  requireDense(s, "input", input);
+  auto [pg, s] = startCall("all_reduce", group, input, "input");
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
   if (direct({&input})) {
@@ -180,10 +183,7 @@ at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
 }
 
 void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group) {
-  ProcessGroupLoom& pg = loomGroup("broadcast_", group, tensor.device());
-  const CallSite s = siteOf("broadcast_", pg);
-  requireNotCoalescing(pg, s);
-  requireDense(s, "tensor", tensor);
+  auto [pg, s] = startCall("broadcast_", group, tensor, "tensor");
   if (src < 0 || src >= s.size) {
     invalid(s, "src " + std::to_string(src) + " is not a rank of the group (0 to " +
                    std::to_string(s.size - 1) + ")");
@@ -213,10 +213,7 @@ std::vector<int64_t> scaledRows(const at::Tensor& input, int64_t factor) {
 
 at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
                                const std::string& group) {
-  ProcessGroupLoom& pg = loomGroup("all_gather_into_tensor", group, input.device());
-  const CallSite s = siteOf("all_gather_into_tensor", pg);
-  requireNotCoalescing(pg, s);
-  requireDense(s, "input", input);
+  auto [pg, s] = startCall("all_gather_into_tensor", group, input, "input");
   requireGroupSize(s, groupSize);
   at::Tensor output = at::empty(scaledRows(input, groupSize), input.options());
   if (direct({&input})) {
@@ -236,10 +233,7 @@ at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
 
 at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduceOp,
                                int64_t groupSize, const std::string& group) {
-  ProcessGroupLoom& pg = loomGroup("reduce_scatter_tensor", group, input.device());
-  const CallSite s = siteOf("reduce_scatter_tensor", pg);
-  requireNotCoalescing(pg, s);
-  requireDense(s, "input", input);
+  auto [pg, s] = startCall("reduce_scatter_tensor", group, input, "input");
   requireGroupSize(s, groupSize);
   if (input.dim() == 0 || input.size(0) % groupSize != 0) {
     invalid(s, "input has " + std::to_string(input.dim() ? input.size(0) : 1) +
@@ -270,10 +264,7 @@ at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduc
 at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
                           at::IntArrayRef inputSplitSizes, const std::string& group) {
   // Always c10d's path: the split checks live there; all_to_all is rarely latency-bound.
-  ProcessGroupLoom& pg = loomGroup("all_to_all_single", group, input.device());
-  const CallSite s = siteOf("all_to_all_single", pg);
-  requireNotCoalescing(pg, s);
-  requireDense(s, "input", input);
+  auto [pg, s] = startCall("all_to_all_single", group, input, "input");
   int64_t rows = input.dim() ? input.size(0) : 1;
   if (!outputSplitSizes.empty()) {
     rows = 0;
