@@ -9,15 +9,17 @@
 
 namespace loom::detail {
 
+void CudaExecutor::reduceAlone(const void* input, void* output, size_t count,
+                               const CollectiveArgs& args) {
+  Sources own;
+  own.add(input);
+  reduce(output, own, count, args, noAgreement());
+}
+
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
-  if (size_ == 1) {
-    Sources own;
-    own.add(args.input);
-    reduce(args.output, own, args.count, args, noAgreement());
-    return;
-  }
+  if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
   const bool oneShot = args.count * es <= oneShotBytes_;
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t n = clipped(args.count, lo, perStep);
@@ -49,12 +51,7 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
 void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
-  if (size_ == 1) {
-    Sources own;
-    own.add(args.input);
-    reduce(args.output, own, args.count, args, noAgreement());
-    return;
-  }
+  if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t n = clipped(args.count, lo, perStep);
     copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
@@ -116,12 +113,7 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
   auto countOf = [&](int q) { return args.variable ? args.inputCounts[q] : args.count; };
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
-  if (size_ == 1) {
-    Sources own;
-    own.add(args.inputs[0]);
-    reduce(args.output, own, countOf(0), args, noAgreement());
-    return;
-  }
+  if (size_ == 1) return reduceAlone(args.inputs[0], args.output, countOf(0), args);
   steps(longest, perStep, [&](size_t lo, uint64_t e) {
     Segments stage;
     for (int q = 0; q < size_; ++q) {

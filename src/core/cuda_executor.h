@@ -201,6 +201,9 @@ class CudaExecutor final : public DeviceExecutor {
   cuda::Descriptor* descriptor(int q, uint64_t epoch) const;
   cuda::Descriptor* pairDescriptor(int sender, int receiver, uint64_t chunk) const;
 
+  /// A reduction on a communicator of one rank: the op applied to its own input alone
+  /// (PREMUL_SUM still scales), with no peer to agree with.
+  void reduceAlone(const void* input, void* output, size_t count, const CollectiveArgs& args);
   void allReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
   void broadcast(const CollectiveArgs& args);
