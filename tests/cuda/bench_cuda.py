@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import loom  # noqa: F401
-from spawned import run_spawned
+from spawned import report, run_spawned
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
 
@@ -210,12 +209,7 @@ def main() -> int:
             copy = by.get(("copy", whole, "loom"))
             copy_bw = f"{whole / copy[0] / 1e3:7.1f}" if copy else f"{'-':>7}"
             lines.append(f"{op:<15} {size:>10} {med:10.1f} {p90:10.1f} {gm} {ratio} {busbw:7.1f} {copy_bw} {wrong + (g[2] if g else 0):5d}")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "cuda_bench.txt"), "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out, "cuda_bench.txt")
     return 0
 
 

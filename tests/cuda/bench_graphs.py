@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import loom  # noqa: F401
-from spawned import run_spawned
+from spawned import report, run_spawned
 
 SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
 
@@ -112,12 +111,7 @@ def main() -> int:
             e, r = statistics.median(eager), statistics.median(replayed)
             lines.append(f"{op:<11} {size:>9} {e:10.1f} {p90(eager):10.1f} {r:10.1f} {p90(replayed):10.1f} "
                          f"{e / r:11.2f} {wrong:5d}")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "cuda_graphs_bench.txt"), "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out, "cuda_graphs_bench.txt")
     return 0
 
 

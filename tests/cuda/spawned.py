@@ -1,8 +1,10 @@
-"""Starting the ranks of the GPU-host benchmarks and probes in tests/cuda: spawned processes
-that meet on a fresh local TCP port, rank 0 reporting back."""
+"""Starting the ranks of the GPU-host benchmarks and probes in tests/cuda (spawned processes
+that meet on a fresh local TCP port, rank 0 reporting back), and printing and saving their
+tables."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import torch.multiprocessing as mp
@@ -23,3 +25,13 @@ def run_spawned(worker, world: int, args, timeout: float):
     for p in procs:
         p.join()
     return result
+
+
+def report(lines: list[str], out_dir: str | None, name: str) -> None:
+    """Prints a benchmark's table and, with `out_dir`, writes it there as `name`."""
+    text = "\n".join(lines)
+    print(text)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text + "\n")
