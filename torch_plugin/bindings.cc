@@ -14,11 +14,16 @@
 namespace py = pybind11;
 using loom::torch_plugin::ProcessGroupLoom;
 
+namespace loom::torch_plugin {
+void bindTensorStore(py::module_& m);  // tensor_store_bindings.cc
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "loom's native c10d backend";
   // torch registers the Backend and Store types with pybind; importing its module first makes
   // them known here.
   py::module_::import("torch._C._distributed_c10d");
+  loom::torch_plugin::bindTensorStore(m);
 
   py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(
       m, "ProcessGroupLoom")

@@ -1,0 +1,178 @@
+"""What one writer publishes for one version of a key (a part), and the buffers behind it.
+
+A writer packs everything it stores for a version into one buffer per device: a shared-memory
+region for CPU tensors, device memory for CUDA tensors (exported with CUDA IPC). Its part,
+a small pickled record in the job's Store, says where each tensor sits in those buffers and
+which generation of each buffer holds this version. Readers map or open the buffers once and
+copy straight out of them; no bytes pass through the Store or any server.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import _C
+from ._layout import Box
+
+# Every tensor starts at a multiple of this many bytes (any dtype's alignment, a cache line).
+_ALIGN = 64
+
+
+@dataclass
+class TensorMeta:
+    """One stored tensor (or one shard of one), as a reader finds it."""
+
+    path: tuple  # where it sits in a state dict; () for a single value
+    dtype: torch.dtype
+    box: Box  # the block of the global tensor stored here
+    global_shape: tuple[int, ...]
+    buffer: int  # index into PartMeta.buffers
+    offset: int  # bytes into that buffer
+    pickled: bool = False  # uint8 bytes of a pickled object, not a tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.box.numel * self.dtype.itemsize
+
+
+@dataclass
+class BufferMeta:
+    """Where a reader finds one buffer, and the generation its bytes must have."""
+
+    device: str  # "cpu" or "cuda"
+    pid: int
+    fd: int
+    region_id: str
+    capacity: int  # bytes
+    generation: int
+    cuda_ipc: tuple | None = None  # torch's rebuild function and arguments, for device memory
+
+
+@dataclass
+class PartMeta:
+    """Everything one writer stored for one version of one key."""
+
+    key: str
+    version: int
+    index: int  # which writer of the version (0 .. parts - 1)
+    parts: int
+    rank: int
+    host: str
+    kind: str  # "tensor", "object" or "state_dict"
+    buffers: list[BufferMeta] = field(default_factory=list)
+    tensors: list[TensorMeta] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(data: bytes) -> "PartMeta":
+        return pickle.loads(data)
+
+
+def host_identity() -> str:
+    """Processes that can read each other's regions share this: a kernel (boot id), a network
+    namespace (loom's idea of a host) and a pid namespace (so /proc/<pid> names the owner)."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return f"{boot}/net:{os.stat('/proc/self/ns/net').st_ino}/pid:{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+def aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def typed_view(data: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The bytes [offset, offset + size) of uint8 tensor `data` seen as a tensor of `shape`."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return data.narrow(0, offset, nbytes).view(dtype).view(shape)
+
+
+class OwnedBuffer:
+    """A writer's buffer on one device: written once per version it carries."""
+
+    def __init__(self, device: torch.device, capacity: int):
+        self.device = device
+        if device.type == "cpu":
+            self.region = _C.Region.create(capacity)
+            self.data = self.region.tensor()
+            self._ipc = None
+        elif device.type == "cuda":
+            # The bytes live in device memory; the region is a header alone, carrying the
+            # generation that readers check.
+            self.region = _C.Region.create(0)
+            self.data = torch.empty(capacity, dtype=torch.uint8, device=device)
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            self._ipc = reduce_tensor(self.data)
+        else:
+            raise ValueError(f"loom tensor store: tensors on {device} cannot be stored (CPU and CUDA can)")
+        self.capacity = capacity
+
+    def write(self, pieces: list[tuple[torch.Tensor, int]]) -> int:
+        """Copies each (tensor, offset) in; returns the generation that holds them."""
+        self.region.begin_write()
+        try:
+            for tensor, offset in pieces:
+                typed_view(self.data, offset, tensor.dtype, tuple(tensor.shape)).copy_(tensor)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            # Even after a failed copy the generation moves on, so a reader that saw the
+            # old one cannot mistake half-written bytes for it.
+            generation = self.region.end_write()
+        return generation
+
+    def meta(self, generation: int) -> BufferMeta:
+        return BufferMeta(
+            device=self.device.type,
+            pid=os.getpid(),
+            fd=self.region.fd,
+            region_id=self.region.id,
+            capacity=self.capacity,
+            generation=generation,
+            cuda_ipc=self._ipc,
+        )
+
+
+class MappedBuffer:
+    """A reader's view of a writer's buffer: mapped (CPU) or opened (CUDA) once, reused."""
+
+    def __init__(self, meta: BufferMeta):
+        self.region_id = meta.region_id
+        if meta.device == "cpu":
+            self.region = _C.Region.open(meta.pid, meta.fd, meta.region_id, meta.capacity)
+            self.data = self.region.tensor()
+        else:
+            self.region = _C.Region.open(meta.pid, meta.fd, meta.region_id, 0)
+            rebuild, args = meta.cuda_ipc
+            self.data = rebuild(*args)
+
+    def check(self, generation: int) -> bool:
+        """True if the bytes are still those of `generation` (call after copying them out)."""
+        if self.data.is_cuda:
+            torch.cuda.synchronize(self.data.device)
+        return self.region.unchanged_since(generation)
+
+    def whole_at(self, generation: int) -> bool:
+        """True if the bytes are those of `generation` now (call before copying)."""
+        return self.region.generation() == generation
+
+
+def pickled_tensor(value: Any) -> torch.Tensor:
+    """A pickled object as uint8 bytes, to store beside tensors."""
+    data = bytearray(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    return torch.frombuffer(data, dtype=torch.uint8)
+
+
+def unpickled(data: torch.Tensor) -> Any:
+    out = bytearray(data.numel())
+    if out:
+        torch.frombuffer(out, dtype=torch.uint8).copy_(data)
+    return pickle.loads(out)
