@@ -64,7 +64,7 @@ def dtensor_box(value: Any, what: str) -> tuple[Box, tuple[int, ...]]:
     for placement in value.placements:
         if type(placement) not in (Shard, Replicate):
             raise ValueError(
-                f"loom tensor store: {what} is a DTensor placed {placement}; only Shard and "
+                f"{what} is a DTensor placed {type(placement).__name__} ({placement}); only Shard and "
                 f"Replicate placements can be stored. Call .redistribute() to Shard or "
                 f"Replicate (or .full_tensor()) before putting it.")
     global_shape = tuple(int(n) for n in value.shape)

@@ -86,7 +86,7 @@ class TensorStore:
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
         self._mapped: dict[str, MappedBuffer] = {}  # by region id
-        self._reading: dict[tuple, str] = {}  # (key, part, buffer) -> region id mapped for it
+        self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
         self._closed = False
 
     # ---- the verbs -------------------------------------------------------------------------
@@ -189,7 +189,7 @@ class TensorStore:
         pieces: list[tuple[TensorMeta, torch.Tensor]] = []
         for path, value in leaves:
             if is_dtensor(value):
-                box, global_shape = dtensor_box(value, self._what(key, path))
+                box, global_shape = self._dtensor_box(value, self._what(key, path))
                 if is_first_replica(value):
                     pieces.append((TensorMeta(path, value.dtype, box, global_shape, 0, 0), value.to_local()))
             elif index != 0:
@@ -377,10 +377,14 @@ class TensorStore:
                     f"'{part.key}' version {part.version}: cannot open the buffer of rank "
                     f"{part.rank} (pid {meta.pid}): {error}")) from error
             self._mapped[meta.region_id] = mapped
-        previous = self._reading.get(slot)
-        if previous is not None and previous != meta.region_id:
-            self._mapped.pop(previous, None)  # one mapping per writer's buffer: drop the old
-        self._reading[slot] = meta.region_id
+        # A writer rotates `keep` buffers per key: keep as many mappings of each (mapping one
+        # again means faulting in all its pages), and drop the least recently used beyond.
+        recent = self._reading.setdefault(slot, collections.deque())
+        if meta.region_id in recent:
+            recent.remove(meta.region_id)
+        recent.appendleft(meta.region_id)
+        while len(recent) > self._keep:
+            self._mapped.pop(recent.pop(), None)
         return mapped
 
     def _copier(self):
@@ -428,7 +432,7 @@ class TensorStore:
         if dst is not None and dst.dtype != stored.dtype:
             raise ValueError(self._message(f"{what} is stored as {stored.dtype}; the tensor to fill is {dst.dtype}"))
         if dst is not None and is_dtensor(dst):
-            want, global_shape = dtensor_box(dst, what)
+            want, global_shape = self._dtensor_box(dst, what)
             if global_shape != stored.global_shape:
                 raise ValueError(self._message(f"{what} has global shape {list(stored.global_shape)}; the DTensor to fill has {list(global_shape)}"))
             return want, dst.to_local()
@@ -508,6 +512,12 @@ class TensorStore:
     def _check_key(self, key: Any) -> None:
         if not isinstance(key, str) or not key or "\n" in key:
             raise ValueError(self._message(f"key {key!r}: keys are non-empty strings without newlines"))
+
+    def _dtensor_box(self, value: Any, what: str) -> tuple[Box, tuple[int, ...]]:
+        try:
+            return dtensor_box(value, what)
+        except ValueError as error:
+            raise ValueError(self._message(str(error))) from None
 
     def _message(self, text: str) -> str:
         return f"loom tensor store (rank {self._rank}): {text}"

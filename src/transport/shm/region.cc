@@ -102,7 +102,9 @@ std::unique_ptr<Region> Region::open(int pid, int fd, const Id& id, size_t capac
     throw Error(ErrorCode::kMismatch, kOp, -1, "region is not sealed; refusing to map it");
   }
   uint8_t* base = mapRegion(mine.get(), kHeaderBytes + capacity, /*writable=*/false);
-  return std::unique_ptr<Region>(new Region(std::move(mine), base, capacity, false));
+  // The mapping keeps the memory; a reader holds no descriptor (one per key would count
+  // against its limit of open files).
+  return std::unique_ptr<Region>(new Region(posix::Fd(), base, capacity, false));
 }
 
 void Region::beginWrite() {

@@ -47,7 +47,7 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 
-  /// The descriptor peers open (owner side; a reader's own copy on the reader side).
+  /// The descriptor peers open (owner side; -1 on a reader, which keeps only the mapping).
   int fd() const { return fd_.get(); }
   const Id& id() const { return header().id; }
   size_t capacity() const { return capacity_; }

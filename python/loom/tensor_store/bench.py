@@ -1,0 +1,173 @@
+"""Measures a weight refresh through the tensor store against its baselines, in one run:
+
+    python -m loom.tensor_store.bench --bytes 600M --generators 2 [--device cuda]
+
+One trainer puts a bf16 state dict (transformer-shaped: `--tensors` tensors summing to
+`--bytes`) and every generator then reads the latest version into its own state dict in
+place. Printed per step, as median and p90 over `--steps` steps:
+- put: the trainer's put_state_dict; get: the slowest generator's get_state_dict;
+  refresh: put + get, what a generator waits for a new version;
+- memcpy: the same bytes copied once, one flat tensor into another, by one process with the
+  same threads (CPU) or by the device (CUDA): the floor of any transfer;
+- gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
+  what torchstore's Gloo transport sends); off with --no-gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def state_dict(total: int, tensors: int, device, fill: float):
+    """`tensors` bf16 tensors summing to about `total` bytes, in layers of 4 matrices."""
+    import torch
+
+    per = max(1, total // 2 // tensors)
+    cols = 1024
+    rows = max(1, per // cols)
+    return {f"layers.{i // 4}.w{i % 4}": torch.full((rows, cols), fill, dtype=torch.bfloat16, device=device)
+            for i in range(tensors)}
+
+
+def stats(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {"median_ms": 1e3 * statistics.median(ordered),
+            "p90_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]}
+
+
+def rank_main(rank: int, world: int, args, init: str, queue) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from loom.tensor_store import TensorStore
+
+        torch.set_num_threads(args.threads)
+        device = torch.device(args.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(minutes=10))
+        sync = torch.zeros(1)
+
+        def barrier():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dist.all_reduce(sync)
+
+        def timed(step_fn, active: bool) -> float:
+            barrier()
+            t0 = time.perf_counter()
+            if active:
+                step_fn()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            return elapsed.item()
+
+        ts = TensorStore()
+        sd = state_dict(args.bytes, args.tensors, device, float(rank))
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+        flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+        flat_dst = torch.empty_like(flat_src)
+        out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "memcpy": [], "gloo": []}
+        for step in range(args.steps + 1):  # step 0 warms up (first mappings, first faults)
+            for t in sd.values():
+                t.fill_(step) if rank == 0 else None
+            put = timed(lambda: ts.put_state_dict(sd, "policy"), rank == 0)
+            get = timed(lambda: ts.get_state_dict("policy", sd), rank != 0)
+            memcpy = timed(lambda: flat_dst.copy_(flat_src), rank == 0)
+            if step and rank != 0:
+                first = next(iter(sd.values()))
+                assert float(first.float().mean()) == step, "a generator read the wrong version"
+            if args.gloo and device.type == "cpu":
+                def broadcast():
+                    for t in sd.values():
+                        dist.broadcast(t, src=0)
+                out["gloo"].append(timed(broadcast, True)) if step else timed(broadcast, True)
+            if step:
+                out["put"].append(put)
+                out["get"].append(get)
+                out["refresh"].append(put + get)
+                out["memcpy"].append(memcpy)
+            if rank == 0 and args.progress:
+                print(f"  step {step}/{args.steps}: put {put * 1e3:.1f} ms, get {get * 1e3:.1f} ms, "
+                      f"memcpy {memcpy * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        barrier()
+        ts.close()
+        dist.destroy_process_group()
+        queue.put((rank, out))
+    except BaseException as error:  # noqa: BLE001
+        import traceback
+
+        queue.put((rank, traceback.format_exc()))
+        raise SystemExit(1) from error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bytes", type=parse_size, default=parse_size("600M"))
+    parser.add_argument("--tensors", type=int, default=200)
+    parser.add_argument("--generators", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--no-gloo", dest="gloo", action="store_false")
+    parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--progress", action="store_true", help="print every step")
+    args = parser.parse_args(argv)
+    world = 1 + args.generators
+    if args.threads <= 0:
+        args.threads = max(1, len(os.sched_getaffinity(0)) // world)
+    ctx = mp.get_context("spawn" if args.device == "cuda" else "fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{tmp}/init"
+        procs = [ctx.Process(target=rank_main, args=(r, world, args, init, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        results = {}
+        for _ in procs:
+            rank, out = queue.get()
+            if isinstance(out, str):
+                print(f"rank {rank} failed:\n{out}", file=sys.stderr)
+                for p in procs:
+                    p.kill()
+                return 1
+            results[rank] = out
+        for p in procs:
+            p.join()
+    out = results[0]
+    rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "gloo") if out[name]}
+    memcpy = rows["memcpy"]["median_ms"]
+    print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
+          f"{args.generators} generators, {args.device}, {args.threads} threads per rank, {args.steps} steps")
+    print(f"{'':10} {'median ms':>10} {'p90 ms':>10} {'GB/s':>8} {'x memcpy':>9}")
+    for name, row in rows.items():
+        gbps = out["bytes"] / row["median_ms"] / 1e6
+        print(f"{name:10} {row['median_ms']:10.1f} {row['p90_ms']:10.1f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
+    if "gloo" in rows:
+        print(f"gloo / refresh: {rows['gloo']['median_ms'] / rows['refresh']['median_ms']:.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"}, "bytes": out["bytes"],
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The tensor store on CUDA tensors (run on a GPU host; CI has none): one writer and several
+readers sharing GPU 0, state dicts of CUDA tensors read back bit-exact device to device (into
+new tensors, in place, and into CPU tensors), mixed CPU and CUDA state dicts, and a refresh
+loop in which no reader may see a torn version.
+
+    python tests/cuda/tensor_store_cuda.py --ranks 2 3 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+
+def expected(step: int, device: str) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {
+        "embed": torch.randn(1000, 64, generator=g).to(torch.bfloat16).to(device),
+        "layers": {str(i): {"w": torch.randn(64, 64, generator=g).to(device),
+                            "b": torch.randn(64, generator=g).to(torch.float16).to(device)} for i in range(3)},
+        "counts": torch.randint(0, 1000, (17,), generator=g),  # a CPU tensor beside them
+        "meta": {"step": step},
+    }
+
+
+def leaves(sd, prefix=()):
+    for k, v in sd.items():
+        if isinstance(v, dict) and v and not (k == "meta"):
+            yield from leaves(v, prefix + (k,))
+        else:
+            yield prefix + (k,), v
+
+
+def same(a: dict, b: dict) -> bool:
+    la, lb = dict(leaves(a)), dict(leaves(b))
+    if la.keys() != lb.keys():
+        return False
+    for path, x in la.items():
+        y = lb[path]
+        if isinstance(x, torch.Tensor):
+            if not (x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.cpu(), y.cpu())):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
+    try:
+        import torch.distributed as dist
+
+        from loom.tensor_store import TensorStore
+
+        torch.cuda.set_device(0)
+        store = dist.FileStore(path, world)
+        ts = TensorStore(store, rank=rank)
+        if rank == 0:
+            ts.put_state_dict(expected(1, "cuda"), "sd")
+            store.set("put1", "1")
+            for step in range(2, steps + 2):  # the refresh loop: whole versions only
+                ts.put_state_dict({"w": torch.full((1 << 20,), float(step), device="cuda"),
+                                   "b": torch.full((999,), float(step), dtype=torch.bfloat16, device="cuda")}, "loop")
+            store.add("readers_done", 0)
+            while int(store.add("readers_done", 0)) < world - 1:
+                time.sleep(0.01)
+            queue.put((rank, "ok"))
+            return
+        store.wait(["put1"])
+        fresh = ts.get_state_dict("sd")
+        assert fresh["embed"].is_cuda and same(fresh, expected(1, "cuda")), "fresh CUDA read differs"
+        mine = expected(0, "cuda")
+        before = mine["layers"]["1"]["w"]
+        filled = ts.get_state_dict("sd", mine)
+        assert filled["layers"]["1"]["w"] is before and same(filled, expected(1, "cuda")), "in-place read differs"
+        on_cpu = expected(0, "cpu")
+        assert same(ts.get_state_dict("sd", on_cpu), expected(1, "cpu")), "read into CPU tensors differs"
+        mine = {"w": torch.empty(1 << 20, device="cuda"), "b": torch.empty(999, dtype=torch.bfloat16, device="cuda")}
+        seen = []
+        while not seen or seen[-1] < steps + 1:
+            if not ts.exists("loop"):
+                continue
+            ts.get_state_dict("loop", mine)
+            values = {mine["w"].min().item(), mine["w"].max().item(), mine["b"].min().item(), mine["b"].max().item()}
+            assert len(values) == 1, f"torn read: {values}"
+            seen.append(values.pop())
+        assert seen == sorted(seen), seen
+        store.add("readers_done", 1)
+        queue.put((rank, f"ok ({len(seen)} refreshes seen)"))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, traceback.format_exc()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    failed = False
+    for world in args.ranks:
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = [ctx.Process(target=worker, args=(r, world, os.path.join(tmp, "store"), args.steps, queue))
+                     for r in range(world)]
+            for p in procs:
+                p.start()
+            results = dict(queue.get(timeout=300) for _ in procs)
+            for p in procs:
+                p.join(timeout=60)
+        bad = {r: v for r, v in results.items() if not v.startswith("ok")}
+        failed |= bool(bad)
+        print(f"tensor store on CUDA, {world} ranks on one GPU: {'FAILED' if bad else 'passed'} "
+              f"({', '.join(f'rank {r}: {v}' for r, v in sorted(results.items()) if r and not bad)})")
+        for r, v in bad.items():
+            print(f"--- rank {r} ---\n{v}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""loom.tensor_store across real processes: values and state dicts read back bit-exact, DTensor
+resharding between groups, versions, torn-read protection, writers and readers killed
+mid-transfer, buffers freed, and the errors bad requests get."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.uint8,
+          torch.bool, torch.complex64]
+
+
+def _sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-100 if dtype.is_signed else 0, 100, shape, generator=g).to(dtype)
+
+
+def _store_buffers() -> tuple[int, int]:
+    """(descriptors, mappings) this process holds of tensor-store regions."""
+    fds = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds += "loom-tensor-store" in os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass
+    with open("/proc/self/maps") as f:
+        maps = sum("loom-tensor-store" in line for line in f)
+    return fds, maps
+
+
+def _values(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    if rank == 0:
+        for i, dtype in enumerate(DTYPES):
+            ts.put(f"t/{dtype}", _sample(dtype, (3, 5, 7), i))
+        ts.put("t/strided", _sample(torch.float32, (8, 6), 99).t()[1:, ::2])
+        ts.put("t/scalar", torch.tensor(2.5))
+        ts.put("t/empty", torch.empty(0, 4))
+        ts.put("obj", {"lr": 1e-4, "names": ["a", "b"]})
+    dist.barrier()
+    out = {}
+    for i, dtype in enumerate(DTYPES):
+        got = ts.get(f"t/{dtype}")
+        assert got.dtype == dtype and torch.equal(got, _sample(dtype, (3, 5, 7), i)), dtype
+        into = torch.zeros(3, 5, 7, dtype=dtype)
+        assert ts.get(f"t/{dtype}", inplace_tensor=into) is into and torch.equal(into, got)
+        part = ts.get(f"t/{dtype}", tensor_slice_spec=((1, 2, 3), (2, 2, 4)))
+        assert torch.equal(part, got[1:3, 2:4, 3:7])
+    assert torch.equal(ts.get("t/strided"), _sample(torch.float32, (8, 6), 99).t()[1:, ::2])
+    assert ts.get("t/scalar").item() == 2.5 and ts.get("t/empty").shape == (0, 4)
+    out["obj"] = ts.get("obj")
+    batch = ts.get_batch(["t/scalar", "obj"])
+    out["batch"] = (batch["t/scalar"].item(), batch["obj"]["lr"])
+    out["keys"] = ts.keys("t/")
+    out["exists"] = (ts.exists("obj"), ts.exists("nope"))
+    dist.barrier()
+    if rank == 0:
+        ts.delete("obj")
+    dist.barrier()
+    out["after_delete"] = (ts.exists("obj"), "obj" in ts.keys())
+    return out
+
+
+def test_values_round_trip_bit_exact():
+    for out in run_ranks(3, _values):
+        assert out["obj"] == {"lr": 1e-4, "names": ["a", "b"]}
+        assert out["batch"] == (2.5, 1e-4)
+        assert len(out["keys"]) == len(DTYPES) + 3 and all(k.startswith("t/") for k in out["keys"])
+        assert out["exists"] == (True, False)
+        assert out["after_delete"] == (False, False)
+
+
+def _lora_state_dict(step: int) -> dict:
+    """A LoRA-shaped state dict, as the seed's example: adapters per layer, metadata beside."""
+    sd: dict = {"meta": {"step": step, "rank": 8, "alpha": 16.0}}
+    for layer in range(4):
+        sd[f"layers.{layer}"] = {
+            "q_proj": {"lora_A": _sample(torch.bfloat16, (8, 256), 100 * step + layer),
+                       "lora_B": _sample(torch.bfloat16, (256, 8), 100 * step + layer + 50)},
+            "v_proj": {"lora_A": _sample(torch.bfloat16, (8, 256), 100 * step + layer + 7),
+                       "lora_B": _sample(torch.bfloat16, (256, 8), 100 * step + layer + 57)},
+        }
+    return sd
+
+
+def _checksum(sd: dict) -> float:
+    from loom.tensor_store._layout import flatten
+
+    return sum(float(v.double().sum()) for _, v in flatten(sd) if isinstance(v, torch.Tensor))
+
+
+def _lora(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    if rank == 0:
+        assert ts.put_state_dict(_lora_state_dict(1), "lora") == 1
+    dist.barrier()
+    fresh = ts.get_state_dict("lora")
+    mine = _lora_state_dict(0)  # the reader's own tensors, filled in place
+    before = mine["layers.2"]["v_proj"]["lora_B"]
+    filled = ts.get_state_dict("lora", mine)
+    assert filled["layers.2"]["v_proj"]["lora_B"] is before
+    want = _lora_state_dict(1)
+    from loom.tensor_store._layout import flatten
+
+    for (path, a), (_, b) in zip(sorted(flatten(want)), sorted(flatten(filled))):
+        assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), path
+    return _checksum(fresh), _checksum(filled), _checksum(want), filled["meta"]
+
+
+def test_lora_state_dict_round_trip():
+    results = run_ranks(3, _lora)
+    for fresh, filled, want, meta in results:
+        assert fresh == filled == want
+        assert meta == {"step": 1, "rank": 8, "alpha": 16.0}
+
+
+def _reshard(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    # Ranks 0-1 train (FSDP: Shard(0) over their pair), ranks 2-3 generate (tensor parallel:
+    # column and row shards over theirs); shapes do not divide evenly on purpose.
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("role", "shard"))
+    pair = mesh["shard"]
+    full = {"wq": _sample(torch.float32, (7, 10), 1), "wo": _sample(torch.bfloat16, (10, 7), 2),
+            "norm": _sample(torch.float32, (10,), 3)}
+    if rank < 2:
+        sd = {name: distribute_tensor(t, pair, [Shard(0)]) for name, t in full.items()}
+        sd["step"] = 5
+        ts.put_state_dict(sd, "policy")
+    ts.latest_version("policy")
+    dist.barrier()
+    out = {}
+    if rank >= 2:
+        mine = {"wq": distribute_tensor(torch.zeros(7, 10), pair, [Shard(1)]),
+                "wo": distribute_tensor(torch.zeros(10, 7, dtype=torch.bfloat16), pair, [Shard(0)]),
+                "norm": distribute_tensor(torch.zeros(10), pair, [Replicate()]), "step": None}
+        got = ts.get_state_dict("policy", mine)
+        for name, t in full.items():
+            assert torch.equal(got[name].full_tensor(), t), name
+        out["step"] = got["step"]
+        out["plain"] = torch.equal(ts.get_state_dict("policy")["wq"], full["wq"])
+    # 2-D writers with a replicated mesh dimension (each shard stored once) read back by the
+    # same ranks under another layout.
+    big = _sample(torch.float32, (6, 9), 4)
+    ts.put("grid", distribute_tensor(big, mesh, [Shard(0), Replicate()]))
+    dist.barrier()
+    target = distribute_tensor(torch.zeros(6, 9), mesh, [Replicate(), Shard(1)])
+    ts.get("grid", inplace_tensor=target)
+    out["grid"] = torch.equal(target.full_tensor(), big)
+    return out
+
+
+def test_dtensor_resharding_between_groups():
+    results = run_ranks(4, _reshard)
+    assert all(r["grid"] for r in results)
+    assert results[2] == results[3] == {"step": 5, "plain": True, "grid": True}
+
+
+def _rl_loop(rank, world, steps):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    seen = []
+    if rank == 0:  # the trainer: a new version as fast as it can, each filled with its step
+        weights = {"w": torch.zeros(1 << 16), "b": torch.zeros(1 << 10, dtype=torch.bfloat16)}
+        for step in range(1, steps + 1):
+            for t in weights.values():
+                t.fill_(step)
+            ts.put_state_dict(weights, "policy")
+        dist.barrier()  # the writer's buffers live as long as its TensorStore: hold it
+    else:  # generators: refresh whenever they can; every read must be one whole version
+        mine = {"w": torch.empty(1 << 16), "b": torch.empty(1 << 10, dtype=torch.bfloat16)}
+        while not seen or seen[-1] < steps:
+            if not ts.exists("policy"):
+                continue
+            ts.get_state_dict("policy", mine)
+            values = {float(mine["w"].min()), float(mine["w"].max()), float(mine["b"].min()), float(mine["b"].max())}
+            assert len(values) == 1, f"a torn read: {values}"
+            seen.append(values.pop())
+        # The final version waited for by number, as a generator that wants step N does.
+        ts.get_state_dict("policy", mine, version=steps)
+        assert float(mine["w"][0]) == steps
+        dist.barrier()
+    return seen
+
+
+def test_rl_loop_never_reads_a_torn_version():
+    results = run_ranks(3, _rl_loop, 60)
+    for seen in results[1:]:
+        assert seen == sorted(seen) and seen[-1] == 60
+
+
+def _versions(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    ts = TensorStore(keep=3)
+    if rank == 0:
+        for step in (1, 2, 3, 4):
+            ts.put("x", torch.full((4,), float(step)))
+        with pytest.raises(ValueError, match="versions must be integers that grow"):
+            ts.put("x", torch.zeros(4), version=4)
+        assert ts.put("x", torch.full((4,), 10.0), version=10) == 10
+        assert _store_buffers()[0] == 3  # keep=3: three regions alive, the rest freed
+    dist.barrier()
+    out = {"latest": ts.latest_version("x"), "v3": ts.get("x", version=3)[0].item(),
+           "v10": ts.get("x")[0].item()}
+    with pytest.raises(TensorStoreError, match="version=2.*no longer kept"):
+        ts.get("x", version=2)
+    with pytest.raises(TimeoutError, match="'x', version=11.*not put within"):
+        ts.get("x", version=11, timeout=timedelta(milliseconds=300))
+    dist.barrier()
+    if rank == 1:  # a version that does not exist yet is waited for
+        time.sleep(0.3)
+        ts_writer = TensorStore(keep=3)
+        ts_writer.put("y", torch.ones(2), version=7)
+        dist.barrier()
+    else:
+        if rank == 0:
+            out["waited"] = ts.get("y", version=7, timeout=timedelta(seconds=60)).tolist()
+        dist.barrier()
+    return out
+
+
+def test_versions_latest_given_kept_and_waited_for():
+    results = run_ranks(3, _versions)
+    for r in results:
+        assert (r["latest"], r["v3"], r["v10"]) == (10, 3.0, 10.0)
+    assert results[0]["waited"] == [1.0, 1.0]
+
+
+def _async(rank, world):
+    from loom.tensor_store import AsyncTensorStore
+
+    async def main():
+        ts = AsyncTensorStore()
+        if rank == 0:
+            await ts.put("a", torch.arange(5))
+            await ts.put_state_dict({"w": torch.ones(3)}, "sd")
+        await asyncio.to_thread(dist.barrier)
+        got = await ts.get("a")
+        sd = await ts.get_state_dict("sd")
+        return got.tolist(), sd["w"].tolist(), await ts.exists("a"), await ts.keys()
+
+    return asyncio.run(main())
+
+
+def test_async_forms():
+    for got, w, exists, keys in run_ranks(2, _async):
+        assert got == [0, 1, 2, 3, 4] and w == [1.0, 1.0, 1.0] and exists and keys == ["a", "sd"]
+
+
+def _leaks(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    counts = {}
+    if rank == 0:
+        for step in range(6):
+            ts.put_state_dict({"w": torch.full((1000,), float(step)), "cfg": step}, "sd")
+            ts.put("t", torch.full((10,), float(step)))
+        counts["writer"] = _store_buffers()
+    dist.barrier()
+    if rank == 1:
+        for _ in range(3):
+            ts.get_state_dict("sd")
+            ts.get("t")
+        counts["reader"] = _store_buffers()
+    dist.barrier()
+    if rank == 0:
+        ts.delete("sd")
+        counts["after_delete"] = _store_buffers()
+        ts.close()
+        counts["after_close"] = _store_buffers()
+    return counts
+
+
+def test_buffers_are_bounded_and_freed():
+    writer, reader = run_ranks(2, _leaks)
+    assert writer["writer"][0] == 4  # 2 keys x 2 kept versions, one region each
+    assert writer["after_delete"][0] == 2 and writer["after_close"] == (0, 0)
+    # Readers hold mappings, no descriptors: the writer's two buffers of each key at most.
+    assert reader["reader"][0] == 0 and reader["reader"][1] <= 4
+
+
+def _sync(store, name, timeout=60):
+    store.wait([name], timedelta(seconds=timeout))
+
+
+def _writer_dies(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+    from loom.tensor_store import _parts
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((1 << 16,), 1.0))
+        ts.put("w", torch.full((1 << 16,), 2.0))
+        store.set("v2", "1")
+        _sync(store, "read")
+        write = _parts.OwnedBuffer.write
+
+        def write_then_die(self, pieces):  # v3 dies half-written, in v1's reused region
+            self.region.begin_write()
+            _parts.typed_view(self.data, pieces[0][1], pieces[0][0].dtype, (100,)).copy_(pieces[0][0][:100])
+            os.kill(os.getpid(), signal.SIGKILL)
+            return write(self, pieces)
+
+        _parts.OwnedBuffer.write = write_then_die
+        ts.put("w", torch.full((1 << 16,), 3.0))
+        raise AssertionError("the writer should have died")
+    _sync(store, "v2")
+    pid = ts._parts("w", None, None)[1][0].buffers[0].pid
+    if rank == 1:  # reads v2 while the writer lives (and so maps it)
+        assert float(ts.get("w")[0]) == 2.0
+    store.add("readers", 1)
+    if store.add("readers", 0) == 2:
+        store.set("read", "1")
+    while os.path.exists(f"/proc/{pid}"):  # the writer dies mid-put
+        time.sleep(0.01)
+    if rank == 1:  # v3 was never published: v2 is the latest, and whole
+        got = ts.get("w")
+        return ts.latest_version("w"), float(got.min()), float(got.max())
+    # A reader that never mapped v2 cannot read a dead writer's memory: it is told so.
+    with pytest.raises(TensorStoreError, match="rank 0.*(exited|released)"):
+        ts.get("w")
+    return "told"
+
+
+def test_writer_killed_mid_put_leaves_previous_version():
+    results = run_ranks(3, _writer_dies, killed=(0,), finalize=False)
+    assert results == ["killed", (2, 2.0, 2.0), "told"]
+
+
+def _reader_dies(rank, world):
+    from loom.tensor_store import TensorStore
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((1 << 18,), 1.0))
+        store.set("v1", "1")
+        while os.path.exists(f"/proc/{int(store.get('reader_pid'))}"):
+            time.sleep(0.01)
+        for step in (2, 3, 4):  # the writer goes on; its buffers stay bounded
+            ts.put("w", torch.full((1 << 18,), float(step)))
+        store.set("v4", "1")
+        _sync(store, "read4")  # its buffers live as long as its TensorStore
+        return _store_buffers()[0]
+    _sync(store, "v1")
+    if rank == 1:  # killed in the middle of copying a version out
+        store.set("reader_pid", str(os.getpid()))
+        torch.Tensor.copy_ = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        ts.get("w")
+        raise AssertionError("the reader should have died")
+    _sync(store, "v4")
+    got = float(ts.get("w")[0])
+    store.set("read4", "1")
+    return got
+
+
+def test_reader_killed_mid_get_leaves_writer_and_others_unharmed():
+    results = run_ranks(3, _reader_dies, killed=(1,), finalize=False)
+    assert results == [2, "killed", 4.0]
+
+
+def _errors(rank, world):
+    from torch.distributed.tensor import Partial, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from loom.tensor_store import TensorStore, _store
+
+    ts = TensorStore()
+    with pytest.raises(ValueError, match="at least 2 versions"):
+        TensorStore(keep=1)
+    if rank == 0:
+        ts.put("f32", torch.zeros(4, 4))
+        ts.put("obj", [1, 2])
+    dist.barrier()
+    with pytest.raises(KeyError, match=r"rank %d\): get\('missing'\): no such key" % rank):
+        ts.get("missing")
+    with pytest.raises(ValueError, match="'f32'.*stored as torch.float32; the tensor to fill is torch.bfloat16"):
+        ts.get("f32", inplace_tensor=torch.zeros(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"'f32'.*shape \[4, 5\]; the stored block is \[4, 4\]"):
+        ts.get("f32", inplace_tensor=torch.zeros(4, 5))
+    with pytest.raises(ValueError, match="slice at .3, 0. of shape .2, 4. is not within"):
+        ts.get("f32", tensor_slice_spec=((3, 0), (2, 4)))
+    with pytest.raises(ValueError, match="'obj'.*is an object, not a tensor"):
+        ts.get("obj", inplace_tensor=torch.zeros(2))
+    with pytest.raises(ValueError, match="keys are non-empty strings"):
+        ts.put("", torch.zeros(1))
+    with pytest.raises(KeyError, match=r"get_state_dict\('f32'\)|names differ"):
+        ts.get_state_dict("f32", {"other": torch.zeros(4, 4)})
+    with pytest.raises(KeyError, match=r"delete\('missing'\): no such key"):
+        ts.delete("missing")
+    real = _store._available_memory
+    _store._available_memory = lambda: 1 << 20  # as if the host had 1 MiB free
+    try:
+        with pytest.raises(MemoryError, match=r"put\('big'\) needs 4194304 bytes of shared memory"):
+            ts.put("big", torch.zeros(1 << 20))
+    finally:
+        _store._available_memory = real
+    mesh = init_device_mesh("cpu", (world,))
+    partial = distribute_tensor(torch.ones(4), mesh, [Partial()]) if hasattr(torch.distributed.tensor, "Partial") else None
+    if partial is not None:
+        with pytest.raises(ValueError, match=r"rank \d\): 'partial' is a DTensor placed Partial.*redistribute"):
+            ts.put("partial", partial)
+    return True
+
+
+def test_bad_requests_get_clear_errors():
+    assert run_ranks(2, _errors) == [True, True]
