@@ -64,7 +64,10 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
         if rank == 0:
             ts.put_state_dict(expected(1, "cuda"), "sd")
             store.set("put1", "1")
+            while int(store.add("readers_looping", 0)) < world - 1:  # readers read as it puts
+                time.sleep(0.001)
             for step in range(2, steps + 2):  # the refresh loop: whole versions only
+                time.sleep(0.002)  # as a trainer's step would: readers get in between
                 ts.put_state_dict({"w": torch.full((1 << 20,), float(step), device="cuda"),
                                    "b": torch.full((999,), float(step), dtype=torch.bfloat16, device="cuda")}, "loop")
             store.add("readers_done", 0)
@@ -83,6 +86,7 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
         assert same(ts.get_state_dict("sd", on_cpu), expected(1, "cpu")), "read into CPU tensors differs"
         mine = {"w": torch.empty(1 << 20, device="cuda"), "b": torch.empty(999, dtype=torch.bfloat16, device="cuda")}
         seen = []
+        store.add("readers_looping", 1)
         while not seen or seen[-1] < steps + 1:
             if not ts.exists("loop"):
                 continue
@@ -91,6 +95,8 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
             assert len(values) == 1, f"torn read: {values}"
             seen.append(values.pop())
         assert seen == sorted(seen), seen
+        ts.close()  # release the writer's device memory before it exits
+        del fresh, filled, mine
         store.add("readers_done", 1)
         queue.put((rank, f"ok ({len(seen)} refreshes seen)"))
     except BaseException:  # noqa: BLE001
@@ -100,7 +106,7 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     failed = False
     for world in args.ranks:

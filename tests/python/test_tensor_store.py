@@ -113,6 +113,7 @@ def _lora(rank, world):
     ts = TensorStore()
     if rank == 0:
         assert ts.put_state_dict(_lora_state_dict(1), "lora") == 1
+        assert ts.latest_version("lora") == 1
     dist.barrier()
     fresh = ts.get_state_dict("lora")
     mine = _lora_state_dict(0)  # the reader's own tensors, filled in place
@@ -120,6 +121,20 @@ def _lora(rank, world):
     filled = ts.get_state_dict("lora", mine)
     assert filled["layers.2"]["v_proj"]["lora_B"] is before
     want = _lora_state_dict(1)
+    # The reader's copies are planned once per state dict; a tensor swapped for another
+    # object (or a resized one) must make a new plan, not write into the old tensor.
+    dist.barrier()
+    if rank == 0:
+        ts.put_state_dict(_lora_state_dict(2), "lora")
+    dist.barrier()
+    swapped = torch.zeros(256, 8, dtype=torch.bfloat16)
+    old = mine["layers.3"]["q_proj"]["lora_B"]
+    mine["layers.3"]["q_proj"]["lora_B"] = swapped
+    ts.get_state_dict("lora", mine)
+    assert torch.equal(swapped, _lora_state_dict(2)["layers.3"]["q_proj"]["lora_B"])
+    assert torch.equal(old, want["layers.3"]["q_proj"]["lora_B"])  # untouched since
+    filled = ts.get_state_dict("lora", mine, version=1)
+    mine["layers.3"]["q_proj"]["lora_B"] = old
     from loom.tensor_store._layout import flatten
 
     for (path, a), (_, b) in zip(sorted(flatten(want)), sorted(flatten(filled))):
@@ -263,7 +278,9 @@ def _async(rank, world):
         await asyncio.to_thread(dist.barrier)
         got = await ts.get("a")
         sd = await ts.get_state_dict("sd")
-        return got.tolist(), sd["w"].tolist(), await ts.exists("a"), await ts.keys()
+        out = got.tolist(), sd["w"].tolist(), await ts.exists("a"), await ts.keys()
+        await asyncio.to_thread(dist.barrier)  # the writer's buffers live as long as its store
+        return out
 
     return asyncio.run(main())
 
@@ -373,7 +390,7 @@ def _reader_dies(rank, world):
     _sync(store, "v1")
     if rank == 1:  # killed in the middle of copying a version out
         store.set("reader_pid", str(os.getpid()))
-        torch.Tensor.copy_ = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        torch._foreach_copy_ = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
         ts.get("w")
         raise AssertionError("the reader should have died")
     _sync(store, "v4")

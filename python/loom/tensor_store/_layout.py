@@ -47,12 +47,16 @@ def whole(shape: torch.Size | tuple[int, ...]) -> Box:
     return Box(tuple(0 for _ in shape), tuple(int(n) for n in shape))
 
 
+_DTENSOR: Any = None
+
+
 def is_dtensor(value: Any) -> bool:
-    try:
+    global _DTENSOR
+    if _DTENSOR is None:
         from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover (torch without DTensor)
-        return False
-    return isinstance(value, DTensor)
+
+        _DTENSOR = DTensor
+    return isinstance(value, _DTENSOR)
 
 
 def dtensor_box(value: Any, what: str) -> tuple[Box, tuple[int, ...]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -50,7 +50,6 @@ class BufferMeta:
     fd: int
     region_id: str
     capacity: int  # bytes
-    generation: int
     cuda_ipc: tuple | None = None  # torch's rebuild function and arguments, for device memory
 
 
@@ -67,13 +66,23 @@ class PartMeta:
     kind: str  # "tensor", "object" or "state_dict"
     buffers: list[BufferMeta] = field(default_factory=list)
     tensors: list[TensorMeta] = field(default_factory=list)
+    generations: tuple[int, ...] = ()  # per buffer: the generation holding this version
 
-    def encode(self) -> bytes:
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+    def layout(self) -> bytes:
+        """Everything but the version and the generations, which change every put: a writer
+        that repeats its layout publishes the same bytes, and readers decode them once."""
+        return pickle.dumps(replace(self, version=0, generations=()), protocol=pickle.HIGHEST_PROTOCOL)
 
-    @staticmethod
-    def decode(data: bytes) -> "PartMeta":
-        return pickle.loads(data)
+
+def encode_part(layout: bytes, generations: tuple[int, ...]) -> bytes:
+    """The Store value of a part: its buffers' generations, then its layout."""
+    return ",".join(map(str, generations)).encode() + b"|" + layout
+
+
+def split_part(value: bytes) -> tuple[tuple[int, ...], bytes]:
+    """(generations, layout) of a Store value written by encode_part."""
+    head, _, layout = value.partition(b"|")
+    return tuple(int(g) for g in head.split(b",")) if head else (), layout
 
 
 def host_identity() -> str:
@@ -114,13 +123,18 @@ class OwnedBuffer:
         else:
             raise ValueError(f"loom tensor store: tensors on {device} cannot be stored (CPU and CUDA can)")
         self.capacity = capacity
+        self._views: dict[tuple, torch.Tensor] = {}
+
+    def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
+        return cached_view(self._views, self.data, offset, dtype, shape)
 
     def write(self, pieces: list[tuple[torch.Tensor, int]]) -> int:
         """Copies each (tensor, offset) in; returns the generation that holds them."""
+        views = [self.view(offset, tensor.dtype, tuple(tensor.shape)) for tensor, offset in pieces]
         self.region.begin_write()
         try:
-            for tensor, offset in pieces:
-                typed_view(self.data, offset, tensor.dtype, tuple(tensor.shape)).copy_(tensor)
+            copy_all(views, [tensor for tensor, _ in pieces])
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         finally:
@@ -129,14 +143,13 @@ class OwnedBuffer:
             generation = self.region.end_write()
         return generation
 
-    def meta(self, generation: int) -> BufferMeta:
+    def meta(self) -> BufferMeta:
         return BufferMeta(
             device=self.device.type,
             pid=os.getpid(),
             fd=self.region.fd,
             region_id=self.region.id,
             capacity=self.capacity,
-            generation=generation,
             cuda_ipc=self._ipc,
         )
 
@@ -153,6 +166,11 @@ class MappedBuffer:
             self.region = _C.Region.open(meta.pid, meta.fd, meta.region_id, 0)
             rebuild, args = meta.cuda_ipc
             self.data = rebuild(*args)
+        self._views: dict[tuple, torch.Tensor] = {}
+
+    def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
+        return cached_view(self._views, self.data, offset, dtype, shape)
 
     def check(self, generation: int) -> bool:
         """True if the bytes are still those of `generation` (call after copying them out)."""
@@ -163,6 +181,30 @@ class MappedBuffer:
     def whole_at(self, generation: int) -> bool:
         """True if the bytes are those of `generation` now (call before copying)."""
         return self.region.generation() == generation
+
+
+def cached_view(cache: dict, data: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    key = (offset, dtype, shape)
+    view = cache.get(key)
+    if view is None:
+        if len(cache) > 65536:  # a writer whose layout changes every version
+            cache.clear()
+        view = cache[key] = typed_view(data, offset, dtype, shape)
+    return view
+
+
+def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """dst.copy_(src) for every pair, batched: one call per pair of devices (on CUDA a few
+    kernel launches for all the tensors, where a loop would pay a launch for each)."""
+    groups: dict[tuple, tuple[list, list]] = {}
+    for dst, src in zip(dsts, srcs):
+        if dst.numel() == 0:
+            continue
+        into, out_of = groups.setdefault((dst.device, src.device), ([], []))
+        into.append(dst)
+        out_of.append(src)
+    for into, out_of in groups.values():
+        torch._foreach_copy_(into, out_of)
 
 
 def pickled_tensor(value: Any) -> torch.Tensor:

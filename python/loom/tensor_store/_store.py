@@ -16,9 +16,9 @@ previous version, so a writer that fails or dies in the middle of a put leaves i
 from __future__ import annotations
 
 import collections
-import math
-import os
+import pickle
 import threading
+import weakref
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Iterable
@@ -28,15 +28,16 @@ import torch.distributed as dist
 
 from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
 from ._parts import (
-    BufferMeta,
     MappedBuffer,
     OwnedBuffer,
     PartMeta,
     TensorMeta,
     aligned,
+    copy_all,
+    encode_part,
+    split_part,
     host_identity,
     pickled_tensor,
-    typed_view,
     unpickled,
 )
 
@@ -54,6 +55,124 @@ class _Kept:
     version: int
     index: int
     buffers: list[OwnedBuffer]
+
+
+class _WritePlan:
+    """Where a writer puts each piece of a value: one buffer per device, each piece at an
+    aligned offset. Reused put after put while the leaves are the same tensors."""
+
+    def __init__(self, identity: tuple, leaves: list[tuple[tuple, Any]], pieces: list[tuple[TensorMeta, int, Any]]):
+        self.identity = identity
+        self.refs = [weakref.ref(v) if isinstance(v, torch.Tensor) else None for _, v in leaves]
+        self.leaf_of = [i for _, i, _ in pieces]
+        self.pickled = {n: data for n, (_, _, data) in enumerate(pieces) if data is not None}
+        self.cacheable = not self.pickled and all(r is not None for r in self.refs)
+        ends: dict[torch.device, int] = {}
+        self.metas: list[TensorMeta] = []
+        device_of = []
+        for n, (meta, i, data) in enumerate(pieces):
+            device = data.device if data is not None else leaves[i][1].device
+            device_of.append(device)
+            offset = ends.get(device, 0)
+            ends[device] = offset + aligned(meta.nbytes)
+            self.metas.append(replace(meta, offset=offset))
+        self.devices = sorted(ends, key=str)
+        self.capacity = [ends[d] for d in self.devices]
+        for n, device in enumerate(device_of):
+            self.metas[n] = replace(self.metas[n], buffer=self.devices.index(device))
+        self.pieces_on = [[n for n, d in enumerate(device_of) if d == device] for device in self.devices]
+        self.layouts: dict[tuple, bytes] = {}  # encoded part layout, by the buffers' region ids
+
+    @staticmethod
+    def lay_out(identity: tuple, leaves, pieces) -> "_WritePlan":
+        return _WritePlan(identity, leaves, pieces)
+
+    def alive(self, leaves: list[tuple[tuple, Any]]) -> bool:
+        """True if the leaves are still the tensors this plan was made for."""
+        return all(ref is not None and ref() is value for ref, (_, value) in zip(self.refs, leaves))
+
+    def sources(self, leaves: list[tuple[tuple, Any]]) -> list[torch.Tensor]:
+        """The tensor each piece copies from, this put."""
+        out = []
+        for n, i in enumerate(self.leaf_of):
+            data = self.pickled.get(n)
+            if data is not None:
+                out.append(data)
+            else:
+                value = leaves[i][1]
+                out.append(value.to_local() if is_dtensor(value) else value)
+        return out
+
+
+class _ReadPlan:
+    """The copies one read makes (from writers' buffers into the reader's tensors) and the
+    generation checks around them. A reader that fills the same state dict from the same
+    layout again reuses it: no per-tensor work but the copies."""
+
+    def __init__(self, store: "TensorStore", key: str, version: int, parts: list[PartMeta]):
+        self.store = store
+        self.parts = parts  # holds the layouts whose ids key the cache
+        self.dsts: list[torch.Tensor] = []
+        self.srcs: list[torch.Tensor] = []
+        self.buffers: dict[tuple[int, int], MappedBuffer] = {}  # (part, buffer) -> mapping
+        self.objects: list[tuple[tuple, torch.Tensor]] = []
+        self.result = None
+        self.cache_key = None
+        self.leaf_refs: list = []
+
+    def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
+        slot = (part.index, meta.buffer)
+        mapped = self.buffers.get(slot)
+        if mapped is None:
+            mapped = self.buffers[slot] = self.store._mapped_buffer(part, meta.buffer)
+        return mapped.view(meta.offset, meta.dtype, meta.box.shape)
+
+    def copy(self, dst: torch.Tensor, part: PartMeta, meta: TensorMeta, narrow=None) -> None:
+        """Plans dst.copy_(the stored piece), or of the block `narrow` picks out of it."""
+        src = self._source(part, meta)
+        self.dsts.append(dst)
+        self.srcs.append(narrow(src) if narrow is not None else src)
+
+    def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
+        self.objects.append((path, self._source(*piece)))
+
+    def rebind(self, version: int, parts: list[PartMeta]) -> None:
+        self.parts = parts
+
+    def run(self, parts: list[PartMeta]) -> Any:
+        """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
+        checks = [(mapped, parts[p].generations[b]) for (p, b), mapped in self.buffers.items()]
+        for mapped, generation in checks:
+            if not mapped.whole_at(generation):
+                raise _Stale()
+        copy_all(self.dsts, self.srcs)
+        raw = {path: src.clone() for path, src in self.objects}
+        for mapped, generation in checks:
+            if not mapped.check(generation):
+                raise _Stale()
+        return self.result({path: unpickled(data) for path, data in raw.items()})
+
+    def remember_leaves(self, leaves: dict[tuple, Any]) -> None:
+        self.leaf_refs = [(path, weakref.ref(v) if isinstance(v, torch.Tensor) else None) for path, v in leaves.items()]
+
+    def still_fits(self, user: dict) -> bool:
+        """True if `user` holds the same tensors at the same names as when this was made."""
+        leaves = list(flatten(user))
+        if len(leaves) != len(self.leaf_refs):
+            return False
+        for (path, value), (known, ref) in zip(leaves, self.leaf_refs):
+            if path != known or (ref() is not value if ref is not None else isinstance(value, torch.Tensor)):
+                return False
+        return True
+
+
+def _entries(parts: list[PartMeta]) -> dict[tuple, list[tuple[PartMeta, TensorMeta]]]:
+    """Every stored piece, by its path."""
+    entries: dict[tuple, list[tuple[PartMeta, TensorMeta]]] = {}
+    for part in parts:
+        for meta in part.tensors:
+            entries.setdefault(meta.path, []).append((part, meta))
+    return entries
 
 
 class TensorStore:
@@ -85,6 +204,10 @@ class TensorStore:
         self._owned: dict[str, collections.deque[_Kept]] = {}
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
+        self._latest_seen: dict[str, str] = {}  # the latest value this writer set, per key
+        self._write_plans: dict[str, _WritePlan] = {}
+        self._read_plans: dict[str, _ReadPlan] = {}
+        self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
         self._mapped: dict[str, MappedBuffer] = {}  # by region id
         self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
         self._closed = False
@@ -107,7 +230,7 @@ class TensorStore:
         self._check_key(key)
         with self._lock:
             return self._read(key, version, timeout,
-                              lambda v, entries: self._materialise(key, v, entries, inplace_tensor, tensor_slice_spec))
+                              lambda v, parts: self._value_plan(key, v, parts, inplace_tensor, tensor_slice_spec))
 
     def put_state_dict(self, state_dict: dict, key: str, *, version: int | None = None) -> int:
         """Stores a (nested) state dict as one version of `key`, packed into one buffer per
@@ -125,7 +248,7 @@ class TensorStore:
         self._check_key(key)
         with self._lock:
             return self._read(key, version, timeout,
-                              lambda v, entries: self._fill_state_dict(key, v, entries, user_state_dict, strict))
+                              lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict))
 
     def put_batch(self, items: dict[str, Any], *, version: int | None = None) -> dict[str, int]:
         """put() of every key of `items`; returns each key's version."""
@@ -148,6 +271,9 @@ class TensorStore:
             for kept in self._owned.pop(key, ()):
                 self._unpublish(key, kept)
             self._last_version.pop(key, None)
+            self._latest_seen.pop(key, None)
+            self._write_plans.pop(key, None)
+            self._read_plans.pop(key, None)
 
     def exists(self, key: str) -> bool:
         """True if some version of `key` is readable."""
@@ -164,13 +290,16 @@ class TensorStore:
     def latest_version(self, key: str) -> int | None:
         """The newest complete version of `key`, or None if there is none."""
         self._check_key(key)
-        return self._latest(key)
+        latest = self._latest(key)
+        return latest[0] if latest else None
 
     def close(self) -> None:
         """Frees this process's buffers. Versions it wrote stay listed; readers that have not
         copied them get an error naming this rank."""
         with self._lock:
             self._owned.clear()
+            self._write_plans.clear()
+            self._read_plans.clear()
             self._mapped.clear()
             self._reading.clear()
             self._closed = True
@@ -186,24 +315,44 @@ class TensorStore:
     def _put_leaves(self, key: str, kind: str, leaves: list[tuple[tuple, Any]], version: int | None) -> int:
         self._check_key(key)
         writers, index = self._writers(key, leaves)
-        pieces: list[tuple[TensorMeta, torch.Tensor]] = []
-        for path, value in leaves:
-            if is_dtensor(value):
-                box, global_shape = self._dtensor_box(value, self._what(key, path))
-                if is_first_replica(value):
-                    pieces.append((TensorMeta(path, value.dtype, box, global_shape, 0, 0), value.to_local()))
-            elif index != 0:
-                continue  # plain tensors and objects are stored once, by the first writer
-            elif isinstance(value, torch.Tensor):
-                pieces.append((TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape), 0, 0), value.detach()))
-            else:
-                data = pickled_tensor(value)
-                pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), data))
+        plan = self._write_plan(key, kind, index, leaves)
+        with torch.no_grad():
+            sources = plan.sources(leaves)
+        for meta, tensor in zip(plan.metas, sources):
+            if tuple(tensor.shape) != meta.box.shape:  # resized in place since the plan was made
+                self._write_plans.pop(key, None)
+                return self._put_leaves(key, kind, leaves, version)
         with self._lock:
             if self._closed:
                 raise RuntimeError(self._message(f"put('{key}'): this TensorStore is closed"))
             version = self._next_version(key, version)
-            return self._publish(key, kind, version, index, len(writers), pieces)
+            return self._publish(key, kind, version, index, len(writers), plan, sources)
+
+    def _write_plan(self, key: str, kind: str, index: int, leaves: list[tuple[tuple, Any]]) -> "_WritePlan":
+        """Where each leaf goes in this writer's buffers. Made once for a state dict whose
+        tensors are the same objects put after put (a model's parameters); objects are pickled
+        anew each time, so a state dict holding any is planned every put."""
+        identity = (kind, index, tuple(id(v) for _, v in leaves))
+        plan = self._write_plans.get(key)
+        if plan is not None and plan.identity == identity and plan.alive(leaves):
+            return plan
+        pieces: list[tuple[TensorMeta, int, Any]] = []  # (meta, leaf index, stored value)
+        for i, (path, value) in enumerate(leaves):
+            if is_dtensor(value):
+                box, global_shape = self._dtensor_box(value, self._what(key, path))
+                if is_first_replica(value):
+                    pieces.append((TensorMeta(path, value.dtype, box, global_shape, 0, 0), i, None))
+            elif index != 0:
+                continue  # plain tensors and objects are stored once, by the first writer
+            elif isinstance(value, torch.Tensor):
+                pieces.append((TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape), 0, 0), i, None))
+            else:
+                data = pickled_tensor(value)
+                pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), i, data))
+        plan = _WritePlan.lay_out(identity, leaves, pieces)
+        if plan.cacheable:
+            self._write_plans[key] = plan
+        return plan
 
     def _writers(self, key: str, leaves: list[tuple[tuple, Any]]) -> tuple[list[int], int]:
         """The ranks that put this version together (a DTensor's mesh), and this rank's place."""
@@ -212,7 +361,7 @@ class TensorStore:
             return [self._rank], 0
         writers = meshes[0].mesh.flatten().tolist()
         for mesh in meshes[1:]:
-            if sorted(mesh.mesh.flatten().tolist()) != sorted(writers):
+            if mesh is not meshes[0] and sorted(mesh.mesh.flatten().tolist()) != sorted(writers):
                 raise ValueError(self._message(
                     f"put('{key}'): its DTensors live on meshes of different ranks "
                     f"({sorted(writers)} and {sorted(mesh.mesh.flatten().tolist())}); one key is "
@@ -224,7 +373,8 @@ class TensorStore:
     def _next_version(self, key: str, version: int | None) -> int:
         last = self._last_version.get(key)
         if last is None and key not in self._owned:
-            last = self._latest(key) or 0
+            latest = self._latest(key)
+            last = latest[0] if latest else 0
         if version is None:
             return last + 1
         if not isinstance(version, int) or version <= (last or 0):
@@ -233,38 +383,40 @@ class TensorStore:
                 f"version of this key is {last}"))
         return version
 
-    def _publish(self, key: str, kind: str, version: int, index: int, parts: int,
-                 pieces: list[tuple[TensorMeta, torch.Tensor]]) -> int:
-        # Lay the pieces out, one buffer per device.
-        layout: dict[torch.device, int] = {}
-        placed: dict[torch.device, list[tuple[torch.Tensor, int]]] = {}
-        metas = []
-        for meta, tensor in pieces:
-            device = tensor.device
-            offset = layout.get(device, 0)
-            layout[device] = offset + aligned(meta.nbytes)
-            placed.setdefault(device, []).append((tensor, offset))
-            metas.append((meta, device, offset))
-        devices = sorted(layout, key=str)
+    def _publish(self, key: str, kind: str, version: int, index: int, parts: int, plan: "_WritePlan",
+                 sources: list[torch.Tensor]) -> int:
         kept = self._owned.setdefault(key, collections.deque())
         spare: list[OwnedBuffer] = []
         while len(kept) >= self._keep:  # the oldest version goes; its buffers may be reused
             oldest = kept.popleft()
             self._unpublish(key, oldest)
             spare.extend(oldest.buffers)
-        buffers = [self._buffer(key, device, layout[device], spare) for device in devices]
+        buffers = [self._buffer(key, device, capacity, spare) for device, capacity in zip(plan.devices, plan.capacity)]
         del spare  # buffers not reused are freed here
-        part = PartMeta(key=key, version=version, index=index, parts=parts, rank=self._rank, host=self._host, kind=kind)
-        for device, buffer in zip(devices, buffers):
-            part.buffers.append(buffer.meta(buffer.write(placed[device])))
-        for meta, device, offset in metas:
-            part.tensors.append(replace(meta, buffer=devices.index(device), offset=offset))
+        regions = tuple(b.region.id for b in buffers)
+        layout = plan.layouts.get(regions)
+        if layout is None:
+            part = PartMeta(key=key, version=0, index=index, parts=parts, rank=self._rank, host=self._host,
+                            kind=kind, buffers=[b.meta() for b in buffers], tensors=plan.metas)
+            if len(plan.layouts) > self._keep:
+                plan.layouts.clear()
+            layout = plan.layouts[regions] = part.layout()
+        with torch.no_grad():
+            generations = tuple(
+                buffer.write([(sources[i], plan.metas[i].offset) for i in on_device])
+                for buffer, on_device in zip(buffers, plan.pieces_on))
         kept.append(_Kept(version, index, buffers))
         self._last_version[key] = version
-        self._store.set(f"k/{key}/v{version}/p{index}", part.encode())
-        if self._store.add(f"k/{key}/v{version}/done", 1) == parts:
-            self._store.set(f"k/{key}/v{version}/complete", str(parts))
-            self._advance_latest(key, version)
+        base = f"k/{key}/v{version}"
+        value = encode_part(layout, generations)
+        if parts == 1:
+            self._store.multi_set([f"{base}/p0", f"{base}/complete"], [value, b"1"])
+            self._advance_latest(key, version, parts)
+        else:
+            self._store.set(f"{base}/p{index}", value)
+            if self._store.add(f"{base}/done", 1) == parts:
+                self._store.set(f"{base}/complete", str(parts))
+                self._advance_latest(key, version, parts)
         if key not in self._indexed:
             self._store.append("index", key + "\n")
             self._indexed.add(key)
@@ -287,14 +439,22 @@ class TensorStore:
                     f"{self._keep} versions)"))
         return OwnedBuffer(device, capacity)
 
-    def _advance_latest(self, key: str, version: int) -> None:
+    def _advance_latest(self, key: str, version: int, parts: int) -> None:
+        """Sets latest to `version` unless a newer one is there (compare-and-set: it only grows)."""
         name = f"k/{key}/latest"
-        current = self._store.get(name).decode() if self._store.check([name]) else ""
-        while not current or int(current) < version:  # compare-and-set: latest only grows
-            seen = self._store.compare_set(name, current, str(version)).decode()
-            if seen == str(version):
-                return
-            current = seen
+        value = f"{version}/{parts}"
+        expected = self._latest_seen.get(key, "")
+        while True:
+            seen = self._store.compare_set(name, expected, value).decode()
+            if seen == value:
+                break
+            if seen == expected:  # the Store answers so when the key is missing
+                expected = ""
+                continue
+            if int(seen.split("/")[0]) >= version:
+                break
+            expected = seen
+        self._latest_seen[key] = value
 
     def _unpublish(self, key: str, kept: _Kept) -> None:
         base = f"k/{key}/v{kept.version}"
@@ -305,23 +465,22 @@ class TensorStore:
 
     # ---- reading --------------------------------------------------------------------------
 
-    def _latest(self, key: str) -> int | None:
+    def _latest(self, key: str) -> tuple[int, int] | None:
+        """(version, parts) of the newest complete version, or None."""
         name = f"k/{key}/latest"
         if not self._store.check([name]):
             return None
-        return int(self._store.get(name))
+        version, parts = self._store.get(name).decode().split("/")
+        return int(version), int(parts)
 
-    def _read(self, key: str, version: int | None, timeout: timedelta | None, consume) -> Any:
-        """Runs consume(version, entries) on a complete version until it reads one that was
-        not rewritten meanwhile. `entries` maps each path to its stored pieces."""
+    def _read(self, key: str, version: int | None, timeout: timedelta | None, plan_for) -> Any:
+        """Reads a complete version: plan_for(version, parts) says what to copy where, and
+        the plan runs until it reads a version that was not rewritten meanwhile."""
         for _ in range(self._RETRIES):
             v, parts = self._parts(key, version, timeout)
-            entries: dict[tuple, list[tuple[PartMeta, TensorMeta]]] = {}
-            for part in parts:
-                for meta in part.tensors:
-                    entries.setdefault(meta.path, []).append((part, meta))
+            plan = plan_for(v, parts)
             try:
-                return consume(v, entries)
+                return plan.run(parts)
             except _Stale:
                 if version is not None:
                     raise TensorStoreError(self._message(
@@ -332,34 +491,44 @@ class TensorStore:
             f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
             f"the writer puts faster than this rank can read"))
 
-    def _parts(self, key: str, version: int | None, timeout: timedelta | None) -> tuple[int, list[PartMeta]]:
+    def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8) -> tuple[int, list[PartMeta]]:
         latest = self._latest(key)
         if version is None:
             if latest is None:
                 raise KeyError(self._message(f"get('{key}'): no such key (put it first; keys() lists the readable ones)"))
-            version = latest
-        complete = f"k/{key}/v{version}/complete"
-        if not self._store.check([complete]):
-            if latest is not None and version <= latest:
-                raise TensorStoreError(self._message(
-                    f"get('{key}', version={version}): that version is no longer kept (the "
-                    f"latest is {latest}; writers keep their last {self._keep})"))
-            wait = timeout if timeout is not None else self._timeout
-            try:
-                self._store.wait([complete], wait)
-            except Exception as error:  # the Store raises its own error types on timeout
-                raise TimeoutError(self._message(
-                    f"get('{key}', version={version}): not put within {wait} (latest: {latest})")) from error
-        parts = int(self._store.get(complete))
-        metas = []
-        for index in range(parts):
-            name = f"k/{key}/v{version}/p{index}"
-            if not self._store.check([name]):  # retired since `complete` was read
-                if version == latest:
-                    raise TensorStoreError(self._message(f"get('{key}'): version {version} vanished while read"))
-                return self._parts(key, None, timeout)
-            metas.append(PartMeta.decode(self._store.get(name)))
-        return version, metas
+            version, parts = latest
+        elif latest is not None and version == latest[0]:
+            parts = latest[1]
+        else:
+            complete = f"k/{key}/v{version}/complete"
+            if not self._store.check([complete]):
+                if latest is not None and version <= latest[0]:
+                    raise TensorStoreError(self._message(
+                        f"get('{key}', version={version}): that version is no longer kept (the "
+                        f"latest is {latest[0]}; writers keep their last {self._keep})"))
+                wait = timeout if timeout is not None else self._timeout
+                try:
+                    self._store.wait([complete], wait)
+                except Exception as error:  # the Store raises its own error types on timeout
+                    raise TimeoutError(self._message(
+                        f"get('{key}', version={version}): not put within {wait} (latest: "
+                        f"{latest[0] if latest else None})")) from error
+            parts = int(self._store.get(complete))
+        names = [f"k/{key}/v{version}/p{i}" for i in range(parts)]
+        if not self._store.check(names):  # retired since latest was read: newer ones exist
+            if retries == 0 or (latest is not None and version != latest[0]):
+                raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
+            return self._parts(key, None, timeout, retries - 1)
+        return version, [self._decode(value, version) for value in self._store.multi_get(names)]
+
+    def _decode(self, value: bytes, version: int) -> PartMeta:
+        generations, layout = split_part(value)
+        template = self._layouts.get(layout)
+        if template is None:
+            if len(self._layouts) > 256:
+                self._layouts.clear()
+            template = self._layouts[layout] = pickle.loads(layout)
+        return replace(template, version=version, generations=generations)
 
     def _mapped_buffer(self, part: PartMeta, which: int) -> MappedBuffer:
         meta = part.buffers[which]
@@ -387,36 +556,101 @@ class TensorStore:
             self._mapped.pop(recent.pop(), None)
         return mapped
 
-    def _copier(self):
-        """Collects copies out of writers' buffers, then checks that none was rewritten."""
-        store = self
-        used: dict[str, tuple[MappedBuffer, int]] = {}
+    def _new_plan(self, key: str, version: int, parts: list[PartMeta]) -> _ReadPlan:
+        return _ReadPlan(self, key, version, parts)
 
-        class Copier:
-            def source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
-                buffer_meta = part.buffers[meta.buffer]
-                mapped = store._mapped_buffer(part, meta.buffer)
-                if not mapped.whole_at(buffer_meta.generation):
-                    raise _Stale()
-                used[buffer_meta.region_id] = (mapped, buffer_meta.generation)
-                return typed_view(mapped.data, meta.offset, meta.dtype, meta.box.shape)
+    def _value_plan(self, key: str, version: int, parts: list[PartMeta], inplace: Any, slice_spec: Any) -> "_ReadPlan":
+        entries = _entries(parts)
+        pieces = entries.get(())
+        if pieces is None:
+            if inplace is not None or slice_spec is not None:
+                raise ValueError(self._message(f"'{key}' version {version} is a state dict: use get_state_dict"))
+            return self._state_dict_plan(key, version, parts, None, True)
+        plan = self._new_plan(key, version, parts)
+        if pieces[0][1].pickled:
+            if inplace is not None:
+                raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without inplace_tensor"))
+            plan.add_object((), pieces[0])
+            plan.result = lambda objects: objects[()]
+            return plan
+        want, dst = self._target(key, version, (), pieces, inplace, slice_spec)
+        self._assemble(key, version, (), pieces, want, dst, plan)
+        plan.result = lambda objects: inplace if inplace is not None else dst
+        return plan
 
-            def verify(self) -> None:
-                for mapped, generation in used.values():
-                    if not mapped.check(generation):
-                        raise _Stale()
+    def _state_dict_plan(self, key: str, version: int, parts: list[PartMeta], user: dict | None,
+                         strict: bool) -> "_ReadPlan":
+        """The copies that fill `user` (or new tensors) from `parts`; for a user's state dict,
+        made once and reused while the layout and the user's tensors stay the same."""
+        # A part's tensor list is shared by every version decoded from the same layout bytes.
+        cache_key = (key, tuple(id(p.tensors) for p in parts), id(user)) if user is not None else None
+        if cache_key is not None:
+            plan = self._read_plans.get(key)
+            if plan is not None and plan.cache_key == cache_key and plan.still_fits(user):
+                plan.rebind(version, parts)
+                return plan
+        entries = _entries(parts)
+        plan = self._new_plan(key, version, parts)
+        if user is None:
+            leaves: dict[tuple, Any] = {}
+            for path, pieces in entries.items():
+                if pieces[0][1].pickled:
+                    plan.add_object(path, pieces[0])
+                else:
+                    want, dst = self._target(key, version, path, pieces, None, None)
+                    self._assemble(key, version, path, pieces, want, dst, plan)
+                    leaves[path] = dst
+            plan.result = lambda objects: unflatten({**leaves, **objects})
+            return plan
+        leaves = dict(flatten(user))
+        if strict:
+            missing = [self._name(p) for p in leaves if p not in entries]
+            unexpected = [self._name(p) for p in entries if p not in leaves]
+            if missing or unexpected:
+                raise KeyError(self._message(
+                    f"get_state_dict('{key}') version {version}: names differ (strict=True): "
+                    f"not stored: {missing[:8]}{'...' if len(missing) > 8 else ''}; stored but "
+                    f"not asked for: {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}"))
+        replaced: dict[tuple, torch.Tensor] = {}
+        for path, value in leaves.items():
+            pieces = entries.get(path)
+            if pieces is None:
+                continue
+            if pieces[0][1].pickled:
+                plan.add_object(path, pieces[0])
+                continue
+            dst = value if isinstance(value, torch.Tensor) else None
+            want, into = self._target(key, version, path, pieces, dst, None)
+            self._assemble(key, version, path, pieces, want, into, plan)
+            if dst is None:
+                replaced[path] = into
 
-        return Copier()
+        def result(objects: dict) -> dict:
+            for path, value in {**replaced, **objects}.items():  # the leaves that are not tensors
+                node = user
+                for name in path[:-1]:
+                    node = node[name]
+                node[path[-1]] = value
+            return user
 
-    def _assemble(self, key: str, version: int, path: tuple, pieces, want: Box, dst: torch.Tensor, copier) -> None:
-        """Copies block `want` of the tensor at `path` into `dst` from every piece over it."""
+        plan.result = result
+        if not replaced:  # tensors filled in place: the same copies serve the next version
+            plan.cache_key = cache_key
+            plan.remember_leaves(leaves)
+            self._read_plans[key] = plan
+        return plan
+
+    def _assemble(self, key: str, version: int, path: tuple, pieces, want: Box, dst: torch.Tensor, plan) -> None:
+        """Plans copying block `want` of the tensor at `path` into `dst` from every piece over it."""
+        if len(pieces) == 1 and pieces[0][1].box == want:  # the common case: no resharding
+            plan.copy(dst, *pieces[0])
+            return
         covered = 0
         for part, meta in pieces:
             block = want.overlap(meta.box)
             if block is None:
                 continue
-            src = copier.source(part, meta)
-            block.view_of(dst, want).copy_(block.view_of(src, meta.box))
+            plan.copy(block.view_of(dst, want), part, meta, lambda src, block=block, meta=meta: block.view_of(src, meta.box))
             covered += block.numel
         if covered != want.numel:
             raise TensorStoreError(self._message(
@@ -452,60 +686,6 @@ class TensorStore:
         if tuple(dst.shape) != want.shape:
             raise ValueError(self._message(f"{what}: the tensor to fill has shape {list(dst.shape)}; the stored block is {list(want.shape)}"))
         return want, dst
-
-    def _materialise(self, key: str, version: int, entries, inplace: Any, slice_spec: Any) -> Any:
-        pieces = entries.get(())
-        if pieces is None:
-            return self._fill_state_dict(key, version, entries, None, strict=True)
-        copier = self._copier()
-        if pieces[0][1].pickled:
-            if inplace is not None:
-                raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without inplace_tensor"))
-            data = copier.source(*pieces[0]).clone()
-            copier.verify()
-            return unpickled(data)
-        want, dst = self._target(key, version, (), pieces, inplace, slice_spec)
-        self._assemble(key, version, (), pieces, want, dst, copier)
-        copier.verify()
-        return inplace if inplace is not None else dst
-
-    def _fill_state_dict(self, key: str, version: int, entries, user: dict | None, strict: bool) -> dict:
-        copier = self._copier()
-        objects: dict[tuple, torch.Tensor] = {}
-        if user is None:
-            leaves: dict[tuple, Any] = {}
-            for path, pieces in entries.items():
-                if pieces[0][1].pickled:
-                    objects[path] = copier.source(*pieces[0]).clone()
-                else:
-                    want, dst = self._target(key, version, path, pieces, None, None)
-                    self._assemble(key, version, path, pieces, want, dst, copier)
-                    leaves[path] = dst
-        else:
-            leaves = dict(flatten(user))
-            if strict:
-                missing = [self._name(p) for p in leaves if p not in entries]
-                unexpected = [self._name(p) for p in entries if p not in leaves]
-                if missing or unexpected:
-                    raise KeyError(self._message(
-                        f"get_state_dict('{key}') version {version}: names differ (strict=True): "
-                        f"not stored: {missing[:8]}{'...' if len(missing) > 8 else ''}; stored but "
-                        f"not asked for: {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}"))
-            for path, value in list(leaves.items()):
-                pieces = entries.get(path)
-                if pieces is None:
-                    continue
-                if pieces[0][1].pickled:
-                    objects[path] = copier.source(*pieces[0]).clone()
-                    continue
-                dst = value if isinstance(value, torch.Tensor) else None
-                want, into = self._target(key, version, path, pieces, dst, None)
-                self._assemble(key, version, path, pieces, want, into, copier)
-                leaves[path] = value if dst is not None else into
-        copier.verify()
-        for path, data in objects.items():
-            leaves[path] = unpickled(data)
-        return unflatten(leaves)
 
     # ---- messages -------------------------------------------------------------------------
 

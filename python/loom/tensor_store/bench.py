@@ -19,9 +19,9 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import socket
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -84,28 +84,32 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
         flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         flat_dst = torch.empty_like(flat_src)
-        out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "memcpy": [], "gloo": []}
-        for step in range(args.steps + 1):  # step 0 warms up (first mappings, first faults)
+        out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "memcpy": [], "gloo": [], "first_put": []}
+        warm = 2  # the writer's first `keep` puts make its buffers (pages faulted in once)
+        for step in range(args.steps + warm):
             for t in sd.values():
                 t.fill_(step) if rank == 0 else None
             put = timed(lambda: ts.put_state_dict(sd, "policy"), rank == 0)
             get = timed(lambda: ts.get_state_dict("policy", sd), rank != 0)
             memcpy = timed(lambda: flat_dst.copy_(flat_src), rank == 0)
-            if step and rank != 0:
+            if step == 0:
+                out["first_put"].append(put)
+            if rank != 0:
                 first = next(iter(sd.values()))
                 assert float(first.float().mean()) == step, "a generator read the wrong version"
             if args.gloo and device.type == "cpu":
                 def broadcast():
                     for t in sd.values():
                         dist.broadcast(t, src=0)
-                out["gloo"].append(timed(broadcast, True)) if step else timed(broadcast, True)
-            if step:
+                gloo = timed(broadcast, True)
+                out["gloo"].append(gloo) if step >= warm else None
+            if step >= warm:
                 out["put"].append(put)
                 out["get"].append(get)
                 out["refresh"].append(put + get)
                 out["memcpy"].append(memcpy)
             if rank == 0 and args.progress:
-                print(f"  step {step}/{args.steps}: put {put * 1e3:.1f} ms, get {get * 1e3:.1f} ms, "
+                print(f"  step {step - warm + 1}/{args.steps}: put {put * 1e3:.1f} ms, get {get * 1e3:.1f} ms, "
                       f"memcpy {memcpy * 1e3:.1f} ms", file=sys.stderr, flush=True)
         barrier()
         ts.close()
@@ -135,24 +139,27 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = max(1, len(os.sched_getaffinity(0)) // world)
     ctx = mp.get_context("spawn" if args.device == "cuda" else "fork")
     queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init = f"file://{tmp}/init"
-        procs = [ctx.Process(target=rank_main, args=(r, world, args, init, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        results = {}
-        for _ in procs:
-            rank, out = queue.get()
-            if isinstance(out, str):
-                print(f"rank {rank} failed:\n{out}", file=sys.stderr)
-                for p in procs:
-                    p.kill()
-                return 1
-            results[rank] = out
-        for p in procs:
-            p.join()
+    # A TCPStore, as torchrun's env:// gives (a FileStore rereads a growing file on every call).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        init = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    procs = [ctx.Process(target=rank_main, args=(r, world, args, init, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, out = queue.get()
+        if isinstance(out, str):
+            print(f"rank {rank} failed:\n{out}", file=sys.stderr)
+            for p in procs:
+                p.kill()
+            return 1
+        results[rank] = out
+    for p in procs:
+        p.join()
     out = results[0]
     rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "gloo") if out[name]}
+    first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
     print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
           f"{args.generators} generators, {args.device}, {args.threads} threads per rank, {args.steps} steps")
@@ -160,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in rows.items():
         gbps = out["bytes"] / row["median_ms"] / 1e6
         print(f"{name:10} {row['median_ms']:10.1f} {row['p90_ms']:10.1f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
+    print(f"(not in the steps: the first put, which makes the writer's buffer: {first_put_ms:.0f} ms; "
+          f"two steps warm up)")
     if "gloo" in rows:
         print(f"gloo / refresh: {rows['gloo']['median_ms'] / rows['refresh']['median_ms']:.1f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"}, "bytes": out["bytes"],
-                       "rows": rows}, f, indent=1)
+                       "rows": rows, "first_put_ms": first_put_ms}, f, indent=1)
     return 0
 
 
