@@ -33,6 +33,9 @@ void bindTensorStore(py::module_& m) {
       .def_property_readonly("capacity", &Region::capacity)
       .def_property_readonly("writable", &Region::writable)
       .def("begin_write", &Region::beginWrite, "Owner: the bytes are being rewritten.")
+      .def("set_progress", &Region::setProgress, py::arg("bytes"),
+           "Owner, while writing: the first `bytes` bytes hold the new data.")
+      .def("progress", &Region::progress, "Bytes the write in progress has finished.")
       .def("end_write", &Region::endWrite, "Owner: the bytes are whole; returns the generation.")
       .def("generation", &Region::generation, "The generation now (even: whole).")
       .def("unchanged_since", &Region::unchangedSince, py::arg("generation"),

@@ -338,13 +338,14 @@ def _writer_dies(rank, world):
         ts.put("w", torch.full((1 << 16,), 2.0))
         store.set("v2", "1")
         _sync(store, "read")
-        write = _parts.OwnedBuffer.write
 
-        def write_then_die(self, pieces):  # v3 dies half-written, in v1's reused region
+        def write_then_die(self, pieces, bucket_bytes):  # v3 dies half-written, in v1's region
             self.region.begin_write()
             _parts.typed_view(self.data, pieces[0][1], pieces[0][0].dtype, (100,)).copy_(pieces[0][0][:100])
+            self.region.set_progress(400)
+            store.set("dying", "1")
+            _sync(store, "mapped3")  # a reader is waiting for the rest of v3
             os.kill(os.getpid(), signal.SIGKILL)
-            return write(self, pieces)
 
         _parts.OwnedBuffer.write = write_then_die
         ts.put("w", torch.full((1 << 16,), 3.0))
@@ -353,15 +354,21 @@ def _writer_dies(rank, world):
     pid = ts._parts("w", None, None)[1][0].buffers[0].pid
     if rank == 1:  # reads v2 while the writer lives (and so maps it)
         assert float(ts.get("w")[0]) == 2.0
-    store.add("readers", 1)
-    if store.add("readers", 0) == 2:
+    if store.add("readers", 1) == 2:
         store.set("read", "1")
-    while os.path.exists(f"/proc/{pid}"):  # the writer dies mid-put
-        time.sleep(0.01)
-    if rank == 1:  # v3 was never published: v2 is the latest, and whole
-        got = ts.get("w")
+    if rank == 1:
+        while os.path.exists(f"/proc/{pid}"):  # the writer dies mid-put
+            time.sleep(0.01)
+        got = ts.get("w")  # v3 never completed: v2 is the latest, and whole
         return ts.latest_version("w"), float(got.min()), float(got.max())
-    # A reader that never mapped v2 cannot read a dead writer's memory: it is told so.
+    # Rank 2 waits for v3 as it is written (its part is published before its bytes), and is
+    # told when the writer dies; it never mapped v2, so reading that is refused with a reason.
+    _sync(store, "dying")
+    version, parts = ts._parts("w", 3, None)
+    ts._mapped_buffer(parts[0], 0)
+    store.set("mapped3", "1")
+    with pytest.raises(TensorStoreError, match=r"version 3: rank 0 \(pid \d+\) died while writing it"):
+        ts.get("w", version=3)
     with pytest.raises(TensorStoreError, match="rank 0.*(exited|released)"):
         ts.get("w")
     return "told"
@@ -450,3 +457,45 @@ def _errors(rank, world):
 
 def test_bad_requests_get_clear_errors():
     assert run_ranks(2, _errors) == [True, True]
+
+
+def _as_written(rank, world, versions):
+    from loom.tensor_store import TensorStore
+    from loom.tensor_store import _store
+
+    # Small buckets, so that a reader waiting for a version copies its front while the
+    # writer still writes its back.
+    ts = TensorStore(bucket_bytes=256 << 10)
+    shapes = [(256, 256)] * 32  # 8 MiB of float32 in 32 tensors
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        weights = {f"w{i}": torch.empty(shape) for i, shape in enumerate(shapes)}
+        for v in range(1, versions + 1):
+            if v > 2:  # at most one version ahead of the reader, which reads every one
+                store.wait([f"read{v - 2}"])
+            for t in weights.values():
+                t.fill_(v)
+            ts.put_state_dict(weights, "policy")
+        dist.barrier()
+        return None
+    pipelined = []
+    run = _store._ReadPlan._run_as_written
+
+    def counted(self, writing):
+        pipelined.append(len(writing))
+        return run(self, writing)
+
+    _store._ReadPlan._run_as_written = counted
+    mine = {f"w{i}": torch.empty(shape) for i, shape in enumerate(shapes)}
+    for v in range(1, versions + 1):  # each asked for before (or while) it is put
+        ts.get_state_dict("policy", mine, version=v)
+        store.set(f"read{v}", "1")
+        values = {float(t.min()) for t in mine.values()} | {float(t.max()) for t in mine.values()}
+        assert values == {float(v)}, f"version {v} read as {values}"
+    dist.barrier()
+    return len(pipelined)
+
+
+def test_reading_a_version_as_it_is_written():
+    results = run_ranks(2, _as_written, 20)
+    assert results[1] > 0, "no version was read while it was written"

@@ -129,19 +129,38 @@ class OwnedBuffer:
         """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
         return cached_view(self._views, self.data, offset, dtype, shape)
 
-    def write(self, pieces: list[tuple[torch.Tensor, int]]) -> int:
-        """Copies each (tensor, offset) in; returns the generation that holds them."""
+    def next_generation(self) -> int:
+        """The generation the next write() will leave (published before it starts)."""
+        return (self.region.generation() | 1) + 1
+
+    def write(self, pieces: list[tuple[torch.Tensor, int]], bucket_bytes: int) -> int:
+        """Copies each (tensor, offset) in, in order of offset, a bucket of about
+        `bucket_bytes` at a time, publishing its progress after each so that readers can
+        copy a bucket while the next is written. Returns the generation that holds them."""
         views = [self.view(offset, tensor.dtype, tuple(tensor.shape)) for tensor, offset in pieces]
+        srcs = [tensor for tensor, _ in pieces]
         self.region.begin_write()
         try:
-            copy_all(views, [tensor for tensor, _ in pieces])
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-        finally:
-            # Even after a failed copy the generation moves on, so a reader that saw the
-            # old one cannot mistake half-written bytes for it.
-            generation = self.region.end_write()
-        return generation
+            start = 0
+            while start < len(pieces):
+                end, size = start, 0
+                while end < len(pieces) and (end == start or size < bucket_bytes):
+                    size += views[end].numel() * views[end].element_size()
+                    end += 1
+                run_copies(copy_groups(views[start:end], srcs[start:end]))
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                last = views[end - 1]
+                self.region.set_progress(pieces[end - 1][1] + last.numel() * last.element_size())
+                start = end
+        except BaseException:
+            # The generation must never reach the published one with half-written bytes:
+            # it moves one write further, so readers of this version see it replaced.
+            self.region.end_write()
+            self.region.begin_write()
+            self.region.end_write()
+            raise
+        return self.region.end_write()
 
     def meta(self) -> BufferMeta:
         return BufferMeta(
@@ -178,9 +197,14 @@ class MappedBuffer:
             torch.cuda.synchronize(self.data.device)
         return self.region.unchanged_since(generation)
 
-    def whole_at(self, generation: int) -> bool:
-        """True if the bytes are those of `generation` now (call before copying)."""
-        return self.region.generation() == generation
+    def state(self, generation: int) -> str:
+        """"whole" if the bytes are those of `generation` now, "writing" if the write that
+        makes them is under way, "replaced" otherwise (call before copying)."""
+        now = self.region.generation()
+        return "whole" if now == generation else "writing" if now == generation - 1 else "replaced"
+
+    def progress(self) -> int:
+        return self.region.progress()
 
 
 def cached_view(cache: dict, data: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
@@ -193,9 +217,9 @@ def cached_view(cache: dict, data: torch.Tensor, offset: int, dtype: torch.dtype
     return view
 
 
-def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    """dst.copy_(src) for every pair, batched: one call per pair of devices (on CUDA a few
-    kernel launches for all the tensors, where a loop would pay a launch for each)."""
+def copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[tuple[list, list]]:
+    """The pairs (dst, src) grouped by their devices, empty tensors left out: what
+    run_copies takes (plans make it once and run it every read)."""
     groups: dict[tuple, tuple[list, list]] = {}
     for dst, src in zip(dsts, srcs):
         if dst.numel() == 0:
@@ -203,7 +227,13 @@ def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         into, out_of = groups.setdefault((dst.device, src.device), ([], []))
         into.append(dst)
         out_of.append(src)
-    for into, out_of in groups.values():
+    return list(groups.values())
+
+
+def run_copies(groups: list[tuple[list, list]]) -> None:
+    """dst.copy_(src) for every pair, one batched call per pair of devices (on CUDA a few
+    kernel launches for all the tensors, where a loop would pay a launch for each)."""
+    for into, out_of in groups:
         torch._foreach_copy_(into, out_of)
 
 

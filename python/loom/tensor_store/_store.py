@@ -16,8 +16,10 @@ previous version, so a writer that fails or dies in the middle of a put leaves i
 from __future__ import annotations
 
 import collections
+import os
 import pickle
 import threading
+import time
 import weakref
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -33,7 +35,8 @@ from ._parts import (
     PartMeta,
     TensorMeta,
     aligned,
-    copy_all,
+    copy_groups,
+    run_copies,
     encode_part,
     split_part,
     host_identity,
@@ -54,6 +57,7 @@ class _Stale(Exception):
 class _Kept:
     version: int
     index: int
+    parts: int
     buffers: list[OwnedBuffer]
 
 
@@ -117,7 +121,9 @@ class _ReadPlan:
         self.buffers: dict[tuple[int, int], MappedBuffer] = {}  # (part, buffer) -> mapping
         self.objects: list[tuple[tuple, torch.Tensor]] = []
         self.result = None
-        self.cache_key = None
+        self.groups: list | None = None  # the copies grouped by devices, made on first run
+        self.needs: list[tuple[tuple[int, int], int]] = []  # per copy: (part, buffer), end byte
+        self.needs_for_objects: list[tuple[tuple[int, int], int]] = []
         self.leaf_refs: list = []
 
     def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
@@ -132,9 +138,11 @@ class _ReadPlan:
         src = self._source(part, meta)
         self.dsts.append(dst)
         self.srcs.append(narrow(src) if narrow is not None else src)
+        self.needs.append(((part.index, meta.buffer), meta.offset + meta.nbytes))
 
     def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
         self.objects.append((path, self._source(*piece)))
+        self.needs_for_objects.append(((piece[0].index, piece[1].buffer), piece[1].offset + piece[1].nbytes))
 
     def rebind(self, version: int, parts: list[PartMeta]) -> None:
         self.parts = parts
@@ -142,15 +150,71 @@ class _ReadPlan:
     def run(self, parts: list[PartMeta]) -> Any:
         """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
         checks = [(mapped, parts[p].generations[b]) for (p, b), mapped in self.buffers.items()]
-        for mapped, generation in checks:
-            if not mapped.whole_at(generation):
+        writing = {}
+        for (slot, mapped), (_, generation) in zip(self.buffers.items(), checks):
+            state = mapped.state(generation)
+            if state == "replaced":
                 raise _Stale()
-        copy_all(self.dsts, self.srcs)
+            if state == "writing":
+                writing[slot] = (mapped, generation, parts[slot[0]])
+        if not writing:
+            if self.groups is None:
+                self.groups = copy_groups(self.dsts, self.srcs)
+            run_copies(self.groups)
+        else:
+            self._run_as_written(writing)
+        for slot, end in self.needs_for_objects:
+            if slot in writing:
+                self._await(writing[slot], end)
         raw = {path: src.clone() for path, src in self.objects}
         for mapped, generation in checks:
             if not mapped.check(generation):
                 raise _Stale()
         return self.result({path: unpickled(data) for path, data in raw.items()})
+
+    def _run_as_written(self, writing: dict) -> None:
+        """The copies in the order their bytes are written, each bucket once it is there."""
+        order = sorted(range(len(self.dsts)), key=lambda i: self.needs[i][1])
+        bucket = self.store._bucket_bytes
+        start = 0
+        while start < len(order):
+            end, size = start, 0
+            while end < len(order) and (end == start or size < bucket):
+                size += self.dsts[order[end]].numel() * self.dsts[order[end]].element_size()
+                end += 1
+            chunk = order[start:end]
+            for slot in {self.needs[i][0] for i in chunk}:
+                if slot in writing:
+                    self._await(writing[slot], max(self.needs[i][1] for i in chunk if self.needs[i][0] == slot))
+            run_copies(copy_groups([self.dsts[i] for i in chunk], [self.srcs[i] for i in chunk]))
+            start = end
+
+    def _await(self, writing: tuple, end: int) -> None:
+        """Waits until the writer has written the buffer up to byte `end` (or all of it)."""
+        mapped, generation, part = writing
+        deadline = time.monotonic() + self.store._timeout.total_seconds()
+        checked = time.monotonic()
+        pid = part.buffers[0].pid
+        while True:
+            state = mapped.state(generation)
+            if state == "whole":
+                return
+            if state == "replaced":
+                raise _Stale()
+            if mapped.progress() >= end:
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(self.store._message(
+                    f"'{part.key}' version {part.version}: rank {part.rank} did not finish writing "
+                    f"it within {self.store._timeout}"))
+            if now - checked > 0.1:
+                checked = now
+                if not os.path.exists(f"/proc/{pid}"):
+                    raise TensorStoreError(self.store._message(
+                        f"'{part.key}' version {part.version}: rank {part.rank} (pid {pid}) died "
+                        f"while writing it; the version before is still readable"))
+            time.sleep(20e-6)
 
     def remember_leaves(self, leaves: dict[tuple, Any]) -> None:
         self.leaf_refs = [(path, weakref.ref(v) if isinstance(v, torch.Tensor) else None) for path, v in leaves.items()]
@@ -181,12 +245,14 @@ class TensorStore:
 
     `store` is the job's c10d Store (default: the default process group's); `namespace`
     separates independent stores of one job; a writer keeps its last `keep` versions of each
-    key readable; `timeout` bounds waits for a version (default: the Store's timeout)."""
+    key readable; `timeout` bounds waits for a version (default: the Store's timeout); a put
+    writes `bucket_bytes` at a time, and a reader that asked for that version copies each
+    bucket as soon as it is written."""
 
     _RETRIES = 8  # reads of "latest" that raced a newer put, before giving up
 
     def __init__(self, store: dist.Store | None = None, *, namespace: str = "default", keep: int = 2,
-                 timeout: timedelta | None = None, rank: int | None = None):
+                 timeout: timedelta | None = None, rank: int | None = None, bucket_bytes: int = 64 << 20):
         if store is None:
             if not dist.is_initialized():
                 raise RuntimeError("loom tensor store: pass a c10d Store, or call "
@@ -198,6 +264,7 @@ class TensorStore:
         self._store = dist.PrefixStore(f"loom_ts/{namespace}/", store)
         self._rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self._keep = keep
+        self._bucket_bytes = max(1, int(bucket_bytes))
         self._timeout = timeout if timeout is not None else store.timeout
         self._host = host_identity()
         self._lock = threading.RLock()
@@ -206,7 +273,7 @@ class TensorStore:
         self._indexed: set[str] = set()
         self._latest_seen: dict[str, str] = {}  # the latest value this writer set, per key
         self._write_plans: dict[str, _WritePlan] = {}
-        self._read_plans: dict[str, _ReadPlan] = {}
+        self._read_plans: dict[str, dict[tuple, _ReadPlan]] = {}
         self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
         self._mapped: dict[str, MappedBuffer] = {}  # by region id
         self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
@@ -401,19 +468,20 @@ class TensorStore:
             if len(plan.layouts) > self._keep:
                 plan.layouts.clear()
             layout = plan.layouts[regions] = part.layout()
-        with torch.no_grad():
-            generations = tuple(
-                buffer.write([(sources[i], plan.metas[i].offset) for i in on_device])
-                for buffer, on_device in zip(buffers, plan.pieces_on))
-        kept.append(_Kept(version, index, buffers))
-        self._last_version[key] = version
         base = f"k/{key}/v{version}"
-        value = encode_part(layout, generations)
+        # The part goes out before the bytes: a reader waiting for this version copies each
+        # bucket as it lands. Readers of the latest see the version only once it is complete.
+        generations = tuple(buffer.next_generation() for buffer in buffers)
+        self._store.set(f"{base}/p{index}", encode_part(layout, generations))
+        kept.append(_Kept(version, index, parts, buffers))
+        self._last_version[key] = version
+        with torch.no_grad():
+            for buffer, on_device in zip(buffers, plan.pieces_on):
+                buffer.write([(sources[i], plan.metas[i].offset) for i in on_device], self._bucket_bytes)
         if parts == 1:
-            self._store.multi_set([f"{base}/p0", f"{base}/complete"], [value, b"1"])
+            self._store.set(f"{base}/complete", b"1")
             self._advance_latest(key, version, parts)
         else:
-            self._store.set(f"{base}/p{index}", value)
             if self._store.add(f"{base}/done", 1) == parts:
                 self._store.set(f"{base}/complete", str(parts))
                 self._advance_latest(key, version, parts)
@@ -461,7 +529,8 @@ class TensorStore:
         self._store.delete_key(f"{base}/p{kept.index}")
         if kept.index == 0:
             self._store.delete_key(f"{base}/complete")
-            self._store.delete_key(f"{base}/done")
+            if kept.parts > 1:  # a single writer never counts its parts
+                self._store.delete_key(f"{base}/done")
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -501,25 +570,32 @@ class TensorStore:
             parts = latest[1]
         else:
             complete = f"k/{key}/v{version}/complete"
-            if not self._store.check([complete]):
-                if latest is not None and version <= latest[0]:
-                    raise TensorStoreError(self._message(
-                        f"get('{key}', version={version}): that version is no longer kept (the "
-                        f"latest is {latest[0]}; writers keep their last {self._keep})"))
+            if self._store.check([complete]):
+                parts = int(self._store.get(complete))
+            elif latest is not None and version <= latest[0]:
+                raise TensorStoreError(self._message(
+                    f"get('{key}', version={version}): that version is no longer kept (the "
+                    f"latest is {latest[0]}; writers keep their last {self._keep})"))
+            else:  # not complete yet: wait for its parts; their bytes are read as written
+                first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
-                try:
-                    self._store.wait([complete], wait)
-                except Exception as error:  # the Store raises its own error types on timeout
-                    raise TimeoutError(self._message(
-                        f"get('{key}', version={version}): not put within {wait} (latest: "
-                        f"{latest[0] if latest else None})")) from error
-            parts = int(self._store.get(complete))
+                self._wait(key, version, [first], wait, latest)
+                parts = self._decode(self._store.get(first), version).parts
+                self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, latest)
         names = [f"k/{key}/v{version}/p{i}" for i in range(parts)]
         if not self._store.check(names):  # retired since latest was read: newer ones exist
             if retries == 0 or (latest is not None and version != latest[0]):
                 raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
             return self._parts(key, None, timeout, retries - 1)
         return version, [self._decode(value, version) for value in self._store.multi_get(names)]
+
+    def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:
+        try:
+            self._store.wait(names, wait)
+        except Exception as error:  # the Store raises its own error types on timeout
+            raise TimeoutError(self._message(
+                f"get('{key}', version={version}): not put within {wait} (latest: "
+                f"{latest[0] if latest else None})")) from error
 
     def _decode(self, value: bytes, version: int) -> PartMeta:
         generations, layout = split_part(value)
@@ -585,8 +661,8 @@ class TensorStore:
         # A part's tensor list is shared by every version decoded from the same layout bytes.
         cache_key = (key, tuple(id(p.tensors) for p in parts), id(user)) if user is not None else None
         if cache_key is not None:
-            plan = self._read_plans.get(key)
-            if plan is not None and plan.cache_key == cache_key and plan.still_fits(user):
+            plan = self._read_plans.get(key, {}).get(cache_key)
+            if plan is not None and plan.still_fits(user):
                 plan.rebind(version, parts)
                 return plan
         entries = _entries(parts)
@@ -635,9 +711,13 @@ class TensorStore:
 
         plan.result = result
         if not replaced:  # tensors filled in place: the same copies serve the next version
-            plan.cache_key = cache_key
             plan.remember_leaves(leaves)
-            self._read_plans[key] = plan
+            # One plan per layout the writer rotates through (its `keep` buffers), for one
+            # state dict of the reader's: a new one replaces them all.
+            plans = self._read_plans.setdefault(key, {})
+            if any(k[2] != cache_key[2] for k in plans) or len(plans) > 2 * self._keep:
+                plans.clear()
+            plans[cache_key] = plan
         return plan
 
     def _assemble(self, key: str, version: int, path: tuple, pieces, want: Box, dst: torch.Tensor, plan) -> None:

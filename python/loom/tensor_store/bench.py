@@ -7,6 +7,8 @@ One trainer puts a bf16 state dict (transformer-shaped: `--tensors` tensors summ
 place. Printed per step, as median and p90 over `--steps` steps:
 - put: the trainer's put_state_dict; get: the slowest generator's get_state_dict;
   refresh: put + get, what a generator waits for a new version;
+- overlapped: a put while the generators already ask for that version (get with version=),
+  so they copy each bucket as it is written: from the start of the put to the last copy;
 - memcpy: the same bytes copied once, one flat tensor into another, by one process with the
   same threads (CPU) or by the device (CUDA): the floor of any transfer;
 - gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
@@ -84,19 +86,38 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
         flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         flat_dst = torch.empty_like(flat_src)
-        out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "memcpy": [], "gloo": [], "first_put": []}
+        out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "overlapped": [], "memcpy": [], "gloo": [],
+               "first_put": []}
         warm = 2  # the writer's first `keep` puts make its buffers (pages faulted in once)
+        version = 0
+
+        def check(what: str) -> None:
+            if rank != 0:
+                first, last = next(iter(sd.values())), list(sd.values())[-1]
+                assert float(first.float().mean()) == float(last.float().mean()) == version % 256, \
+                    f"a generator read the wrong version ({what})"
+
+        def refill() -> None:
+            if rank == 0:
+                for t in sd.values():
+                    t.fill_(version % 256)  # exact in bf16
+
         for step in range(args.steps + warm):
-            for t in sd.values():
-                t.fill_(step) if rank == 0 else None
+            version += 1
+            refill()
             put = timed(lambda: ts.put_state_dict(sd, "policy"), rank == 0)
             get = timed(lambda: ts.get_state_dict("policy", sd), rank != 0)
+            check("after the put")
+            # The same refresh with the generators asking for the version before it is put:
+            # they copy each bucket as the trainer writes it.
+            version += 1
+            refill()
+            overlapped = timed(lambda: ts.put_state_dict(sd, "policy") if rank == 0
+                               else ts.get_state_dict("policy", sd, version=version), True)
+            check("while it was put")
             memcpy = timed(lambda: flat_dst.copy_(flat_src), rank == 0)
             if step == 0:
                 out["first_put"].append(put)
-            if rank != 0:
-                first = next(iter(sd.values()))
-                assert float(first.float().mean()) == step, "a generator read the wrong version"
             if args.gloo and device.type == "cpu":
                 def broadcast():
                     for t in sd.values():
@@ -107,10 +128,11 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
                 out["put"].append(put)
                 out["get"].append(get)
                 out["refresh"].append(put + get)
+                out["overlapped"].append(overlapped)
                 out["memcpy"].append(memcpy)
             if rank == 0 and args.progress:
                 print(f"  step {step - warm + 1}/{args.steps}: put {put * 1e3:.1f} ms, get {get * 1e3:.1f} ms, "
-                      f"memcpy {memcpy * 1e3:.1f} ms", file=sys.stderr, flush=True)
+                      f"overlapped {overlapped * 1e3:.1f} ms, memcpy {memcpy * 1e3:.1f} ms", file=sys.stderr, flush=True)
         barrier()
         ts.close()
         dist.destroy_process_group()
@@ -158,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in procs:
         p.join()
     out = results[0]
-    rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "gloo") if out[name]}
+    rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "overlapped", "gloo") if out[name]}
     first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
     print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
@@ -170,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(not in the steps: the first put, which makes the writer's buffer: {first_put_ms:.0f} ms; "
           f"two steps warm up)")
     if "gloo" in rows:
-        print(f"gloo / refresh: {rows['gloo']['median_ms'] / rows['refresh']['median_ms']:.1f}x")
+        print(f"gloo / refresh: {rows['gloo']['median_ms'] / rows['refresh']['median_ms']:.1f}x; "
+              f"gloo / overlapped: {rows['gloo']['median_ms'] / rows['overlapped']['median_ms']:.1f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"}, "bytes": out["bytes"],

@@ -109,7 +109,9 @@ std::unique_ptr<Region> Region::open(int pid, int fd, const Id& id, size_t capac
 
 void Region::beginWrite() {
   auto& g = header().generation;
-  g.store(g.load(std::memory_order_relaxed) | 1, std::memory_order_relaxed);
+  header().progress.store(0, std::memory_order_relaxed);
+  // Release: a reader that sees the odd generation sees the progress reset with it.
+  g.store(g.load(std::memory_order_relaxed) | 1, std::memory_order_release);
   // The odd generation must be visible before any byte of the new data.
   std::atomic_thread_fence(std::memory_order_release);
 }
@@ -119,6 +121,14 @@ uint64_t Region::endWrite() {
   const uint64_t next = (g.load(std::memory_order_relaxed) | 1) + 1;
   g.store(next, std::memory_order_release);  // after every byte of the data
   return next;
+}
+
+void Region::setProgress(uint64_t bytes) {
+  header().progress.store(bytes, std::memory_order_release);  // after those bytes
+}
+
+uint64_t Region::progress() const {
+  return header().progress.load(std::memory_order_acquire);
 }
 
 uint64_t Region::generation() const {

@@ -4,7 +4,9 @@
 // An anonymous memfd (never a file in /dev/shm, so nothing outlives the processes that hold
 // it), sealed against resizing, with a header page that carries a sequence lock: the owner
 // makes the generation odd while it writes and even when the bytes are whole, and a reader
-// keeps what it copied only if it saw the same even generation before and after.
+// keeps what it copied only if it saw the same even generation before and after. While it
+// writes, the owner also publishes how far it got, so a reader can copy the front of a
+// version while the back is still being written (and then checks the generation as usual).
 //
 // Peers open the owner's descriptor through /proc/<pid>/fd/<fd>, read-only: the kernel lets
 // only the owner's user (and root) do that, the same trust docs/SECURITY.md gives any
@@ -28,6 +30,7 @@ struct RegionHeader {
   uint64_t capacity;                 ///< data bytes after the header page
   std::array<uint8_t, 16> id;        ///< random, published beside the descriptor number
   std::atomic<uint64_t> generation;  ///< odd while the owner writes, even when whole
+  std::atomic<uint64_t> progress;    ///< bytes from the start already written this generation
 };
 
 class Region {
@@ -57,8 +60,13 @@ class Region {
 
   /// Owner: marks the bytes as being rewritten (generation becomes odd).
   void beginWrite();
+  /// Owner, while writing: the first `bytes` bytes hold the new data (readers may copy them).
+  void setProgress(uint64_t bytes);
   /// Owner: marks the bytes whole again; returns the new (even) generation.
   uint64_t endWrite();
+  /// How many bytes from the start the write in progress has finished (acquire: reads of
+  /// those bytes that follow see them).
+  uint64_t progress() const;
   /// The generation now (acquire: reads of the data that follow see at least this write).
   uint64_t generation() const;
   /// Reader: true if no write began since the bytes were read at generation `seen` (an
