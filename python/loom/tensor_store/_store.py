@@ -1,15 +1,17 @@
 """TensorStore: put/get of tensors, objects and state dicts between the processes of a job.
 
 Keys in the job's Store (under loom_ts/<namespace>/), all small:
-    k/<key>/latest           the newest complete version
-    k/<key>/v<V>/p<i>        part i of version V (a PartMeta: where its bytes are)
-    k/<key>/v<V>/done        how many parts of V are published (Store.add)
+    k/<key>/latest           "<version>/<parts>" of the newest complete version
+    k/<key>/v<V>/p<i>        part i of version V: its buffers' generations, then its layout
+                             (a pickled PartMeta: where its bytes are), set before the bytes
+    k/<key>/v<V>/done        how many parts of V are written (Store.add; several writers only)
     k/<key>/v<V>/complete    the number of parts, set by the writer that completed V
     index                    every key ever put, one per line (the Store cannot list keys)
 
-A version is readable once it is complete, and readers copy it with a sequence-lock check
-(src/transport/shm/region.h), so a reader never keeps bytes of a version that was being
-rewritten. A writer keeps its last `keep` versions (at least 2): a put never touches the
+Readers of the latest see a version once it is complete; a reader that asks for a version
+by number may copy it bucket by bucket as it is written. Either way readers copy with a
+sequence-lock check (src/transport/shm/region.h), so a reader never keeps bytes of a version
+that was being rewritten. A writer keeps its last `keep` versions (at least 2): a put never touches the
 previous version, so a writer that fails or dies in the middle of a put leaves it readable.
 """
 
@@ -87,10 +89,6 @@ class _WritePlan:
         self.pieces_on = [[n for n, d in enumerate(device_of) if d == device] for device in self.devices]
         self.layouts: dict[tuple, bytes] = {}  # encoded part layout, by the buffers' region ids
 
-    @staticmethod
-    def lay_out(identity: tuple, leaves, pieces) -> "_WritePlan":
-        return _WritePlan(identity, leaves, pieces)
-
     def alive(self, leaves: list[tuple[tuple, Any]]) -> bool:
         """True if the leaves are still the tensors this plan was made for."""
         return all(ref is not None and ref() is value for ref, (_, value) in zip(self.refs, leaves))
@@ -125,6 +123,7 @@ class _ReadPlan:
         self.needs: list[tuple[tuple[int, int], int]] = []  # per copy: (part, buffer), end byte
         self.needs_for_objects: list[tuple[tuple[int, int], int]] = []
         self.leaf_refs: list = []
+        self.wait_limit = store._timeout  # for bytes still being written (set per read)
 
     def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
         slot = (part.index, meta.buffer)
@@ -149,14 +148,16 @@ class _ReadPlan:
 
     def run(self, parts: list[PartMeta]) -> Any:
         """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
-        checks = [(mapped, parts[p].generations[b]) for (p, b), mapped in self.buffers.items()]
-        writing = {}
-        for (slot, mapped), (_, generation) in zip(self.buffers.items(), checks):
+        checks = []
+        writing = {}  # the buffers still being written, by (part, buffer)
+        for (p, b), mapped in self.buffers.items():
+            generation = parts[p].generations[b]
+            checks.append((mapped, generation))
             state = mapped.state(generation)
             if state == "replaced":
                 raise _Stale()
             if state == "writing":
-                writing[slot] = (mapped, generation, parts[slot[0]])
+                writing[(p, b)] = (mapped, generation, parts[p])
         if not writing:
             if self.groups is None:
                 self.groups = copy_groups(self.dsts, self.srcs)
@@ -192,7 +193,7 @@ class _ReadPlan:
     def _await(self, writing: tuple, end: int) -> None:
         """Waits until the writer has written the buffer up to byte `end` (or all of it)."""
         mapped, generation, part = writing
-        deadline = time.monotonic() + self.store._timeout.total_seconds()
+        deadline = time.monotonic() + self.wait_limit.total_seconds()
         checked = time.monotonic()
         pid = part.buffers[0].pid
         while True:
@@ -207,7 +208,7 @@ class _ReadPlan:
             if now > deadline:
                 raise TimeoutError(self.store._message(
                     f"'{part.key}' version {part.version}: rank {part.rank} did not finish writing "
-                    f"it within {self.store._timeout}"))
+                    f"it within {self.wait_limit}"))
             if now - checked > 0.1:
                 checked = now
                 if not os.path.exists(f"/proc/{pid}"):
@@ -416,7 +417,7 @@ class TensorStore:
             else:
                 data = pickled_tensor(value)
                 pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), i, data))
-        plan = _WritePlan.lay_out(identity, leaves, pieces)
+        plan = _WritePlan(identity, leaves, pieces)
         if plan.cacheable:
             self._write_plans[key] = plan
         return plan
@@ -548,6 +549,7 @@ class TensorStore:
         for _ in range(self._RETRIES):
             v, parts = self._parts(key, version, timeout)
             plan = plan_for(v, parts)
+            plan.wait_limit = timeout if timeout is not None else self._timeout
             try:
                 return plan.run(parts)
             except _Stale:
