@@ -507,3 +507,13 @@ def _as_written(rank, world, versions):
 def test_reading_a_version_as_it_is_written():
     results = run_ranks(2, _as_written, 10)
     assert results[1] > 0, "no version was read while it was written"
+
+
+def test_examples_run_under_torchrun(tmp_path):
+    """The two examples of docs/STORE.md, as a user runs them (on CPU here)."""
+    from frameworks import EXAMPLES, torchrun
+
+    done = torchrun(EXAMPLES / "tensor_store_rl.py", ["--steps", "8", "--device", "cpu"], tmp_path, ranks=3)
+    assert "bit-exact: yes" in done.stdout and "step 8: trainer" in done.stdout, done.stdout
+    done = torchrun(EXAMPLES / "tensor_store_state_dict.py", ["--layers", "4", "--device", "cpu"], tmp_path, ranks=3)
+    assert "bit-exact: yes" in done.stdout and "(32 tensors)" in done.stdout, done.stdout

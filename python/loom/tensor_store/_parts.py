@@ -191,17 +191,27 @@ class MappedBuffer:
         """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
         return cached_view(self._views, self.data, offset, dtype, shape)
 
-    def check(self, generation: int) -> bool:
-        """True if the bytes are still those of `generation` (call after copying them out)."""
+    def check(self, generation: int, written: int | None = None) -> bool:
+        """True if the bytes copied out are those of `generation` (call after copying): the
+        generation is unchanged, or, for a buffer read while written (`written`: the end of
+        what was copied), the same write is still under way and has passed that end."""
         if self.data.is_cuda:
             torch.cuda.synchronize(self.data.device)
-        return self.region.unchanged_since(generation)
+        if self.region.unchanged_since(generation):
+            return True
+        return (written is not None and self.region.generation() == generation - 1
+                and self.region.progress() >= written)
 
     def state(self, generation: int) -> str:
         """"whole" if the bytes are those of `generation` now, "writing" if the write that
-        makes them is under way, "replaced" otherwise (call before copying)."""
+        makes them is under way, "pending" if it has not begun (the writer publishes a part
+        before writing it), "replaced" if a later write began (call before copying)."""
         now = self.region.generation()
-        return "whole" if now == generation else "writing" if now == generation - 1 else "replaced"
+        if now == generation:
+            return "whole"
+        if now == generation - 1:
+            return "writing"
+        return "pending" if now < generation else "replaced"
 
     def progress(self) -> int:
         return self.region.progress()

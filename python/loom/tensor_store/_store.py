@@ -156,7 +156,7 @@ class _ReadPlan:
             state = mapped.state(generation)
             if state == "replaced":
                 raise _Stale()
-            if state == "writing":
+            if state in ("writing", "pending"):
                 writing[(p, b)] = (mapped, generation, parts[p])
         if not writing:
             if self.groups is None:
@@ -168,8 +168,11 @@ class _ReadPlan:
             if slot in writing:
                 self._await(writing[slot], end)
         raw = {path: src.clone() for path, src in self.objects}
-        for mapped, generation in checks:
-            if not mapped.check(generation):
+        for slot, (mapped, generation) in zip(self.buffers, checks):
+            written = None
+            if slot in writing:  # copied as written: valid as far as the write had got
+                written = max(end for s, end in self.needs + self.needs_for_objects if s == slot)
+            if not mapped.check(generation, written):
                 raise _Stale()
         return self.result({path: unpickled(data) for path, data in raw.items()})
 
@@ -202,7 +205,8 @@ class _ReadPlan:
                 return
             if state == "replaced":
                 raise _Stale()
-            if mapped.progress() >= end:
+            # Pending: the progress left is the previous write's, so it says nothing yet.
+            if state == "writing" and mapped.progress() >= end:
                 return
             now = time.monotonic()
             if now > deadline:
