@@ -37,6 +37,8 @@ void bindTensorStore(py::module_& m) {
            "Owner, while writing: the first `bytes` bytes hold the new data.")
       .def("progress", &Region::progress, "Bytes the write in progress has finished.")
       .def("end_write", &Region::endWrite, "Owner: the bytes are whole; returns the generation.")
+      .def("abandon_write", &Region::abandonWrite,
+           "Owner, after a failed write: skips the generation it would have ended at.")
       .def("generation", &Region::generation, "The generation now (even: whole).")
       .def("unchanged_since", &Region::unchangedSince, py::arg("generation"),
            "Reader, after copying: True if no write began since `generation`.")

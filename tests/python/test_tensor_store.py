@@ -517,3 +517,58 @@ def test_examples_run_under_torchrun(tmp_path):
     assert "bit-exact: yes" in done.stdout and "step 8: trainer" in done.stdout, done.stdout
     done = torchrun(EXAMPLES / "tensor_store_state_dict.py", ["--layers", "4", "--device", "cpu"], tmp_path, ranks=3)
     assert "bit-exact: yes" in done.stdout and "(32 tensors)" in done.stdout, done.stdout
+
+
+def _filled(value: float) -> dict:
+    """Eight 4 KiB tensors: eight buckets of 4 KiB."""
+    return {f"t{i}": torch.full((1024,), value) for i in range(8)}
+
+
+def _failed_put(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+    from loom.tensor_store import _parts
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore(bucket_bytes=4096)
+    if rank == 0:
+        ts.put_state_dict(_filled(1.0), "w")
+        _sync(store, "asking2")
+        copies, calls = _parts.run_copies, []
+
+        def fail_second_bucket(groups):
+            calls.append(1)
+            if len(calls) == 2:
+                _sync(store, "reading2")  # the reader has the first bucket of version 2
+                raise RuntimeError("injected: a copy failed")
+            copies(groups)
+
+        _parts.run_copies = fail_second_bucket
+        with pytest.raises(RuntimeError, match="injected"):
+            ts.put_state_dict(_filled(2.0), "w")
+        _parts.run_copies = copies
+        store.set("failed2", "1")
+        _sync(store, "checked")
+        return ts.put_state_dict(_filled(3.0), "w")
+    # The reader waits for version 2 and starts copying it as it is written; the write fails.
+    store.set("asking2", "1")
+    run = _parts.MappedBuffer.state
+
+    def signal_once_writing(self, generation):
+        state = run(self, generation)
+        if state == "writing" and not store.check(["reading2"]):
+            store.set("reading2", "1")
+        return state
+
+    _parts.MappedBuffer.state = signal_once_writing
+    with pytest.raises(TensorStoreError, match="version=2"):
+        ts.get_state_dict("w", version=2)
+    _sync(store, "failed2")
+    latest = ts.latest_version("w")
+    value = {float(t.max()) for t in ts.get_state_dict("w").values()} | {float(t.min()) for t in ts.get_state_dict("w").values()}
+    store.set("checked", "1")
+    return latest, value
+
+
+def test_a_put_that_fails_midway_is_never_read():
+    results = run_ranks(2, _failed_put)
+    assert results == [3, (1, {1.0})]

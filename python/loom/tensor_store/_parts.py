@@ -154,11 +154,9 @@ class OwnedBuffer:
                 self.region.set_progress(pieces[end - 1][1] + last.numel() * last.element_size())
                 start = end
         except BaseException:
-            # The generation must never reach the published one with half-written bytes:
-            # it moves one write further, so readers of this version see it replaced.
-            self.region.end_write()
-            self.region.begin_write()
-            self.region.end_write()
+            # The generation must never reach the published one with half-written bytes: it
+            # skips it, so readers of this version see it replaced.
+            self.region.abandon_write()
             raise
         return self.region.end_write()
 

@@ -480,9 +480,13 @@ class TensorStore:
         self._store.set(f"{base}/p{index}", encode_part(layout, generations))
         kept.append(_Kept(version, index, parts, buffers))
         self._last_version[key] = version
-        with torch.no_grad():
-            for buffer, on_device in zip(buffers, plan.pieces_on):
-                buffer.write([(sources[i], plan.metas[i].offset) for i in on_device], self._bucket_bytes)
+        try:
+            with torch.no_grad():
+                for buffer, on_device in zip(buffers, plan.pieces_on):
+                    buffer.write([(sources[i], plan.metas[i].offset) for i in on_device], self._bucket_bytes)
+        except BaseException:
+            self._store.delete_key(f"{base}/p{index}")  # never complete: readers of it are told
+            raise
         if parts == 1:
             self._store.set(f"{base}/complete", b"1")
             self._advance_latest(key, version, parts)
@@ -560,8 +564,8 @@ class TensorStore:
                 if version is not None:
                     raise TensorStoreError(self._message(
                         f"get('{key}', version={version}): the writer replaced that version while "
-                        f"it was read (it keeps {self._keep}); read it sooner, or ask for the "
-                        f"latest")) from None
+                        f"it was read (it keeps {self._keep}), or gave it up (its put failed "
+                        f"midway); read it sooner, or ask for the latest")) from None
         raise TensorStoreError(self._message(
             f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
             f"the writer puts faster than this rank can read"))

@@ -131,6 +131,14 @@ uint64_t Region::progress() const {
   return header().progress.load(std::memory_order_acquire);
 }
 
+uint64_t Region::abandonWrite() {
+  auto& g = header().generation;
+  // From the odd o of the write: o + 3, past the even o + 1 that write would have ended at.
+  const uint64_t next = (g.load(std::memory_order_relaxed) | 1) + 3;
+  g.store(next, std::memory_order_release);
+  return next;
+}
+
 uint64_t Region::generation() const {
   return header().generation.load(std::memory_order_acquire);
 }

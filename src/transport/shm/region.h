@@ -64,6 +64,10 @@ class Region {
   void setProgress(uint64_t bytes);
   /// Owner: marks the bytes whole again; returns the new (even) generation.
   uint64_t endWrite();
+  /// Owner, after a write failed: the generation skips the even value that write would have
+  /// ended at (published to readers of the version being written), so nobody takes its
+  /// half-written bytes for that version; returns the new (even) generation.
+  uint64_t abandonWrite();
   /// How many bytes from the start the write in progress has finished (acquire: reads of
   /// those bytes that follow see them).
   uint64_t progress() const;
