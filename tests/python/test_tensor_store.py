@@ -139,6 +139,7 @@ def _lora(rank, world):
 
     for (path, a), (_, b) in zip(sorted(flatten(want)), sorted(flatten(filled))):
         assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), path
+    dist.barrier()  # the writer's buffers live as long as its store
     return _checksum(fresh), _checksum(filled), _checksum(want), filled["meta"]
 
 
@@ -186,6 +187,7 @@ def _reshard(rank, world):
     target = distribute_tensor(torch.zeros(6, 9), mesh, [Replicate(), Shard(1)])
     ts.get("grid", inplace_tensor=target)
     out["grid"] = torch.equal(target.full_tensor(), big)
+    dist.barrier()  # writers' buffers live as long as their stores: keep them until all have read
     return out
 
 
@@ -452,6 +454,7 @@ def _errors(rank, world):
     if partial is not None:
         with pytest.raises(ValueError, match=r"rank \d\): 'partial' is a DTensor placed Partial.*redistribute"):
             ts.put("partial", partial)
+    dist.barrier()  # the writer's buffers live as long as its store
     return True
 
 

@@ -47,6 +47,10 @@ from ._parts import (
 )
 
 
+# A value no key of the store ever holds (see TensorStore._get_now).
+_ABSENT = b"\x00loom-tensor-store: absent\x00"
+
+
 class TensorStoreError(RuntimeError):
     """A version cannot be read: its writer exited or replaced it, or it was never complete."""
 
@@ -354,9 +358,10 @@ class TensorStore:
 
     def keys(self, prefix: str | None = None) -> list[str]:
         """The readable keys (those starting with `prefix`), sorted."""
-        if not self._store.check(["index"]):
+        index = self._get_now("index")
+        if index is None:
             return []
-        names = {name for name in self._store.get("index").decode().split("\n") if name}
+        names = {name for name in index.decode().split("\n") if name}
         return sorted(n for n in names if (prefix is None or n.startswith(prefix)) and self.exists(n))
 
     def latest_version(self, key: str) -> int | None:
@@ -543,12 +548,20 @@ class TensorStore:
 
     # ---- reading --------------------------------------------------------------------------
 
+    def _get_now(self, name: str) -> bytes | None:
+        """The value of `name`, or None if it is missing, in one round trip. (Store.get waits
+        for a missing key until the Store's timeout, and check-then-get can lose a key that is
+        deleted in between.) A compare-and-set whose expected value no key holds changes
+        nothing and answers the value, or, for a missing key, the expected value itself."""
+        value = self._store.compare_set(name, _ABSENT, _ABSENT)
+        return None if value == _ABSENT else value
+
     def _latest(self, key: str) -> tuple[int, int] | None:
         """(version, parts) of the newest complete version, or None."""
-        name = f"k/{key}/latest"
-        if not self._store.check([name]):
+        value = self._get_now(f"k/{key}/latest")
+        if value is None:
             return None
-        version, parts = self._store.get(name).decode().split("/")
+        version, parts = value.decode().split("/")
         return int(version), int(parts)
 
     def _read(self, key: str, version: int | None, timeout: timedelta | None, plan_for) -> Any:
@@ -590,14 +603,23 @@ class TensorStore:
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
                 self._wait(key, version, [first], wait, latest)
-                parts = self._decode(self._store.get(first), version).parts
+                value = self._get_now(first)
+                if value is None:  # withdrawn: its put failed
+                    raise TensorStoreError(self._message(
+                        f"get('{key}', version={version}): the writer gave that version up (its put failed)"))
+                parts = self._decode(value, version).parts
                 self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, latest)
         names = [f"k/{key}/v{version}/p{i}" for i in range(parts)]
-        if not self._store.check(names):  # retired since latest was read: newer ones exist
+        if parts == 1:
+            value = self._get_now(names[0])
+            values = None if value is None else [value]
+        else:
+            values = self._store.multi_get(names) if self._store.check(names) else None
+        if values is None:  # retired since latest was read: newer ones exist
             if retries == 0 or (latest is not None and version != latest[0]):
                 raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
             return self._parts(key, None, timeout, retries - 1)
-        return version, [self._decode(value, version) for value in self._store.multi_get(names)]
+        return version, [self._decode(value, version) for value in values]
 
     def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:
         try:
