@@ -144,16 +144,22 @@ void requireGroupSize(const CallSite& site, int64_t groupSize) {
   }
 }
 
+/// The direct path of both all_reduce forms: `input` reduced into `output` (may be its data).
+void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
+                     const at::Tensor& input, void* output) {
+  const Flat in = reductionView(s, input, op);
+  const ReduceOp loomOp = reduceOpOf(s, op, in.type);
+  runBlocking([&] {
+    return pg.communicator().allReduce(in.ptr(), output, in.count, in.type, loomOp,
+                                       blockingOptions());
+  });
+}
+
 void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std::string& group) {
   auto [pg, s] = startCall("all_reduce_", group, tensor, "tensor");
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&tensor})) {
-    const Flat flat = reductionView(s, tensor, op);
-    const ReduceOp loomOp = reduceOpOf(s, op, flat.type);
-    runBlocking([&] {
-      return pg.communicator().allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, loomOp,
-                                         blockingOptions());
-    });
+    allReduceDirect(pg, s, op, tensor, tensor.data_ptr());
     return;
   }
   std::vector<at::Tensor> tensors{tensor};
@@ -169,12 +175,7 @@ at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
   if (direct({&input})) {
-    const Flat in = reductionView(s, input, op);
-    const ReduceOp loomOp = reduceOpOf(s, op, in.type);
-    runBlocking([&] {
-      return pg.communicator().allReduce(in.ptr(), output.data_ptr(), in.count, in.type, loomOp,
-                                         blockingOptions());
-    });
+    allReduceDirect(pg, s, op, input, output.data_ptr());
     return output;
   }
   output.copy_(input);

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include "core/topology.h"
 #include "transport/shm/region.h"
 
 namespace py = pybind11;
@@ -12,6 +13,16 @@ using loom::shm::Region;
 namespace loom::torch_plugin {
 
 void bindTensorStore(py::module_& m) {
+  m.def(
+      "host_identity",
+      [] {
+        // loom's host (kernel and network namespace) plus the pid namespace, in which
+        // /proc/<pid> names a region's owner.
+        const HostInfo& host = localHost();
+        return loom::shm::regionIdHex(host.id) + "/pid:" + std::to_string(host.pidNamespace);
+      },
+      "What processes that can read each other's regions share (loom's host identity and "
+      "the pid namespace).");
   py::class_<Region, std::shared_ptr<Region>>(
       m, "Region", "A sealed memfd whose bytes peers of this host read in place.")
       .def_static(

@@ -115,7 +115,7 @@ class _ReadPlan:
     generation checks around them. A reader that fills the same state dict from the same
     layout again reuses it: no per-tensor work but the copies."""
 
-    def __init__(self, store: "TensorStore", key: str, version: int, parts: list[PartMeta]):
+    def __init__(self, store: "TensorStore", parts: list[PartMeta]):
         self.store = store
         self.parts = parts  # holds the layouts whose ids key the cache
         self.dsts: list[torch.Tensor] = []
@@ -126,6 +126,7 @@ class _ReadPlan:
         self.groups: list | None = None  # the copies grouped by devices, made on first run
         self.needs: list[tuple[tuple[int, int], int]] = []  # per copy: (part, buffer), end byte
         self.needs_for_objects: list[tuple[tuple[int, int], int]] = []
+        self.ends: dict[tuple[int, int], int] = {}  # per buffer: the end of all it reads
         self.leaf_refs: list = []
         self.wait_limit = store._timeout  # for bytes still being written (set per read)
 
@@ -141,14 +142,16 @@ class _ReadPlan:
         src = self._source(part, meta)
         self.dsts.append(dst)
         self.srcs.append(narrow(src) if narrow is not None else src)
-        self.needs.append(((part.index, meta.buffer), meta.offset + meta.nbytes))
+        self._need(self.needs, part, meta)
+
+    def _need(self, needs: list, part: PartMeta, meta: TensorMeta) -> None:
+        slot, end = (part.index, meta.buffer), meta.offset + meta.nbytes
+        needs.append((slot, end))
+        self.ends[slot] = max(self.ends.get(slot, 0), end)
 
     def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
         self.objects.append((path, self._source(*piece)))
-        self.needs_for_objects.append(((piece[0].index, piece[1].buffer), piece[1].offset + piece[1].nbytes))
-
-    def rebind(self, version: int, parts: list[PartMeta]) -> None:
-        self.parts = parts
+        self._need(self.needs_for_objects, *piece)
 
     def run(self, parts: list[PartMeta]) -> Any:
         """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
@@ -173,9 +176,8 @@ class _ReadPlan:
                 self._await(writing[slot], end)
         raw = {path: src.clone() for path, src in self.objects}
         for slot, (mapped, generation) in zip(self.buffers, checks):
-            written = None
-            if slot in writing:  # copied as written: valid as far as the write had got
-                written = max(end for s, end in self.needs + self.needs_for_objects if s == slot)
+            # Copied as written: valid as far as the write had got.
+            written = self.ends[slot] if slot in writing else None
             if not mapped.check(generation, written):
                 raise _Stale()
         return self.result({path: unpickled(data) for path, data in raw.items()})
@@ -664,9 +666,6 @@ class TensorStore:
             self._mapped.pop(recent.pop(), None)
         return mapped
 
-    def _new_plan(self, key: str, version: int, parts: list[PartMeta]) -> _ReadPlan:
-        return _ReadPlan(self, key, version, parts)
-
     def _value_plan(self, key: str, version: int, parts: list[PartMeta], inplace: Any, slice_spec: Any) -> "_ReadPlan":
         entries = _entries(parts)
         pieces = entries.get(())
@@ -674,7 +673,7 @@ class TensorStore:
             if inplace is not None or slice_spec is not None:
                 raise ValueError(self._message(f"'{key}' version {version} is a state dict: use get_state_dict"))
             return self._state_dict_plan(key, version, parts, None, True)
-        plan = self._new_plan(key, version, parts)
+        plan = _ReadPlan(self, parts)
         if pieces[0][1].pickled:
             if inplace is not None:
                 raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without inplace_tensor"))
@@ -695,10 +694,10 @@ class TensorStore:
         if cache_key is not None:
             plan = self._read_plans.get(key, {}).get(cache_key)
             if plan is not None and plan.still_fits(user):
-                plan.rebind(version, parts)
+                plan.parts = parts
                 return plan
         entries = _entries(parts)
-        plan = self._new_plan(key, version, parts)
+        plan = _ReadPlan(self, parts)
         if user is None:
             leaves: dict[tuple, Any] = {}
             for path, pieces in entries.items():

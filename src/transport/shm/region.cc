@@ -12,13 +12,13 @@
 #include <new>
 
 #include "loom/error.h"
+#include "transport/shm/memfd.h"
 
 namespace loom::shm {
 
 namespace {
 
 constexpr uint64_t kRegionMagic = 0x3152'5354'4d4f'4f4cULL;  // "LOOMTSR1", little-endian
-constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 constexpr const char* kOp = "tensor store";
 
 uint8_t* mapRegion(int fd, size_t total, bool writable) {
@@ -51,16 +51,9 @@ Region::~Region() {
 }
 
 std::unique_ptr<Region> Region::create(size_t capacity) {
-  posix::Fd fd(::memfd_create("loom-tensor-store", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) posix::throwErrno(kOp, "memfd_create");
   const size_t total = kHeaderBytes + capacity;
-  if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0) {
-    posix::throwErrno(kOp, "sizing a region of " + std::to_string(capacity) + " bytes");
-  }
-  // Owner-only, as communicator segments: another user cannot open it through /proc.
-  if (::fchmod(fd.get(), 0600) != 0) posix::throwErrno(kOp, "fchmod of a region");
-  // Sealed: nobody holding it can shrink it under a reader's mapping (SIGBUS).
-  if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) posix::throwErrno(kOp, "sealing a region");
+  posix::Fd fd = sealedMemfd("loom-tensor-store", total, kOp,
+                             "a region of " + std::to_string(capacity) + " bytes");
   uint8_t* base = mapRegion(fd.get(), total, /*writable=*/true);
   auto* header = new (base) RegionHeader{};
   header->magic = kRegionMagic;
@@ -97,8 +90,7 @@ std::unique_ptr<Region> Region::open(int pid, int fd, const Id& id, size_t capac
                     " is no longer region " + regionIdHex(id) +
                     " (the owner released it: the version was replaced or deleted)");
   }
-  const int seals = ::fcntl(mine.get(), F_GET_SEALS);
-  if (seals < 0 || (seals & kSeals) != kSeals) {
+  if (!isSealed(mine.get())) {
     throw Error(ErrorCode::kMismatch, kOp, -1, "region is not sealed; refusing to map it");
   }
   uint8_t* base = mapRegion(mine.get(), kHeaderBytes + capacity, /*writable=*/false);

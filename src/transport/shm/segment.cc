@@ -13,13 +13,11 @@
 #include <new>
 
 #include "loom/error.h"
+#include "transport/shm/memfd.h"
 
 namespace loom::shm {
 
 namespace {
-
-// The seals every segment carries: fixed size, and the seals themselves fixed.
-constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 // Mappings alive in this process, by communicator id.
 std::mutex gRegistryMutex;
@@ -52,18 +50,7 @@ uint8_t* Segment::map(int fd, const Layout& layout) {
 }
 
 std::shared_ptr<Segment> Segment::create(const Layout& layout, const CommId& id) {
-  posix::Fd fd(::memfd_create("loom", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) posix::throwErrno("create", "memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(layout.total)) != 0) {
-    posix::throwErrno("create", "sizing the shared segment");
-  }
-  // Owner-only (memfds are created 0777): defence in depth, so that even a path to the fd
-  // (/proc/<pid>/fd/<n>) that another user could traverse would not open it.
-  if (::fchmod(fd.get(), 0600) != 0) posix::throwErrno("create", "fchmod of the shared segment");
-  // Sealed: no process holding the fd can shrink it under another's mapping (SIGBUS).
-  if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) {
-    posix::throwErrno("create", "sealing the shared segment");
-  }
+  posix::Fd fd = sealedMemfd("loom", layout.total, "create", "the shared segment");
   uint8_t* base = map(fd.get(), layout);
   auto* header = new (base) SegmentHeader{};
   header->magic = kMagic;
@@ -102,8 +89,7 @@ std::shared_ptr<Segment> Segment::attach(posix::Fd fd, const CommId& id, int siz
                 "different loom version)");
   }
   // A segment whose size could change under our mapping would let any holder SIGBUS us.
-  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
-  if (seals < 0 || (seals & kSeals) != kSeals) {
+  if (!isSealed(fd.get())) {
     throw Error(ErrorCode::kInternal, "create", -1,
                 "the segment received is not sealed against resizing; refusing to map it");
   }
