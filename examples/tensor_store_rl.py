@@ -3,13 +3,17 @@ is a generator that refreshes its copy of the policy at every step (as torchstor
 torchstore_rl example does), on CUDA when there is a GPU (several ranks may share one) and
 on CPU otherwise.
 
-    torchrun --nproc-per-node 3 examples/tensor_store_rl.py [--steps 20] [--device cpu|cuda]
+    torchrun --nproc-per-node 3 examples/tensor_store_rl.py [--steps 20] [--device cpu|cuda] [--lend]
 
 On-policy: the trainer trains step k on the rollouts of policy k-1, and each generator asks
 for version k while the trainer still trains, so it copies the weights as the trainer writes
 them. Each generator checks that what it got is bit for bit what the
 trainer put (a checksum of the bytes, compared through the job's Store). Rank 0 prints one
 line per step and "bit-exact: yes" at the end.
+
+With --lend the trainer lends its own weights instead of putting a copy: the generators copy
+straight out of the trainer's parameters, which it reclaims before each optimizer step (the
+generators have read the previous version by then: they sent their rollouts).
 """
 
 import argparse
@@ -40,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--lend", action="store_true", help="lend the trainer's weights instead of copying them")
     args = parser.parse_args()
 
     dist.init_process_group("loom")  # the store needs only the job's Store; loom runs the barriers
@@ -52,6 +57,9 @@ def main() -> None:
     if rank == 0:  # the trainer
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         data = torch.Generator(device="cpu").manual_seed(1)
+        if args.lend:
+            ts.make_lendable(model)  # once: the parameters move into memory the store lends
+        publish = ts.lend_state_dict if args.lend else ts.put_state_dict
         for step in range(1, args.steps + 1):
             if step > 1:  # on-policy: train on the rollouts of the previous policy
                 store.wait([f"rollouts/{step - 1}/all"])
@@ -59,8 +67,10 @@ def main() -> None:
             loss = model(x).float().pow(2).mean()
             opt.zero_grad()
             loss.backward()
+            if args.lend and step > 1:
+                ts.reclaim("policy")  # the weights are about to change
             opt.step()
-            version = ts.put_state_dict(model.state_dict(), "policy")
+            version = publish(model.state_dict(), "policy")
             store.set(f"trainer/{version}", checksum(model.state_dict()))
         dist.barrier()  # the generators have read every version (the trainer's buffers live until then)
         mismatches = [r for r in range(1, world) if store.get(f"gen{r}/result").decode() != "ok"]

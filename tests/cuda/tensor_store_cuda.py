@@ -1,7 +1,8 @@
 """The tensor store on CUDA tensors (run on a GPU host; CI has none): one writer and several
 readers sharing GPU 0, state dicts of CUDA tensors read back bit-exact device to device (into
-new tensors, in place, and into CPU tensors), mixed CPU and CUDA state dicts, and a refresh
-loop in which no reader may see a torn version.
+new tensors, in place, and into CPU tensors), mixed CPU and CUDA state dicts, and refresh
+loops, put and lent (the writer's own tensors, changed on the GPU between reclaim and lend),
+in which no reader may see a torn version.
 
     python tests/cuda/tensor_store_cuda.py --ranks 2 3 4
 """
@@ -70,7 +71,18 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
                 time.sleep(0.002)  # as a trainer's step would: readers get in between
                 ts.put_state_dict({"w": torch.full((1 << 20,), float(step), device="cuda"),
                                    "b": torch.full((999,), float(step), dtype=torch.bfloat16, device="cuda")}, "loop")
-            store.add("readers_done", 0)
+            # Lent: the writer's own tensors, changed by kernels between reclaim and lend.
+            lent = {"w": torch.zeros(1 << 20, device="cuda"), "b": torch.zeros(999, dtype=torch.bfloat16, device="cuda"),
+                    "cpu": torch.zeros(10)}
+            ts.make_lendable(lent)
+            ts.lend_state_dict(lent, "lent")
+            while int(store.add("readers_lent", 0)) < world - 1:
+                time.sleep(0.001)
+            for step in range(1, steps + 1):
+                time.sleep(0.002)
+                with ts.updating("lent"):
+                    for t in lent.values():
+                        t.fill_(step)
             while int(store.add("readers_done", 0)) < world - 1:
                 time.sleep(0.01)
             queue.put((rank, "ok"))
@@ -95,10 +107,19 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
             assert len(values) == 1, f"torn read: {values}"
             seen.append(values.pop())
         assert seen == sorted(seen), seen
+        mine["cpu"] = torch.empty(10)
+        lent_seen = []
+        store.add("readers_lent", 1)
+        while not lent_seen or lent_seen[-1] < steps:
+            ts.get_state_dict("lent", mine)
+            values = {mine[k].min().item() for k in mine} | {mine[k].max().item() for k in mine}
+            assert len(values) == 1, f"torn read of a lent version: {values}"
+            lent_seen.append(values.pop())
+        assert lent_seen == sorted(lent_seen), lent_seen
         ts.close()  # release the writer's device memory before it exits
         del fresh, filled, mine
         store.add("readers_done", 1)
-        queue.put((rank, f"ok ({len(seen)} refreshes seen)"))
+        queue.put((rank, f"ok ({len(seen)} refreshes seen, {len(lent_seen)} lent)"))
     except BaseException:  # noqa: BLE001
         queue.put((rank, traceback.format_exc()))
 

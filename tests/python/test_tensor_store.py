@@ -518,6 +518,8 @@ def test_examples_run_under_torchrun(tmp_path):
 
     done = torchrun(EXAMPLES / "tensor_store_rl.py", ["--steps", "8", "--device", "cpu"], tmp_path, ranks=3)
     assert "bit-exact: yes" in done.stdout and "step 8: trainer" in done.stdout, done.stdout
+    done = torchrun(EXAMPLES / "tensor_store_rl.py", ["--steps", "8", "--device", "cpu", "--lend"], tmp_path, ranks=3)
+    assert "bit-exact: yes" in done.stdout and "step 8: trainer" in done.stdout, done.stdout
     done = torchrun(EXAMPLES / "tensor_store_state_dict.py", ["--layers", "4", "--device", "cpu"], tmp_path, ranks=3)
     assert "bit-exact: yes" in done.stdout and "(32 tensors)" in done.stdout, done.stdout
 
@@ -575,3 +577,179 @@ def _failed_put(rank, world):
 def test_a_put_that_fails_midway_is_never_read():
     results = run_ranks(2, _failed_put)
     assert results == [3, (1, {1.0})]
+
+
+class _Policy(torch.nn.Module):
+    """A small model with what lending must keep working: a tied weight (one tensor under
+    two names), a buffer, and parameters an optimizer holds."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.embed = torch.nn.Embedding(32, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 32, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def train_step(self, optimizer, step: int) -> None:
+        tokens = torch.arange(step, step + 8) % 32
+        loss = self.head(torch.relu(self.mid(self.embed(tokens)))).logsumexp(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        self.steps += 1
+
+
+def _reference_weights(steps: int) -> dict:
+    """The writer's state dict after `steps` training steps, computed without the store."""
+    model = _Policy()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for step in range(1, steps + 1):
+        model.train_step(optimizer, step)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _lending(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    ts = TensorStore(timeout=timedelta(seconds=60))
+    out = {}
+    if rank == 0:
+        model = _Policy()
+        params = list(model.parameters())
+        optimizer = torch.optim.Adam(params, lr=0.01)
+        ts.make_lendable(model)
+        # Identities kept: the optimizer and the tied weight still see the lent memory.
+        assert list(model.parameters()) == params and model.head.weight is model.embed.weight
+        assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params)
+        out["v1"] = ts.lend_state_dict(model.state_dict(), "policy")
+        for step in (1, 2, 0):
+            dist.barrier()  # the version is out
+            dist.barrier()  # readers have read it
+            if step:
+                with ts.updating("policy"):
+                    model.train_step(optimizer, step)
+        # A reader that asks for the latest while it is reclaimed waits for the next lend.
+        ts.reclaim("policy")
+        dist.barrier()
+        time.sleep(0.3)
+        model.train_step(optimizer, 3)
+        out["v4"] = ts.lend_state_dict(model.state_dict(), "policy")
+        dist.barrier()
+        ts.reclaim("policy")
+        dist.barrier()  # readers ask for version 4, reclaimed
+        dist.barrier()
+        return out
+    mine = _Policy().state_dict()
+    for steps in (0, 1, 2):
+        dist.barrier()
+        ts.get_state_dict("policy", mine)
+        reference = _reference_weights(steps)
+        assert all(torch.equal(mine[k], reference[k]) for k in reference), f"version after {steps} steps"
+        dist.barrier()
+    dist.barrier()  # the writer has reclaimed: these reads wait for version 4
+    started = time.monotonic()
+    ts.get_state_dict("policy", mine, **({"version": 4} if rank == 2 else {}))  # the latest, or by number
+    out["waited"] = time.monotonic() - started
+    reference = _reference_weights(3)
+    assert all(torch.equal(mine[k], reference[k]) for k in reference)
+    assert ts.latest_version("policy") == 4
+    dist.barrier()
+    dist.barrier()  # the writer has reclaimed version 4
+    with pytest.raises(TensorStoreError, match="reclaimed that lent version"):
+        ts.get_state_dict("policy", mine, version=4)
+    dist.barrier()
+    return out
+
+
+def test_lent_state_dict_read_bit_exact_and_reclaimed_before_changes():
+    results = run_ranks(3, _lending)
+    assert results[0]["v1"] == 1 and results[0]["v4"] == 4
+    for reader in results[1:]:
+        assert reader["waited"] > 0.2  # it waited for the lend, not read the reclaimed version
+
+
+def _lending_torn(rank, world, steps):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(timeout=timedelta(seconds=60))
+    seen = []
+    if rank == 0:  # the trainer changes its lent tensors as fast as it can, one value per step
+        weights = {"w": torch.zeros(1 << 18), "b": torch.zeros(1 << 10, dtype=torch.bfloat16)}
+        ts.make_lendable(weights)
+        ts.lend_state_dict(weights, "policy")
+        for step in range(1, steps + 1):
+            with ts.updating("policy"):
+                for t in weights.values():
+                    t.fill_(step)
+        dist.barrier()
+    else:
+        mine = {"w": torch.empty(1 << 18), "b": torch.empty(1 << 10, dtype=torch.bfloat16)}
+        while not seen or seen[-1] < steps:
+            if not ts.exists("policy"):
+                continue
+            ts.get_state_dict("policy", mine)
+            values = {float(mine["w"].min()), float(mine["w"].max()), float(mine["b"].min()), float(mine["b"].max())}
+            assert len(values) == 1, f"a torn read of a lent version: {values}"
+            seen.append(values.pop())
+        dist.barrier()
+    return seen
+
+
+def test_lent_versions_are_never_read_torn():
+    results = run_ranks(3, _lending_torn, 200)
+    for seen in results[1:]:
+        assert seen == sorted(seen) and seen[-1] == 200
+
+
+def _lending_errors(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(timeout=timedelta(seconds=2))
+    if rank == 0:
+        plain = {"w": torch.ones(4)}
+        with pytest.raises(ValueError, match=r"'w' is not in memory this store lends.*make_lendable"):
+            ts.lend_state_dict(plain, "a")
+        model = torch.nn.Linear(4, 4)
+        aliases = model.state_dict()
+        with pytest.raises(ValueError, match="'weight' shares its memory with another tensor"):
+            ts.make_lendable(aliases)
+        with pytest.raises(ValueError, match="'weight' shares its memory"):
+            ts.make_lendable(model)  # the aliases above still hold its memory
+        del aliases
+        ts.make_lendable(model)
+        with pytest.raises(TypeError, match="only tensors can be lent"):
+            ts.lend_state_dict({**model.state_dict(), "step": 3}, "a")
+        with pytest.raises(ValueError, match="not contiguous"):
+            ts.lend("a", model.weight.t())
+        assert ts.lend_state_dict(model.state_dict(), "a") == 1
+        with pytest.raises(ValueError, match="share a buffer with key 'a'"):
+            ts.lend("b", model.bias)
+        with pytest.raises(ValueError, match="a key is either put or lent"):
+            ts.put("a", torch.ones(2))
+        ts.put("c", torch.ones(2))
+        with pytest.raises(ValueError, match="a key is either put or lent"):
+            ts.lend("c", model.bias)
+        with pytest.raises(KeyError, match="lends no such key"):
+            ts.reclaim("c")
+        with pytest.raises(TypeError, match="Module or a state dict"):
+            ts.make_lendable([model.weight])
+        dist.barrier()
+        dist.barrier()  # readers have read "a"
+        ts.close()  # withdraws "a": nobody guards those tensors any more
+        dist.barrier()
+        dist.barrier()
+        return "ok"
+    dist.barrier()
+    assert ts.get_state_dict("a")["weight"].shape == (4, 4)
+    dist.barrier()
+    dist.barrier()  # closed: a read of the latest finds no key, not unguarded bytes
+    with pytest.raises(KeyError, match="no such key"):
+        ts.get_state_dict("a")
+    dist.barrier()
+    return "ok"
+
+
+def test_lending_refuses_what_it_cannot_lend_safely():
+    assert run_ranks(2, _lending_errors) == ["ok", "ok"]

@@ -67,6 +67,7 @@ class PartMeta:
     buffers: list[BufferMeta] = field(default_factory=list)
     tensors: list[TensorMeta] = field(default_factory=list)
     generations: tuple[int, ...] = ()  # per buffer: the generation holding this version
+    lent: bool = False  # the writer's own tensors (lend_state_dict): readable until reclaimed
 
     def layout(self) -> bytes:
         """Everything but the version and the generations, which change every put: a writer
@@ -121,6 +122,7 @@ class OwnedBuffer:
         else:
             raise ValueError(f"loom tensor store: tensors on {device} cannot be stored (CPU and CUDA can)")
         self.capacity = capacity
+        self.base = self.data.data_ptr()
         self._views: dict[tuple, torch.Tensor] = {}
 
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

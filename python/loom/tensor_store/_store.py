@@ -1,7 +1,8 @@
 """TensorStore: put/get of tensors, objects and state dicts between the processes of a job.
 
 Keys in the job's Store (under loom_ts/<namespace>/), all small:
-    k/<key>/latest           "<version>/<parts>" of the newest complete version
+    k/<key>/latest           "<version>/<parts>" of the newest complete version; for a lent key
+                             "<version>/1/<part>": the part itself (lent keys have no others)
     k/<key>/v<V>/p<i>        part i of version V: its buffers' generations, then its layout
                              (a pickled PartMeta: where its bytes are), set before the bytes
     k/<key>/v<V>/done        how many parts of V are written (Store.add; several writers only)
@@ -13,11 +14,17 @@ by number may copy it bucket by bucket as it is written. Either way readers copy
 sequence-lock check (src/transport/shm/region.h), so a reader never keeps bytes of a version
 that was being rewritten. A writer keeps its last `keep` versions (at least 2): a put never touches the
 previous version, so a writer that fails or dies in the middle of a put leaves it readable.
+
+A lent key (lend_state_dict) publishes the writer's own tensors, moved once into a store
+buffer by make_lendable, instead of a copy: one version at a time, readable until the writer
+reclaims it to change them (the buffer's generation turns odd); readers of the latest then
+wait for the next lend.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pickle
 import threading
@@ -31,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
+from ._lending import Lent, leaf_addresses, lendable_tensors, lent_metas, move_into
 from ._parts import (
     MappedBuffer,
     OwnedBuffer,
@@ -282,12 +290,14 @@ class TensorStore:
         self._owned: dict[str, collections.deque[_Kept]] = {}
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
-        self._latest_seen: dict[str, str] = {}  # the latest value this writer set, per key
+        self._latest_seen: dict[str, bytes] = {}  # the latest value this writer set, per key
         self._write_plans: dict[str, _WritePlan] = {}
         self._read_plans: dict[str, dict[tuple, _ReadPlan]] = {}
         self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
         self._mapped: dict[str, MappedBuffer] = {}  # by region id
         self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
+        self._lendable: list[OwnedBuffer] = []  # buffers make_lendable moved tensors into
+        self._lent: dict[str, Lent] = {}  # keys this writer lends, by key
         self._closed = False
 
     # ---- the verbs -------------------------------------------------------------------------
@@ -338,16 +348,75 @@ class TensorStore:
         targets = keys if isinstance(keys, dict) else {key: None for key in keys}
         return {key: self.get(key, inplace, version=version) for key, inplace in targets.items()}
 
+    def make_lendable(self, target: Any) -> None:
+        """Moves the tensors of `target` (a module's parameters and buffers, or a state dict's
+        tensors) into memory this store can lend, one buffer per device. Each keeps its value,
+        its identity and requires_grad, so the module and its optimizer go on as before. Call
+        it once, before lending and before taking views or state dicts of those tensors."""
+        what = self._message("make_lendable")
+        with self._lock:
+            moving = [(name, t) for name, t in lendable_tensors(target, what) if not self._lends(t)]
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for _, tensor in moving:
+                by_device.setdefault(tensor.device, []).append(tensor)
+            for device, tensors in by_device.items():
+                offsets, end = [], 0
+                for tensor in tensors:
+                    offsets.append(end)
+                    end += aligned(tensor.numel() * tensor.element_size())
+                buffer = self._buffer("make_lendable", device, max(end, 1), [])
+                move_into(buffer, list(zip(tensors, offsets)))
+                self._lendable.append(buffer)
+
+    def lend_state_dict(self, state_dict: dict, key: str, *, version: int | None = None) -> int:
+        """Publishes a state dict as a new version of `key` without copying it: readers copy
+        straight out of the writer's tensors, which make_lendable must have moved into this
+        store's memory. One version is out at a time, readable until reclaim(key); change the
+        tensors only between reclaim and the next lend (or inside `with updating(key):`)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(self._message(f"lend_state_dict('{key}') needs a dict, got {type(state_dict).__name__}"))
+        return self._lend_leaves(key, "state_dict", list(flatten(state_dict)), version)
+
+    def lend(self, key: str, value: torch.Tensor, *, version: int | None = None) -> int:
+        """lend_state_dict for a single tensor."""
+        return self._lend_leaves(key, "tensor", [((), value)], version)
+
+    def reclaim(self, key: str) -> None:
+        """Takes the lent version of `key` back before its tensors change: a reader copying
+        it now finds it changed and does not keep the copy; readers of the latest wait for
+        the next lend (up to their timeout), readers of that version are told it is gone."""
+        self._check_key(key)
+        with self._lock:
+            lent = self._lent.get(key)
+            if lent is None:
+                raise KeyError(self._message(f"reclaim('{key}'): this rank lends no such key"))
+            for buffer in lent.buffers:
+                if buffer.region.generation() % 2 == 0:
+                    buffer.region.begin_write()
+
+    @contextlib.contextmanager
+    def updating(self, key: str):
+        """`with ts.updating(key): optimizer.step()`: reclaims the lent version of `key`, and
+        lends its tensors again as the next version once the block ends without an error
+        (after an error they stay reclaimed: half-updated tensors are never lent)."""
+        self.reclaim(key)
+        yield
+        lent = self._lent[key]
+        self._lend_leaves(key, lent.kind, lent.leaves, None)
+
     def delete(self, key: str) -> None:
         """Removes `key`: readers find it no more, and this process frees its buffers for it."""
         self._check_key(key)
         with self._lock:
             latest = self._latest(key)
-            if latest is None and key not in self._owned:
+            if latest is None and key not in self._owned and key not in self._lent:
                 raise KeyError(self._message(f"delete('{key}'): no such key"))
             self._store.delete_key(f"k/{key}/latest")
             for kept in self._owned.pop(key, ()):
                 self._unpublish(key, kept)
+            lent = self._lent.pop(key, None)
+            if lent is not None:
+                self._withdraw(key, lent)
             self._last_version.pop(key, None)
             self._latest_seen.pop(key, None)
             self._write_plans.pop(key, None)
@@ -376,6 +445,10 @@ class TensorStore:
         """Frees this process's buffers. Versions it wrote stay listed; readers that have not
         copied them get an error naming this rank."""
         with self._lock:
+            for key, lent in self._lent.items():  # nobody guards them any more
+                self._withdraw(key, lent)
+            self._lent.clear()
+            self._lendable.clear()
             self._owned.clear()
             self._write_plans.clear()
             self._read_plans.clear()
@@ -404,6 +477,9 @@ class TensorStore:
         with self._lock:
             if self._closed:
                 raise RuntimeError(self._message(f"put('{key}'): this TensorStore is closed"))
+            if key in self._lent:
+                raise ValueError(self._message(f"put('{key}'): this rank lends that key; a key is either "
+                                               f"put or lent (delete it first, or use another key)"))
             version = self._next_version(key, version)
             return self._publish(key, kind, version, index, len(writers), plan, sources)
 
@@ -470,7 +546,7 @@ class TensorStore:
             oldest = kept.popleft()
             self._unpublish(key, oldest)
             spare.extend(oldest.buffers)
-        buffers = [self._buffer(key, device, capacity, spare) for device, capacity in zip(plan.devices, plan.capacity)]
+        buffers = [self._buffer(f"put('{key}')", device, capacity, spare) for device, capacity in zip(plan.devices, plan.capacity)]
         del spare  # buffers not reused are freed here
         regions = tuple(b.region.id for b in buffers)
         layout = plan.layouts.get(regions)
@@ -506,7 +582,7 @@ class TensorStore:
             self._indexed.add(key)
         return version
 
-    def _buffer(self, key: str, device: torch.device, capacity: int, spare: list[OwnedBuffer]) -> OwnedBuffer:
+    def _buffer(self, what: str, device: torch.device, capacity: int, spare: list[OwnedBuffer]) -> OwnedBuffer:
         """A buffer of at least `capacity` bytes on `device`: a spare one of the retired
         version if one fits (no new pages to fault in), else a new one."""
         fitting = [b for b in spare if b.device == device and capacity <= b.capacity <= 2 * capacity + 4096]
@@ -518,24 +594,78 @@ class TensorStore:
             available = _available_memory()
             if available is not None and capacity > available:
                 raise MemoryError(self._message(
-                    f"put('{key}') needs {capacity} bytes of shared memory and this host has "
+                    f"{what} needs {capacity} bytes of shared memory and this host has "
                     f"{available} available: put less, or free memory (each key keeps "
                     f"{self._keep} versions)"))
         return OwnedBuffer(device, capacity)
 
+    def _lend_leaves(self, key: str, kind: str, leaves: list[tuple[tuple, Any]], version: int | None) -> int:
+        self._check_key(key)
+        what = self._message(f"lend('{key}')")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{what}: this TensorStore is closed")
+            if key in self._owned:
+                raise ValueError(f"{what}: this rank put that key; a key is either put or lent "
+                                 f"(delete it first, or use another key)")
+            lent = self._lent.get(key)
+            plan = lent.plan if lent is not None else None
+            if plan is None or plan.identity != tuple(id(v) for _, v in leaves) \
+                    or plan.addresses != leaf_addresses(leaves):
+                plan = lent_metas(leaves, self._lendable, what)
+            for other, lent_there in self._lent.items():
+                if other != key and any(b in lent_there.buffers for b in plan.buffers):
+                    raise ValueError(f"{what}: its tensors share a buffer with key '{other}', lent by "
+                                     f"this rank; a buffer is lent under one key (make_lendable each "
+                                     f"model separately)")
+            version = self._next_version(key, version)
+            for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
+                torch.cuda.synchronize(device)  # the writer's queued updates land before readers copy
+            generations = []
+            for buffer in plan.buffers:
+                if buffer.region.generation() % 2 == 0:  # lent again without reclaim
+                    buffer.region.begin_write()
+                generations.append(buffer.region.end_write())
+            if not plan.layout:
+                plan.layout = PartMeta(key=key, version=0, index=0, parts=1, rank=self._rank, host=self._host,
+                                       kind=kind, buffers=[b.meta() for b in plan.buffers], tensors=plan.metas,
+                                       lent=True).layout()
+            # One round trip: the lent part travels inside `latest` (one writer lends a key, and
+            # keeps one version), so a reader of the latest has it in one round trip too.
+            self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, tuple(generations)))
+            self._lent[key] = Lent(kind, leaves, plan, version, plan.buffers)
+            self._last_version[key] = version
+            if key not in self._indexed:
+                self._store.append("index", key + "\n")
+                self._indexed.add(key)
+            return version
+
+    def _withdraw(self, key: str, lent: Lent) -> None:
+        """Ends lending `key`: its buffers stay the writer's tensors' memory, marked as being
+        changed, and the key is gone (one writer lends a key: its version is the latest)."""
+        for buffer in lent.buffers:
+            if buffer.region.generation() % 2 == 0:
+                buffer.region.begin_write()
+        self._store.delete_key(f"k/{key}/latest")
+
+    def _lends(self, tensor: torch.Tensor) -> bool:
+        """True if `tensor` already lives in one of this store's lendable buffers."""
+        start = tensor.data_ptr()
+        return any(b.device == tensor.device and b.base <= start < b.base + b.capacity for b in self._lendable)
+
     def _advance_latest(self, key: str, version: int, parts: int) -> None:
         """Sets latest to `version` unless a newer one is there (compare-and-set: it only grows)."""
         name = f"k/{key}/latest"
-        value = f"{version}/{parts}"
-        expected = self._latest_seen.get(key, "")
+        value = f"{version}/{parts}".encode()
+        expected = self._latest_seen.get(key, b"")
         while True:
-            seen = self._store.compare_set(name, expected, value).decode()
+            seen = self._store.compare_set(name, expected, value)
             if seen == value:
                 break
             if seen == expected:  # the Store answers so when the key is missing
-                expected = ""
+                expected = b""
                 continue
-            if int(seen.split("/")[0]) >= version:
+            if int(seen.split(b"/", 1)[0]) >= version:
                 break
             expected = seen
         self._latest_seen[key] = value
@@ -558,42 +688,77 @@ class TensorStore:
         value = self._store.compare_set(name, _ABSENT, _ABSENT)
         return None if value == _ABSENT else value
 
-    def _latest(self, key: str) -> tuple[int, int] | None:
-        """(version, parts) of the newest complete version, or None."""
+    def _latest(self, key: str) -> tuple[int, int, bytes | None] | None:
+        """(version, parts, the part itself for a lent key) of the newest complete version, or None."""
         value = self._get_now(f"k/{key}/latest")
         if value is None:
             return None
-        version, parts = value.decode().split("/")
-        return int(version), int(parts)
+        fields = value.split(b"/", 2)
+        return int(fields[0]), int(fields[1]), fields[2] if len(fields) > 2 else None
 
     def _read(self, key: str, version: int | None, timeout: timedelta | None, plan_for) -> Any:
         """Reads a complete version: plan_for(version, parts) says what to copy where, and
         the plan runs until it reads a version that was not rewritten meanwhile."""
-        for _ in range(self._RETRIES):
+        wait = timeout if timeout is not None else self._timeout
+        deadline = time.monotonic() + wait.total_seconds()
+        retries = 0
+        while retries < self._RETRIES:
             v, parts = self._parts(key, version, timeout)
             plan = plan_for(v, parts)
-            plan.wait_limit = timeout if timeout is not None else self._timeout
+            plan.wait_limit = wait
             try:
                 return plan.run(parts)
             except _Stale:
+                if version is not None and parts[0].lent:
+                    raise TensorStoreError(self._message(
+                        f"get('{key}', version={version}): rank {parts[0].rank} reclaimed that lent "
+                        f"version to change its tensors; ask for the latest")) from None
                 if version is not None:
                     raise TensorStoreError(self._message(
                         f"get('{key}', version={version}): the writer replaced that version while "
                         f"it was read (it keeps {self._keep}), or gave it up (its put failed "
                         f"midway); read it sooner, or ask for the latest")) from None
+                if parts[0].lent:  # the writer is changing its tensors: wait for the next lend
+                    self._await_newer(key, parts[0], deadline, wait)
+                else:
+                    retries += 1
         raise TensorStoreError(self._message(
             f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
             f"the writer puts faster than this rank can read"))
+
+    def _await_newer(self, key: str, part: PartMeta, deadline: float, wait: timedelta) -> None:
+        """Waits for a version of `key` newer than the lent `part`, reclaimed by its writer."""
+        pid = part.buffers[0].pid if part.buffers else None
+        pause = 50e-6
+        while True:
+            latest = self._latest(key)
+            if latest is None or latest[0] > part.version:
+                return  # a newer version, or the key deleted: the next try says which
+            if pid is not None and not os.path.exists(f"/proc/{pid}"):
+                raise TensorStoreError(self._message(
+                    f"get('{key}'): rank {part.rank} (pid {pid}) reclaimed version {part.version} "
+                    f"to change its tensors and exited before lending the next"))
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._message(
+                    f"get('{key}'): rank {part.rank} reclaimed version {part.version} and did not lend "
+                    f"the next within {wait} (or reclaims each version before this rank can copy it)"))
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8) -> tuple[int, list[PartMeta]]:
         latest = self._latest(key)
         if version is None:
             if latest is None:
                 raise KeyError(self._message(f"get('{key}'): no such key (put it first; keys() lists the readable ones)"))
-            version, parts = latest
+            version, parts, lent = latest
         elif latest is not None and version == latest[0]:
-            parts = latest[1]
+            parts, lent = latest[1], latest[2]
+        elif latest is not None and latest[2] is not None and version > latest[0]:
+            # A lent key announces its versions in `latest` alone: wait there.
+            self._await_lent(key, version, timeout if timeout is not None else self._timeout)
+            return self._parts(key, version, timeout, retries)
         else:
+            lent = None
             complete = f"k/{key}/v{version}/complete"
             if self._store.check([complete]):
                 parts = int(self._store.get(complete))
@@ -604,13 +769,16 @@ class TensorStore:
             else:  # not complete yet: wait for its parts; their bytes are read as written
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
-                self._wait(key, version, [first], wait, latest)
+                if not self._await_first_part(key, version, first, wait):
+                    return self._parts(key, version, timeout, retries)  # it was lent: see latest
                 value = self._get_now(first)
                 if value is None:  # withdrawn: its put failed
                     raise TensorStoreError(self._message(
                         f"get('{key}', version={version}): the writer gave that version up (its put failed)"))
                 parts = self._decode(value, version).parts
                 self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, latest)
+        if lent is not None:
+            return version, [self._decode(lent, version)]
         names = [f"k/{key}/v{version}/p{i}" for i in range(parts)]
         if parts == 1:
             value = self._get_now(names[0])
@@ -622,6 +790,38 @@ class TensorStore:
                 raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
             return self._parts(key, None, timeout, retries - 1)
         return version, [self._decode(value, version) for value in values]
+
+    def _await_lent(self, key: str, version: int, wait: timedelta) -> None:
+        """Waits until the lent key `key` reaches `version` (or is deleted)."""
+        deadline = time.monotonic() + wait.total_seconds()
+        pause = 50e-6
+        while True:
+            latest = self._latest(key)
+            if latest is None or latest[0] >= version:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._message(
+                    f"get('{key}', version={version}): not lent within {wait} (latest: {latest[0]})"))
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    def _await_first_part(self, key: str, version: int, first: str, wait: timedelta) -> bool:
+        """Waits for version `version` of a key that has no such version yet: True once its
+        first part is put, False once it is lent instead (a lent version has no part keys:
+        it is announced in `latest`, so that is watched between short waits)."""
+        deadline = time.monotonic() + wait.total_seconds()
+        while True:
+            try:
+                self._store.wait([first], timedelta(milliseconds=20))
+                return True
+            except Exception as error:  # the Store's own error types on timeout
+                now = self._latest(key)
+                if now is not None and now[2] is not None and now[0] >= version:
+                    return False
+                if time.monotonic() > deadline:
+                    raise TimeoutError(self._message(
+                        f"get('{key}', version={version}): not put within {wait} (latest: "
+                        f"{now[0] if now else None})")) from error
 
     def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:
         try:

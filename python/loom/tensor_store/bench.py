@@ -9,6 +9,9 @@ place. Printed per step, as median and p90 over `--steps` steps:
   refresh: put + get, what a generator waits for a new version;
 - overlapped: a put while the generators already ask for that version (get with version=),
   so they copy each bucket as it is written: from the start of the put to the last copy;
+- lend, lent get, lent refresh: the same with the trainer lending its tensors (make_lendable
+  once, then per step reclaim, change them, lend_state_dict): a lend copies nothing, so a
+  generator's get is the one copy of the refresh;
 - memcpy: the same bytes copied once, one flat tensor into another, by one process with the
   same threads (CPU) or by the device (CUDA): the floor of any transfer;
 - gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
@@ -87,7 +90,12 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
         flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         flat_dst = torch.empty_like(flat_src)
         out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "overlapped": [], "memcpy": [], "gloo": [],
-               "first_put": []}
+               "first_put": [], "lend": [], "lent get": [], "lent refresh": []}
+        if args.lend:
+            lent = state_dict(args.bytes, args.tensors, device, float(rank))
+            if rank == 0:
+                ts.make_lendable(lent)
+                ts.lend_state_dict(lent, "lent")
         warm = 2  # the writer's first `keep` puts make its buffers (pages faulted in once)
         version = 0
 
@@ -116,6 +124,19 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
                                else ts.get_state_dict("policy", sd, version=version), True)
             check("while it was put")
             memcpy = timed(lambda: flat_dst.copy_(flat_src), rank == 0)
+            if args.lend:
+                if rank == 0:
+                    ts.reclaim("lent")
+                    for t in lent.values():
+                        t.fill_(version % 256)
+                lend = timed(lambda: ts.lend_state_dict(lent, "lent"), rank == 0)
+                lent_get = timed(lambda: ts.get_state_dict("lent", lent), rank != 0)
+                if rank != 0:
+                    assert float(lent["layers.0.w0"].float().mean()) == version % 256, "a stale lent version"
+                if step >= warm:
+                    out["lend"].append(lend)
+                    out["lent get"].append(lent_get)
+                    out["lent refresh"].append(lend + lent_get)
             if step == 0:
                 out["first_put"].append(put)
             if args.gloo and device.type == "cpu":
@@ -153,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
+    parser.add_argument("--no-lend", dest="lend", action="store_false", help="leave out the lent rows")
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--progress", action="store_true", help="print every step")
     args = parser.parse_args(argv)
@@ -180,20 +202,22 @@ def main(argv: list[str] | None = None) -> int:
     for p in procs:
         p.join()
     out = results[0]
-    rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "overlapped", "gloo") if out[name]}
+    rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "overlapped", "lend", "lent get",
+                                                "lent refresh", "gloo") if out[name]}
     first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
     print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
           f"{args.generators} generators, {args.device}, {args.threads} threads per rank, {args.steps} steps")
-    print(f"{'':10} {'median ms':>10} {'p90 ms':>10} {'GB/s':>8} {'x memcpy':>9}")
+    print(f"{'':12} {'median ms':>10} {'p90 ms':>10} {'GB/s':>8} {'x memcpy':>9}")
     for name, row in rows.items():
         gbps = out["bytes"] / row["median_ms"] / 1e6
-        print(f"{name:10} {row['median_ms']:10.1f} {row['p90_ms']:10.1f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
+        print(f"{name:12} {row['median_ms']:10.1f} {row['p90_ms']:10.1f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
     print(f"(not in the steps: the first put, which makes the writer's buffer: {first_put_ms:.0f} ms; "
           f"two steps warm up)")
     if "gloo" in rows:
-        print(f"gloo / refresh: {rows['gloo']['median_ms'] / rows['refresh']['median_ms']:.1f}x; "
-              f"gloo / overlapped: {rows['gloo']['median_ms'] / rows['overlapped']['median_ms']:.1f}x")
+        ratios = [f"gloo / {name}: {rows['gloo']['median_ms'] / rows[name]['median_ms']:.1f}x"
+                  for name in ("refresh", "overlapped", "lent refresh") if name in rows]
+        print("; ".join(ratios))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"}, "bytes": out["bytes"],

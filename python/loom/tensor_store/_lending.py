@@ -1,0 +1,115 @@
+"""Lending: a writer publishes its own tensors instead of a copy of them.
+
+make_lendable moves a module's (or a state dict's) tensors once into one store buffer per
+device, the kind a put copies into, keeping each tensor's identity, so the module, its
+optimizer and every later state_dict() see the same memory. A lend then publishes where each
+tensor sits in those buffers: no bytes move until readers copy them out. The buffer's
+generation is the lent version's guard: even while lent, odd from reclaim (the writer is
+about to change its tensors) until the next lend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._layout import flatten, is_dtensor, path_text, whole
+from ._parts import OwnedBuffer, TensorMeta
+
+
+def lendable_tensors(target: Any, what: str) -> list[tuple[str, torch.Tensor]]:
+    """The distinct tensors of a module (parameters and buffers) or of a state dict, named,
+    after checking that each can move into a store buffer without breaking anything."""
+    if isinstance(target, torch.nn.Module):
+        named = list(target.named_parameters()) + [(n, b) for n, b in target.named_buffers() if b is not None]
+    elif isinstance(target, dict):
+        named = [(path_text(path), v) for path, v in flatten(target) if isinstance(v, torch.Tensor)]
+    else:
+        raise TypeError(f"{what}: takes a torch.nn.Module or a state dict, got {type(target).__name__}")
+    seen: set[int] = set()
+    out = []
+    for name, tensor in named:
+        if id(tensor) in seen:  # tied weights: one tensor under two names
+            continue
+        seen.add(id(tensor))
+        if is_dtensor(tensor):
+            raise ValueError(f"{what}: '{name}' is a DTensor; its memory belongs to its sharding "
+                             f"(FSDP, tensor parallel): put DTensors with put_state_dict")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{what}: '{name}' is on {tensor.device}; CPU and CUDA tensors can be lent")
+        # Moving one of two tensors that share memory would part them silently (the other
+        # keeps the old memory). A lone tensor's storage has two users here: the tensor and
+        # the storage object this call makes.
+        if torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) > 2:
+            raise ValueError(
+                f"{what}: '{name}' shares its memory with another tensor (a view of it, or a state "
+                f"dict taken from the module before this call, which holds aliases); make it "
+                f"lendable first, then take views and state dicts")
+        out.append((name, tensor))
+    return out
+
+
+def move_into(buffer: OwnedBuffer, tensors: list[tuple[torch.Tensor, int]]) -> None:
+    """Copies each (tensor, offset) into `buffer` and makes the tensor a view of it there
+    (`.data` assignment keeps the object: parameters stay parameters, optimizers keep them)."""
+    with torch.no_grad():
+        for tensor, offset in tensors:
+            view = buffer.view(offset, tensor.dtype, tuple(tensor.shape))
+            view.copy_(tensor)
+            tensor.data = view
+
+
+@dataclass
+class LendPlan:
+    """Where the tensors of one lent value sit in the store's buffers: reused lend after lend
+    while they are the same tensors at the same addresses."""
+
+    identity: tuple  # ids of the leaves
+    addresses: tuple  # their data pointers
+    buffers: list[OwnedBuffer]
+    metas: list[TensorMeta]
+    layout: bytes = b""  # the encoded part layout, made on first publication
+
+
+@dataclass
+class Lent:
+    """A key this writer lends: the version out now and what it lends."""
+
+    kind: str
+    leaves: list[tuple[tuple, Any]]  # kept for updating(): lent again as they are
+    plan: LendPlan
+    version: int = 0
+    buffers: list[OwnedBuffer] = field(default_factory=list)
+
+
+def leaf_addresses(leaves: list[tuple[tuple, Any]]) -> tuple:
+    return tuple(v.data_ptr() if isinstance(v, torch.Tensor) else None for _, v in leaves)
+
+
+def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], what: str) -> LendPlan:
+    """Finds every leaf in the store's lendable buffers; refuses what cannot be lent as it is."""
+    used: list[OwnedBuffer] = []
+    metas = []
+    for path, value in leaves:
+        name = f"'{path_text(path)}'" if path else "the value"
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{what}: {name} is a {type(value).__name__}; only tensors can be lent "
+                            f"(put other values under a key of their own)")
+        if is_dtensor(value):
+            raise ValueError(f"{what}: {name} is a DTensor; put DTensors with put_state_dict")
+        if not value.is_contiguous():
+            raise ValueError(f"{what}: {name} is not contiguous; lend the tensors make_lendable moved, "
+                             f"not views of them")
+        start, nbytes = value.data_ptr(), value.numel() * value.element_size()
+        home = next((b for b in lendable if b.device == value.device
+                     and b.base <= start and start + nbytes <= b.base + b.capacity), None)
+        if home is None:
+            raise ValueError(f"{what}: {name} is not in memory this store lends; call "
+                             f"store.make_lendable(model) (or on the state dict) once before lending")
+        if home not in used:
+            used.append(home)
+        metas.append(TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape),
+                                used.index(home), start - home.base))
+    return LendPlan(tuple(id(v) for _, v in leaves), leaf_addresses(leaves), used, metas)
