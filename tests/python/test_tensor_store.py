@@ -399,7 +399,9 @@ def _reader_dies(rank, world):
     _sync(store, "v1")
     if rank == 1:  # killed in the middle of copying a version out
         store.set("reader_pid", str(os.getpid()))
-        torch._foreach_copy_ = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        import loom.tensor_store._store as store_module
+
+        store_module.run_copies = lambda groups: os.kill(os.getpid(), signal.SIGKILL)
         ts.get("w")
         raise AssertionError("the reader should have died")
     _sync(store, "v4")
@@ -753,3 +755,23 @@ def _lending_errors(rank, world):
 
 def test_lending_refuses_what_it_cannot_lend_safely():
     assert run_ranks(2, _lending_errors) == ["ok", "ok"]
+
+
+def test_copies_of_tensors_back_to_back_are_joined():
+    from loom.tensor_store._parts import copy_groups, run_copies
+
+    src = torch.arange(64, dtype=torch.float32)
+    flat = torch.zeros(64)
+    dsts = [flat[0:16], flat[16:40], flat[40:64]]  # back to back: one copy of bytes
+    srcs = [src[0:16], src[16:40], src[40:64]]
+    groups = copy_groups(dsts, srcs)
+    assert [len(into) for into, _ in groups] == [1] and groups[0][0][0].dtype == torch.uint8
+    run_copies(groups)
+    assert torch.equal(flat, src)
+    # A gap on either side, another storage, or a strided view: copied separately, still right.
+    apart = [torch.zeros(16), flat[16:40].fill_(0), torch.zeros(64)[::2][:24]]
+    groups = copy_groups(apart + [flat[40:64].fill_(0)], [src[0:16], src[16:40], src[40:64], src[40:64]])
+    assert sum(len(into) for into, _ in groups) == 4
+    run_copies(groups)
+    assert torch.equal(apart[0], src[0:16]) and torch.equal(flat[16:64], torch.cat([src[16:40], src[40:64]]))
+    assert torch.equal(apart[2], src[40:64])

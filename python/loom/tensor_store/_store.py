@@ -7,6 +7,7 @@ Keys in the job's Store (under loom_ts/<namespace>/), all small:
                              (a pickled PartMeta: where its bytes are), set before the bytes
     k/<key>/v<V>/done        how many parts of V are written (Store.add; several writers only)
     k/<key>/v<V>/complete    the number of parts, set by the writer that completed V
+    k/<key>/mode             "put" or "lent", set before the key's first version
     index                    every key ever put, one per line (the Store cannot list keys)
 
 Readers of the latest see a version once it is complete; a reader that asks for a version
@@ -412,6 +413,8 @@ class TensorStore:
             if latest is None and key not in self._owned and key not in self._lent:
                 raise KeyError(self._message(f"delete('{key}'): no such key"))
             self._store.delete_key(f"k/{key}/latest")
+            self._store.delete_key(f"k/{key}/mode")
+            self._indexed.discard(key)
             for kept in self._owned.pop(key, ()):
                 self._unpublish(key, kept)
             lent = self._lent.pop(key, None)
@@ -540,6 +543,7 @@ class TensorStore:
 
     def _publish(self, key: str, kind: str, version: int, index: int, parts: int, plan: "_WritePlan",
                  sources: list[torch.Tensor]) -> int:
+        self._announce(key, b"put")
         kept = self._owned.setdefault(key, collections.deque())
         spare: list[OwnedBuffer] = []
         while len(kept) >= self._keep:  # the oldest version goes; its buffers may be reused
@@ -577,9 +581,6 @@ class TensorStore:
             if self._store.add(f"{base}/done", 1) == parts:
                 self._store.set(f"{base}/complete", str(parts))
                 self._advance_latest(key, version, parts)
-        if key not in self._indexed:
-            self._store.append("index", key + "\n")
-            self._indexed.add(key)
         return version
 
     def _buffer(self, what: str, device: torch.device, capacity: int, spare: list[OwnedBuffer]) -> OwnedBuffer:
@@ -619,6 +620,7 @@ class TensorStore:
                                      f"this rank; a buffer is lent under one key (make_lendable each "
                                      f"model separately)")
             version = self._next_version(key, version)
+            self._announce(key, b"lent")
             for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
                 torch.cuda.synchronize(device)  # the writer's queued updates land before readers copy
             generations = []
@@ -635,10 +637,15 @@ class TensorStore:
             self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, tuple(generations)))
             self._lent[key] = Lent(kind, leaves, plan, version, plan.buffers)
             self._last_version[key] = version
-            if key not in self._indexed:
-                self._store.append("index", key + "\n")
-                self._indexed.add(key)
             return version
+
+    def _announce(self, key: str, mode: bytes) -> None:
+        """Once per key and writer: says whether the key is put or lent (a reader waiting for
+        the first version needs to know where it will appear) and lists it for keys()."""
+        if key not in self._indexed:
+            self._store.set(f"k/{key}/mode", mode)
+            self._store.append("index", key + "\n")
+            self._indexed.add(key)
 
     def _withdraw(self, key: str, lent: Lent) -> None:
         """Ends lending `key`: its buffers stay the writer's tensors' memory, marked as being
@@ -647,6 +654,8 @@ class TensorStore:
             if buffer.region.generation() % 2 == 0:
                 buffer.region.begin_write()
         self._store.delete_key(f"k/{key}/latest")
+        self._store.delete_key(f"k/{key}/mode")
+        self._indexed.discard(key)
 
     def _lends(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` already lives in one of this store's lendable buffers."""
@@ -769,8 +778,13 @@ class TensorStore:
             else:  # not complete yet: wait for its parts; their bytes are read as written
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
-                if not self._await_first_part(key, version, first, wait):
-                    return self._parts(key, version, timeout, retries)  # it was lent: see latest
+                if latest is None:  # nothing out yet: is the key put or lent?
+                    mode = f"k/{key}/mode"
+                    self._wait(key, version, [mode], wait, latest)
+                    if self._get_now(mode) == b"lent":
+                        self._await_lent(key, version, wait)
+                        return self._parts(key, version, timeout, retries)
+                self._wait(key, version, [first], wait, latest)
                 value = self._get_now(first)
                 if value is None:  # withdrawn: its put failed
                     raise TensorStoreError(self._message(
@@ -804,24 +818,6 @@ class TensorStore:
                     f"get('{key}', version={version}): not lent within {wait} (latest: {latest[0]})"))
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
-
-    def _await_first_part(self, key: str, version: int, first: str, wait: timedelta) -> bool:
-        """Waits for version `version` of a key that has no such version yet: True once its
-        first part is put, False once it is lent instead (a lent version has no part keys:
-        it is announced in `latest`, so that is watched between short waits)."""
-        deadline = time.monotonic() + wait.total_seconds()
-        while True:
-            try:
-                self._store.wait([first], timedelta(milliseconds=20))
-                return True
-            except Exception as error:  # the Store's own error types on timeout
-                now = self._latest(key)
-                if now is not None and now[2] is not None and now[0] >= version:
-                    return False
-                if time.monotonic() > deadline:
-                    raise TimeoutError(self._message(
-                        f"get('{key}', version={version}): not put within {wait} (latest: "
-                        f"{now[0] if now else None})")) from error
 
     def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:
         try:
