@@ -111,6 +111,8 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
         lent_seen = []
         store.add("readers_lent", 1)
         while not lent_seen or lent_seen[-1] < steps:
+            if not ts.exists("lent"):
+                continue
             ts.get_state_dict("lent", mine)
             values = {mine[k].min().item() for k in mine} | {mine[k].max().item() for k in mine}
             assert len(values) == 1, f"torn read of a lent version: {values}"
@@ -138,7 +140,14 @@ def main() -> int:
                      for r in range(world)]
             for p in procs:
                 p.start()
-            results = dict(queue.get(timeout=300) for _ in procs)
+            results = {}
+            while len(results) < len(procs):
+                rank, value = queue.get(timeout=300)
+                results[rank] = value
+                if not value.startswith("ok"):  # the others may wait for it forever
+                    for p in procs:
+                        p.kill()
+                    break
             for p in procs:
                 p.join(timeout=60)
         bad = {r: v for r, v in results.items() if not v.startswith("ok")}
