@@ -4,7 +4,7 @@ its own tensors many times with the store's steps timed: Store round trips, deco
 planning, the copies (synchronized, so their device time lands there), the sequence-lock
 checks, and the whole get.
 
-    python tests/cuda/store_get_phases.py [--device cuda|cpu] [--bytes 600M] [--gets 30]
+    python tests/cuda/store_get_phases.py [--device cuda|cpu] [--bytes 600M] [--gets 30] [--reader-lendable]
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def worker(rank: int, args, path: str, queue) -> None:
     timed(store_module.TensorStore, "_state_dict_plan", "plan (cached)")
     timed(store_module, "run_copies", "copies (synchronized)", after=sync)
     timed(parts.MappedBuffer, "check", "sequence-lock check")
+    if args.reader_lendable:  # the reader's tensors back to back in one buffer: joined copies
+        ts.make_lendable(sd)
     store.wait(["ready"])
     out = {}
     for key in ("put", "lent"):
@@ -98,6 +100,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--port", type=int, default=29731)
     parser.add_argument("--filestore", action="store_true")
+    parser.add_argument("--reader-lendable", action="store_true",
+                        help="the reader moves its tensors into one buffer first (make_lendable)")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -109,8 +113,8 @@ def main() -> int:
         for p in procs:
             p.join(timeout=60)
     for key, rows in results[1].items():
-        print(f"get_state_dict of a {key} key, {args.device}, {args.bytes / 1e6:.0f} MB, 200 tensors "
-              f"(mean per get; the whole get: median)")
+        print(f"get_state_dict of a {key} key, {args.device}, {args.bytes / 1e6:.0f} MB, 200 tensors"
+              f"{' into one buffer of the reader' if args.reader_lendable else ''} (mean per get; the whole get: median)")
         for label, (ms, n) in rows.items():
             print(f"  {label:34} {ms:8.3f} ms  {n:5.1f} calls")
     return 0
