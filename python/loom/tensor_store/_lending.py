@@ -10,7 +10,7 @@ about to change its tensors) until the next lend.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,9 +19,10 @@ from ._layout import flatten, is_dtensor, path_text, whole
 from ._parts import OwnedBuffer, TensorMeta
 
 
-def lendable_tensors(target: Any, what: str) -> list[tuple[str, torch.Tensor]]:
+def lendable_tensors(target: Any, what: str, already) -> list[tuple[str, torch.Tensor]]:
     """The distinct tensors of a module (parameters and buffers) or of a state dict, named,
-    after checking that each can move into a store buffer without breaking anything."""
+    that are not `already(tensor)` lendable, after checking that each can move into a store
+    buffer without breaking anything."""
     if isinstance(target, torch.nn.Module):
         named = list(target.named_parameters()) + [(n, b) for n, b in target.named_buffers() if b is not None]
     elif isinstance(target, dict):
@@ -31,7 +32,7 @@ def lendable_tensors(target: Any, what: str) -> list[tuple[str, torch.Tensor]]:
     seen: set[int] = set()
     out = []
     for name, tensor in named:
-        if id(tensor) in seen:  # tied weights: one tensor under two names
+        if id(tensor) in seen or already(tensor):  # tied weights (one tensor, two names), or moved before
             continue
         seen.add(id(tensor))
         if is_dtensor(tensor):
@@ -64,10 +65,10 @@ def move_into(buffer: OwnedBuffer, tensors: list[tuple[torch.Tensor, int]]) -> N
 @dataclass
 class LendPlan:
     """Where the tensors of one lent value sit in the store's buffers: reused lend after lend
-    while they are the same tensors at the same addresses."""
+    while the leaves have the same names, places and shapes (a fresh model.state_dict() holds
+    new tensor objects over the same memory)."""
 
-    identity: tuple  # ids of the leaves
-    addresses: tuple  # their data pointers
+    signature: tuple  # leaf_signature of the leaves it was made for
     buffers: list[OwnedBuffer]
     metas: list[TensorMeta]
     layout: bytes = b""  # the encoded part layout, made on first publication
@@ -81,11 +82,12 @@ class Lent:
     leaves: list[tuple[tuple, Any]]  # kept for updating(): lent again as they are
     plan: LendPlan
     version: int = 0
-    buffers: list[OwnedBuffer] = field(default_factory=list)
 
 
-def leaf_addresses(leaves: list[tuple[tuple, Any]]) -> tuple:
-    return tuple(v.data_ptr() if isinstance(v, torch.Tensor) else None for _, v in leaves)
+def leaf_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
+    """What a lend plan depends on: each leaf's name, address, dtype, shape and strides."""
+    return tuple((path, v.data_ptr(), v.dtype, v.shape, v.stride()) if isinstance(v, torch.Tensor) else (path, id(v))
+                 for path, v in leaves)
 
 
 def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], what: str) -> LendPlan:
@@ -112,4 +114,4 @@ def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], wha
             used.append(home)
         metas.append(TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape),
                                 used.index(home), start - home.base))
-    return LendPlan(tuple(id(v) for _, v in leaves), leaf_addresses(leaves), used, metas)
+    return LendPlan(leaf_signature(leaves), used, metas)

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
-from ._lending import Lent, leaf_addresses, lendable_tensors, lent_metas, move_into
+from ._lending import Lent, leaf_signature, lendable_tensors, lent_metas, move_into
 from ._parts import (
     MappedBuffer,
     OwnedBuffer,
@@ -356,7 +356,7 @@ class TensorStore:
         it once, before lending and before taking views or state dicts of those tensors."""
         what = self._message("make_lendable")
         with self._lock:
-            moving = [(name, t) for name, t in lendable_tensors(target, what) if not self._lends(t)]
+            moving = lendable_tensors(target, what, self._lends)
             by_device: dict[torch.device, list[torch.Tensor]] = {}
             for _, tensor in moving:
                 by_device.setdefault(tensor.device, []).append(tensor)
@@ -391,7 +391,7 @@ class TensorStore:
             lent = self._lent.get(key)
             if lent is None:
                 raise KeyError(self._message(f"reclaim('{key}'): this rank lends no such key"))
-            for buffer in lent.buffers:
+            for buffer in lent.plan.buffers:
                 if buffer.region.generation() % 2 == 0:
                     buffer.region.begin_write()
 
@@ -445,8 +445,9 @@ class TensorStore:
         return latest[0] if latest else None
 
     def close(self) -> None:
-        """Frees this process's buffers. Versions it wrote stay listed; readers that have not
-        copied them get an error naming this rank."""
+        """Frees this process's buffers. Versions it put stay listed; readers that have not
+        copied them get an error naming this rank. Keys it lends are withdrawn (the tensors
+        stay the caller's, unguarded from now on)."""
         with self._lock:
             for key, lent in self._lent.items():  # nobody guards them any more
                 self._withdraw(key, lent)
@@ -611,11 +612,10 @@ class TensorStore:
                                  f"(delete it first, or use another key)")
             lent = self._lent.get(key)
             plan = lent.plan if lent is not None else None
-            if plan is None or plan.identity != tuple(id(v) for _, v in leaves) \
-                    or plan.addresses != leaf_addresses(leaves):
+            if plan is None or plan.signature != leaf_signature(leaves):
                 plan = lent_metas(leaves, self._lendable, what)
             for other, lent_there in self._lent.items():
-                if other != key and any(b in lent_there.buffers for b in plan.buffers):
+                if other != key and any(b in lent_there.plan.buffers for b in plan.buffers):
                     raise ValueError(f"{what}: its tensors share a buffer with key '{other}', lent by "
                                      f"this rank; a buffer is lent under one key (make_lendable each "
                                      f"model separately)")
@@ -635,7 +635,11 @@ class TensorStore:
             # One round trip: the lent part travels inside `latest` (one writer lends a key, and
             # keeps one version), so a reader of the latest has it in one round trip too.
             self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, tuple(generations)))
-            self._lent[key] = Lent(kind, leaves, plan, version, plan.buffers)
+            if lent is not None and lent.plan is not plan:  # other tensors now: the old ones are not guarded
+                for buffer in lent.plan.buffers:
+                    if buffer not in plan.buffers and buffer.region.generation() % 2 == 0:
+                        buffer.region.begin_write()
+            self._lent[key] = Lent(kind, leaves, plan, version)
             self._last_version[key] = version
             return version
 
@@ -650,7 +654,7 @@ class TensorStore:
     def _withdraw(self, key: str, lent: Lent) -> None:
         """Ends lending `key`: its buffers stay the writer's tensors' memory, marked as being
         changed, and the key is gone (one writer lends a key: its version is the latest)."""
-        for buffer in lent.buffers:
+        for buffer in lent.plan.buffers:
             if buffer.region.generation() % 2 == 0:
                 buffer.region.begin_write()
         self._store.delete_key(f"k/{key}/latest")
