@@ -25,6 +25,7 @@ def worker(rank: int, args, path: str, queue) -> None:
     import torch.distributed as dist
 
     import loom.tensor_store._parts as parts
+    import loom.tensor_store._read_plan as read_plan
     import loom.tensor_store._store as store_module
     from loom.tensor_store import TensorStore
     from loom.tensor_store.bench import state_dict
@@ -66,7 +67,7 @@ def worker(rank: int, args, path: str, queue) -> None:
     timed(store_module.TensorStore, "_get_now", "store round trip (compare_set)")
     timed(store_module.TensorStore, "_parts", "find the version (_parts)")
     timed(store_module.TensorStore, "_state_dict_plan", "plan (cached)")
-    timed(store_module, "run_copies", "copies (synchronized)", after=sync)
+    timed(read_plan, "run_copies", "copies (synchronized)", after=sync)
     timed(parts.MappedBuffer, "check", "sequence-lock check")
     if args.reader_lendable:  # the reader's tensors back to back in one buffer: joined copies
         ts.make_lendable(sd)

@@ -197,6 +197,20 @@ def test_dtensor_resharding_between_groups():
     assert results[2] == results[3] == {"step": 5, "plain": True, "grid": True}
 
 
+def _refresh_until(ts, mine: dict, last: float, what: str) -> list[float]:
+    """A generator's loop: reads the latest version of "policy" into `mine` until it has seen
+    `last`, checking that every read is one whole version (every tensor one value)."""
+    seen: list[float] = []
+    while not seen or seen[-1] < last:
+        if not ts.exists("policy"):
+            continue
+        ts.get_state_dict("policy", mine)
+        values = {float(mine["w"].min()), float(mine["w"].max()), float(mine["b"].min()), float(mine["b"].max())}
+        assert len(values) == 1, f"a torn read{what}: {values}"
+        seen.append(values.pop())
+    return seen
+
+
 def _rl_loop(rank, world, steps):
     from loom.tensor_store import TensorStore
 
@@ -211,13 +225,7 @@ def _rl_loop(rank, world, steps):
         dist.barrier()  # the writer's buffers live as long as its TensorStore: hold it
     else:  # generators: refresh whenever they can; every read must be one whole version
         mine = {"w": torch.empty(1 << 16), "b": torch.empty(1 << 10, dtype=torch.bfloat16)}
-        while not seen or seen[-1] < steps:
-            if not ts.exists("policy"):
-                continue
-            ts.get_state_dict("policy", mine)
-            values = {float(mine["w"].min()), float(mine["w"].max()), float(mine["b"].min()), float(mine["b"].max())}
-            assert len(values) == 1, f"a torn read: {values}"
-            seen.append(values.pop())
+        seen = _refresh_until(ts, mine, steps, "")
         # The final version waited for by number, as a generator that wants step N does.
         ts.get_state_dict("policy", mine, version=steps)
         assert float(mine["w"][0]) == steps
@@ -399,9 +407,9 @@ def _reader_dies(rank, world):
     _sync(store, "v1")
     if rank == 1:  # killed in the middle of copying a version out
         store.set("reader_pid", str(os.getpid()))
-        import loom.tensor_store._store as store_module
+        import loom.tensor_store._read_plan as read_plan
 
-        store_module.run_copies = lambda groups: os.kill(os.getpid(), signal.SIGKILL)
+        read_plan.run_copies = lambda groups: os.kill(os.getpid(), signal.SIGKILL)
         ts.get("w")
         raise AssertionError("the reader should have died")
     _sync(store, "v4")
@@ -466,7 +474,7 @@ def test_bad_requests_get_clear_errors():
 
 def _as_written(rank, world, versions):
     from loom.tensor_store import TensorStore
-    from loom.tensor_store import _store
+    from loom.tensor_store import _read_plan
 
     # Small buckets, so that a reader waiting for a version copies its front while the
     # writer still writes its back.
@@ -492,13 +500,13 @@ def _as_written(rank, world, versions):
         dist.barrier()
         return None
     pipelined = []
-    run = _store._ReadPlan._run_as_written
+    run = _read_plan.ReadPlan._run_as_written
 
     def counted(self, writing):
         pipelined.append(len(writing))
         return run(self, writing)
 
-    _store._ReadPlan._run_as_written = counted
+    _read_plan.ReadPlan._run_as_written = counted
     mine = {f"w{i}": torch.empty(shape) for i, shape in enumerate(shapes)}
     for v in range(1, versions + 1):  # each asked for before it is put
         store.set(f"asking{v}", "1")
@@ -688,13 +696,7 @@ def _lending_torn(rank, world, steps):
         dist.barrier()
     else:
         mine = {"w": torch.empty(1 << 18), "b": torch.empty(1 << 10, dtype=torch.bfloat16)}
-        while not seen or seen[-1] < steps:
-            if not ts.exists("policy"):
-                continue
-            ts.get_state_dict("policy", mine)
-            values = {float(mine["w"].min()), float(mine["w"].max()), float(mine["b"].min()), float(mine["b"].max())}
-            assert len(values) == 1, f"a torn read of a lent version: {values}"
-            seen.append(values.pop())
+        seen = _refresh_until(ts, mine, steps, " of a lent version")
         dist.barrier()
     return seen
 

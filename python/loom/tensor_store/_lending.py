@@ -81,7 +81,14 @@ class Lent:
     kind: str
     leaves: list[tuple[tuple, Any]]  # kept for updating(): lent again as they are
     plan: LendPlan
-    version: int = 0
+
+
+def take_back(buffers: list[OwnedBuffer]) -> None:
+    """Marks each buffer as being changed (its generation odd), unless it already is: a reader
+    copying from it now will not keep the copy."""
+    for buffer in buffers:
+        if buffer.region.generation() % 2 == 0:
+            buffer.region.begin_write()
 
 
 def leaf_signature(leaves: list[tuple[tuple, Any]]) -> tuple:

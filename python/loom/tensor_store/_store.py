@@ -30,8 +30,7 @@ import os
 import pickle
 import threading
 import time
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Iterable
 
@@ -39,224 +38,24 @@ import torch
 import torch.distributed as dist
 
 from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
-from ._lending import Lent, leaf_signature, lendable_tensors, lent_metas, move_into
+from ._lending import Lent, leaf_signature, lendable_tensors, lent_metas, move_into, take_back
+from ._read_plan import ReadPlan, Stale, TensorStoreError, pieces_by_path
+from ._write_plan import Kept, WritePlan
 from ._parts import (
     MappedBuffer,
     OwnedBuffer,
     PartMeta,
     TensorMeta,
     aligned,
-    copy_groups,
-    run_copies,
     encode_part,
     split_part,
     host_identity,
     pickled_tensor,
-    unpickled,
 )
 
 
 # A value no key of the store ever holds (see TensorStore._get_now).
 _ABSENT = b"\x00loom-tensor-store: absent\x00"
-
-
-class TensorStoreError(RuntimeError):
-    """A version cannot be read: its writer exited or replaced it, or it was never complete."""
-
-
-class _Stale(Exception):
-    """The version being read was rewritten while it was read (retried when reading latest)."""
-
-
-@dataclass
-class _Kept:
-    version: int
-    index: int
-    parts: int
-    buffers: list[OwnedBuffer]
-
-
-class _WritePlan:
-    """Where a writer puts each piece of a value: one buffer per device, each piece at an
-    aligned offset. Reused put after put while the leaves are the same tensors."""
-
-    def __init__(self, identity: tuple, leaves: list[tuple[tuple, Any]], pieces: list[tuple[TensorMeta, int, Any]]):
-        self.identity = identity
-        self.refs = [weakref.ref(v) if isinstance(v, torch.Tensor) else None for _, v in leaves]
-        self.leaf_of = [i for _, i, _ in pieces]
-        self.pickled = {n: data for n, (_, _, data) in enumerate(pieces) if data is not None}
-        self.cacheable = not self.pickled and all(r is not None for r in self.refs)
-        ends: dict[torch.device, int] = {}
-        self.metas: list[TensorMeta] = []
-        device_of = []
-        for n, (meta, i, data) in enumerate(pieces):
-            device = data.device if data is not None else leaves[i][1].device
-            device_of.append(device)
-            offset = ends.get(device, 0)
-            ends[device] = offset + aligned(meta.nbytes)
-            self.metas.append(replace(meta, offset=offset))
-        self.devices = sorted(ends, key=str)
-        self.capacity = [ends[d] for d in self.devices]
-        for n, device in enumerate(device_of):
-            self.metas[n] = replace(self.metas[n], buffer=self.devices.index(device))
-        self.pieces_on = [[n for n, d in enumerate(device_of) if d == device] for device in self.devices]
-        self.layouts: dict[tuple, bytes] = {}  # encoded part layout, by the buffers' region ids
-
-    def alive(self, leaves: list[tuple[tuple, Any]]) -> bool:
-        """True if the leaves are still the tensors this plan was made for."""
-        return all(ref is not None and ref() is value for ref, (_, value) in zip(self.refs, leaves))
-
-    def sources(self, leaves: list[tuple[tuple, Any]]) -> list[torch.Tensor]:
-        """The tensor each piece copies from, this put."""
-        out = []
-        for n, i in enumerate(self.leaf_of):
-            data = self.pickled.get(n)
-            if data is not None:
-                out.append(data)
-            else:
-                value = leaves[i][1]
-                out.append(value.to_local() if is_dtensor(value) else value)
-        return out
-
-
-class _ReadPlan:
-    """The copies one read makes (from writers' buffers into the reader's tensors) and the
-    generation checks around them. A reader that fills the same state dict from the same
-    layout again reuses it: no per-tensor work but the copies."""
-
-    def __init__(self, store: "TensorStore", parts: list[PartMeta]):
-        self.store = store
-        self.parts = parts  # holds the layouts whose ids key the cache
-        self.dsts: list[torch.Tensor] = []
-        self.srcs: list[torch.Tensor] = []
-        self.buffers: dict[tuple[int, int], MappedBuffer] = {}  # (part, buffer) -> mapping
-        self.objects: list[tuple[tuple, torch.Tensor]] = []
-        self.result = None
-        self.groups: list | None = None  # the copies grouped by devices, made on first run
-        self.needs: list[tuple[tuple[int, int], int]] = []  # per copy: (part, buffer), end byte
-        self.needs_for_objects: list[tuple[tuple[int, int], int]] = []
-        self.ends: dict[tuple[int, int], int] = {}  # per buffer: the end of all it reads
-        self.leaf_refs: list = []
-        self.wait_limit = store._timeout  # for bytes still being written (set per read)
-
-    def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
-        slot = (part.index, meta.buffer)
-        mapped = self.buffers.get(slot)
-        if mapped is None:
-            mapped = self.buffers[slot] = self.store._mapped_buffer(part, meta.buffer)
-        return mapped.view(meta.offset, meta.dtype, meta.box.shape)
-
-    def copy(self, dst: torch.Tensor, part: PartMeta, meta: TensorMeta, narrow=None) -> None:
-        """Plans dst.copy_(the stored piece), or of the block `narrow` picks out of it."""
-        src = self._source(part, meta)
-        self.dsts.append(dst)
-        self.srcs.append(narrow(src) if narrow is not None else src)
-        self._need(self.needs, part, meta)
-
-    def _need(self, needs: list, part: PartMeta, meta: TensorMeta) -> None:
-        slot, end = (part.index, meta.buffer), meta.offset + meta.nbytes
-        needs.append((slot, end))
-        self.ends[slot] = max(self.ends.get(slot, 0), end)
-
-    def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
-        self.objects.append((path, self._source(*piece)))
-        self._need(self.needs_for_objects, *piece)
-
-    def run(self, parts: list[PartMeta]) -> Any:
-        """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
-        checks = []
-        writing = {}  # the buffers still being written, by (part, buffer)
-        for (p, b), mapped in self.buffers.items():
-            generation = parts[p].generations[b]
-            checks.append((mapped, generation))
-            state = mapped.state(generation)
-            if state == "replaced":
-                raise _Stale()
-            if state in ("writing", "pending"):
-                writing[(p, b)] = (mapped, generation, parts[p])
-        if not writing:
-            if self.groups is None:
-                self.groups = copy_groups(self.dsts, self.srcs)
-            run_copies(self.groups)
-        else:
-            self._run_as_written(writing)
-        for slot, end in self.needs_for_objects:
-            if slot in writing:
-                self._await(writing[slot], end)
-        raw = {path: src.clone() for path, src in self.objects}
-        for slot, (mapped, generation) in zip(self.buffers, checks):
-            # Copied as written: valid as far as the write had got.
-            written = self.ends[slot] if slot in writing else None
-            if not mapped.check(generation, written):
-                raise _Stale()
-        return self.result({path: unpickled(data) for path, data in raw.items()})
-
-    def _run_as_written(self, writing: dict) -> None:
-        """The copies in the order their bytes are written, each bucket once it is there."""
-        order = sorted(range(len(self.dsts)), key=lambda i: self.needs[i][1])
-        bucket = self.store._bucket_bytes
-        start = 0
-        while start < len(order):
-            end, size = start, 0
-            while end < len(order) and (end == start or size < bucket):
-                size += self.dsts[order[end]].numel() * self.dsts[order[end]].element_size()
-                end += 1
-            chunk = order[start:end]
-            for slot in {self.needs[i][0] for i in chunk}:
-                if slot in writing:
-                    self._await(writing[slot], max(self.needs[i][1] for i in chunk if self.needs[i][0] == slot))
-            run_copies(copy_groups([self.dsts[i] for i in chunk], [self.srcs[i] for i in chunk]))
-            start = end
-
-    def _await(self, writing: tuple, end: int) -> None:
-        """Waits until the writer has written the buffer up to byte `end` (or all of it)."""
-        mapped, generation, part = writing
-        deadline = time.monotonic() + self.wait_limit.total_seconds()
-        checked = time.monotonic()
-        pid = part.buffers[0].pid
-        while True:
-            state = mapped.state(generation)
-            if state == "whole":
-                return
-            if state == "replaced":
-                raise _Stale()
-            # Pending: the progress left is the previous write's, so it says nothing yet.
-            if state == "writing" and mapped.progress() >= end:
-                return
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(self.store._message(
-                    f"'{part.key}' version {part.version}: rank {part.rank} did not finish writing "
-                    f"it within {self.wait_limit}"))
-            if now - checked > 0.1:
-                checked = now
-                if not os.path.exists(f"/proc/{pid}"):
-                    raise TensorStoreError(self.store._message(
-                        f"'{part.key}' version {part.version}: rank {part.rank} (pid {pid}) died "
-                        f"while writing it; the version before is still readable"))
-            time.sleep(20e-6)
-
-    def remember_leaves(self, leaves: dict[tuple, Any]) -> None:
-        self.leaf_refs = [(path, weakref.ref(v) if isinstance(v, torch.Tensor) else None) for path, v in leaves.items()]
-
-    def still_fits(self, user: dict) -> bool:
-        """True if `user` holds the same tensors at the same names as when this was made."""
-        leaves = list(flatten(user))
-        if len(leaves) != len(self.leaf_refs):
-            return False
-        for (path, value), (known, ref) in zip(leaves, self.leaf_refs):
-            if path != known or (ref() is not value if ref is not None else isinstance(value, torch.Tensor)):
-                return False
-        return True
-
-
-def _entries(parts: list[PartMeta]) -> dict[tuple, list[tuple[PartMeta, TensorMeta]]]:
-    """Every stored piece, by its path."""
-    entries: dict[tuple, list[tuple[PartMeta, TensorMeta]]] = {}
-    for part in parts:
-        for meta in part.tensors:
-            entries.setdefault(meta.path, []).append((part, meta))
-    return entries
 
 
 class TensorStore:
@@ -288,12 +87,12 @@ class TensorStore:
         self._timeout = timeout if timeout is not None else store.timeout
         self._host = host_identity()
         self._lock = threading.RLock()
-        self._owned: dict[str, collections.deque[_Kept]] = {}
+        self._owned: dict[str, collections.deque[Kept]] = {}
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
         self._latest_seen: dict[str, bytes] = {}  # the latest value this writer set, per key
-        self._write_plans: dict[str, _WritePlan] = {}
-        self._read_plans: dict[str, dict[tuple, _ReadPlan]] = {}
+        self._write_plans: dict[str, WritePlan] = {}
+        self._read_plans: dict[str, dict[tuple, ReadPlan]] = {}
         self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
         self._mapped: dict[str, MappedBuffer] = {}  # by region id
         self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
@@ -391,9 +190,7 @@ class TensorStore:
             lent = self._lent.get(key)
             if lent is None:
                 raise KeyError(self._message(f"reclaim('{key}'): this rank lends no such key"))
-            for buffer in lent.plan.buffers:
-                if buffer.region.generation() % 2 == 0:
-                    buffer.region.begin_write()
+            take_back(lent.plan.buffers)
 
     @contextlib.contextmanager
     def updating(self, key: str):
@@ -487,7 +284,7 @@ class TensorStore:
             version = self._next_version(key, version)
             return self._publish(key, kind, version, index, len(writers), plan, sources)
 
-    def _write_plan(self, key: str, kind: str, index: int, leaves: list[tuple[tuple, Any]]) -> "_WritePlan":
+    def _write_plan(self, key: str, kind: str, index: int, leaves: list[tuple[tuple, Any]]) -> "WritePlan":
         """Where each leaf goes in this writer's buffers. Made once for a state dict whose
         tensors are the same objects put after put (a model's parameters); objects are pickled
         anew each time, so a state dict holding any is planned every put."""
@@ -508,7 +305,7 @@ class TensorStore:
             else:
                 data = pickled_tensor(value)
                 pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), i, data))
-        plan = _WritePlan(identity, leaves, pieces)
+        plan = WritePlan(identity, leaves, pieces)
         if plan.cacheable:
             self._write_plans[key] = plan
         return plan
@@ -542,7 +339,7 @@ class TensorStore:
                 f"version of this key is {last}"))
         return version
 
-    def _publish(self, key: str, kind: str, version: int, index: int, parts: int, plan: "_WritePlan",
+    def _publish(self, key: str, kind: str, version: int, index: int, parts: int, plan: "WritePlan",
                  sources: list[torch.Tensor]) -> int:
         self._announce(key, b"put")
         kept = self._owned.setdefault(key, collections.deque())
@@ -566,7 +363,7 @@ class TensorStore:
         # bucket as it lands. Readers of the latest see the version only once it is complete.
         generations = tuple(buffer.next_generation() for buffer in buffers)
         self._store.set(f"{base}/p{index}", encode_part(layout, generations))
-        kept.append(_Kept(version, index, parts, buffers))
+        kept.append(Kept(version, index, parts, buffers))
         self._last_version[key] = version
         try:
             with torch.no_grad():
@@ -623,23 +420,18 @@ class TensorStore:
             self._announce(key, b"lent")
             for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
                 torch.cuda.synchronize(device)  # the writer's queued updates land before readers copy
-            generations = []
-            for buffer in plan.buffers:
-                if buffer.region.generation() % 2 == 0:  # lent again without reclaim
-                    buffer.region.begin_write()
-                generations.append(buffer.region.end_write())
+            take_back(plan.buffers)  # lent again without a reclaim: readers of the last one retry
+            generations = tuple(buffer.region.end_write() for buffer in plan.buffers)
             if not plan.layout:
                 plan.layout = PartMeta(key=key, version=0, index=0, parts=1, rank=self._rank, host=self._host,
                                        kind=kind, buffers=[b.meta() for b in plan.buffers], tensors=plan.metas,
                                        lent=True).layout()
             # One round trip: the lent part travels inside `latest` (one writer lends a key, and
             # keeps one version), so a reader of the latest has it in one round trip too.
-            self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, tuple(generations)))
+            self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, generations))
             if lent is not None and lent.plan is not plan:  # other tensors now: the old ones are not guarded
-                for buffer in lent.plan.buffers:
-                    if buffer not in plan.buffers and buffer.region.generation() % 2 == 0:
-                        buffer.region.begin_write()
-            self._lent[key] = Lent(kind, leaves, plan, version)
+                take_back([b for b in lent.plan.buffers if b not in plan.buffers])
+            self._lent[key] = Lent(kind, leaves, plan)
             self._last_version[key] = version
             return version
 
@@ -654,9 +446,7 @@ class TensorStore:
     def _withdraw(self, key: str, lent: Lent) -> None:
         """Ends lending `key`: its buffers stay the writer's tensors' memory, marked as being
         changed, and the key is gone (one writer lends a key: its version is the latest)."""
-        for buffer in lent.plan.buffers:
-            if buffer.region.generation() % 2 == 0:
-                buffer.region.begin_write()
+        take_back(lent.plan.buffers)
         self._store.delete_key(f"k/{key}/latest")
         self._store.delete_key(f"k/{key}/mode")
         self._indexed.discard(key)
@@ -683,7 +473,7 @@ class TensorStore:
             expected = seen
         self._latest_seen[key] = value
 
-    def _unpublish(self, key: str, kept: _Kept) -> None:
+    def _unpublish(self, key: str, kept: Kept) -> None:
         base = f"k/{key}/v{kept.version}"
         self._store.delete_key(f"{base}/p{kept.index}")
         if kept.index == 0:
@@ -721,7 +511,7 @@ class TensorStore:
             plan.wait_limit = wait
             try:
                 return plan.run(parts)
-            except _Stale:
+            except Stale:
                 if version is not None and parts[0].lent:
                     raise TensorStoreError(self._message(
                         f"get('{key}', version={version}): rank {parts[0].rank} reclaimed that lent "
@@ -732,31 +522,15 @@ class TensorStore:
                         f"it was read (it keeps {self._keep}), or gave it up (its put failed "
                         f"midway); read it sooner, or ask for the latest")) from None
                 if parts[0].lent:  # the writer is changing its tensors: wait for the next lend
-                    self._await_newer(key, parts[0], deadline, wait)
+                    self._await_latest(key, parts[0].version, deadline,
+                                       f"get('{key}'): rank {parts[0].rank} reclaimed version {parts[0].version} "
+                                       f"and did not lend the next within {wait} (or reclaims each version "
+                                       f"before this rank can copy it)", parts[0])
                 else:
                     retries += 1
         raise TensorStoreError(self._message(
             f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
             f"the writer puts faster than this rank can read"))
-
-    def _await_newer(self, key: str, part: PartMeta, deadline: float, wait: timedelta) -> None:
-        """Waits for a version of `key` newer than the lent `part`, reclaimed by its writer."""
-        pid = part.buffers[0].pid if part.buffers else None
-        pause = 50e-6
-        while True:
-            latest = self._latest(key)
-            if latest is None or latest[0] > part.version:
-                return  # a newer version, or the key deleted: the next try says which
-            if pid is not None and not os.path.exists(f"/proc/{pid}"):
-                raise TensorStoreError(self._message(
-                    f"get('{key}'): rank {part.rank} (pid {pid}) reclaimed version {part.version} "
-                    f"to change its tensors and exited before lending the next"))
-            if time.monotonic() > deadline:
-                raise TimeoutError(self._message(
-                    f"get('{key}'): rank {part.rank} reclaimed version {part.version} and did not lend "
-                    f"the next within {wait} (or reclaims each version before this rank can copy it)"))
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
 
     def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8) -> tuple[int, list[PartMeta]]:
         latest = self._latest(key)
@@ -767,8 +541,7 @@ class TensorStore:
         elif latest is not None and version == latest[0]:
             parts, lent = latest[1], latest[2]
         elif latest is not None and latest[2] is not None and version > latest[0]:
-            # A lent key announces its versions in `latest` alone: wait there.
-            self._await_lent(key, version, timeout if timeout is not None else self._timeout)
+            self._await_lent(key, version, latest[0], timeout)
             return self._parts(key, version, timeout, retries)
         else:
             lent = None
@@ -786,7 +559,7 @@ class TensorStore:
                     mode = f"k/{key}/mode"
                     self._wait(key, version, [mode], wait, latest)
                     if self._get_now(mode) == b"lent":
-                        self._await_lent(key, version, wait)
+                        self._await_lent(key, version, None, timeout)
                         return self._parts(key, version, timeout, retries)
                 self._wait(key, version, [first], wait, latest)
                 value = self._get_now(first)
@@ -809,17 +582,28 @@ class TensorStore:
             return self._parts(key, None, timeout, retries - 1)
         return version, [self._decode(value, version) for value in values]
 
-    def _await_lent(self, key: str, version: int, wait: timedelta) -> None:
-        """Waits until the lent key `key` reaches `version` (or is deleted)."""
-        deadline = time.monotonic() + wait.total_seconds()
+    def _await_lent(self, key: str, version: int, latest: int | None, timeout: timedelta | None) -> None:
+        """Waits until the lent key `key` reaches `version` (or is gone)."""
+        wait = timeout if timeout is not None else self._timeout
+        self._await_latest(key, version - 1, time.monotonic() + wait.total_seconds(),
+                           f"get('{key}', version={version}): not lent within {wait} (latest: {latest})")
+
+    def _await_latest(self, key: str, beyond: int, deadline: float, late: str, writer: PartMeta | None = None) -> None:
+        """Waits until the latest version of `key` is past `beyond` or the key is gone (lent
+        keys announce versions in `latest` alone), raising TimeoutError(`late`) at the
+        deadline and TensorStoreError if `writer`'s process exits first."""
+        pid = writer.buffers[0].pid if writer is not None and writer.buffers else None
         pause = 50e-6
         while True:
             latest = self._latest(key)
-            if latest is None or latest[0] >= version:
-                return
+            if latest is None or latest[0] > beyond:
+                return  # a newer version, or the key deleted: the next try says which
+            if pid is not None and not os.path.exists(f"/proc/{pid}"):
+                raise TensorStoreError(self._message(
+                    f"get('{key}'): rank {writer.rank} (pid {pid}) reclaimed version {writer.version} "
+                    f"to change its tensors and exited before lending the next"))
             if time.monotonic() > deadline:
-                raise TimeoutError(self._message(
-                    f"get('{key}', version={version}): not lent within {wait} (latest: {latest[0]})"))
+                raise TimeoutError(self._message(late))
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
@@ -866,14 +650,14 @@ class TensorStore:
             self._mapped.pop(recent.pop(), None)
         return mapped
 
-    def _value_plan(self, key: str, version: int, parts: list[PartMeta], inplace: Any, slice_spec: Any) -> "_ReadPlan":
-        entries = _entries(parts)
+    def _value_plan(self, key: str, version: int, parts: list[PartMeta], inplace: Any, slice_spec: Any) -> "ReadPlan":
+        entries = pieces_by_path(parts)
         pieces = entries.get(())
         if pieces is None:
             if inplace is not None or slice_spec is not None:
                 raise ValueError(self._message(f"'{key}' version {version} is a state dict: use get_state_dict"))
             return self._state_dict_plan(key, version, parts, None, True)
-        plan = _ReadPlan(self, parts)
+        plan = ReadPlan(self, parts)
         if pieces[0][1].pickled:
             if inplace is not None:
                 raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without inplace_tensor"))
@@ -886,7 +670,7 @@ class TensorStore:
         return plan
 
     def _state_dict_plan(self, key: str, version: int, parts: list[PartMeta], user: dict | None,
-                         strict: bool) -> "_ReadPlan":
+                         strict: bool) -> "ReadPlan":
         """The copies that fill `user` (or new tensors) from `parts`; for a user's state dict,
         made once and reused while the layout and the user's tensors stay the same."""
         # A part's tensor list is shared by every version decoded from the same layout bytes.
@@ -896,8 +680,8 @@ class TensorStore:
             if plan is not None and plan.still_fits(user):
                 plan.parts = parts
                 return plan
-        entries = _entries(parts)
-        plan = _ReadPlan(self, parts)
+        entries = pieces_by_path(parts)
+        plan = ReadPlan(self, parts)
         if user is None:
             leaves: dict[tuple, Any] = {}
             for path, pieces in entries.items():

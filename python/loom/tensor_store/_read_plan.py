@@ -1,0 +1,166 @@
+"""What a reader runs per read: the copies out of writers' buffers into its tensors, with
+the sequence-lock checks around them (reused while the layout and the reader's tensors stay
+the same), and the errors a read can end in."""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._layout import flatten
+from ._parts import MappedBuffer, PartMeta, TensorMeta, copy_groups, run_copies, unpickled
+
+if TYPE_CHECKING:
+    from ._store import TensorStore
+
+
+class TensorStoreError(RuntimeError):
+    """A version cannot be read: its writer exited or replaced it, or it was never complete."""
+
+
+class Stale(Exception):
+    """The version being read was rewritten while it was read (retried when reading latest)."""
+
+
+class ReadPlan:
+    """The copies one read makes (from writers' buffers into the reader's tensors) and the
+    generation checks around them. A reader that fills the same state dict from the same
+    layout again reuses it: no per-tensor work but the copies."""
+
+    def __init__(self, store: "TensorStore", parts: list[PartMeta]):
+        self.store = store
+        self.parts = parts  # holds the layouts whose ids key the cache
+        self.dsts: list[torch.Tensor] = []
+        self.srcs: list[torch.Tensor] = []
+        self.buffers: dict[tuple[int, int], MappedBuffer] = {}  # (part, buffer) -> mapping
+        self.objects: list[tuple[tuple, torch.Tensor]] = []
+        self.result = None
+        self.groups: list | None = None  # the copies grouped by devices, made on first run
+        self.needs: list[tuple[tuple[int, int], int]] = []  # per copy: (part, buffer), end byte
+        self.needs_for_objects: list[tuple[tuple[int, int], int]] = []
+        self.ends: dict[tuple[int, int], int] = {}  # per buffer: the end of all it reads
+        self.leaf_refs: list = []
+        self.wait_limit = store._timeout  # for bytes still being written (set per read)
+
+    def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
+        slot = (part.index, meta.buffer)
+        mapped = self.buffers.get(slot)
+        if mapped is None:
+            mapped = self.buffers[slot] = self.store._mapped_buffer(part, meta.buffer)
+        return mapped.view(meta.offset, meta.dtype, meta.box.shape)
+
+    def copy(self, dst: torch.Tensor, part: PartMeta, meta: TensorMeta, narrow=None) -> None:
+        """Plans dst.copy_(the stored piece), or of the block `narrow` picks out of it."""
+        src = self._source(part, meta)
+        self.dsts.append(dst)
+        self.srcs.append(narrow(src) if narrow is not None else src)
+        self._need(self.needs, part, meta)
+
+    def _need(self, needs: list, part: PartMeta, meta: TensorMeta) -> None:
+        slot, end = (part.index, meta.buffer), meta.offset + meta.nbytes
+        needs.append((slot, end))
+        self.ends[slot] = max(self.ends.get(slot, 0), end)
+
+    def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
+        self.objects.append((path, self._source(*piece)))
+        self._need(self.needs_for_objects, *piece)
+
+    def run(self, parts: list[PartMeta]) -> Any:
+        """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
+        checks = []
+        writing = {}  # the buffers still being written, by (part, buffer)
+        for (p, b), mapped in self.buffers.items():
+            generation = parts[p].generations[b]
+            checks.append((mapped, generation))
+            state = mapped.state(generation)
+            if state == "replaced":
+                raise Stale()
+            if state in ("writing", "pending"):
+                writing[(p, b)] = (mapped, generation, parts[p])
+        if not writing:
+            if self.groups is None:
+                self.groups = copy_groups(self.dsts, self.srcs)
+            run_copies(self.groups)
+        else:
+            self._run_as_written(writing)
+        for slot, end in self.needs_for_objects:
+            if slot in writing:
+                self._await(writing[slot], end)
+        raw = {path: src.clone() for path, src in self.objects}
+        for slot, (mapped, generation) in zip(self.buffers, checks):
+            # Copied as written: valid as far as the write had got.
+            written = self.ends[slot] if slot in writing else None
+            if not mapped.check(generation, written):
+                raise Stale()
+        return self.result({path: unpickled(data) for path, data in raw.items()})
+
+    def _run_as_written(self, writing: dict) -> None:
+        """The copies in the order their bytes are written, each bucket once it is there."""
+        order = sorted(range(len(self.dsts)), key=lambda i: self.needs[i][1])
+        bucket = self.store._bucket_bytes
+        start = 0
+        while start < len(order):
+            end, size = start, 0
+            while end < len(order) and (end == start or size < bucket):
+                size += self.dsts[order[end]].numel() * self.dsts[order[end]].element_size()
+                end += 1
+            chunk = order[start:end]
+            for slot in {self.needs[i][0] for i in chunk}:
+                if slot in writing:
+                    self._await(writing[slot], max(self.needs[i][1] for i in chunk if self.needs[i][0] == slot))
+            run_copies(copy_groups([self.dsts[i] for i in chunk], [self.srcs[i] for i in chunk]))
+            start = end
+
+    def _await(self, writing: tuple, end: int) -> None:
+        """Waits until the writer has written the buffer up to byte `end` (or all of it)."""
+        mapped, generation, part = writing
+        deadline = time.monotonic() + self.wait_limit.total_seconds()
+        checked = time.monotonic()
+        pid = part.buffers[0].pid
+        while True:
+            state = mapped.state(generation)
+            if state == "whole":
+                return
+            if state == "replaced":
+                raise Stale()
+            # Pending: the progress left is the previous write's, so it says nothing yet.
+            if state == "writing" and mapped.progress() >= end:
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(self.store._message(
+                    f"'{part.key}' version {part.version}: rank {part.rank} did not finish writing "
+                    f"it within {self.wait_limit}"))
+            if now - checked > 0.1:
+                checked = now
+                if not os.path.exists(f"/proc/{pid}"):
+                    raise TensorStoreError(self.store._message(
+                        f"'{part.key}' version {part.version}: rank {part.rank} (pid {pid}) died "
+                        f"while writing it; the version before is still readable"))
+            time.sleep(20e-6)
+
+    def remember_leaves(self, leaves: dict[tuple, Any]) -> None:
+        self.leaf_refs = [(path, weakref.ref(v) if isinstance(v, torch.Tensor) else None) for path, v in leaves.items()]
+
+    def still_fits(self, user: dict) -> bool:
+        """True if `user` holds the same tensors at the same names as when this was made."""
+        leaves = list(flatten(user))
+        if len(leaves) != len(self.leaf_refs):
+            return False
+        for (path, value), (known, ref) in zip(leaves, self.leaf_refs):
+            if path != known or (ref() is not value if ref is not None else isinstance(value, torch.Tensor)):
+                return False
+        return True
+
+
+def pieces_by_path(parts: list[PartMeta]) -> dict[tuple, list[tuple[PartMeta, TensorMeta]]]:
+    """Every stored piece, by its path."""
+    entries: dict[tuple, list[tuple[PartMeta, TensorMeta]]] = {}
+    for part in parts:
+        for meta in part.tensors:
+            entries.setdefault(meta.path, []).append((part, meta))
+    return entries
