@@ -1,18 +1,180 @@
 // loom._C.Region: the tensor store's shared-memory regions (src/transport/shm/region.h) as a
-// Python type whose bytes are a torch tensor; python/loom/tensor_store builds on it.
+// Python type whose bytes are a torch tensor; and, where loom has its network transport,
+// loom._C.ByteServer and loom._C.fetch_bytes, the byte fetch that reads them across hosts
+// (src/transport/net/byte_server.h). python/loom/tensor_store builds on them.
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include <chrono>
+#include <cstring>
+
 #include "core/topology.h"
+#include "loom/error.h"
 #include "transport/shm/region.h"
+#ifdef LOOM_HAVE_NET
+#include "transport/net/byte_fetcher.h"
+#include "transport/net/byte_server.h"
+#include "transport/net/region_source.h"
+#endif
 
 namespace py = pybind11;
 using loom::shm::Region;
 
 namespace loom::torch_plugin {
 
+#ifdef LOOM_HAVE_NET
+namespace {
+
+// The job's credentials for the byte fetch: 32 bytes from the Store (the traffic's id, then
+// the secret) and this process's id among the job's servers and readers.
+net::FetchIdentity identityOf(const std::string& credentials, int id) {
+  net::FetchIdentity identity;
+  if (credentials.size() != identity.comm.size() + identity.secret.size()) {
+    throw std::invalid_argument("loom tensor store: credentials must be 32 bytes");
+  }
+  std::memcpy(identity.comm.data(), credentials.data(), identity.comm.size());
+  std::memcpy(identity.secret.data(), credentials.data() + identity.comm.size(),
+              identity.secret.size());
+  identity.id = id;
+  return identity;
+}
+
+// A buffer in device memory as a ByteSource: its bytes are staged through pinned host memory
+// a slice at a time, on the server's thread (the region is its header alone, carrying the
+// sequence lock).
+class DeviceSource final : public net::ByteSource {
+ public:
+  DeviceSource(std::shared_ptr<Region> region, at::Tensor data)
+      : region_(std::move(region)), data_(std::move(data)) {}
+  uint64_t capacity() const override { return static_cast<uint64_t>(data_.numel()); }
+  uint64_t generation() const override { return region_->generation(); }
+  uint64_t progress() const override { return region_->progress(); }
+  bool unchangedSince(uint64_t generation) const override {
+    return region_->unchangedSince(generation);
+  }
+  std::span<const uint8_t> bytes(uint64_t offset, uint64_t length) override {
+    constexpr int64_t kStage = int64_t{16} << 20;
+    if (!staging_.defined()) {
+      staging_ = at::empty({kStage}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    }
+    const int64_t n = std::min<int64_t>(kStage, static_cast<int64_t>(length));
+    staging_.narrow(0, 0, n).copy_(data_.narrow(0, static_cast<int64_t>(offset), n));
+    return {staging_.data_ptr<uint8_t>(), static_cast<size_t>(n)};
+  }
+
+ private:
+  std::shared_ptr<Region> region_;
+  at::Tensor data_;
+  at::Tensor staging_;
+};
+
+const char* stateName(net::SourceState state) {
+  switch (state) {
+    case net::SourceState::kWhole: return "whole";
+    case net::SourceState::kWriting: return "writing";
+    case net::SourceState::kPending: return "pending";
+    case net::SourceState::kReplaced: return "replaced";
+    case net::SourceState::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+void bindByteFetch(py::module_& m) {
+  py::class_<net::ByteServer, std::unique_ptr<net::ByteServer, py::nodelete>>(
+      m, "ByteServer", "This process's server of its tensor-store buffers to other hosts.")
+      .def_static(
+          "start",
+          [](const py::bytes& credentials, int id) {
+            const net::FetchIdentity identity = identityOf(credentials, id);
+            py::gil_scoped_release unlocked;
+            return &net::ByteServer::instance(identity);
+          },
+          py::arg("credentials"), py::arg("id"), py::return_value_policy::reference,
+          "Starts (once per process) serving over loom's network transport; raises if the "
+          "fabric cannot open here.")
+      .def_property_readonly("address", &net::ByteServer::address)
+      .def(
+          "publish",
+          [](net::ByteServer& server, const std::shared_ptr<Region>& region) {
+            server.publish(region->id(), std::make_shared<net::RegionSource>(region));
+          },
+          py::arg("region"), "Serves the region's bytes (under its sequence lock).")
+      .def(
+          "publish_device",
+          [](net::ByteServer& server, const std::shared_ptr<Region>& region, const at::Tensor& data) {
+            if (data.scalar_type() != at::kByte || data.dim() != 1 || !data.is_contiguous()) {
+              throw std::invalid_argument("publish_device: data must be a contiguous uint8 vector");
+            }
+            server.publish(region->id(), std::make_shared<DeviceSource>(region, data));
+          },
+          py::arg("region"), py::arg("data"),
+          "Serves device memory `data` under region's sequence lock, staged through the host.")
+      .def(
+          "withdraw",
+          [](net::ByteServer& server, const std::string& id) {
+            server.withdraw(loom::shm::regionIdFromHex(id));
+          },
+          py::arg("region_id"), "Stops serving a region.")
+      .def_property_readonly("sessions", &net::ByteServer::sessions);
+  m.def(
+      "fetch_bytes",
+      [](const py::bytes& credentials, int id, const std::string& address, int server,
+         const std::string& source, uint64_t generation,
+         const std::vector<std::pair<uint64_t, uint64_t>>& ranges, const at::Tensor& dst,
+         double timeout) {
+        if (dst.device().type() != c10::kCPU || dst.scalar_type() != at::kByte ||
+            !dst.is_contiguous()) {
+          throw std::invalid_argument("fetch_bytes: dst must be a contiguous CPU uint8 tensor");
+        }
+        const net::FetchIdentity identity = identityOf(credentials, id);
+        std::vector<net::ByteRange> wanted;
+        wanted.reserve(ranges.size());
+        for (const auto& [offset, length] : ranges) wanted.push_back({offset, length});
+        const auto sourceId = loom::shm::regionIdFromHex(source);
+        auto* out = static_cast<uint8_t*>(dst.data_ptr());
+        const auto bytes = static_cast<uint64_t>(dst.numel());
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(timeout));
+        net::ByteFetcher::Outcome outcome;
+        std::string failure;  // a timeout or a lost server is the caller's to word
+        const char* state = nullptr;
+        {
+          py::gil_scoped_release unlocked;
+          try {
+            outcome = net::ByteFetcher::instance(identity).fetch(address, server, sourceId,
+                                                                 generation, wanted, out, bytes,
+                                                                 deadline);
+            state = stateName(outcome.state);
+          } catch (const Error& e) {
+            if (e.code() != ErrorCode::kTimeout && e.code() != ErrorCode::kPeerFailure) throw;
+            state = e.code() == ErrorCode::kTimeout ? "timeout" : "failed";
+            failure = e.detail();
+          }
+        }
+        return py::make_tuple(state, outcome.generation, outcome.progress, outcome.unchanged,
+                              failure);
+      },
+      py::arg("credentials"), py::arg("id"), py::arg("address"), py::arg("server"),
+      py::arg("source"), py::arg("generation"), py::arg("ranges"), py::arg("dst"),
+      py::arg("timeout"),
+      "Copies `ranges` of region `source` of the server at `address` into `dst` at their "
+      "offsets if it holds `generation` whole; returns (state, generation now, progress, "
+      "unchanged, why): state 'whole', 'writing', 'pending', 'replaced' or 'unknown', or "
+      "'timeout' / 'failed' (the server unreachable or gone) with `why` saying more.");
+}
+
+}  // namespace
+#endif
+
 void bindTensorStore(py::module_& m) {
+#ifdef LOOM_HAVE_NET
+  m.attr("has_network") = true;
+  bindByteFetch(m);
+#else
+  m.attr("has_network") = false;
+#endif
   m.def(
       "host_identity",
       [] {

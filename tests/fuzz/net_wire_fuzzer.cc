@@ -1,13 +1,17 @@
 // Fuzzes what a remote stranger can send to a network connection: the handshake messages
-// and a stream of frames (the input is cut into frames by 2-byte length prefixes). Nothing
-// may read out of bounds; an accepted Hello, Proof or frame header re-encodes to exactly
-// its bytes, and the message stream never lets a frame carry more than its message has left.
+// and a stream of frames (the input is cut into frames by 2-byte length prefixes), and what
+// a proven peer can send in the tensor store's byte fetch (fetch_wire.h). Nothing may read
+// out of bounds; an accepted Hello, Proof, frame header or fetch message re-encodes to
+// exactly its bytes, the message stream never lets a frame carry more than its message has
+// left, and an accepted request's ranges ascend without overlapping or wrapping.
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <span>
+#include <vector>
 
+#include "transport/net/fetch_wire.h"
 #include "transport/net/wire.h"
 
 namespace net = loom::net;
@@ -20,6 +24,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (const auto proof = net::parseProof(bytes)) {
     if (std::memcmp(net::encodeProof(*proof).data(), data, size) != 0) std::abort();
+  }
+  const auto same = [&](const std::vector<uint8_t>& encoded) {
+    if (encoded.size() != size || std::memcmp(encoded.data(), data, size) != 0) std::abort();
+  };
+  if (const auto intro = net::parseIntroduction(bytes)) same(net::encodeIntroduction(*intro));
+  if (const auto reply = net::parseReply(bytes)) same(net::encodeReply(*reply));
+  if (const auto trailer = net::parseTrailer(bytes)) same(net::encodeTrailer(*trailer));
+  if (const auto request = net::parseRequest(bytes)) {
+    same(net::encodeRequest(*request));
+    uint64_t end = 0;
+    for (const net::ByteRange& r : request->ranges) {
+      if (r.length == 0 || r.offset < end || r.offset + r.length < r.offset) std::abort();
+      end = r.offset + r.length;
+    }
   }
   net::MessageStream stream;
   size_t at = 0;

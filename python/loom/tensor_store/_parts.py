@@ -68,6 +68,8 @@ class PartMeta:
     tensors: list[TensorMeta] = field(default_factory=list)
     generations: tuple[int, ...] = ()  # per buffer: the generation holding this version
     lent: bool = False  # the writer's own tensors (lend_state_dict): readable until reclaimed
+    server: tuple[str, int] | None = None  # where readers on other hosts fetch the buffers
+    unserved: str = ""  # why they cannot, if server is None
 
     def layout(self) -> bytes:
         """Everything but the version and the generations, which change every put: a writer
@@ -124,6 +126,8 @@ class OwnedBuffer:
         self.capacity = capacity
         self.base = self.data.data_ptr()
         self._views: dict[tuple, torch.Tensor] = {}
+        self.server: tuple[str, int] | None = None  # serving readers on other hosts (_remote.serve)
+        self.unserved = "the writer does not serve readers on other hosts (serve_remote=False)"
 
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
@@ -188,6 +192,9 @@ class MappedBuffer:
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
         return cached_view(self._views, self.data, offset, dtype, shape)
+
+    def prepare(self, generation: int, ranges: list[tuple[int, int]], part: PartMeta, wait) -> None:
+        """Nothing to do: the writer's bytes are mapped here (RemoteBuffer fetches them)."""
 
     def check(self, generation: int, written: int | None = None) -> bool:
         """True if the bytes copied out are those of `generation` (call after copying): the

@@ -15,6 +15,7 @@ from ._layout import flatten
 from ._parts import MappedBuffer, PartMeta, TensorMeta, copy_groups, run_copies, unpickled
 
 if TYPE_CHECKING:
+    from ._remote import RemoteBuffer
     from ._store import TensorStore
 
 
@@ -36,13 +37,15 @@ class ReadPlan:
         self.parts = parts  # holds the layouts whose ids key the cache
         self.dsts: list[torch.Tensor] = []
         self.srcs: list[torch.Tensor] = []
-        self.buffers: dict[tuple[int, int], MappedBuffer] = {}  # (part, buffer) -> mapping
+        self.buffers: dict[tuple[int, int], MappedBuffer | RemoteBuffer] = {}  # (part, buffer) -> mapping
         self.objects: list[tuple[tuple, torch.Tensor]] = []
         self.result = None
         self.groups: list | None = None  # the copies grouped by devices, made on first run
         self.needs: list[tuple[tuple[int, int], int]] = []  # per copy: (part, buffer), end byte
         self.needs_for_objects: list[tuple[tuple[int, int], int]] = []
         self.ends: dict[tuple[int, int], int] = {}  # per buffer: the end of all it reads
+        self.spans: dict[tuple[int, int], list[tuple[int, int]]] = {}  # per buffer: (offset, bytes) it reads
+        self.ranges: dict[tuple[int, int], list[tuple[int, int]]] | None = None  # spans merged, on first run
         self.leaf_refs: list = []
         self.wait_limit = store._timeout  # for bytes still being written (set per read)
 
@@ -64,6 +67,8 @@ class ReadPlan:
         slot, end = (part.index, meta.buffer), meta.offset + meta.nbytes
         needs.append((slot, end))
         self.ends[slot] = max(self.ends.get(slot, 0), end)
+        if meta.nbytes:
+            self.spans.setdefault(slot, []).append((meta.offset, meta.nbytes))
 
     def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
         self.objects.append((path, self._source(*piece)))
@@ -73,9 +78,13 @@ class ReadPlan:
         """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
         checks = []
         writing = {}  # the buffers still being written, by (part, buffer)
+        if self.ranges is None:
+            self.ranges = {slot: merged(spans) for slot, spans in self.spans.items()}
         for (p, b), mapped in self.buffers.items():
             generation = parts[p].generations[b]
             checks.append((mapped, generation))
+            if (p, b) in self.ranges:  # a remote buffer fetches its bytes here
+                mapped.prepare(generation, self.ranges[(p, b)], parts[p], self.wait_limit)
             state = mapped.state(generation)
             if state == "replaced":
                 raise Stale()
@@ -155,6 +164,17 @@ class ReadPlan:
             if path != known or (ref() is not value if ref is not None else isinstance(value, torch.Tensor)):
                 return False
         return True
+
+
+def merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, bytes) spans sorted, touching or overlapping ones joined."""
+    out: list[list[int]] = []
+    for offset, size in sorted(spans):
+        if out and offset <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], offset + size - out[-1][0])
+        else:
+            out.append([offset, size])
+    return [(offset, size) for offset, size in out]
 
 
 def pieces_by_path(parts: list[PartMeta]) -> dict[tuple, list[tuple[PartMeta, TensorMeta]]]:

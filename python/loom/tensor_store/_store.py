@@ -40,6 +40,7 @@ import torch.distributed as dist
 from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
 from ._lending import Lent, leaf_signature, lendable_tensors, lent_metas, move_into, take_back
 from ._read_plan import ReadPlan, Stale, TensorStoreError, pieces_by_path
+from ._remote import RemoteBuffer, serve
 from ._write_plan import Kept, WritePlan
 from ._parts import (
     MappedBuffer,
@@ -66,12 +67,15 @@ class TensorStore:
     separates independent stores of one job; a writer keeps its last `keep` versions of each
     key readable; `timeout` bounds waits for a version (default: the Store's timeout); a put
     writes `bucket_bytes` at a time, and a reader that asked for that version copies each
-    bucket as soon as it is written."""
+    bucket as soon as it is written; `serve_remote` (default True) serves this process's
+    buffers to readers on other hosts over loom's network transport (False keeps them to
+    this host, with no network listener)."""
 
     _RETRIES = 8  # reads of "latest" that raced a newer put, before giving up
 
     def __init__(self, store: dist.Store | None = None, *, namespace: str = "default", keep: int = 2,
-                 timeout: timedelta | None = None, rank: int | None = None, bucket_bytes: int = 64 << 20):
+                 timeout: timedelta | None = None, rank: int | None = None, bucket_bytes: int = 64 << 20,
+                 serve_remote: bool = True):
         if store is None:
             if not dist.is_initialized():
                 raise RuntimeError("loom tensor store: pass a c10d Store, or call "
@@ -81,6 +85,8 @@ class TensorStore:
             raise ValueError(f"loom tensor store: keep={keep}; at least 2 versions must be kept, so "
                              f"that a put never overwrites the version readers may be reading")
         self._store = dist.PrefixStore(f"loom_ts/{namespace}/", store)
+        self._job_store = store  # the byte fetch's credentials are the job's, whatever the namespace
+        self._serve_remote = serve_remote
         self._rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self._keep = keep
         self._bucket_bytes = max(1, int(bucket_bytes))
@@ -354,7 +360,8 @@ class TensorStore:
         layout = plan.layouts.get(regions)
         if layout is None:
             part = PartMeta(key=key, version=0, index=index, parts=parts, rank=self._rank, host=self._host,
-                            kind=kind, buffers=[b.meta() for b in buffers], tensors=plan.metas)
+                            kind=kind, buffers=[b.meta() for b in buffers], tensors=plan.metas,
+                            **_served(buffers))
             if len(plan.layouts) > self._keep:
                 plan.layouts.clear()
             layout = plan.layouts[regions] = part.layout()
@@ -396,7 +403,10 @@ class TensorStore:
                     f"{what} needs {capacity} bytes of shared memory and this host has "
                     f"{available} available: put less, or free memory (each key keeps "
                     f"{self._keep} versions)"))
-        return OwnedBuffer(device, capacity)
+        buffer = OwnedBuffer(device, capacity)
+        if self._serve_remote:
+            buffer.server, buffer.unserved = serve(self._job_store, buffer)
+        return buffer
 
     def _lend_leaves(self, key: str, kind: str, leaves: list[tuple[tuple, Any]], version: int | None) -> int:
         self._check_key(key)
@@ -425,7 +435,7 @@ class TensorStore:
             if not plan.layout:
                 plan.layout = PartMeta(key=key, version=0, index=0, parts=1, rank=self._rank, host=self._host,
                                        kind=kind, buffers=[b.meta() for b in plan.buffers], tensors=plan.metas,
-                                       lent=True).layout()
+                                       lent=True, **_served(plan.buffers)).layout()
             # One round trip: the lent part travels inside `latest` (one writer lends a key, and
             # keeps one version), so a reader of the latest has it in one round trip too.
             self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, generations))
@@ -592,7 +602,8 @@ class TensorStore:
         """Waits until the latest version of `key` is past `beyond` or the key is gone (lent
         keys announce versions in `latest` alone), raising TimeoutError(`late`) at the
         deadline and TensorStoreError if `writer`'s process exits first."""
-        pid = writer.buffers[0].pid if writer is not None and writer.buffers else None
+        local = writer is not None and writer.buffers and writer.host == self._host
+        pid = writer.buffers[0].pid if local else None  # a writer elsewhere is watched by its server's connection
         pause = 50e-6
         while True:
             latest = self._latest(key)
@@ -624,15 +635,17 @@ class TensorStore:
             template = self._layouts[layout] = pickle.loads(layout)
         return replace(template, version=version, generations=generations)
 
-    def _mapped_buffer(self, part: PartMeta, which: int) -> MappedBuffer:
+    def _mapped_buffer(self, part: PartMeta, which: int) -> MappedBuffer | RemoteBuffer:
         meta = part.buffers[which]
-        if part.host != self._host:
-            raise TensorStoreError(self._message(
-                f"'{part.key}' version {part.version} was put by rank {part.rank} on another host; "
-                f"reading across hosts is not built yet (the store reads within one host)"))
         slot = (part.key, part.index, which)
         mapped = self._mapped.get(meta.region_id)
-        if mapped is None:
+        if mapped is None and part.host != self._host:
+            if part.server is None:
+                raise TensorStoreError(self._message(
+                    f"'{part.key}' version {part.version} was put by rank {part.rank} on another host, "
+                    f"and {part.unserved}"))
+            mapped = self._mapped[meta.region_id] = RemoteBuffer(meta, part.server, self._job_store, self._message)
+        elif mapped is None:
             try:
                 mapped = MappedBuffer(meta)
             except RuntimeError as error:
@@ -803,6 +816,13 @@ class TensorStore:
 
     def _what(self, key: str, path: tuple) -> str:
         return f"'{key}'" + (f" entry '{path_text(path)}'" if path else "")
+
+
+def _served(buffers: list[OwnedBuffer]) -> dict:
+    """The PartMeta fields that tell readers on other hosts where to fetch these buffers."""
+    if not buffers:
+        return {}
+    return {"server": buffers[0].server, "unserved": buffers[0].unserved}
 
 
 def _slice_of(spec: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -46,6 +46,20 @@ std::unique_ptr<ReceiveChannel> NetService::claim(const CommId& comm, int sender
   return found;
 }
 
+std::unique_ptr<ReceiveChannel> NetService::claimAny(const CommId& comm, int receiver,
+                                                     bool (*accepted)(uint32_t channel)) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = proven_.lower_bound(Key{comm, INT32_MIN, INT32_MIN, 0});
+       it != proven_.end() && std::get<0>(it->first) == comm; ++it) {
+    if (std::get<2>(it->first) == receiver && accepted(std::get<3>(it->first))) {
+      auto found = std::move(it->second);
+      proven_.erase(it);
+      return found;
+    }
+  }
+  return nullptr;
+}
+
 std::optional<Expectation> NetService::lookup(const Hello& hello) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = expected_.find(hello.comm);

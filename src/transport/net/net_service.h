@@ -57,6 +57,10 @@ class NetService {
   /// it has not arrived yet. Each is handed out once.
   std::unique_ptr<ReceiveChannel> claim(const CommId& comm, int sender, int receiver,
                                         uint32_t channel);
+  /// A proven channel of `comm` to `receiver` from any sender, on a channel `accepted` takes,
+  /// or nullptr: for a service that learns its peers as they come (its announced() says who).
+  std::unique_ptr<ReceiveChannel> claimAny(const CommId& comm, int receiver,
+                                           bool (*accepted)(uint32_t channel));
 
   /// Connections refused or dropped so far (for tests and reports).
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }

@@ -1,0 +1,231 @@
+// Fetching byte ranges from other hosts' servers.
+
+#include "transport/net/byte_fetcher.h"
+
+#include <thread>
+
+#include "loom/error.h"
+
+namespace loom::net {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Paces a wait on a connection: spins while bytes flow, then naps up to 100 us (the reader
+// is waiting, so never long), and throws Error(kTimeout) at the deadline.
+class Pacer {
+ public:
+  Pacer(Clock::time_point deadline, int id) : deadline_(deadline), id_(id) {}
+  void moved() { pause_ = std::chrono::microseconds(0); }
+  template <class Describe>
+  void idle(const Describe& what) {
+    if (Clock::now() > deadline_) {
+      throw Error(ErrorCode::kTimeout, "fetch", id_, what() + " took longer than the timeout");
+    }
+    if (pause_.count() > 0) std::this_thread::sleep_for(pause_);
+    pause_ = std::min(std::chrono::microseconds(100), pause_ * 2 + std::chrono::microseconds(5));
+  }
+
+ private:
+  const Clock::time_point deadline_;
+  const int id_;
+  std::chrono::microseconds pause_{0};
+};
+
+}  // namespace
+
+struct ByteFetcher::Connection {
+  std::mutex mutex;  // one fetch at a time
+  std::string address;
+  int server = 0;
+  uint32_t requestChannel = 0;          // even; the replies come on the next
+  std::unique_ptr<SendChannel> out;     // requests
+  std::unique_ptr<ReceiveChannel> in;   // replies, once the server connected back
+  uint64_t sequence = 0;
+  bool broken = false;
+  std::string peer() const {
+    return "the tensor-store server " + std::to_string(server) + " at " + address;
+  }
+};
+
+ByteFetcher::ByteFetcher(NetService& service, Fabric& fabric, FetchIdentity identity,
+                         ChannelShape shape)
+    : service_(service), fabric_(fabric), identity_(identity), shape_(shape) {
+  service_.expect(identity_.comm, identity_.secret, shape_);
+}
+
+ByteFetcher::~ByteFetcher() = default;
+
+ByteFetcher& ByteFetcher::instance(const FetchIdentity& identity) {
+  // Made after NetService::instance() (its constructor asks for it), so destroyed before it.
+  static ByteFetcher fetcher(NetService::instance(), Fabric::instance(), identity);
+  if (!(fetcher.identity_ == identity)) {
+    throw Error(ErrorCode::kInvalidArgument, "fetch", identity.id,
+                "this process already reads tensor-store buffers of another job (its Store "
+                "gave other credentials); one process reads from one job");
+  }
+  return fetcher;
+}
+
+size_t ByteFetcher::connections() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return connections_.size();
+}
+
+std::shared_ptr<ByteFetcher::Connection> ByteFetcher::connection(const std::string& address,
+                                                                 int server) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = connections_[{address, server}];
+  if (!slot || slot->broken) {
+    slot = std::make_shared<Connection>();
+    slot->address = address;
+    slot->server = server;
+    slot->requestChannel = 2 * made_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return slot;
+}
+
+ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
+                                        const SourceId& source, uint64_t generation,
+                                        std::span<const ByteRange> ranges, uint8_t* dst,
+                                        uint64_t dstBytes, Clock::time_point deadline) {
+  if (ranges.empty() || ranges.size() > kMaxRanges) {
+    throw Error(ErrorCode::kInvalidArgument, "fetch", identity_.id,
+                "a fetch takes 1 to " + std::to_string(kMaxRanges) + " ranges, not " +
+                    std::to_string(ranges.size()));
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const ByteRange& r = ranges[i];
+    if (r.length == 0 || r.offset > dstBytes || r.length > dstBytes - r.offset ||
+        (i > 0 && r.offset < ranges[i - 1].offset + ranges[i - 1].length)) {
+      throw Error(ErrorCode::kInvalidArgument, "fetch", identity_.id,
+                  "range " + std::to_string(i) + " (" + std::to_string(r.offset) + " + " +
+                      std::to_string(r.length) + ") is empty, out of order or past the " +
+                      std::to_string(dstBytes) + " bytes of the destination");
+    }
+  }
+  const auto c = connection(address, server);
+  std::lock_guard<std::mutex> lock(c->mutex);
+  try {
+    return exchange(*c, source, generation, ranges, dst, deadline);
+  } catch (const Error& e) {
+    // Whatever was under way is lost mid-stream: the next fetch starts a new connection.
+    c->broken = true;
+    if (e.code() == ErrorCode::kTimeout) throw;
+    throw Error(e.code(), "fetch", identity_.id,
+                "the connection to " + c->peer() + " broke: " + e.detail());
+  }
+}
+
+ByteFetcher::Outcome ByteFetcher::exchange(Connection& c, const SourceId& source,
+                                           uint64_t generation, std::span<const ByteRange> ranges,
+                                           uint8_t* dst, Clock::time_point deadline) {
+  Pacer pacer(deadline, identity_.id);
+  const auto violation = [&](const std::string& what) {
+    throw Error(ErrorCode::kPeerFailure, "fetch", identity_.id, c.peer() + " " + what);
+  };
+  const auto requireOpen = [&] {
+    if ((c.out && c.out->peerLeft()) || (c.in && c.in->peerLeft())) {
+      violation("closed: its writer closed the store or exited");
+    }
+  };
+  // Writes one whole message on the request channel.
+  const auto send = [&](FetchTag tag, const std::vector<uint8_t>& bytes, const char* what) {
+    uint64_t done = 0;
+    while (!c.out->write({static_cast<int>(tag), bytes.size()}, bytes.data(), done)) {
+      requireOpen();
+      pacer.idle([&] { return std::string("sending the ") + what + " to " + c.peer(); });
+    }
+    c.out->progress();
+    pacer.moved();
+  };
+  // The next message's envelope on the reply channel (claimed once the server connected it).
+  const auto next = [&](const char* what) {
+    while (true) {
+      c.out->progress();
+      if (!c.in) {
+        c.in = service_.claim(identity_.comm, c.server, identity_.id, c.requestChannel + 1);
+      }
+      if (c.in) {
+        if (auto envelope = c.in->nextEnvelope()) {
+          pacer.moved();
+          return *envelope;
+        }
+      }
+      requireOpen();
+      pacer.idle([&] { return std::string("waiting for the ") + what + " from " + c.peer(); });
+    }
+  };
+  // Reads `n` payload bytes of the current message into `out`.
+  const auto read = [&](uint8_t* out, uint64_t n, const char* what) {
+    for (uint64_t filled = 0; filled < n;) {
+      const size_t got = c.in->read(out + filled, n - filled);
+      filled += got;
+      if (got > 0) {
+        pacer.moved();
+      } else {
+        requireOpen();
+        pacer.idle([&] { return std::string("receiving the ") + what + " from " + c.peer(); });
+      }
+    }
+  };
+  // A whole small message of kind `tag`.
+  const auto receive = [&](FetchTag tag, uint64_t limit, const char* what) {
+    const Envelope envelope = next(what);
+    if (envelope.tag != static_cast<int>(tag) || envelope.bytes > limit) {
+      violation("sent message " + std::to_string(envelope.tag) + " of " +
+                std::to_string(envelope.bytes) + " bytes where the " + what + " belonged");
+    }
+    std::vector<uint8_t> bytes(envelope.bytes);
+    read(bytes.data(), bytes.size(), what);
+    return bytes;
+  };
+
+  if (!c.out) {
+    Hello hello;
+    hello.comm = identity_.comm;
+    hello.sender = identity_.id;
+    hello.receiver = c.server;
+    hello.channel = c.requestChannel;
+    c.out = std::make_unique<SendChannel>(fabric_, c.address, hello, identity_.secret, shape_);
+    FetchIntroduction intro;
+    intro.address = service_.address();
+    intro.replyChannel = c.requestChannel + 1;
+    send(FetchTag::kIntroduction, encodeIntroduction(intro), "introduction");
+  }
+  FetchRequest request;
+  request.sequence = ++c.sequence;
+  request.source = source;
+  request.generation = generation;
+  request.ranges.assign(ranges.begin(), ranges.end());
+  send(FetchTag::kRequest, encodeRequest(request), "request");
+
+  const auto reply = parseReply(receive(FetchTag::kReply, kReplyBytes, "reply"));
+  if (!reply || reply->sequence != request.sequence) violation("sent a malformed reply");
+  Outcome outcome;
+  outcome.state = reply->state;
+  outcome.generation = reply->generation;
+  outcome.progress = reply->progress;
+  if (reply->state != SourceState::kWhole) return outcome;
+  for (const ByteRange& r : ranges) {
+    // Data messages split a range where the server chooses: each envelope says how much.
+    for (uint64_t at = 0; at < r.length;) {
+      const Envelope envelope = next("bytes");
+      if (envelope.tag != static_cast<int>(FetchTag::kData) || envelope.bytes == 0 ||
+          envelope.bytes > r.length - at) {
+        violation("sent " + std::to_string(envelope.bytes) + " bytes (message " +
+                  std::to_string(envelope.tag) + ") where " + std::to_string(r.length - at) +
+                  " bytes of a range were due");
+      }
+      read(dst + r.offset + at, envelope.bytes, "bytes");
+      at += envelope.bytes;
+    }
+  }
+  const auto trailer = parseTrailer(receive(FetchTag::kTrailer, kTrailerBytes, "trailer"));
+  if (!trailer || trailer->sequence != request.sequence) violation("sent a malformed trailer");
+  outcome.unchanged = trailer->unchanged;
+  return outcome;
+}
+
+}  // namespace loom::net

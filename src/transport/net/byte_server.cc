@@ -1,0 +1,257 @@
+// Answering readers' byte-fetch requests, readers in turn.
+
+#include "transport/net/byte_server.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "loom/error.h"
+
+namespace loom::net {
+
+namespace {
+
+// The most bytes one Data message carries: big enough that per-message costs vanish, small
+// enough that a staged source needs little host memory.
+constexpr uint64_t kDataMessageBytes = uint64_t{16} << 20;
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+struct ByteServer::Session {
+  explicit Session(std::unique_ptr<ReceiveChannel> channel) : in(std::move(channel)) {}
+  int reader() const { return in->announced().sender; }
+
+  std::unique_ptr<ReceiveChannel> in;  // the reader's requests
+  std::unique_ptr<SendChannel> out;    // the replies, once the reader introduced itself
+  // The message being read.
+  std::optional<Envelope> incoming;
+  std::vector<uint8_t> message;
+  size_t filled = 0;
+  // The answer being written.
+  enum class Stage { kIdle, kReply, kData, kTrailer } stage = Stage::kIdle;
+  std::vector<uint8_t> head;  // the Reply or Trailer
+  uint64_t done = 0;          // bytes of the current message handed over
+  FetchRequest request;
+  std::shared_ptr<ByteSource> source;  // while its bytes are sent
+  size_t range = 0;                    // the range being sent
+  uint64_t sent = 0;                   // bytes of it in whole Data messages
+  std::span<const uint8_t> chunk;      // the Data message being written
+};
+
+ByteServer::ByteServer(NetService& service, Fabric& fabric, FetchIdentity identity,
+                       ChannelShape shape)
+    : service_(service), fabric_(fabric), identity_(identity), shape_(shape) {
+  service_.expect(identity_.comm, identity_.secret, shape_);
+  thread_ = std::thread([this] { run(); });
+}
+
+ByteServer::~ByteServer() {
+  stopping_.store(true, std::memory_order_release);
+  thread_.join();
+}
+
+ByteServer& ByteServer::instance(const FetchIdentity& identity) {
+  // Made after NetService::instance() (its constructor asks for it), so destroyed before it.
+  static ByteServer server(NetService::instance(), Fabric::instance(), identity);
+  if (!(server.identity() == identity)) {
+    throw Error(ErrorCode::kInvalidArgument, "serve", identity.id,
+                "this process already serves its tensor-store buffers to another job (its "
+                "Store gave other credentials); one process serves one job");
+  }
+  return server;
+}
+
+void ByteServer::publish(const SourceId& id, std::shared_ptr<ByteSource> source) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sources_[id] = std::move(source);
+}
+
+void ByteServer::withdraw(const SourceId& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sources_.erase(id);
+}
+
+void ByteServer::run() {
+  auto idleSince = Clock::now();
+  while (!stopping_.load(std::memory_order_acquire)) {
+    bool moved = false;
+    while (auto in = service_.claimAny(identity_.comm, identity_.id, isRequestChannel)) {
+      sessions_.push_back(std::make_unique<Session>(std::move(in)));
+      moved = true;
+    }
+    for (size_t i = 0; i < sessions_.size();) {
+      bool drop = false;
+      try {
+        moved |= advance(*sessions_[i]);
+        drop = sessions_[i]->in->peerLeft();  // the reader closed normally
+      } catch (const Error&) {
+        drop = true;  // the reader died or broke the protocol: its session alone ends
+      }
+      if (drop) {
+        sessions_.erase(sessions_.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      ++i;
+    }
+    sessionCount_.store(sessions_.size(), std::memory_order_relaxed);
+    // Idle, the thread naps: briefly while readers are fetching (their next request follows
+    // soon), longer the longer nothing comes.
+    const auto now = Clock::now();
+    if (moved) {
+      idleSince = now;
+      continue;
+    }
+    const auto idle = now - idleSince;
+    std::this_thread::sleep_for(sessions_.empty() || idle > std::chrono::seconds(1)
+                                    ? std::chrono::microseconds(2000)
+                                : idle > std::chrono::milliseconds(10) ? std::chrono::microseconds(500)
+                                                                       : std::chrono::microseconds(50));
+  }
+}
+
+bool ByteServer::advance(Session& s) {
+  bool moved = false;
+  if (s.out) s.out->progress();
+  if (s.stage == Session::Stage::kIdle) moved |= readRequest(s);
+  if (s.stage != Session::Stage::kIdle) moved |= writeReply(s);
+  return moved;
+}
+
+bool ByteServer::readRequest(Session& s) {
+  const auto violation = [&](const std::string& what) {
+    throw Error(ErrorCode::kPeerFailure, "serve", identity_.id,
+                "reader " + std::to_string(s.reader()) + " at " + s.in->peer() + " " + what);
+  };
+  if (!s.incoming) {
+    s.incoming = s.in->nextEnvelope();
+    if (!s.incoming) return false;
+    const size_t limit = s.out ? kMaxRequestBytes : 4 + 4 + kMaxAddressBytes + 4;
+    if (s.incoming->bytes > limit) {
+      violation("sent a message of " + std::to_string(s.incoming->bytes) + " bytes");
+    }
+    s.message.resize(s.incoming->bytes);
+    s.filled = 0;
+  }
+  s.filled += s.in->read(s.message.data() + s.filled, s.message.size() - s.filled);
+  if (s.filled < s.message.size()) return s.filled > 0;
+  const auto tag = static_cast<FetchTag>(s.incoming->tag);
+  s.incoming.reset();
+  if (!s.out) {
+    const auto intro = tag == FetchTag::kIntroduction ? parseIntroduction(s.message) : std::nullopt;
+    if (!intro || intro->replyChannel != s.in->announced().channel + 1) {
+      violation("began with something other than an introduction");
+    }
+    Hello hello;
+    hello.comm = identity_.comm;
+    hello.sender = identity_.id;
+    hello.receiver = s.reader();
+    hello.channel = intro->replyChannel;
+    s.out = std::make_unique<SendChannel>(fabric_, intro->address, hello, identity_.secret, shape_);
+    return true;
+  }
+  auto request = tag == FetchTag::kRequest ? parseRequest(s.message) : std::nullopt;
+  if (!request) violation("sent something other than a well-formed request");
+  startReply(s, *request);
+  return true;
+}
+
+void ByteServer::startReply(Session& s, const FetchRequest& request) {
+  std::shared_ptr<ByteSource> source;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = sources_.find(request.source);
+    if (it != sources_.end()) source = it->second;
+  }
+  FetchReply reply;
+  reply.sequence = request.sequence;
+  if (source) {
+    const ByteRange& last = request.ranges.back();  // ascending: the furthest
+    if (last.offset + last.length > source->capacity()) {
+      throw Error(ErrorCode::kPeerFailure, "serve", identity_.id,
+                  "reader " + std::to_string(s.reader()) + " asked for bytes up to " +
+                      std::to_string(last.offset + last.length) + " of a source of " +
+                      std::to_string(source->capacity()));
+    }
+    // The first look of the sequence lock: the generation before the bytes are read.
+    const uint64_t now = source->generation();
+    reply.generation = now;
+    reply.progress = source->progress();
+    const uint64_t want = request.generation;
+    reply.state = now == want             ? SourceState::kWhole
+                  : now + 1 == want       ? SourceState::kWriting
+                  : now < want            ? SourceState::kPending
+                                          : SourceState::kReplaced;
+  }
+  s.head = encodeReply(reply);
+  s.done = 0;
+  s.stage = Session::Stage::kReply;
+  s.request = request;
+  s.source = reply.state == SourceState::kWhole ? std::move(source) : nullptr;
+  s.range = 0;
+  s.sent = 0;
+  s.chunk = {};
+}
+
+bool ByteServer::writeReply(Session& s) {
+  using Stage = Session::Stage;
+  bool moved = false;
+  const auto writeHead = [&](FetchTag tag) {
+    const uint64_t before = s.done;
+    const bool whole = s.out->write({static_cast<int>(tag), s.head.size()}, s.head.data(), s.done);
+    moved |= s.done != before;
+    return whole;
+  };
+  if (s.stage == Stage::kReply) {
+    if (!writeHead(FetchTag::kReply)) return moved;
+    s.done = 0;
+    if (!s.source) {
+      s.stage = Stage::kIdle;
+      answered_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    s.stage = Stage::kData;
+  }
+  if (s.stage == Stage::kData) {
+    while (s.range < s.request.ranges.size()) {
+      const ByteRange& r = s.request.ranges[s.range];
+      if (s.chunk.empty()) {
+        s.chunk = s.source->bytes(r.offset + s.sent, std::min(r.length - s.sent, kDataMessageBytes));
+        s.done = 0;
+        if (s.chunk.empty()) {
+          throw Error(ErrorCode::kInternal, "serve", identity_.id, "a source gave no bytes");
+        }
+      }
+      const uint64_t before = s.done;
+      const bool whole =
+          s.out->write({static_cast<int>(FetchTag::kData), s.chunk.size()}, s.chunk.data(), s.done);
+      moved |= s.done != before;
+      if (!whole) return moved;
+      s.sent += s.chunk.size();
+      s.chunk = {};
+      if (s.sent == r.length) {
+        ++s.range;
+        s.sent = 0;
+      }
+    }
+    // The second look: the bytes are in the channel's frames, so whatever the owner writes
+    // from here on cannot reach them.
+    FetchTrailer trailer;
+    trailer.sequence = s.request.sequence;
+    trailer.unchanged = s.source->unchangedSince(s.request.generation);
+    s.source.reset();
+    s.head = encodeTrailer(trailer);
+    s.done = 0;
+    s.stage = Stage::kTrailer;
+  }
+  if (s.stage == Stage::kTrailer) {
+    if (!writeHead(FetchTag::kTrailer)) return moved;
+    s.stage = Stage::kIdle;
+    answered_.fetch_add(1, std::memory_order_relaxed);
+    moved = true;
+  }
+  return moved;
+}
+
+}  // namespace loom::net

@@ -1,0 +1,104 @@
+#pragma once
+
+// The writer's side of the byte-fetch protocol (fetch_wire.h): serves the bytes of the
+// sources this process publishes (the tensor store's buffers) to readers on other hosts.
+// One thread takes each reader's proven request channel from the NetService, connects its
+// reply channel back to the address the reader introduces, and answers requests one at a
+// time per reader, readers in turn, sending straight from the source (the channel copies
+// into its frames). A reader that dies or breaks the protocol loses its session and nothing
+// else; the sources stay the publisher's.
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/net/channel.h"
+#include "transport/net/fetch_wire.h"
+#include "transport/net/net_service.h"
+
+namespace loom::net {
+
+/// Bytes a ByteServer sends, under a sequence lock: the generation is odd while the owner
+/// rewrites them and even when they are whole (transport/shm/region.h).
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  /// Bytes a request may read.
+  virtual uint64_t capacity() const = 0;
+  virtual uint64_t generation() const = 0;
+  /// Bytes of the write under way already written.
+  virtual uint64_t progress() const = 0;
+  /// True if no write began since `generation` (call after sending the bytes).
+  virtual bool unchangedSince(uint64_t generation) const = 0;
+  /// Host memory holding the first bytes of [offset, offset + length) (in place, or staged:
+  /// then fewer, valid until the next call).
+  virtual std::span<const uint8_t> bytes(uint64_t offset, uint64_t length) = 0;
+};
+
+/// Who a ByteServer or ByteFetcher is in the job: the traffic its channels announce and the
+/// secret they prove. `id` is unique among the job's servers and fetchers.
+struct FetchIdentity {
+  CommId comm{};
+  JobSecret secret{};
+  int id = 0;
+  bool operator==(const FetchIdentity&) const = default;
+};
+
+class ByteServer {
+ public:
+  /// Serves over `service` (which it tells to expect the identity's traffic).
+  ByteServer(NetService& service, Fabric& fabric, FetchIdentity identity,
+             ChannelShape shape = defaultShape());
+  /// Stops the thread; readers' sessions close (their fetches fail as the writer's leaving).
+  ~ByteServer();
+  ByteServer(const ByteServer&) = delete;
+  ByteServer& operator=(const ByteServer&) = delete;
+
+  /// This process's server over NetService::instance(), started on the first call. Throws
+  /// Error(kInvalidArgument) if a later call names another identity, Error(kUnsupported) if
+  /// the fabric cannot open here.
+  static ByteServer& instance(const FetchIdentity& identity);
+  /// The channels' window: 32 frames of 256 KiB.
+  static ChannelShape defaultShape() { return {size_t{256} << 10, 32}; }
+
+  /// Where readers connect ("ip:port").
+  const std::string& address() const { return service_.address(); }
+  const FetchIdentity& identity() const { return identity_; }
+  /// Serves `source` as `id` (replacing any source of that id).
+  void publish(const SourceId& id, std::shared_ptr<ByteSource> source);
+  /// Stops serving `id`: later requests find kUnknown (one being answered finishes).
+  void withdraw(const SourceId& id);
+  /// Requests answered so far, and readers' sessions open now (tests, reports).
+  uint64_t answered() const { return answered_.load(std::memory_order_relaxed); }
+  size_t sessions() const { return sessionCount_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Session;
+  void run();
+  /// Moves one session along; true if anything moved. Throws Error when its reader is gone
+  /// or broke the protocol.
+  bool advance(Session& session);
+  bool readRequest(Session& session);
+  void startReply(Session& session, const FetchRequest& request);
+  bool writeReply(Session& session);
+
+  NetService& service_;
+  Fabric& fabric_;
+  const FetchIdentity identity_;
+  const ChannelShape shape_;
+  std::mutex mutex_;
+  std::map<SourceId, std::shared_ptr<ByteSource>> sources_;  // guarded by mutex_
+  std::vector<std::unique_ptr<Session>> sessions_;           // the thread's alone
+  std::atomic<uint64_t> answered_{0};
+  std::atomic<size_t> sessionCount_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace loom::net

@@ -1,0 +1,210 @@
+// The tensor store's byte fetch across hosts: a reader on another host copies ranges of a
+// region exactly, learns where the region stands when it does not hold the generation asked
+// for, is told by name when the server is gone, and a reader that dies mid-reply costs the
+// server that session alone.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net_helpers.h"
+#include "transport/net/byte_fetcher.h"
+#include "transport/net/byte_server.h"
+#include "transport/net/region_source.h"
+#include "transport/shm/region.h"
+
+namespace loom::net {
+namespace {
+
+using namespace loom::net::testing;
+
+const FetchIdentity kIdentity{kComm, kSecret, 0};
+
+FetchIdentity as(int id) {
+  FetchIdentity identity = kIdentity;
+  identity.id = id;
+  return identity;
+}
+
+uint8_t pattern(uint64_t i, uint64_t generation) {
+  return static_cast<uint8_t>((i * 131) ^ (i >> 9) ^ (generation * 29));
+}
+
+void fill(shm::Region& region, uint64_t generation) {
+  for (uint64_t i = 0; i < region.capacity(); ++i) region.data()[i] = pattern(i, generation);
+}
+
+// Rank 0's server in host 0: publishes a region and tells the store where it is.
+struct Served {
+  explicit Served(RankContext& ctx, size_t capacity)
+      : service(Fabric::instance(), NetService::Limits{}),
+        server(service, Fabric::instance(), as(1000)),
+        region(shm::Region::create(capacity)) {
+    region->beginWrite();
+    fill(*region, 2);
+    LOOM_CHECK(region->endWrite() == 2);
+    server.publish(region->id(), std::make_shared<RegionSource>(region));
+    ctx.store->set("address", Bytes(server.address().begin(), server.address().end()));
+    ctx.store->set("source", Bytes(region->id().begin(), region->id().end()));
+  }
+  NetService service;
+  ByteServer server;
+  std::shared_ptr<shm::Region> region;
+};
+
+// A reader in host 1, with what it needs to find the server.
+struct Reader {
+  explicit Reader(RankContext& ctx)
+      : service(Fabric::instance(), NetService::Limits{}),
+        fetcher(service, Fabric::instance(), as(ctx.rank)) {
+    const Bytes a = ctx.store->get("address", kPatience);
+    address.assign(a.begin(), a.end());
+    const Bytes s = ctx.store->get("source", kPatience);
+    std::memcpy(source.data(), s.data(), source.size());
+  }
+  ByteFetcher::Outcome fetch(uint64_t generation, const std::vector<ByteRange>& ranges,
+                             std::vector<uint8_t>& dst, SourceId which = {}) {
+    if (which == SourceId{}) which = source;
+    return fetcher.fetch(address, 1000, which, generation, ranges, dst.data(), dst.size(),
+                         Clock::now() + kPatience);
+  }
+  NetService service;
+  ByteFetcher fetcher;
+  std::string address;
+  SourceId source{};
+};
+
+void expectPattern(const std::vector<uint8_t>& dst, const std::vector<ByteRange>& ranges,
+                   uint64_t generation) {
+  for (const ByteRange& r : ranges) {
+    for (uint64_t i = r.offset; i < r.offset + r.length; ++i) {
+      LOOM_CHECK(dst[i] == pattern(i, generation), << "byte " << i << " of generation " << generation);
+    }
+  }
+}
+
+constexpr size_t kCapacity = (size_t{3} << 20) + 123;
+
+TEST_F(TwoHosts, ReaderFetchesRangesAndLearnsWhereTheSourceStands) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 0) {
+      Served served(ctx, kCapacity);
+      ctx.store->get("read whole", kPatience);
+      served.region->beginWrite();  // generation 3: the write that makes 4 is under way
+      served.region->setProgress(1000);
+      ctx.store->set("writing", Bytes{1});
+      ctx.store->get("read writing", kPatience);
+      fill(*served.region, 4);
+      LOOM_CHECK(served.region->endWrite() == 4);
+      ctx.store->set("rewritten", Bytes{1});
+      ctx.store->get("done", kPatience);
+      LOOM_CHECK(served.server.answered() == 6, << served.server.answered() << " answered");
+      return;
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> dst(kCapacity, 0);
+    const std::vector<ByteRange> ranges{{0, 100}, {4096, (size_t{3} << 20) - 4096}, {kCapacity - 23, 23}};
+    auto outcome = reader.fetch(2, ranges, dst);
+    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged && outcome.generation == 2);
+    expectPattern(dst, ranges, 2);
+    LOOM_CHECK(dst[100] == 0 && dst[4095] == 0, << "bytes outside the ranges were written");
+    outcome = reader.fetch(4, {{0, 10}}, dst);
+    LOOM_CHECK(outcome.state == SourceState::kPending && outcome.generation == 2);
+    SourceId unknown{};
+    unknown[0] = 0xee;
+    LOOM_CHECK(reader.fetch(2, {{0, 10}}, dst, unknown).state == SourceState::kUnknown);
+    ctx.store->set("read whole", Bytes{1});
+    ctx.store->get("writing", kPatience);
+    outcome = reader.fetch(4, {{0, 10}}, dst);
+    LOOM_CHECK(outcome.state == SourceState::kWriting && outcome.progress == 1000);
+    LOOM_CHECK(reader.fetch(2, {{0, 10}}, dst).state == SourceState::kReplaced);
+    ctx.store->set("read writing", Bytes{1});
+    ctx.store->get("rewritten", kPatience);
+    const std::vector<ByteRange> all{{0, kCapacity}};
+    outcome = reader.fetch(4, all, dst);
+    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
+    expectPattern(dst, all, 4);
+    LOOM_CHECK(reader.fetcher.connections() == 1, << "one connection per server");
+    ctx.store->set("done", Bytes{1});
+  });
+}
+
+TEST_F(TwoHosts, FetchFromAServerThatLeftFailsNamingIt) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 0) {
+      Served served(ctx, 4096);
+      ctx.store->get("fetched", kPatience);
+      return;  // the server closes, then the process exits
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> dst(4096);
+    LOOM_CHECK(reader.fetch(2, {{0, 4096}}, dst).state == SourceState::kWhole);
+    ctx.store->set("fetched", Bytes{1});
+    // The server's leaving is seen on the next fetch, or a fetch after it (the connection
+    // may still be closing); never a timeout.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      try {
+        reader.fetch(2, {{0, 4096}}, dst);
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+        LOOM_CHECK(std::string(e.what()).find("tensor-store server 1000 at " + reader.address) !=
+                       std::string::npos,
+                   << e.what());
+        if (attempt == 1 || std::string(e.what()).find("closed") != std::string::npos) return;
+      }
+    }
+    LOOM_CHECK(false, << "fetches from a server that left did not fail");
+  });
+}
+
+TEST_F(TwoHosts, ReaderThatDiesMidReplyCostsTheServerItsSessionAlone) {
+  const NetnsHosts& hosts = *hosts_;
+  constexpr size_t kBig = size_t{64} << 20;
+  LOOM_RUN_RANKS(3, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank == 0 ? 0 : 1);
+    if (ctx.rank == 0) {
+      Served served(ctx, kBig);
+      ctx.store->get("reader 2 done", kPatience);
+      // Reader 1's session is gone; reader 2's may still be open until it leaves.
+      const auto deadline = Clock::now() + kPatience;
+      while (served.server.sessions() > 1) {
+        LOOM_CHECK(Clock::now() < deadline, << served.server.sessions() << " sessions left");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return;
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> dst(kBig);
+    if (ctx.rank == 1) {
+      // Asks for everything, then dies while the reply streams.
+      std::thread fetching([&] {
+        try {
+          reader.fetch(2, {{0, kBig}}, dst);
+        } catch (const Error&) {
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ctx.store->set("reader 1 died", Bytes{1});
+      _exit(0);
+    }
+    ctx.store->get("reader 1 died", kPatience);
+    const auto outcome = reader.fetch(2, {{0, kBig}}, dst);
+    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
+    expectPattern(dst, {{0, kBig}}, 2);
+    ctx.store->set("reader 2 done", Bytes{1});
+  });
+}
+
+}  // namespace
+}  // namespace loom::net
