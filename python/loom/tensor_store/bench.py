@@ -16,6 +16,10 @@ place. Printed per step, as median and p90 over `--steps` steps:
   same threads (CPU) or by the device (CUDA): the floor of any transfer;
 - gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
   what torchstore's Gloo transport sends); off with --no-gloo.
+
+With `--hosts 2` the trainer and the generators run on two hosts made of network namespaces
+on this machine (root and iproute2; `--link-gbit G` shapes each host's link), so the
+generators read over loom's byte fetch and Gloo broadcasts over TCP between the hosts.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
 
         from loom.tensor_store import TensorStore
 
+        if args.hosts:  # before any socket opens: the trainer on host 0, generators on host 1
+            os.environ.update(LOOM_NET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+            args.namespaces.enter(0 if rank == 0 else 1)
         torch.set_num_threads(args.threads)
         device = torch.device(args.device)
         if device.type == "cuda":
@@ -177,7 +184,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-lend", dest="lend", action="store_false", help="leave out the lent rows")
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--progress", action="store_true", help="print every step")
+    parser.add_argument("--hosts", type=int, default=0, choices=[0, 2],
+                        help="2: trainer and generators on two namespace hosts of this machine")
+    parser.add_argument("--link-gbit", type=float, default=0, help="with --hosts: shape each host's link")
     args = parser.parse_args(argv)
+    if args.hosts:
+        from loom import _netns
+
+        reason = _netns.unavailable_reason()
+        if reason:
+            print(f"--hosts: {reason}", file=sys.stderr)
+            return 2
+        args.namespaces = _netns.NamespaceHosts(2, subnet="10.77.0")
+        try:
+            for h in range(2):
+                if args.link_gbit:
+                    args.namespaces.shape(h, args.link_gbit)
+            return run(args)
+        finally:
+            args.namespaces.close()
+    return run(args)
+
+
+def run(args) -> int:
     world = 1 + args.generators
     if args.threads <= 0:
         args.threads = max(1, len(os.sched_getaffinity(0)) // world)
@@ -186,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     # A TCPStore, as torchrun's env:// gives (a FileStore rereads a growing file on every call).
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        init = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        port = probe.getsockname()[1]
+    # Across hosts the trainer hosts it on host 0's address (a fresh namespace: any port is free).
+    init = f"tcp://{args.namespaces.address(0) if args.hosts else '127.0.0.1'}:{port}"
     procs = [ctx.Process(target=rank_main, args=(r, world, args, init, queue)) for r in range(world)]
     for p in procs:
         p.start()
@@ -207,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
     print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
-          f"{args.generators} generators, {args.device}, {args.threads} threads per rank, {args.steps} steps")
+          f"{args.generators} generators, {args.device}, {args.threads} threads per rank, {args.steps} steps"
+          + (", across 2 namespace hosts" + (f" ({args.link_gbit:g} Gb/s links)" if args.link_gbit else "")
+             if args.hosts else ""))
     print(f"{'':12} {'median ms':>10} {'p90 ms':>10} {'GB/s':>8} {'x memcpy':>9}")
     for name, row in rows.items():
         gbps = out["bytes"] / row["median_ms"] / 1e6
@@ -220,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         print("; ".join(ratios))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"}, "bytes": out["bytes"],
+            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("json", "namespaces")}, "bytes": out["bytes"],
                        "rows": rows, "first_put_ms": first_put_ms}, f, indent=1)
     return 0
 
