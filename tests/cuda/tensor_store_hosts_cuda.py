@@ -51,6 +51,7 @@ def rank_main(rank: int, hosts, port: int, errors) -> None:
             ts.make_lendable(lent)
             ts.lend_state_dict(lent, "lent")
             store.set("ready", b"1")
+            store.wait(["read v1"])  # a writer keeps 2 versions: version 1 goes at step 3
             for step in range(2, STEPS + 1):
                 for name, t in expected(step, "cuda").items():
                     sd[name].copy_(t)
@@ -66,6 +67,7 @@ def rank_main(rank: int, hosts, port: int, errors) -> None:
         assert same(got, expected(1, "cuda")) and got["w"].is_cuda, "version 1 into new tensors"
         into_cpu = {k: torch.empty_like(v, device="cpu") for k, v in got.items()}
         assert same(ts.get_state_dict("put", into_cpu, version=1), expected(1, "cpu")), "into CPU tensors"
+        store.set("read v1", b"1")
         into = {k: torch.empty_like(v) for k, v in got.items()}
         seen = set()
         while True:

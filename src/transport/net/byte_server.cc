@@ -40,6 +40,12 @@ struct ByteServer::Session {
   std::span<const uint8_t> chunk;      // the Data message being written
 };
 
+struct ByteServer::Worker {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Session>> arriving;  // guarded by mutex: handed over by the acceptor
+  std::thread thread;
+};
+
 ByteServer::ByteServer(NetService& service, Fabric& fabric, FetchIdentity identity,
                        ChannelShape shape)
     : service_(service), fabric_(fabric), identity_(identity), shape_(shape) {
@@ -50,6 +56,7 @@ ByteServer::ByteServer(NetService& service, Fabric& fabric, FetchIdentity identi
 ByteServer::~ByteServer() {
   stopping_.store(true, std::memory_order_release);
   thread_.join();
+  for (auto& worker : workers_) worker->thread.join();
 }
 
 ByteServer& ByteServer::instance(const FetchIdentity& identity) {
@@ -74,29 +81,49 @@ void ByteServer::withdraw(const SourceId& id) {
 }
 
 void ByteServer::run() {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    while (auto in = service_.claimAny(identity_.comm, identity_.id, isRequestChannel)) {
+      const size_t w = nextWorker_++ % kMaxWorkers;
+      if (w == workers_.size()) {
+        workers_.push_back(std::make_unique<Worker>());
+        Worker& worker = *workers_.back();
+        worker.thread = std::thread([this, &worker] { serve(worker); });
+      }
+      std::lock_guard<std::mutex> lock(workers_[w]->mutex);
+      workers_[w]->arriving.push_back(std::make_unique<Session>(std::move(in)));
+      sessionCount_.fetch_add(1, std::memory_order_relaxed);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // readers arrive seldom
+  }
+}
+
+void ByteServer::serve(Worker& worker) {
+  std::vector<std::unique_ptr<Session>> sessions;
   auto idleSince = Clock::now();
   while (!stopping_.load(std::memory_order_acquire)) {
     bool moved = false;
-    while (auto in = service_.claimAny(identity_.comm, identity_.id, isRequestChannel)) {
-      sessions_.push_back(std::make_unique<Session>(std::move(in)));
-      moved = true;
+    {
+      std::lock_guard<std::mutex> lock(worker.mutex);
+      for (auto& s : worker.arriving) sessions.push_back(std::move(s));
+      moved = !worker.arriving.empty();
+      worker.arriving.clear();
     }
-    for (size_t i = 0; i < sessions_.size();) {
+    for (size_t i = 0; i < sessions.size();) {
       bool drop = false;
       try {
-        moved |= advance(*sessions_[i]);
-        drop = sessions_[i]->in->peerLeft();  // the reader closed normally
+        moved |= advance(*sessions[i]);
+        drop = sessions[i]->in->peerLeft();  // the reader closed normally
       } catch (const Error&) {
         drop = true;  // the reader died or broke the protocol: its session alone ends
       }
       if (drop) {
-        sessions_.erase(sessions_.begin() + static_cast<std::ptrdiff_t>(i));
+        sessions.erase(sessions.begin() + static_cast<std::ptrdiff_t>(i));
+        sessionCount_.fetch_sub(1, std::memory_order_relaxed);
         continue;
       }
       ++i;
     }
-    sessionCount_.store(sessions_.size(), std::memory_order_relaxed);
-    // Idle, the thread naps: briefly while readers are fetching (their next request follows
+    // Idle, the worker naps: briefly while readers are fetching (their next request follows
     // soon), longer the longer nothing comes.
     const auto now = Clock::now();
     if (moved) {
@@ -104,11 +131,12 @@ void ByteServer::run() {
       continue;
     }
     const auto idle = now - idleSince;
-    std::this_thread::sleep_for(sessions_.empty() || idle > std::chrono::seconds(1)
+    std::this_thread::sleep_for(sessions.empty() || idle > std::chrono::seconds(1)
                                     ? std::chrono::microseconds(2000)
                                 : idle > std::chrono::milliseconds(10) ? std::chrono::microseconds(500)
                                                                        : std::chrono::microseconds(50));
   }
+  sessionCount_.fetch_sub(sessions.size(), std::memory_order_relaxed);
 }
 
 bool ByteServer::advance(Session& s) {

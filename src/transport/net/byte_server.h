@@ -2,11 +2,14 @@
 
 // The writer's side of the byte-fetch protocol (fetch_wire.h): serves the bytes of the
 // sources this process publishes (the tensor store's buffers) to readers on other hosts.
-// One thread takes each reader's proven request channel from the NetService, connects its
-// reply channel back to the address the reader introduces, and answers requests one at a
-// time per reader, readers in turn, sending straight from the source (the channel copies
-// into its frames). A reader that dies or breaks the protocol loses its session and nothing
-// else; the sources stay the publisher's.
+// One thread takes each reader's proven request channel from the NetService and hands the
+// reader's session to a worker thread (one per reader, up to kMaxWorkers; beyond, readers
+// share them in turn), which connects the reply channel back to the address the reader
+// introduces and answers its requests one at a time, sending straight from the source (the
+// channel copies into its frames). Each connection's sends cost a core's time in the
+// provider, so readers served by threads of their own fetch side by side. A reader that dies
+// or breaks the protocol loses its session and nothing else; the sources stay the
+// publisher's.
 
 #include <atomic>
 #include <chrono>
@@ -66,6 +69,8 @@ class ByteServer {
   static ByteServer& instance(const FetchIdentity& identity);
   /// The channels' window: 32 frames of 256 KiB.
   static ChannelShape defaultShape() { return {size_t{256} << 10, 32}; }
+  /// Worker threads at most (readers beyond share them).
+  static constexpr size_t kMaxWorkers = 8;
 
   /// Where readers connect ("ip:port").
   const std::string& address() const { return service_.address(); }
@@ -80,7 +85,11 @@ class ByteServer {
 
  private:
   struct Session;
+  struct Worker;
+  /// The acceptor: new readers' sessions to workers.
   void run();
+  /// A worker: its readers' sessions, in turn.
+  void serve(Worker& worker);
   /// Moves one session along; true if anything moved. Throws Error when its reader is gone
   /// or broke the protocol.
   bool advance(Session& session);
@@ -94,7 +103,8 @@ class ByteServer {
   const ChannelShape shape_;
   std::mutex mutex_;
   std::map<SourceId, std::shared_ptr<ByteSource>> sources_;  // guarded by mutex_
-  std::vector<std::unique_ptr<Session>> sessions_;           // the thread's alone
+  std::vector<std::unique_ptr<Worker>> workers_;             // the acceptor's (and ~ByteServer's)
+  size_t nextWorker_ = 0;
   std::atomic<uint64_t> answered_{0};
   std::atomic<size_t> sessionCount_{0};
   std::atomic<bool> stopping_{false};
