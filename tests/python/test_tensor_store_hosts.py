@@ -70,6 +70,7 @@ def _across_hosts(rank, world, hosts):
     if rank == 0:
         ts.put_state_dict(_versioned(1), "policy")
         ts.put("single", torch.arange(4096, dtype=torch.float32).reshape(64, 64))
+        ts.put("empty", torch.empty(0, 4))
     dist.barrier()
     if rank != 0:
         got = ts.get_state_dict("policy")
@@ -80,6 +81,7 @@ def _across_hosts(rank, world, hosts):
         assert ts.get_state_dict("policy", into)["t0"] is into["t0"] and _version_of(into) == 1
         part = ts.get("single", tensor_slice_spec=((10, 3), (4, 5)))
         assert torch.equal(part, torch.arange(4096, dtype=torch.float32).reshape(64, 64)[10:14, 3:8])
+        assert ts.get("empty").shape == (0, 4)
     dist.barrier()
     # The writer puts versions as fast as it can; readers read the latest meanwhile.
     if rank == 0:

@@ -83,8 +83,8 @@ class ReadPlan:
         for (p, b), mapped in self.buffers.items():
             generation = parts[p].generations[b]
             checks.append((mapped, generation))
-            if (p, b) in self.ranges:  # a remote buffer fetches its bytes here
-                mapped.prepare(generation, self.ranges[(p, b)], parts[p], self.wait_limit)
+            # A buffer of a writer on another host fetches the bytes this read needs here.
+            mapped.prepare(generation, self.ranges.get((p, b), []), parts[p], self.wait_limit)
             state = mapped.state(generation)
             if state == "replaced":
                 raise Stale()

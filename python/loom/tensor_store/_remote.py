@@ -54,8 +54,8 @@ def serve(store, buffer: "OwnedBuffer") -> tuple[tuple[str, int] | None, str]:
     global _server, _unserved
     if not getattr(_C, "has_network", False):
         return None, "this loom was built without its network transport (libfabric)"
+    credentials, me = identity(store)
     if _server is None and not _unserved:
-        credentials, me = identity(store)
         try:
             _server = _C.ByteServer.start(credentials, me)
         except RuntimeError as error:
@@ -67,7 +67,7 @@ def serve(store, buffer: "OwnedBuffer") -> tuple[tuple[str, int] | None, str]:
     else:
         _server.publish_device(buffer.region, buffer.data)
     weakref.finalize(buffer, _server.withdraw, buffer.region.id)
-    return (_server.address, identity(store)[1]), ""
+    return (_server.address, me), ""
 
 
 class RemoteBuffer:
@@ -91,6 +91,9 @@ class RemoteBuffer:
         """Fetches `ranges` of generation `generation`, waiting while the writer has not
         finished writing it (up to `wait`). Raises TensorStoreError if the writer is gone or
         unreachable, TimeoutError after `wait`."""
+        if not ranges:  # nothing to copy (empty tensors alone): nothing can be torn either
+            self._state, self._unchanged = "whole", True
+            return
         deadline = time.monotonic() + wait.total_seconds()
         pause = 1e-3
         what = f"'{part.key}' version {part.version}: rank {part.rank} at {self.address}"
