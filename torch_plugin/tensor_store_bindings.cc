@@ -102,7 +102,8 @@ void bindByteFetch(py::module_& m) {
           py::arg("region"), "Serves the region's bytes (under its sequence lock).")
       .def(
           "publish_device",
-          [](net::ByteServer& server, const std::shared_ptr<Region>& region, const at::Tensor& data) {
+          [](net::ByteServer& server, const std::shared_ptr<Region>& region,
+             const at::Tensor& data) {
             if (data.scalar_type() != at::kByte || data.dim() != 1 || !data.is_contiguous()) {
               throw std::invalid_argument("publish_device: data must be a contiguous uint8 vector");
             }
@@ -143,9 +144,8 @@ void bindByteFetch(py::module_& m) {
         {
           py::gil_scoped_release unlocked;
           try {
-            outcome = net::ByteFetcher::instance(identity).fetch(address, server, sourceId,
-                                                                 generation, wanted, out, bytes,
-                                                                 deadline);
+            outcome = net::ByteFetcher::instance(identity).fetch(
+                address, server, sourceId, generation, wanted, out, bytes, deadline);
             state = stateName(outcome.state);
           } catch (const Error& e) {
             if (e.code() != ErrorCode::kTimeout && e.code() != ErrorCode::kPeerFailure) throw;

@@ -84,7 +84,8 @@ void expectPattern(const std::vector<uint8_t>& dst, const std::vector<ByteRange>
                    uint64_t generation) {
   for (const ByteRange& r : ranges) {
     for (uint64_t i = r.offset; i < r.offset + r.length; ++i) {
-      LOOM_CHECK(dst[i] == pattern(i, generation), << "byte " << i << " of generation " << generation);
+      LOOM_CHECK(dst[i] == pattern(i, generation),
+                 << "byte " << i << " of generation " << generation);
     }
   }
 }
@@ -111,9 +112,11 @@ TEST_F(TwoHosts, ReaderFetchesRangesAndLearnsWhereTheSourceStands) {
     }
     Reader reader(ctx);
     std::vector<uint8_t> dst(kCapacity, 0);
-    const std::vector<ByteRange> ranges{{0, 100}, {4096, (size_t{3} << 20) - 4096}, {kCapacity - 23, 23}};
+    const std::vector<ByteRange> ranges{
+        {0, 100}, {4096, (size_t{3} << 20) - 4096}, {kCapacity - 23, 23}};
     auto outcome = reader.fetch(2, ranges, dst);
-    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged && outcome.generation == 2);
+    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged &&
+               outcome.generation == 2);
     expectPattern(dst, ranges, 2);
     LOOM_CHECK(dst[100] == 0 && dst[4095] == 0, << "bytes outside the ranges were written");
     outcome = reader.fetch(4, {{0, 10}}, dst);

@@ -39,12 +39,12 @@ TEST(FetchWire, RequestsWithBadRangesAreRefused) {
     r.ranges = std::move(ranges);
     return !parseRequest(encodeRequest(r)).has_value();
   };
-  EXPECT_TRUE(refused({}));                              // nothing asked
-  EXPECT_TRUE(refused({{0, 0}}));                        // an empty range
-  EXPECT_TRUE(refused({{100, 10}, {0, 10}}));            // out of order
-  EXPECT_TRUE(refused({{0, 100}, {50, 10}}));            // overlapping
-  EXPECT_TRUE(refused({{UINT64_MAX - 1, 5}}));           // wrapping past the end
-  EXPECT_FALSE(refused({{0, 100}, {100, 10}}));          // touching is fine
+  EXPECT_TRUE(refused({}));                      // nothing asked
+  EXPECT_TRUE(refused({{0, 0}}));                // an empty range
+  EXPECT_TRUE(refused({{100, 10}, {0, 10}}));    // out of order
+  EXPECT_TRUE(refused({{0, 100}, {50, 10}}));    // overlapping
+  EXPECT_TRUE(refused({{UINT64_MAX - 1, 5}}));   // wrapping past the end
+  EXPECT_FALSE(refused({{0, 100}, {100, 10}}));  // touching is fine
   std::vector<uint8_t> bytes = encodeRequest(sampleRequest());
   bytes.pop_back();  // a range cut short
   EXPECT_FALSE(parseRequest(bytes).has_value());
@@ -60,7 +60,7 @@ TEST(FetchWire, OtherMessagesRefuseWhatIsNotThem) {
   std::vector<uint8_t> trailer = encodeTrailer({1, true});
   trailer[8] = 2;  // neither yes nor no
   EXPECT_FALSE(parseTrailer(trailer).has_value());
-  EXPECT_FALSE(parseIntroduction(encodeIntroduction({"", 1})).has_value());  // nowhere
+  EXPECT_FALSE(parseIntroduction(encodeIntroduction({"", 1})).has_value());     // nowhere
   EXPECT_FALSE(parseIntroduction(encodeIntroduction({"a:1", 2})).has_value());  // a request channel
   EXPECT_FALSE(parseIntroduction(encodeIntroduction({std::string(300, 'a'), 1})).has_value());
   EXPECT_FALSE(parseIntroduction(encodeRequest(sampleRequest())).has_value());

@@ -39,9 +39,9 @@ struct ByteFetcher::Connection {
   std::mutex mutex;  // one fetch at a time
   std::string address;
   int server = 0;
-  uint32_t requestChannel = 0;          // even; the replies come on the next
-  std::unique_ptr<SendChannel> out;     // requests
-  std::unique_ptr<ReceiveChannel> in;   // replies, once the server connected back
+  uint32_t requestChannel = 0;         // even; the replies come on the next
+  std::unique_ptr<SendChannel> out;    // requests
+  std::unique_ptr<ReceiveChannel> in;  // replies, once the server connected back
   uint64_t sequence = 0;
   bool broken = false;
   std::string peer() const {

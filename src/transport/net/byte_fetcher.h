@@ -46,9 +46,9 @@ class ByteFetcher {
   /// their offsets (`dst` holds `dstBytes`). Throws Error(kTimeout) at `deadline`,
   /// Error(kPeerFailure) if the server is unreachable, gone, or breaks the protocol (the
   /// connection is then dropped, and the next fetch makes a new one).
-  Outcome fetch(const std::string& address, int server, const SourceId& source,
-                uint64_t generation, std::span<const ByteRange> ranges, uint8_t* dst,
-                uint64_t dstBytes, std::chrono::steady_clock::time_point deadline);
+  Outcome fetch(const std::string& address, int server, const SourceId& source, uint64_t generation,
+                std::span<const ByteRange> ranges, uint8_t* dst, uint64_t dstBytes,
+                std::chrono::steady_clock::time_point deadline);
 
   /// Connections open now (tests).
   size_t connections();

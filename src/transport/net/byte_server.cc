@@ -131,10 +131,10 @@ void ByteServer::serve(Worker& worker) {
       continue;
     }
     const auto idle = now - idleSince;
-    std::this_thread::sleep_for(sessions.empty() || idle > std::chrono::seconds(1)
-                                    ? std::chrono::microseconds(2000)
-                                : idle > std::chrono::milliseconds(10) ? std::chrono::microseconds(500)
-                                                                       : std::chrono::microseconds(50));
+    std::this_thread::sleep_for(
+        sessions.empty() || idle > std::chrono::seconds(1) ? std::chrono::microseconds(2000)
+        : idle > std::chrono::milliseconds(10)             ? std::chrono::microseconds(500)
+                                                           : std::chrono::microseconds(50));
   }
   sessionCount_.fetch_sub(sessions.size(), std::memory_order_relaxed);
 }
@@ -207,10 +207,10 @@ void ByteServer::startReply(Session& s, const FetchRequest& request) {
     reply.generation = now;
     reply.progress = source->progress();
     const uint64_t want = request.generation;
-    reply.state = now == want             ? SourceState::kWhole
-                  : now + 1 == want       ? SourceState::kWriting
-                  : now < want            ? SourceState::kPending
-                                          : SourceState::kReplaced;
+    reply.state = now == want       ? SourceState::kWhole
+                  : now + 1 == want ? SourceState::kWriting
+                  : now < want      ? SourceState::kPending
+                                    : SourceState::kReplaced;
   }
   s.head = encodeReply(reply);
   s.done = 0;
@@ -245,7 +245,8 @@ bool ByteServer::writeReply(Session& s) {
     while (s.range < s.request.ranges.size()) {
       const ByteRange& r = s.request.ranges[s.range];
       if (s.chunk.empty()) {
-        s.chunk = s.source->bytes(r.offset + s.sent, std::min(r.length - s.sent, kDataMessageBytes));
+        s.chunk =
+            s.source->bytes(r.offset + s.sent, std::min(r.length - s.sent, kDataMessageBytes));
         s.done = 0;
         if (s.chunk.empty()) {
           throw Error(ErrorCode::kInternal, "serve", identity_.id, "a source gave no bytes");

@@ -12,7 +12,9 @@ namespace {
 
 constexpr uint32_t kFetchMagic = 0x68637466;  // "ftch"
 
-bool knownState(uint8_t s) { return s <= static_cast<uint8_t>(SourceState::kUnknown); }
+bool knownState(uint8_t s) {
+  return s <= static_cast<uint8_t>(SourceState::kUnknown);
+}
 
 }  // namespace
 
@@ -28,9 +30,9 @@ std::optional<FetchIntroduction> parseIntroduction(std::span<const uint8_t> byte
   ByteReader in(bytes);
   uint32_t magic = 0;
   FetchIntroduction intro;
-  if (!in.integer(&magic) || magic != kFetchMagic ||
-      !in.string(&intro.address, kMaxAddressBytes) || intro.address.empty() ||
-      !in.integer(&intro.replyChannel) || isRequestChannel(intro.replyChannel) || !in.atEnd()) {
+  if (!in.integer(&magic) || magic != kFetchMagic || !in.string(&intro.address, kMaxAddressBytes) ||
+      intro.address.empty() || !in.integer(&intro.replyChannel) ||
+      isRequestChannel(intro.replyChannel) || !in.atEnd()) {
     return std::nullopt;
   }
   return intro;
@@ -54,8 +56,8 @@ std::optional<FetchRequest> parseRequest(std::span<const uint8_t> bytes) {
   FetchRequest request;
   uint32_t count = 0;
   if (!in.integer(&request.sequence) || !in.raw(request.source.data(), request.source.size()) ||
-      !in.integer(&request.generation) || !in.integer(&count) || count == 0 ||
-      count > kMaxRanges || in.remaining() != size_t{count} * 16) {
+      !in.integer(&request.generation) || !in.integer(&count) || count == 0 || count > kMaxRanges ||
+      in.remaining() != size_t{count} * 16) {
     return std::nullopt;
   }
   request.ranges.resize(count);

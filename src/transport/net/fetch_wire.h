@@ -25,7 +25,9 @@ namespace loom::net {
 /// The pair's channels (Hello::channel): a reader's n-th connection to a server sends its
 /// requests on channel 2n and takes the replies on 2n + 1, so a channel of a connection given
 /// up can never be taken for one of the next.
-inline constexpr bool isRequestChannel(uint32_t channel) { return channel % 2 == 0; }
+inline constexpr bool isRequestChannel(uint32_t channel) {
+  return channel % 2 == 0;
+}
 
 /// What a message is (its envelope's tag).
 enum class FetchTag : int {
