@@ -138,3 +138,16 @@ def run_alone(fn: Callable[..., Any], *args: Any) -> Any:
     """Runs fn(0, 1, *args) in one forked process (with a one-rank Gloo group) and returns
     its result: for reference computations that must not run in the pytest process."""
     return run_ranks(1, fn, *args, backend="gloo")[0]
+
+
+def namespace_hosts(count: int, subnet: str):
+    """`count` hosts made of network namespaces (loom._netns) for a test, removed afterwards;
+    skips without root or iproute2, fails instead under LOOM_REQUIRE_NETNS=1."""
+    from loom import _netns
+
+    reason = _netns.unavailable_reason()
+    if reason:
+        if os.environ.get("LOOM_REQUIRE_NETNS") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return _netns.NamespaceHosts(count, subnet=subnet)

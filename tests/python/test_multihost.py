@@ -15,18 +15,13 @@ from pathlib import Path
 import pytest
 
 from frameworks import ENV, EXAMPLES, assert_same_training, gloo_died_after_reporting
-from loom import _netns
+from harness import namespace_hosts
 
 
 @pytest.fixture
 def hosts():
     """Two hosts: namespaces loom<pid>py<h> with eth0 = 10.78.0.<h+1>/24 on a bridge in a hub."""
-    reason = _netns.unavailable_reason()
-    if reason:
-        if os.environ.get("LOOM_REQUIRE_NETNS") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    with _netns.NamespaceHosts(2, subnet="10.78.0") as made:
+    with namespace_hosts(2, "10.78.0") as made:
         yield made.names
 
 

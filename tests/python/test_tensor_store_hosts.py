@@ -15,20 +15,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import run_ranks
-from loom import _netns
+from harness import namespace_hosts, run_ranks
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool]
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    reason = _netns.unavailable_reason()
-    if reason:
-        if os.environ.get("LOOM_REQUIRE_NETNS") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    with _netns.NamespaceHosts(2, subnet="10.79.0") as made:
+    with namespace_hosts(2, "10.79.0") as made:
         yield made
 
 
