@@ -97,6 +97,8 @@ struct CopyTask {
 struct Tuning {
   int threads = 1;                ///< threads per rank for large copies and reductions
   size_t streamBytes = SIZE_MAX;  ///< per-rank output size from which outputs stream
+  size_t lendBytes = SIZE_MAX;    ///< all_gather output / reduce_scatter input size from which
+                                  ///< lent inputs are read in place
   SelectionTable selection;
 };
 
@@ -122,6 +124,22 @@ class CollectiveContext {
   const SelectionTable& selection() const { return tuning_.selection; }
   /// True if an output of `bytes` per rank should be written with streaming stores.
   bool streams(size_t bytes) const { return bytes >= tuning_.streamBytes; }
+
+  /// True if an all_gather (whole output) or reduce_scatter (whole input) of `bytes` per
+  /// rank reads lent inputs in place (Algorithm::kLent).
+  bool lendsAt(size_t bytes) const { return bytes >= tuning_.lendBytes; }
+  /// True if this collective runs Algorithm::kLent (chosen with lendsAt by runCollective).
+  bool lends() const { return algorithm_ == Algorithm::kLent; }
+  /// Opens the collective (its first phase) with this rank's input, `bytes[rank]` bytes
+  /// from `input` (nullptr: not lendable), lent if it lies in the lending pool; `bytes[q]`
+  /// is what this rank will read of rank q's. Returns every rank's input as this rank reads
+  /// it in place (its own as given) if every rank lent its input and every rank could map
+  /// every other's; else an empty vector, on every rank alike, and the caller stages the
+  /// data as usual in the phases that follow. All-lent costs a second phase, to agree.
+  std::vector<const uint8_t*> openLent(const void* input, std::span<const size_t> bytes);
+  /// Ends a collective that read lent inputs: waits until every rank has read what it needs,
+  /// so no rank returns (and lets its caller overwrite its input) while a peer still reads it.
+  void closeLent();
 
   /// Who a rank waits for after posting a phase, before it reads.
   enum class Await : uint8_t {

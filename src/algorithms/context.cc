@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "algorithms/collective.h"
 #include "kernels/copy.h"
+#include "transport/shm/lending.h"
 
 namespace loom {
 
@@ -168,6 +170,54 @@ void CollectiveContext::verifyAll(uint64_t p) {
   }
 }
 
+std::vector<const uint8_t*> CollectiveContext::openLent(const void* input,
+                                                        std::span<const size_t> bytes) {
+  const int me = rank();
+  const uint64_t p = startPhase(true);
+  std::optional<shm::LentBuffer> lent;
+  if (input != nullptr && bytes[me] != 0) {
+    lent = shm::LendingPool::instance().find(input, bytes[me]);
+  }
+  shm::LentBuffer& line = shm_.lent(me, p);
+  if (lent) {
+    line = *lent;
+  } else {
+    line.fd = -1;
+  }
+  finishPhase(p, Await::kAll);
+  std::vector<const uint8_t*> inputs(static_cast<size_t>(size()));
+  for (int q = 0; q < size(); ++q) {
+    if (shm_.lent(q, p).fd < 0) return {};  // every rank sees the same lines
+  }
+  // Each rank maps what it reads (kept for later calls); whether all could is agreed in a
+  // phase of its own, since a rank in another pid namespace, say, cannot.
+  bool mapped = true;
+  for (int q = 0; q < size(); ++q) {
+    const shm::LentBuffer& theirs = shm_.lent(q, p);
+    if (q == me) {
+      inputs[q] = static_cast<const uint8_t*>(input);
+    } else if (theirs.bytes >= bytes[q]) {
+      inputs[q] = shm_.mapLent(q, theirs);
+      mapped = mapped && inputs[q] != nullptr;
+    } else {
+      mapped = false;  // the rank lent less than this rank must read: stage instead
+    }
+  }
+  const uint64_t agree = startPhase(true);
+  *slot(me, agree) = mapped ? 1 : 0;
+  finishPhase(agree, Await::kAll);
+  for (int q = 0; q < size(); ++q) {
+    if (*slot(q, agree) == 0) return {};
+  }
+  shm::countLentCollective();
+  return inputs;
+}
+
+void CollectiveContext::closeLent() {
+  const uint64_t p = startPhase(false);
+  finishPhase(p, Await::kAll);
+}
+
 size_t regionElements(const CollectiveContext& ctx, DataType type) {
   const size_t align = lineElements(type);
   const size_t perRank = ctx.chunkBytes() / elementSize(type) / static_cast<size_t>(ctx.size());
@@ -233,9 +283,15 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
 
 void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elementSize(args.type);
-  Algorithm algorithm{};  // only all_reduce and reduce have a choice
+  Algorithm algorithm{};  // all_reduce and reduce by size; all_gather, reduce_scatter: lent
   if (args.kind == CollectiveKind::kAllReduce) algorithm = ctx.selection().allReduce(bytes);
   if (args.kind == CollectiveKind::kReduce) algorithm = ctx.selection().reduce(bytes);
+  if (args.kind == CollectiveKind::kAllGather || args.kind == CollectiveKind::kReduceScatter) {
+    // The whole of the per-rank blocks (the all_gather's output, the reduce_scatter's
+    // input): `count` is one block, or their sum in the V variants.
+    const size_t whole = args.variable ? bytes : bytes * static_cast<size_t>(ctx.size());
+    if (ctx.lendsAt(whole)) algorithm = Algorithm::kLent;
+  }
   // The choice travels in the opening descriptor: ranks whose tables differ get a mismatch.
   ctx.begin(args, algorithm);
   const bool oneShot = algorithm == Algorithm::kOneShot;

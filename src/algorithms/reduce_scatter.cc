@@ -1,11 +1,28 @@
 // reduce_scatter (equal or per-rank counts): each rank's slot is divided into one region per
 // destination. Per chunk, every rank copies the next part of each block into that block's
 // region, posts and waits for all; rank r then reduces region r of every slot (in rank
-// order) straight into its output.
+// order) straight into its output. When every rank lent its input (Algorithm::kLent, blocks
+// laid end to end), rank r reduces block r of every rank's input, read in place, instead.
 
 #include "algorithms/collective.h"
 
 namespace loom {
+
+namespace {
+
+// The start of block 0 if the blocks lie end to end (one buffer), else nullptr.
+const void* wholeInput(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  const auto* first = static_cast<const uint8_t*>(args.inputs[0]);
+  size_t offset = 0;
+  for (size_t q = 0; q < args.inputs.size(); ++q) {
+    if (args.inputs[q] != first + offset) return nullptr;
+    offset += args.inputCounts[q] * es;
+  }
+  return first;
+}
+
+}  // namespace
 
 void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
@@ -14,6 +31,21 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   const int size = ctx.size();
   const kernels::ReduceSpec spec{args.type, args.op, size};
   auto* out = static_cast<uint8_t*>(args.output);
+  std::vector<const void*> srcs(static_cast<size_t>(size));
+  if (ctx.lends()) {
+    size_t whole = 0, mine = 0;
+    for (int q = 0; q < size; ++q) {
+      if (q == me) mine = whole;
+      whole += args.inputCounts[q] * es;
+    }
+    const std::vector<size_t> bytes(static_cast<size_t>(size), whole);
+    const auto inputs = ctx.openLent(wholeInput(args), bytes);
+    if (!inputs.empty()) {
+      for (int q = 0; q < size; ++q) srcs[q] = inputs[q] + mine;
+      ctx.reduce(out, srcs, args.inputCounts[me], spec);
+      return ctx.closeLent();
+    }
+  }
   size_t longest = 0;
   for (size_t n : args.inputCounts) longest = std::max(longest, n);
   auto partOf = [&](int q, size_t begin) {
@@ -21,7 +53,6 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
     return begin >= n ? size_t{0} : std::min(region, n - begin);
   };
   std::vector<CopyTask> tasks(static_cast<size_t>(size));
-  std::vector<const void*> srcs(static_cast<size_t>(size));
   for (size_t c = 0, chunks = chunksOf(longest, region); c < chunks; ++c) {
     const size_t begin = c * region;
     const uint64_t p = ctx.startPhase(true);

@@ -11,6 +11,7 @@ std::string_view algorithmName(Algorithm algorithm) {
   switch (algorithm) {
     case Algorithm::kOneShot: return "one_shot";
     case Algorithm::kTwoShot: return "two_shot";
+    case Algorithm::kLent: return "lent";
   }
   return "unknown";
 }

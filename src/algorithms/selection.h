@@ -18,9 +18,11 @@ namespace loom {
 /// The algorithms with alternatives. One-shot: every rank copies its whole input in and
 /// reduces all slots itself (one synchronisation; best when small). Two-shot: reduce-scatter
 /// then all-gather by chunk, each rank reducing 1/size of the data (bandwidth-optimal).
-enum class Algorithm : uint8_t { kOneShot = 1, kTwoShot = 2 };
+/// Lent: all_gather and reduce_scatter of at least LOOM_LEND_BYTES read every rank's input in
+/// place when all ranks lent it (memory from the lending pool), else stage it as usual.
+enum class Algorithm : uint8_t { kOneShot = 1, kTwoShot = 2, kLent = 3 };
 
-/// "one_shot", "two_shot".
+/// "one_shot", "two_shot", "lent".
 std::string_view algorithmName(Algorithm algorithm);
 
 /// Size-based selection for the operations that have a choice.

@@ -40,6 +40,9 @@ Config Config::load(int localRanks) {
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
   // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).
   c.tuning.streamBytes = env::bytes("LOOM_STREAM_BYTES", size_t{8} << 20, 0, SIZE_MAX);
+  // Reading lent inputs in place costs two phases more than staging a chunk; from 1 MiB the
+  // copy it saves is worth more (docs/PERFORMANCE.md, "Lent buffers").
+  c.tuning.lendBytes = env::bytes("LOOM_LEND_BYTES", size_t{1} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {
     throw Error(

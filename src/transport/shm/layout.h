@@ -8,6 +8,8 @@
 //   doorbells         one cache line per rank: wakes its point-to-point engine
 //   descriptors       per rank, per half: the operation that rank started there
 //   signatures        per rank, per half: the caller's text for that operation (desync debug)
+//   lent buffers      per rank, per half: where that operation's input lies if the rank lends
+//                     it (memory from the lending pool, which peers map and read in place)
 //   ring controls     per ordered pair (src, dst): two cache lines (head, tail)
 //   slots             per rank, two halves of chunkBytes each (page-aligned)
 //   rings             per ordered pair: ringBytes of byte stream (touched only if used)
@@ -27,7 +29,7 @@ namespace loom::shm {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kMagic = 0x6d68732d6d6f6f6cULL;  // "loom-shm"
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -89,6 +91,18 @@ struct alignas(kCacheLine) OpSignature {
   char text[128];
 };
 
+/// Where a rank's input to an operation lies when it lends it: a lending-pool region of its
+/// process (Region: descriptor number, random id, capacity) and the bytes in it. fd < 0: the
+/// input is not lent, and peers must not read it in place.
+struct alignas(kCacheLine) LentBuffer {
+  int32_t fd;
+  uint8_t id[16];
+  uint64_t capacity;
+  uint64_t offset;
+  uint64_t bytes;
+};
+static_assert(sizeof(LentBuffer) == kCacheLine, "a lent-buffer line is one cache line");
+
 /// One ring's control: `head` (bytes written, by the sender) and `tail` (bytes consumed, by
 /// the receiver), on separate lines so neither side's writes evict the other's.
 struct RingControl {
@@ -117,6 +131,7 @@ struct Layout {
   size_t doorbells = 0;
   size_t descs = 0;
   size_t signatures = 0;
+  size_t lent = 0;
   size_t ringControls = 0;
   size_t slots = 0;
   size_t rings = 0;
@@ -134,7 +149,8 @@ struct Layout {
     l.doorbells = l.rankLines + p * sizeof(RankLine);
     l.descs = l.doorbells + p * sizeof(Doorbell);
     l.signatures = l.descs + 2 * p * sizeof(OpDesc);
-    l.ringControls = l.signatures + 2 * p * sizeof(OpSignature);
+    l.lent = l.signatures + 2 * p * sizeof(OpSignature);
+    l.ringControls = l.lent + 2 * p * sizeof(LentBuffer);
     l.slots = roundUp(l.ringControls + p * p * sizeof(RingControl), kPage);
     l.rings = l.slots + 2 * p * chunkBytes;
     l.total = l.rings + p * p * ringBytes;

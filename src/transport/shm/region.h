@@ -40,8 +40,9 @@ class Region {
   static constexpr size_t kHeaderBytes = 4096;
 
   /// Owner: a new region of `capacity` data bytes (0 is allowed: a header alone, for bytes
-  /// that live elsewhere, such as device memory), mapped read-write, generation 0.
-  static std::unique_ptr<Region> create(size_t capacity);
+  /// that live elsewhere, such as device memory), mapped read-write, generation 0; `name` is
+  /// what /proc/<pid>/maps shows for it.
+  static std::unique_ptr<Region> create(size_t capacity, const char* name = "loom-tensor-store");
   /// Reader: opens region `id` of process `pid` (descriptor `fd`) read-only. Throws
   /// Error(kPeerFailure) if the process or descriptor is gone, kMismatch if it is not that
   /// region (the owner closed it and reused the number), kSystem if /proc refuses.

@@ -30,6 +30,7 @@
 
 #include "loom/error.h"
 #include "transport/failures.h"
+#include "transport/shm/lending.h"
 #include "transport/shm/segment.h"
 #include "util/backoff.h"
 
@@ -68,6 +69,18 @@ class ShmComm {
   OpSignature& signature(int q, uint64_t phase) const {
     return reinterpret_cast<OpSignature*>(
         base_ + layout_.signatures)[static_cast<size_t>(q) * 2 + (phase & 1)];
+  }
+
+  /// Where rank q's input for the operation in the half of phase p lies, if it lent it.
+  LentBuffer& lent(int q, uint64_t phase) const {
+    return reinterpret_cast<LentBuffer*>(base_ +
+                                         layout_.lent)[static_cast<size_t>(q) * 2 + (phase & 1)];
+  }
+  /// Rank q's lent buffer `buffer` mapped into this process (read-only), or nullptr if it
+  /// cannot be (q runs in another pid namespace, released the region, or the map failed).
+  /// Mappings are kept for the next operation (see LentMappings).
+  const uint8_t* mapLent(int q, const LentBuffer& buffer) {
+    return lentMappings_.map(pidOf(q), buffer);
   }
 
   /// The fingerprint of the descriptor rank q wrote for the half of phase p.
@@ -191,6 +204,7 @@ class ShmComm {
   uint64_t killSeq_ = 0;    // fault injection: the collective to die in, or 0
   uint64_t killOffset_ = 0;
   uint64_t killPhase_ = 0;  // the absolute phase to die after, once that collective starts
+  LentMappings lentMappings_;
 };
 
 }  // namespace loom::shm

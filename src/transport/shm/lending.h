@@ -1,0 +1,86 @@
+#pragma once
+
+// Lending: buffers a rank's peers on its host read in place, so a large collective on them
+// skips the copy into the shared slots (c10d's Backend::allocateTensor, which FSDP2 uses for
+// its communication buffers, allocates from here).
+//
+// The owner side is one pool per process: regions (sealed memfds, see Region) carved into
+// nothing smaller than the request, kept for reuse when their tensor is freed, like torch's
+// caching allocators. They are never unmapped while the process lives, so a peer's mapping
+// of one never outlives what it maps. The reader side keeps, per communicator, the peers'
+// regions it mapped (read-only, through /proc/<pid>/fd), so each is opened once.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "transport/shm/layout.h"
+#include "transport/shm/region.h"
+
+namespace loom::shm {
+
+/// This process's lendable memory.
+class LendingPool {
+ public:
+  /// The process's pool.
+  static LendingPool& instance();
+
+  /// At least `bytes` bytes (64-byte aligned, page-aligned in fact) of lendable memory.
+  /// Throws Error(kSystem) if the host has not enough memory.
+  void* allocate(size_t bytes);
+  /// Returns memory from allocate() for reuse (from any thread).
+  void release(void* data);
+  /// Where [data, data + bytes) lies if it is inside one lendable allocation; nullopt if not
+  /// (memory from anywhere else, or a range that runs past its allocation).
+  std::optional<LentBuffer> find(const void* data, size_t bytes) const;
+  /// Bytes held by the pool (in use and kept for reuse).
+  size_t heldBytes() const;
+
+ private:
+  LendingPool();
+  struct Entry {
+    std::unique_ptr<Region> region;
+    bool inUse = false;
+  };
+  // In a forked child: forgets what the parent made (still mapped here, shared with the
+  // parent, so never handed out again or lent as the child's own). Under mutex_.
+  void forgetIfForked() const;
+
+  mutable std::mutex mutex_;
+  mutable int pid_;                                     // of the process that owns the entries
+  mutable std::map<uintptr_t, Entry> byAddress_;        // every region, by its data address
+  mutable std::multimap<size_t, uintptr_t> available_;  // regions not in use, by capacity
+  mutable size_t held_ = 0;
+};
+
+/// Collectives this process ran that read lent inputs in place (tests and benchmarks check
+/// with it that the path was taken), and the call that counts one.
+uint64_t lentCollectives();
+void countLentCollective();
+
+/// One communicator's mappings of its peers' lent regions.
+class LentMappings {
+ public:
+  /// Most regions kept mapped; beyond it the least recently used is unmapped.
+  static constexpr size_t kMaxMappings = 256;
+
+  /// The bytes `buffer` names in process `pid`, mapped read-only, or nullptr if they cannot
+  /// be (another pid namespace, a region released, a map refused).
+  const uint8_t* map(int pid, const LentBuffer& buffer);
+
+ private:
+  struct Mapping {
+    int pid;
+    Region::Id id;
+    std::unique_ptr<Region> region;
+  };
+  std::list<Mapping> mappings_;  // most recently used first
+};
+
+}  // namespace loom::shm

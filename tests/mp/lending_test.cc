@@ -1,0 +1,249 @@
+// Lent buffers: the lending pool on its own, then all_gather and reduce_scatter on real
+// forked ranks whose inputs come from it (read in place by their peers), against the
+// reference: every data type and reduction, in place and out of place, per-rank counts, ranks
+// that lend and ranks that do not, and inputs rewritten right after each call returns (a rank
+// that returned while a peer still read its input would show as a wrong block).
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "../common/forked_ranks.h"
+#include "../common/reference.h"
+#include "transport/shm/lending.h"
+
+namespace loom {
+namespace {
+
+using shm::LendingPool;
+using testing::fillInput;
+using testing::firstDifference;
+using testing::inputBytes;
+using testing::RankContext;
+using testing::referenceReduce;
+
+// A buffer from the lending pool (or from the heap when `lent` is false), released at scope end.
+class Buffer {
+ public:
+  Buffer(size_t bytes, bool lent) : lent_(lent) {
+    if (lent) {
+      data_ = static_cast<uint8_t*>(LendingPool::instance().allocate(bytes));
+    } else {
+      heap_.resize(bytes + 1);
+      data_ = heap_.data();
+    }
+  }
+  ~Buffer() {
+    if (lent_) LendingPool::instance().release(data_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* data() { return data_; }
+
+ private:
+  bool lent_;
+  std::vector<uint8_t> heap_;
+  uint8_t* data_ = nullptr;
+};
+
+TEST(LendingPool, FindsOnlyRangesInsideLiveAllocations) {
+  auto& pool = LendingPool::instance();
+  auto* a = static_cast<uint8_t*>(pool.allocate(1000));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 4096, 0u);
+  const auto whole = pool.find(a, 1000);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_GE(whole->fd, 0);
+  EXPECT_EQ(whole->offset, 0u);
+  EXPECT_EQ(whole->bytes, 1000u);
+  const auto inner = pool.find(a + 100, 200);
+  ASSERT_TRUE(inner.has_value());
+  EXPECT_EQ(inner->offset, 100u);
+  EXPECT_EQ(std::memcmp(inner->id, whole->id, sizeof whole->id), 0);
+  EXPECT_FALSE(pool.find(a + 100, whole->capacity).has_value()) << "runs past the region";
+  int onStack = 0;
+  EXPECT_FALSE(pool.find(&onStack, sizeof onStack).has_value());
+  pool.release(a);
+  EXPECT_FALSE(pool.find(a, 10).has_value()) << "released memory is not lent";
+  // The same size again reuses the region; a much larger one does not fit it.
+  const size_t held = pool.heldBytes();
+  EXPECT_EQ(pool.allocate(900), a);
+  EXPECT_EQ(pool.heldBytes(), held);
+  auto* big = pool.allocate(size_t{3} << 20);
+  EXPECT_NE(big, a);
+  EXPECT_GE(pool.heldBytes(), held + (size_t{3} << 20));
+  pool.release(a);
+  pool.release(big);
+  pool.release(big);  // twice is harmless
+}
+
+TEST(LendingPool, AForkedChildNeverHandsOutItsParentsRegions) {
+  auto& pool = LendingPool::instance();
+  void* parents = pool.allocate(4096);
+  pool.release(parents);  // available in the parent
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Reusing the parent's region here would share the child's tensor with the parent.
+    void* mine = pool.allocate(4096);
+    const bool ok = mine != parents && !pool.find(parents, 1).has_value();
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+std::string caseName(const char* op, DataType type, size_t count, bool inPlace) {
+  return std::string(op) + " " + std::string(dataTypeName(type)) +
+         " count=" + std::to_string(count) + (inPlace ? " in-place" : " out-of-place");
+}
+
+// Which ranks lend their inputs in a case.
+enum class Lenders { kAll, kRankZero, kNone };
+
+bool lends(Lenders who, int rank) {
+  return who == Lenders::kAll || (who == Lenders::kRankZero && rank == 0);
+}
+
+void checkAllGather(Communicator& comm, Lenders who) {
+  uint32_t salt = 100;
+  const int me = comm.rank();
+  const int size = comm.size();
+  for (DataType type : testing::allTypes()) {
+    const size_t es = elementSize(type);
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{70000}}) {
+      for (bool inPlace : {false, true}) {
+        Buffer out(count * es * size, lends(who, me) && inPlace);
+        Buffer in(count * es, lends(who, me));
+        uint8_t* input = inPlace ? out.data() + me * count * es : in.data();
+        // Rounds back to back, each rewriting the input as soon as the last call returned.
+        for (int round = 0; round < 3; ++round) {
+          ++salt;
+          fillInput(input, type, count, me, salt);
+          comm.allGather(input, out.data(), count, type).wait();
+          for (int q = 0; q < size; ++q) {
+            const auto want = inputBytes(type, count, q, salt);
+            const std::string diff =
+                firstDifference(out.data() + q * count * es, want.data(), type, count);
+            LOOM_CHECK(diff.empty(), << caseName("all_gather", type, count, inPlace) << " block "
+                                     << q << " round " << round << ": " << diff);
+          }
+        }
+      }
+    }
+  }
+  // Per-rank counts from one lent buffer.
+  const DataType type = DataType::kFloat32;
+  std::vector<size_t> counts(static_cast<size_t>(size));
+  for (int q = 0; q < size; ++q) counts[q] = q == 1 ? 0 : 5000 + 7 * static_cast<size_t>(q);
+  Buffer in(counts[me] * 4 + 4, lends(who, me));
+  std::vector<std::vector<uint8_t>> outputs;
+  std::vector<void*> ptrs;
+  for (int q = 0; q < size; ++q) outputs.emplace_back(counts[q] * 4 + 1);
+  for (auto& o : outputs) ptrs.push_back(o.data());
+  fillInput(in.data(), type, counts[me], me, ++salt);
+  comm.allGatherV(in.data(), ptrs, counts, type).wait();
+  for (int q = 0; q < size; ++q) {
+    const auto want = inputBytes(type, counts[q], q, salt);
+    LOOM_CHECK(firstDifference(ptrs[q], want.data(), type, counts[q]).empty(),
+               << "all_gather_v block " << q);
+  }
+}
+
+void checkReduceScatter(Communicator& comm, Lenders who) {
+  uint32_t salt = 500;
+  const int me = comm.rank();
+  const int size = comm.size();
+  for (DataType type : testing::allTypes()) {
+    const size_t es = elementSize(type);
+    for (ReduceOp op : testing::reductionsFor(type)) {
+      for (size_t count : {size_t{3}, size_t{40000}}) {
+        for (bool inPlace : {false, true}) {
+          Buffer in(count * es * size, lends(who, me));
+          Buffer out(count * es, false);
+          uint8_t* dst = inPlace ? in.data() + me * count * es : out.data();
+          for (int round = 0; round < 2; ++round) {
+            ++salt;
+            fillInput(in.data(), type, count * size, me, salt);
+            comm.reduceScatter(in.data(), dst, count, type, op).wait();
+            const auto want = referenceReduce(type, op, count, size, salt, me * count);
+            const std::string diff = firstDifference(dst, want.data(), type, count);
+            LOOM_CHECK(diff.empty(), << caseName("reduce_scatter", type, count, inPlace) << " "
+                                     << reduceKindName(op.kind()) << " round " << round << ": "
+                                     << diff);
+          }
+        }
+      }
+    }
+  }
+  // Per-rank counts, blocks end to end in one lent buffer.
+  const DataType type = DataType::kFloat32;
+  const ReduceOp op = ReduceKind::kSum;
+  std::vector<size_t> counts(static_cast<size_t>(size));
+  size_t total = 0, mine = 0;
+  for (int q = 0; q < size; ++q) {
+    counts[q] = q == 2 ? 0 : 3000 * static_cast<size_t>(q + 1);
+    if (q == me) mine = total;
+    total += counts[q];
+  }
+  Buffer in(total * 4, lends(who, me));
+  fillInput(in.data(), type, total, me, ++salt);
+  std::vector<const void*> ptrs;
+  for (int q = 0, at = 0; q < size; at += static_cast<int>(counts[q]), ++q) {
+    ptrs.push_back(in.data() + static_cast<size_t>(at) * 4);
+  }
+  std::vector<uint8_t> out(counts[me] * 4 + 1);
+  comm.reduceScatterV(ptrs, out.data(), counts, type, op).wait();
+  const auto want = referenceReduce(type, op, counts[me], size, salt, mine);
+  LOOM_CHECK(firstDifference(out.data(), want.data(), type, counts[me]).empty(),
+             << "reduce_scatter_v");
+}
+
+struct LendSetup {
+  int size;
+  Lenders who;
+  const char* name;
+};
+
+class Lending : public ::testing::TestWithParam<LendSetup> {};
+
+TEST_P(Lending, CollectivesMatchReference) {
+  const LendSetup setup = GetParam();
+  testing::RunOptions options;
+  // Every size lends (the default starts at 1 MiB); 16 KiB chunks, so the staged fallback
+  // runs several chunks too.
+  options.environment = {"LOOM_LEND_BYTES=0", "LOOM_CHUNK_BYTES=16K", "LOOM_THREADS=2"};
+  const auto outcomes = testing::runRanks(
+      setup.size,
+      [&](RankContext& ctx) {
+        auto comm = ctx.connect();
+        const uint64_t before = shm::lentCollectives();
+        checkAllGather(*comm, setup.who);
+        checkReduceScatter(*comm, setup.who);
+        const uint64_t lent = shm::lentCollectives() - before;
+        // Every call read in place when all ranks lent (in-place all_gather from the heap
+        // excepted), none when some rank did not.
+        if (setup.who == Lenders::kAll) {
+          LOOM_CHECK(lent > 100, << "only " << lent << " collectives read lent inputs");
+        } else {
+          LOOM_CHECK(lent == 0, << lent << " collectives read lent inputs");
+        }
+      },
+      options);
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Lending,
+                         ::testing::Values(LendSetup{2, Lenders::kAll, "P2_AllLend"},
+                                           LendSetup{3, Lenders::kAll, "P3_AllLend"},
+                                           LendSetup{4, Lenders::kAll, "P4_AllLend"},
+                                           LendSetup{3, Lenders::kRankZero, "P3_RankZeroLends"},
+                                           LendSetup{3, Lenders::kNone, "P3_NoneLend"}),
+                         [](const ::testing::TestParamInfo<LendSetup>& info) {
+                           return std::string(info.param.name);
+                         });
+
+}  // namespace
+}  // namespace loom
