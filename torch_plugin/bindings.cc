@@ -10,6 +10,7 @@
 #include "kernels/reduce.h"
 #include "loom/flight_recorder.h"
 #include "process_group_loom.h"
+#include "transport/shm/lending.h"
 
 namespace py = pybind11;
 using loom::torch_plugin::ProcessGroupLoom;
@@ -81,6 +82,9 @@ PYBIND11_MODULE(_C, m) {
       "format_flight_record", [] { return loom::formatFlightRecord(loom::flightRecord()); },
       "This process's recent loom operations as a table.");
 
+  m.def(
+      "lent_collectives", [] { return loom::shm::lentCollectives(); },
+      "How many collectives this process ran reading lent inputs in place (allocate_tensor).");
   m.def(
       "kernel_isa", [] { return std::string(loom::kernels::isaName(loom::kernels::activeIsa())); },
       "The instruction set loom's reduction kernels use on this CPU.");

@@ -14,10 +14,14 @@
 
 #include "launch.h"
 #include "store_adapter.h"
+#include "transport/shm/lending.h"
 
 namespace loom::torch_plugin {
 
 namespace {
+
+// allocateTensor lends buffers from this size up (see there).
+constexpr size_t kSmallestLent = size_t{64} << 10;
 
 CommOptions commOptions(const c10d::Backend::Options& options) {
   CommOptions c;
@@ -228,6 +232,23 @@ void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
     comm_->setTimeout(timeout);
     return 0;
   });
+}
+
+at::Tensor ProcessGroupLoom::allocateTensor(long size, at::TensorOptions options) {
+  TORCH_CHECK(size >= 0, "loom allocate_tensor (rank ", rank_, "): size must be >= 0, got ",
+              size);
+  TORCH_CHECK(!options.has_device() || options.device().is_cpu(),
+              "loom allocate_tensor (rank ", rank_, "): loom lends CPU memory only, not ",
+              options.device(), "; ask for device='cpu' (on CUDA, leave FSDP's "
+              "set_allocate_memory_from_process_group_for_comm off)");
+  const auto cpu = options.device(at::kCPU);
+  const size_t bytes = static_cast<size_t>(size) * cpu.dtype().itemsize();
+  // Small buffers are never read in place (LOOM_LEND_BYTES), and a region each would cost a
+  // descriptor each: they come from torch's allocator.
+  if (bytes < kSmallestLent) return at::empty({size}, cpu);
+  void* data = translated([&] { return shm::LendingPool::instance().allocate(bytes); });
+  return at::from_blob(
+      data, {size}, [](void* p) { shm::LendingPool::instance().release(p); }, cpu);
 }
 
 void ProcessGroupLoom::eagerConnectSingleDevice(at::Device device) {

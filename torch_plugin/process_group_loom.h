@@ -60,6 +60,13 @@ class ProcessGroupLoom : public c10d::Backend {
   /// init_process_group(device_id=cuda:N): sets up the CUDA workspaces now, with every rank
   /// (so a first send/recv between two ranks need not wait for the others).
   void eagerConnectSingleDevice(at::Device device) override;
+  /// True for CPU (device index -1): allocateTensor lends CPU memory.
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override { return deviceIdx < 0; }
+  /// A 1-D CPU tensor of `size` elements from loom's lending pool (what FSDP2's
+  /// set_allocate_memory_from_process_group_for_comm asks for): large all_gathers and
+  /// reduce_scatters whose inputs all live there read them in place, skipping the copy
+  /// into loom's shared slots.
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
