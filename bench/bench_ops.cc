@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "reference.h"
+#include "transport/shm/lending.h"
 
 namespace loom::bench {
 
@@ -99,9 +100,45 @@ double trafficFactor(BenchOp op, int ranks, size_t bytes, const SelectionTable& 
   return 1;
 }
 
+double dramFactor(BenchOp op, int ranks) {
+  const double p = ranks;
+  switch (op) {
+    case BenchOp::kAllReduce:
+    case BenchOp::kAllToAll: return 2 * p;
+    case BenchOp::kAllGather:             // N / P in, N out, per rank
+    case BenchOp::kReduceScatter:         // N in, N / P out, per rank
+    case BenchOp::kBroadcast:             // the root reads N, every rank writes N
+    case BenchOp::kReduce: return p + 1;  // every rank reads N, the root writes N
+    case BenchOp::kGather:
+    case BenchOp::kScatter: return 2;  // N / P per rank one way, N at the root the other
+  }
+  return 1;
+}
+
+BenchBuffer::~BenchBuffer() {
+  if (lent_ && data_ != nullptr) shm::LendingPool::instance().release(data_);
+}
+
+void BenchBuffer::resize(size_t bytes) {
+  size_ = bytes;
+  if (bytes == 0) return;
+  if (lent_) {
+    data_ = static_cast<uint8_t*>(shm::LendingPool::instance().allocate(bytes));
+  } else {
+    heap_.resize(bytes);
+    data_ = heap_.data();
+  }
+}
+
 OpCase::OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, size_t bytes,
-               bool inPlace)
-    : comm_(comm), op_(op), type_(type), reduce_(reduce), inPlace_(inPlace) {
+               bool inPlace, bool lent)
+    : comm_(comm),
+      op_(op),
+      type_(type),
+      reduce_(reduce),
+      inPlace_(inPlace),
+      input_(lent),
+      output_(lent) {
   const size_t es = elementSize(type);
   const size_t p = static_cast<size_t>(comm.size());
   const int me = comm.rank();

@@ -44,14 +44,41 @@ double busFactor(BenchOp op, int ranks);
 /// message, for the algorithm it picks at this size: the k in "roofline = k N / t / copy bw".
 double trafficFactor(BenchOp op, int ranks, size_t bytes, const SelectionTable& table);
 
+/// The DRAM model's k: bytes each rank must read (its input) and write (its output) once,
+/// all ranks together, per byte of the message (nccl-tests sizes): 2P for all_reduce and
+/// all_to_all, P + 1 for all_gather, reduce_scatter, broadcast and reduce, 2 for gather and
+/// scatter. "dram = k N / t / copy bw" is what a copy-free algorithm could reach.
+double dramFactor(BenchOp op, int ranks);
+
+/// A benchmark buffer: from the heap, or from the lending pool (loom-bench --lent), where
+/// the peers of large all_gathers and reduce_scatters read it in place.
+class BenchBuffer {
+ public:
+  explicit BenchBuffer(bool lent) : lent_(lent) {}
+  ~BenchBuffer();
+  BenchBuffer(const BenchBuffer&) = delete;
+  BenchBuffer& operator=(const BenchBuffer&) = delete;
+  /// Makes it `bytes` long (once; the contents are undefined).
+  void resize(size_t bytes);
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  bool lent_;
+  std::vector<uint8_t> heap_;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 /// One operation's buffers at one size, filled with the reference inputs.
 class OpCase {
  public:
   /// `bytes` follows nccl-tests: the whole buffer (all_reduce, broadcast, reduce), the
   /// whole output (all_gather, gather), the whole input (reduce_scatter, scatter), the
-  /// per-rank buffer (all_to_all).
-  OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, size_t bytes,
-         bool inPlace);
+  /// per-rank buffer (all_to_all). `lent`: buffers from the lending pool.
+  OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, size_t bytes, bool inPlace,
+         bool lent = false);
   /// Starts the operation once.
   Request launch();
   /// Elements that differ from the reference (all of them up to 1M elements, else three
@@ -71,8 +98,8 @@ class OpCase {
   bool inPlace_;
   size_t count_ = 0;  // elements per rank block (or the whole buffer, see the constructor)
   size_t bytes_ = 0;
-  std::vector<uint8_t> input_;
-  std::vector<uint8_t> output_;
+  BenchBuffer input_;
+  BenchBuffer output_;
   std::vector<const void*> inputs_;
   std::vector<void*> outputs_;
   uint8_t* in_ = nullptr;

@@ -46,6 +46,7 @@ struct Options {
   double repMs = 20;
   bool check = true;
   bool copyBandwidth = true;
+  bool lent = false;
   std::string json;
   // Across hosts: namespace hosts on this machine, or this node of a job over machines.
   int hosts = 1;
@@ -75,6 +76,8 @@ const char* kUsage =
   -T, --rep-ms MS      target length of one repetition in ms (default 20)
   -c, --check 0|1      count wrong elements against the reference (default 1)
       --no-copy-bw     skip the copy-bandwidth baseline
+      --lent           buffers from the lending pool (as torch's allocate_tensor gives):
+                       all_gather and reduce_scatter from LOOM_LEND_BYTES read them in place
   -J, --json FILE      also write one JSON object per row to FILE
   -h, --help           this text
 
@@ -92,7 +95,9 @@ Sizes follow nccl-tests: the whole buffer (all_reduce, broadcast, reduce), the w
 (all_to_all). time is the median over repetitions of the slowest rank's mean per call;
 algbw = size / time; busbw = algbw x 2(P-1)/P (all_reduce), (P-1)/P (all_gather,
 reduce_scatter, all_to_all), 1 (rooted). roofline = bytes loom's algorithm moves through
-memory / time / the copy bandwidth measured at the start with the same ranks and threads.
+memory / time / the copy bandwidth measured at the start with the same ranks and threads;
+dram = the same with the bytes each rank must read and write once (its input and its
+output), what an algorithm that copies nothing else could reach.
 Across H hosts, hostbw = algbw x the same factor with P = H: the rate at which each host's
 link carries its share (compare it with the link's speed).
 Environment: LOOM_THREADS, LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_ISA tune loom itself.
@@ -175,6 +180,8 @@ Options parse(int argc, char** argv) {
       o.check = std::atoi(value().c_str()) != 0;
     } else if (a == "--no-copy-bw") {
       o.copyBandwidth = false;
+    } else if (a == "--lent") {
+      o.lent = true;
     } else if (a == "-J" || a == "--json") {
       o.json = value();
     } else if (a == "--hosts") {
@@ -288,11 +295,12 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
   if (lead) {
     std::printf(
         "# loom-bench: %d ranks on %d host(s) (%s%s), %d cores available, %d thread(s)/rank, "
-        "kernels %s, chunk %zu KiB\n",
+        "kernels %s, chunk %zu KiB%s\n",
         world, o.hostCount(), o.hosts > 1 ? "network namespaces" : localHost().hostname.c_str(),
         o.linkGbit > 0 ? (", links shaped to " + std::to_string(o.linkGbit) + " Gb/s").c_str() : "",
         availableCores(), config.tuning.threads,
-        std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10);
+        std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10,
+        o.lent ? ", buffers lent" : "");
   }
   double copyBw = 0;
   if (o.copyBandwidth) {
@@ -314,16 +322,16 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
       std::printf("#\n# %s  %s  %s\n", std::string(opName(op)).c_str(),
                   std::string(dataTypeName(o.type)).c_str(),
                   std::string(reduceKindName(o.reduce.kind())).c_str());
-      std::printf("# %12s %12s  %10s %8s %8s %6s  %10s %8s %8s %6s  %8s%s\n", "size(B)", "count",
-                  "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw", "#wrong",
-                  "roofline", o.hostCount() > 1 ? "    hostbw" : "");
+      std::printf("# %12s %12s  %10s %8s %8s %6s  %10s %8s %8s %6s  %8s %7s%s\n", "size(B)",
+                  "count", "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw",
+                  "#wrong", "roofline", "dram", o.hostCount() > 1 ? "    hostbw" : "");
     }
     for (double s = static_cast<double>(o.minBytes); s <= static_cast<double>(o.maxBytes) * 1.0001;
          s *= o.factor) {
       Timing t[2];
       size_t bytes = 0, count = 0;
       for (int inPlace = 0; inPlace < 2; ++inPlace) {
-        OpCase c(*comm, op, o.type, o.reduce, static_cast<size_t>(s), inPlace == 1);
+        OpCase c(*comm, op, o.type, o.reduce, static_cast<size_t>(s), inPlace == 1, o.lent);
         bytes = c.bytes();
         count = c.count();
         t[inPlace] = timeCase(*comm, c, o, salt++);
@@ -336,12 +344,15 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
       const double k =
           o.hostCount() > 1 ? 0 : trafficFactor(op, world, bytes, config.tuning.selection);
       const double roof = copyBw > 0 ? k * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
+      const double dramK = o.hostCount() > 1 ? 0 : dramFactor(op, world);
+      const double dram = copyBw > 0 ? dramK * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
       const double hostbw = algbw[0] * busFactor(op, o.hostCount());
       busSum += algbw[0] * bus;
       ++busRows;
-      std::printf("  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%%", bytes,
-                  count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1],
-                  algbw[1] * bus, t[1].wrong, roof);
+      std::printf(
+          "  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%% %6.1f%%", bytes,
+          count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1], algbw[1] * bus,
+          t[1].wrong, roof, dram);
       if (o.hostCount() > 1) std::printf(" %9.3f", hostbw);
       std::printf("\n");
       std::fflush(stdout);
@@ -355,6 +366,8 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
                << ",\"algbw\":" << algbw[ip] << ",\"busbw\":" << algbw[ip] * bus
                << ",\"wrong\":" << t[ip].wrong << ",\"copy_bw\":" << copyBw / 1e9
                << ",\"roofline\":" << (ip ? 0.0 : roof / 100)
+               << ",\"dram\":" << (ip ? 0.0 : dram / 100)
+               << ",\"lent\":" << (o.lent ? "true" : "false")
                << ",\"hostbw\":" << algbw[ip] * busFactor(op, o.hostCount()) << "}\n";
         }
       }
