@@ -3,6 +3,7 @@
     python -m loom.bench                      # 2 ranks, 8 B .. 256 MiB, five collectives
     python -m loom.bench --ranks 4 --max-bytes 64M --ops all_reduce,all_gather_into_tensor
     python -m loom.bench --ddp-step           # also time a DDP training step (~100M params)
+    python -m loom.bench --fsdp-step          # and an FSDP2 transformer step (~100M params)
     python -m loom.bench --ranks 4 --ops all_reduce --backends loom,direct,fake,gloo --max-bytes 1M
     python -m loom.bench --ranks 8 --hosts 2 --link-gbit 10   # 2 namespace hosts (root)
     torchrun --nnodes 2 --nproc-per-node 4 ... -m loom.bench  # across real machines
@@ -205,6 +206,44 @@ def ddp_step_time(group, params_millions: int, steps: int) -> float:
     return statistics.median(samples)
 
 
+def fsdp_step_time(group, params_millions: int, tokens: int, steps: int, from_group: bool) -> float:
+    """Median seconds of one FSDP2 training step (forward, backward, optimizer step) of a
+    transformer of about `params_millions` million parameters (layers of width 768, 12 heads,
+    feed-forward 3072, a 32000-token embedding), `tokens` tokens per rank, every layer sharded
+    with fully_shard over `group`; `from_group`: FSDP's communication buffers come from the
+    group's allocate_tensor (set_allocate_memory_from_process_group_for_comm)."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    width, vocab = 768, 32000
+    per_layer = 12 * width * width + 13 * width  # attention 4 w^2, feed-forward 8 w^2, biases, norms
+    layers = max(1, round((params_millions * 1e6 - vocab * width) / per_layer))
+    mesh = DeviceMesh.from_group(group, "cpu")
+    torch.manual_seed(0)
+    blocks = [nn.TransformerEncoderLayer(width, 12, 4 * width, dropout=0.0, batch_first=True)
+              for _ in range(layers)]
+    model = nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, vocab))
+    for module in model:
+        fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in (*model, model):  # the setting is per fully_shard module
+        module.set_allocate_memory_from_process_group_for_comm(from_group)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(group.rank())
+    x = torch.randint(0, vocab, (1, tokens), generator=g)
+    samples = []
+    for step in range(steps + 2):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        model(x).float().square().mean().backward()
+        opt.step()
+        if step >= 2:
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
 def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) -> None:
     """One rank: joins loom and Gloo groups, times every point, and hands rank 0's results to
     `queue` (or, without one, returns them). With `hosts` (namespace hosts on this machine)
@@ -266,9 +305,16 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         if args.ddp_step:
             for backend in (b for b in args.backends if b in ("loom", "gloo")):
                 ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
+        fsdp = {}
+        if args.fsdp_step:
+            runs = [("loom", "loom", False), ("loom allocate_tensor", "loom", True), ("gloo", "gloo", False)]
+            for name, backend, from_group in runs:
+                if backend in args.backends:
+                    fsdp[name] = fsdp_step_time(groups[backend], args.fsdp_params, args.fsdp_tokens,
+                                                args.fsdp_steps, from_group)
         dist.barrier()
         dist.destroy_process_group()
-        data = {"results": results, "copy_bw": copy_bw, "ddp": ddp,
+        data = {"results": results, "copy_bw": copy_bw, "ddp": ddp, "fsdp": fsdp,
                 "torch_threads": torch.get_num_threads(),
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
         if queue is None:
@@ -350,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-step", action="store_true", help="also time a DDP training step")
     parser.add_argument("--ddp-params", type=int, default=100, help="DDP model size in millions of parameters")
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps")
+    parser.add_argument("--fsdp-step", action="store_true",
+                        help="also time an FSDP2 transformer step: loom with and without "
+                             "allocate_tensor, and Gloo")
+    parser.add_argument("--fsdp-params", type=int, default=100, help="FSDP2 model size in millions of parameters")
+    parser.add_argument("--fsdp-tokens", type=int, default=64,
+                        help="tokens per rank per FSDP2 step (few: communication-bound)")
+    parser.add_argument("--fsdp-steps", type=int, default=5, help="timed FSDP2 steps")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="where the table, plot and JSON go")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--hosts", type=int, default=1,
@@ -442,6 +495,15 @@ def report(data: dict, args, world: int, hosts: int) -> None:
             lines.append(f"{b:>6}: {seconds * 1e3:9.1f} ms per step")
         if "loom" in data["ddp"] and "gloo" in data["ddp"]:
             lines.append(f"gloo/loom: {data['ddp']['gloo'] / data['ddp']['loom']:.2f}x")
+    if data.get("fsdp"):
+        lines.append("")
+        lines.append(f"## FSDP2 training step, transformer of ~{args.fsdp_params}M parameters, "
+                     f"{args.fsdp_tokens} tokens per rank, {world} ranks")
+        for b, seconds in data["fsdp"].items():
+            lines.append(f"{b:>21}: {seconds * 1e3:9.1f} ms per step")
+        for b in ("loom", "loom allocate_tensor"):
+            if b in data["fsdp"] and "gloo" in data["fsdp"]:
+                lines.append(f"gloo/{b}: {data['fsdp']['gloo'] / data['fsdp'][b]:.2f}x")
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.txt").write_text("\n".join(lines) + "\n")
