@@ -128,6 +128,8 @@ class CollectiveContext {
   /// True if an all_gather (whole output) or reduce_scatter (whole input) of `bytes` per
   /// rank reads lent inputs in place (Algorithm::kLent).
   bool lendsAt(size_t bytes) const { return bytes >= tuning_.lendBytes; }
+  /// Whether every rank's process had lendable memory at the last collective's opening.
+  bool everyRankLends() const { return shm_.everyRankLends(); }
   /// True if this collective runs Algorithm::kLent (chosen with lendsAt by runCollective).
   bool lends() const { return algorithm_ == Algorithm::kLent; }
   /// Opens the collective (its first phase) with this rank's input, `bytes[rank]` bytes

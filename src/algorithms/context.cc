@@ -52,6 +52,10 @@ void plainCopy(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+// The fingerprint's top bit says whether the rank's process has lendable memory: not a field
+// that must agree (ranks that differ in it fall back to comparing descriptors, which ignore it).
+constexpr uint64_t kLendsBit = uint64_t{1} << 63;
+
 // FNV-1a over the fields that must agree.
 uint64_t fingerprintOf(const shm::OpDesc& d) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -142,13 +146,16 @@ void CollectiveContext::open(uint64_t p) {
     text[n] = '\0';
   }
   shm_.desc(rank(), p) = mine_;
-  fingerprint_ = fingerprintOf(mine_);
+  fingerprint_ = (fingerprintOf(mine_) & ~kLendsBit) |
+                 (shm::LendingPool::instance().everLent() ? kLendsBit : 0);
   shm_.setFingerprint(p, fingerprint_);
 }
 
 void CollectiveContext::verifyAll(uint64_t p) {
   shm_.waitAll(p, wait_);
+  bool everyRankLends = true;
   for (int q = 0; q < size(); ++q) {
+    everyRankLends = everyRankLends && (shm_.fingerprint(q, p) & kLendsBit) != 0;
     // The fingerprint sits in the rank line the wait just read; the descriptor itself is
     // fetched only to describe a disagreement.
     if (q == rank() || shm_.fingerprint(q, p) == fingerprint_) continue;
@@ -168,6 +175,7 @@ void CollectiveContext::verifyAll(uint64_t p) {
                        describe(iAmLow ? theirs : mine_, iAmLow ? theirText : myText));
     throw failures_.failureError(collectiveName(static_cast<CollectiveKind>(mine_.kind)));
   }
+  shm_.setEveryRankLends(everyRankLends);
 }
 
 std::vector<const uint8_t*> CollectiveContext::openLent(const void* input,
@@ -290,7 +298,9 @@ void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
     // The whole of the per-rank blocks (the all_gather's output, the reduce_scatter's
     // input): `count` is one block, or their sum in the V variants.
     const size_t whole = args.variable ? bytes : bytes * static_cast<size_t>(ctx.size());
-    if (ctx.lendsAt(whole)) algorithm = Algorithm::kLent;
+    // Decided from the last opening (so every rank decides alike): a job in which some
+    // process never lends pays nothing for the lent path.
+    if (ctx.lendsAt(whole) && ctx.everyRankLends()) algorithm = Algorithm::kLent;
   }
   // The choice travels in the opening descriptor: ranks whose tables differ get a mismatch.
   ctx.begin(args, algorithm);

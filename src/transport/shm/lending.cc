@@ -53,6 +53,7 @@ void LendingPool::forgetIfForked() const {
 
 void* LendingPool::allocate(size_t bytes) {
   const size_t capacity = capacityFor(bytes);
+  everLent_.store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
   forgetIfForked();
   // The smallest region kept that fits, unless it would waste more than half of itself.

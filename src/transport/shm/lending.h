@@ -41,6 +41,8 @@ class LendingPool {
   std::optional<LentBuffer> find(const void* data, size_t bytes) const;
   /// Bytes held by the pool (in use and kept for reuse).
   size_t heldBytes() const;
+  /// True once this process has allocated lendable memory (cheap: read on every collective).
+  bool everLent() const { return everLent_.load(std::memory_order_relaxed); }
 
  private:
   LendingPool();
@@ -57,6 +59,7 @@ class LendingPool {
   mutable std::map<uintptr_t, Entry> byAddress_;        // every region, by its data address
   mutable std::multimap<size_t, uintptr_t> available_;  // regions not in use, by capacity
   mutable size_t held_ = 0;
+  std::atomic<bool> everLent_{false};
 };
 
 /// Collectives this process ran that read lent inputs in place (tests and benchmarks check

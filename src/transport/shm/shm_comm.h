@@ -83,6 +83,13 @@ class ShmComm {
     return lentMappings_.map(pidOf(q), buffer);
   }
 
+  /// Whether every rank's process had lendable memory at the last collective's opening (each
+  /// rank says so in its fingerprint), so large all_gathers and reduce_scatters try lending.
+  /// Every rank reads the same openings, so all agree; a process that never lends costs its
+  /// peers nothing.
+  bool everyRankLends() const { return everyRankLends_; }
+  void setEveryRankLends(bool value) { everyRankLends_ = value; }
+
   /// The fingerprint of the descriptor rank q wrote for the half of phase p.
   uint64_t fingerprint(int q, uint64_t phase) const { return lines_[q].fingerprint[phase & 1]; }
   /// Publishes this rank's descriptor fingerprint for phase p (before post(p)).
@@ -205,6 +212,7 @@ class ShmComm {
   uint64_t killOffset_ = 0;
   uint64_t killPhase_ = 0;  // the absolute phase to die after, once that collective starts
   LentMappings lentMappings_;
+  bool everyRankLends_ = false;
 };
 
 }  // namespace loom::shm
