@@ -32,6 +32,8 @@ def collectives_on_lent_tensors(rank: int, world: int) -> dict:
         n = 70_000  # per rank; 64 KiB and more come from the pool
         # all_gather in place, as FSDP2 does: the input is this rank's block of the output.
         out = backend.allocate_tensor(n * world, dtype=dtype, device=torch.device("cpu"))
+        # Ranks learn that every process lends at a collective's opening: any one will do.
+        dist.barrier()
         assert out.shape == (n * world,) and out.dtype == dtype and out.device.type == "cpu"
         mine = out.narrow(0, rank * n, n)
         for step in range(3):  # rewritten right after each call returns
