@@ -52,8 +52,8 @@ Region::~Region() {
 
 std::unique_ptr<Region> Region::create(size_t capacity, const char* name) {
   const size_t total = kHeaderBytes + capacity;
-  posix::Fd fd = sealedMemfd(name, total, kOp,
-                             "a region of " + std::to_string(capacity) + " bytes");
+  posix::Fd fd =
+      sealedMemfd(name, total, kOp, "a region of " + std::to_string(capacity) + " bytes");
   uint8_t* base = mapRegion(fd.get(), total, /*writable=*/true);
   auto* header = new (base) RegionHeader{};
   header->magic = kRegionMagic;
