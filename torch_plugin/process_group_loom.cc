@@ -235,11 +235,10 @@ void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 at::Tensor ProcessGroupLoom::allocateTensor(long size, at::TensorOptions options) {
-  TORCH_CHECK(size >= 0, "loom allocate_tensor (rank ", rank_, "): size must be >= 0, got ",
-              size);
-  TORCH_CHECK(!options.has_device() || options.device().is_cpu(),
-              "loom allocate_tensor (rank ", rank_, "): loom lends CPU memory only, not ",
-              options.device(), "; ask for device='cpu' (on CUDA, leave FSDP's "
+  TORCH_CHECK(size >= 0, "loom allocate_tensor (rank ", rank_, "): size must be >= 0, got ", size);
+  TORCH_CHECK(!options.has_device() || options.device().is_cpu(), "loom allocate_tensor (rank ",
+              rank_, "): loom lends CPU memory only, not ", options.device(),
+              "; ask for device='cpu' (on CUDA, leave FSDP's "
               "set_allocate_memory_from_process_group_for_comm off)");
   const auto cpu = options.device(at::kCPU);
   const size_t bytes = static_cast<size_t>(size) * cpu.dtype().itemsize();
