@@ -208,10 +208,12 @@ def ddp_step_time(group, params_millions: int, steps: int) -> float:
 
 def fsdp_step_time(group, params_millions: int, tokens: int, steps: int, from_group: bool) -> float:
     """Median seconds of one FSDP2 training step (forward, backward, optimizer step) of a
-    transformer of about `params_millions` million parameters (layers of width 768, 12 heads,
-    feed-forward 3072, a 32000-token embedding), `tokens` tokens per rank, every layer sharded
-    with fully_shard over `group`; `from_group`: FSDP's communication buffers come from the
-    group's allocate_tensor (set_allocate_memory_from_process_group_for_comm)."""
+    transformer whose encoder layers (width 768, 12 heads, feed-forward 3072) and 32000-token
+    embedding hold about `params_millions` million parameters (the output projection, as
+    large as the embedding, comes on top: 127M in all for 100), `tokens` tokens per rank,
+    every module sharded with fully_shard over `group`; `from_group`: FSDP's communication
+    buffers come from the group's allocate_tensor
+    (set_allocate_memory_from_process_group_for_comm)."""
     import torch
     import torch.nn as nn
     from torch.distributed.device_mesh import DeviceMesh
@@ -397,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-params", type=int, default=100, help="DDP model size in millions of parameters")
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps")
     parser.add_argument("--fsdp-step", action="store_true",
-                        help="also time an FSDP2 transformer step: loom with and without "
+                        help="also time an FSDP2 transformer step (127M parameters by default): loom with and without "
                              "allocate_tensor, and Gloo")
     parser.add_argument("--fsdp-params", type=int, default=100, help="FSDP2 model size in millions of parameters")
     parser.add_argument("--fsdp-tokens", type=int, default=64,
