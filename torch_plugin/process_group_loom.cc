@@ -241,7 +241,11 @@ at::Tensor ProcessGroupLoom::allocateTensor(long size, at::TensorOptions options
               "; ask for device='cpu' (on CUDA, leave FSDP's "
               "set_allocate_memory_from_process_group_for_comm off)");
   const auto cpu = options.device(at::kCPU);
-  const size_t bytes = static_cast<size_t>(size) * cpu.dtype().itemsize();
+  const size_t itemSize = cpu.dtype().itemsize();
+  TORCH_CHECK(static_cast<uint64_t>(size) <= (uint64_t{1} << 48) / itemSize,
+              "loom allocate_tensor (rank ", rank_, "): ", size, " elements of ", itemSize,
+              " bytes is more memory than any host has; ask for fewer");
+  const size_t bytes = static_cast<size_t>(size) * itemSize;
   // Small buffers are never read in place (LOOM_LEND_BYTES), and a region each would cost a
   // descriptor each: they come from torch's allocator.
   if (bytes < kSmallestLent) return at::empty({size}, cpu);

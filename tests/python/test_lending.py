@@ -72,17 +72,22 @@ def test_collectives_on_lent_tensors_match_staged():
         assert r["lent"] == 12, (rank, r["lent"])
 
 
-def refused_for_cuda(rank: int, world: int) -> str:
+def refused(rank: int, world: int) -> list[str]:
     backend = backend_of_world()
     assert not backend.supports_tensor_alloc(torch.device("cuda", 0))
-    with pytest.raises(RuntimeError) as info:
-        backend.allocate_tensor(10, dtype=torch.float32, device=torch.device("cuda", 0))
-    return str(info.value)
+    messages = []
+    for size, device in ((10, torch.device("cuda", 0)), (-1, torch.device("cpu")), (1 << 62, torch.device("cpu"))):
+        with pytest.raises(RuntimeError) as info:
+            backend.allocate_tensor(size, dtype=torch.float32, device=device)
+        messages.append(str(info.value))
+    return messages
 
 
-def test_allocate_tensor_refuses_cuda_with_a_reason():
-    for message in run_ranks(2, refused_for_cuda):
-        assert "lends CPU memory only" in message and "rank" in message
+def test_allocate_tensor_refuses_bad_requests_with_a_reason():
+    for cuda, negative, huge in run_ranks(2, refused):
+        assert "lends CPU memory only" in cuda and "rank" in cuda
+        assert "must be >= 0" in negative
+        assert "more memory than any host has" in huge
 
 
 def fsdp2_steps(rank: int, world: int, from_group: bool) -> list[torch.Tensor]:
