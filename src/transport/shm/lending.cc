@@ -2,7 +2,7 @@
 
 #include "transport/shm/lending.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cstring>
@@ -38,24 +38,34 @@ LendingPool& LendingPool::instance() {
   return *pool;
 }
 
-LendingPool::LendingPool() : pid_(::getpid()) {}
+LendingPool::LendingPool() {
+  ::pthread_atfork(&LendingPool::lockForFork, &LendingPool::unlockAfterFork,
+                   &LendingPool::forgetInChild);
+}
 
-void LendingPool::forgetIfForked() const {
-  if (::getpid() == pid_) return;
-  for (auto& [address, entry] : byAddress_) {
+void LendingPool::lockForFork() {
+  instance().mutex_.lock();
+}
+
+void LendingPool::unlockAfterFork() {
+  instance().mutex_.unlock();
+}
+
+void LendingPool::forgetInChild() {
+  LendingPool& pool = instance();
+  for (auto& [address, entry] : pool.byAddress_) {
     (void)entry.region.release();  // left mapped: the child's inherited tensors point there
   }
-  byAddress_.clear();
-  available_.clear();
-  held_ = 0;
-  pid_ = ::getpid();
+  pool.byAddress_.clear();
+  pool.available_.clear();
+  pool.held_ = 0;
+  pool.mutex_.unlock();
 }
 
 void* LendingPool::allocate(size_t bytes) {
   const size_t capacity = capacityFor(bytes);
   everLent_.store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
-  forgetIfForked();
   // The smallest region kept that fits, unless it would waste more than half of itself.
   auto fit = available_.lower_bound(capacity);
   if (fit != available_.end() && fit->first <= 2 * capacity) {
@@ -81,17 +91,15 @@ void* LendingPool::allocate(size_t bytes) {
 void LendingPool::release(void* data) {
   const auto address = reinterpret_cast<uintptr_t>(data);
   std::lock_guard<std::mutex> lock(mutex_);
-  forgetIfForked();
   auto it = byAddress_.find(address);
   if (it == byAddress_.end() || !it->second.inUse) return;  // not ours, or released already
   it->second.inUse = false;
   available_.emplace(it->second.region->capacity(), address);
 }
 
-std::optional<LentBuffer> LendingPool::find(const void* data, size_t bytes) const {
+std::optional<LentBuffer> LendingPool::find(const void* data, size_t bytes) {
   const auto address = reinterpret_cast<uintptr_t>(data);
   std::lock_guard<std::mutex> lock(mutex_);
-  forgetIfForked();
   auto it = byAddress_.upper_bound(address);
   if (it == byAddress_.begin()) return std::nullopt;
   --it;
@@ -110,9 +118,8 @@ std::optional<LentBuffer> LendingPool::find(const void* data, size_t bytes) cons
   return lent;
 }
 
-size_t LendingPool::heldBytes() const {
+size_t LendingPool::heldBytes() {
   std::lock_guard<std::mutex> lock(mutex_);
-  forgetIfForked();
   return held_;
 }
 

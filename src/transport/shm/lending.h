@@ -38,9 +38,9 @@ class LendingPool {
   void release(void* data);
   /// Where [data, data + bytes) lies if it is inside one lendable allocation; nullopt if not
   /// (memory from anywhere else, or a range that runs past its allocation).
-  std::optional<LentBuffer> find(const void* data, size_t bytes) const;
+  std::optional<LentBuffer> find(const void* data, size_t bytes);
   /// Bytes held by the pool (in use and kept for reuse).
-  size_t heldBytes() const;
+  size_t heldBytes();
   /// True once this process has allocated lendable memory (cheap: read on every collective).
   bool everLent() const { return everLent_.load(std::memory_order_relaxed); }
 
@@ -50,15 +50,18 @@ class LendingPool {
     std::unique_ptr<Region> region;
     bool inUse = false;
   };
-  // In a forked child: forgets what the parent made (still mapped here, shared with the
-  // parent, so never handed out again or lent as the child's own). Under mutex_.
-  void forgetIfForked() const;
+  // Fork handlers (pthread_atfork): the pool's lock is held across fork, so a child never
+  // inherits it locked by a thread it does not have; the child then forgets what the parent
+  // made (still mapped there, shared with the parent, so never handed out again or lent as
+  // the child's own).
+  static void lockForFork();
+  static void unlockAfterFork();
+  static void forgetInChild();
 
-  mutable std::mutex mutex_;
-  mutable int pid_;                                     // of the process that owns the entries
-  mutable std::map<uintptr_t, Entry> byAddress_;        // every region, by its data address
-  mutable std::multimap<size_t, uintptr_t> available_;  // regions not in use, by capacity
-  mutable size_t held_ = 0;
+  std::mutex mutex_;
+  std::map<uintptr_t, Entry> byAddress_;        // every region, by its data address
+  std::multimap<size_t, uintptr_t> available_;  // regions not in use, by capacity
+  size_t held_ = 0;
   std::atomic<bool> everLent_{false};
 };
 
