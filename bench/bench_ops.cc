@@ -6,7 +6,6 @@
 #include <functional>
 
 #include "reference.h"
-#include "transport/shm/lending.h"
 
 namespace loom::bench {
 
@@ -113,21 +112,6 @@ double dramFactor(BenchOp op, int ranks) {
     case BenchOp::kScatter: return 2;  // N / P per rank one way, N at the root the other
   }
   return 1;
-}
-
-BenchBuffer::~BenchBuffer() {
-  if (lent_ && data_ != nullptr) shm::LendingPool::instance().release(data_);
-}
-
-void BenchBuffer::resize(size_t bytes) {
-  size_ = bytes;
-  if (bytes == 0) return;
-  if (lent_) {
-    data_ = static_cast<uint8_t*>(shm::LendingPool::instance().allocate(bytes));
-  } else {
-    heap_.resize(bytes);
-    data_ = heap_.data();
-  }
 }
 
 OpCase::OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, size_t bytes,

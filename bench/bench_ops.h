@@ -14,6 +14,7 @@
 
 #include "algorithms/collective.h"
 #include "algorithms/selection.h"
+#include "lendable_buffer.h"
 #include "loom/communicator.h"
 
 namespace loom::bench {
@@ -50,27 +51,6 @@ double trafficFactor(BenchOp op, int ranks, size_t bytes, const SelectionTable& 
 /// scatter. "dram = k N / t / copy bw" is what a copy-free algorithm could reach.
 double dramFactor(BenchOp op, int ranks);
 
-/// A benchmark buffer: from the heap, or from the lending pool (loom-bench --lent), where
-/// the peers of large all_gathers and reduce_scatters read it in place.
-class BenchBuffer {
- public:
-  explicit BenchBuffer(bool lent) : lent_(lent) {}
-  ~BenchBuffer();
-  BenchBuffer(const BenchBuffer&) = delete;
-  BenchBuffer& operator=(const BenchBuffer&) = delete;
-  /// Makes it `bytes` long (once; the contents are undefined).
-  void resize(size_t bytes);
-  uint8_t* data() { return data_; }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-
- private:
-  bool lent_;
-  std::vector<uint8_t> heap_;
-  uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 /// One operation's buffers at one size, filled with the reference inputs.
 class OpCase {
  public:
@@ -98,8 +78,8 @@ class OpCase {
   bool inPlace_;
   size_t count_ = 0;  // elements per rank block (or the whole buffer, see the constructor)
   size_t bytes_ = 0;
-  BenchBuffer input_;
-  BenchBuffer output_;
+  testing::LendableBuffer input_;
+  testing::LendableBuffer output_;
   std::vector<const void*> inputs_;
   std::vector<void*> outputs_;
   uint8_t* in_ = nullptr;

@@ -237,6 +237,18 @@ std::string firstDifference(const void* got, const void* want, DataType type, si
   return "";
 }
 
+std::string allGatherDifference(const void* out, DataType type, size_t count, int size,
+                                uint32_t salt) {
+  const auto* blocks = static_cast<const uint8_t*>(out);
+  for (int q = 0; q < size; ++q) {
+    const auto want = inputBytes(type, count, q, salt);
+    const std::string diff =
+        firstDifference(blocks + q * count * elementSize(type), want.data(), type, count);
+    if (!diff.empty()) return "block " + std::to_string(q) + ": " + diff;
+  }
+  return {};
+}
+
 std::vector<DataType> allTypes() {
   std::vector<DataType> types;
   for (int t = 0; t < kNumDataTypes; ++t) types.push_back(static_cast<DataType>(t));

@@ -30,6 +30,11 @@ std::vector<uint8_t> inputBytes(DataType type, size_t count, int rank, uint32_t 
 /// Empty if the two buffers are equal, else a description of the first difference.
 std::string firstDifference(const void* got, const void* want, DataType type, size_t count);
 
+/// Empty if an all_gather output (`size` blocks of `count` elements, block q holding rank
+/// q's input for `salt`) is right, else which block differs first and how.
+std::string allGatherDifference(const void* out, DataType type, size_t count, int size,
+                                uint32_t salt);
+
 /// All data types, and the reductions each supports, for sweeps.
 std::vector<DataType> allTypes();
 std::vector<ReduceOp> reductionsFor(DataType type);

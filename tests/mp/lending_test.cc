@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "../common/forked_ranks.h"
+#include "../common/lendable_buffer.h"
 #include "../common/reference.h"
 #include "transport/shm/lending.h"
 
@@ -21,32 +22,9 @@ using shm::LendingPool;
 using testing::fillInput;
 using testing::firstDifference;
 using testing::inputBytes;
+using Buffer = testing::LendableBuffer;
 using testing::RankContext;
 using testing::referenceReduce;
-
-// A buffer from the lending pool (or from the heap when `lent` is false), released at scope end.
-class Buffer {
- public:
-  Buffer(size_t bytes, bool lent) : lent_(lent) {
-    if (lent) {
-      data_ = static_cast<uint8_t*>(LendingPool::instance().allocate(bytes));
-    } else {
-      heap_.resize(bytes + 1);
-      data_ = heap_.data();
-    }
-  }
-  ~Buffer() {
-    if (lent_) LendingPool::instance().release(data_);
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  uint8_t* data() { return data_; }
-
- private:
-  bool lent_;
-  std::vector<uint8_t> heap_;
-  uint8_t* data_ = nullptr;
-};
 
 TEST(LendingPool, FindsOnlyRangesInsideLiveAllocations) {
   auto& pool = LendingPool::instance();
@@ -125,13 +103,10 @@ void checkAllGather(Communicator& comm, Lenders who) {
           ++salt;
           fillInput(input, type, count, me, salt);
           comm.allGather(input, out.data(), count, type).wait();
-          for (int q = 0; q < size; ++q) {
-            const auto want = inputBytes(type, count, q, salt);
-            const std::string diff =
-                firstDifference(out.data() + q * count * es, want.data(), type, count);
-            LOOM_CHECK(diff.empty(), << caseName("all_gather", type, count, inPlace) << " block "
-                                     << q << " round " << round << ": " << diff);
-          }
+          const std::string diff =
+              testing::allGatherDifference(out.data(), type, count, size, salt);
+          LOOM_CHECK(diff.empty(), << caseName("all_gather", type, count, inPlace) << " round "
+                                   << round << " " << diff);
         }
       }
     }
