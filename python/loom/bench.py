@@ -3,7 +3,7 @@
     python -m loom.bench                      # 2 ranks, 8 B .. 256 MiB, five collectives
     python -m loom.bench --ranks 4 --max-bytes 64M --ops all_reduce,all_gather_into_tensor
     python -m loom.bench --ddp-step           # also time a DDP training step (~100M params)
-    python -m loom.bench --fsdp-step          # and an FSDP2 transformer step (~100M params)
+    python -m loom.bench --fsdp-step          # and an FSDP2 transformer step (127M params)
     python -m loom.bench --ranks 4 --ops all_reduce --backends loom,direct,fake,gloo --max-bytes 1M
     python -m loom.bench --ranks 8 --hosts 2 --link-gbit 10   # 2 namespace hosts (root)
     torchrun --nnodes 2 --nproc-per-node 4 ... -m loom.bench  # across real machines
@@ -206,8 +206,9 @@ def ddp_step_time(group, params_millions: int, steps: int) -> float:
     return statistics.median(samples)
 
 
-def fsdp_step_time(group, params_millions: int, tokens: int, steps: int, from_group: bool) -> float:
-    """Median seconds of one FSDP2 training step (forward, backward, optimizer step) of a
+def fsdp_step_time(group, params_millions: int, tokens: int, steps: int,
+                   from_group: bool) -> tuple[float, int]:
+    """Median seconds of one FSDP2 training step, and the model's parameter count: a step (forward, backward, optimizer step) of a
     transformer whose encoder layers (width 768, 12 heads, feed-forward 3072) and 32000-token
     embedding hold about `params_millions` million parameters (the output projection, as
     large as the embedding, comes on top: 127M in all for 100), `tokens` tokens per rank,
@@ -227,6 +228,7 @@ def fsdp_step_time(group, params_millions: int, tokens: int, steps: int, from_gr
     blocks = [nn.TransformerEncoderLayer(width, 12, 4 * width, dropout=0.0, batch_first=True)
               for _ in range(layers)]
     model = nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, vocab))
+    parameters = sum(p.numel() for p in model.parameters())
     for module in model:
         fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -243,7 +245,7 @@ def fsdp_step_time(group, params_millions: int, tokens: int, steps: int, from_gr
         opt.step()
         if step >= 2:
             samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    return statistics.median(samples), parameters
 
 
 def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) -> None:
@@ -307,16 +309,17 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         if args.ddp_step:
             for backend in (b for b in args.backends if b in ("loom", "gloo")):
                 ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
-        fsdp = {}
+        fsdp, fsdp_parameters = {}, 0
         if args.fsdp_step:
             runs = [("loom", "loom", False), ("loom allocate_tensor", "loom", True), ("gloo", "gloo", False)]
             for name, backend, from_group in runs:
                 if backend in args.backends:
-                    fsdp[name] = fsdp_step_time(groups[backend], args.fsdp_params, args.fsdp_tokens,
-                                                args.fsdp_steps, from_group)
+                    fsdp[name], fsdp_parameters = fsdp_step_time(
+                        groups[backend], args.fsdp_params, args.fsdp_tokens, args.fsdp_steps, from_group)
         dist.barrier()
         dist.destroy_process_group()
         data = {"results": results, "copy_bw": copy_bw, "ddp": ddp, "fsdp": fsdp,
+                "fsdp_parameters": fsdp_parameters,
                 "torch_threads": torch.get_num_threads(),
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
         if queue is None:
@@ -499,7 +502,7 @@ def report(data: dict, args, world: int, hosts: int) -> None:
             lines.append(f"gloo/loom: {data['ddp']['gloo'] / data['ddp']['loom']:.2f}x")
     if data.get("fsdp"):
         lines.append("")
-        lines.append(f"## FSDP2 training step, transformer of ~{args.fsdp_params}M parameters, "
+        lines.append(f"## FSDP2 training step, transformer of {data['fsdp_parameters'] / 1e6:.0f}M parameters, "
                      f"{args.fsdp_tokens} tokens per rank, {world} ranks")
         for b, seconds in data["fsdp"].items():
             lines.append(f"{b:>21}: {seconds * 1e3:9.1f} ms per step")
