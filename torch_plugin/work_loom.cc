@@ -3,6 +3,7 @@
 #include "work_loom.h"
 
 #include <ATen/core/jit_type.h>
+#include <ATen/record_function.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -31,8 +32,10 @@ std::exception_ptr asDistBackendError(std::exception_ptr error) {
 namespace {
 
 // What the profiler records as the operation's inputs: complex tensors as their real views,
-// which is what travels (and what Gloo reports).
-std::vector<at::Tensor> profiled(const std::vector<at::Tensor>& inputs) {
+// which is what travels (and what Gloo reports). Nothing while no profiler listens: torch's
+// Work would build a RecordFunction only to find it inactive, a cost on every small call.
+std::optional<std::vector<at::Tensor>> profiled(const std::vector<at::Tensor>& inputs) {
+  if (!at::hasCallbacks()) return std::nullopt;
   std::vector<at::Tensor> shown;
   for (const auto& t : inputs)
     shown.push_back(t.is_complex() ? at::view_as_real(t.resolve_conj()) : t);
@@ -44,12 +47,12 @@ std::vector<at::Tensor> profiled(const std::vector<at::Tensor>& inputs) {
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                    std::function<void()> finisher, std::optional<c10::Stream> cudaStream)
-    : c10d::Work(rank, type, profilingTitle, profiled(inputs)),
+    : c10d::Work(rank, type, at::hasCallbacks() ? profilingTitle : nullptr, profiled(inputs)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
       cudaStream_(cudaStream) {
-  const auto resultType = c10::ListType::create(c10::TensorType::get());
+  const auto& resultType = c10::ListType::ofTensors();  // one shared type, not one per work
   if (!cudaStream_) {
     future_ = c10::make_intrusive<c10::ivalue::Future>(resultType);
     return;
@@ -74,8 +77,13 @@ void WorkLoom::track(std::vector<Request> requests) {
   seq_ = requests.back().sequence();
   pending_.store(static_cast<int>(requests.size()), std::memory_order_release);
   // Each callback holds a reference, so the work outlives its requests even if the caller
-  // drops it.
+  // drops it. A request already finished (a blocking call ran on this thread) is counted
+  // here: no callback to allocate and run.
   for (Request& r : requests) {
+    if (r.test()) {
+      requestDone(r.error(), r.sourceRank());
+      continue;
+    }
     c10::intrusive_ptr<WorkLoom> self = c10::intrusive_ptr<WorkLoom>::reclaim_copy(this);
     r.onComplete(
         [self, r](std::exception_ptr e) { self->requestDone(std::move(e), r.sourceRank()); });

@@ -181,29 +181,39 @@ def copy_bandwidth(nbytes: int) -> float:
     return 2 * nbytes * dist.get_world_size() / statistics.median(samples[1:])
 
 
-def ddp_step_time(group, params_millions: int, steps: int) -> float:
-    """Median seconds of one DDP training step (forward, backward, gradient all_reduce,
-    optimizer step) of an MLP with about `params_millions` million parameters."""
+def ddp_step_times(groups: dict, params_millions: int, batch: int, steps: int) -> dict:
+    """Median and 90th-percentile seconds of one DDP training step (forward, backward,
+    gradient all_reduce, optimizer step) of an MLP of about `params_millions` million
+    parameters at `batch` samples per rank, on each group of `groups` ({backend: group}).
+    The backends take turns step by step (one model each, built alike), so a swing of a
+    shared host falls on all of them rather than on whichever ran last."""
     import torch
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     width = 2048
     layers = max(1, round(params_millions * 1e6 / (width * width)))
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)]),
-                process_group=group)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(32, width)
-    samples = []
-    for step in range(steps + 2):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        model(x).sum().backward()
-        opt.step()
-        if step >= 2:
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    runs = {}
+    for backend, group in groups.items():
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)]),
+                    process_group=group)
+        runs[backend] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    x = torch.randn(batch, width)
+    samples = {backend: [] for backend in groups}
+    for step in range(steps + 2):  # two warm-up steps each
+        for backend, (model, opt) in runs.items():
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=False)
+            model(x).sum().backward()
+            opt.step()
+            if step >= 2:
+                samples[backend].append(time.perf_counter() - t0)
+    times = {}
+    for backend, s in samples.items():
+        s.sort()
+        times[backend] = {"median": statistics.median(s), "p90": s[min(len(s) - 1, int(0.9 * len(s)))]}
+    return times
 
 
 def fsdp_step_time(group, params_millions: int, tokens: int, steps: int,
@@ -307,8 +317,9 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
             bar.close()
         ddp = {}
         if args.ddp_step:
-            for backend in (b for b in args.backends if b in ("loom", "gloo")):
-                ddp[backend] = ddp_step_time(groups[backend], args.ddp_params, args.ddp_steps)
+            stepped = {b: groups[b] for b in args.backends if b in ("loom", "gloo")}
+            for batch in args.ddp_batch:
+                ddp[str(batch)] = ddp_step_times(stepped, args.ddp_params, batch, args.ddp_steps)
         fsdp, fsdp_parameters = {}, 0
         if args.fsdp_step:
             runs = [("loom", "loom", False), ("loom allocate_tensor", "loom", True), ("gloo", "gloo", False)]
@@ -400,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
                              "fake (torch's no-op backend: the floor of any c10d call)")
     parser.add_argument("--ddp-step", action="store_true", help="also time a DDP training step")
     parser.add_argument("--ddp-params", type=int, default=100, help="DDP model size in millions of parameters")
-    parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps")
+    parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps per backend")
+    parser.add_argument("--ddp-batch", type=lambda v: [int(b) for b in v.split(",")], default=[32],
+                        help="comma-separated samples per rank, one DDP run each (default 32: compute-bound "
+                             "on 4 threads; 1: communication-bound)")
     parser.add_argument("--fsdp-step", action="store_true",
                         help="also time an FSDP2 transformer step (127M parameters by default): loom with and without "
                              "allocate_tensor, and Gloo")
@@ -493,13 +507,14 @@ def report(data: dict, args, world: int, hosts: int) -> None:
     # "Where loom falls short"): every table says.
     policy = data["omp_wait_policy"] or "unset (torch's OpenMP threads spin after each op)"
     lines.insert(2, f"# torch threads per rank: {data['torch_threads']}; OMP_WAIT_POLICY: {policy}")
-    if data["ddp"]:
+    for batch, times in data["ddp"].items():
         lines.append("")
-        lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, {world} ranks")
-        for b, seconds in data["ddp"].items():
-            lines.append(f"{b:>6}: {seconds * 1e3:9.1f} ms per step")
-        if "loom" in data["ddp"] and "gloo" in data["ddp"]:
-            lines.append(f"gloo/loom: {data['ddp']['gloo'] / data['ddp']['loom']:.2f}x")
+        lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, batch {batch} per rank, "
+                     f"{world} ranks, {args.ddp_steps} steps per backend taken in turns")
+        for b, t in times.items():
+            lines.append(f"{b:>6}: {t['median'] * 1e3:9.1f} ms per step (median), p90 {t['p90'] * 1e3:.1f}")
+        if "loom" in times and "gloo" in times:
+            lines.append(f"gloo/loom: {times['gloo']['median'] / times['loom']['median']:.2f}x")
     if data.get("fsdp"):
         lines.append("")
         lines.append(f"## FSDP2 training step, transformer of {data['fsdp_parameters'] / 1e6:.0f}M parameters, "

@@ -24,12 +24,14 @@ Isa activeIsa();
 struct ReduceSpec {
   DataType type;
   ReduceOp op;
-  int ranks;  ///< the divisor for AVG
+  int ranks;               ///< the divisor for AVG
+  bool streaming = false;  ///< write dst with non-temporal stores (outputs too large to cache)
 };
 
 /// dst[i] = op over s = 0..nsrc-1, in that order, of srcs[s][i], for i < count. Half types
 /// accumulate in float32 and round once; integer AVG accumulates in int64. dst may equal
-/// srcs[0] but must not otherwise overlap a source.
+/// srcs[0] but must not otherwise overlap a source. With spec.streaming the results go out
+/// through non-temporal stores, fenced before returning.
 void reduce(void* dst, const void* const* srcs, int nsrc, size_t count, const ReduceSpec& spec);
 
 /// The same with an explicit ISA (tests compare every ISA against the reference).

@@ -1,8 +1,12 @@
 // Picks the reduction kernels for this CPU once, at first use.
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 #include "loom/error.h"
 
@@ -66,6 +70,31 @@ ReduceFn functionFor(Isa isa) {
   }
 }
 
+// Reduces a piece at a time into a buffer that stays in L1, then streams the piece to dst. A
+// plain store to a line not in cache reads it first (read-for-ownership): for an output
+// that will not stay in cache anyway, that read is a third more memory traffic in a
+// reduce_scatter of four ranks (each rank reads N and writes N / 4). The extra pass over
+// the buffer is in L1, far cheaper than the read it saves.
+void reduceStreaming(ReduceFn fn, void* dst, const void* const* srcs, int nsrc, size_t count,
+                     const ReduceSpec& spec) {
+  constexpr size_t kPieceBytes = 16 << 10;
+  alignas(64) uint8_t piece[kPieceBytes];
+  const size_t es = elementSize(spec.type);
+  const size_t perPiece = kPieceBytes / es;
+  const void* onStack[64];
+  std::vector<const void*> onHeap;
+  const void** shifted = onStack;
+  if (nsrc > 64) shifted = (onHeap.resize(static_cast<size_t>(nsrc)), onHeap.data());
+  ReduceSpec plain = spec;
+  plain.streaming = false;
+  for (size_t begin = 0; begin < count; begin += perPiece) {
+    const size_t n = std::min(perPiece, count - begin);
+    for (int s = 0; s < nsrc; ++s) shifted[s] = static_cast<const uint8_t*>(srcs[s]) + begin * es;
+    fn(piece, shifted, nsrc, n, plain);
+    copyStreaming(static_cast<uint8_t*>(dst) + begin * es, piece, n * es);  // fenced
+  }
+}
+
 }  // namespace
 
 Isa activeIsa() {
@@ -75,11 +104,13 @@ Isa activeIsa() {
 
 void reduce(void* dst, const void* const* srcs, int nsrc, size_t count, const ReduceSpec& spec) {
   static const ReduceFn fn = functionFor(activeIsa());
+  if (spec.streaming) return reduceStreaming(fn, dst, srcs, nsrc, count, spec);
   fn(dst, srcs, nsrc, count, spec);
 }
 
 void reduceWith(Isa isa, void* dst, const void* const* srcs, int nsrc, size_t count,
                 const ReduceSpec& spec) {
+  if (spec.streaming) return reduceStreaming(functionFor(isa), dst, srcs, nsrc, count, spec);
   functionFor(isa)(dst, srcs, nsrc, count, spec);
 }
 

@@ -182,6 +182,7 @@ struct LendSetup {
   int size;
   Lenders who;
   const char* name;
+  bool streaming = false;  ///< outputs written with streaming stores from any size
 };
 
 class Lending : public ::testing::TestWithParam<LendSetup> {};
@@ -192,6 +193,7 @@ TEST_P(Lending, CollectivesMatchReference) {
   // Every size lends (the default starts at 1 MiB); 16 KiB chunks, so the staged fallback
   // runs several chunks too.
   options.environment = {"LOOM_LEND_BYTES=0", "LOOM_CHUNK_BYTES=16K", "LOOM_THREADS=2"};
+  if (setup.streaming) options.environment.push_back("LOOM_STREAM_BYTES=0");
   const auto outcomes = testing::runRanks(
       setup.size,
       [&](RankContext& ctx) {
@@ -220,6 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(LendSetup{2, Lenders::kAll, "P2_AllLend"},
                       LendSetup{3, Lenders::kAll, "P3_AllLend"},
                       LendSetup{4, Lenders::kAll, "P4_AllLend"},
+                      LendSetup{3, Lenders::kAll, "P3_AllLend_Streaming", true},
                       LendSetup{3, Lenders::kAllButRankOne, "P3_AllButRankOneLend"},
                       LendSetup{3, Lenders::kRankZero, "P3_RankZeroLends"},
                       LendSetup{3, Lenders::kNone, "P3_NoneLend"}),

@@ -34,16 +34,23 @@ def test_bench_runs_outside_the_checkout_without_deprecated_api(tmp_path):
 
 
 def test_bench_runs_under_torchrun(tmp_path):
-    """Launched by torchrun (as on several machines), rank 0 reports for the job."""
+    """Launched by torchrun (as on several machines), rank 0 reports for the job, DDP steps at
+    two batch sizes included."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", "127.0.0.1:0", "-m", "loom.bench", "--max-bytes", "1K", "--ops", "all_reduce",
-           "--quiet", "--out", "out"]
+           "--ddp-step", "--ddp-params", "1", "--ddp-steps", "3", "--ddp-batch", "4,1", "--quiet", "--out", "out"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["ranks"] == 2 and results["hosts"] == 1
     assert [row["bytes"] for row in results["results"]] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert list(results["ddp"]) == ["4", "1"]
+    for times in results["ddp"].values():
+        assert set(times) == {"loom", "gloo"}
+        assert all(0 < t["median"] <= t["p90"] for t in times.values()), times
+    table = (tmp_path / "out" / "table.txt").read_text()
+    assert "batch 1 per rank" in table and table.count("\ngloo/loom: ") == 2
 
 
 def test_bench_across_namespace_hosts_with_shaped_links(tmp_path):

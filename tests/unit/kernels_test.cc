@@ -94,6 +94,47 @@ TEST(ReduceKernels, DestinationMayBeFirstSource) {
   EXPECT_EQ(firstDifference(a.data(), want.data(), DataType::kFloat32, count), "");
 }
 
+// Streaming stores (outputs too large for cache) write the same bits as plain ones: every
+// ISA and type, outputs of several pieces with a ragged end, a destination off the cache
+// line, the destination being the first source, and more sources than fit on the stack.
+TEST(ReduceKernels, StreamingMatchesPlain) {
+  for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (!kernels::isaAvailable(isa)) continue;
+    SCOPED_TRACE(std::string(kernels::isaName(isa)));
+    for (DataType type : testing::allTypes()) {
+      const ReduceOp op = testing::reductionsFor(type).front();
+      const size_t es = elementSize(type);
+      for (int nsrc : {1, 3, 70}) {
+        for (size_t offset : {size_t{0}, size_t{1}}) {  // elements past a 64-byte boundary
+          const size_t count = (40 << 10) / es + 13;     // three pieces and a bit
+          const uint32_t salt = static_cast<uint32_t>(nsrc * 7 + offset);
+          std::vector<std::vector<uint8_t>> inputs;
+          std::vector<const void*> srcs;
+          for (int r = 0; r < nsrc; ++r) inputs.push_back(testing::inputBytes(type, count, r, salt));
+          for (auto& in : inputs) srcs.push_back(in.data());
+          const kernels::ReduceSpec plain{type, op, nsrc};
+          const kernels::ReduceSpec streaming{type, op, nsrc, true};
+          std::vector<uint8_t> want(count * es);
+          kernels::reduceWith(isa, want.data(), srcs.data(), nsrc, count, plain);
+          alignas(64) static uint8_t out[(48 << 10) + 128];
+          std::memset(out, 0xab, sizeof(out));
+          uint8_t* dst = out + offset * es;
+          kernels::reduceWith(isa, dst, srcs.data(), nsrc, count, streaming);
+          ASSERT_EQ(firstDifference(dst, want.data(), type, count), "")
+              << dataTypeName(type) << " nsrc=" << nsrc << " offset=" << offset;
+          EXPECT_EQ(dst[count * es], 0xab) << "wrote past the end";
+          // In place: the first source is the destination.
+          std::vector<uint8_t> first = inputs[0];
+          srcs[0] = first.data();
+          kernels::reduceWith(isa, first.data(), srcs.data(), nsrc, count, streaming);
+          ASSERT_EQ(firstDifference(first.data(), want.data(), type, count), "")
+              << "in place, " << dataTypeName(type) << " nsrc=" << nsrc;
+        }
+      }
+    }
+  }
+}
+
 // MIN and MAX propagate NaN from either side, as torch.minimum/maximum do.
 TEST(ReduceKernels, MinMaxPropagateNaN) {
   for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
