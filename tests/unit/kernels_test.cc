@@ -106,11 +106,12 @@ TEST(ReduceKernels, StreamingMatchesPlain) {
       const size_t es = elementSize(type);
       for (int nsrc : {1, 3, 70}) {
         for (size_t offset : {size_t{0}, size_t{1}}) {  // elements past a 64-byte boundary
-          const size_t count = (40 << 10) / es + 13;     // three pieces and a bit
+          const size_t count = (40 << 10) / es + 13;    // three pieces and a bit
           const uint32_t salt = static_cast<uint32_t>(nsrc * 7 + offset);
           std::vector<std::vector<uint8_t>> inputs;
           std::vector<const void*> srcs;
-          for (int r = 0; r < nsrc; ++r) inputs.push_back(testing::inputBytes(type, count, r, salt));
+          for (int r = 0; r < nsrc; ++r)
+            inputs.push_back(testing::inputBytes(type, count, r, salt));
           for (auto& in : inputs) srcs.push_back(in.data());
           const kernels::ReduceSpec plain{type, op, nsrc};
           const kernels::ReduceSpec streaming{type, op, nsrc, true};
