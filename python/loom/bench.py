@@ -181,18 +181,23 @@ def copy_bandwidth(nbytes: int) -> float:
     return 2 * nbytes * dist.get_world_size() / statistics.median(samples[1:])
 
 
-def ddp_step_times(groups: dict, params_millions: int, batch: int, steps: int) -> dict:
+def ddp_layers(params_millions: float, width: int) -> int:
+    """Layers of the DDP model: as many width x width layers as make the parameter count."""
+    return max(1, round(params_millions * 1e6 / (width * width)))
+
+
+def ddp_step_times(groups: dict, params_millions: float, width: int, batch: int, steps: int) -> dict:
     """Median and 90th-percentile seconds of one DDP training step (forward, backward,
-    gradient all_reduce, optimizer step) of an MLP of about `params_millions` million
-    parameters at `batch` samples per rank, on each group of `groups` ({backend: group}).
+    gradient all_reduce, optimizer step) of an MLP of `width` x `width` layers, about
+    `params_millions` million parameters in all (one layer at least), at `batch` samples
+    per rank, on each group of `groups` ({backend: group}).
     The backends take turns step by step (one model each, built alike), so a swing of a
     shared host falls on all of them rather than on whichever ran last."""
     import torch
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    width = 2048
-    layers = max(1, round(params_millions * 1e6 / (width * width)))
+    layers = ddp_layers(params_millions, width)
     runs = {}
     for backend, group in groups.items():
         torch.manual_seed(0)
@@ -273,7 +278,7 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
 
         # Ranks on this machine share its cores (namespace hosts included).
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local))
         dist.init_process_group("loom", init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         groups = {"loom": dist.group.WORLD, "direct": dist.group.WORLD}
@@ -319,7 +324,7 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         if args.ddp_step:
             stepped = {b: groups[b] for b in args.backends if b in ("loom", "gloo")}
             for batch in args.ddp_batch:
-                ddp[str(batch)] = ddp_step_times(stepped, args.ddp_params, batch, args.ddp_steps)
+                ddp[str(batch)] = ddp_step_times(stepped, args.ddp_params, args.ddp_width, batch, args.ddp_steps)
         fsdp, fsdp_parameters = {}, 0
         if args.fsdp_step:
             runs = [("loom", "loom", False), ("loom allocate_tensor", "loom", True), ("gloo", "gloo", False)]
@@ -329,7 +334,9 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
                         groups[backend], args.fsdp_params, args.fsdp_tokens, args.fsdp_steps, from_group)
         dist.barrier()
         dist.destroy_process_group()
+        layers = ddp_layers(args.ddp_params, args.ddp_width)
         data = {"results": results, "copy_bw": copy_bw, "ddp": ddp, "fsdp": fsdp,
+                "ddp_parameters": layers * (args.ddp_width ** 2 + args.ddp_width) if ddp else 0,
                 "fsdp_parameters": fsdp_parameters,
                 "torch_threads": torch.get_num_threads(),
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
@@ -409,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="loom,gloo",
                         help="comma-separated: loom, gloo, direct (loom's torch.ops.loom operators), "
                              "fake (torch's no-op backend: the floor of any c10d call)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: this machine's cores shared among its ranks)")
     parser.add_argument("--ddp-step", action="store_true", help="also time a DDP training step")
-    parser.add_argument("--ddp-params", type=int, default=100, help="DDP model size in millions of parameters")
+    parser.add_argument("--ddp-params", type=float, default=100, help="DDP model size in millions of parameters")
+    parser.add_argument("--ddp-width", type=int, default=2048, help="width of the DDP model's square layers")
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps per backend")
     parser.add_argument("--ddp-batch", type=lambda v: [int(b) for b in v.split(",")], default=[32],
                         help="comma-separated samples per rank, one DDP run each (default 32: compute-bound "
@@ -509,7 +519,8 @@ def report(data: dict, args, world: int, hosts: int) -> None:
     lines.insert(2, f"# torch threads per rank: {data['torch_threads']}; OMP_WAIT_POLICY: {policy}")
     for batch, times in data["ddp"].items():
         lines.append("")
-        lines.append(f"## DDP training step, MLP of ~{args.ddp_params}M parameters, batch {batch} per rank, "
+        lines.append(f"## DDP training step, MLP of {data['ddp_parameters'] / 1e6:.3g}M parameters "
+                     f"({args.ddp_width}-wide layers), batch {batch} per rank, "
                      f"{world} ranks, {args.ddp_steps} steps per backend taken in turns")
         for b, t in times.items():
             lines.append(f"{b:>6}: {t['median'] * 1e3:9.1f} ms per step (median), p90 {t['p90'] * 1e3:.1f}")
