@@ -247,6 +247,35 @@ def body_layouts(rank: int, world: int) -> None:
     assert work.is_completed()
 
 
+def body_profiled(rank: int, world: int):
+    """torch.profiler sees loom's collectives under their names with their input shapes
+    (complex tensors as the real views that travel), blocking and asynchronous alike; a call
+    made while no profiler listens still completes as usual."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(4)
+    dist.all_reduce(x)  # before profiling: no record, same result
+    same(x, torch.full((4,), float(world)), "unprofiled all_reduce")
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        dist.all_reduce(torch.ones(6))
+        c = torch.ones(3, dtype=torch.complex64)
+        dist.all_reduce(c)
+        out = torch.empty(2 * world)
+        dist.all_gather_into_tensor(out, torch.full((2,), float(rank)), async_op=True).wait()
+    shapes = {}
+    for e in prof.events():
+        if e.name.startswith("loom:"):
+            shapes.setdefault(e.name, []).append(e.input_shapes)
+    assert [[6]] in shapes.get("loom:all_reduce", []), shapes
+    assert [[3, 2]] in shapes.get("loom:all_reduce", []), shapes  # the complex tensor's real view
+    assert [[2]] in shapes.get("loom:all_gather_into_tensor", []), shapes
+    same(out, torch.arange(world).float().repeat_interleave(2), "profiled all_gather")
+
+
+def test_profiler_records_collectives():
+    run_ranks(2, body_profiled)
+
+
 def test_reductions_match_reference_and_gloo():
     unsupported = run_ranks(3, body_reductions)[0]
     # Record what Gloo cannot do (loom does all of it); printed with -s.
