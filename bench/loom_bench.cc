@@ -5,6 +5,7 @@
 // namespaces on this machine (--hosts, optionally with shaped links), or on several machines
 // (--nnodes). Run `loom-bench --help` for the options.
 
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ struct Options {
   bool check = true;
   bool copyBandwidth = true;
   bool lent = false;
+  bool pin = false;
   std::string json;
   // Across hosts: namespace hosts on this machine, or this node of a job over machines.
   int hosts = 1;
@@ -76,6 +78,8 @@ const char* kUsage =
   -T, --rep-ms MS      target length of one repetition in ms (default 20)
   -c, --check 0|1      count wrong elements against the reference (default 1)
       --no-copy-bw     skip the copy-bandwidth baseline
+      --pin            pin each forked rank to its own share of the cores, as Intel MPI
+                       pins ranks (its helpers stay at that share: LOOM_THREADS)
       --lent           buffers from the lending pool (as torch's allocate_tensor gives):
                        all_gather and reduce_scatter from LOOM_LEND_BYTES read them in place
   -J, --json FILE      also write one JSON object per row to FILE
@@ -180,6 +184,8 @@ Options parse(int argc, char** argv) {
       o.check = std::atoi(value().c_str()) != 0;
     } else if (a == "--no-copy-bw") {
       o.copyBandwidth = false;
+    } else if (a == "--pin") {
+      o.pin = true;
     } else if (a == "--lent") {
       o.lent = true;
     } else if (a == "-J" || a == "--json") {
@@ -382,6 +388,24 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
 }
 
 }  // namespace
+// Pins this process to the local-th of `ranks` equal shares of the cores it may run on,
+// keeping as many helper threads as the unpinned rank would have (LOOM_THREADS, unless set).
+void pinToShare(int local, int ranks) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const int n = static_cast<int>(cpus.size());
+  const int share = std::max(1, n / ranks);
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  for (int i = 0; i < share; ++i) CPU_SET(cpus[(local * share + i) % n], &mine);
+  ::setenv("LOOM_THREADS", std::to_string(std::min(share, 8)).c_str(), 0);
+  if (::sched_setaffinity(0, sizeof mine, &mine) != 0) std::perror("loom-bench --pin");
+}
+
 }  // namespace loom::bench
 
 int main(int argc, char** argv) {
@@ -419,6 +443,7 @@ int main(int argc, char** argv) {
         // loopback (where the store listens) is out of reach.
         auto store = std::make_shared<TcpStore>(storeHost, port);
         if (hosts) hosts->enter(local / perHost);
+        if (options.pin) bench::pinToShare(local, options.ranks);
         code = bench::rankMain(r, options, store);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "loom-bench rank %d: %s\n", r, e.what());
