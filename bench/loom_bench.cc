@@ -387,7 +387,6 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
   return totalWrong == 0 ? 0 : 1;
 }
 
-}  // namespace
 // Pins this process to the local-th of `ranks` equal shares of the cores it may run on,
 // keeping as many helper threads as the unpinned rank would have (LOOM_THREADS, unless set).
 void pinToShare(int local, int ranks) {
@@ -405,6 +404,8 @@ void pinToShare(int local, int ranks) {
   ::setenv("LOOM_THREADS", std::to_string(std::min(share, 8)).c_str(), 0);
   if (::sched_setaffinity(0, sizeof mine, &mine) != 0) std::perror("loom-bench --pin");
 }
+
+}  // namespace
 
 }  // namespace loom::bench
 

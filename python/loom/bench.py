@@ -423,8 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-width", type=int, default=2048, help="width of the DDP model's square layers")
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps per backend")
     parser.add_argument("--ddp-batch", type=lambda v: [int(b) for b in v.split(",")], default=[32],
-                        help="comma-separated samples per rank, one DDP run each (default 32: compute-bound "
-                             "on 4 threads; 1: communication-bound)")
+                        help="comma-separated samples per rank, one DDP run each (default 32; smaller batches "
+                             "leave the step more to communication)")
     parser.add_argument("--fsdp-step", action="store_true",
                         help="also time an FSDP2 transformer step (127M parameters by default): loom with and without "
                              "allocate_tensor, and Gloo")
