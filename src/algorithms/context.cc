@@ -279,13 +279,9 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
   HelperPool::instance().run(parts, [&](int part) {
     const auto [begin, end] = sliceOf(count, part, parts, lineElements(spec.type));
     if (begin == end) return;
-    const void* onStack[64];
-    std::vector<const void*> onHeap;
-    const void** shifted = onStack;
-    if (nsrc > 64) shifted = (onHeap.resize(srcs.size()), onHeap.data());
-    for (int s = 0; s < nsrc; ++s)
-      shifted[s] = static_cast<const uint8_t*>(srcs[s]) + begin * esize;
-    kernels::reduce(static_cast<uint8_t*>(dst) + begin * esize, shifted, nsrc, end - begin, spec);
+    kernels::SourcesAt sources(srcs.data(), nsrc);
+    kernels::reduce(static_cast<uint8_t*>(dst) + begin * esize, sources.at(begin * esize), nsrc,
+                    end - begin, spec);
   });
 }
 

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
@@ -81,18 +80,21 @@ void reduceStreaming(ReduceFn fn, void* dst, const void* const* srcs, int nsrc, 
   alignas(64) uint8_t piece[kPieceBytes];
   const size_t es = elementSize(spec.type);
   const size_t perPiece = kPieceBytes / es;
-  const void* onStack[64];
-  std::vector<const void*> onHeap;
-  const void** shifted = onStack;
-  if (nsrc > 64) shifted = (onHeap.resize(static_cast<size_t>(nsrc)), onHeap.data());
-  ReduceSpec plain = spec;
-  plain.streaming = false;
+  SourcesAt sources(srcs, nsrc);
   for (size_t begin = 0; begin < count; begin += perPiece) {
     const size_t n = std::min(perPiece, count - begin);
-    for (int s = 0; s < nsrc; ++s) shifted[s] = static_cast<const uint8_t*>(srcs[s]) + begin * es;
-    fn(piece, shifted, nsrc, n, plain);
+    fn(piece, sources.at(begin * es), nsrc, n, spec);  // fn itself always stores plainly
     copyStreaming(static_cast<uint8_t*>(dst) + begin * es, piece, n * es);  // fenced
   }
+}
+
+// One ISA's reduction, streamed where asked unless dst is a source (reduce()'s contract).
+void reduceUsing(ReduceFn fn, void* dst, const void* const* srcs, int nsrc, size_t count,
+                 const ReduceSpec& spec) {
+  if (spec.streaming && std::find(srcs, srcs + nsrc, dst) == srcs + nsrc) {
+    return reduceStreaming(fn, dst, srcs, nsrc, count, spec);
+  }
+  fn(dst, srcs, nsrc, count, spec);
 }
 
 }  // namespace
@@ -104,14 +106,12 @@ Isa activeIsa() {
 
 void reduce(void* dst, const void* const* srcs, int nsrc, size_t count, const ReduceSpec& spec) {
   static const ReduceFn fn = functionFor(activeIsa());
-  if (spec.streaming) return reduceStreaming(fn, dst, srcs, nsrc, count, spec);
-  fn(dst, srcs, nsrc, count, spec);
+  reduceUsing(fn, dst, srcs, nsrc, count, spec);
 }
 
 void reduceWith(Isa isa, void* dst, const void* const* srcs, int nsrc, size_t count,
                 const ReduceSpec& spec) {
-  if (spec.streaming) return reduceStreaming(functionFor(isa), dst, srcs, nsrc, count, spec);
-  functionFor(isa)(dst, srcs, nsrc, count, spec);
+  reduceUsing(functionFor(isa), dst, srcs, nsrc, count, spec);
 }
 
 }  // namespace loom::kernels

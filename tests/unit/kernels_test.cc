@@ -96,7 +96,8 @@ TEST(ReduceKernels, DestinationMayBeFirstSource) {
 
 // Streaming stores (outputs too large for cache) write the same bits as plain ones: every
 // ISA and type, outputs of several pieces with a ragged end, a destination off the cache
-// line, the destination being the first source, and more sources than fit on the stack.
+// line, the destination being the first source (which the kernel then stores plainly), and
+// more sources than fit on the stack.
 TEST(ReduceKernels, StreamingMatchesPlain) {
   for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
     if (!kernels::isaAvailable(isa)) continue;
