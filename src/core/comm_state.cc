@@ -129,7 +129,7 @@ void CommState::join(Clock::time_point deadline) {
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
-  worker_ = std::make_unique<Worker>(config_.backoff);
+  worker_ = std::make_unique<Worker>("loom-worker", config_.backoff);
   if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);
 }
 
@@ -263,9 +263,9 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
   auto describe = [this](int q) { return describeRemote(roster_, q); };
   // The threads that share the network work, made on first use (the send thread: every
   // rank exchanges with other hosts; the rail thread: rail ranks only).
-  if (!sendThread_) sendThread_ = std::make_unique<Worker>(config_.backoff);
+  if (!sendThread_) sendThread_ = std::make_unique<Worker>("loom-net-send", config_.backoff);
   if (!railThread_ && layout_.localIndex < layout_.rails) {
-    railThread_ = std::make_unique<Worker>(config_.backoff);
+    railThread_ = std::make_unique<Worker>("loom-rail", config_.backoff);
   }
   NetworkContext ctx(layout_, scratch_, runLocal, linkTo, describe, *failures_, wait,
                      {sendThread_.get(), railThread_.get(), &railScratch_});

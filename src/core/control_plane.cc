@@ -3,6 +3,7 @@
 #include "core/control_plane.h"
 
 #include "loom/error.h"
+#include "util/posix.h"
 
 namespace loom::detail {
 
@@ -24,7 +25,10 @@ ControlPlane::ControlPlane(int rank, const std::vector<int>& peers, const MakeLi
     peer.link = makeLink(q);
     peers_.push_back(std::move(peer));
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    posix::nameThisThread("loom-control");
+    run();
+  });
 }
 
 ControlPlane::~ControlPlane() {

@@ -15,6 +15,7 @@
 #include "core/flight_recorder.h"
 #include "cuda/driver.h"
 #include "loom/error.h"
+#include "util/posix.h"
 
 namespace loom::detail {
 
@@ -206,7 +207,10 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     d.cuDevicePrimaryCtxRelease(dev);
     throw;
   }
-  monitor_ = std::thread([this] { monitor(); });
+  monitor_ = std::thread([this] {
+    posix::nameThisThread("loom-cuda-mon");
+    monitor();
+  });
 }
 
 CudaExecutor::~CudaExecutor() {

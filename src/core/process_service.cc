@@ -13,6 +13,7 @@
 #include <set>
 
 #include "loom/error.h"
+#include "util/posix.h"
 #include "util/unix_socket.h"
 
 namespace loom {
@@ -67,7 +68,10 @@ ProcessService::ProcessService() : address_(randomName()) {
   listener_ = unix_socket::listenAbstract(address_);
   wakeFd_ = posix::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wakeFd_) posix::throwErrno("create", "eventfd");
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    posix::nameThisThread("loom-service");
+    run();
+  });
   thread_.detach();
 }
 

@@ -301,7 +301,10 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 void TcpStoreServer::start() {
-  thread_ = std::thread([this] { Server(listenFd_, wakeFd_).run(); });
+  thread_ = std::thread([this] {
+    posix::nameThisThread("loom-store");
+    Server(listenFd_, wakeFd_).run();
+  });
 }
 
 void TcpStoreServer::closeInChild() {

@@ -5,7 +5,10 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <string>
+
 #include "util/futex.h"
+#include "util/posix.h"
 
 namespace loom {
 
@@ -29,7 +32,10 @@ void HelperPool::ensureThreads(int helpers) {
     // The helper starts from the current generation, so it takes part in the region its
     // creator is about to publish even if it starts running only after the publication.
     const uint32_t start = generation_.load(std::memory_order_relaxed);
-    threads_.emplace_back([this, index, start] { helperLoop(index, start); });
+    threads_.emplace_back([this, index, start] {
+      posix::nameThisThread(("loom-helper-" + std::to_string(index)).c_str());
+      helperLoop(index, start);
+    });
     threads_.back().detach();
   }
   helperCount_ = static_cast<int>(threads_.size());

@@ -2,10 +2,12 @@
 
 #include "util/posix.h"
 
+#include <pthread.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -56,6 +58,12 @@ void randomBytes(void* out, size_t n) {
     p += k;
     n -= static_cast<size_t>(k);
   }
+}
+
+void nameThisThread(const char* name) {
+  char truncated[16];
+  std::snprintf(truncated, sizeof truncated, "%s", name);
+  ::pthread_setname_np(::pthread_self(), truncated);
 }
 
 }  // namespace loom::posix

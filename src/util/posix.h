@@ -23,6 +23,10 @@ void closeFd(int& fd);
 /// Fills `out` with `n` random bytes from the kernel (getrandom).
 void randomBytes(void* out, size_t n);
 
+/// Names the calling thread for top -H, gdb, perf and /proc (at most 15 characters kept),
+/// so a user can tell loom's threads apart from theirs.
+void nameThisThread(const char* name);
+
 /// An owned file descriptor, closed on destruction.
 class Fd {
  public:

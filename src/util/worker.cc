@@ -4,9 +4,15 @@
 
 #include <sched.h>
 
+#include "util/posix.h"
+
 namespace loom {
 
-Worker::Worker(BackoffPolicy backoff) : backoff_(backoff), thread_([this] { run(); }) {}
+Worker::Worker(const char* name, BackoffPolicy backoff)
+    : backoff_(backoff), thread_([this, name] {
+        posix::nameThisThread(name);
+        run();
+      }) {}
 
 Worker::~Worker() {
   {

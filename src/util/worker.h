@@ -21,7 +21,8 @@ class Worker {
  public:
   using Job = std::function<void()>;
 
-  explicit Worker(BackoffPolicy backoff);
+  /// `name` names the thread (posix::nameThisThread).
+  Worker(const char* name, BackoffPolicy backoff);
   /// Runs the jobs still queued, then stops the thread.
   ~Worker();
   Worker(const Worker&) = delete;

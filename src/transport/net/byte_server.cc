@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "loom/error.h"
+#include "util/posix.h"
 
 namespace loom::net {
 
@@ -50,7 +51,10 @@ ByteServer::ByteServer(NetService& service, Fabric& fabric, FetchIdentity identi
                        ChannelShape shape)
     : service_(service), fabric_(fabric), identity_(identity), shape_(shape) {
   service_.expect(identity_.comm, identity_.secret, shape_);
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    posix::nameThisThread("loom-bytes");
+    run();
+  });
 }
 
 ByteServer::~ByteServer() {
@@ -87,7 +91,10 @@ void ByteServer::run() {
       if (w == workers_.size()) {
         workers_.push_back(std::make_unique<Worker>());
         Worker& worker = *workers_.back();
-        worker.thread = std::thread([this, &worker] { serve(worker); });
+        worker.thread = std::thread([this, &worker] {
+          posix::nameThisThread("loom-bytes-send");
+          serve(worker);
+        });
       }
       std::lock_guard<std::mutex> lock(workers_[w]->mutex);
       workers_[w]->arriving.push_back(std::make_unique<Session>(std::move(in)));

@@ -3,6 +3,7 @@
 #include "transport/net/net_service.h"
 
 #include "loom/error.h"
+#include "util/posix.h"
 
 namespace loom::net {
 
@@ -12,7 +13,10 @@ NetService& NetService::instance() {
 }
 
 NetService::NetService(Fabric& fabric, Limits limits) : fabric_(fabric), limits_(limits) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    posix::nameThisThread("loom-net");
+    run();
+  });
 }
 
 NetService::~NetService() {
