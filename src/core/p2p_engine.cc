@@ -10,6 +10,7 @@
 #include "loom/communicator.h"
 #include "util/backoff.h"
 #include "util/deadline.h"
+#include "util/posix.h"
 
 namespace loom {
 
@@ -32,7 +33,10 @@ P2pEngine::P2pEngine(int rank, shm::ShmComm& shm, Failures& failures,
   for (const auto& link : links_) polls_ |= link->polled();
   outbound_.resize(static_cast<size_t>(size_));
   inbound_.resize(static_cast<size_t>(size_));
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    posix::nameThisThread("loom-p2p");
+    run();
+  });
 }
 
 P2pEngine::~P2pEngine() {
@@ -95,6 +99,7 @@ void P2pEngine::finish(Op& op, std::exception_ptr error) {
 }
 
 void P2pEngine::run() {
+  bool rung = true;  // the last sleep ended with a ring (or there was none yet)
   for (;;) {
     const uint32_t seen = shm_.doorbellRings();
     if (failures_.failed()) {
@@ -105,32 +110,56 @@ void P2pEngine::run() {
     progressed |= progressReceives();
     expire(Clock::now());
     if (stopping_.load(std::memory_order_acquire)) break;
-    if (progressed) continue;
-    sleepUntilRung(seen);
+    if (progressed) {
+      rung = true;
+      continue;
+    }
+    rung = sleepUntilRung(seen, rung);
   }
   failAll(std::make_exception_ptr(
       Error(ErrorCode::kAborted, "send/recv", rank_,
             "the communicator was shut down while this operation was pending")));
 }
 
-void P2pEngine::sleepUntilRung(uint32_t seen) {
+bool P2pEngine::sleepUntilRung(uint32_t seen, bool spin) {
   // Idle: back off until a doorbell ring (new op, data in, space freed). Network links ring
   // no doorbell, so with any of them the sleep is short and the links are looked at after.
   // TODO(issue 11): wake on the fabric's completion fds instead of polling every slice.
   constexpr auto kNetworkSlice = std::chrono::milliseconds(1);
+  // Nothing pending has a deadline: sleep until rung. Failures (ShmComm::wakeAll), new ops,
+  // arriving data and the destructor all ring, so a timer would only wake an idle engine for
+  // nothing, and on a machine with a rank per core every such wake-up takes a core a rank
+  // needs.
+  constexpr auto kUntilRung = std::chrono::hours(1);
+  const auto slice = polls_           ? std::chrono::nanoseconds(kNetworkSlice)
+                     : hasDeadlines() ? std::chrono::nanoseconds(shm_.backoff().sleepSlice)
+                                      : std::chrono::nanoseconds(kUntilRung);
+  // Spin first only when work was just done or a ring just came (more is likely soon); after
+  // a sleep that ran out its slice, sleep again at once (it used to spin and yield for 220 us
+  // every 50 ms slice while idle).
   Backoff backoff(shm_.backoff());
-  while (shm_.doorbellRings() == seen && !stopping_.load(std::memory_order_acquire)) {
+  while (spin && shm_.doorbellRings() == seen && !stopping_.load(std::memory_order_acquire)) {
     const auto stage = backoff.next();
-    if (stage == Backoff::Stage::kSpin) {
+    if (stage == Backoff::Stage::kSleep) break;
+    if (stage == Backoff::Stage::kSpin)
       cpuRelax();
-    } else if (stage == Backoff::Stage::kYield) {
+    else
       sched_yield();
-    } else {
-      shm_.sleepOnDoorbell(
-          seen, polls_ ? std::chrono::nanoseconds(kNetworkSlice) : shm_.backoff().sleepSlice);
-      return;  // re-check deadlines, failures and polled links
-    }
   }
+  if (shm_.doorbellRings() != seen || stopping_.load(std::memory_order_acquire)) return true;
+  shm_.sleepOnDoorbell(seen, slice);
+  return shm_.doorbellRings() != seen;  // else the slice ran out: re-check deadlines, links
+}
+
+bool P2pEngine::hasDeadlines() const {
+  if (!posted_.empty()) return true;
+  for (const auto& queue : outbound_)
+    if (!queue.empty()) return true;
+  for (const auto& in : inbound_)
+    if (in.active && in.recv) return true;
+  for (const auto& message : unexpected_)
+    if (message->claimedBy) return true;
+  return false;
 }
 
 bool P2pEngine::acceptNewOps() {

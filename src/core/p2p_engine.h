@@ -81,7 +81,11 @@ class P2pEngine {
   };
 
   void run();
-  void sleepUntilRung(uint32_t seen);
+  /// Waits for a doorbell ring after `seen` (spinning first if `spin`); true if one came,
+  /// false if the sleep slice ran out.
+  bool sleepUntilRung(uint32_t seen, bool spin);
+  /// Whether any send or receive is pending (something whose deadline must be watched).
+  bool hasDeadlines() const;
   bool acceptNewOps();
   bool progressSends();
   bool progressReceives();

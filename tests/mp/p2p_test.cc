@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "../common/forked_ranks.h"
@@ -191,6 +196,56 @@ TEST(SendRecv, ReceiveTimesOutWithAClearError) {
       }
     }
     comm->barrier().wait();
+  });
+}
+
+// How often the thread of this process named `name` has been scheduled in so far (the
+// third field of /proc's schedstat), or -1 if no thread has that name.
+long long timesScheduled(const std::string& name) {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  long long found = -1;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string task = std::string("/proc/self/task/") + entry->d_name;
+    std::string comm;
+    std::ifstream(task + "/comm") >> comm;
+    if (comm != name) continue;
+    unsigned long long run = 0, wait = 0, slices = 0;
+    std::ifstream(task + "/schedstat") >> run >> wait >> slices;
+    found = static_cast<long long>(slices);
+  }
+  ::closedir(dir);
+  return found;
+}
+
+TEST(SendRecv, AnIdleEngineSleepsUntilTheNextMessage) {
+  // Once nothing is pending, the send/recv engine sleeps until rung: a timer would wake it
+  // for nothing, and on a host with a rank per core each wake-up takes a core a rank needs.
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const int peer = 1 - ctx.rank;
+    for (uint32_t round = 1; round <= 2; ++round) {
+      float v = static_cast<float>(round);
+      if (ctx.rank == 0) {
+        comm->send(&v, 1, DataType::kFloat32, peer, 3).wait();
+      } else {
+        float in = 0;
+        comm->recv(&in, 1, DataType::kFloat32, peer, 3).wait();
+        LOOM_CHECK(in == v, << in);
+      }
+      comm->barrier().wait();
+      if (round == 2) break;
+      // Idle: give the engine time to go to sleep, then count its wake-ups over 300 ms (a
+      // 50 ms polling slice would wake it 6 times).
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const long long before = timesScheduled("loom-p2p");
+      LOOM_CHECK(before >= 0, << "no thread named loom-p2p");
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const long long woke = timesScheduled("loom-p2p") - before;
+      LOOM_CHECK(woke <= 1, << "the idle engine woke " << woke << " times in 300 ms");
+      comm->barrier().wait();
+    }
   });
 }
 
