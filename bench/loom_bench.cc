@@ -24,6 +24,7 @@
 #include "kernels/reduce.h"
 #include "loom/loom.h"
 #include "netns_hosts.h"
+#include "thread_census.h"
 #include "util/env.h"
 #include "util/helper_pool.h"
 #include "util/trace.h"
@@ -49,6 +50,7 @@ struct Options {
   bool copyBandwidth = true;
   bool lent = false;
   bool pin = false;
+  bool census = false;
   std::string json;
   // Across hosts: namespace hosts on this machine, or this node of a job over machines.
   int hosts = 1;
@@ -80,6 +82,11 @@ const char* kUsage =
       --no-copy-bw     skip the copy-bandwidth baseline
       --pin            pin each forked rank to its own share of the cores, as Intel MPI
                        pins ranks (its helpers stay at that share: LOOM_THREADS)
+      --census         after each row, what the threads did during its timed calls (summed
+                       over ranks): calls over 5x their rank's median and the slowest, the
+                       calling thread's forced switches and time waiting for a core, each
+                       loom thread group's wake-ups and CPU time, and the cores other
+                       processes on the machine used meanwhile (times each call)
       --lent           buffers from the lending pool (as torch's allocate_tensor gives):
                        all_gather and reduce_scatter from LOOM_LEND_BYTES read them in place
   -J, --json FILE      also write one JSON object per row to FILE
@@ -186,6 +193,8 @@ Options parse(int argc, char** argv) {
       o.copyBandwidth = false;
     } else if (a == "--pin") {
       o.pin = true;
+    } else if (a == "--census") {
+      o.census = true;
     } else if (a == "--lent") {
       o.lent = true;
     } else if (a == "-J" || a == "--json") {
@@ -224,9 +233,18 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// The bench's own calls (barriers, agreeing on numbers) are blocking, so they run on the
+// calling thread as the timed calls do: queued ones would wake the communicator's worker,
+// whose wait for a next job then competes with the timed calls for the cores.
+OpOptions blocking() {
+  OpOptions o;
+  o.blocking = true;
+  return o;
+}
+
 double maxOverRanks(Communicator& comm, double v) {
   double out = 0;
-  comm.allReduce(&v, &out, 1, DataType::kFloat64, ReduceKind::kMax).wait();
+  comm.allReduce(&v, &out, 1, DataType::kFloat64, ReduceKind::kMax, blocking()).wait();
   return out;
 }
 
@@ -241,7 +259,7 @@ double copyBandwidth(Communicator& comm, size_t bytes, int threads) {
   std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);
   std::vector<double> samples;
   for (int rep = 0; rep < 6; ++rep) {
-    comm.barrier().wait();
+    comm.barrier(blocking()).wait();
     const auto t0 = Clock::now();
     HelperPool::instance().run(threads, [&](int part) {
       const size_t begin = bytes * part / threads;
@@ -255,37 +273,128 @@ double copyBandwidth(Communicator& comm, size_t bytes, int threads) {
   return median(samples);
 }
 
+// What happened during a size's timed calls (--census), summed over ranks unless noted.
+struct Census {
+  double slowCalls = 0;    // calls over 5x their rank's median call
+  double slowestUs = 0;    // the slowest call on any rank
+  double wallSeconds = 0;  // rank 0's time for all the timed calls
+  double loomCpuUs = 0;    // CPU time of every thread of every rank
+  GroupDelta groups[static_cast<int>(ThreadGroup::kCount)];
+  MachineTimes machine;  // rank 0's view of the whole machine, for the same interval
+};
+
 struct Timing {
   double us = 0;
   size_t wrong = 0;
+  Census census;
 };
+
+// Sums (or, for the slowest call, takes the maximum of) each rank's census over ranks.
+void reduceCensus(Communicator& comm, Census& c) {
+  std::vector<double> v{c.slowCalls, c.loomCpuUs};
+  for (const GroupDelta& g : c.groups) {
+    v.insert(v.end(), {g.runUs, g.waitUs, g.slices, g.involuntary});
+  }
+  std::vector<double> sum(v.size());
+  comm.allReduce(v.data(), sum.data(), v.size(), DataType::kFloat64, ReduceKind::kSum, blocking())
+      .wait();
+  c.slowCalls = sum[0];
+  c.loomCpuUs = sum[1];
+  for (size_t g = 0; g < std::size(c.groups); ++g) {
+    c.groups[g] = {sum[2 + 4 * g], sum[3 + 4 * g], sum[4 + 4 * g], sum[5 + 4 * g]};
+  }
+  c.slowestUs = maxOverRanks(comm, c.slowestUs);
+}
+
+// One line after a row: where the time went while that row's calls ran.
+void printCensus(const char* label, const Census& c, bool oneMachine) {
+  const auto& caller = c.groups[static_cast<int>(ThreadGroup::kCaller)];
+  std::printf(
+      "#   census %s: %.0f slow calls (slowest %.1f us) | caller: %.0f forced off, %.0f us "
+      "waiting for a core |",
+      label, c.slowCalls, c.slowestUs, caller.involuntary, caller.waitUs);
+  for (int g = 1; g < static_cast<int>(ThreadGroup::kCount); ++g) {
+    std::printf(" %s %.0f wakes %.0f us |", groupName(static_cast<ThreadGroup>(g)),
+                c.groups[g].slices, c.groups[g].runUs);
+  }
+  if (oneMachine) {
+    // /proc/stat counts in ticks (10 ms): meaningful over rows that take 100 ms or more.
+    const double others = c.machine.busy - c.loomCpuUs / 1e6;
+    std::printf(" others %.2f cores, steal %.2f cores",
+                std::max(0.0, others) / std::max(c.wallSeconds, 1e-9),
+                c.machine.steal / std::max(c.wallSeconds, 1e-9));
+  }
+  std::printf("\n");
+}
 
 Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) {
   for (int i = 0; i < o.warmup; ++i) c.launch().wait();
-  // Agree on the iterations per repetition from one measured call.
-  comm.barrier().wait();
-  auto t0 = Clock::now();
-  c.launch().wait();
-  const double estimate =
-      maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
+  // Agree on the iterations per repetition from runs of 1, 8, 64, ... calls, until one lasts
+  // 2 ms: a single call after a barrier pays the barrier's exit skew too, and estimating from
+  // it alone once made a row's repetitions a few calls long, their means mostly that skew.
+  double estimate = 0;
+  for (int calls = 1;; calls *= 8) {
+    comm.barrier(blocking()).wait();
+    const auto start = Clock::now();
+    for (int i = 0; i < calls; ++i) c.launch().wait();
+    const double seconds =
+        maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - start).count());
+    estimate = seconds / calls;
+    if (seconds >= 2e-3 || calls >= 4096) break;
+  }
   const int iters =
       static_cast<int>(std::clamp(o.repMs / 1000 / std::max(estimate, 1e-9), 1.0, 10000.0));
   std::vector<double> samples;
+  std::vector<double> calls;  // --census: every call's time
+  Timing t;
+  ThreadSnapshot threadsBefore;
+  MachineTimes machineBefore;
+  Clock::time_point censusStart;
+  if (o.census) {
+    calls.reserve(static_cast<size_t>(iters) * o.reps);
+    threadsBefore = snapshotThreads();
+    machineBefore = machineTimes();
+    censusStart = Clock::now();
+  }
   for (int rep = 0; rep < o.reps; ++rep) {
-    comm.barrier().wait();
-    t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) c.launch().wait();
+    comm.barrier(blocking()).wait();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      if (o.census) {
+        const auto start = Clock::now();
+        c.launch().wait();
+        calls.push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6);
+      } else {
+        c.launch().wait();
+      }
+    }
     const double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
     samples.push_back(maxOverRanks(comm, mean));
   }
-  Timing t;
+  if (o.census) {
+    Census& census = t.census;
+    census.wallSeconds = std::chrono::duration<double>(Clock::now() - censusStart).count();
+    const MachineTimes machineAfter = machineTimes();
+    census.machine = {machineAfter.busy - machineBefore.busy,
+                      machineAfter.steal - machineBefore.steal};
+    const auto groups = groupDeltas(threadsBefore, snapshotThreads());
+    for (const auto& [group, delta] : groups) {
+      census.groups[static_cast<int>(group)] = delta;
+      census.loomCpuUs += delta.runUs;
+    }
+    const double typical = median(calls);
+    census.slowestUs = *std::max_element(calls.begin(), calls.end());
+    census.slowCalls = static_cast<double>(
+        std::count_if(calls.begin(), calls.end(), [&](double us) { return us > 5 * typical; }));
+    reduceCensus(comm, census);
+  }
   t.us = median(samples) * 1e6;
   if (o.check) {
     c.refill(salt);
     c.launch().wait();
     double wrong = static_cast<double>(c.wrong(salt));
     double total = 0;
-    comm.allReduce(&wrong, &total, 1, DataType::kFloat64, ReduceKind::kSum).wait();
+    comm.allReduce(&wrong, &total, 1, DataType::kFloat64, ReduceKind::kSum, blocking()).wait();
     t.wrong = static_cast<size_t>(total);
   }
   return t;
@@ -361,6 +470,10 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
           t[1].wrong, roof, dram);
       if (o.hostCount() > 1) std::printf(" %9.3f", hostbw);
       std::printf("\n");
+      if (o.census) {
+        printCensus("oop", t[0].census, o.nnodes == 1);
+        printCensus("ip ", t[1].census, o.nnodes == 1);
+      }
       std::fflush(stdout);
       if (json.is_open()) {
         for (int ip = 0; ip < 2; ++ip) {
@@ -383,7 +496,7 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
     std::printf("#\n# out-of-place bus bandwidth, mean over rows: %.2f GB/s\n# #wrong total: %zu\n",
                 busRows ? busSum / busRows : 0.0, totalWrong);
   }
-  comm->barrier().wait();
+  comm->barrier(blocking()).wait();
   return totalWrong == 0 ? 0 : 1;
 }
 
