@@ -7,8 +7,10 @@
 # env: ANCHORS  folder holding oneccl-bench/ and ds-bench/, as ../shared/anchors' fetch.sh
 #               assemble them (default .device/anchors)
 #      ENGINE_BENCH  the engine's benchmark (default build/release/bench/loom-bench)
-# loom must be installed in the running Python. OMP_WAIT_POLICY=PASSIVE for every run (as
-# README.md tells loom's users; DeepSpeed's and loom's benches are torch processes alike).
+# Before each stage scripts/anchors/quiet.py kills what earlier stages left running and names
+# any other process using CPU. loom must be installed in the running Python.
+# OMP_WAIT_POLICY=PASSIVE for every run (as README.md tells loom's users; DeepSpeed's and
+# loom's benches are torch processes alike).
 set -uo pipefail
 P="${1:?usage: run.sh P OUT [MAX_BYTES]}"
 OUT="$(mkdir -p "${2:?usage: run.sh P OUT [MAX_BYTES]}" && cd "$2" && pwd)"
@@ -19,7 +21,10 @@ ANCHORS="${ANCHORS:-$ROOT/.device/anchors}"
 ENGINE_BENCH="${ENGINE_BENCH:-$ROOT/build/release/bench/loom-bench}"
 export OMP_WAIT_POLICY=PASSIVE
 t0=$(date +%s)
-step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+# Every stage starts on a quiet machine: stragglers of earlier stages (ranks or launchers
+# that outlived their run) are killed, and whatever else uses CPU is named in the log.
+STAGES=(loom-bench loom.bench ds_allreduce_bench oneccl_bench hydra_pmi_proxy mpiexec mpi4py_bench)
+step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; python3 "$HERE/quiet.py" --kill "${STAGES[@]}"; }
 step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
 "$ENGINE_BENCH" -n "$P" -b 8 -e "$MAX" -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all \
     -J "$OUT/engine.jsonl" > "$OUT/engine.txt" 2>&1 || echo "loom-bench failed: $(tail -3 "$OUT/engine.txt")"
