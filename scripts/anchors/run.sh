@@ -2,8 +2,9 @@
 # Every CPU anchor of the CPU-speed issue beside loom, one P, in one go (one device call):
 #   bash scripts/anchors/run.sh P OUT [MAX_BYTES]
 # loom's engine (loom-bench), loom through torch (c10d and torch.ops.loom) and Gloo
-# (python -m loom.bench), DeepSpeed's shm all_reduce, oneCCL over Intel MPI and over
-# libfabric's shm provider, and Open MPI through mpi4py; then scripts/anchors/table.py OUT.
+# (python -m loom.bench, Gloo in processes of its own), DeepSpeed's shm all_reduce, oneCCL
+# over Intel MPI and over libfabric's shm provider, and Open MPI through mpi4py; then
+# scripts/anchors/table.py OUT.
 # env: ANCHORS  folder holding oneccl-bench/ and ds-bench/, as ../shared/anchors' fetch.sh
 #               assemble them (default .device/anchors)
 #      ENGINE_BENCH  the engine's benchmark (default build/release/bench/loom-bench)
@@ -28,9 +29,15 @@ step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; python3 "$HERE/quiet.py" --ki
 step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
 "$ENGINE_BENCH" -n "$P" -b 8 -e "$MAX" -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all \
     -J "$OUT/engine.jsonl" > "$OUT/engine.txt" 2>&1 || echo "loom-bench failed: $(tail -3 "$OUT/engine.txt")"
-step "loom and Gloo through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends loom,direct,gloo"
-(cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends loom,direct,gloo --quiet \
+# loom and Gloo in separate processes: a Gloo process group's TCP loop thread wakes about
+# 100 times a second even while idle, and with one rank per core those wake-ups land on the
+# cores loom's ranks wait on (docs/PERFORMANCE.md, "P = 16 again").
+step "loom through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends loom,direct"
+(cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends loom,direct --quiet \
     --out "$OUT/torch" > "$OUT/torch.txt" 2>&1) || echo "loom.bench failed: $(tail -3 "$OUT/torch.txt")"
+step "Gloo through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends gloo"
+(cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends gloo --quiet \
+    --out "$OUT/torch_gloo" > "$OUT/torch_gloo.txt" 2>&1) || echo "loom.bench (Gloo) failed: $(tail -3 "$OUT/torch_gloo.txt")"
 step "DeepSpeed: ds-bench/run.sh $P $MAX"
 bash "$ANCHORS/ds-bench/run.sh" "$P" "$MAX" > "$OUT/deepspeed.txt" 2>&1 || echo "DeepSpeed failed: $(tail -3 "$OUT/deepspeed.txt")"
 step "oneCCL: oneccl-bench/run.sh $P $MAX mpi ofi_shm"

@@ -49,8 +49,10 @@ def read(out: Path):
             if not row["inplace"] and row["op"] in engine_ops:
                 put(engine_ops[row["op"]], row["bytes"], "engine", row["time_us"])
                 ranks = row["ranks"]
-    results = out / "torch" / "results.json"
-    if results.exists():
+    # loom's run through torch, and Gloo's in processes of its own (older runs: both in one).
+    for results in (out / "torch" / "results.json", out / "torch_gloo" / "results.json"):
+        if not results.exists():
+            continue
         data = json.loads(results.read_text())
         ranks = data.get("ranks", ranks)
         for row in data["results"]:
