@@ -42,7 +42,7 @@ ThreadSnapshot snapshotThreads() {
       if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
         c.involuntary = std::strtoull(line.c_str() + line.find(':') + 1, nullptr, 10);
     }
-    snapshot[tid] = c;  // a thread that exited meanwhile reads as zeros: harmless
+    snapshot[tid] = c;  // a thread that exited meanwhile reads as zeros (groupDeltas skips it)
   }
   ::closedir(dir);
   return snapshot;
@@ -56,6 +56,8 @@ std::map<ThreadGroup, GroupDelta> groupDeltas(const ThreadSnapshot& before,
   for (const auto& [tid, now] : after) {
     ThreadCounters then;
     if (const auto it = before.find(tid); it != before.end()) then = it->second;
+    // A thread whose files could not be read now (it was exiting) reads as zeros: skip it.
+    if (now.runNs < then.runNs || now.slices < then.slices) continue;
     GroupDelta& d = groups[groupOf(tid, now.name)];
     d.runUs += static_cast<double>(now.runNs - then.runNs) / 1e3;
     d.waitUs += static_cast<double>(now.waitNs - then.waitNs) / 1e3;
