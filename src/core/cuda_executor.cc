@@ -140,71 +140,100 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       graph_(kGraphOffset, kGraphDescOffset, kDataOffset + 4 * chunkBytes, kGraphPairOffset,
              kDataOffset + 8 * chunkBytes + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_,
              true, exchange.localSize) {
-  const Driver& d = Driver::get();
-  const std::string& op = exchange.op;
-  if (size_ > cuda::kMaxSources) {
-    throw Error(ErrorCode::kUnsupported, op, exchange.rank,
-                "CUDA collectives take at most " + std::to_string(cuda::kMaxSources) +
-                    " ranks per host; this communicator has " + std::to_string(size_));
-  }
-  // The first CUDA call of a group may come while its stream captures a graph: setting up
-  // is loom's own business, not the capture's.
-  cuda::RelaxedCaptureGuard relaxed;
-  CUdevice dev = 0;
-  check(d.cuDeviceGet(&dev, device), op, exchange.rank, "cuDeviceGet");
-  check(d.cuDevicePrimaryCtxRetain(&context_, dev), op, exchange.rank, "cuDevicePrimaryCtxRetain");
-  cuda::ContextGuard guard(context_);
+  // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
+  // told to the host's other ranks, which would otherwise wait in the exchange for its offer
+  // until the deadline. Once every rank holds every workspace, a failure of this rank (a
+  // peer's workspace it cannot map) fails the communicator: the others would wait for this
+  // rank in their first CUDA collective.
+  bool offered = false;
+  bool exchanged = false;
+  auto giveUp = [&](ErrorCode code, const std::string& why) {
+    if (!offered) {
+      refuseFds(exchange, why, deadline);
+    } else if (exchanged) {
+      failures.fail(code, exchange.rank,
+                    "rank " + std::to_string(exchange.rank) +
+                        " could not set up its CUDA workspaces after the host's ranks shared "
+                        "them: " +
+                        why);
+    }
+  };
   try {
-    check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
-          "cuStreamCreate");
-    for (Lane* lane : {&eager_, &graph_}) {
-      check(d.cuEventCreate(&lane->lastEnd, CU_EVENT_DISABLE_TIMING), op, exchange.rank,
-            "cuEventCreate");
+    const Driver& d = Driver::get();
+    const std::string& op = exchange.op;
+    if (size_ > cuda::kMaxSources) {
+      throw Error(ErrorCode::kUnsupported, op, exchange.rank,
+                  "CUDA collectives take at most " + std::to_string(cuda::kMaxSources) +
+                      " ranks per host; this communicator has " + std::to_string(size_));
     }
-    kernels_ = std::make_unique<cuda::Kernels>();
-    void* report = nullptr;
-    check(d.cuMemHostAlloc(&report, sizeof(cuda::MismatchReport),
-                           CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-          op, exchange.rank, "cuMemHostAlloc");
-    reportHost_ = new (report) cuda::MismatchReport{};
-    CUdeviceptr reportDevice = 0;
-    check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
-          "cuMemHostGetDevicePointer");
-    report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
-    const size_t bytes = graph_.mailboxesAt + static_cast<size_t>(size_) * 2 * mailSlot_;
-    mine_ = cuda::SharedMemory::allocate(dev, bytes);
-    posix::Fd exported = mine_->exportFd();
-    std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
-    bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
-    peers_.resize(static_cast<size_t>(size_));
-    bases_.resize(static_cast<size_t>(size_));
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) {
-        bases_[q] = reinterpret_cast<uint8_t*>(mine_->address());
-        continue;
+    // The first CUDA call of a group may come while its stream captures a graph: setting up
+    // is loom's own business, not the capture's.
+    cuda::RelaxedCaptureGuard relaxed;
+    CUdevice dev = 0;
+    check(d.cuDeviceGet(&dev, device), op, exchange.rank, "cuDeviceGet");
+    check(d.cuDevicePrimaryCtxRetain(&context_, dev), op, exchange.rank,
+          "cuDevicePrimaryCtxRetain");
+    cuda::ContextGuard guard(context_);
+    try {
+      check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
+            "cuStreamCreate");
+      for (Lane* lane : {&eager_, &graph_}) {
+        check(d.cuEventCreate(&lane->lastEnd, CU_EVENT_DISABLE_TIMING), op, exchange.rank,
+              "cuEventCreate");
       }
-      peers_[q] = cuda::SharedMemory::open(fds[q].get(), mine_->bytes(), dev);
-      bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
-      int ordinal = -1;
-      if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                  peers_[q]->address()) != CUDA_SUCCESS ||
-          ordinal != device) {
-        sharedGpu = false;
+      kernels_ = std::make_unique<cuda::Kernels>();
+      void* report = nullptr;
+      check(d.cuMemHostAlloc(&report, sizeof(cuda::MismatchReport),
+                             CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+            op, exchange.rank, "cuMemHostAlloc");
+      reportHost_ = new (report) cuda::MismatchReport{};
+      CUdeviceptr reportDevice = 0;
+      check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
+            "cuMemHostGetDevicePointer");
+      report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
+      const size_t bytes = graph_.mailboxesAt + static_cast<size_t>(size_) * 2 * mailSlot_;
+      mine_ = cuda::SharedMemory::allocate(dev, bytes);
+      posix::Fd exported = mine_->exportFd();
+      offered = true;
+      std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
+      exchanged = true;
+      bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
+      peers_.resize(static_cast<size_t>(size_));
+      bases_.resize(static_cast<size_t>(size_));
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) {
+          bases_[q] = reinterpret_cast<uint8_t*>(mine_->address());
+          continue;
+        }
+        peers_[q] = cuda::SharedMemory::open(fds[q].get(), mine_->bytes(), dev);
+        bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
+        int ordinal = -1;
+        if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                    peers_[q]->address()) != CUDA_SUCCESS ||
+            ordinal != device) {
+          sharedGpu = false;
+        }
       }
+      oneShotBytes_ = oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
+    } catch (...) {
+      // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
+      // destructor does not run for an object whose constructor threw).
+      peers_.clear();
+      mine_.reset();
+      kernels_.reset();
+      if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
+      for (Lane* lane : {&eager_, &graph_}) {
+        if (lane->lastEnd != nullptr) d.cuEventDestroy(lane->lastEnd);
+      }
+      if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
+      d.cuDevicePrimaryCtxRelease(dev);
+      throw;
     }
-    oneShotBytes_ = oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
-  } catch (...) {
-    // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
-    // destructor does not run for an object whose constructor threw).
-    peers_.clear();
-    mine_.reset();
-    kernels_.reset();
-    if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
-    for (Lane* lane : {&eager_, &graph_}) {
-      if (lane->lastEnd != nullptr) d.cuEventDestroy(lane->lastEnd);
-    }
-    if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
-    d.cuDevicePrimaryCtxRelease(dev);
+  } catch (const Error& e) {
+    giveUp(e.code(), e.detail());
+    throw;
+  } catch (const std::exception& e) {
+    giveUp(ErrorCode::kSystem, e.what());
     throw;
   }
   monitor_ = std::thread([this] {

@@ -4,8 +4,12 @@
 // each rank, for instance) through the host's leader, over its process service socket, with
 // the same uid and job-secret checks as the segment hand-off:
 //   member -> leader: Hello;  leader -> member: Welcome
-//   member -> leader: its descriptor (SCM_RIGHTS)
-//   leader -> member: every rank's descriptor, in local rank order, one Welcome each
+//   member -> leader: its offer, a Welcome: status 0 with its descriptor (SCM_RIGHTS), or a
+//                     refusal saying why it has none
+//   leader -> member: every rank's descriptor, in local rank order, one Welcome each; or,
+//                     if any rank refused, one Welcome with the refusals
+// A rank that cannot make its descriptor still takes part, so every rank of the host fails
+// at once with its reason instead of waiting for it until the deadline.
 
 #include <chrono>
 #include <string>
@@ -29,8 +33,15 @@ struct FdExchange {
 };
 
 /// Returns the descriptors of every local rank, by local index (this rank's is a copy of
-/// `mine`). Throws Error(kTimeout) at `deadline` or kPeerFailure if a rank disconnects.
+/// `mine`). Throws Error(kTimeout) at `deadline`, kPeerFailure if a rank disconnects, and
+/// kPeerFailure naming each rank that refused, and why, if any did.
 std::vector<posix::Fd> exchangeFds(const FdExchange& exchange, int mine,
                                    std::chrono::steady_clock::time_point deadline);
+
+/// This rank's part in an exchange when it has no descriptor to offer: tells the host's
+/// other ranks `why` (their exchangeFds throws it, naming this rank) and returns once they
+/// know, or at `deadline`. Never throws: its caller reports its own error.
+void refuseFds(const FdExchange& exchange, const std::string& why,
+               std::chrono::steady_clock::time_point deadline) noexcept;
 
 }  // namespace loom::detail
