@@ -104,6 +104,8 @@ Across hosts:
 Sizes follow nccl-tests: the whole buffer (all_reduce, broadcast, reduce), the whole output
 (all_gather, gather), the whole input (reduce_scatter, scatter), the per-rank buffer
 (all_to_all). time is the median over repetitions of the slowest rank's mean per call;
+p90 the 90th percentile of single calls' times on the rank where it is highest (a call
+can overlap the next one on other ranks, so p90 can sit below time);
 algbw = size / time; busbw = algbw x 2(P-1)/P (all_reduce), (P-1)/P (all_gather,
 reduce_scatter, all_to_all), 1 (rooted). roofline = bytes loom's algorithm moves through
 memory / time / the copy bandwidth measured at the start with the same ranks and threads;
@@ -253,6 +255,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double percentile90(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, v.size() * 9 / 10)];
+}
+
 // Copy bandwidth (bytes read + written per second, all ranks together) with every rank
 // copying `bytes` at once using `threads` threads, as the collectives would.
 double copyBandwidth(Communicator& comm, size_t bytes, int threads) {
@@ -285,6 +292,7 @@ struct Census {
 
 struct Timing {
   double us = 0;
+  double p90Us = 0;  // the 90th percentile of single calls, on the rank where it is highest
   size_t wrong = 0;
   Census census;
 };
@@ -345,13 +353,13 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
   const int iters =
       static_cast<int>(std::clamp(o.repMs / 1000 / std::max(estimate, 1e-9), 1.0, 10000.0));
   std::vector<double> samples;
-  std::vector<double> calls;  // --census: every call's time
+  std::vector<double> calls;  // every call's time, in microseconds
+  calls.reserve(static_cast<size_t>(iters) * o.reps);
   Timing t;
   ThreadSnapshot threadsBefore;
   MachineTimes machineBefore;
   Clock::time_point censusStart;
   if (o.census) {
-    calls.reserve(static_cast<size_t>(iters) * o.reps);
     threadsBefore = snapshotThreads();
     machineBefore = machineTimes();
     censusStart = Clock::now();
@@ -360,13 +368,9 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
     comm.barrier(blocking()).wait();
     const auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) {
-      if (o.census) {
-        const auto start = Clock::now();
-        c.launch().wait();
-        calls.push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6);
-      } else {
-        c.launch().wait();
-      }
+      const auto start = Clock::now();
+      c.launch().wait();
+      calls.push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6);
     }
     const double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
     samples.push_back(maxOverRanks(comm, mean));
@@ -389,6 +393,7 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
     reduceCensus(comm, census);
   }
   t.us = median(samples) * 1e6;
+  t.p90Us = maxOverRanks(comm, percentile90(calls));
   if (o.check) {
     c.refill(salt);
     c.launch().wait();
@@ -437,9 +442,9 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
       std::printf("#\n# %s  %s  %s\n", std::string(opName(op)).c_str(),
                   std::string(dataTypeName(o.type)).c_str(),
                   std::string(reduceKindName(o.reduce.kind())).c_str());
-      std::printf("# %12s %12s  %10s %8s %8s %6s  %10s %8s %8s %6s  %8s %7s%s\n", "size(B)",
-                  "count", "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw",
-                  "#wrong", "roofline", "dram", o.hostCount() > 1 ? "    hostbw" : "");
+      std::printf("# %12s %12s  %10s %9s %8s %8s %6s  %10s %9s %8s %8s %6s  %8s %7s%s\n", "size(B)",
+                  "count", "oop(us)", "p90", "algbw", "busbw", "#wrong", "ip(us)", "p90", "algbw",
+                  "busbw", "#wrong", "roofline", "dram", o.hostCount() > 1 ? "    hostbw" : "");
     }
     for (double s = static_cast<double>(o.minBytes); s <= static_cast<double>(o.maxBytes) * 1.0001;
          s *= o.factor) {
@@ -465,9 +470,10 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
       busSum += algbw[0] * bus;
       ++busRows;
       std::printf(
-          "  %12zu %12zu  %10.2f %8.2f %8.2f %6zu  %10.2f %8.2f %8.2f %6zu  %7.1f%% %6.1f%%", bytes,
-          count, t[0].us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us, algbw[1], algbw[1] * bus,
-          t[1].wrong, roof, dram);
+          "  %12zu %12zu  %10.2f %9.2f %8.2f %8.2f %6zu  %10.2f %9.2f %8.2f %8.2f %6zu  %7.1f%% "
+          "%6.1f%%",
+          bytes, count, t[0].us, t[0].p90Us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us,
+          t[1].p90Us, algbw[1], algbw[1] * bus, t[1].wrong, roof, dram);
       if (o.hostCount() > 1) std::printf(" %9.3f", hostbw);
       std::printf("\n");
       if (o.census) {
@@ -482,9 +488,9 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
                << ",\"threads\":" << config.tuning.threads << ",\"dtype\":\""
                << dataTypeName(o.type) << "\",\"bytes\":" << bytes
                << ",\"inplace\":" << (ip ? "true" : "false") << ",\"time_us\":" << t[ip].us
-               << ",\"algbw\":" << algbw[ip] << ",\"busbw\":" << algbw[ip] * bus
-               << ",\"wrong\":" << t[ip].wrong << ",\"copy_bw\":" << copyBw / 1e9
-               << ",\"roofline\":" << (ip ? 0.0 : roof / 100)
+               << ",\"p90_us\":" << t[ip].p90Us << ",\"algbw\":" << algbw[ip]
+               << ",\"busbw\":" << algbw[ip] * bus << ",\"wrong\":" << t[ip].wrong
+               << ",\"copy_bw\":" << copyBw / 1e9 << ",\"roofline\":" << (ip ? 0.0 : roof / 100)
                << ",\"dram\":" << (ip ? 0.0 : dram / 100)
                << ",\"lent\":" << (o.lent ? "true" : "false")
                << ",\"hostbw\":" << algbw[ip] * busFactor(op, o.hostCount()) << "}\n";
