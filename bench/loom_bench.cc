@@ -255,9 +255,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The nearest-rank 90th percentile (with fewer than 10 values, the largest).
 double percentile90(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, v.size() * 9 / 10)];
+  return v[(v.size() * 9 + 9) / 10 - 1];
 }
 
 // Copy bandwidth (bytes read + written per second, all ranks together) with every rank
@@ -366,13 +367,17 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
   }
   for (int rep = 0; rep < o.reps; ++rep) {
     comm.barrier(blocking()).wait();
+    // One clock read per call (a call ends where the next begins), so timing single calls
+    // adds about 20 ns to each.
     const auto t0 = Clock::now();
+    auto last = t0;
     for (int i = 0; i < iters; ++i) {
-      const auto start = Clock::now();
       c.launch().wait();
-      calls.push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6);
+      const auto now = Clock::now();
+      calls.push_back(std::chrono::duration<double>(now - last).count() * 1e6);
+      last = now;
     }
-    const double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    const double mean = std::chrono::duration<double>(last - t0).count() / iters;
     samples.push_back(maxOverRanks(comm, mean));
   }
   if (o.census) {

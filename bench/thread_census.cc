@@ -56,8 +56,12 @@ std::map<ThreadGroup, GroupDelta> groupDeltas(const ThreadSnapshot& before,
   for (const auto& [tid, now] : after) {
     ThreadCounters then;
     if (const auto it = before.find(tid); it != before.end()) then = it->second;
-    // A thread whose files could not be read now (it was exiting) reads as zeros: skip it.
-    if (now.runNs < then.runNs || now.slices < then.slices) continue;
+    // A thread whose files could not all be read now (it was exiting) reads as zeros in
+    // some counter: skip it rather than count a counter that went backwards.
+    if (now.runNs < then.runNs || now.waitNs < then.waitNs || now.slices < then.slices ||
+        now.involuntary < then.involuntary) {
+      continue;
+    }
     GroupDelta& d = groups[groupOf(tid, now.name)];
     d.runUs += static_cast<double>(now.runNs - then.runNs) / 1e3;
     d.waitUs += static_cast<double>(now.waitNs - then.waitNs) / 1e3;

@@ -1,7 +1,10 @@
 """Is the machine quiet? Before each stage of scripts/anchors/run.sh: what else is using CPU
-(processes over 2% of a core in a 0.5 s sample, from /proc) and, with --kill PATTERN...,
-ends the processes of this user whose command line holds a pattern: an earlier stage's ranks
-or launchers that outlived it would otherwise take cores from the next stage's ranks.
+(processes over 2% of a core in a 0.5 s sample, from /proc) and, with --kill NAME...,
+ends the processes of this user that run one of those programs (a word of their command
+line that is NAME, NAME.py, or a path ending in either, as `loom-bench`, `python3 -m
+loom.bench` and `python3 .../mpi4py_bench.py` do), never this run's own ancestors: an
+earlier stage's ranks or launchers that outlived it would otherwise take cores from the next
+stage's ranks.
 
     python3 scripts/anchors/quiet.py [--kill PATTERN ...]
 
@@ -35,19 +38,37 @@ def cpu_ticks() -> dict[int, tuple[str, int]]:
     return out
 
 
-def cmdline(pid: int) -> str:
+def cmdline(pid: int) -> list[str]:
+    """The words of a process's command line ([] if it is gone or has none)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
+            return [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
     except OSError:
-        return ""
+        return []
+
+
+def runs_one_of(words: list[str], names: list[str]) -> bool:
+    """True if a word of the command line is one of `names`, as a program, a script (.py) or
+    a module, with or without a path."""
+    for word in words:
+        base = os.path.basename(word)
+        if base in names or (base.endswith(".py") and base[:-3] in names):
+            return True
+    return False
+
+
+def owned_by_me(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def ancestors() -> set[int]:
     """This process and every process above it: the run that asked is never a straggler,
     whatever its command line holds."""
     pids, pid = set(), os.getpid()
-    while pid > 1 and pid not in pids:
+    while pid >= 1 and pid not in pids:
         pids.add(pid)
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -59,18 +80,18 @@ def ancestors() -> set[int]:
 
 
 def main(argv: list[str]) -> int:
-    patterns = argv[argv.index("--kill") + 1:] if "--kill" in argv else []
+    names = argv[argv.index("--kill") + 1:] if "--kill" in argv else []
     me = ancestors()
     killed = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in me or not patterns:
+        if not entry.isdigit() or int(entry) in me or not names:
             continue
         pid = int(entry)
-        line = cmdline(pid)
-        if any(p in line for p in patterns):
+        words = cmdline(pid)
+        if owned_by_me(pid) and runs_one_of(words, names):
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed.append(f"{pid} {line[:80]}")
+                killed.append(f"{pid} {' '.join(words)[:80]}")
             except OSError:
                 pass
     if killed:

@@ -24,7 +24,7 @@ export OMP_WAIT_POLICY=PASSIVE
 t0=$(date +%s)
 # Every stage starts on a quiet machine: stragglers of earlier stages (ranks or launchers
 # that outlived their run) are killed, and whatever else uses CPU is named in the log.
-STAGES=(loom-bench loom.bench ds_allreduce_bench oneccl_bench hydra_pmi_proxy mpiexec mpi4py_bench)
+STAGES=(loom-bench loom.bench ds_allreduce_bench oneccl_bench hydra_pmi_proxy mpiexec mpirun orted mpi4py_bench)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; python3 "$HERE/quiet.py" --kill "${STAGES[@]}"; }
 step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
 "$ENGINE_BENCH" -n "$P" -b 8 -e "$MAX" -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all \

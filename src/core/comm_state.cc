@@ -306,6 +306,11 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
 DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_view op) {
   std::lock_guard<std::mutex> lock(deviceMutex_);
   if (cuda_) return *cuda_;
+  if (cudaSetupFailure_) {
+    throw Error(cudaSetupFailure_->code(), op, rank_,
+                "setting up this communicator's CUDA path failed earlier (" +
+                    cudaSetupFailure_->detail() + "); make a new communicator to try again");
+  }
 #ifdef LOOM_HAVE_CUDA
   if (spansHosts()) {
     throw Error(ErrorCode::kUnsupported, op, rank_,
@@ -326,6 +331,7 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
                                            config_.cudaOneShotBytes, exchange, *failures_,
                                            deadlineAfter(timeoutFor(options)));
   } catch (const Error& e) {
+    cudaSetupFailure_ = e;
     if (e.op() == op) throw;
     throw Error(e.code(), op, rank_, e.detail());  // the driver's errors name no operation
   }

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,10 @@ class CommState final : public FailureSink {
 
   std::mutex deviceMutex_;
   std::unique_ptr<DeviceExecutor> cuda_;  // CUDA collectives; guarded by deviceMutex_
+  // Why setting up the CUDA path failed, once it has: later CUDA calls fail with it at once
+  // rather than setting up again (every rank must take part in a set-up, and the host's
+  // ranks would not all be there); guarded by deviceMutex_.
+  std::optional<Error> cudaSetupFailure_;
 
   // Device transfers held in an open group (startGroup/endGroup).
   struct HeldTransfer {

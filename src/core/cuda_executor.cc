@@ -142,21 +142,21 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
              true, exchange.localSize) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
-  // until the deadline. Once every rank holds every workspace, a failure of this rank (a
-  // peer's workspace it cannot map) fails the communicator: the others would wait for this
-  // rank in their first CUDA collective.
+  // until the deadline. Once it has offered, a failure of this rank (a peer gone mid-way, a
+  // peer's workspace it cannot map) fails the communicator: other ranks may hold every
+  // workspace and would wait for this rank in their first CUDA collective. A refusal by
+  // another rank reaches every rank alike, and none holds a workspace then.
   bool offered = false;
-  bool exchanged = false;
   auto giveUp = [&](ErrorCode code, const std::string& why) {
     if (!offered) {
       refuseFds(exchange, why, deadline);
-    } else if (exchanged) {
-      failures.fail(code, exchange.rank,
-                    "rank " + std::to_string(exchange.rank) +
-                        " could not set up its CUDA workspaces after the host's ranks shared "
-                        "them: " +
-                        why);
+      return;
     }
+    failures.fail(code, exchange.rank,
+                  "rank " + std::to_string(exchange.rank) +
+                      " could not set up its CUDA workspaces while the host's ranks shared "
+                      "them: " +
+                      why);
   };
   try {
     const Driver& d = Driver::get();
@@ -196,7 +196,6 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       posix::Fd exported = mine_->exportFd();
       offered = true;
       std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
-      exchanged = true;
       bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
       peers_.resize(static_cast<size_t>(size_));
       bases_.resize(static_cast<size_t>(size_));
@@ -229,6 +228,8 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       d.cuDevicePrimaryCtxRelease(dev);
       throw;
     }
+  } catch (const ExchangeRefused&) {
+    throw;
   } catch (const Error& e) {
     giveUp(e.code(), e.detail());
     throw;

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include "core/process_service.h"
-#include "loom/error.h"
 #include "util/unix_socket.h"
 
 namespace loom::detail {
@@ -14,8 +13,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Offers and replies are Welcomes: status 0 carries a descriptor, anything else a refusal.
+// Offers and replies are Welcomes: status 0 carries a descriptor; kRefused says why a rank
+// has none; kGone, in a reply, that a rank was lost before it offered.
 constexpr int32_t kRefused = 1;
+constexpr int32_t kGone = 2;
 
 posix::Fd duplicate(int fd, const FdExchange& x) {
   const int copy = ::dup(fd);
@@ -23,20 +24,33 @@ posix::Fd duplicate(int fd, const FdExchange& x) {
   return posix::Fd(copy);
 }
 
-[[noreturn]] void lost(const FdExchange& x, const std::string& who) {
+// `who` sent nothing usable: it left, or the deadline passed first.
+[[noreturn]] void lost(const FdExchange& x, const std::string& who, Clock::time_point deadline) {
+  if (Clock::now() >= deadline) {
+    throw Error(ErrorCode::kTimeout, x.op, x.rank,
+                "timed out while the host's ranks exchanged device memory, waiting for " + who +
+                    "; did it reach the same call?");
+  }
   throw Error(ErrorCode::kPeerFailure, x.op, x.rank,
               who + " disconnected while the host's ranks exchanged device memory; did it exit?");
 }
 
 [[noreturn]] void refused(const FdExchange& x, const std::string& refusals) {
-  throw Error(ErrorCode::kPeerFailure, x.op, x.rank,
-              "the host's ranks could not share device memory: " + refusals +
-                  "; fix that rank's device (or run the group without it) and call again");
+  throw ExchangeRefused(ErrorCode::kPeerFailure, x.op, x.rank,
+                        "the host's ranks could not share device memory: " + refusals +
+                            "; fix that rank's device (or run the group without it)");
 }
 
-// One rank's refusal as the others read it (a Welcome holds 199 characters of it).
+// One rank's refusal as the others read it. A Welcome holds 199 characters, and the leader
+// may add " and N more rank(s)": the reason is cut to leave room.
 std::string refusalOf(const FdExchange& x, const std::string& why) {
-  return "rank " + std::to_string(x.rank) + " has none to share (" + why + ")";
+  constexpr size_t kWhy = 140;
+  const std::string shown = why.size() > kWhy ? why.substr(0, kWhy - 3) + "..." : why;
+  return "rank " + std::to_string(x.rank) + " has none to share (" + shown + ")";
+}
+
+std::string localRank(const Arrival& member) {
+  return "local rank " + std::to_string(member.hello.rank);
 }
 
 // Receives one Welcome (and the descriptor it may carry) from `socket`.
@@ -58,38 +72,42 @@ std::vector<posix::Fd> lead(const FdExchange& x, int mine, const std::string& re
   // Members send nothing until welcomed (the service drops an early arrival that does).
   for (Arrival& member : members) {
     if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(), -1)) {
-      lost(x, "local rank " + std::to_string(member.hello.rank));
+      lost(x, localRank(member), deadline);
     }
   }
   std::string refusals = mine < 0 ? refusalOf(x, refusal) : "";
   int refusing = mine < 0 ? 1 : 0;
+  std::string gone;  // a member that sent no usable offer
   if (mine >= 0) all[0] = duplicate(mine, x);
   for (Arrival& member : members) {
     posix::Fd fd;
     const auto offer = receiveWelcome(member.socket.get(), &fd, deadline);
     if (!offer || (offer->first == 0 && !fd)) {
-      lost(x, "local rank " + std::to_string(member.hello.rank));
-    }
-    if (offer->first != 0) {
+      if (gone.empty()) gone = localRank(member);
+    } else if (offer->first != 0) {
       if (refusing++ == 0) refusals = offer->second;
-      continue;
+    } else {
+      all[static_cast<size_t>(member.hello.rank)] = std::move(fd);
     }
-    all[static_cast<size_t>(member.hello.rank)] = std::move(fd);
   }
-  if (refusing > 0) {
+  if (!gone.empty() || refusing > 0) {
+    // Every member learns the outcome before the leader gives up, so none waits for
+    // descriptors that will not come.
     if (refusing > 1) refusals += " and " + std::to_string(refusing - 1) + " more rank(s)";
-    const auto verdict = handshake::encodeWelcome(kRefused, refusals);
+    const auto verdict = gone.empty() ? handshake::encodeWelcome(kRefused, refusals)
+                                      : handshake::encodeWelcome(kGone, gone);
     for (Arrival& member : members) {
       // A member that left meanwhile needs no verdict.
       unix_socket::sendWithFd(member.socket.get(), verdict.data(), verdict.size(), -1);
     }
+    if (!gone.empty()) lost(x, gone, deadline);
     if (mine < 0) return {};
     refused(x, refusals);
   }
   for (Arrival& member : members) {
     for (const posix::Fd& fd : all) {
       if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(), fd.get())) {
-        lost(x, "local rank " + std::to_string(member.hello.rank));
+        lost(x, localRank(member), deadline);
       }
     }
   }
@@ -107,7 +125,7 @@ std::vector<posix::Fd> join(const FdExchange& x, int mine, const std::string& re
   posix::Fd socket = ProcessService::instance().introduce(x.leaderAddress, hello, deadline);
   posix::Fd none;
   const auto accepted = receiveWelcome(socket.get(), &none, deadline);
-  if (!accepted) lost(x, "the leader");
+  if (!accepted) lost(x, "the leader", deadline);
   if (accepted->first != 0) {
     throw Error(ErrorCode::kInternal, x.op, x.rank,
                 "the host's leader refused this rank's device memory: " + accepted->second);
@@ -115,17 +133,18 @@ std::vector<posix::Fd> join(const FdExchange& x, int mine, const std::string& re
   const auto offer = mine >= 0 ? handshake::encodeWelcome(0, "")
                                : handshake::encodeWelcome(kRefused, refusalOf(x, refusal));
   if (!unix_socket::sendWithFd(socket.get(), offer.data(), offer.size(), mine)) {
-    lost(x, "the leader");
+    lost(x, "the leader", deadline);
   }
   std::vector<posix::Fd> all(static_cast<size_t>(x.localSize));
   for (posix::Fd& fd : all) {
     const auto reply = receiveWelcome(socket.get(), &fd, deadline);
-    if (!reply) lost(x, "the leader");
+    if (!reply) lost(x, "the leader", deadline);
+    if (reply->first == kGone) lost(x, reply->second, deadline);
     if (reply->first != 0) {
       if (mine < 0) return {};
       refused(x, reply->second);
     }
-    if (!fd) lost(x, "the leader");
+    if (!fd) lost(x, "the leader", deadline);
   }
   return all;
 }

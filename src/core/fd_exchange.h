@@ -7,7 +7,8 @@
 //   member -> leader: its offer, a Welcome: status 0 with its descriptor (SCM_RIGHTS), or a
 //                     refusal saying why it has none
 //   leader -> member: every rank's descriptor, in local rank order, one Welcome each; or,
-//                     if any rank refused, one Welcome with the refusals
+//                     if any rank refused or was lost before it offered, one Welcome
+//                     saying so
 // A rank that cannot make its descriptor still takes part, so every rank of the host fails
 // at once with its reason instead of waiting for it until the deadline.
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/handshake.h"
+#include "loom/error.h"
 #include "util/comm_id.h"
 #include "util/posix.h"
 
@@ -32,9 +34,16 @@ struct FdExchange {
   int rank = -1;              ///< communicator rank, for messages
 };
 
+/// Thrown on every rank but the refusing ones when a rank refused: then no rank holds
+/// another's descriptor.
+class ExchangeRefused : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Returns the descriptors of every local rank, by local index (this rank's is a copy of
-/// `mine`). Throws Error(kTimeout) at `deadline`, kPeerFailure if a rank disconnects, and
-/// kPeerFailure naming each rank that refused, and why, if any did.
+/// `mine`). Throws ExchangeRefused (kPeerFailure) naming a rank that refused and why,
+/// Error(kPeerFailure) naming a rank that disconnected, and Error(kTimeout) at `deadline`.
 std::vector<posix::Fd> exchangeFds(const FdExchange& exchange, int mine,
                                    std::chrono::steady_clock::time_point deadline);
 

@@ -8,12 +8,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "../common/forked_ranks.h"
+#include "core/handshake.h"
 #include "core/process_service.h"
 #include "loom/error.h"
+#include "util/unix_socket.h"
 
 namespace loom {
 namespace {
@@ -63,33 +67,71 @@ TEST(FdExchange, EveryRankGetsEveryRanksDescriptorInLocalRankOrder) {
   });
 }
 
-TEST(FdExchange, ARankWithNothingToOfferFailsEveryRankAtOnceWithItsReason) {
-  // Rank 1 refuses (as a rank whose CUDA set-up failed does); the others must learn why at
-  // once, long before the exchange's deadline, and so must the leader when it refuses.
-  for (int refusing : {1, 0}) {
-    LOOM_RUN_RANKS(3, [refusing](RankContext& ctx) {
+TEST(FdExchange, RanksWithNothingToOfferFailEveryRankAtOnceWithTheirReason) {
+  // A member refuses (as a rank whose CUDA set-up failed does), then the leader, then two
+  // members: the others must learn why at once, long before the exchange's deadline, as an
+  // ExchangeRefused (no rank holds another's descriptor then).
+  for (const std::vector<int>& refusing :
+       {std::vector<int>{1}, std::vector<int>{0}, std::vector<int>{1, 2}}) {
+    LOOM_RUN_RANKS(3, [&refusing](RankContext& ctx) {
       const detail::FdExchange x = exchangeFor(ctx);
       const auto deadline = Clock::now() + std::chrono::seconds(600);
       const auto start = Clock::now();
-      if (ctx.rank == refusing) {
+      if (std::find(refusing.begin(), refusing.end(), ctx.rank) != refusing.end()) {
         detail::refuseFds(x, "cuMemCreate: out of memory", deadline);
       } else {
         const posix::Fd mine = memfdHolding(ctx.rank);
         try {
           detail::exchangeFds(x, mine.get(), deadline);
-          LOOM_CHECK(false, << "the exchange succeeded without rank " << refusing);
-        } catch (const Error& e) {
+          LOOM_CHECK(false, << "the exchange succeeded without rank " << refusing[0]);
+        } catch (const detail::ExchangeRefused& e) {
           const std::string what = e.what();
           LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << what);
-          LOOM_CHECK(what.find("rank " + std::to_string(refusing) + " has none to share") !=
-                         std::string::npos,
-                     << what);
+          // Each refusal names its rank; the leader reports the first it reads.
+          bool named = false;
+          for (int q : refusing)
+            named |=
+                what.find("rank " + std::to_string(q) + " has none to share") != std::string::npos;
+          LOOM_CHECK(named, << what);
           LOOM_CHECK(what.find("cuMemCreate: out of memory") != std::string::npos, << what);
+          if (refusing.size() > 1) {
+            LOOM_CHECK(what.find("and 1 more rank") != std::string::npos, << what);
+          }
         }
       }
       LOOM_CHECK(Clock::now() - start < std::chrono::seconds(60), << "waited for the deadline");
     });
   }
+}
+
+TEST(FdExchange, AMemberThatLeavesBeforeOfferingFailsTheOthersAtOnce) {
+  // Rank 2 joins and exits without offering: the leader and rank 1 learn it at once, by
+  // name, rather than at the deadline (and not as a refusal).
+  LOOM_RUN_RANKS(3, [](RankContext& ctx) {
+    detail::FdExchange x = exchangeFor(ctx);
+    const auto deadline = Clock::now() + std::chrono::seconds(600);
+    if (ctx.rank == 2) {
+      const posix::Fd socket = ProcessService::instance().introduce(
+          x.leaderAddress, {x.id, x.secret, x.localRank, ::getpid()}, deadline);
+      uint8_t welcome[handshake::kWelcomeBytes];
+      posix::Fd none;
+      LOOM_CHECK(unix_socket::recvWithFd(socket.get(), welcome, sizeof welcome, &none, deadline));
+      return;  // welcomed, it leaves before offering (its socket closes)
+    }
+    const auto start = Clock::now();
+    const posix::Fd mine = memfdHolding(ctx.rank);
+    try {
+      detail::exchangeFds(x, mine.get(), deadline);
+      LOOM_CHECK(false, << "the exchange succeeded without rank 2");
+    } catch (const detail::ExchangeRefused& e) {
+      LOOM_CHECK(false, << "a rank that left was reported as a refusal: " << e.what());
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << what);
+      LOOM_CHECK(what.find("local rank 2 disconnected") != std::string::npos, << what);
+    }
+    LOOM_CHECK(Clock::now() - start < std::chrono::seconds(60), << "waited for the deadline");
+  });
 }
 
 }  // namespace

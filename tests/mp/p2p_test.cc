@@ -200,7 +200,7 @@ TEST(SendRecv, ReceiveTimesOutWithAClearError) {
 }
 
 // How often the thread of this process named `name` has been scheduled in so far (the
-// third field of /proc's schedstat), or -1 if no thread has that name.
+// third field of /proc's schedstat), or -1 if no thread has that name or it cannot be read.
 long long timesScheduled(const std::string& name) {
   DIR* dir = ::opendir("/proc/self/task");
   if (dir == nullptr) return -1;
@@ -212,8 +212,8 @@ long long timesScheduled(const std::string& name) {
     std::ifstream(task + "/comm") >> comm;
     if (comm != name) continue;
     unsigned long long run = 0, wait = 0, slices = 0;
-    std::ifstream(task + "/schedstat") >> run >> wait >> slices;
-    found = static_cast<long long>(slices);
+    std::ifstream schedstat(task + "/schedstat");
+    if (schedstat >> run >> wait >> slices) found = static_cast<long long>(slices);
   }
   ::closedir(dir);
   return found;
@@ -237,13 +237,13 @@ TEST(SendRecv, AnIdleEngineSleepsUntilTheNextMessage) {
       comm->barrier().wait();
       if (round == 2) break;
       // Idle: give the engine time to go to sleep, then count its wake-ups over 300 ms (a
-      // 50 ms polling slice would wake it 6 times).
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      // 50 ms polling slice would wake it 6 times; a late ring from the peer, 1 or 2).
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
       const long long before = timesScheduled("loom-p2p");
-      LOOM_CHECK(before >= 0, << "no thread named loom-p2p");
+      LOOM_CHECK(before > 0, << "no readable thread named loom-p2p");
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       const long long woke = timesScheduled("loom-p2p") - before;
-      LOOM_CHECK(woke <= 1, << "the idle engine woke " << woke << " times in 300 ms");
+      LOOM_CHECK(woke <= 2, << "the idle engine woke " << woke << " times in 300 ms");
       comm->barrier().wait();
     }
   });
