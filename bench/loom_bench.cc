@@ -33,6 +33,14 @@ namespace loom::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using testing::GroupDelta;
+using testing::groupDeltas;
+using testing::groupName;
+using testing::machineTimes;
+using testing::MachineTimes;
+using testing::snapshotThreads;
+using testing::ThreadGroup;
+using testing::ThreadSnapshot;
 
 struct Options {
   int ranks = 2;

@@ -4,16 +4,13 @@
 
 #include <gtest/gtest.h>
 
-#include <dirent.h>
-
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 
 #include "../common/forked_ranks.h"
 #include "../common/reference.h"
+#include "../common/thread_census.h"
 #include "loom/error.h"
 
 namespace loom {
@@ -199,24 +196,12 @@ TEST(SendRecv, ReceiveTimesOutWithAClearError) {
   });
 }
 
-// How often the thread of this process named `name` has been scheduled in so far (the
-// third field of /proc's schedstat), or -1 if no thread has that name or it cannot be read.
-long long timesScheduled(const std::string& name) {
-  DIR* dir = ::opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  long long found = -1;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    const std::string task = std::string("/proc/self/task/") + entry->d_name;
-    std::string comm;
-    std::ifstream(task + "/comm") >> comm;
-    if (comm != name) continue;
-    unsigned long long run = 0, wait = 0, slices = 0;
-    std::ifstream schedstat(task + "/schedstat");
-    if (schedstat >> run >> wait >> slices) found = static_cast<long long>(slices);
-  }
-  ::closedir(dir);
-  return found;
+// How often this process's thread named `name` has been scheduled in so far (its census),
+// or 0 if no thread has that name or its counters cannot be read.
+uint64_t timesScheduled(const std::string& name) {
+  for (const auto& [tid, thread] : testing::snapshotThreads())
+    if (thread.name == name) return thread.slices;
+  return 0;
 }
 
 TEST(SendRecv, AnIdleEngineSleepsUntilTheNextMessage) {
@@ -239,10 +224,10 @@ TEST(SendRecv, AnIdleEngineSleepsUntilTheNextMessage) {
       // Idle: give the engine time to go to sleep, then count its wake-ups over 300 ms (a
       // 50 ms polling slice would wake it 6 times; a late ring from the peer, 1 or 2).
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      const long long before = timesScheduled("loom-p2p");
+      const uint64_t before = timesScheduled("loom-p2p");
       LOOM_CHECK(before > 0, << "no readable thread named loom-p2p");
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      const long long woke = timesScheduled("loom-p2p") - before;
+      const uint64_t woke = timesScheduled("loom-p2p") - before;
       LOOM_CHECK(woke <= 2, << "the idle engine woke " << woke << " times in 300 ms");
       comm->barrier().wait();
     }

@@ -4,7 +4,7 @@
 // (/proc/self/task/*/schedstat and status): CPU time, times scheduled in, time spent
 // runnable but waiting for a core, switches forced on them. loom-bench --census uses it to
 // say which of loom's threads ran while a small collective stalled, and whether the calling
-// thread was pushed off its core.
+// thread was pushed off its core; tests use it to count a loom thread's wake-ups.
 
 #include <sys/types.h>
 
@@ -12,7 +12,7 @@
 #include <map>
 #include <string>
 
-namespace loom::bench {
+namespace loom::testing {
 
 /// One thread's counters since it started.
 struct ThreadCounters {
@@ -56,4 +56,4 @@ struct MachineTimes {
 /// The machine's CPU seconds so far.
 MachineTimes machineTimes();
 
-}  // namespace loom::bench
+}  // namespace loom::testing

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
-namespace loom::bench {
+namespace loom::testing {
 
 namespace {
 
@@ -91,4 +91,4 @@ MachineTimes machineTimes() {
           static_cast<double>(steal) * tick};
 }
 
-}  // namespace loom::bench
+}  // namespace loom::testing
