@@ -126,14 +126,6 @@ bool P2pEngine::sleepUntilRung(uint32_t seen, bool spin) {
   // no doorbell, so with any of them the sleep is short and the links are looked at after.
   // TODO(issue 11): wake on the fabric's completion fds instead of polling every slice.
   constexpr auto kNetworkSlice = std::chrono::milliseconds(1);
-  // Nothing pending has a deadline: sleep until rung. Failures (ShmComm::wakeAll), new ops,
-  // arriving data and the destructor all ring, so a timer would only wake an idle engine for
-  // nothing, and on a machine with a rank per core every such wake-up takes a core a rank
-  // needs.
-  constexpr auto kUntilRung = std::chrono::hours(1);
-  const auto slice = polls_           ? std::chrono::nanoseconds(kNetworkSlice)
-                     : hasDeadlines() ? std::chrono::nanoseconds(shm_.backoff().sleepSlice)
-                                      : std::chrono::nanoseconds(kUntilRung);
   // Spin first only when work was just done or a ring just came (more is likely soon); after
   // a sleep that ran out its slice, sleep again at once (it used to spin and yield for 220 us
   // every 50 ms slice while idle).
@@ -147,6 +139,14 @@ bool P2pEngine::sleepUntilRung(uint32_t seen, bool spin) {
       sched_yield();
   }
   if (shm_.doorbellRings() != seen || stopping_.load(std::memory_order_acquire)) return true;
+  // How long to sleep: polled links need a look every 1 ms, pending operations' deadlines
+  // one every slice; with neither, until rung. Failures (ShmComm::wakeAll), new ops, arriving
+  // data and the destructor all ring, so a timer would only wake an idle engine for nothing,
+  // and on a machine with a rank per core every such wake-up takes a core a rank needs.
+  constexpr auto kUntilRung = std::chrono::hours(1);
+  const auto slice = polls_           ? std::chrono::nanoseconds(kNetworkSlice)
+                     : hasDeadlines() ? std::chrono::nanoseconds(shm_.backoff().sleepSlice)
+                                      : std::chrono::nanoseconds(kUntilRung);
   shm_.sleepOnDoorbell(seen, slice);
   return shm_.doorbellRings() != seen;  // else the slice ran out: re-check deadlines, links
 }
