@@ -22,8 +22,7 @@ ANCHORS="${ANCHORS:-$ROOT/.device/anchors}"
 ENGINE_BENCH="${ENGINE_BENCH:-$ROOT/build/release/bench/loom-bench}"
 export OMP_WAIT_POLICY=PASSIVE
 t0=$(date +%s)
-# Every stage starts on a quiet machine: stragglers of earlier stages (ranks or launchers
-# that outlived their run) are killed, and whatever else uses CPU is named in the log.
+# The programs of every stage, whose leftovers quiet.py kills before the next one starts.
 STAGES=(loom-bench loom.bench ds_allreduce_bench oneccl_bench hydra_pmi_proxy mpiexec mpirun orted mpi4py_bench)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; python3 "$HERE/quiet.py" --kill "${STAGES[@]}"; }
 step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
@@ -31,7 +30,7 @@ step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,r
     -J "$OUT/engine.jsonl" > "$OUT/engine.txt" 2>&1 || echo "loom-bench failed: $(tail -3 "$OUT/engine.txt")"
 # loom and Gloo in separate processes: a Gloo process group's TCP loop thread wakes about
 # 100 times a second even while idle, and with one rank per core those wake-ups land on the
-# cores loom's ranks wait on (docs/PERFORMANCE.md, "P = 16 again").
+# cores loom's ranks wait on (docs/PERFORMANCE.md, "P = 8 and 16 again").
 step "loom through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends loom,direct"
 (cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends loom,direct --quiet \
     --out "$OUT/torch" > "$OUT/torch.txt" 2>&1) || echo "loom.bench failed: $(tail -3 "$OUT/torch.txt")"
