@@ -2,7 +2,8 @@
 tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
 loom's GPU path runs on a one-GPU machine), plus send/recv and uneven all_to_all, streams,
 staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA graph capture
-and replay, mismatched calls and a rank killed mid-collective (also during a replay). Not part of scripts/test.sh (CI has no GPU): run by hand on
+and replay, mismatched calls, a rank killed mid-collective (also during a replay) and a rank
+that cannot set up its CUDA workspace. Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -572,9 +573,38 @@ def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return checks + 5
 
 
+def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank cannot make its CUDA workspace (it asks for 1 GiB chunks, about 9 GiB,
+    with all but 4 GiB of the GPU taken): every rank's first CUDA call fails at once naming
+    it, instead of waiting for its offer until the timeout, and the GPU stays usable."""
+    hog = None
+    if rank == world - 1:
+        free, _ = torch.cuda.mem_get_info()
+        hog = torch.empty(max(0, free - (4 << 30)), dtype=torch.uint8, device=dev)
+    start = time.time()
+    try:
+        dist.all_reduce(torch.ones(8, device=dev))
+        torch.cuda.synchronize()
+        raise AssertionError("the first CUDA call succeeded though a rank had no workspace")
+    except RuntimeError as e:
+        assert f"rank {world - 1}" in str(e), f"the error does not name rank {world - 1}: {e}"
+    took = time.time() - start
+    assert took < 30, f"the failure took {took:.1f} s to reach rank {rank} (timeout is 60 s)"
+    del hog
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 1
+
+
+# Environment a part's ranks start with (by rank and world size), read when the group is made.
+PART_ENV = {
+    "setup_refused": lambda rank, world: {"LOOM_CUDA_CHUNK_BYTES": "1G"} if rank == world - 1 else {},
+}
+
+
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
+    os.environ.update(PART_ENV.get(part, lambda r, w: {})(rank, world))
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
     # a send between two ranks, which must not wait for the others.
     bound = part in ("device_bound", "p2p", "tag_mismatch")
@@ -587,13 +617,13 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
-             "direct": direct_ops,
+             "direct": direct_ops, "setup_refused": setup_refused,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch"):
+    if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused"):
         dist.destroy_process_group()
 
 
@@ -609,7 +639,8 @@ def main() -> int:
     parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp",
                                                        "fsdp2", "device_bound", "p2p", "mismatch",
                                                        "tag_mismatch", "dtensor", "killed",
-                                                       "graphs", "graph_killed", "direct"])
+                                                       "graphs", "graph_killed", "direct",
+                                                       "setup_refused"])
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
                              "under compute-sanitizer")
