@@ -602,7 +602,8 @@ PART_ENV = {
 
 
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
-    dev = torch.device("cuda", 0)  # every rank on the one GPU
+    # Every rank on GPU 0 (how a one-GPU host runs several ranks), or each on its own.
+    dev = torch.device("cuda", rank if os.environ.get("LOOM_CHECK_GPU_PER_RANK") else 0)
     torch.cuda.set_device(dev)
     os.environ.update(PART_ENV.get(part, lambda r, w: {})(rank, world))
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
@@ -641,11 +642,15 @@ def main() -> int:
                                                        "tag_mismatch", "dtensor", "killed",
                                                        "graphs", "graph_killed", "direct",
                                                        "setup_refused"])
+    parser.add_argument("--gpu-per-rank", action="store_true",
+                        help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="only these dtypes (e.g. float32 bfloat16), for slow runs such as "
                              "under compute-sanitizer")
     args = parser.parse_args()
     dtypes = DTYPES if args.dtypes is None else [getattr(torch, name) for name in args.dtypes]
+    if args.gpu_per_rank:
+        os.environ["LOOM_CHECK_GPU_PER_RANK"] = "1"  # the spawned ranks read it
     ctx = mp.get_context("spawn")
     failed = 0
     for world in args.ranks:

@@ -1,0 +1,283 @@
+"""loom against NCCL through torch.distributed on CUDA tensors, one GPU per rank: all_reduce,
+all_gather, reduce_scatter, broadcast and all_to_all from 8 B to 1 GiB, timed the same way
+for both (rank 0's view of a barrier, the call and a stream synchronize), median and p90 per
+point, bus bandwidth with nccl-tests' factors, every point's result checked. Then DDP and
+FSDP2 training steps with each backend. Both backends run in the same processes, on the
+same tensors, one after the other at each point.
+
+    python3 tests/cuda/bench_nccl.py --ranks 2 [--max-bytes 1G] [--out DIR]
+
+`--device cpu` dry-runs the harness without a GPU (Gloo in NCCL's place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import loom  # noqa: F401  (registers the backend)
+
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+# nccl-tests' bus bandwidth factors (bytes counted: the larger buffer).
+FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
+          "reduce_scatter": lambda p: (p - 1) / p, "broadcast": lambda p: 1.0,
+          "all_to_all": lambda p: (p - 1) / p}
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def sizes(lo: int, hi: int):
+    s = lo
+    while s <= hi:
+        yield s
+        s *= 4
+
+
+class Point:
+    """The buffers of one op at one size (float32; `count` elements in the larger buffer,
+    a multiple of the world size)."""
+
+    def __init__(self, op: str, nbytes: int, world: int, dev: torch.device):
+        self.op = op
+        self.count = max(nbytes // 4 // world, 1) * world
+        n, part = self.count, self.count // world
+        if op in ("all_reduce", "broadcast"):
+            self.inp = torch.zeros(n, device=dev)
+            self.out = self.inp
+        elif op == "all_gather":
+            self.inp, self.out = torch.zeros(part, device=dev), torch.zeros(n, device=dev)
+        elif op == "reduce_scatter":
+            self.inp, self.out = torch.zeros(n, device=dev), torch.zeros(part, device=dev)
+        else:
+            self.inp, self.out = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+
+    def call(self, group) -> None:
+        op = self.op
+        if op == "all_reduce":
+            dist.all_reduce(self.inp, group=group)
+        elif op == "all_gather":
+            dist.all_gather_into_tensor(self.out, self.inp, group=group)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.out, self.inp, group=group)
+        elif op == "broadcast":
+            dist.broadcast(self.inp, src=0, group=group)
+        else:
+            dist.all_to_all_single(self.out, self.inp, group=group)
+
+    def check(self, group, rank: int, world: int) -> bool:
+        """One call on inputs that say who sent them; True if every element is right."""
+        op, n = self.op, self.count
+        part = n // world
+        if op == "all_to_all":
+            # block q of rank r holds r * world + q
+            self.inp.copy_(torch.arange(world, device=self.inp.device).repeat_interleave(part) + rank * world)
+        else:
+            self.inp.fill_(float(rank + 1))
+        self.call(group)
+        torch.cuda.synchronize() if self.inp.is_cuda else None
+        total = world * (world + 1) / 2
+        if op == "all_reduce":
+            ok = bool(torch.all(self.inp == total))
+        elif op == "broadcast":
+            ok = bool(torch.all(self.inp == 1.0))
+        elif op == "all_gather":
+            want = torch.arange(1, world + 1, device=self.out.device, dtype=torch.float32)
+            ok = bool(torch.all(self.out == want.repeat_interleave(part)))
+        elif op == "reduce_scatter":
+            ok = bool(torch.all(self.out == total))
+        else:
+            want = torch.arange(world, device=self.out.device) * world + rank
+            ok = bool(torch.all(self.out == want.repeat_interleave(part)))
+        self.inp.zero_()
+        if self.out is not self.inp:
+            self.out.zero_()
+        return ok
+
+
+def time_point(point: Point, group, budget: float, sync) -> list[float]:
+    """Seconds per call as rank 0 sees it: a barrier, the call, a stream synchronize. The
+    ranks agree on how many calls (the most any rank's first five say fit in `budget`)."""
+    times = []
+    for i in range(7):  # two warm-ups, then five timed
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        point.call(group)
+        sync()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    more = torch.tensor([min(int(budget / statistics.median(times)), 195)])
+    dist.all_reduce(more, op=dist.ReduceOp.MAX)  # the default group's CPU backend
+    for _ in range(int(more.item())):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        point.call(group)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def train_steps(kind: str, group, dev, steps: int, sync) -> list[float]:
+    """Seconds per training step of a 4-layer MLP (about 100 MB of float32 gradients)
+    under DDP or FSDP2 on `group`."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2560, 2560) for _ in range(4)]).to(dev)
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, process_group=group,
+                                        device_ids=[dev.index] if dev.type == "cuda" else None)
+    else:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = DeviceMesh.from_group(group, dev.type)
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 2560, device=dev)
+    times = []
+    for i in range(steps + 3):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        sync()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def worker(rank: int, world: int, port: int, args, results) -> None:
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    groups = {"loom": dist.new_group(backend="loom"),
+              "nccl" if cuda else "gloo": dist.new_group(backend="nccl" if cuda else "gloo")}
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rows = []
+    for op in args.ops:
+        for nbytes in sizes(8, args.max_bytes):
+            point = Point(op, nbytes, world, dev)
+            for name, group in groups.items():
+                times = time_point(point, group, args.budget, sync)
+                ok = point.check(group, rank, world)
+                rows.append({"op": op, "bytes": point.count * 4, "backend": name,
+                             "median_us": statistics.median(times) * 1e6,
+                             "p90_us": sorted(times)[int(0.9 * (len(times) - 1))] * 1e6,
+                             "calls": len(times), "ok": ok})
+            del point
+            if cuda:
+                torch.cuda.empty_cache()
+            if rank == 0:
+                print(f"  {op} {nbytes} done", file=sys.stderr, flush=True)
+    steps = []
+    for kind in args.train:
+        for name, group in groups.items():
+            try:
+                t = train_steps(kind, group, dev, args.steps, sync)
+                steps.append({"kind": kind, "backend": name, "median_ms": statistics.median(t) * 1e3,
+                              "p90_ms": sorted(t)[int(0.9 * (len(t) - 1))] * 1e3, "steps": len(t)})
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                steps.append({"kind": kind, "backend": name, "error": f"{type(e).__name__}: {e}"[:300]})
+    oks = [r["ok"] for r in rows]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, oks)
+    if rank == 0:
+        for r, flags in zip(rows, zip(*gathered)):
+            r["ok"] = all(flags)
+        results.put((rows, steps))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def table(rows, steps, world: int, device_name: str) -> str:
+    other = "nccl" if any(r["backend"] == "nccl" for r in rows) else "gloo"
+    by = {(r["op"], r["bytes"], r["backend"]): r for r in rows}
+    lines = [f"# P={world}, one GPU per rank ({device_name}); time per call in us as rank 0 sees it "
+             f"(barrier, call, synchronize), median and p90; busbw GB/s with nccl-tests' factors",
+             f"{'op':<15} {'bytes':>11} {'loom med':>10} {'loom p90':>10} {other + ' med':>10} "
+             f"{other + ' p90':>10} {'loom/' + other:>10} {'loom bw':>8} {other + ' bw':>8} "
+             f"{'bw ratio':>8} {'ok':>3}"]
+    for op in dict.fromkeys(r["op"] for r in rows):
+        for nbytes in sorted({r["bytes"] for r in rows if r["op"] == op}):
+            a, b = by[(op, nbytes, "loom")], by[(op, nbytes, other)]
+            bw = lambda r: nbytes / (r["median_us"] * 1e-6) / 1e9 * FACTOR[op](world)  # noqa: E731
+            lines.append(f"{op:<15} {nbytes:>11} {a['median_us']:>10.1f} {a['p90_us']:>10.1f} "
+                         f"{b['median_us']:>10.1f} {b['p90_us']:>10.1f} "
+                         f"{a['median_us'] / b['median_us']:>9.2f}x {bw(a):>8.2f} {bw(b):>8.2f} "
+                         f"{bw(a) / bw(b):>7.2f}x {'yes' if a['ok'] and b['ok'] else 'NO':>3}")
+    for s in steps:
+        if "error" in s:
+            lines.append(f"# {s['kind']} {s['backend']}: {s['error']}")
+        else:
+            lines.append(f"# {s['kind']} step {s['backend']}: median {s['median_ms']:.2f} ms, "
+                         f"p90 {s['p90_ms']:.2f} ms over {s['steps']} steps")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2])
+    parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1G"))
+    parser.add_argument("--ops", nargs="+", default=OPS)
+    parser.add_argument("--budget", type=float, default=0.2, help="seconds per point and backend")
+    parser.add_argument("--train", nargs="*", default=["ddp", "fsdp2"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds for a whole P")
+    args = parser.parse_args()
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+    ctx = mp.get_context("spawn")
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU dry run"
+    failed = False
+    for world in args.ranks:
+        if args.device == "cuda" and world > torch.cuda.device_count():
+            print(f"P={world}: only {torch.cuda.device_count()} GPUs here; skipped")
+            continue
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        results = ctx.Queue()
+        procs = [ctx.Process(target=worker, args=(r, world, port, args, results)) for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            rows, steps = results.get(timeout=args.timeout)
+        except Exception:  # noqa: BLE001 - a rank failed or hung: say so, end the rest
+            print(f"P={world}: no results within {args.timeout} s", flush=True)
+            for p in procs:
+                p.kill()
+            return 1
+        for p in procs:
+            p.join()
+        text = table(rows, steps, world, name)
+        print(text, flush=True)
+        failed |= not all(r["ok"] for r in rows)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"cuda_vs_nccl_p{world}.json"), "w") as f:
+                json.dump({"rows": rows, "steps": steps, "device": name}, f)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
