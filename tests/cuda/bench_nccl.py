@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -40,10 +41,12 @@ def parse_bytes(text: str) -> int:
 
 
 def sizes(lo: int, hi: int):
+    """lo, 4 lo, 16 lo, ... up to hi, and hi itself."""
     s = lo
-    while s <= hi:
+    while s < hi:
         yield s
         s *= 4
+    yield hi
 
 
 class Point:
@@ -232,6 +235,35 @@ def table(rows, steps, world: int, device_name: str) -> str:
     return "\n".join(lines)
 
 
+def plot(rows, world: int, device_name: str, path: str) -> None:
+    """Time per call (left) and bus bandwidth (right) of each op, loom against the other."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    other = "nccl" if any(r["backend"] == "nccl" for r in rows) else "gloo"
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    fig, axes = plt.subplots(len(ops), 2, figsize=(11, 2.6 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for name, style in (("loom", "-o"), (other, "--s")):
+            pts = sorted((r["bytes"], r["median_us"]) for r in rows if r["op"] == op and r["backend"] == name)
+            x = [b for b, _ in pts]
+            axes[i][0].plot(x, [t for _, t in pts], style, label=name, markersize=3)
+            axes[i][1].plot(x, [b / (t * 1e-6) / 1e9 * FACTOR[op](world) for b, t in pts], style,
+                            label=name, markersize=3)
+        axes[i][0].set_ylabel(f"{op}\nus per call")
+        axes[i][1].set_ylabel("busbw GB/s")
+        for ax in axes[i]:
+            ax.set_xscale("log", base=2)
+            ax.grid(True, alpha=0.3)
+        axes[i][0].set_yscale("log")
+        axes[i][0].legend(fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("bytes")
+    fig.suptitle(f"loom vs {other}, P = {world}, one GPU per rank ({device_name})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
@@ -243,7 +275,15 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", default=None)
     parser.add_argument("--timeout", type=float, default=900, help="seconds for a whole P")
+    parser.add_argument("--plot", default=None, metavar="JSON",
+                        help="only draw JSON (a file --out wrote) as a PNG beside it, and exit")
     args = parser.parse_args()
+    if args.plot:
+        with open(args.plot) as f:
+            saved = json.load(f)
+        world = saved.get("world") or int(re.search(r"_p(\d+)", args.plot).group(1))
+        plot(saved["rows"], world, saved["device"], args.plot.rsplit(".", 1)[0] + ".png")
+        return 0
     for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
     ctx = mp.get_context("spawn")
@@ -275,7 +315,7 @@ def main() -> int:
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, f"cuda_vs_nccl_p{world}.json"), "w") as f:
-                json.dump({"rows": rows, "steps": steps, "device": name}, f)
+                json.dump({"rows": rows, "steps": steps, "device": name, "world": world}, f)
     return 1 if failed else 0
 
 
