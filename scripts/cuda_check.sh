@@ -3,9 +3,12 @@
 # loom with its CUDA path into the current Python (which must have a CUDA build of torch),
 # runs the correctness suite with 2, 3 and 4 ranks sharing GPU 0 and the benchmark against
 # Gloo on the same CUDA tensors, and writes what they print to OUTDIR. docs/PERFORMANCE.md
-# ("CUDA tensors") and tests/README.md quote these files.
+# ("CUDA tensors") and tests/README.md quote these files. On a host of several GPUs, `nccl`
+# runs loom against NCCL with one GPU per rank (P = 2 and 4, as many as there are GPUs) and
+# the suite with a GPU per rank.
 #
-#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|all]   (default all)
+#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|all]   (default all; nccl builds too,
+#   but is not part of all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|all]}
@@ -15,7 +18,7 @@ PYTHON=${PYTHON:-python3}
 # NVLink SHARP and multicast stay off on the shared GPU hosts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-if [ "$what" = build ] || [ "$what" = all ]; then
+if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) SKBUILD_CMAKE_DEFINE="LOOM_CUDA=ON;LOOM_WITH_NET=OFF" \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 fi
@@ -29,6 +32,16 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   # all_reduce (uneven shares), which ranks sharing a GPU do not use by default.
   LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CUDA_ONE_SHOT_BYTES=0 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
     --parts reductions movement 2>&1 | tee "$out/cuda_check_small_chunk.txt"
+fi
+if [ "$what" = nccl ]; then
+  "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" 2>&1 \
+    | grep -v " done$" | tee "$out/cuda_vs_nccl.txt"
+  for json in "$out"/cuda_vs_nccl_p*.json; do "$PYTHON" tests/cuda/bench_nccl.py --plot "$json"; done
+  gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+  ranks=$(seq 2 "$(( gpus < 4 ? gpus : 4 ))" | tr '\n' ' ')
+  # shellcheck disable=SC2086
+  "$PYTHON" tests/cuda/check_cuda.py --gpu-per-rank --ranks $ranks 2>&1 \
+    | tee "$out/cuda_check_gpu_per_rank.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" --out "$out" 2>&1 \
