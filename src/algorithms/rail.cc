@@ -16,6 +16,13 @@ constexpr size_t kDoublingBytes = size_t{64} << 10;
 // A broadcast of at most this many bytes goes down a binomial tree in whole; larger ones are
 // scattered and then all-gathered, so no member sends the whole buffer more than once.
 constexpr size_t kTreeBytes = size_t{64} << 10;
+// From blocks of this many bytes a rail of 4 or 8 members goes round a ring rather than
+// halving and doubling: every member then talks to the same two members for the whole
+// pattern, where halving's partners change at every step and each step waits for the
+// slowest pair (measured, docs/PERFORMANCE.md "Ring or halving across 4 hosts": 4 hosts x 2
+// ranks on 1 Gb/s links, all_reduce 92-94% of the link against 82-87%, all_gather 93-94%
+// against 69-79%; unshaped, halving's fewer steps still win up to blocks of about 128 KiB).
+constexpr size_t kRingBlockBytes = size_t{512} << 10;
 
 // Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
 enum Tag : int {
@@ -33,6 +40,13 @@ int mod(int a, int n) {
 
 bool isPowerOfTwo(int n) {
   return n > 0 && (n & (n - 1)) == 0;
+}
+
+// The largest block's elements: every member computes the same bounds, so they agree on it.
+size_t largestBlock(const Bounds& bounds) {
+  size_t largest = 0;
+  for (size_t b = 0; b + 1 < bounds.size(); ++b) largest = std::max(largest, bounds[b + 1] - bounds[b]);
+  return largest;
 }
 
 // Blocks [first, last) of a buffer as one transfer.
@@ -274,16 +288,17 @@ Rail Rail::rotated(int first) const {
   return r;
 }
 
-RailPattern railPatternFor(int members) {
+RailPattern railPatternFor(int members, size_t blockBytes) {
   if (members <= 3) return RailPattern::kRing;
-  if (isPowerOfTwo(members) || members >= 16) return RailPattern::kHalving;
+  if (members >= 16) return RailPattern::kHalving;
+  if (isPowerOfTwo(members) && blockBytes < kRingBlockBytes) return RailPattern::kHalving;
   return RailPattern::kRing;
 }
 
 void railReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
                        const Bounds& bounds, DataType type, ReduceOp op) {
   if (rail.size() == 1) return;
-  if (railPatternFor(rail.size()) == RailPattern::kRing) {
+  if (railPatternFor(rail.size(), largestBlock(bounds) * elementSize(type)) == RailPattern::kRing) {
     ringReduceScatter(ctx, rail, data, bounds, type, op);
   } else {
     halvingReduceScatter(ctx, rail, data, bounds, type, op);
@@ -293,7 +308,7 @@ void railReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
 void railAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
                    DataType type) {
   if (rail.size() == 1) return;
-  if (railPatternFor(rail.size()) == RailPattern::kRing) {
+  if (railPatternFor(rail.size(), largestBlock(bounds) * elementSize(type)) == RailPattern::kRing) {
     ringAllGather(ctx, rail, data, bounds, type);
   } else {
     doublingAllGather(ctx, rail, data, bounds, type);

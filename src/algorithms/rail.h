@@ -42,9 +42,11 @@ using Bounds = std::vector<size_t>;
 /// How a rail moves blocks for reduce-scatters and all-gathers.
 enum class RailPattern : uint8_t { kRing, kHalving };
 
-/// The pattern for a rail of `members`: halving and doubling for 4 or more when a power of
-/// two, or from 16 on (where the fold costs less than a long ring's latency), else the ring.
-RailPattern railPatternFor(int members);
+/// The pattern for a rail of `members` whose largest block is `blockBytes`: the ring for up
+/// to 3 members, and for up to 15 whose blocks make every step bandwidth-bound; else halving
+/// and doubling for powers of two, and from 16 on (where the fold costs less than a long
+/// ring's latency); else the ring.
+RailPattern railPatternFor(int members, size_t blockBytes);
 
 /// After this, member i holds block i reduced over every member (its other blocks hold
 /// partial sums).

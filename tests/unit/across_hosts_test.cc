@@ -127,7 +127,8 @@ void checkSameEverywhere(AcrossHostsContext& ctx, const void* data, size_t bytes
   }
 }
 
-// Layouts that reach every pattern: rings of 2, 3, 5, 6, 7 members; halving on 4, 8, 16;
+// Layouts that reach every pattern: rings of 2, 3, 5, 6, 7 members (and of 4 and 8 with
+// blocks of 512 KiB or more: LargeAcrossHosts); halving on 4, 8, 16;
 // halving with a fold on 17; one rail and several; hosts of different sizes; ranks not in
 // host order.
 std::vector<Layout> layouts() {
@@ -423,15 +424,21 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LargeAcrossHosts, ::testing::ValuesIn(layoutsU
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AcrossHosts, ::testing::ValuesIn(layouts()), layoutName);
 
-TEST(RailPattern, RingForFewHalvingForPowersOfTwoAndMany) {
-  EXPECT_EQ(railPatternFor(2), RailPattern::kRing);
-  EXPECT_EQ(railPatternFor(3), RailPattern::kRing);
-  EXPECT_EQ(railPatternFor(4), RailPattern::kHalving);
-  EXPECT_EQ(railPatternFor(6), RailPattern::kRing);
-  EXPECT_EQ(railPatternFor(8), RailPattern::kHalving);
-  EXPECT_EQ(railPatternFor(15), RailPattern::kRing);
-  EXPECT_EQ(railPatternFor(17), RailPattern::kHalving);
-  EXPECT_EQ(railPatternFor(2048), RailPattern::kHalving);
+TEST(RailPattern, RingForFewAndLargeBlocksHalvingForSmallPowersOfTwoAndMany) {
+  const size_t small = 64 << 10;
+  const size_t large = 512 << 10;
+  EXPECT_EQ(railPatternFor(2, small), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(3, small), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(4, small), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(4, large - 1), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(4, large), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(6, small), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(8, small), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(8, large), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(15, small), RailPattern::kRing);
+  EXPECT_EQ(railPatternFor(16, large), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(17, small), RailPattern::kHalving);
+  EXPECT_EQ(railPatternFor(2048, large), RailPattern::kHalving);
 }
 
 }  // namespace
