@@ -11,7 +11,7 @@
 #   but is not part of all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|all]}
+out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|all]}
 what=${2:-all}
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}

@@ -21,7 +21,8 @@ constexpr size_t kTreeBytes = size_t{64} << 10;
 // pattern, where halving's partners change at every step and each step waits for the
 // slowest pair (measured, docs/PERFORMANCE.md "Ring or halving across 4 hosts": 4 hosts x 2
 // ranks on 1 Gb/s links, all_reduce 92-94% of the link against 82-87%, all_gather 93-94%
-// against 69-79%; unshaped, halving's fewer steps still win up to blocks of about 128 KiB).
+// against 69-79%; unshaped on 2 cores, halving's fewer steps won the all_reduce up to blocks
+// of 128 KiB, and by a little at 512 KiB).
 constexpr size_t kRingBlockBytes = size_t{512} << 10;
 
 // Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
@@ -45,7 +46,8 @@ bool isPowerOfTwo(int n) {
 // The largest block's elements: every member computes the same bounds, so they agree on it.
 size_t largestBlock(const Bounds& bounds) {
   size_t largest = 0;
-  for (size_t b = 0; b + 1 < bounds.size(); ++b) largest = std::max(largest, bounds[b + 1] - bounds[b]);
+  for (size_t b = 0; b + 1 < bounds.size(); ++b)
+    largest = std::max(largest, bounds[b + 1] - bounds[b]);
   return largest;
 }
 
