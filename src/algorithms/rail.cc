@@ -98,9 +98,7 @@ void ringReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
   const size_t es = elementSize(type);
   const int next = rail.members[mod(pos + 1, n)];
   const int prev = rail.members[mod(pos - 1, n)];
-  size_t largest = 0;
-  for (int b = 0; b < n; ++b) largest = std::max(largest, bounds[b + 1] - bounds[b]);
-  uint8_t* incoming = ctx.scratch(largest * es);
+  uint8_t* incoming = ctx.scratch(largestBlock(bounds) * es);
   const kernels::ReduceSpec spec{type, op, 1};
   for (int step = 0; step < n - 1; ++step) {
     const int out = mod(pos - step - 1, n);

@@ -90,7 +90,8 @@ class Point:
         else:
             self.inp.fill_(float(rank + 1))
         self.call(group)
-        torch.cuda.synchronize() if self.inp.is_cuda else None
+        if self.inp.is_cuda:
+            torch.cuda.synchronize()
         total = world * (world + 1) / 2
         if op == "all_reduce":
             ok = bool(torch.all(self.inp == total))
