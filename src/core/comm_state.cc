@@ -327,8 +327,7 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
   exchange.op = std::string(op);
   exchange.rank = rank_;
   try {
-    cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cudaChunkBytes,
-                                           config_.cudaOneShotBytes, exchange, *failures_,
+    cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cuda, exchange, *failures_,
                                            deadlineAfter(timeoutFor(options)));
   } catch (const Error& e) {
     cudaSetupFailure_ = e;

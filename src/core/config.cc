@@ -27,15 +27,18 @@ Config Config::load(int localRanks) {
         ErrorCode::kInvalidArgument, "config", -1,
         "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " + std::to_string(c.chunkBytes) + ")");
   }
-  c.cudaChunkBytes =
-      env::bytes("LOOM_CUDA_CHUNK_BYTES", c.cudaChunkBytes, 64 << 10, size_t{1} << 30);
-  if (c.cudaChunkBytes % 4096 != 0) {
+  c.cuda.chunkBytes =
+      env::bytes("LOOM_CUDA_CHUNK_BYTES", c.cuda.chunkBytes, 64 << 10, size_t{1} << 30);
+  if (c.cuda.chunkBytes % 4096 != 0) {
     throw Error(ErrorCode::kInvalidArgument, "config", -1,
                 "LOOM_CUDA_CHUNK_BYTES must be a multiple of 4096 (got " +
-                    std::to_string(c.cudaChunkBytes) + ")");
+                    std::to_string(c.cuda.chunkBytes) + ")");
   }
   if (env::text("LOOM_CUDA_ONE_SHOT_BYTES")) {
-    c.cudaOneShotBytes = env::bytes("LOOM_CUDA_ONE_SHOT_BYTES", 0, 0, SIZE_MAX);
+    c.cuda.oneShotBytes = env::bytes("LOOM_CUDA_ONE_SHOT_BYTES", 0, 0, SIZE_MAX);
+  }
+  if (env::text("LOOM_CUDA_PIPELINE")) {
+    c.cuda.pipelined = env::integer("LOOM_CUDA_PIPELINE", 0, 0, 1) == 1;
   }
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
   // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).

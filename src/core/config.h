@@ -12,15 +12,24 @@
 
 namespace loom {
 
+/// How CUDA collectives move their bytes (see core/cuda_executor.h).
+struct CudaTuning {
+  /// Bytes each rank moves per step through its device workspace (LOOM_CUDA_CHUNK_BYTES);
+  /// the workspace holds eight of them.
+  size_t chunkBytes = 8 << 20;
+  /// all_reduce: the largest size reduced one-shot (LOOM_CUDA_ONE_SHOT_BYTES); unset:
+  /// 256 KiB, or every size when the ranks share one GPU.
+  std::optional<size_t> oneShotBytes;
+  /// Whether a call of several steps runs alternate steps on two streams
+  /// (LOOM_CUDA_PIPELINE); unset: when every rank has a GPU of its own.
+  std::optional<bool> pipelined;
+};
+
 struct Config {
   /// Bytes per slot half (LOOM_CHUNK_BYTES). The leader's value is used by all ranks.
   size_t chunkBytes = 1 << 20;
-  /// CUDA collectives: bytes each rank moves per step through its device workspace
-  /// (LOOM_CUDA_CHUNK_BYTES); the workspace holds four of them. All ranks must agree.
-  size_t cudaChunkBytes = 8 << 20;
-  /// CUDA all_reduce: the largest size reduced one-shot (LOOM_CUDA_ONE_SHOT_BYTES); unset:
-  /// 256 KiB, or every size when the ranks share one GPU.
-  std::optional<size_t> cudaOneShotBytes;
+  /// CUDA collectives (LOOM_CUDA_*); all ranks must agree.
+  CudaTuning cuda;
   /// Bytes per point-to-point ring, a power of two (LOOM_P2P_RING_BYTES).
   size_t ringBytes = 256 << 10;
   /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US).

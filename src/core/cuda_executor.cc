@@ -25,26 +25,32 @@ using Clock = std::chrono::steady_clock;
 using cuda::check;
 using cuda::Driver;
 
-// The workspace. The flags page: the eager lane's collective flags (one 64-byte line each),
-// the abort word, the mismatch claim, the eager lane's descriptors (by epoch parity), then
-// per peer a pair block: the "sent" flag (chunks sent to it), the "taken" flag (chunks
-// taken from it) and the descriptors of the chunks sent to it (by chunk parity). At 32 KiB
-// the graph lane's: its collective flags, device epoch and descriptors, its device counts
-// of chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's
-// two collective slots, the graph lane's two, the eager lane's mailboxes (one per sending
-// peer) and the graph lane's.
+// The workspace. The flags page: the eager lane's collective flags of even epochs (one
+// 64-byte line each), the abort word, the mismatch claim, the eager lane's descriptors (by
+// epoch parity), its collective flags of odd epochs, then per peer a pair block: the "sent"
+// flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
+// the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
+// of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
+// chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's two
+// collective slots, the graph lane's two, the eager lane's mailboxes (one per sending peer)
+// and the graph lane's.
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
 constexpr size_t kDescOffset = 5 * kFlagStride;
-constexpr size_t kPairOffset = 8 * kFlagStride;
+constexpr size_t kOddFlagsOffset = 8 * kFlagStride;
+constexpr size_t kPairOffset = 16 * kFlagStride;
 constexpr size_t kPairStride = 4 * kFlagStride;
 constexpr size_t kPairDescOffset = 2 * kFlagStride;
 constexpr size_t kGraphOffset = 32 << 10;
 constexpr size_t kDeviceEpochOffset = kGraphOffset + 3 * kFlagStride;
 constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
+constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
 constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
 constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
 constexpr size_t kDataOffset = 64 << 10;
+static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kOddFlagsOffset &&
+              kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
+static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
 static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
 static_assert(kGraphCountsOffset + cuda::kMaxSources * 16 <= kGraphPairOffset);
 static_assert(kGraphPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
@@ -127,18 +133,19 @@ cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chun
            bytes | chunk << kChunkShift}};
 }
 
-CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> oneShotBytes,
-                           FdExchange exchange, FailureDomain& failures, Clock::time_point deadline)
+CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exchange,
+                           FailureDomain& failures, Clock::time_point deadline)
     : device_(device),
-      chunk_(chunkBytes),
+      chunk_(tuning.chunkBytes),
       rank_(exchange.localRank),
       size_(exchange.localSize),
       failures_(failures),
-      mailSlot_(std::max<size_t>(roundDown(chunkBytes / 4, 16), 4096)),
-      eager_(0, kDescOffset, kDataOffset, kPairOffset, kDataOffset + 8 * chunkBytes, false,
-             exchange.localSize),
-      graph_(kGraphOffset, kGraphDescOffset, kDataOffset + 4 * chunkBytes, kGraphPairOffset,
-             kDataOffset + 8 * chunkBytes + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_,
+      mailSlot_(std::max<size_t>(roundDown(chunk_ / 4, 16), 4096)),
+      eager_(0, kOddFlagsOffset, kDescOffset, kDataOffset, kPairOffset, kDataOffset + 8 * chunk_,
+             false, exchange.localSize),
+      graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset, kDataOffset + 4 * chunk_,
+             kGraphPairOffset,
+             kDataOffset + 8 * chunk_ + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_,
              true, exchange.localSize) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
@@ -177,9 +184,9 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
     try {
       check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
             "cuStreamCreate");
-      for (Lane* lane : {&eager_, &graph_}) {
-        check(d.cuEventCreate(&lane->lastEnd, CU_EVENT_DISABLE_TIMING), op, exchange.rank,
-              "cuEventCreate");
+      check(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING), op, exchange.rank, "cuStreamCreate");
+      for (CUevent* event : {&eager_.lastEnd, &graph_.lastEnd, &forked_, &joined_}) {
+        check(d.cuEventCreate(event, CU_EVENT_DISABLE_TIMING), op, exchange.rank, "cuEventCreate");
       }
       kernels_ = std::make_unique<cuda::Kernels>();
       void* report = nullptr;
@@ -213,7 +220,9 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
           sharedGpu = false;
         }
       }
-      oneShotBytes_ = oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
+      oneShotBytes_ = tuning.oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
+      // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
+      pipelined_ = tuning.pipelined.value_or(!sharedGpu);
     } catch (...) {
       // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
       // destructor does not run for an object whose constructor threw).
@@ -221,9 +230,10 @@ CudaExecutor::CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> 
       mine_.reset();
       kernels_.reset();
       if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
-      for (Lane* lane : {&eager_, &graph_}) {
-        if (lane->lastEnd != nullptr) d.cuEventDestroy(lane->lastEnd);
+      for (CUevent event : {eager_.lastEnd, graph_.lastEnd, forked_, joined_}) {
+        if (event != nullptr) d.cuEventDestroy(event);
       }
+      if (side_ != nullptr) d.cuStreamDestroy(side_);
       if (abortStream_ != nullptr) d.cuStreamDestroy(abortStream_);
       d.cuDevicePrimaryCtxRelease(dev);
       throw;
@@ -261,7 +271,9 @@ CudaExecutor::~CudaExecutor() {
   if (graphsCaptured_) d.cuCtxSynchronize();
   d.cuStreamSynchronize(abortStream_);
   d.cuStreamDestroy(abortStream_);
-  for (Lane* lane : {&eager_, &graph_}) d.cuEventDestroy(lane->lastEnd);
+  d.cuStreamSynchronize(side_);
+  d.cuStreamDestroy(side_);
+  for (CUevent event : {eager_.lastEnd, graph_.lastEnd, forked_, joined_}) d.cuEventDestroy(event);
   peers_.clear();
   mine_.reset();
   kernels_.reset();
@@ -271,8 +283,20 @@ CudaExecutor::~CudaExecutor() {
   d.cuDevicePrimaryCtxRelease(dev);
 }
 
-uint8_t* CudaExecutor::flag(int q, Flag flag) const {
-  return bases_[q] + lane_->flagsAt + flag * kFlagStride;
+uint8_t* CudaExecutor::flag(int q, Flag which, uint64_t epoch) const {
+  return bases_[q] + (epoch % 2 ? lane_->oddFlagsAt : lane_->flagsAt) + which * kFlagStride;
+}
+
+void CudaExecutor::fork() {
+  const Driver& d = Driver::get();
+  check(d.cuEventRecord(forked_, stream_), "cuda", rank_, "cuEventRecord");
+  check(d.cuStreamWaitEvent(side_, forked_, 0), "cuda", rank_, "cuStreamWaitEvent");
+}
+
+void CudaExecutor::join() {
+  const Driver& d = Driver::get();
+  check(d.cuEventRecord(joined_, side_), "cuda", rank_, "cuEventRecord");
+  check(d.cuStreamWaitEvent(stream_, joined_, 0), "cuda", rank_, "cuStreamWaitEvent");
 }
 
 uint8_t* CudaExecutor::in(int q, uint64_t epoch) const {
@@ -357,7 +381,7 @@ void CudaExecutor::queueFlagSteps(std::span<const FlagStep> steps,
 }
 
 void CudaExecutor::signal(Flag which, uint64_t epoch) {
-  const FlagStep write{flag(rank_, which), epochBase(), epoch, false};
+  const FlagStep write{flag(rank_, which, epoch), epochBase(), epoch, false};
   queueFlagSteps({&write, 1});
 }
 
@@ -366,7 +390,7 @@ void CudaExecutor::await(Flag which, uint64_t epoch, int only) {
   size_t n = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
-    waits[n++] = {flag(q, which), epochBase(), epoch, true};
+    waits[n++] = {flag(q, which, epoch), epochBase(), epoch, true};
   }
   queueFlagSteps({waits.data(), n});
 }
@@ -530,7 +554,7 @@ void CudaExecutor::finishCapturedCall() {
     if (count % 2 == 1) writes.push_back({flag, base, ++count, false});
     if (count > 0) advances.push_back({base, count});
   };
-  evenUp(graph_.epoch, flag(rank_, kDone), epochBase());
+  evenUp(graph_.epoch, flag(rank_, kDone, graph_.epoch + 1), epochBase());
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     evenUp(graph_.sent[q], pair(rank_, q) + kSent * kFlagStride, sentBase(q));
@@ -586,6 +610,7 @@ void CudaExecutor::release() {
     for (const Lane* lane : {&eager_, &graph_}) {
       for (int f = kReady; f <= kDone; ++f) {
         write(bases_[q] + lane->flagsAt + f * kFlagStride, kReleased);
+        write(bases_[q] + lane->oddFlagsAt + f * kFlagStride, kReleased);
       }
       for (int peer = 0; peer < size_; ++peer) {
         uint8_t* block = bases_[q] + lane->pairsAt + static_cast<size_t>(peer) * kPairStride;

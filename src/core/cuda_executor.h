@@ -8,13 +8,22 @@
 // each), and a mailbox per sending peer (two slots of a quarter chunk); and the same slots
 // and mailboxes again for operations captured in CUDA graphs (below).
 //
-// A collective runs in steps of at most one chunk per rank; step e uses slot e % 2. In a
-// step each rank copies its share into its slot, raises its flag to e, makes its stream
-// wait until its peers' flags reach e (cuStreamBatchMemOp: the wait is done by the GPU's
-// front end, not a spinning kernel, so ranks that share one GPU and are time-sliced by it
-// never burn a peer's turn), then reduces or copies out of the peers' slots. A slot is
-// refilled only after every peer has said it is done with it ("done" flag >= e - 2).
-// Results are bit-identical across ranks: every rank reduces in rank order.
+// A collective runs in steps of at most one chunk per rank; step e uses slot e % 2 and the
+// flags of parity e % 2. In a step each rank copies its share into its slot, raises its
+// flag to e, makes its stream wait until its peers' flags reach e (cuStreamBatchMemOp: the
+// wait is done by the GPU's front end, not a spinning kernel, so ranks that share one GPU
+// and are time-sliced by it never burn a peer's turn), then reduces or copies out of the
+// peers' slots. A slot is refilled only after every peer has said it is done with it
+// ("done" flag >= e - 2). Results are bit-identical across ranks: every rank reduces in
+// rank order.
+//
+// Where every rank has a GPU of its own, an eager call of several steps runs its odd steps on a
+// second stream (forked from the caller's and joined back at the end): each parity's steps
+// are a chain of the protocol above on slots and flags of their own, so while one stream
+// waits for its peers' flags the other moves bytes, and one step's copy into the slot (local
+// memory) overlaps the other's reads from peers (NVLink). Measured with torch's profiler on
+// two H100s, a single stream left the GPU without a kernel for about 20 us per all_reduce
+// step (docs/PERFORMANCE.md, "Where a large call's time goes").
 //
 // A transfer moves in chunks through the receiver's mailbox for the sender: the sender
 // writes chunk k into slot k % 2 once the receiver has taken chunk k - 2, and raises its
@@ -64,6 +73,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/config.h"
 #include "core/device_executor.h"
 #include "core/failure_domain.h"
 #include "core/fd_exchange.h"
@@ -76,10 +86,7 @@ class CudaExecutor final : public DeviceExecutor {
  public:
   /// Joins the host's CUDA workspace exchange (collective over the ranks of this host,
   /// which must be the whole communicator) for buffers on device `device`.
-  /// `oneShotBytes`: the largest all_reduce reduced one-shot (unset: 256 KiB, or every size
-  /// when the ranks share this GPU).
-  CudaExecutor(int device, size_t chunkBytes, std::optional<size_t> oneShotBytes,
-               FdExchange exchange, FailureDomain& failures,
+  CudaExecutor(int device, const CudaTuning& tuning, FdExchange exchange, FailureDomain& failures,
                std::chrono::steady_clock::time_point deadline);
   ~CudaExecutor() override;
 
@@ -117,9 +124,10 @@ class CudaExecutor final : public DeviceExecutor {
   // has no ID to give, and an event recorded in one capture cannot be waited for in
   // another).
   struct Lane {
-    Lane(size_t flags, size_t descriptors, size_t slots, size_t pairs, size_t mailboxes,
-         bool device, int peers)
+    Lane(size_t flags, size_t oddFlags, size_t descriptors, size_t slots, size_t pairs,
+         size_t mailboxes, bool device, int peers)
         : flagsAt(flags),
+          oddFlagsAt(oddFlags),
           descriptorsAt(descriptors),
           slotsAt(slots),
           pairsAt(pairs),
@@ -127,7 +135,8 @@ class CudaExecutor final : public DeviceExecutor {
           onDevice(device),
           sent(static_cast<size_t>(peers)),
           taken(static_cast<size_t>(peers)) {}
-    size_t flagsAt;        // the ready/reduced/done lines
+    size_t flagsAt;        // the ready/reduced/done lines of even epochs
+    size_t oddFlagsAt;     // and of odd epochs
     size_t descriptorsAt;  // two collective descriptors, by epoch parity
     size_t slotsAt;        // two slots of two halves, chunk bytes each
     size_t pairsAt;        // a pair block per peer
@@ -163,7 +172,8 @@ class CudaExecutor final : public DeviceExecutor {
   // The steps collectives are made of (on the stream being filled).
   uint64_t beginStep();
   /// Runs `body(lo, e)` for each step of `perStep` elements of `count` (at least one step,
-  /// so every call is checked), each in its own epoch e.
+  /// so every call is checked), each in its own epoch e; odd steps on the second stream
+  /// when pipelined_.
   template <class Body>
   void steps(size_t count, size_t perStep, Body&& body);
   void signal(Flag which, uint64_t epoch);
@@ -187,8 +197,12 @@ class CudaExecutor final : public DeviceExecutor {
   void copy(std::initializer_list<cuda::Segment> segments, const cuda::Agreement& agreement);
   void reduce(void* dst, const Sources& srcs, size_t count, const CollectiveArgs& args,
               const cuda::Agreement& agreement);
-  /// Rank q's collective flag `which` in the lane being filled.
-  uint8_t* flag(int q, Flag which) const;
+  /// Rank q's collective flag `which` for steps of `epoch`'s parity in the lane being filled.
+  uint8_t* flag(int q, Flag which, uint64_t epoch) const;
+  /// Makes the second stream wait for the work queued so far on stream_, and stream_ for
+  /// all the second stream's work (the two ends of a pipelined call).
+  void fork();
+  void join();
   // Slot addresses: rank q's input half and reduced half of the slot for `epoch`.
   uint8_t* in(int q, uint64_t epoch) const;
   uint8_t* reduced(int q, uint64_t epoch) const;
@@ -236,6 +250,10 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<std::unique_ptr<cuda::SharedMemory>> peers_;  // by rank; [rank_] is empty
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
   size_t oneShotBytes_ = 0;
+  bool pipelined_ = false;                  // several steps take turns on two streams (see above)
+  CUstream side_ = nullptr;                 // the second stream
+  CUevent forked_ = nullptr;                // recorded on stream_ where a pipelined call starts
+  CUevent joined_ = nullptr;                // recorded on side_ where it ends
   size_t mailSlot_ = 0;                     // bytes per mailbox slot
   cuda::MismatchReport* report_ = nullptr;  // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;

@@ -54,11 +54,21 @@ struct CudaExecutor::Sources {
 
 template <class Body>
 void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
-  for (size_t lo = 0; lo == 0 || lo < count; lo += perStep) {
+  const size_t n = count == 0 ? 1 : (count + perStep - 1) / perStep;
+  // Not in a capture: a stream forked into one stays in it until the capture ends, so
+  // the second stream could not serve the eager calls that may come meanwhile.
+  const bool twoStreams = pipelined_ && !lane_->onDevice && n > 1;
+  const CUstream caller = stream_;
+  if (twoStreams) fork();
+  for (size_t i = 0; i < n; ++i) {
+    // Both parities' chains start here; each goes on in its own stream's order.
+    stream_ = twoStreams && i % 2 == 1 ? side_ : caller;
     const uint64_t e = beginStep();
-    body(lo, e);
+    body(i * perStep, e);
     signal(kDone, e);
   }
+  stream_ = caller;
+  if (twoStreams) join();
 }
 
 }  // namespace loom::detail
