@@ -61,7 +61,9 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // synchronisation); larger ones reduce a share each and gather the shares (two-shot).
 // Ranks that share one GPU always go one-shot: they take turns on it, and a second round of
 // waits costs a switch between processes (about 135 us on an H100, docs/PERFORMANCE.md)
-// while re-reading every input costs little.
+// while re-reading every input costs little. So do two ranks: each reads its peer's whole
+// piece one-shot, as many bytes as a share and the peer's reduced share two-shot, with one
+// round of waits and one launch fewer.
 constexpr size_t kOneShotBytes = 256 << 10;
 
 // Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
@@ -220,7 +222,8 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
           sharedGpu = false;
         }
       }
-      oneShotBytes_ = tuning.oneShotBytes.value_or(sharedGpu ? SIZE_MAX : kOneShotBytes);
+      oneShotBytes_ =
+          tuning.oneShotBytes.value_or(sharedGpu || size_ == 2 ? SIZE_MAX : kOneShotBytes);
       // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
       pipelined_ = tuning.pipelined.value_or(!sharedGpu);
     } catch (...) {
