@@ -115,8 +115,10 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
   if (size_ == 1) return reduceAlone(args.inputs[0], args.output, countOf(0), args);
   steps(longest, perStep, [&](size_t lo, uint64_t e) {
+    // Only the blocks peers reduce are staged; this rank's own block is read where it is.
     Segments stage;
     for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
       stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es),
                 clipped(countOf(q), lo, perStep) * es);
     }
@@ -124,7 +126,9 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
     signal(kReady, e);
     await(kReady, e);
     Sources srcs;
-    for (int q = 0; q < size_; ++q) srcs.add(in(q, e) + rank_ * block);
+    for (int q = 0; q < size_; ++q) {
+      srcs.add(q == rank_ ? at(args.inputs[rank_], lo * es) : in(q, e) + rank_ * block);
+    }
     reduce(at(args.output, lo * es), srcs, clipped(countOf(rank_), lo, perStep), args,
            expecting(e));
   });
@@ -136,16 +140,18 @@ void CudaExecutor::allToAll(const CollectiveArgs& args) {
   const size_t perStep = block / es;
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t bytes = clipped(args.count, lo, perStep) * es;
+    // This rank's own block goes straight from input to output, the others through the slot.
     Segments stage;
     for (int q = 0; q < size_; ++q) {
-      stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes);
+      if (q != rank_) stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es), bytes);
     }
     copy(stage, publishing(e));
     signal(kReady, e);
     await(kReady, e);
     Segments out;
     for (int q = 0; q < size_; ++q) {
-      out.add(at(args.outputs[q], lo * es), in(q, e) + rank_ * block, bytes);
+      const void* src = q == rank_ ? at(args.inputs[rank_], lo * es) : in(q, e) + rank_ * block;
+      out.add(at(args.outputs[q], lo * es), src, bytes);
     }
     copy(out, expecting(e));
   });
