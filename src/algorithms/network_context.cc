@@ -23,6 +23,10 @@ using Clock = std::chrono::steady_clock;
 // thread: below it, the hand-off costs more than the overlap saves.
 constexpr size_t kOffloadBytes = size_t{256} << 10;
 
+// A receive reduced as it arrives is reduced in parts of at least this many bytes: smaller
+// parts would pay the reduction's set-up per few network packets.
+constexpr size_t kReducePart = size_t{64} << 10;
+
 // How long a peer seen leaving mid-collective is given for the reason to arrive (a failure
 // forwarded by its host), before it is reported as having issued fewer collectives.
 constexpr auto kReasonGrace = std::chrono::milliseconds(100);
@@ -123,15 +127,28 @@ void NetworkContext::failWith(ErrorCode code, int q, const std::string& message)
 
 void NetworkContext::exchange(std::span<const NetTransfer> sends,
                               std::span<const NetTransfer> receives) {
+  exchangeWith(sends, receives, nullptr);
+}
+
+void NetworkContext::exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
+                                       const ReduceInto& how) {
+  exchangeWith({&send, 1}, {&receive, 1}, &how);
+}
+
+void NetworkContext::exchangeWith(std::span<const NetTransfer> sends,
+                                  std::span<const NetTransfer> receives,
+                                  const ReduceInto* reducing) {
   size_t sending = 0;
   for (const NetTransfer& t : sends) sending += t.bytes;
-  if (!offload_.sends || receives.empty() || sending < kOffloadBytes) return drive(sends, receives);
+  if (!offload_.sends || receives.empty() || sending < kOffloadBytes) {
+    return drive(sends, receives, reducing);
+  }
   // Make every link here first: the send thread must not create them beside this one.
   for (const NetTransfer& t : sends) linkTo_(t.peer);
   for (const NetTransfer& t : receives) linkTo_(t.peer);
   auto out = handOff(*offload_.sends, [&] { drive(sends, {}); });
   try {
-    drive({}, receives);
+    drive({}, receives, reducing);
   } catch (...) {
     await(*out);  // it ends too: the failure is recorded for every thread
     throw;
@@ -141,7 +158,7 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
 }
 
 void NetworkContext::drive(std::span<const NetTransfer> sends,
-                           std::span<const NetTransfer> receives) {
+                           std::span<const NetTransfer> receives, const ReduceInto* reducing) {
   size_t bytes = 0;
   for (const NetTransfer& t : sends) bytes += t.bytes;
   for (const NetTransfer& t : receives) bytes += t.bytes;
@@ -150,6 +167,22 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
   for (const NetTransfer& t : sends) workFor(work, t.peer).sends.push_back(&t);
   for (const NetTransfer& t : receives) workFor(work, t.peer).receives.push_back(&t);
   const std::string op(wait_.op);
+  // The reduced receive: its elements below `reduced` are in reducing->into already.
+  const NetTransfer* reduceTarget = reducing ? &receives[0] : nullptr;
+  const size_t es = reducing ? elementSize(reducing->spec.type) : 1;
+  size_t reduced = 0;
+  auto reduceUpTo = [&](size_t arrived) {
+    const size_t upTo = arrived / es * es;
+    if (upTo <= reduced) return;
+    const size_t from = reduced;
+    const void* part = static_cast<const uint8_t*>(reduceTarget->data) + from;
+    void* mine = static_cast<uint8_t*>(reducing->into) + from;
+    const void* mineFirst[2] = {mine, part};
+    const void* receivedFirst[2] = {part, mine};
+    reduce(mine, reducing->receivedFirst ? receivedFirst : mineFirst, (upTo - from) / es,
+           reducing->spec);
+    reduced = upTo;
+  };
   size_t left = work.size();
   size_t idleTurns = 0;
   int current = -1;  // the peer being driven, for failure messages
@@ -205,6 +238,10 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
               link.read(static_cast<uint8_t*>(t.data) + w.received, t.bytes - w.received);
           w.received += n;
           progressed |= n > 0;
+          if (&t == reduceTarget &&
+              (w.received == t.bytes || w.received - reduced >= kReducePart)) {
+            reduceUpTo(w.received);
+          }
           if (w.received < t.bytes) break;
           ++w.nextReceive;
           w.receiving = false;

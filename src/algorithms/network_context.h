@@ -57,6 +57,10 @@ class NetworkContext final : public AcrossHostsContext {
   /// A message of the wrong size or tag is a mismatch; a broken link, a peer that left, a
   /// failure elsewhere or the deadline fails the communicator, and this throws its error.
   void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives) override;
+  /// Reduces the receive as it arrives, on the thread that drives it, in parts of at least
+  /// kReducePart bytes (and the rest at the end).
+  void exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
+                         const ReduceInto& how) override;
   size_t startRail(RailSteps steps) override;
   void finishRail(size_t ticket) override;
 
@@ -70,8 +74,13 @@ class NetworkContext final : public AcrossHostsContext {
   static std::shared_ptr<Job> handOff(Worker& thread, std::function<void()> fn);
   /// Waits for `job` to finish; it always does (it watches failures and the deadline).
   static void await(const Job& job);
-  /// Moves the transfers on this thread until all are done (one direction may be empty).
-  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
+  /// exchange(), with receives[0] reduced as it arrives if `reducing`.
+  void exchangeWith(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives,
+                    const ReduceInto* reducing);
+  /// Moves the transfers on this thread until all are done (one direction may be empty);
+  /// if `reducing`, receives[0] is reduced into reducing->into as it arrives.
+  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives,
+             const ReduceInto* reducing = nullptr);
   [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
 
   RunLocal runLocal_;

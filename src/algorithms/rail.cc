@@ -104,11 +104,9 @@ void ringReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
     const int out = mod(pos - step - 1, n);
     const int in = mod(pos - step - 2, n);
     const size_t count = bounds[in + 1] - bounds[in];
-    sendReceive(ctx, blocks(next, data, bounds, out, out + 1, es, kRing + step),
-                {prev, incoming, count * es, kRing + step});
-    uint8_t* mine = data + bounds[in] * es;
-    const void* srcs[2] = {mine, incoming};
-    ctx.reduce(mine, srcs, count, spec);
+    ctx.exchangeAndReduce(blocks(next, data, bounds, out, out + 1, es, kRing + step),
+                          {prev, incoming, count * es, kRing + step},
+                          {data + bounds[in] * es, false, spec});
   }
 }
 
@@ -159,13 +157,9 @@ void halvingReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* da
     const auto [giveLo, giveHi] = v < mid ? std::pair{mid, hi} : std::pair{lo, mid};
     const int peer = rail.members[f.active(partner)];
     const size_t kb = bounds[f.first(keepLo)], ke = bounds[f.first(keepHi)];
-    sendReceive(ctx,
-                blocks(peer, data, bounds, f.first(giveLo), f.first(giveHi), es, kHalving + step),
-                {peer, incoming, (ke - kb) * es, kHalving + step});
-    uint8_t* mine = data + kb * es;
-    const void* lower[2] = {mine, incoming};
-    const void* upper[2] = {incoming, mine};
-    ctx.reduce(mine, v < partner ? lower : upper, ke - kb, spec);
+    ctx.exchangeAndReduce(
+        blocks(peer, data, bounds, f.first(giveLo), f.first(giveHi), es, kHalving + step),
+        {peer, incoming, (ke - kb) * es, kHalving + step}, {data + kb * es, v > partner, spec});
     lo = keepLo;
     hi = keepHi;
   }
@@ -234,6 +228,8 @@ void doublingAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
   for (int mask = 1, step = 0; mask < f.p; mask *= 2, ++step) {
     const int partner = v ^ mask;
     const int peer = rail.members[f.active(partner)];
+    // Not exchangeAndReduce: the send reads `data` until it has left, so the reduction into
+    // it waits for the whole exchange.
     sendReceive(ctx, {peer, data, bytes, kDoubling + step},
                 {peer, incoming, bytes, kDoubling + step});
     const void* lower[2] = {data, incoming};
