@@ -55,11 +55,13 @@ struct NetTransfer {
 /// How a received block is reduced into this rank's own (exchangeAndReduce): `into` holds
 /// this rank's operand and takes the result; the received operand comes first if
 /// `receivedFirst` (the operand of the lower position goes first, so every rank reduces in
-/// the same order).
+/// the same order). `intoIsSent`: `into` is also the send's payload, offset for offset, so
+/// each part of it is reduced only once the send has handed that part over.
 struct ReduceInto {
   void* into = nullptr;
   bool receivedFirst = false;
   kernels::ReduceSpec spec;
+  bool intoIsSent = false;
 };
 
 /// Scratch buffers kept from one collective to the next: allocating a large buffer and
@@ -101,7 +103,8 @@ class AcrossHostsContext {
                         std::span<const NetTransfer> receives) = 0;
 
   /// exchange() of one send and one receive, then the received elements reduced into
-  /// `how.into` (receive.bytes of them, whole elements), which must not overlap the send. The
+  /// `how.into` (receive.bytes of them, whole elements), which must not overlap the send
+  /// unless it is the send's payload (`how.intoIsSent`). The
   /// network context reduces each part as it arrives, so the reduction overlaps the rest of the
   /// receive; this default reduces once everything has arrived.
   virtual void exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,

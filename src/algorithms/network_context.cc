@@ -57,6 +57,32 @@ PeerWork& workFor(std::vector<PeerWork>& work, int peer) {
 
 }  // namespace
 
+struct NetworkContext::Reduction {
+  const ReduceInto& how;
+  const NetTransfer& send;
+  const NetTransfer& receive;
+  std::atomic<size_t> sent{0};  // bytes of the send handed over (its driving thread writes)
+  size_t arrived = 0;           // bytes of the receive here (its driving thread's)
+  size_t reduced = 0;           // bytes reduced into how.into (the receiving thread's)
+
+  /// Reduces what has arrived (and, where into is the send's payload, been handed over)
+  /// and is not reduced yet: once at least kReducePart has gathered, or `all` of it.
+  void advance(AcrossHostsContext& ctx, bool all) {
+    size_t ready = arrived;
+    if (how.intoIsSent) ready = std::min(ready, sent.load(std::memory_order_acquire));
+    const size_t es = elementSize(how.spec.type);
+    const size_t upTo = ready / es * es;
+    if (upTo <= reduced || (!all && upTo - reduced < kReducePart)) return;
+    const void* part = static_cast<const uint8_t*>(receive.data) + reduced;
+    void* mine = static_cast<uint8_t*>(how.into) + reduced;
+    const void* mineFirst[2] = {mine, part};
+    const void* receivedFirst[2] = {part, mine};
+    ctx.reduce(mine, how.receivedFirst ? receivedFirst : mineFirst, (upTo - reduced) / es,
+               how.spec);
+    reduced = upTo;
+  }
+};
+
 NetworkContext::~NetworkContext() {
   for (const auto& job : railJobs_) await(*job);
 }
@@ -132,23 +158,28 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
 
 void NetworkContext::exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
                                        const ReduceInto& how) {
-  exchangeWith({&send, 1}, {&receive, 1}, &how);
+  Reduction reduction{how, send, receive};
+  exchangeWith({&send, 1}, {&receive, 1}, &reduction);
+  // Everything has arrived and been handed over: the rest (a part smaller than
+  // kReducePart, or one the send still held when the receive ended).
+  reduction.arrived = receive.bytes;
+  reduction.sent.store(send.bytes, std::memory_order_relaxed);
+  reduction.advance(*this, true);
 }
 
 void NetworkContext::exchangeWith(std::span<const NetTransfer> sends,
-                                  std::span<const NetTransfer> receives,
-                                  const ReduceInto* reducing) {
+                                  std::span<const NetTransfer> receives, Reduction* reduction) {
   size_t sending = 0;
   for (const NetTransfer& t : sends) sending += t.bytes;
   if (!offload_.sends || receives.empty() || sending < kOffloadBytes) {
-    return drive(sends, receives, reducing);
+    return drive(sends, receives, reduction);
   }
   // Make every link here first: the send thread must not create them beside this one.
   for (const NetTransfer& t : sends) linkTo_(t.peer);
   for (const NetTransfer& t : receives) linkTo_(t.peer);
-  auto out = handOff(*offload_.sends, [&] { drive(sends, {}); });
+  auto out = handOff(*offload_.sends, [&] { drive(sends, {}, reduction); });
   try {
-    drive({}, receives, reducing);
+    drive({}, receives, reduction);
   } catch (...) {
     await(*out);  // it ends too: the failure is recorded for every thread
     throw;
@@ -158,7 +189,7 @@ void NetworkContext::exchangeWith(std::span<const NetTransfer> sends,
 }
 
 void NetworkContext::drive(std::span<const NetTransfer> sends,
-                           std::span<const NetTransfer> receives, const ReduceInto* reducing) {
+                           std::span<const NetTransfer> receives, Reduction* reduction) {
   size_t bytes = 0;
   for (const NetTransfer& t : sends) bytes += t.bytes;
   for (const NetTransfer& t : receives) bytes += t.bytes;
@@ -167,22 +198,6 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
   for (const NetTransfer& t : sends) workFor(work, t.peer).sends.push_back(&t);
   for (const NetTransfer& t : receives) workFor(work, t.peer).receives.push_back(&t);
   const std::string op(wait_.op);
-  // The reduced receive: its elements below `reduced` are in reducing->into already.
-  const NetTransfer* reduceTarget = reducing ? &receives[0] : nullptr;
-  const size_t es = reducing ? elementSize(reducing->spec.type) : 1;
-  size_t reduced = 0;
-  auto reduceUpTo = [&](size_t arrived) {
-    const size_t upTo = arrived / es * es;
-    if (upTo <= reduced) return;
-    const size_t from = reduced;
-    const void* part = static_cast<const uint8_t*>(reduceTarget->data) + from;
-    void* mine = static_cast<uint8_t*>(reducing->into) + from;
-    const void* mineFirst[2] = {mine, part};
-    const void* receivedFirst[2] = {part, mine};
-    reduce(mine, reducing->receivedFirst ? receivedFirst : mineFirst, (upTo - from) / es,
-           reducing->spec);
-    reduced = upTo;
-  };
   size_t left = work.size();
   size_t idleTurns = 0;
   int current = -1;  // the peer being driven, for failure messages
@@ -209,6 +224,9 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
           const bool handedOver =
               link.write({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), w.sent);
           progressed |= w.sent != before || handedOver;
+          if (reduction && &t == &reduction->send) {
+            reduction->sent.store(handedOver ? t.bytes : w.sent, std::memory_order_release);
+          }
           if (!handedOver) break;
           ++w.nextSend;
           w.sent = 0;
@@ -238,9 +256,9 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
               link.read(static_cast<uint8_t*>(t.data) + w.received, t.bytes - w.received);
           w.received += n;
           progressed |= n > 0;
-          if (&t == reduceTarget &&
-              (w.received == t.bytes || w.received - reduced >= kReducePart)) {
-            reduceUpTo(w.received);
+          if (reduction && &t == &reduction->receive) {
+            reduction->arrived = w.received;
+            reduction->advance(*this, false);
           }
           if (w.received < t.bytes) break;
           ++w.nextReceive;

@@ -228,13 +228,10 @@ void doublingAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
   for (int mask = 1, step = 0; mask < f.p; mask *= 2, ++step) {
     const int partner = v ^ mask;
     const int peer = rail.members[f.active(partner)];
-    // Not exchangeAndReduce: the send reads `data` until it has left, so the reduction into
-    // it waits for the whole exchange.
-    sendReceive(ctx, {peer, data, bytes, kDoubling + step},
-                {peer, incoming, bytes, kDoubling + step});
-    const void* lower[2] = {data, incoming};
-    const void* upper[2] = {incoming, data};
-    ctx.reduce(data, v < partner ? lower : upper, count, spec);
+    // The result goes into the buffer being sent: each part once the send has handed it over.
+    ctx.exchangeAndReduce({peer, data, bytes, kDoubling + step},
+                          {peer, incoming, bytes, kDoubling + step},
+                          {data, v > partner, spec, true});
   }
   if (f.absorbs()) sendOnly(ctx, {rail.members[f.pos - 1], data, bytes, kFold + 1});
 }
