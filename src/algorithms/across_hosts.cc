@@ -36,15 +36,6 @@ uint8_t* ScratchArena::take(size_t bytes) {
   return buffer.data();
 }
 
-void AcrossHostsContext::exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
-                                           const ReduceInto& how) {
-  exchange({&send, 1}, {&receive, 1});
-  const void* mineFirst[2] = {how.into, receive.data};
-  const void* receivedFirst[2] = {receive.data, how.into};
-  reduce(how.into, how.receivedFirst ? receivedFirst : mineFirst,
-         receive.bytes / elementSize(how.spec.type), how.spec);
-}
-
 void AcrossHostsContext::reduce(void* dst, std::span<const void* const> srcs, size_t count,
                                 const kernels::ReduceSpec& spec) {
   if (count != 0) kernels::reduce(dst, srcs.data(), static_cast<int>(srcs.size()), count, spec);

@@ -52,18 +52,6 @@ struct NetTransfer {
   int tag = 0;
 };
 
-/// How a received block is reduced into this rank's own (exchangeAndReduce): `into` holds
-/// this rank's operand and takes the result; the received operand comes first if
-/// `receivedFirst` (the operand of the lower position goes first, so every rank reduces in
-/// the same order). `intoIsSent`: `into` is also the send's payload, offset for offset, so
-/// each part of it is reduced only once the send has handed that part over.
-struct ReduceInto {
-  void* into = nullptr;
-  bool receivedFirst = false;
-  kernels::ReduceSpec spec;
-  bool intoIsSent = false;
-};
-
 /// Scratch buffers kept from one collective to the next: allocating a large buffer and
 /// faulting its pages in anew for every call would cost more than many a network step.
 class ScratchArena {
@@ -102,13 +90,6 @@ class AcrossHostsContext {
   virtual void exchange(std::span<const NetTransfer> sends,
                         std::span<const NetTransfer> receives) = 0;
 
-  /// exchange() of one send and one receive, then the received elements reduced into
-  /// `how.into` (receive.bytes of them, whole elements), which must not overlap the send
-  /// unless it is the send's payload (`how.intoIsSent`). The
-  /// network context reduces each part as it arrives, so the reduction overlaps the rest of the
-  /// receive; this default reduces once everything has arrived.
-  virtual void exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
-                                 const ReduceInto& how);
   /// kernels::reduce of `srcs` (in that order) into `dst`.
   virtual void reduce(void* dst, std::span<const void* const> srcs, size_t count,
                       const kernels::ReduceSpec& spec);

@@ -23,10 +23,6 @@ using Clock = std::chrono::steady_clock;
 // thread: below it, the hand-off costs more than the overlap saves.
 constexpr size_t kOffloadBytes = size_t{256} << 10;
 
-// A receive reduced as it arrives is reduced in parts of at least this many bytes: smaller
-// parts would pay the reduction's set-up per few network packets.
-constexpr size_t kReducePart = size_t{64} << 10;
-
 // How long a peer seen leaving mid-collective is given for the reason to arrive (a failure
 // forwarded by its host), before it is reported as having issued fewer collectives.
 constexpr auto kReasonGrace = std::chrono::milliseconds(100);
@@ -56,32 +52,6 @@ PeerWork& workFor(std::vector<PeerWork>& work, int peer) {
 }
 
 }  // namespace
-
-struct NetworkContext::Reduction {
-  const ReduceInto& how;
-  const NetTransfer& send;
-  const NetTransfer& receive;
-  std::atomic<size_t> sent{0};  // bytes of the send handed over (its driving thread writes)
-  size_t arrived = 0;           // bytes of the receive here (its driving thread's)
-  size_t reduced = 0;           // bytes reduced into how.into (the receiving thread's)
-
-  /// Reduces what has arrived (and, where into is the send's payload, been handed over)
-  /// and is not reduced yet: once at least kReducePart has gathered, or `all` of it.
-  void advance(AcrossHostsContext& ctx, bool all) {
-    size_t ready = arrived;
-    if (how.intoIsSent) ready = std::min(ready, sent.load(std::memory_order_acquire));
-    const size_t es = elementSize(how.spec.type);
-    const size_t upTo = ready / es * es;
-    if (upTo <= reduced || (!all && upTo - reduced < kReducePart)) return;
-    const void* part = static_cast<const uint8_t*>(receive.data) + reduced;
-    void* mine = static_cast<uint8_t*>(how.into) + reduced;
-    const void* mineFirst[2] = {mine, part};
-    const void* receivedFirst[2] = {part, mine};
-    ctx.reduce(mine, how.receivedFirst ? receivedFirst : mineFirst, (upTo - reduced) / es,
-               how.spec);
-    reduced = upTo;
-  }
-};
 
 NetworkContext::~NetworkContext() {
   for (const auto& job : railJobs_) await(*job);
@@ -153,33 +123,15 @@ void NetworkContext::failWith(ErrorCode code, int q, const std::string& message)
 
 void NetworkContext::exchange(std::span<const NetTransfer> sends,
                               std::span<const NetTransfer> receives) {
-  exchangeWith(sends, receives, nullptr);
-}
-
-void NetworkContext::exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
-                                       const ReduceInto& how) {
-  Reduction reduction{how, send, receive};
-  exchangeWith({&send, 1}, {&receive, 1}, &reduction);
-  // Everything has arrived and been handed over: the rest (a part smaller than
-  // kReducePart, or one the send still held when the receive ended).
-  reduction.arrived = receive.bytes;
-  reduction.sent.store(send.bytes, std::memory_order_relaxed);
-  reduction.advance(*this, true);
-}
-
-void NetworkContext::exchangeWith(std::span<const NetTransfer> sends,
-                                  std::span<const NetTransfer> receives, Reduction* reduction) {
   size_t sending = 0;
   for (const NetTransfer& t : sends) sending += t.bytes;
-  if (!offload_.sends || receives.empty() || sending < kOffloadBytes) {
-    return drive(sends, receives, reduction);
-  }
+  if (!offload_.sends || receives.empty() || sending < kOffloadBytes) return drive(sends, receives);
   // Make every link here first: the send thread must not create them beside this one.
   for (const NetTransfer& t : sends) linkTo_(t.peer);
   for (const NetTransfer& t : receives) linkTo_(t.peer);
-  auto out = handOff(*offload_.sends, [&] { drive(sends, {}, reduction); });
+  auto out = handOff(*offload_.sends, [&] { drive(sends, {}); });
   try {
-    drive({}, receives, reduction);
+    drive({}, receives);
   } catch (...) {
     await(*out);  // it ends too: the failure is recorded for every thread
     throw;
@@ -189,7 +141,7 @@ void NetworkContext::exchangeWith(std::span<const NetTransfer> sends,
 }
 
 void NetworkContext::drive(std::span<const NetTransfer> sends,
-                           std::span<const NetTransfer> receives, Reduction* reduction) {
+                           std::span<const NetTransfer> receives) {
   size_t bytes = 0;
   for (const NetTransfer& t : sends) bytes += t.bytes;
   for (const NetTransfer& t : receives) bytes += t.bytes;
@@ -224,9 +176,6 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
           const bool handedOver =
               link.write({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), w.sent);
           progressed |= w.sent != before || handedOver;
-          if (reduction && &t == &reduction->send) {
-            reduction->sent.store(handedOver ? t.bytes : w.sent, std::memory_order_release);
-          }
           if (!handedOver) break;
           ++w.nextSend;
           w.sent = 0;
@@ -256,10 +205,6 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
               link.read(static_cast<uint8_t*>(t.data) + w.received, t.bytes - w.received);
           w.received += n;
           progressed |= n > 0;
-          if (reduction && &t == &reduction->receive) {
-            reduction->arrived = w.received;
-            reduction->advance(*this, false);
-          }
           if (w.received < t.bytes) break;
           ++w.nextReceive;
           w.receiving = false;

@@ -57,17 +57,10 @@ class NetworkContext final : public AcrossHostsContext {
   /// A message of the wrong size or tag is a mismatch; a broken link, a peer that left, a
   /// failure elsewhere or the deadline fails the communicator, and this throws its error.
   void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives) override;
-  /// Reduces the receive as it arrives, on the thread that drives it, in parts of at least
-  /// kReducePart bytes (and the rest at the end); a part of a buffer that is also being sent
-  /// once the send has handed it over.
-  void exchangeAndReduce(const NetTransfer& send, const NetTransfer& receive,
-                         const ReduceInto& how) override;
   size_t startRail(RailSteps steps) override;
   void finishRail(size_t ticket) override;
 
  private:
-  // A receive being reduced as it arrives, and how far it is (network_context.cc).
-  struct Reduction;
   // A job on another thread and its outcome.
   struct Job {
     std::atomic<bool> done{false};
@@ -77,13 +70,8 @@ class NetworkContext final : public AcrossHostsContext {
   static std::shared_ptr<Job> handOff(Worker& thread, std::function<void()> fn);
   /// Waits for `job` to finish; it always does (it watches failures and the deadline).
   static void await(const Job& job);
-  /// exchange(), with the receive of `reduction` reduced as it arrives if there is one.
-  void exchangeWith(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives,
-                    Reduction* reduction);
-  /// Moves the transfers on this thread until all are done (one direction may be empty),
-  /// advancing `reduction` as its receive arrives or its send is handed over.
-  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives,
-             Reduction* reduction = nullptr);
+  /// Moves the transfers on this thread until all are done (one direction may be empty).
+  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
   [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
 
   RunLocal runLocal_;

@@ -104,9 +104,11 @@ void ringReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
     const int out = mod(pos - step - 1, n);
     const int in = mod(pos - step - 2, n);
     const size_t count = bounds[in + 1] - bounds[in];
-    ctx.exchangeAndReduce(blocks(next, data, bounds, out, out + 1, es, kRing + step),
-                          {prev, incoming, count * es, kRing + step},
-                          {data + bounds[in] * es, false, spec});
+    sendReceive(ctx, blocks(next, data, bounds, out, out + 1, es, kRing + step),
+                {prev, incoming, count * es, kRing + step});
+    uint8_t* mine = data + bounds[in] * es;
+    const void* srcs[2] = {mine, incoming};
+    ctx.reduce(mine, srcs, count, spec);
   }
 }
 
@@ -157,9 +159,13 @@ void halvingReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* da
     const auto [giveLo, giveHi] = v < mid ? std::pair{mid, hi} : std::pair{lo, mid};
     const int peer = rail.members[f.active(partner)];
     const size_t kb = bounds[f.first(keepLo)], ke = bounds[f.first(keepHi)];
-    ctx.exchangeAndReduce(
-        blocks(peer, data, bounds, f.first(giveLo), f.first(giveHi), es, kHalving + step),
-        {peer, incoming, (ke - kb) * es, kHalving + step}, {data + kb * es, v > partner, spec});
+    sendReceive(ctx,
+                blocks(peer, data, bounds, f.first(giveLo), f.first(giveHi), es, kHalving + step),
+                {peer, incoming, (ke - kb) * es, kHalving + step});
+    uint8_t* mine = data + kb * es;
+    const void* lower[2] = {mine, incoming};
+    const void* upper[2] = {incoming, mine};
+    ctx.reduce(mine, v < partner ? lower : upper, ke - kb, spec);
     lo = keepLo;
     hi = keepHi;
   }
@@ -228,10 +234,11 @@ void doublingAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
   for (int mask = 1, step = 0; mask < f.p; mask *= 2, ++step) {
     const int partner = v ^ mask;
     const int peer = rail.members[f.active(partner)];
-    // The result goes into the buffer being sent: each part once the send has handed it over.
-    ctx.exchangeAndReduce({peer, data, bytes, kDoubling + step},
-                          {peer, incoming, bytes, kDoubling + step},
-                          {data, v > partner, spec, true});
+    sendReceive(ctx, {peer, data, bytes, kDoubling + step},
+                {peer, incoming, bytes, kDoubling + step});
+    const void* lower[2] = {data, incoming};
+    const void* upper[2] = {incoming, data};
+    ctx.reduce(data, v < partner ? lower : upper, count, spec);
   }
   if (f.absorbs()) sendOnly(ctx, {rail.members[f.pos - 1], data, bytes, kFold + 1});
 }

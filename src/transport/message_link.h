@@ -25,10 +25,7 @@ class MessageLink {
 
   /// Outbound: hands over as much of the message (`envelope`, then `payload`) as the link
   /// takes now. `done` counts what was handed over before (0 for a new message) and is
-  /// advanced; returns true once all of it is, after which `payload` may be reused. On a
-  /// network link `done` counts payload bytes, and those below it have been copied into
-  /// frames, so the caller may overwrite them already (NetworkContext::exchangeAndReduce
-  /// reduces into a buffer it is sending); a ring link counts its header in `done` too.
+  /// advanced; returns true once all of it is, after which `payload` may be reused.
   /// Messages are delivered in the order their first write() began.
   virtual bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) = 0;
 

@@ -83,9 +83,8 @@ void checkReductions(Communicator& comm) {
   }
 }
 
-// Network receives of many frames are reduced part by part as they arrive (in whole
-// elements, while a TCP read may end mid-element): odd counts of 1-, 2- and 8-byte types,
-// so parts end at every kind of boundary, equal the reference bit for bit.
+// Reductions whose network receives span many frames (TCP reads that end mid-element):
+// odd counts of 1-, 2- and 8-byte types equal the reference bit for bit.
 void checkReducedWhileArriving(Communicator& comm) {
   const int me = comm.rank();
   const int n = comm.size();
