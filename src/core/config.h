@@ -18,7 +18,7 @@ struct CudaTuning {
   /// the workspace holds eight of them.
   size_t chunkBytes = 8 << 20;
   /// all_reduce: the largest size reduced one-shot (LOOM_CUDA_ONE_SHOT_BYTES); unset:
-  /// 256 KiB, or every size when the ranks share one GPU.
+  /// 256 KiB, or every size when the ranks share one GPU or are two.
   std::optional<size_t> oneShotBytes;
   /// Whether a call of several steps runs alternate steps on two streams
   /// (LOOM_CUDA_PIPELINE); unset: when every rank has a GPU of its own.

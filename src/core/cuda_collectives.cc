@@ -114,11 +114,14 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
   if (size_ == 1) return reduceAlone(args.inputs[0], args.output, countOf(0), args);
+  // This rank's own block is read where it is, unless that would cost the reduction its
+  // 16-byte loads (it takes them only when every source is aligned; steps start at
+  // multiples of `block`, so the input's own alignment decides): then it is staged too.
+  const bool ownInPlace = reinterpret_cast<uintptr_t>(args.inputs[rank_]) % 16 == 0;
   steps(longest, perStep, [&](size_t lo, uint64_t e) {
-    // Only the blocks peers reduce are staged; this rank's own block is read where it is.
     Segments stage;
     for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
+      if (q == rank_ && ownInPlace) continue;
       stage.add(in(rank_, e) + q * block, at(args.inputs[q], lo * es),
                 clipped(countOf(q), lo, perStep) * es);
     }
@@ -127,7 +130,8 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
     await(kReady, e);
     Sources srcs;
     for (int q = 0; q < size_; ++q) {
-      srcs.add(q == rank_ ? at(args.inputs[rank_], lo * es) : in(q, e) + rank_ * block);
+      const bool own = q == rank_ && ownInPlace;
+      srcs.add(own ? at(args.inputs[rank_], lo * es) : in(q, e) + rank_ * block);
     }
     reduce(at(args.output, lo * es), srcs, clipped(countOf(rank_), lo, perStep), args,
            expecting(e));

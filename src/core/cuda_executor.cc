@@ -668,7 +668,9 @@ void CudaExecutor::monitor() {
     Pending& first = pending_.front();  // one stream per enqueue order: finish in order
     const CUresult state = d.cuEventQuery(first.event);
     // After the query: a kernel's report is visible once the event behind it has fired. A
-    // kernel that found a mismatch did nothing, so its call must not succeed.
+    // kernel that found a mismatch did nothing, so its call must not succeed. (Its later
+    // steps, on loom's second stream, may have run before the abort word was set: a failed
+    // call's outputs are undefined, as with NCCL.)
     if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
     std::exception_ptr failure;
     bool finished = state == CUDA_SUCCESS;

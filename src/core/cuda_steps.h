@@ -60,12 +60,25 @@ void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
   const bool twoStreams = pipelined_ && !lane_->onDevice && n > 1;
   const CUstream caller = stream_;
   if (twoStreams) fork();
-  for (size_t i = 0; i < n; ++i) {
-    // Both parities' chains start here; each goes on in its own stream's order.
-    stream_ = twoStreams && i % 2 == 1 ? side_ : caller;
-    const uint64_t e = beginStep();
-    body(i * perStep, e);
-    signal(kDone, e);
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      // Both parities' chains start here; each goes on in its own stream's order.
+      stream_ = twoStreams && i % 2 == 1 ? side_ : caller;
+      const uint64_t e = beginStep();
+      body(i * perStep, e);
+      signal(kDone, e);
+    }
+  } catch (...) {
+    // The call fails (and with it the communicator), but the caller's stream must still
+    // wait for what the second stream has queued before its tensors may be reused.
+    stream_ = caller;
+    if (twoStreams) {
+      try {
+        join();
+      } catch (...) {  // the driver's own error is the one that matters
+      }
+    }
+    throw;
   }
   stream_ = caller;
   if (twoStreams) join();

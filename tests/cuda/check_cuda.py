@@ -27,7 +27,10 @@ from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: 
 
 import loom  # noqa: E402,F401  (registers the backend)
 
-SIZES = [0, 1, 7, 1000, 70_000]  # 70k float32 elements take the two-shot all_reduce
+# 70k float32 elements take the two-shot all_reduce where it is used: three or more ranks
+# with a GPU each (ranks sharing a GPU, and two ranks, reduce one-shot at every size; cuda_check.sh
+# forces two-shot with LOOM_CUDA_ONE_SHOT_BYTES=0)
+SIZES = [0, 1, 7, 1000, 70_000]
 LARGE = 3_000_000  # float32: more than one step of the default 8 MiB chunk
 
 
