@@ -13,6 +13,8 @@ namespace loom::cuda {
 inline constexpr int kMaxSources = 32;
 /// Most segments one copy launch moves.
 inline constexpr int kMaxSegments = 32;
+/// Most pieces one spread copy launch moves (its parameters stay under 4 KiB).
+inline constexpr int kMaxSpreadPieces = 120;
 
 /// What a rank says it is doing in a step, so its peers can check they do the same: two
 /// words (core/cuda_executor.cc encodes them; kernels only compare).
@@ -77,6 +79,17 @@ struct CopyParams {
   Segment segments[kMaxSegments];
   int count;
   Agreement agreement;
+};
+
+/// Copies every piece, the bytes of all laid end to end and cut into equal runs, one per
+/// block, so blocks share the work evenly however the pieces' sizes differ: loom_copy_spread.
+/// Piece i covers bytes [starts[i], starts[i] + pieces[i].bytes) of the whole; starts and
+/// perBlock are multiples of 16, so a run boundary inside an aligned piece stays aligned.
+struct SpreadParams {
+  Segment pieces[kMaxSpreadPieces];
+  uint64_t starts[kMaxSpreadPieces];
+  int count;
+  uint64_t perBlock;
 };
 
 /// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a

@@ -14,7 +14,7 @@ namespace {
 
 constexpr unsigned kThreads = 512;
 static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096 &&
-                  sizeof(FlagParams) <= 4096,
+                  sizeof(FlagParams) <= 4096 && sizeof(SpreadParams) <= 4096,
               "kernel parameters must fit the 4 KiB every architecture accepts");
 static_assert(kMaxSources <= kThreads, "one thread per published descriptor");
 
@@ -42,6 +42,8 @@ Kernels::Kernels() {
         "loading loom's kernels (cuModuleLoadData; does this build's image cover this GPU?)");
   check(d.cuModuleGetFunction(&copy_, module_, "loom_copy"), "cuda", -1, "finding loom_copy");
   check(d.cuModuleGetFunction(&flags_, module_, "loom_flags"), "cuda", -1, "finding loom_flags");
+  check(d.cuModuleGetFunction(&copySpread_, module_, "loom_copy_spread"), "cuda", -1,
+        "finding loom_copy_spread");
   for (int t = 0; t < kNumDataTypes; ++t) {
     for (int k = 0; k < kNumReduceKinds; ++k) {
       const auto type = static_cast<DataType>(t);
@@ -98,6 +100,14 @@ void Kernels::flags(CUstream stream, const FlagParams& params) const {
   void* args[] = {const_cast<FlagParams*>(&params)};
   check(Driver::get().cuLaunchKernel(flags_, 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr), "cuda",
         -1, "launching flag waits");
+}
+
+void Kernels::copySpread(CUstream stream, const SpreadParams& params, unsigned blocks) const {
+  if (params.count == 0 || blocks == 0) return;
+  void* args[] = {const_cast<SpreadParams*>(&params)};
+  check(Driver::get().cuLaunchKernel(copySpread_, blocks, 1, 1, kThreads, 1, 1, 0, stream, args,
+                                     nullptr),
+        "cuda", -1, "launching a spread copy");
 }
 
 }  // namespace loom::cuda

@@ -21,6 +21,7 @@ using loom::cuda::CopyParams;
 using loom::cuda::Descriptor;
 using loom::cuda::FlagParams;
 using loom::cuda::ReduceParams;
+using loom::cuda::SpreadParams;
 
 namespace {
 
@@ -257,6 +258,53 @@ extern "C" __global__ void loom_copy(CopyParams p) {
   const uint8_t* src = static_cast<const uint8_t*>(seg.src);
   uint8_t* dst = static_cast<uint8_t*>(seg.dst);
   for (uint64_t i = done + first; i < seg.bytes; i += stride) dst[i] = src[i];
+}
+
+// Copies this block's run of the pieces laid end to end (see SpreadParams): four 16-byte
+// vectors in flight per thread where the piece is aligned, bytes elsewhere.
+extern "C" __global__ void loom_copy_spread(SpreadParams p) {
+  const uint64_t begin = blockIdx.x * p.perBlock;
+  const uint64_t end = begin + p.perBlock;
+  int first = 0;  // the last piece starting at or before `begin`
+  for (int lo = 0, hi = p.count - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (p.starts[mid] <= begin) {
+      first = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const unsigned step = blockDim.x;
+  for (int i = first; i < p.count && p.starts[i] < end; ++i) {
+    const loom::cuda::Segment piece = p.pieces[i];
+    const uint64_t start = p.starts[i];
+    const uint64_t from = (begin > start ? begin : start) - start;
+    const uint64_t to = (end < start + piece.bytes ? end : start + piece.bytes) - start;
+    if (from >= to) continue;
+    uint64_t done = from;
+    if ((reinterpret_cast<uintptr_t>(piece.dst) | reinterpret_cast<uintptr_t>(piece.src)) % 16 == 0) {
+      const uint4* src = static_cast<const uint4*>(piece.src);
+      uint4* dst = static_cast<uint4*>(piece.dst);
+      const uint64_t last = to / 16;
+      uint64_t v = from / 16 + threadIdx.x;
+      for (; v + 3 * step < last; v += 4 * step) {
+        const uint4 a = src[v];
+        const uint4 b = src[v + step];
+        const uint4 c = src[v + 2 * step];
+        const uint4 d = src[v + 3 * step];
+        dst[v] = a;
+        dst[v + step] = b;
+        dst[v + 2 * step] = c;
+        dst[v + 3 * step] = d;
+      }
+      for (; v < last; v += step) dst[v] = src[v];
+      done = last * 16;
+    }
+    const uint8_t* src = static_cast<const uint8_t*>(piece.src);
+    uint8_t* dst = static_cast<uint8_t*>(piece.dst);
+    for (uint64_t b = done + threadIdx.x; b < to; b += step) dst[b] = src[b];
+  }
 }
 
 // The flag waits and writes of one step of an operation captured in a CUDA graph, by one

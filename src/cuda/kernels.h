@@ -26,11 +26,16 @@ class Kernels {
   void copy(CUstream stream, const CopyParams& params, uint64_t longest) const;
   /// Queues flag waits and writes relative to device counters (see FlagParams).
   void flags(CUstream stream, const FlagParams& params) const;
+  /// Queues the pieces' copy on `stream`, one run of params.perBlock bytes per block.
+  void copySpread(CUstream stream, const SpreadParams& params, unsigned blocks) const;
+  /// The device's streaming multiprocessors.
+  int multiprocessors() const { return sms_; }
 
  private:
   CUmodule module_ = nullptr;
   CUfunction copy_ = nullptr;
   CUfunction flags_ = nullptr;
+  CUfunction copySpread_ = nullptr;
   // By (type, kind); null where the pair is not supported.
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> reduce_{};
   int sms_ = 0;

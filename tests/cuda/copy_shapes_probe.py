@@ -6,7 +6,9 @@ buffer holds them) copied into the reader's tensors in the ways a read can copy 
 
 Rows: one flat copy of the whole buffer (the floor); torch._foreach_copy_ into 200 separate
 tensors (what a read runs today); the same into 200 views of one flat tensor (a reader whose
-tensors sit back to back); a copy_ per tensor; and, CUDA only, a device synchronize alone.
+tensors sit back to back); a copy_ per tensor; loom's own copy (loom._C.copy_cpu or copy_cuda)
+into the 200 tensors and as one flat copy; what a store read runs (run_copies over
+copy_groups: runs of tensors back to back joined); and, CUDA only, a device synchronize alone.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def main() -> None:
         "foreach into flat views": lambda: torch._foreach_copy_(flat_views, src_views),
         "copy_ per tensor": lambda: [d.copy_(s) for d, s in zip(separate, src_views)],
     }
+    from loom import _C
+    from loom.tensor_store._parts import copy_groups, run_copies
+
+    loom_copy = _C.copy_cpu if device.type == "cpu" else _C.copy_cuda
+    cases["loom copy into 200 tensors"] = lambda: loom_copy(separate, src_views)
+    cases["loom flat copy"] = lambda: loom_copy([flat], [src])
+    groups = copy_groups(separate, src_views)
+    cases[f"store read ({len(groups)} groups)"] = lambda: run_copies(groups)
     if device.type == "cuda":
         cases["synchronize alone"] = lambda: None
     print(f"{total / 1e6:.0f} MB in {count} tensors on {device}, {torch.get_num_threads()} threads; "

@@ -2,7 +2,7 @@
 transformer-shaped bf16 state dict (as loom.tensor_store.bench does), a reader gets it into
 its own tensors many times with the store's steps timed: Store round trips, decoding,
 planning, the copies (synchronized, so their device time lands there), the sequence-lock
-checks, and the whole get.
+checks, and the whole get; before that, the writer's lend (reclaim, then lend) the same way.
 
     python tests/cuda/store_get_phases.py [--device cuda|cpu] [--bytes 600M] [--gets 30] [--reader-lendable]
 """
@@ -37,15 +37,6 @@ def worker(rank: int, args, path: str, queue) -> None:
     store = dist.FileStore(path, 2) if args.filestore else dist.TCPStore("127.0.0.1", args.port, 2, rank == 0)
     ts = TensorStore(store, rank=rank)
     sd = state_dict(args.bytes, 200, device, float(rank))
-    if rank == 0:
-        ts.put_state_dict(sd, "put")
-        lent = state_dict(args.bytes, 200, device, 1.0)
-        ts.make_lendable(lent)
-        ts.lend_state_dict(lent, "lent")
-        store.set("ready", "1")
-        store.wait(["done"])
-        queue.put((rank, None))
-        return
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
     spent: dict[str, list[float]] = collections.defaultdict(list)
     calls: dict[str, int] = collections.Counter()
@@ -64,6 +55,30 @@ def worker(rank: int, args, path: str, queue) -> None:
                 spent[label].append(time.perf_counter() - t0)
         setattr(owner, name, wrapper)
 
+    if rank == 0:
+        ts.put_state_dict(sd, "put")
+        lent = state_dict(args.bytes, 200, device, 1.0)
+        ts.make_lendable(lent)
+        ts.lend_state_dict(lent, "lent")
+        # The lend's own steps, timed over reclaim + lend cycles before the reader starts.
+        timed(store_module, "leaf_signature", "leaf signature")
+        timed(store_module.TensorStore, "_next_version", "next version")
+        timed(store_module, "take_back", "take back")
+        if device.type == "cuda":
+            timed(torch.cuda, "synchronize", "synchronize the writer's device")
+        whole = []
+        for _ in range(args.gets):
+            ts.reclaim("lent")
+            sync()
+            t0 = time.perf_counter()
+            ts.lend_state_dict(lent, "lent")
+            whole.append(time.perf_counter() - t0)
+        rows = {label: (1e3 * sum(v) / args.gets, calls[label] / args.gets) for label, v in spent.items()}
+        rows["whole lend"] = (1e3 * statistics.median(whole), 1.0)
+        store.set("ready", "1")
+        store.wait(["done"])
+        queue.put((rank, {"lend": rows}))
+        return
     timed(store_module.TensorStore, "_get_now", "store round trip (compare_set)")
     timed(store_module.TensorStore, "_parts", "find the version (_parts)")
     timed(store_module.TensorStore, "_state_dict_plan", "plan (cached)")
@@ -113,6 +128,11 @@ def main() -> int:
         results = dict(queue.get(timeout=600) for _ in procs)
         for p in procs:
             p.join(timeout=60)
+    for rows in results[0].values():
+        print(f"lend_state_dict after a reclaim, {args.device}, {args.bytes / 1e6:.0f} MB, 200 tensors "
+              f"(mean per lend; the whole lend: median)")
+        for label, (ms, n) in rows.items():
+            print(f"  {label:34} {ms:8.3f} ms  {n:5.1f} calls")
     for key, rows in results[1].items():
         print(f"get_state_dict of a {key} key, {args.device}, {args.bytes / 1e6:.0f} MB, 200 tensors"
               f"{' into one buffer of the reader' if args.reader_lendable else ''} (mean per get; the whole get: median)")

@@ -1,4 +1,5 @@
-"""The tensor store on CUDA tensors (run on a GPU host; CI has none): one writer and several
+"""The tensor store on CUDA tensors (run on a GPU host; CI has none): loom's spread copy
+(loom._C.copy_cuda) against torch's copies, then one writer and several
 readers sharing GPU 0, state dicts of CUDA tensors read back bit-exact device to device (into
 new tensors, in place, and into CPU tensors), mixed CPU and CUDA state dicts, and refresh
 loops, put and lent (the writer's own tensors, changed on the GPU between reclaim and lend),
@@ -126,12 +127,53 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
         queue.put((rank, traceback.format_exc()))
 
 
+def check_spread_copy() -> str:
+    """loom._C.copy_cuda against torch's copy_: pieces of odd sizes and alignments, empty ones,
+    more than one launch holds, on a side stream; '' if all match, else what differs."""
+    from loom import _C
+
+    torch.manual_seed(0)
+    sizes = [1, 15, 16, 17, 4095, 65536, 65537, 0, 3 << 20, (8 << 20) + 3, 100] * 30  # 330 pieces
+    source = torch.randint(0, 255, (sum(sizes) + 64 * len(sizes),), dtype=torch.uint8, device="cuda")
+    target = torch.zeros(sum(sizes) + 64 * len(sizes), dtype=torch.uint8, device="cuda")
+    srcs, dsts, at = [], [], 0
+    for i, n in enumerate(sizes):
+        # Two of three pieces 16-byte aligned on both sides (vector copies), the rest at odd
+        # addresses (byte copies); 64 bytes apart, so no two destinations touch.
+        first = at if i % 3 else at + 7
+        srcs.append(source[first:first + n])
+        dsts.append(target[first:first + n])
+        at += (n + 64 + 15) // 16 * 16
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _C.copy_cuda(dsts, srcs)
+    side.synchronize()
+    wrong = [i for i, (d, s) in enumerate(zip(dsts, srcs)) if not torch.equal(d, s)]
+    if wrong:
+        return f"spread copy: pieces {wrong[:10]} differ"
+    floats = [torch.randn(n, device="cuda") for n in (1, 1000, 1 << 20)]
+    into = [torch.empty_like(f) for f in floats]
+    _C.copy_cuda(into, floats)
+    if not all(torch.equal(a, b) for a, b in zip(into, floats)):
+        return "spread copy: float32 pieces differ"
+    try:
+        _C.copy_cuda([torch.empty(4, device="cuda")], [torch.empty(4)])
+        return "spread copy: took a CPU source"
+    except ValueError as error:
+        if "pair 0 must be contiguous CUDA tensors of one device, dtype and size" not in str(error):
+            return f"spread copy: unexpected error {error}"
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    failed = False
+    problem = check_spread_copy()
+    print(f"loom's spread copy (copy_cuda) against copy_: {problem or 'passed'}")
+    failed = bool(problem)
     for world in args.ranks:
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()

@@ -409,7 +409,7 @@ def _reader_dies(rank, world):
         store.set("reader_pid", str(os.getpid()))
         import loom.tensor_store._read_plan as read_plan
 
-        read_plan.run_copies = lambda groups: os.kill(os.getpid(), signal.SIGKILL)
+        read_plan.run_copies = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
         ts.get("w")
         raise AssertionError("the reader should have died")
     _sync(store, "v4")
@@ -486,9 +486,9 @@ def _as_written(rank, world, versions):
 
         copies = _parts.run_copies
 
-        def slow_copies(groups):  # a writer slower than its reader, as a trainer's bigger puts are
+        def slow_copies(*args):  # a writer slower than its reader, as a trainer's bigger puts are
             time.sleep(0.002)
-            copies(groups)
+            copies(*args)
 
         _parts.run_copies = slow_copies
         weights = {f"w{i}": torch.empty(shape) for i, shape in enumerate(shapes)}
@@ -550,12 +550,12 @@ def _failed_put(rank, world):
         _sync(store, "asking2")
         copies, calls = _parts.run_copies, []
 
-        def fail_second_bucket(groups):
+        def fail_second_bucket(*args):
             calls.append(1)
             if len(calls) == 2:
                 _sync(store, "reading2")  # the reader has the first bucket of version 2
                 raise RuntimeError("injected: a copy failed")
-            copies(groups)
+            copies(*args)
 
         _parts.run_copies = fail_second_bucket
         with pytest.raises(RuntimeError, match="injected"):
@@ -768,13 +768,39 @@ def test_copies_of_tensors_back_to_back_are_joined():
     dsts = [flat[0:16], flat[16:40], flat[40:64]]  # back to back: one copy of bytes
     srcs = [src[0:16], src[16:40], src[40:64]]
     groups = copy_groups(dsts, srcs)
-    assert [len(into) for into, _ in groups] == [1] and groups[0][0][0].dtype == torch.uint8
+    assert [len(g.dsts) for g in groups] == [1] and groups[0].dsts[0].dtype == torch.uint8
     run_copies(groups)
     assert torch.equal(flat, src)
     # A gap on either side, another storage, or a strided view: copied separately, still right.
     apart = [torch.zeros(16), flat[16:40].fill_(0), torch.zeros(64)[::2][:24]]
     groups = copy_groups(apart + [flat[40:64].fill_(0)], [src[0:16], src[16:40], src[40:64], src[40:64]])
-    assert sum(len(into) for into, _ in groups) == 4
+    # The strided pair goes to a group of its own, so the last two contiguous pairs join.
+    assert sorted((g.how, len(g.dsts)) for g in groups) == [("batched", 1), ("cpu", 2)]
     run_copies(groups)
     assert torch.equal(apart[0], src[0:16]) and torch.equal(flat[16:64], torch.cat([src[16:40], src[40:64]]))
     assert torch.equal(apart[2], src[40:64])
+
+
+def test_parallel_cpu_copy_matches_copy_and_refuses_bad_pairs():
+    from loom import _C
+
+    torch.manual_seed(0)
+    sizes = [1, 63, 4096, 4097, 1 << 20, 3 * (1 << 20) + 5, 0, 17]  # slices end inside pairs
+    srcs = [torch.randint(0, 255, (n,), dtype=torch.uint8) for n in sizes]
+    # Destinations at odd addresses, so streaming stores start mid-line.
+    dsts = [torch.zeros(n + 1, dtype=torch.uint8)[1:] for n in sizes]
+    for job_bytes in (0, 1 << 40):  # plain stores, then streaming ones
+        for d in dsts:
+            d.zero_()
+        _C.copy_cpu(dsts, srcs, job_bytes)
+        assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))
+    floats = torch.randn(1000)
+    into = torch.empty(1000)
+    _C.copy_cpu([into], [floats])
+    assert torch.equal(into, floats)
+    with pytest.raises(ValueError, match="pair 0 must be contiguous CPU tensors of one device, dtype and size"):
+        _C.copy_cpu([torch.empty(10)], [torch.empty(10, dtype=torch.float64)])
+    with pytest.raises(ValueError, match="pair 1 must be contiguous"):
+        _C.copy_cpu([into, torch.empty(20)[::2]], [floats, torch.empty(10)])
+    with pytest.raises(ValueError, match="2 destinations and 1 sources"):
+        _C.copy_cpu([into, into], [floats])

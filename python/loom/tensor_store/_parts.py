@@ -151,7 +151,7 @@ class OwnedBuffer:
                 while end < len(pieces) and (end == start or size < bucket_bytes):
                     size += views[end].numel() * views[end].element_size()
                     end += 1
-                run_copies(copy_groups(views[start:end], srcs[start:end]))
+                run_copies(copy_groups(views[start:end], srcs[start:end]), self.capacity)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 last = views[end - 1]
@@ -238,28 +238,52 @@ def cached_view(cache: dict, data: torch.Tensor, offset: int, dtype: torch.dtype
 _ALONE = 8 << 20
 
 
-def copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[tuple[list, list]]:
-    """The pairs (dst, src) grouped by their devices, empty tensors left out, and pairs that
-    continue the previous one in both memories (tensors back to back, as in a writer's
+@dataclass
+class CopyGroup:
+    """Copies run_copies makes in one call: `how` is 'cpu' (loom's parallel copy of
+    contiguous CPU pairs of one dtype), 'cuda' (one launch of loom's spread copy, for such
+    pairs on one CUDA device), 'alone' (one plain copy_) or 'batched' (torch._foreach_copy_)."""
+
+    how: str
+    dsts: list[torch.Tensor]
+    srcs: list[torch.Tensor]
+
+
+def _loom_copies(dst: torch.Tensor, src: torch.Tensor) -> str | None:
+    """'cpu' or 'cuda' if loom's own copy takes the pair (contiguous, one dtype, one device),
+    else None."""
+    if dst.dtype != src.dtype or dst.device != src.device or not (dst.is_contiguous() and src.is_contiguous()):
+        return None
+    if dst.device.type == "cpu" or (dst.device.type == "cuda" and _C.has_cuda_copy):
+        return dst.device.type
+    return None
+
+
+def copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[CopyGroup]:
+    """The pairs (dst, src) grouped by how they are copied, empty tensors left out, and pairs
+    that continue the previous one in both memories (tensors back to back, as in a writer's
     buffer and often in a reader's) joined into one copy of bytes: what run_copies takes
     (plans make it once and run it every read)."""
     groups: dict[tuple, tuple[list, list]] = {}
     for dst, src in zip(dsts, srcs):
         if dst.numel() == 0:
             continue
-        into, out_of = groups.setdefault((dst.device, src.device), ([], []))
+        into, out_of = groups.setdefault((dst.device, src.device, _loom_copies(dst, src)), ([], []))
         if into and _continues(into[-1], dst) and _continues(out_of[-1], src) and dst.dtype == src.dtype:
             into[-1], out_of[-1] = _joined(into[-1], dst), _joined(out_of[-1], src)
         else:
             into.append(dst)
             out_of.append(src)
     out = []
-    for into, out_of in groups.values():
+    for (_, _, loom), (into, out_of) in groups.items():
+        if loom is not None:
+            out.append(CopyGroup(loom, into, out_of))
+            continue
         alone = [d.numel() * d.element_size() >= _ALONE for d in into]
-        out.extend(([d], [s]) for d, s, a in zip(into, out_of, alone) if a)
+        out.extend(CopyGroup("alone", [d], [s]) for d, s, a in zip(into, out_of, alone) if a)
         rest = [(d, s) for d, s, a in zip(into, out_of, alone) if not a]
         if rest:
-            out.append(([d for d, _ in rest], [s for _, s in rest]))
+            out.append(CopyGroup("batched", [d for d, _ in rest], [s for _, s in rest]))
     return out
 
 
@@ -278,15 +302,21 @@ def _joined(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage, start, (end - start,))
 
 
-def run_copies(groups: list[tuple[list, list]]) -> None:
-    """dst.copy_(src) for every pair: one batched call per group (on CUDA a few kernel
-    launches for all its tensors, where a loop would pay a launch for each), a plain copy
-    for a run copied alone."""
-    for into, out_of in groups:
-        if len(into) == 1:
-            into[0].copy_(out_of[0])
+def run_copies(groups: list[CopyGroup], job_bytes: int = 0) -> None:
+    """dst.copy_(src) for every pair: contiguous CPU pairs in one parallel loom copy (with
+    streaming stores when the job, of which these may be a bucket of `job_bytes`, is larger
+    than the cache), contiguous pairs on one CUDA device in one launch of loom's spread copy;
+    otherwise one batched torch call per group (a few kernel launches for all its tensors,
+    where a loop would pay a launch for each) and a plain copy for a run copied alone."""
+    for group in groups:
+        if group.how == "cpu":
+            _C.copy_cpu(group.dsts, group.srcs, job_bytes)
+        elif group.how == "cuda":
+            _C.copy_cuda(group.dsts, group.srcs)
+        elif group.how == "alone":
+            group.dsts[0].copy_(group.srcs[0])
         else:
-            torch._foreach_copy_(into, out_of)
+            torch._foreach_copy_(group.dsts, group.srcs)
 
 
 def pickled_tensor(value: Any) -> torch.Tensor:

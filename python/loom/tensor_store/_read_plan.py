@@ -121,8 +121,12 @@ class ReadPlan:
             for slot in {self.needs[i][0] for i in chunk}:
                 if slot in writing:
                     self._await(writing[slot], max(self.needs[i][1] for i in chunk if self.needs[i][0] == slot))
-            run_copies(copy_groups([self.dsts[i] for i in chunk], [self.srcs[i] for i in chunk]))
+            run_copies(copy_groups([self.dsts[i] for i in chunk], [self.srcs[i] for i in chunk]), self.nbytes())
             start = end
+
+    def nbytes(self) -> int:
+        """The bytes this read copies into tensors."""
+        return sum(d.numel() * d.element_size() for d in self.dsts)
 
     def _await(self, writing: tuple, end: int) -> None:
         """Waits until the writer has written the buffer up to byte `end` (or all of it)."""
