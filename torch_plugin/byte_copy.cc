@@ -10,11 +10,13 @@
 #include <torch/python.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernels/copy.h"
+#include "util/helper_pool.h"
 #ifdef LOOM_HAVE_CUDA
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -34,10 +36,15 @@ struct Span {
   size_t start;
 };
 
-// The job is cut into slices of this many bytes (counted along the pairs laid end to end),
-// which threads take in runs. Where a run ends inside a pair, two threads may write parts of
-// one cache line: correct, and rare enough at this size not to cost.
-constexpr size_t kSliceAlign = 4096;
+// Each thread copies one share of the job (the pairs' bytes laid end to end), a multiple of
+// this many bytes. Where a share ends inside a pair, two threads may write parts of one cache
+// line: correct, and rare enough at this size not to cost.
+constexpr size_t kShareAlign = 4096;
+// Fewest bytes worth a thread of its own (waking a helper costs microseconds).
+constexpr size_t kBytesPerThread = size_t{4} << 20;
+// Plain copies go in pieces of at most this many bytes: glibc's memcpy switches to streaming
+// stores past a size of its own choosing, and the caller chose plain ones.
+constexpr size_t kPlainPiece = size_t{256} << 10;
 
 // Throws unless every pair is two contiguous tensors of one dtype and size on `device`.
 void checkPairs(const char* what, const std::vector<at::Tensor>& dsts,
@@ -84,8 +91,10 @@ void copyRange(const std::vector<Span>& spans, size_t begin, size_t end, bool st
     const size_t to = std::min(end, it->start + it->bytes) - it->start;
     if (streaming) {
       kernels::copyStreaming(it->dst + from, it->src + from, to - from);
-    } else {
-      std::memcpy(it->dst + from, it->src + from, to - from);
+      continue;
+    }
+    for (size_t at = from; at < to; at += kPlainPiece) {
+      std::memcpy(it->dst + at, it->src + at, std::min(kPlainPiece, to - at));
     }
   }
 }
@@ -93,32 +102,41 @@ void copyRange(const std::vector<Span>& spans, size_t begin, size_t end, bool st
 }  // namespace
 
 void bindByteCopy(py::module_& m) {
+  m.def("last_level_cache_bytes", &kernels::lastLevelCacheBytes,
+        "The last-level cache size loom's copies decide streaming stores by.");
   m.def(
       "copy_cpu",
       [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs,
-         size_t jobBytes) {
+         size_t jobBytes, std::optional<bool> streamingAsked) {
         const std::vector<Span> spans = spansOf(dsts, srcs);
         if (spans.empty()) return;
         const size_t total = spans.back().start + spans.back().bytes;
         // Output that cannot stay in cache anyway goes out through streaming stores.
-        const bool streaming = std::max(total, jobBytes) >= kernels::lastLevelCacheBytes() / 2;
-        const int64_t slices = static_cast<int64_t>((total + kSliceAlign - 1) / kSliceAlign);
+        const bool streaming = streamingAsked.value_or(
+            std::max(total, jobBytes) >= kernels::lastLevelCacheBytes() / 2);
+        // As many threads as torch's intra-op pool has, from loom's helper pool (torch's
+        // at::parallel_for is an OpenMP region inlined into the caller, which this module,
+        // built without OpenMP, would run on one thread).
+        const int threads = static_cast<int>(std::clamp<size_t>(
+            total / kBytesPerThread, 1, static_cast<size_t>(std::max(1, at::get_num_threads()))));
+        const size_t share = (total / threads + kShareAlign - 1) / kShareAlign * kShareAlign;
         py::gil_scoped_release unlocked;
-        // A grain of 64 KiB: small jobs stay on one thread, large ones spread over all.
-        at::parallel_for(0, slices, 16, [&](int64_t first, int64_t last) {
-          copyRange(spans, static_cast<size_t>(first) * kSliceAlign,
-                    std::min(total, static_cast<size_t>(last) * kSliceAlign), streaming);
+        HelperPool::instance().run(threads, [&](int i) {
+          const size_t begin = std::min(total, static_cast<size_t>(i) * share);
+          copyRange(spans, begin, std::min(total, begin + share), streaming);
         });
       },
-      py::arg("dsts"), py::arg("srcs"), py::arg("job_bytes") = 0,
-      "dst.copy_(src) for every pair of contiguous CPU tensors of one dtype and size, on "
-      "torch's intra-op threads; streaming stores when these bytes, or those of the whole job "
-      "this call is a bucket of (`job_bytes`), exceed half the last-level cache.");
+      py::arg("dsts"), py::arg("srcs"), py::arg("job_bytes") = 0, py::arg("streaming") = py::none(),
+      "dst.copy_(src) for every pair of contiguous CPU tensors of one dtype and size, on as "
+      "many threads as torch's intra-op pool; with streaming stores if `streaming`, or, left "
+      "None, when these bytes or those of the whole job this call is a bucket of "
+      "(`job_bytes`) exceed half the last-level cache.");
 #ifdef LOOM_HAVE_CUDA
   m.attr("has_cuda_copy") = true;
   m.def(
       "copy_cuda",
-      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
+      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs,
+         uint64_t aloneBytes) {
         checkPairs("copy_cuda", dsts, srcs, c10::DeviceType::CUDA);
         if (dsts.empty()) return;
         const c10::Device device = dsts[0].device();
@@ -136,11 +154,13 @@ void bindByteCopy(py::module_& m) {
         // Queued on the caller's current stream, as copy_ would be.
         const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
         auto stream = static_cast<CUstream>(impl.getStream(device).native_handle());
-        cuda::copySpread(device.index(), stream, pieces);
+        py::gil_scoped_release unlocked;
+        cuda::copySpread(device.index(), stream, pieces, aloneBytes);
       },
-      py::arg("dsts"), py::arg("srcs"),
+      py::arg("dsts"), py::arg("srcs"), py::arg("alone_bytes") = uint64_t{8} << 20,
       "dst.copy_(src) for every pair of contiguous tensors of one dtype and size on one CUDA "
-      "device, queued on its current stream as one launch of loom's spread copy.");
+      "device, queued on its current stream: pairs of `alone_bytes` or more each as the "
+      "driver's copy, the rest as one launch of loom's spread copy.");
 #else
   m.attr("has_cuda_copy") = false;
 #endif

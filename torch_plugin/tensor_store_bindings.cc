@@ -185,6 +185,26 @@ void bindTensorStore(py::module_& m) {
       },
       "What processes that can read each other's regions share (loom's host identity and "
       "the pid namespace).");
+  m.def(
+      "tensors_signature",
+      [](const std::vector<at::Tensor>& tensors) {
+        // Per tensor: where its data starts (its TensorImpl for one without storage, such as
+        // a DTensor's wrapper), device, dtype, then its sizes and strides.
+        std::vector<int64_t> words;
+        words.reserve(tensors.size() * 8);
+        for (const at::Tensor& t : tensors) {
+          words.push_back(t.has_storage() ? reinterpret_cast<int64_t>(t.data_ptr())
+                                          : reinterpret_cast<int64_t>(t.unsafeGetTensorImpl()));
+          words.push_back(static_cast<int64_t>(t.device().type()) << 16 | t.device().index());
+          words.push_back(static_cast<int64_t>(t.scalar_type()) << 16 | t.dim());
+          for (const int64_t size : t.sizes()) words.push_back(size);
+          for (const int64_t stride : t.strides()) words.push_back(stride);
+        }
+        return py::bytes(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+      },
+      py::arg("tensors"),
+      "Bytes that change when any tensor's address, device, dtype, sizes or strides do (what "
+      "a lend plan depends on).");
   py::class_<Region, std::shared_ptr<Region>>(
       m, "Region", "A sealed memfd whose bytes peers of this host read in place.")
       .def_static(

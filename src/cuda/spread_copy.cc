@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "cuda/driver.h"
 #include "cuda/kernels.h"
@@ -47,9 +48,23 @@ uint64_t alignedUp(uint64_t bytes) {
 
 }  // namespace
 
-void copySpread(int device, CUstream stream, std::span<const Segment> pieces) {
+void copySpread(int device, CUstream stream, std::span<const Segment> pieces,
+                uint64_t aloneBytes) {
   const Loaded& on = loadedOn(device);
   ContextGuard guard(on.context);
+  const Driver& d = Driver::get();
+  std::vector<Segment> rest;
+  rest.reserve(pieces.size());
+  for (const Segment& piece : pieces) {
+    if (piece.bytes < aloneBytes) {
+      rest.push_back(piece);
+      continue;
+    }
+    check(d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(piece.dst),
+                              reinterpret_cast<CUdeviceptr>(piece.src), piece.bytes, stream),
+          "copy", -1, "cuMemcpyDtoDAsync");
+  }
+  pieces = rest;
   while (!pieces.empty()) {
     SpreadParams params{};
     uint64_t total = 0;

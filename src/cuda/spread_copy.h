@@ -13,8 +13,10 @@
 namespace loom::cuda {
 
 /// Queues dst = src for every piece on `stream`, a stream of device `device`'s primary
-/// context (torch's), in one launch per kMaxSpreadPieces pieces with the bytes spread evenly
-/// over the blocks. Pieces must not overlap one another's destinations.
-void copySpread(int device, CUstream stream, std::span<const Segment> pieces);
+/// context (torch's): pieces of `aloneBytes` or more each as the driver's own copy
+/// (cuMemcpyDtoDAsync, the fastest for one large piece), the rest in one launch per
+/// kMaxSpreadPieces pieces with their bytes spread evenly over the blocks. Pieces must not
+/// overlap one another's destinations.
+void copySpread(int device, CUstream stream, std::span<const Segment> pieces, uint64_t aloneBytes);
 
 }  // namespace loom::cuda

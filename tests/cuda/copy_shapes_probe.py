@@ -7,7 +7,8 @@ buffer holds them) copied into the reader's tensors in the ways a read can copy 
 Rows: one flat copy of the whole buffer (the floor); torch._foreach_copy_ into 200 separate
 tensors (what a read runs today); the same into 200 views of one flat tensor (a reader whose
 tensors sit back to back); a copy_ per tensor; loom's own copy (loom._C.copy_cpu or copy_cuda)
-into the 200 tensors and as one flat copy; what a store read runs (run_copies over
+into the 200 tensors and as one flat copy (on CPU with plain and streaming stores forced, on
+CUDA also with the spread kernel alone, no driver copies for large pieces); what a store read runs (run_copies over
 copy_groups: runs of tensors back to back joined); and, CUDA only, a device synchronize alone.
 """
 
@@ -61,13 +62,21 @@ def main() -> None:
     from loom import _C
     from loom.tensor_store._parts import copy_groups, run_copies
 
-    loom_copy = _C.copy_cpu if device.type == "cpu" else _C.copy_cuda
-    cases["loom copy into 200 tensors"] = lambda: loom_copy(separate, src_views)
-    cases["loom flat copy"] = lambda: loom_copy([flat], [src])
+    if device.type == "cpu":
+        cases["loom copy into 200 tensors"] = lambda: _C.copy_cpu(separate, src_views)
+        cases["  plain stores"] = lambda: _C.copy_cpu(separate, src_views, streaming=False)
+        cases["  streaming stores"] = lambda: _C.copy_cpu(separate, src_views, streaming=True)
+        cases["loom flat copy"] = lambda: _C.copy_cpu([flat], [src])
+    else:
+        cases["loom copy into 200 tensors"] = lambda: _C.copy_cuda(separate, src_views)
+        cases["  spread kernel alone"] = lambda: _C.copy_cuda(separate, src_views, 1 << 62)
+        cases["loom flat copy"] = lambda: _C.copy_cuda([flat], [src])
+        cases["  spread kernel alone "] = lambda: _C.copy_cuda([flat], [src], 1 << 62)
     groups = copy_groups(separate, src_views)
     cases[f"store read ({len(groups)} groups)"] = lambda: run_copies(groups)
     if device.type == "cuda":
         cases["synchronize alone"] = lambda: None
+    print(f"loom's last-level cache size here: {_C.last_level_cache_bytes() / 2**20:.0f} MiB")
     print(f"{total / 1e6:.0f} MB in {count} tensors on {device}, {torch.get_num_threads()} threads; "
           f"{adjacent} of {count - 1} separate tensors sit right after the previous one")
     print(f"{'':28} {'median ms':>10} {'p90 ms':>8} {'GB/s':>8}")

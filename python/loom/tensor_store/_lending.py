@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import _C
 from ._layout import flatten, is_dtensor, path_text, whole
 from ._parts import OwnedBuffer, TensorMeta
 
@@ -92,9 +93,12 @@ def take_back(buffers: list[OwnedBuffer]) -> None:
 
 
 def leaf_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
-    """What a lend plan depends on: each leaf's name, address, dtype, shape and strides."""
-    return tuple((path, v.data_ptr(), v.dtype, v.shape, v.stride()) if isinstance(v, torch.Tensor) else (path, id(v))
-                 for path, v in leaves)
+    """What a lend plan depends on: each leaf's name, address, device, dtype, shape and
+    strides (packed in C++: a lend of a few hundred tensors checks it every time)."""
+    try:
+        return tuple(path for path, _ in leaves), _C.tensors_signature([v for _, v in leaves])
+    except TypeError:  # a leaf that is not a tensor (lent_metas refuses it)
+        return tuple((path, id(v)) for path, v in leaves)
 
 
 def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], what: str) -> LendPlan:

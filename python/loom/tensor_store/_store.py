@@ -551,7 +551,7 @@ class TensorStore:
         elif latest is not None and version == latest[0]:
             parts, lent = latest[1], latest[2]
         elif latest is not None and latest[2] is not None and version > latest[0]:
-            self._await_lent(key, version, latest[0], timeout)
+            self._await_lent(key, version, latest[0], timeout, self._decode(latest[2], latest[0]))
             return self._parts(key, version, timeout, retries)
         else:
             lent = None
@@ -592,11 +592,13 @@ class TensorStore:
             return self._parts(key, None, timeout, retries - 1)
         return version, [self._decode(value, version) for value in values]
 
-    def _await_lent(self, key: str, version: int, latest: int | None, timeout: timedelta | None) -> None:
-        """Waits until the lent key `key` reaches `version` (or is gone)."""
+    def _await_lent(self, key: str, version: int, latest: int | None, timeout: timedelta | None,
+                    writer: PartMeta | None = None) -> None:
+        """Waits until the lent key `key` reaches `version` (or is gone); `writer`: the part
+        lent now, if any."""
         wait = timeout if timeout is not None else self._timeout
         self._await_latest(key, version - 1, time.monotonic() + wait.total_seconds(),
-                           f"get('{key}', version={version}): not lent within {wait} (latest: {latest})")
+                           f"get('{key}', version={version}): not lent within {wait} (latest: {latest})", writer)
 
     def _await_latest(self, key: str, beyond: int, deadline: float, late: str, writer: PartMeta | None = None) -> None:
         """Waits until the latest version of `key` is past `beyond` or the key is gone (lent
@@ -604,6 +606,17 @@ class TensorStore:
         deadline and TensorStoreError if `writer`'s process exits first."""
         local = writer is not None and writer.buffers and writer.host == self._host
         pid = writer.buffers[0].pid if local else None  # a writer elsewhere is watched by its server's connection
+        # A writer of this host lends its next version into the buffer it lends now: its
+        # generation moves past the next odd one (the reclaim) only when that lend is made,
+        # so a shared-memory read says when to ask the Store again (no Store traffic while
+        # the writer trains). Other buffers next time are caught by asking anyway, at most
+        # `pause` apart.
+        watched = None
+        if local and writer.lent:
+            try:
+                watched = (self._mapped_buffer(writer, 0), writer.generations[0])
+            except TensorStoreError:  # its writer is gone: the loop below says so
+                pass
         pause = 50e-6
         while True:
             latest = self._latest(key)
@@ -615,7 +628,12 @@ class TensorStore:
                     f"to change its tensors and exited before lending the next"))
             if time.monotonic() > deadline:
                 raise TimeoutError(self._message(late))
-            time.sleep(pause)
+            if watched is None:
+                time.sleep(pause)
+            else:
+                until = time.monotonic() + pause
+                while watched[0].region.generation() < watched[1] + 2 and time.monotonic() < until:
+                    time.sleep(20e-6)
             pause = min(2 * pause, 1e-3)
 
     def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:

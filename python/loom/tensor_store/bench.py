@@ -12,6 +12,8 @@ place. Printed per step, as median and p90 over `--steps` steps:
 - lend, lent get, lent refresh: the same with the trainer lending its tensors (make_lendable
   once, then per step reclaim, change them, lend_state_dict): a lend copies nothing, so a
   generator's get is the one copy of the refresh;
+- lent overlapped: a lend while the generators already ask for that version (an RL loop's
+  generators waiting for the next policy): from the start of the lend to the last copy;
 - memcpy: the same bytes copied once, one flat tensor into another, by one process with the
   same threads (CPU) or by the device (CUDA): the floor of any transfer;
 - gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
@@ -97,12 +99,13 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
         flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         flat_dst = torch.empty_like(flat_src)
         out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "overlapped": [], "memcpy": [], "gloo": [],
-               "first_put": [], "lend": [], "lent get": [], "lent refresh": []}
+               "first_put": [], "lend": [], "lent get": [], "lent refresh": [], "lent overlapped": []}
         if args.lend:
             lent = state_dict(args.bytes, args.tensors, device, float(rank))
             if rank == 0:
                 ts.make_lendable(lent)
                 ts.lend_state_dict(lent, "lent")
+        lent_version = 1  # the lent key's versions: one per lend
         warm = 2  # the writer's first `keep` puts make its buffers (pages faulted in once)
         version = 0
 
@@ -132,18 +135,31 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
             check("while it was put")
             memcpy = timed(lambda: flat_dst.copy_(flat_src), rank == 0)
             if args.lend:
+                lent_version += 1
                 if rank == 0:
                     ts.reclaim("lent")
                     for t in lent.values():
-                        t.fill_(version % 256)
+                        t.fill_(lent_version % 256)
                 lend = timed(lambda: ts.lend_state_dict(lent, "lent"), rank == 0)
                 lent_get = timed(lambda: ts.get_state_dict("lent", lent), rank != 0)
                 if rank != 0:
-                    assert float(lent["layers.0.w0"].float().mean()) == version % 256, "a stale lent version"
+                    assert float(lent["layers.0.w0"].float().mean()) == lent_version % 256, "a stale lent version"
+                # The same with the generators already waiting for the next version, as an RL
+                # loop's generators do: from the lend to the last generator's last copy.
+                lent_version += 1
+                if rank == 0:
+                    ts.reclaim("lent")
+                    for t in lent.values():
+                        t.fill_(lent_version % 256)
+                lent_overlapped = timed(lambda: ts.lend_state_dict(lent, "lent") if rank == 0
+                                        else ts.get_state_dict("lent", lent, version=lent_version), True)
+                if rank != 0:
+                    assert float(lent["layers.0.w0"].float().mean()) == lent_version % 256, "a stale lent version"
                 if step >= warm:
                     out["lend"].append(lend)
                     out["lent get"].append(lent_get)
                     out["lent refresh"].append(lend + lent_get)
+                    out["lent overlapped"].append(lent_overlapped)
             if step == 0:
                 out["first_put"].append(put)
             if args.gloo and device.type == "cpu":
@@ -234,22 +250,22 @@ def run(args) -> int:
         p.join()
     out = results[0]
     rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "overlapped", "lend", "lent get",
-                                                "lent refresh", "gloo") if out[name]}
+                                                "lent refresh", "lent overlapped", "gloo") if out[name]}
     first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
     print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
           f"{args.generators} generators, {args.device}, {args.threads} threads per rank, {args.steps} steps"
           + (", across 2 namespace hosts" + (f" ({args.link_gbit:g} Gb/s links)" if args.link_gbit else "")
              if args.hosts else ""))
-    print(f"{'':12} {'median ms':>10} {'p90 ms':>10} {'GB/s':>8} {'x memcpy':>9}")
+    print(f"{'':16} {'median ms':>10} {'p90 ms':>10} {'GB/s':>8} {'x memcpy':>9}")
     for name, row in rows.items():
         gbps = out["bytes"] / row["median_ms"] / 1e6
-        print(f"{name:12} {row['median_ms']:10.1f} {row['p90_ms']:10.1f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
+        print(f"{name:16} {row['median_ms']:10.2f} {row['p90_ms']:10.2f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
     print(f"(not in the steps: the first put, which makes the writer's buffer: {first_put_ms:.0f} ms; "
           f"two steps warm up)")
     if "gloo" in rows:
         ratios = [f"gloo / {name}: {rows['gloo']['median_ms'] / rows[name]['median_ms']:.1f}x"
-                  for name in ("refresh", "overlapped", "lent refresh") if name in rows]
+                  for name in ("refresh", "overlapped", "lent refresh", "lent overlapped") if name in rows]
         print("; ".join(ratios))
     if args.json:
         with open(args.json, "w") as f:
