@@ -18,7 +18,7 @@ using loom::torch_plugin::ProcessGroupLoom;
 namespace loom::torch_plugin {
 void bindTensorStore(py::module_& m);  // tensor_store_bindings.cc
 void bindByteCopy(py::module_& m);     // byte_copy.cc
-}
+}  // namespace loom::torch_plugin
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "loom's native c10d backend";

@@ -10,8 +10,8 @@
 #include <torch/python.h>
 
 #include <algorithm>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,7 +65,8 @@ void checkPairs(const char* what, const std::vector<at::Tensor>& dsts,
   }
 }
 
-std::vector<Span> spansOf(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
+std::vector<Span> spansOf(const std::vector<at::Tensor>& dsts,
+                          const std::vector<at::Tensor>& srcs) {
   checkPairs("copy_cpu", dsts, srcs, c10::DeviceType::CPU);
   std::vector<Span> spans;
   spans.reserve(dsts.size());
@@ -106,14 +107,14 @@ void bindByteCopy(py::module_& m) {
         "The last-level cache size loom's copies decide streaming stores by.");
   m.def(
       "copy_cpu",
-      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs,
-         size_t jobBytes, std::optional<bool> streamingAsked) {
+      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, size_t jobBytes,
+         std::optional<bool> streamingAsked) {
         const std::vector<Span> spans = spansOf(dsts, srcs);
         if (spans.empty()) return;
         const size_t total = spans.back().start + spans.back().bytes;
         // Output that cannot stay in cache anyway goes out through streaming stores.
-        const bool streaming = streamingAsked.value_or(
-            std::max(total, jobBytes) >= kernels::lastLevelCacheBytes() / 2);
+        const bool streaming = streamingAsked.value_or(std::max(total, jobBytes) >=
+                                                       kernels::lastLevelCacheBytes() / 2);
         // As many threads as torch's intra-op pool has, from loom's helper pool (torch's
         // at::parallel_for is an OpenMP region inlined into the caller, which this module,
         // built without OpenMP, would run on one thread).

@@ -200,7 +200,8 @@ void bindTensorStore(py::module_& m) {
           for (const int64_t size : t.sizes()) words.push_back(size);
           for (const int64_t stride : t.strides()) words.push_back(stride);
         }
-        return py::bytes(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+        return py::bytes(reinterpret_cast<const char*>(words.data()),
+                         words.size() * sizeof(int64_t));
       },
       py::arg("tensors"),
       "Bytes that change when any tensor's address, device, dtype, sizes or strides do (what "

@@ -283,7 +283,9 @@ extern "C" __global__ void loom_copy_spread(SpreadParams p) {
     const uint64_t to = (end < start + piece.bytes ? end : start + piece.bytes) - start;
     if (from >= to) continue;
     uint64_t done = from;
-    if ((reinterpret_cast<uintptr_t>(piece.dst) | reinterpret_cast<uintptr_t>(piece.src)) % 16 == 0) {
+    const uintptr_t ends =
+        reinterpret_cast<uintptr_t>(piece.dst) | reinterpret_cast<uintptr_t>(piece.src);
+    if (ends % 16 == 0) {
       const uint4* src = static_cast<const uint4*>(piece.src);
       uint4* dst = static_cast<uint4*>(piece.dst);
       const uint64_t last = to / 16;

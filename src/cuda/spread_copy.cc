@@ -48,8 +48,7 @@ uint64_t alignedUp(uint64_t bytes) {
 
 }  // namespace
 
-void copySpread(int device, CUstream stream, std::span<const Segment> pieces,
-                uint64_t aloneBytes) {
+void copySpread(int device, CUstream stream, std::span<const Segment> pieces, uint64_t aloneBytes) {
   const Loaded& on = loadedOn(device);
   ContextGuard guard(on.context);
   const Driver& d = Driver::get();
@@ -80,7 +79,8 @@ void copySpread(int device, CUstream stream, std::span<const Segment> pieces,
     pieces = pieces.subspan(used);
     if (total == 0) continue;
     const auto most = static_cast<uint64_t>(8 * on.kernels->multiprocessors());
-    const uint64_t blocks = std::clamp<uint64_t>((total + kMinPerBlock - 1) / kMinPerBlock, 1, most);
+    const uint64_t blocks =
+        std::clamp<uint64_t>((total + kMinPerBlock - 1) / kMinPerBlock, 1, most);
     params.perBlock = alignedUp((total + blocks - 1) / blocks);
     on.kernels->copySpread(stream, params,
                            static_cast<unsigned>((total + params.perBlock - 1) / params.perBlock));

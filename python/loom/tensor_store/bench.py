@@ -14,8 +14,10 @@ place. Printed per step, as median and p90 over `--steps` steps:
   generator's get is the one copy of the refresh;
 - lent overlapped: a lend while the generators already ask for that version (an RL loop's
   generators waiting for the next policy): from the start of the lend to the last copy;
-- memcpy: the same bytes copied once, one flat tensor into another, by one process with the
-  same threads (CPU) or by the device (CUDA): the floor of any transfer;
+- memcpy: the same bytes copied once, one flat tensor into another (torch's copy_), by one
+  process with the same threads (CPU) or by the device (CUDA): the floor of any transfer;
+  loom memcpy (CPU): the same with loom's own copy, which the store's copies use (streaming
+  stores past half the last-level cache), a lower floor where those pay;
 - gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
   what torchstore's Gloo transport sends); off with --no-gloo.
 
@@ -65,6 +67,7 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
         import torch
         import torch.distributed as dist
 
+        from loom import _C
         from loom.tensor_store import TensorStore
 
         if args.hosts:  # before any socket opens: the trainer on host 0, generators on host 1
@@ -99,7 +102,7 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
         flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         flat_dst = torch.empty_like(flat_src)
         out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "overlapped": [], "memcpy": [], "gloo": [],
-               "first_put": [], "lend": [], "lent get": [], "lent refresh": [], "lent overlapped": []}
+               "first_put": [], "lend": [], "lent get": [], "lent refresh": [], "lent overlapped": [], "loom memcpy": []}
         if args.lend:
             lent = state_dict(args.bytes, args.tensors, device, float(rank))
             if rank == 0:
@@ -134,6 +137,8 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
                                else ts.get_state_dict("policy", sd, version=version), True)
             check("while it was put")
             memcpy = timed(lambda: flat_dst.copy_(flat_src), rank == 0)
+            if device.type == "cpu":  # loom's own copy of the same bytes: the faster floor here
+                streamed = timed(lambda: _C.copy_cpu([flat_dst], [flat_src]), rank == 0)
             if args.lend:
                 lent_version += 1
                 if rank == 0:
@@ -174,6 +179,8 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
                 out["refresh"].append(put + get)
                 out["overlapped"].append(overlapped)
                 out["memcpy"].append(memcpy)
+                if device.type == "cpu":
+                    out["loom memcpy"].append(streamed)
             if rank == 0 and args.progress:
                 print(f"  step {step - warm + 1}/{args.steps}: put {put * 1e3:.1f} ms, get {get * 1e3:.1f} ms, "
                       f"overlapped {overlapped * 1e3:.1f} ms, memcpy {memcpy * 1e3:.1f} ms", file=sys.stderr, flush=True)
@@ -249,7 +256,7 @@ def run(args) -> int:
     for p in procs:
         p.join()
     out = results[0]
-    rows = {name: stats(out[name]) for name in ("memcpy", "put", "get", "refresh", "overlapped", "lend", "lent get",
+    rows = {name: stats(out[name]) for name in ("memcpy", "loom memcpy", "put", "get", "refresh", "overlapped", "lend", "lent get",
                                                 "lent refresh", "lent overlapped", "gloo") if out[name]}
     first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
@@ -263,6 +270,11 @@ def run(args) -> int:
         print(f"{name:16} {row['median_ms']:10.2f} {row['p90_ms']:10.2f} {gbps:8.2f} {row['median_ms'] / memcpy:9.2f}")
     print(f"(not in the steps: the first put, which makes the writer's buffer: {first_put_ms:.0f} ms; "
           f"two steps warm up)")
+    if "loom memcpy" in rows:
+        floor = rows["loom memcpy"]["median_ms"]
+        print("against loom memcpy: " + "; ".join(
+            f"{name} {rows[name]['median_ms'] / floor:.2f}x" for name in ("get", "overlapped", "lent refresh",
+                                                                          "lent overlapped") if name in rows))
     if "gloo" in rows:
         ratios = [f"gloo / {name}: {rows['gloo']['median_ms'] / rows[name]['median_ms']:.1f}x"
                   for name in ("refresh", "overlapped", "lent refresh", "lent overlapped") if name in rows]
