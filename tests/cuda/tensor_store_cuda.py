@@ -127,6 +127,35 @@ def worker(rank: int, world: int, path: str, steps: int, queue) -> None:
         queue.put((rank, traceback.format_exc()))
 
 
+def broadcast_worker(rank: int, world: int, path: str, steps: int, queue) -> None:
+    """Broadcast mode over a loom group whose ranks share GPU 0: CUDA tensors (packed and
+    alone) and a CPU tensor, rank 1 writing, every version checked on every rank."""
+    try:
+        import torch.distributed as dist
+
+        import loom  # noqa: F401  (registers the backend)
+        from loom.tensor_store import TensorStore
+
+        torch.cuda.set_device(0)
+        dist.init_process_group("loom", store=dist.FileStore(path, world), rank=rank, world_size=world,
+                                device_id=torch.device("cuda", 0))
+        ts = TensorStore(bucket_bytes=1 << 20)
+        sd = expected(0, "cuda")
+        sd["big"] = torch.zeros(1 << 20, device="cuda")  # 4 MiB: alone
+        for step in range(1, steps + 1):
+            if rank == 1:
+                sd = expected(step, "cuda")
+                sd["big"] = torch.full((1 << 20,), float(step), device="cuda")
+            ts.broadcast_state_dict(sd, "policy", src=1)
+            want = expected(step, "cuda")
+            want["big"] = torch.full((1 << 20,), float(step), device="cuda")
+            assert same(sd, want), f"step {step}: rank {rank} holds another state dict"
+        dist.destroy_process_group()
+        queue.put((rank, f"ok ({steps} broadcasts)"))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, traceback.format_exc()))
+
+
 def check_spread_copy() -> str:
     """loom._C.copy_cuda against torch's copy_: pieces of odd sizes and alignments, empty ones,
     more than one launch holds, on a side stream; '' if all match, else what differs."""
@@ -174,11 +203,18 @@ def main() -> int:
     problem = check_spread_copy()
     print(f"loom's spread copy (copy_cuda) against copy_: {problem or 'passed'}")
     failed = bool(problem)
+    for target, what in ((worker, "tensor store"), (broadcast_worker, "broadcast mode")):
+        failed |= run_all(target, what, args)
+    return 1 if failed else 0
+
+
+def run_all(target, what: str, args) -> bool:
+    failed = False
     for world in args.ranks:
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         with tempfile.TemporaryDirectory() as tmp:
-            procs = [ctx.Process(target=worker, args=(r, world, os.path.join(tmp, "store"), args.steps, queue))
+            procs = [ctx.Process(target=target, args=(r, world, os.path.join(tmp, "store"), args.steps, queue))
                      for r in range(world)]
             for p in procs:
                 p.start()
@@ -194,11 +230,11 @@ def main() -> int:
                 p.join(timeout=60)
         bad = {r: v for r, v in results.items() if not v.startswith("ok")}
         failed |= bool(bad)
-        print(f"tensor store on CUDA, {world} ranks on one GPU: {'FAILED' if bad else 'passed'} "
+        print(f"{what} on CUDA, {world} ranks on one GPU: {'FAILED' if bad else 'passed'} "
               f"({', '.join(f'rank {r}: {v}' for r, v in sorted(results.items()) if r and not bad)})")
         for r, v in bad.items():
             print(f"--- rank {r} ---\n{v}")
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

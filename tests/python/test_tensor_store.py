@@ -804,3 +804,58 @@ def test_parallel_cpu_copy_matches_copy_and_refuses_bad_pairs():
         _C.copy_cpu([into, torch.empty(20)[::2]], [floats, torch.empty(10)])
     with pytest.raises(ValueError, match="2 destinations and 1 sources"):
         _C.copy_cpu([into, into], [floats])
+
+
+def _broadcast_sample(step: int, receiver: bool) -> dict:
+    """A state dict for broadcast mode: every dtype (1-9 KiB each, packed into 6 KiB buckets
+    or, at 3 KiB and more, sent alone), a larger tensor, a strided tensor on receivers,
+    nesting and an object leaf."""
+    layers = enumerate(DTYPES * 3)  # enough packed buckets that both bucket buffers are reused
+    out = {"layers": {f"{i}": {"w": _sample(dtype, (9, 130), step * 31 + i)} for i, dtype in layers},
+           "embed": torch.full((64, 1024), float(step), dtype=torch.float32),
+           "t": _sample(torch.float32, (6, 4), step).t().contiguous().t() if receiver else _sample(torch.float32, (6, 4), step),
+           "meta": {"step": step}}
+    if receiver:  # contents that must all be overwritten
+        for layer in out["layers"].values():
+            layer["w"].zero_() if layer["w"].dtype != torch.bool else layer["w"].fill_(True)
+        out["embed"].fill_(-1.0)
+        out["t"].fill_(-1.0)
+        out["meta"] = {"step": -1}
+    return out
+
+
+def _broadcast_mode(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(bucket_bytes=6 << 10)  # several buckets per call, and tensors alone
+    writer = 1  # a writer that is not rank 0
+    mine = _broadcast_sample(0, receiver=rank != writer)
+    assert not mine["t"].is_contiguous() or rank == writer
+    versions = []
+    for step in (1, 2, 3):
+        if rank == writer:
+            mine = _broadcast_sample(step, receiver=False)
+        versions.append(ts.broadcast_state_dict(mine, "policy", src=writer))
+        expected = _broadcast_sample(step, receiver=False)
+        for i in range(3 * len(DTYPES)):
+            assert torch.equal(mine["layers"][f"{i}"]["w"], expected["layers"][f"{i}"]["w"]), (step, i)
+        assert torch.equal(mine["embed"], expected["embed"]) and torch.equal(mine["t"], expected["t"])
+        assert mine["meta"] == {"step": step}
+    # A subgroup, another writer, a version given.
+    pair = dist.new_group([0, 2], backend="loom")
+    if rank in (0, 2):
+        sd = {"x": torch.arange(1000, dtype=torch.int64) * (rank + 1)}
+        v = ts.broadcast_state_dict(sd, "pair", src=2, group=pair, version=7)
+        assert v == 7 and torch.equal(sd["x"], torch.arange(1000) * 3)
+    # One rank's state dict does not fit the writer's: every member raises, naming it.
+    wrong = {"x": torch.zeros(5 if rank == 2 else 4)}
+    with pytest.raises(ValueError, match=r"broadcast_state_dict\('bad'\): rank 2: 'x' is torch.float32 \[5\]"):
+        ts.broadcast_state_dict(wrong, "bad", src=0)
+    # A version that does not grow is refused on every member, naming the writer.
+    with pytest.raises(ValueError, match=r"rank 1: versions must be integers that grow; the last of this key is 3"):
+        ts.broadcast_state_dict(mine, "policy", src=writer, version=2)
+    return versions
+
+
+def test_broadcast_mode_delivers_the_writers_state_dict_to_every_member():
+    assert run_ranks(3, _broadcast_mode) == [[1, 2, 3]] * 3

@@ -26,7 +26,8 @@ class AsyncTensorStore:
     the GIL), so an event loop keeps serving while bytes move. Takes TensorStore's arguments."""
 
     _VERBS = ("put", "get", "put_state_dict", "get_state_dict", "put_batch", "get_batch", "delete",
-              "exists", "keys", "latest_version", "make_lendable", "lend", "lend_state_dict", "reclaim")
+              "exists", "keys", "latest_version", "make_lendable", "lend", "lend_state_dict", "reclaim",
+              "broadcast_state_dict")
 
     def __init__(self, *args: Any, **kwargs: Any):
         self.sync = TensorStore(*args, **kwargs)

@@ -37,6 +37,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from ._broadcast import (BroadcastPlan, agreed, broadcast_signature, dtensor_problem, layout_of, make_plan, mismatch,
+                         run_broadcasts)
 from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
 from ._lending import Lent, leaf_signature, lendable_tensors, lent_metas, move_into, take_back
 from ._read_plan import ReadPlan, Stale, TensorStoreError, pieces_by_path
@@ -104,6 +106,8 @@ class TensorStore:
         self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
         self._lendable: list[OwnedBuffer] = []  # buffers make_lendable moved tensors into
         self._lent: dict[str, Lent] = {}  # keys this writer lends, by key
+        self._broadcast_plans: dict[str, BroadcastPlan] = {}  # broadcast mode, by key
+        self._broadcast_versions: dict[str, int] = {}
         self._closed = False
 
     # ---- the verbs -------------------------------------------------------------------------
@@ -153,6 +157,50 @@ class TensorStore:
         """get() of every key (a dict maps keys to their in-place tensors)."""
         targets = keys if isinstance(keys, dict) else {key: None for key in keys}
         return {key: self.get(key, inplace, version=version) for key, inplace in targets.items()}
+
+    def broadcast_state_dict(self, state_dict: dict, key: str, *, src: int = 0, group: Any = None,
+                             version: int | None = None) -> int:
+        """Broadcast mode: every member of `group` (a process group; default: the default
+        one) calls this at once, and the state dict of global rank `src` is delivered into
+        every other member's state dict in place (tensors with the same names, dtypes, shapes
+        and device types; other leaves are replaced by the writer's), in pipelined buckets of
+        `bucket_bytes` over the group's broadcast. Serves many readers with one send per
+        link where gets fetch a copy each. Returns the version: the writer's next of `key`
+        (or `version`), which every member learns."""
+        self._check_key(key)
+        what = self._message(f"broadcast_state_dict('{key}')")
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"{what}: needs a dict, got {type(state_dict).__name__}")
+        leaves = list(flatten(state_dict))
+        sending = dist.get_rank() == src
+        with self._lock:
+            header: list[Any] = [None]
+            if sending:
+                last = self._broadcast_versions.get(key, 0)
+                if version is not None and (not isinstance(version, int) or version <= last):
+                    header[0] = f"versions must be integers that grow; the last of this key is {last}"
+                else:
+                    objects = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}
+                    header[0] = (version if version is not None else last + 1, layout_of(leaves), objects)
+            dist.broadcast_object_list(header, src=src, group=group)
+            if isinstance(header[0], str):
+                raise ValueError(f"{what}: rank {src}: {header[0]}")
+            version, layout, objects = header[0]
+            problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
+            agreed(problem, group, what)
+            plan = self._broadcast_plans.get(key)
+            if plan is None or plan.signature != broadcast_signature(leaves):
+                plan = self._broadcast_plans[key] = make_plan(leaves, self._bucket_bytes)
+            tensors = [v if isinstance(v, torch.Tensor) else None for _, v in leaves]
+            run_broadcasts(plan, tensors, sending, src, group)
+            if not sending:
+                for i, value in objects.items():
+                    node = state_dict
+                    for name in leaves[i][0][:-1]:
+                        node = node[name]
+                    node[leaves[i][0][-1]] = value
+            self._broadcast_versions[key] = version
+            return version
 
     def make_lendable(self, target: Any) -> None:
         """Moves the tensors of `target` (a module's parameters and buffers, or a state dict's

@@ -18,6 +18,8 @@ place. Printed per step, as median and p90 over `--steps` steps:
   process with the same threads (CPU) or by the device (CUDA): the floor of any transfer;
   loom memcpy (CPU): the same with loom's own copy, which the store's copies use (streaming
   stores past half the last-level cache), a lower floor where those pay;
+- broadcast: the trainer's state dict delivered to every generator at once in broadcast mode
+  (broadcast_state_dict over a loom group, the same state dicts); off with --no-broadcast;
 - gloo: the same tensors broadcast from the trainer to the generators over Gloo (CPU tensors:
   what torchstore's Gloo transport sends); off with --no-gloo.
 
@@ -97,12 +99,13 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
             return elapsed.item()
 
         ts = TensorStore()
+        loom_group = dist.new_group(backend="loom") if args.broadcast else None
         sd = state_dict(args.bytes, args.tensors, device, float(rank))
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
         flat_src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
         flat_dst = torch.empty_like(flat_src)
         out = {"bytes": nbytes, "put": [], "get": [], "refresh": [], "overlapped": [], "memcpy": [], "gloo": [],
-               "first_put": [], "lend": [], "lent get": [], "lent refresh": [], "lent overlapped": [], "loom memcpy": []}
+               "first_put": [], "lend": [], "lent get": [], "lent refresh": [], "lent overlapped": [], "loom memcpy": [], "broadcast": []}
         if args.lend:
             lent = state_dict(args.bytes, args.tensors, device, float(rank))
             if rank == 0:
@@ -167,6 +170,16 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
                     out["lent overlapped"].append(lent_overlapped)
             if step == 0:
                 out["first_put"].append(put)
+            if args.broadcast:  # every generator at once, over a loom group
+                fill = (version + 128) % 256  # not what the generators hold now
+                if rank == 0:
+                    for t in sd.values():
+                        t.fill_(fill)
+                bcast = timed(lambda: ts.broadcast_state_dict(sd, "broadcast", src=0, group=loom_group), True)
+                if rank != 0:
+                    first, last = next(iter(sd.values())), list(sd.values())[-1]
+                    assert float(first.float().mean()) == float(last.float().mean()) == fill, "a wrong broadcast"
+                out["broadcast"].append(bcast) if step >= warm else None
             if args.gloo and device.type == "cpu":
                 def broadcast():
                     for t in sd.values():
@@ -205,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
     parser.add_argument("--no-lend", dest="lend", action="store_false", help="leave out the lent rows")
+    parser.add_argument("--no-broadcast", dest="broadcast", action="store_false",
+                        help="leave out the broadcast-mode row")
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--progress", action="store_true", help="print every step")
     parser.add_argument("--hosts", type=int, default=0, choices=[0, 2],
@@ -257,7 +272,7 @@ def run(args) -> int:
         p.join()
     out = results[0]
     rows = {name: stats(out[name]) for name in ("memcpy", "loom memcpy", "put", "get", "refresh", "overlapped", "lend", "lent get",
-                                                "lent refresh", "lent overlapped", "gloo") if out[name]}
+                                                "lent refresh", "lent overlapped", "broadcast", "gloo") if out[name]}
     first_put_ms = 1e3 * out["first_put"][0]
     memcpy = rows["memcpy"]["median_ms"]
     print(f"tensor store, {out['bytes'] / 1e6:.0f} MB bf16 state dict ({args.tensors} tensors), 1 trainer + "
@@ -277,7 +292,7 @@ def run(args) -> int:
                                                                           "lent overlapped") if name in rows))
     if "gloo" in rows:
         ratios = [f"gloo / {name}: {rows['gloo']['median_ms'] / rows[name]['median_ms']:.1f}x"
-                  for name in ("refresh", "overlapped", "lent refresh", "lent overlapped") if name in rows]
+                  for name in ("refresh", "overlapped", "lent refresh", "lent overlapped", "broadcast") if name in rows]
         print("; ".join(ratios))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,0 +1,177 @@
+"""Broadcast mode: one writer's state dict delivered to every member of a process group at
+once, in pipelined buckets over the group's broadcast (the way checkpoint-engine updates
+many generators). Where a get makes every reader fetch its own copy, a broadcast over loom
+crosses each host's link once and spreads within a host through shared memory (CPU) or
+CUDA IPC (GPU). Every member calls it; the writer's tensors are sent, the others' filled in
+place.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from ._layout import is_dtensor, path_text
+from ._parts import copy_groups, run_copies
+
+# A tensor of at least this fraction of a bucket is broadcast on its own, in place.
+_ALONE_FRACTION = 2
+
+
+@dataclass
+class Bucket:
+    """One broadcast: a tensor alone (`alone`), or the leaves at `members` packed at `offsets`
+    into `nbytes` bytes of a bucket buffer of `device`."""
+
+    device: torch.device
+    alone: int | None = None
+    members: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    nbytes: int = 0
+
+
+@dataclass
+class BroadcastPlan:
+    """A member's buckets for one layout of its state dict, reused call after call while
+    its tensors stay the same (the signature says so)."""
+
+    signature: tuple
+    buckets: list[Bucket]
+    buffers: dict[torch.device, list[torch.Tensor]]  # two bucket buffers per device, in turn
+
+
+def layout_of(leaves: list[tuple[tuple, Any]]) -> list[tuple]:
+    """What a receiver checks its own leaves against: each tensor's path, dtype, shape and
+    device type, in order; None for a leaf that is not a tensor (sent as an object)."""
+    return [(path, v.dtype, tuple(v.shape), v.device.type) if isinstance(v, torch.Tensor) else (path, None)
+            for path, v in leaves]
+
+
+def mismatch(mine: list[tuple], theirs: list[tuple]) -> str | None:
+    """Why a receiver's layout cannot take the writer's, or None."""
+    if [entry[0] for entry in mine] != [entry[0] for entry in theirs]:
+        have, want = {e[0] for e in mine}, {e[0] for e in theirs}
+        missing = sorted(path_text(p) for p in want - have)[:8]
+        unexpected = sorted(path_text(p) for p in have - want)[:8]
+        if missing or unexpected:
+            return f"names differ: not in this rank's state dict: {missing}; only in it: {unexpected}"
+        return "the same names in another order (build both state dicts the same way)"
+    for m, t in zip(mine, theirs):
+        if (m[1] is None) != (t[1] is None):
+            return f"'{path_text(m[0])}' is a tensor on one side only"
+        if m[1] is not None and m[1:] != t[1:]:
+            return (f"'{path_text(m[0])}' is {m[1]} {list(m[2])} on {m[3]} here, "
+                    f"{t[1]} {list(t[2])} on {t[3]} at the writer")
+    return None
+
+
+def plan_buckets(tensors: list[tuple[int, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
+    """Buckets in leaf order per device: large contiguous tensors alone, the rest packed
+    (64-byte aligned) up to `bucket_bytes`."""
+    open_bucket: dict[torch.device, Bucket] = {}
+    buckets: list[Bucket] = []
+    for index, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            continue
+        if nbytes * _ALONE_FRACTION >= bucket_bytes and tensor.is_contiguous():
+            buckets.append(Bucket(tensor.device, alone=index))
+            continue
+        bucket = open_bucket.get(tensor.device)
+        start = (bucket.nbytes + 63) // 64 * 64 if bucket else 0
+        if bucket is None or (start + nbytes > bucket_bytes and bucket.members):
+            bucket = open_bucket[tensor.device] = Bucket(tensor.device)
+            buckets.append(bucket)
+            start = 0
+        bucket.members.append(index)
+        bucket.offsets.append(start)
+        bucket.nbytes = start + nbytes
+    return buckets
+
+
+def byte_view(buffer: torch.Tensor, offset: int, tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of `buffer` at `offset` as a tensor of `tensor`'s dtype and shape."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return buffer.narrow(0, offset, nbytes).view(tensor.dtype).view(tensor.shape)
+
+
+def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], sending: bool, src: int, group) -> None:
+    """The buckets' broadcasts, two in flight: the writer packs the next bucket while the last
+    one moves, a receiver unpacks a bucket while the next one moves."""
+    in_flight: collections.deque = collections.deque()
+
+    def unpack(work, bucket: Bucket, buffer: torch.Tensor | None) -> None:
+        work.wait()
+        if not sending and bucket.alone is None:
+            dsts = [tensors[i] for i in bucket.members]
+            run_copies(copy_groups(dsts, [byte_view(buffer, o, d) for o, d in zip(bucket.offsets, dsts)]))
+
+    turn: dict[torch.device, int] = collections.Counter()
+    for bucket in plan.buckets:
+        if len(in_flight) == 2:
+            unpack(*in_flight.popleft())
+        if bucket.alone is not None:
+            work = dist.broadcast(tensors[bucket.alone], src=src, group=group, async_op=True)
+            in_flight.append((work, bucket, None))
+            continue
+        buffer = plan.buffers[bucket.device][turn[bucket.device] % 2]
+        turn[bucket.device] += 1
+        if sending:
+            srcs = [tensors[i] for i in bucket.members]
+            run_copies(copy_groups([byte_view(buffer, o, s) for o, s in zip(bucket.offsets, srcs)], srcs))
+        work = dist.broadcast(buffer.narrow(0, 0, bucket.nbytes), src=src, group=group, async_op=True)
+        in_flight.append((work, bucket, buffer))
+    while in_flight:
+        unpack(*in_flight.popleft())
+
+
+def make_plan(leaves: list[tuple[tuple, Any]], bucket_bytes: int) -> BroadcastPlan:
+    """Buckets and bucket buffers for these leaves."""
+    tensors = [(i, v) for i, (_, v) in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    buckets = plan_buckets(tensors, bucket_bytes)
+    buffers: dict[torch.device, list[torch.Tensor]] = {}
+    for bucket in buckets:
+        if bucket.alone is None and bucket.device not in buffers:
+            size = max(b.nbytes for b in buckets if b.alone is None and b.device == bucket.device)
+            buffers[bucket.device] = [torch.empty(size, dtype=torch.uint8, device=bucket.device) for _ in range(2)]
+    return BroadcastPlan(broadcast_signature(leaves), buckets, buffers)
+
+
+def broadcast_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
+    """What a plan depends on: the names, and each tensor's address, dtype, shape, strides."""
+    tensors = [v for _, v in leaves if isinstance(v, torch.Tensor)]
+    return tuple(p for p, _ in leaves), _C.tensors_signature(tensors), tuple(
+        i for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor))
+
+
+def dtensor_problem(leaves: list[tuple[tuple, Any]]) -> str | None:
+    """Why broadcast mode cannot send these leaves (DTensors), or None."""
+    for path, value in leaves:
+        if is_dtensor(value):
+            return (f"'{path_text(path)}' is a DTensor; broadcast mode sends whole tensors (put "
+                    f"DTensors with put_state_dict and read them with get_state_dict)")
+    return None
+
+
+def agreed(problem: str | None, group, what: str) -> None:
+    """Raises on every member if any member found a problem, naming the first such rank and
+    its reason: none goes on alone into broadcasts the others skip. One small all_reduce when
+    all is well."""
+    try:
+        device = dist.distributed_c10d._get_object_coll_device(group)
+    except AttributeError:  # a torch without it: CPU, which every loom and Gloo group takes
+        device = torch.device("cpu")
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if flag.item() == 0:
+        return
+    found: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(found, problem, group=group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+    rank, reason = next((r, why) for r, why in zip(ranks, found) if why is not None)
+    raise ValueError(f"{what}: rank {rank}: {reason}")
