@@ -69,11 +69,16 @@ def reductions(rank: int, world: int, dev: torch.device, dtypes) -> int:
                 out = torch.empty(n, dtype=dtype, device=dev)
                 dist.reduce_scatter_tensor(out, blocks[rank].to(dev), op=op)
                 same(out, full[rank * n:(rank + 1) * n], "reduce_scatter_tensor " + what)
+                # In place, as FSDP2 may call it: the output is this rank's block of the input.
+                inp = blocks[rank].to(dev)
+                dist.reduce_scatter_tensor(inp[rank * n:(rank + 1) * n], inp, op=op)
+                same(inp[rank * n:(rank + 1) * n], full[rank * n:(rank + 1) * n],
+                     "in-place reduce_scatter_tensor " + what)
                 outs = torch.empty(n, dtype=dtype, device=dev)
                 dist.reduce_scatter(outs, list(blocks[rank].to(dev).chunk(world)) if n else
                                     [torch.empty(0, dtype=dtype, device=dev)] * world, op=op)
                 same(outs, full[rank * n:(rank + 1) * n], "reduce_scatter " + what)
-                checks += 4
+                checks += 5
     return checks
 
 
@@ -101,6 +106,10 @@ def movement(rank: int, world: int, dev: torch.device, dtypes) -> int:
             dist.all_to_all_single(got, blocks[rank].to(dev))
             same(got, torch.cat([blocks[q][rank * n:(rank + 1) * n] for q in range(world)]),
                  "all_to_all_single " + what)
+            both = blocks[rank].to(dev)  # in place: output and input are one tensor
+            dist.all_to_all_single(both, both)
+            same(both, torch.cat([blocks[q][rank * n:(rank + 1) * n] for q in range(world)]),
+                 "in-place all_to_all_single " + what)
             ins = list(blocks[rank].to(dev).chunk(world)) if n else [torch.empty(0, dtype=dtype, device=dev)] * world
             outl = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)]
             dist.all_to_all(outl, ins)
@@ -114,7 +123,7 @@ def movement(rank: int, world: int, dev: torch.device, dtypes) -> int:
             piece = torch.empty(n, dtype=dtype, device=dev)
             dist.scatter(piece, [e.to(dev) for e in everyone] if rank == root else None, src=root)
             same(piece, everyone[rank], "scatter " + what)
-            checks += 8
+            checks += 9
     return checks
 
 
