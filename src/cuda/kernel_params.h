@@ -92,6 +92,38 @@ struct SpreadParams {
   uint64_t perBlock;
 };
 
+#if defined(__CUDACC__)
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
+
+/// The last piece of `p` that starts at or before byte `begin` of the whole: the first one
+/// the run starting there copies from (the kernel per block; the tests on the host).
+LOOM_HOST_DEVICE inline int firstSpreadPiece(const SpreadParams& p, uint64_t begin) {
+  int first = 0;
+  for (int lo = 0, hi = p.count - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (p.starts[mid] <= begin) {
+      first = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return first;
+}
+
+/// Bytes [*from, *to) of piece i that the run [begin, end) of the whole covers; false if none.
+LOOM_HOST_DEVICE inline bool spreadSlice(const SpreadParams& p, int i, uint64_t begin, uint64_t end,
+                                         uint64_t* from, uint64_t* to) {
+  const uint64_t start = p.starts[i];
+  const uint64_t stop = start + p.pieces[i].bytes;
+  *from = (begin > start ? begin : start) - start;
+  *to = (end < stop ? end : stop) - start;
+  return *from < *to;
+}
+
 /// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a
 /// write of one (flag = *base + offset, released at system scope).
 struct FlagOp {

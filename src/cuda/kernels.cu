@@ -265,23 +265,12 @@ extern "C" __global__ void loom_copy(CopyParams p) {
 extern "C" __global__ void loom_copy_spread(SpreadParams p) {
   const uint64_t begin = blockIdx.x * p.perBlock;
   const uint64_t end = begin + p.perBlock;
-  int first = 0;  // the last piece starting at or before `begin`
-  for (int lo = 0, hi = p.count - 1; lo <= hi;) {
-    const int mid = (lo + hi) / 2;
-    if (p.starts[mid] <= begin) {
-      first = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
   const unsigned step = blockDim.x;
-  for (int i = first; i < p.count && p.starts[i] < end; ++i) {
+  for (int i = loom::cuda::firstSpreadPiece(p, begin); i < p.count && p.starts[i] < end; ++i) {
     const loom::cuda::Segment piece = p.pieces[i];
-    const uint64_t start = p.starts[i];
-    const uint64_t from = (begin > start ? begin : start) - start;
-    const uint64_t to = (end < start + piece.bytes ? end : start + piece.bytes) - start;
-    if (from >= to) continue;
+    uint64_t from = 0;
+    uint64_t to = 0;
+    if (!loom::cuda::spreadSlice(p, i, begin, end, &from, &to)) continue;
     uint64_t done = from;
     const uintptr_t ends =
         reinterpret_cast<uintptr_t>(piece.dst) | reinterpret_cast<uintptr_t>(piece.src);
