@@ -71,15 +71,16 @@ def mismatch(mine: list[tuple], theirs: list[tuple]) -> str | None:
 
 
 def plan_buckets(tensors: list[tuple[int, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
-    """Buckets in leaf order per device: large contiguous tensors alone, the rest packed
-    (64-byte aligned) up to `bucket_bytes`."""
+    """Buckets in leaf order per device: large tensors alone, the rest packed (64-byte
+    aligned) up to `bucket_bytes`. Decided by sizes alone, which every member's layout
+    shares, so every member issues the same broadcasts (strides may differ between them)."""
     open_bucket: dict[torch.device, Bucket] = {}
     buckets: list[Bucket] = []
     for index, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes == 0:
             continue
-        if nbytes * _ALONE_FRACTION >= bucket_bytes and tensor.is_contiguous():
+        if nbytes * _ALONE_FRACTION >= bucket_bytes:
             buckets.append(Bucket(tensor.device, alone=index))
             continue
         bucket = open_bucket.get(tensor.device)
@@ -107,17 +108,23 @@ def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], send
 
     def unpack(work, bucket: Bucket, buffer: torch.Tensor | None) -> None:
         work.wait()
-        if not sending and bucket.alone is None:
+        if sending:
+            return
+        if bucket.alone is None:
             dsts = [tensors[i] for i in bucket.members]
             run_copies(copy_groups(dsts, [byte_view(buffer, o, d) for o, d in zip(bucket.offsets, dsts)]))
+        elif buffer is not None:  # a strided tensor received through a contiguous copy
+            tensors[bucket.alone].copy_(buffer)
 
     turn: dict[torch.device, int] = collections.Counter()
     for bucket in plan.buckets:
         if len(in_flight) == 2:
             unpack(*in_flight.popleft())
         if bucket.alone is not None:
-            work = dist.broadcast(tensors[bucket.alone], src=src, group=group, async_op=True)
-            in_flight.append((work, bucket, None))
+            tensor = tensors[bucket.alone]
+            staged = None if tensor.is_contiguous() else tensor.contiguous()  # strided: moved through a copy
+            work = dist.broadcast(tensor if staged is None else staged, src=src, group=group, async_op=True)
+            in_flight.append((work, bucket, staged))
             continue
         buffer = plan.buffers[bucket.device][turn[bucket.device] % 2]
         turn[bucket.device] += 1

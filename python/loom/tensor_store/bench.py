@@ -181,7 +181,6 @@ def rank_main(rank: int, world: int, args, init: str, queue) -> None:
                         t.fill_(fill)
                 bcast = timed(lambda: ts.broadcast_state_dict(sd, "broadcast", src=0, group=loom_group), True)
                 if rank != 0:
-                    first, last = next(iter(sd.values())), list(sd.values())[-1]
                     wrong = holds(sd, fill)
                     assert not wrong, f"a wrong broadcast: {len(wrong)} tensors not {fill}: {wrong[:4]}"
                 out["broadcast"].append(bcast) if step >= warm else None
