@@ -2,7 +2,6 @@
 
 #include "cuda/spread_copy.h"
 
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>

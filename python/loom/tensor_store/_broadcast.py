@@ -15,11 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import _C
-from ._layout import is_dtensor, path_text
-from ._parts import copy_groups, run_copies
+from ._layout import flatten, is_dtensor, leaf_signature, path_text
+from ._parts import CopyGroup, copy_groups, run_copies, typed_view
 
-# A tensor of at least this fraction of a bucket is broadcast on its own, in place.
+# A tensor of at least 1/_ALONE_FRACTION of a bucket is broadcast on its own, in place.
 _ALONE_FRACTION = 2
 
 
@@ -33,6 +32,8 @@ class Bucket:
     members: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     nbytes: int = 0
+    packing: list[CopyGroup] | None = None  # the copies into its buffer, made on first use
+    unpacking: list[CopyGroup] | None = None  # and out of it
 
 
 @dataclass
@@ -95,10 +96,10 @@ def plan_buckets(tensors: list[tuple[int, torch.Tensor]], bucket_bytes: int) -> 
     return buckets
 
 
-def byte_view(buffer: torch.Tensor, offset: int, tensor: torch.Tensor) -> torch.Tensor:
-    """The bytes of `buffer` at `offset` as a tensor of `tensor`'s dtype and shape."""
-    nbytes = tensor.numel() * tensor.element_size()
-    return buffer.narrow(0, offset, nbytes).view(tensor.dtype).view(tensor.shape)
+def views(bucket: Bucket, buffer: torch.Tensor, tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    """Where each member of a packed bucket sits in `buffer`, as a tensor like the member."""
+    members = [tensors[i] for i in bucket.members]
+    return [typed_view(buffer, o, t.dtype, tuple(t.shape)) for o, t in zip(bucket.offsets, members)]
 
 
 def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], sending: bool, src: int, group) -> None:
@@ -111,8 +112,9 @@ def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], send
         if sending:
             return
         if bucket.alone is None:
-            dsts = [tensors[i] for i in bucket.members]
-            run_copies(copy_groups(dsts, [byte_view(buffer, o, d) for o, d in zip(bucket.offsets, dsts)]))
+            if bucket.unpacking is None:
+                bucket.unpacking = copy_groups([tensors[i] for i in bucket.members], views(bucket, buffer, tensors))
+            run_copies(bucket.unpacking)
         elif buffer is not None:  # a strided tensor received through a contiguous copy
             tensors[bucket.alone].copy_(buffer)
 
@@ -129,8 +131,9 @@ def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], send
         buffer = plan.buffers[bucket.device][turn[bucket.device] % 2]
         turn[bucket.device] += 1
         if sending:
-            srcs = [tensors[i] for i in bucket.members]
-            run_copies(copy_groups([byte_view(buffer, o, s) for o, s in zip(bucket.offsets, srcs)], srcs))
+            if bucket.packing is None:
+                bucket.packing = copy_groups(views(bucket, buffer, tensors), [tensors[i] for i in bucket.members])
+            run_copies(bucket.packing)
         work = dist.broadcast(buffer.narrow(0, 0, bucket.nbytes), src=src, group=group, async_op=True)
         in_flight.append((work, bucket, buffer))
     while in_flight:
@@ -146,14 +149,7 @@ def make_plan(leaves: list[tuple[tuple, Any]], bucket_bytes: int) -> BroadcastPl
         if bucket.alone is None and bucket.device not in buffers:
             size = max(b.nbytes for b in buckets if b.alone is None and b.device == bucket.device)
             buffers[bucket.device] = [torch.empty(size, dtype=torch.uint8, device=bucket.device) for _ in range(2)]
-    return BroadcastPlan(broadcast_signature(leaves), buckets, buffers)
-
-
-def broadcast_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
-    """What a plan depends on: the names, and each tensor's address, dtype, shape, strides."""
-    tensors = [v for _, v in leaves if isinstance(v, torch.Tensor)]
-    return tuple(p for p, _ in leaves), _C.tensors_signature(tensors), tuple(
-        i for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor))
+    return BroadcastPlan(leaf_signature(leaves), buckets, buffers)
 
 
 def dtensor_problem(leaves: list[tuple[tuple, Any]]) -> str | None:
@@ -182,3 +178,44 @@ def agreed(problem: str | None, group, what: str) -> None:
     ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
     rank, reason = next((r, why) for r, why in zip(ranks, found) if why is not None)
     raise ValueError(f"{what}: rank {rank}: {reason}")
+
+
+class Broadcaster:
+    """A store's broadcast mode: the plans and versions of the keys it broadcast."""
+
+    def __init__(self, bucket_bytes: int):
+        self.bucket_bytes = bucket_bytes
+        self.plans: dict[str, BroadcastPlan] = {}
+        self.versions: dict[str, int] = {}
+
+    def run(self, state_dict: dict, key: str, src: int, group, version: int | None, what: str) -> int:
+        """TensorStore.broadcast_state_dict after its argument checks: the version, the
+        layouts checked and agreed, the buckets, the objects. Returns the version."""
+        leaves = list(flatten(state_dict))
+        sending = dist.get_rank() == src
+        header: list[Any] = [None]
+        if sending:
+            last = self.versions.get(key, 0)
+            if version is not None and (not isinstance(version, int) or version <= last):
+                header[0] = f"versions must be integers that grow; the last of this key is {last}"
+            else:
+                objects = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}
+                header[0] = (version if version is not None else last + 1, layout_of(leaves), objects)
+        dist.broadcast_object_list(header, src=src, group=group)
+        if isinstance(header[0], str):
+            raise ValueError(f"{what}: rank {src}: {header[0]}")
+        version, layout, objects = header[0]
+        problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
+        agreed(problem, group, what)
+        plan = self.plans.get(key)
+        if plan is None or plan.signature != leaf_signature(leaves):
+            plan = self.plans[key] = make_plan(leaves, self.bucket_bytes)
+        run_broadcasts(plan, [v if isinstance(v, torch.Tensor) else None for _, v in leaves], sending, src, group)
+        if not sending:
+            for i, value in objects.items():
+                node = state_dict
+                for name in leaves[i][0][:-1]:
+                    node = node[name]
+                node[leaves[i][0][-1]] = value
+        self.versions[key] = version
+        return version

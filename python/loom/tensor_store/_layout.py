@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import _C
+
 
 @dataclass(frozen=True)
 class Box:
@@ -112,3 +114,12 @@ def unflatten(leaves: dict[tuple, Any]) -> dict:
 def path_text(path: tuple) -> str:
     """A path for messages: the keys joined with dots, as torch names parameters."""
     return ".".join(str(p) for p in path)
+
+
+def leaf_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
+    """What a plan over these leaves depends on: their names, each tensor's address, device,
+    dtype, shape and strides (packed in C++: a lend or broadcast of a few hundred tensors
+    checks it every time), and which leaves are not tensors."""
+    tensors = [v for _, v in leaves if isinstance(v, torch.Tensor)]
+    others = tuple(i for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor))
+    return tuple(path for path, _ in leaves), _C.tensors_signature(tensors), others

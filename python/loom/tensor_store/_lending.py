@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import _C
-from ._layout import flatten, is_dtensor, path_text, whole
+from ._layout import flatten, is_dtensor, leaf_signature, path_text, whole
 from ._parts import OwnedBuffer, TensorMeta
 
 
@@ -90,15 +89,6 @@ def take_back(buffers: list[OwnedBuffer]) -> None:
     for buffer in buffers:
         if buffer.region.generation() % 2 == 0:
             buffer.region.begin_write()
-
-
-def leaf_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
-    """What a lend plan depends on: each leaf's name, address, device, dtype, shape and
-    strides (packed in C++: a lend of a few hundred tensors checks it every time)."""
-    try:
-        return tuple(path for path, _ in leaves), _C.tensors_signature([v for _, v in leaves])
-    except TypeError:  # a leaf that is not a tensor (lent_metas refuses it)
-        return tuple((path, id(v)) for path, v in leaves)
 
 
 def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], what: str) -> LendPlan:

@@ -37,10 +37,10 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from ._broadcast import (BroadcastPlan, agreed, broadcast_signature, dtensor_problem, layout_of, make_plan, mismatch,
-                         run_broadcasts)
-from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, path_text, unflatten, whole
-from ._lending import Lent, leaf_signature, lendable_tensors, lent_metas, move_into, take_back
+from ._broadcast import Broadcaster
+from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text, unflatten,
+                      whole)
+from ._lending import Lent, lendable_tensors, lent_metas, move_into, take_back
 from ._read_plan import ReadPlan, Stale, TensorStoreError, pieces_by_path
 from ._remote import RemoteBuffer, serve
 from ._write_plan import Kept, WritePlan
@@ -106,8 +106,7 @@ class TensorStore:
         self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
         self._lendable: list[OwnedBuffer] = []  # buffers make_lendable moved tensors into
         self._lent: dict[str, Lent] = {}  # keys this writer lends, by key
-        self._broadcast_plans: dict[str, BroadcastPlan] = {}  # broadcast mode, by key
-        self._broadcast_versions: dict[str, int] = {}
+        self._broadcaster = Broadcaster(self._bucket_bytes)  # broadcast mode's plans and versions
         self._closed = False
 
     # ---- the verbs -------------------------------------------------------------------------
@@ -171,36 +170,8 @@ class TensorStore:
         what = self._message(f"broadcast_state_dict('{key}')")
         if not isinstance(state_dict, dict):
             raise TypeError(f"{what}: needs a dict, got {type(state_dict).__name__}")
-        leaves = list(flatten(state_dict))
-        sending = dist.get_rank() == src
         with self._lock:
-            header: list[Any] = [None]
-            if sending:
-                last = self._broadcast_versions.get(key, 0)
-                if version is not None and (not isinstance(version, int) or version <= last):
-                    header[0] = f"versions must be integers that grow; the last of this key is {last}"
-                else:
-                    objects = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}
-                    header[0] = (version if version is not None else last + 1, layout_of(leaves), objects)
-            dist.broadcast_object_list(header, src=src, group=group)
-            if isinstance(header[0], str):
-                raise ValueError(f"{what}: rank {src}: {header[0]}")
-            version, layout, objects = header[0]
-            problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
-            agreed(problem, group, what)
-            plan = self._broadcast_plans.get(key)
-            if plan is None or plan.signature != broadcast_signature(leaves):
-                plan = self._broadcast_plans[key] = make_plan(leaves, self._bucket_bytes)
-            tensors = [v if isinstance(v, torch.Tensor) else None for _, v in leaves]
-            run_broadcasts(plan, tensors, sending, src, group)
-            if not sending:
-                for i, value in objects.items():
-                    node = state_dict
-                    for name in leaves[i][0][:-1]:
-                        node = node[name]
-                    node[leaves[i][0][-1]] = value
-            self._broadcast_versions[key] = version
-            return version
+            return self._broadcaster.run(state_dict, key, src, group, version, what)
 
     def make_lendable(self, target: Any) -> None:
         """Moves the tensors of `target` (a module's parameters and buffers, or a state dict's
