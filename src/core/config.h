@@ -23,6 +23,9 @@ struct CudaTuning {
   /// Whether a call of several steps runs alternate steps on two streams
   /// (LOOM_CUDA_PIPELINE); unset: when every rank has a GPU of its own.
   std::optional<bool> pipelined;
+  /// Whether an eager all_reduce that every rank reduces whole runs as one fused kernel
+  /// (LOOM_CUDA_FUSED); unset: when every rank has a GPU of its own.
+  std::optional<bool> fused;
 };
 
 struct Config {

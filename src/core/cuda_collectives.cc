@@ -21,6 +21,7 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t perStep = chunk_ / es;
   if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
   const bool oneShot = args.count * es <= oneShotBytes_;
+  if (fused_ && oneShot && !lane_->onDevice) return fusedAllReduce(args);
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t n = clipped(args.count, lo, perStep);
     copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));

@@ -32,8 +32,8 @@ using cuda::Driver;
 // the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
 // of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
 // chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's two
-// collective slots, the graph lane's two, the eager lane's mailboxes (one per sending peer)
-// and the graph lane's.
+// collective slots, the graph lane's two, the eager lane's mailboxes (one per sending peer),
+// the graph lane's, and the fused all_reduce's block flags.
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
 constexpr size_t kDescOffset = 5 * kFlagStride;
@@ -48,6 +48,8 @@ constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
 constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
 constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
 constexpr size_t kDataOffset = 64 << 10;
+// After the mailboxes: the fused all_reduce's block flags (see cuda::FusedAllReduceParams).
+constexpr size_t kBlockFlagsBytes = 2 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
 static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kOddFlagsOffset &&
               kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
 static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
@@ -71,6 +73,9 @@ constexpr size_t kOneShotBytes = 256 << 10;
 // tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
 // its bytes (40 bits) and the chunk's index (24).
 constexpr int kChunkShift = 40;
+// In word 0: the call runs as one fused kernel (ranks that disagree on it get the named
+// mismatch, not a hang).
+constexpr uint64_t kFusedBit = uint64_t{1} << 25;
 
 uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
   return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
@@ -124,6 +129,7 @@ std::string explain(const cuda::Descriptor& d) {
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
     text += ", root " + std::to_string(high);
   }
+  if (w0 & kFusedBit) text += ", fused into one kernel (LOOM_CUDA_FUSED)";
   return text;
 }
 
@@ -200,12 +206,13 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
             "cuMemHostGetDevicePointer");
       report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
-      const size_t bytes = graph_.mailboxesAt + static_cast<size_t>(size_) * 2 * mailSlot_;
-      mine_ = cuda::SharedMemory::allocate(dev, bytes);
+      blockFlagsAt_ = graph_.mailboxesAt + static_cast<size_t>(size_) * 2 * mailSlot_;
+      mine_ = cuda::SharedMemory::allocate(dev, blockFlagsAt_ + kBlockFlagsBytes);
       posix::Fd exported = mine_->exportFd();
       offered = true;
       std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
       bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
+      std::vector<int> devices(static_cast<size_t>(size_), device);  // by rank
       peers_.resize(static_cast<size_t>(size_));
       bases_.resize(static_cast<size_t>(size_));
       for (int q = 0; q < size_; ++q) {
@@ -221,11 +228,19 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
             ordinal != device) {
           sharedGpu = false;
         }
+        devices[q] = ordinal;
       }
+      // Every rank sees every workspace's device, so all reach the same answer.
+      std::vector<int> sorted = devices;
+      std::sort(sorted.begin(), sorted.end());
+      const bool ownGpus = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
       oneShotBytes_ =
           tuning.oneShotBytes.value_or(sharedGpu || size_ == 2 ? SIZE_MAX : kOneShotBytes);
       // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
       pipelined_ = tuning.pipelined.value_or(!sharedGpu);
+      // A fused call's blocks spin on their peers' flags: where ranks share a GPU, the
+      // GPU's turns between their processes would stretch every wait to a time slice.
+      fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
     } catch (...) {
       // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
       // destructor does not run for an object whose constructor threw).
@@ -430,6 +445,54 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
     a.expect[a.nexpect++] = {descriptor(q, epoch), described_, q};
   }
   return a;
+}
+
+void CudaExecutor::fusedAllReduce(const CollectiveArgs& args) {
+  const size_t es = elementSize(args.type);
+  // A slot (both halves) holds a region per peer, so a step is as large as that allows.
+  const size_t regionBytes = roundDown(2 * chunk_ / static_cast<size_t>(size_ - 1), 16);
+  const size_t perStep = regionBytes / es;
+  const uint64_t steps = args.count == 0 ? 1 : (args.count + perStep - 1) / perStep;
+  const uint64_t first = lane_->epoch + 1;
+  // The kernel writes into its peers' slots of both parities from its first steps: every
+  // peer must be done with the steps that used them last (of earlier calls).
+  if (first > 2) await(kDone, first - 2);
+  if (first > 1) await(kDone, first - 1);
+  lane_->epoch += steps;
+  described_.words[0] |= kFusedBit;
+  cuda::FusedAllReduceParams p{};
+  p.input = args.input;
+  p.output = args.output;
+  p.count = args.count;
+  p.perStep = perStep;
+  p.firstEpoch = first;
+  p.steps = steps;
+  // Slices of about 64 KiB per block and step, up to every block pair; from the call's
+  // size alone, so every rank runs as many.
+  const uint64_t stepBytes = std::min<uint64_t>(args.count * es, regionBytes);
+  p.blocks = static_cast<int32_t>(
+      std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, cuda::kMaxFusedBlocks));
+  p.rank = rank_;
+  p.size = size_;
+  p.parityBytes = 2 * chunk_;
+  p.regionBytes = regionBytes;
+  for (int q = 0; q < size_; ++q) {
+    p.slots[q] = in(q, 0);
+    p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + blockFlagsAt_);
+    p.ready[q] = reinterpret_cast<uint64_t*>(flag(q, kReady, first));
+    p.descriptors[q] = descriptor(q, first);
+  }
+  p.mine = described_;
+  p.factor = args.op.factor();
+  p.divisor = size_;
+  const cuda::Agreement a = noAgreement();
+  p.claim = a.claim;
+  p.report = a.report;
+  p.abort = a.abort;
+  kernels_->fusedAllReduce(stream_, args.type, args.op.kind(), p);
+  // For the stepped calls that follow: this rank is done with the slots of both parities.
+  signal(kDone, lane_->epoch);
+  if (steps > 1) signal(kDone, lane_->epoch - 1);
 }
 
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {

@@ -25,6 +25,14 @@
 // two H100s, a single stream left the GPU without a kernel for about 20 us per all_reduce
 // step (docs/PERFORMANCE.md, "Where a large call's time goes").
 //
+// Where every rank has a GPU of its own, an eager all_reduce that every rank reduces whole
+// (one-shot) runs as one fused kernel instead of steps queued from the host
+// (cuda::FusedAllReduceParams): its pushing blocks write this rank's input into each
+// peer's slot over NVLink while its reducing blocks reduce what the peers pushed here, with
+// flags per block that the peers write into this rank's workspace (so every wait polls
+// local memory) and a cooperative launch (a block may wait for another of its own grid).
+// Spinning waits suit a GPU per rank only; ranks sharing a GPU keep the stepped path.
+//
 // A transfer moves in chunks through the receiver's mailbox for the sender: the sender
 // writes chunk k into slot k % 2 once the receiver has taken chunk k - 2, and raises its
 // "sent" flag for that peer; the receiver waits for it, copies out and raises "taken". The
@@ -219,6 +227,9 @@ class CudaExecutor final : public DeviceExecutor {
   /// (PREMUL_SUM still scales), with no peer to agree with.
   void reduceAlone(const void* input, void* output, size_t count, const CollectiveArgs& args);
   void allReduce(const CollectiveArgs& args);
+  /// all_reduce as one fused kernel (cuda::FusedAllReduceParams): every rank reduces the
+  /// whole message, its peers' parts pushed into its slots.
+  void fusedAllReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
   void broadcast(const CollectiveArgs& args);
   void allGather(const CollectiveArgs& args, bool onlyRoot);
@@ -251,6 +262,8 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
   size_t oneShotBytes_ = 0;
   bool pipelined_ = false;                  // several steps take turns on two streams (see above)
+  bool fused_ = false;                      // one-shot eager all_reduce as one kernel (see above)
+  size_t blockFlagsAt_ = 0;                 // the fused all_reduce's flags, in every workspace
   CUstream side_ = nullptr;                 // the second stream
   CUevent forked_ = nullptr;                // recorded on stream_ where a pipelined call starts
   CUevent joined_ = nullptr;                // recorded on side_ where it ends

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "cuda/driver.h"
 #include "loom/error.h"
@@ -14,7 +15,8 @@ namespace {
 
 constexpr unsigned kThreads = 512;
 static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096 &&
-                  sizeof(FlagParams) <= 4096 && sizeof(SpreadParams) <= 4096,
+                  sizeof(FusedAllReduceParams) <= 4096 && sizeof(FlagParams) <= 4096 &&
+                  sizeof(SpreadParams) <= 4096,
               "kernel parameters must fit the 4 KiB every architecture accepts");
 static_assert(kMaxSources <= kThreads, "one thread per published descriptor");
 
@@ -50,17 +52,28 @@ Kernels::Kernels() {
       const auto kind = static_cast<ReduceKind>(k);
       if (!isSupported(kind, type)) continue;
       const ReduceKind compiled = type == DataType::kBool ? boolKind(kind) : kind;
-      const std::string name =
-          "loom_reduce_" + std::to_string(t) + "_" + std::to_string(static_cast<int>(compiled));
-      CUfunction fn = nullptr;
-      check(d.cuModuleGetFunction(&fn, module_, name.c_str()), "cuda", -1, "finding " + name);
-      reduce_[static_cast<size_t>(t * kNumReduceKinds + k)] = fn;
+      const std::string suffix =
+          std::to_string(t) + "_" + std::to_string(static_cast<int>(compiled));
+      const size_t at = static_cast<size_t>(t * kNumReduceKinds + k);
+      for (auto [table, prefix] :
+           {std::pair{&reduce_, "loom_reduce_"}, std::pair{&fused_, "loom_fused_all_reduce_"}}) {
+        const std::string name = prefix + suffix;
+        check(d.cuModuleGetFunction(&(*table)[at], module_, name.c_str()), "cuda", -1,
+              "finding " + name);
+      }
     }
   }
   CUdevice device = 0;
   check(d.cuCtxGetDevice(&device), "cuda", -1, "cuCtxGetDevice");
   check(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuda", -1,
         "cuDeviceGetAttribute");
+  for (CUfunction fn : fused_) {
+    if (fn == nullptr) continue;
+    int perSm = 0;
+    check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, kThreads, 0), "cuda", -1,
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    fusedFits_ &= perSm * sms_ >= 2 * kMaxFusedBlocks;
+  }
 }
 
 Kernels::~Kernels() {
@@ -82,6 +95,22 @@ void Kernels::reduce(CUstream stream, DataType type, ReduceKind kind,
   void* args[] = {const_cast<ReduceParams*>(&params)};
   check(Driver::get().cuLaunchKernel(fn, blocks, 1, 1, kThreads, 1, 1, 0, stream, args, nullptr),
         "cuda", -1, "launching a reduction");
+}
+
+void Kernels::fusedAllReduce(CUstream stream, DataType type, ReduceKind kind,
+                             const FusedAllReduceParams& params) const {
+  CUfunction fn = fused_[static_cast<size_t>(static_cast<int>(type) * kNumReduceKinds +
+                                             static_cast<int>(kind))];
+  if (fn == nullptr || !fusedFits_ || params.blocks < 1 || params.blocks > kMaxFusedBlocks) {
+    throw Error(ErrorCode::kInternal, "cuda", -1, "no fused all_reduce for this call");
+  }
+  // Cooperative: every block resident at once. A pushing block waits for a peer's reducing
+  // block, and that one for the peer's pushing block, so a block the GPU has not placed yet
+  // (other kernels occupying the SMs) must not be able to hold up one it has.
+  void* args[] = {const_cast<FusedAllReduceParams*>(&params)};
+  check(Driver::get().cuLaunchCooperativeKernel(fn, 2 * static_cast<unsigned>(params.blocks), 1, 1,
+                                                kThreads, 1, 1, 0, stream, args),
+        "cuda", -1, "launching a fused all_reduce");
 }
 
 void Kernels::copy(CUstream stream, const CopyParams& params, uint64_t longest) const {

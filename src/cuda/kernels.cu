@@ -1,6 +1,7 @@
-// loom's CUDA kernels: the reduction (every dtype x ReduceOp, one kernel each, named
-// loom_reduce_<DataType>_<ReduceKind> by enum value) and a multi-segment copy. 128-bit
-// loads and stores where every pointer is 16-byte aligned, element by element elsewhere.
+// loom's CUDA kernels: the reduction and the fused all_reduce (every dtype x ReduceOp, one
+// kernel each, named loom_reduce_<DataType>_<ReduceKind> and
+// loom_fused_all_reduce_<DataType>_<ReduceKind> by enum value) and copies. 128-bit loads
+// and stores where every pointer is 16-byte aligned, element by element elsewhere.
 // Sources are combined in rank order with one rounding per element, and the build turns
 // off FMA contraction, so results are bit-identical across ranks and equal to the CPU
 // kernels' (src/kernels/reduce_impl.h has the same semantics). Before its work every
@@ -14,14 +15,19 @@
 
 #include <type_traits>
 
+#include "cuda/fused_all_reduce.cuh"
+#include "cuda/kernel_common.cuh"
 #include "cuda/kernel_params.h"
 
 using loom::cuda::Agreement;
 using loom::cuda::CopyParams;
 using loom::cuda::Descriptor;
 using loom::cuda::FlagParams;
+using loom::cuda::FusedAllReduceParams;
 using loom::cuda::ReduceParams;
 using loom::cuda::SpreadParams;
+
+using namespace loom::cuda::device;
 
 namespace {
 
@@ -35,107 +41,13 @@ __device__ bool agree(const Agreement& a) {
     const uint64_t w1 = x.theirs->words[1];
     if (w0 == x.words.words[0] && w1 == x.words.words[1]) continue;
     // Every block finds the same; one thread of all of them writes the report.
-    if (threadIdx.x == 0 && atomicCAS(a.claim, 0u, 1u) == 0u) {
-      a.report->peer = x.peer;
-      a.report->mine = x.words;
-      a.report->theirs = Descriptor{{w0, w1}};
-      __threadfence_system();
-      a.report->raised = 1;
-    }
-    *a.abort = 2;
+    if (threadIdx.x == 0) reportMismatch(a.claim, a.report, a.abort, x.peer, x.words, {{w0, w1}});
     return false;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.npublish) {
     *a.publish[threadIdx.x].at = a.publish[threadIdx.x].words;
   }
   return true;
-}
-
-enum Kind { kSum, kProduct, kMin, kMax, kAvg, kPremulSum, kBitAnd, kBitOr, kBitXor };
-
-// The accumulator of a storage type: float for the half types.
-template <class S>
-struct Acc {
-  using type = S;
-};
-template <>
-struct Acc<__half> {
-  using type = float;
-};
-template <>
-struct Acc<__nv_bfloat16> {
-  using type = float;
-};
-
-template <class A, class S>
-__device__ inline A widen(S v) {
-  return static_cast<A>(v);
-}
-template <>
-__device__ inline float widen<float, __half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ inline float widen<float, __nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <class S, class A>
-__device__ inline S narrow(A v) {
-  return static_cast<S>(v);
-}
-template <>
-__device__ inline __half narrow<__half, float>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ inline __nv_bfloat16 narrow<__nv_bfloat16, float>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// Wrapping integer arithmetic (signed overflow is undefined; unsigned wraps), as the CPU
-// kernels' Wide<T>: narrow types widen to 32 bits.
-template <class T>
-using Wide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
-
-template <class A>
-__device__ constexpr bool isFloat() {
-  return __is_same(A, float) || __is_same(A, double);
-}
-
-// One binary combine; integers wrap, floating min/max propagate NaN (as torch.minimum).
-template <int K, class A>
-__device__ inline A combine(A a, A b) {
-  if constexpr (K == kSum || K == kAvg || K == kPremulSum) {
-    if constexpr (isFloat<A>()) {
-      return a + b;
-    } else {
-      using U = Wide<A>;
-      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-    }
-  } else if constexpr (K == kProduct) {
-    if constexpr (isFloat<A>()) {
-      return a * b;
-    } else {
-      using U = Wide<A>;
-      return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-    }
-  } else if constexpr (K == kMin) {
-    if constexpr (isFloat<A>())
-      return (a < b || a != a) ? a : b;
-    else
-      return a < b ? a : b;
-  } else if constexpr (K == kMax) {
-    if constexpr (isFloat<A>())
-      return (a > b || a != a) ? a : b;
-    else
-      return a > b ? a : b;
-  } else if constexpr (K == kBitAnd) {
-    return static_cast<A>(a & b);
-  } else if constexpr (K == kBitOr) {
-    return static_cast<A>(a | b);
-  } else {
-    return static_cast<A>(a ^ b);
-  }
 }
 
 // Element i of the reduction.
@@ -203,9 +115,14 @@ __device__ void reduceBody(const ReduceParams& p) {
 
 }  // namespace
 
-#define LOOM_REDUCE(T, kind, S, A)                                      \
-  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) { \
-    reduceBody<S, A, kind>(p);                                          \
+// The stepped reduction and the fused all_reduce (fused_all_reduce.cuh) of one type and op.
+#define LOOM_REDUCE(T, kind, S, A)                                                     \
+  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) {                \
+    reduceBody<S, A, kind>(p);                                                         \
+  }                                                                                    \
+  extern "C" __global__ void __launch_bounds__(512)                                    \
+      loom_fused_all_reduce_##T##_##kind(FusedAllReduceParams p) {                     \
+    fusedAllReduce<S, A, kind>(p);                                                     \
   }
 
 // Floating point: every kind but the bitwise ones (DataType 0-3).

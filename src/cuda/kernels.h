@@ -26,6 +26,13 @@ class Kernels {
   void copy(CUstream stream, const CopyParams& params, uint64_t longest) const;
   /// Queues flag waits and writes relative to device counters (see FlagParams).
   void flags(CUstream stream, const FlagParams& params) const;
+  /// Queues a whole all_reduce on `stream` as one cooperative launch (see
+  /// FusedAllReduceParams); only where fusedFits().
+  void fusedAllReduce(CUstream stream, DataType type, ReduceKind kind,
+                      const FusedAllReduceParams& params) const;
+  /// Whether every fused all_reduce kernel can keep kMaxFusedBlocks block pairs resident
+  /// at once on this device, as a cooperative launch needs.
+  bool fusedFits() const { return fusedFits_; }
   /// Queues the pieces' copy on `stream`, one run of params.perBlock bytes per block.
   void copySpread(CUstream stream, const SpreadParams& params, unsigned blocks) const;
   /// The device's streaming multiprocessors.
@@ -38,6 +45,8 @@ class Kernels {
   CUfunction copySpread_ = nullptr;
   // By (type, kind); null where the pair is not supported.
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> reduce_{};
+  std::array<CUfunction, kNumDataTypes * kNumReduceKinds> fused_{};
+  bool fusedFits_ = true;
   int sms_ = 0;
 };
 

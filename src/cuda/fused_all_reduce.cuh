@@ -1,0 +1,246 @@
+#pragma once
+
+// The fused all_reduce (FusedAllReduceParams in kernel_params.h says what it does): a whole
+// call in one cooperative launch, for ranks that each have a GPU of their own, where the
+// stepped path pays a round of stream waits and launches per step (docs/PERFORMANCE.md,
+// "Where a large call's time goes"). Pushing blocks write this rank's input into its
+// peers' slots over NVLink while reducing blocks reduce what the peers pushed here, so the
+// link stays busy while the reductions run; slots alternate by step parity.
+// Included by kernels.cu, which instantiates it per element type and ReduceOp.
+
+#include <cuda/atomic>
+
+#include "cuda/kernel_common.cuh"
+#include "cuda/kernel_params.h"
+
+namespace loom::cuda::device {
+
+using SystemFlag = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
+
+// Flags compare as signed differences, as the stream waits do (GEQ on epochs that never wrap).
+__device__ inline bool reached(uint64_t* flag, uint64_t value) {
+  return static_cast<int64_t>(SystemFlag(*flag).load(::cuda::memory_order_acquire) - value) >= 0;
+}
+__device__ inline void raise(uint64_t* flag, uint64_t value) {
+  SystemFlag(*flag).store(value, ::cuda::memory_order_release);
+}
+
+// In `owner`'s flags: `sender`'s slice `block` of a step has arrived in owner's slot.
+__device__ inline uint64_t* arrivedFlag(const FusedAllReduceParams& p, int owner, int sender,
+                                        int block) {
+  return p.blockFlags[owner] + sender * kMaxFusedBlocks + block;
+}
+// In `owner`'s flags: `reader` is done with what owner pushed into reader's slot.
+__device__ inline uint64_t* freedFlag(const FusedAllReduceParams& p, int owner, int reader,
+                                      int block) {
+  return p.blockFlags[owner] + kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks + block;
+}
+// Where `sender`'s pushes land in `receiver`'s slot of the parity at `parity` bytes.
+__device__ inline uint8_t* region(const FusedAllReduceParams& p, int sender, int receiver,
+                                  uint64_t parity) {
+  const int index = sender < receiver ? sender : sender - 1;
+  return p.slots[receiver] + parity + index * p.regionBytes;
+}
+
+__device__ inline bool sameDescriptor(const Descriptor* theirs, const Descriptor& mine) {
+  const volatile Descriptor* d = theirs;
+  return d->words[0] == mine.words[0] && d->words[1] == mine.words[1];
+}
+
+// A load that skips the SM's L1: a slot is refilled by a peer at the same addresses two
+// steps later, and L1 is not kept coherent with writes that come over NVLink.
+template <class S>
+__device__ inline S loadFresh(const S* at) {
+  using Raw = std::conditional_t<
+      sizeof(S) == 1, unsigned char,
+      std::conditional_t<sizeof(S) == 2, unsigned short,
+                         std::conditional_t<sizeof(S) == 4, unsigned, unsigned long long>>>;
+  const Raw raw = __ldcg(reinterpret_cast<const Raw*>(at));
+  S value;
+  memcpy(&value, &raw, sizeof value);
+  return value;
+}
+
+// This block copies `bytes` from src to dst: four 16-byte vectors in flight per thread
+// where both ends are aligned, bytes elsewhere.
+__device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  uint64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint64_t last = bytes / 16;
+    const unsigned step = blockDim.x;
+    uint64_t v = threadIdx.x;
+    for (; v + 3 * step < last; v += 4 * step) {
+      const uint4 a = s[v];
+      const uint4 b = s[v + step];
+      const uint4 c = s[v + 2 * step];
+      const uint4 e = s[v + 3 * step];
+      d[v] = a;
+      d[v + step] = b;
+      d[v + 2 * step] = c;
+      d[v + 3 * step] = e;
+    }
+    for (; v < last; v += step) d[v] = s[v];
+    done = last * 16;
+  }
+  for (uint64_t i = done + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+// This block's dst[i] = op over srcs[0..nsrc)[i], in source order, for i < n.
+template <class S, class A, int K>
+__device__ void reduceByBlock(S* dst, const S* const* srcs, int nsrc, uint64_t n, double factor,
+                              double divisor) {
+  constexpr int kV = 16 / sizeof(S);
+  bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  for (int s = 0; s < nsrc; ++s) aligned &= reinterpret_cast<uintptr_t>(srcs[s]) % 16 == 0;
+  const uint64_t vectors = aligned ? n / kV : 0;
+  union Pack {
+    uint4 raw;
+    S e[kV];
+  };
+  for (uint64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    Pack in;
+    A acc[kV];
+    in.raw = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + v);
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      acc[j] = widen<A>(in.e[j]);
+      if constexpr (K == kPremulSum) acc[j] = acc[j] * static_cast<A>(factor);
+    }
+    for (int s = 1; s < nsrc; ++s) {
+      in.raw = __ldcg(reinterpret_cast<const uint4*>(srcs[s]) + v);
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        const A x = widen<A>(in.e[j]);
+        if constexpr (K == kPremulSum)
+          acc[j] = acc[j] + x * static_cast<A>(factor);
+        else
+          acc[j] = combine<K>(acc[j], x);
+      }
+    }
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      if constexpr (K == kAvg) acc[j] = acc[j] / static_cast<A>(divisor);
+      out.e[j] = narrow<S>(acc[j]);
+    }
+    reinterpret_cast<uint4*>(dst)[v] = out.raw;
+  }
+  for (uint64_t i = vectors * kV + threadIdx.x; i < n; i += blockDim.x) {
+    A acc = widen<A>(loadFresh(srcs[0] + i));
+    if constexpr (K == kPremulSum) acc = acc * static_cast<A>(factor);
+    for (int s = 1; s < nsrc; ++s) {
+      const A x = widen<A>(loadFresh(srcs[s] + i));
+      if constexpr (K == kPremulSum)
+        acc = acc + x * static_cast<A>(factor);
+      else
+        acc = combine<K>(acc, x);
+    }
+    if constexpr (K == kAvg) acc = acc / static_cast<A>(divisor);
+    dst[i] = narrow<S>(acc);
+  }
+}
+
+// One thread's wait for `flag` to reach `value`; false if the communicator failed first.
+__device__ inline bool awaitFlag(uint64_t* flag, uint64_t value, const volatile uint64_t* abort) {
+  while (!reached(flag, value)) {
+    if (*abort != 0) return false;
+    __nanosleep(32);
+  }
+  return true;
+}
+
+// A pushing block's step: once every peer is done with what this block pushed two steps
+// ago, write this rank's slice into each peer's slot and say so.
+__device__ inline bool pushStep(const FusedAllReduceParams& p, int block, uint64_t step,
+                                uint64_t epoch, const uint8_t* src, uint64_t from, uint64_t bytes) {
+  const int t = threadIdx.x;
+  bool ok = true;
+  if (step >= 2 && t < p.size && t != p.rank) {
+    ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - 2, p.abort);
+  }
+  if (!__syncthreads_and(ok)) return false;
+  if (step == 0 && t == 0) {
+    // Each block publishes before its own arrivals, which are what a peer's check follows.
+    *p.descriptors[p.rank] = p.mine;
+    if (block == 0) {
+      __threadfence_system();
+      raise(p.ready[p.rank], epoch);
+    }
+  }
+  const uint64_t parity = (epoch % 2) * p.parityBytes;
+  for (int q = 0; q < p.size; ++q) {
+    if (q != p.rank) copyByBlock(region(p, p.rank, q, parity) + from, src, bytes);
+  }
+  // Every thread's writes reach the system before any arrival is raised.
+  __threadfence_system();
+  __syncthreads();
+  // The arrival in this rank's own flags tells its reducing block that the input slice has
+  // been read, so an in-place reduction may overwrite it.
+  if (t < p.size) raise(arrivedFlag(p, t, p.rank, block), epoch);
+  return true;
+}
+
+// A reducing block's step: wait until every rank's slice has arrived (checking, in the
+// first step, that every peer runs this very call), reduce, free the peers' regions.
+template <class S, class A, int K>
+__device__ bool reduceStep(const FusedAllReduceParams& p, int block, uint64_t step,
+                           uint64_t epoch, uint64_t lo, uint64_t from, uint64_t n) {
+  const int t = threadIdx.x;
+  bool ok = true;
+  if (t < p.size) {
+    uint64_t* arrived = arrivedFlag(p, p.rank, t, block);
+    const bool check = step == 0 && t != p.rank;
+    while (ok && !reached(arrived, epoch)) {
+      if (*p.abort != 0) {
+        ok = false;
+      } else if (check && reached(p.ready[t], epoch) && !sameDescriptor(p.descriptors[t], p.mine)) {
+        ok = false;  // a peer on another operation raises only its ready flag
+      } else {
+        __nanosleep(32);
+      }
+    }
+    if (check && *p.abort == 0 && !sameDescriptor(p.descriptors[t], p.mine)) {
+      const volatile Descriptor* d = p.descriptors[t];
+      reportMismatch(p.claim, p.report, p.abort, t, p.mine, {{d->words[0], d->words[1]}});
+      ok = false;
+    }
+  }
+  if (!__syncthreads_and(ok)) return false;
+  const uint64_t parity = (epoch % 2) * p.parityBytes;
+  const S* srcs[kMaxSources];
+  for (int q = 0; q < p.size; ++q) {
+    srcs[q] = q == p.rank ? static_cast<const S*>(p.input) + lo + from
+                          : reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
+  }
+  reduceByBlock<S, A, K>(static_cast<S*>(p.output) + lo + from, srcs, p.size, n, p.factor,
+                         p.divisor);
+  __syncthreads();  // every thread's loads are done (their values are stored)
+  if (t < p.size && t != p.rank) raise(freedFlag(p, t, p.rank, block), epoch);
+  return true;
+}
+
+template <class S, class A, int K>
+__device__ void fusedAllReduce(const FusedAllReduceParams& p) {
+  const bool pushes = static_cast<int>(blockIdx.x) < p.blocks;
+  const int block = pushes ? blockIdx.x : blockIdx.x - p.blocks;
+  constexpr uint64_t kV = 16 / sizeof(S);
+  for (uint64_t step = 0; step < p.steps; ++step) {
+    const uint64_t epoch = p.firstEpoch + step;
+    const uint64_t lo = step * p.perStep;
+    const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
+    // Slices of whole 16-byte vectors, so every block's vectors stay aligned.
+    const uint64_t per = ((n + p.blocks - 1) / p.blocks + kV - 1) / kV * kV;
+    const uint64_t from = block * per < n ? block * per : n;
+    const uint64_t to = from + per < n ? from + per : n;
+    const bool ok =
+        pushes ? pushStep(p, block, step, epoch,
+                          static_cast<const uint8_t*>(p.input) + (lo + from) * sizeof(S),
+                          from * sizeof(S), (to - from) * sizeof(S))
+               : reduceStep<S, A, K>(p, block, step, epoch, lo, from, to - from);
+    if (!ok) return;
+  }
+}
+
+}  // namespace loom::cuda::device
