@@ -21,7 +21,15 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t perStep = chunk_ / es;
   if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
   const bool oneShot = args.count * es <= oneShotBytes_;
-  if (fused_ && oneShot && !lane_->onDevice) return fusedAllReduce(args);
+  if (oneShot && fusable()) {
+    cuda::FusedParams p{};
+    for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
+    p.pushesTo = p.receivesFrom = everyPeer();
+    p.own = args.input;
+    p.outputs[0] = args.output;
+    p.count = args.count;
+    return runFused(p, es, &args);
+  }
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t n = clipped(args.count, lo, perStep);
     copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
@@ -67,6 +75,19 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
 
 void CudaExecutor::broadcast(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
+  if (fusable()) {
+    cuda::FusedParams p{};
+    if (rank_ == args.root) {
+      for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
+      p.pushesTo = everyPeer();
+      p.own = args.input;
+    } else {
+      p.receivesFrom = 1u << args.root;
+    }
+    p.outputs[args.root] = args.output;
+    p.count = args.count * es;
+    return runFused(p, 1, nullptr);
+  }
   const size_t perStep = chunk_ / es;
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {
     const size_t bytes = clipped(args.count, lo, perStep) * es;
@@ -91,6 +112,19 @@ void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
   const bool receives = !onlyRoot || rank_ == args.root;
+  bool equal = true;
+  for (int q = 0; q < size_; ++q) equal &= countOf(q) == longest;
+  if (!onlyRoot && equal && fusable()) {
+    cuda::FusedParams p{};
+    for (int q = 0; q < size_; ++q) {
+      p.sources[q] = args.input;
+      p.outputs[q] = args.outputs[q];
+    }
+    p.pushesTo = p.receivesFrom = everyPeer();
+    p.own = args.input;
+    p.count = longest * es;
+    return runFused(p, 1, nullptr);
+  }
   steps(longest, perStep, [&](size_t lo, uint64_t e) {
     copy({{in(rank_, e), at(args.input, lo * es), clipped(countOf(rank_), lo, perStep) * es}},
          publishing(e));
@@ -115,6 +149,15 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
   if (size_ == 1) return reduceAlone(args.inputs[0], args.output, countOf(0), args);
+  if (!args.variable && fusable()) {
+    cuda::FusedParams p{};
+    for (int q = 0; q < size_; ++q) p.sources[q] = args.inputs[q];
+    p.pushesTo = p.receivesFrom = everyPeer();
+    p.own = args.inputs[rank_];
+    p.outputs[0] = args.output;
+    p.count = args.count;
+    return runFused(p, es, &args);
+  }
   // This rank's own block is read where it is, unless that would cost the reduction its
   // 16-byte loads (it takes them only when every source is aligned; steps start at
   // multiples of `block`, so the input's own alignment decides): then it is staged too.
@@ -141,6 +184,17 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
 
 void CudaExecutor::allToAll(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
+  if (fusable()) {
+    cuda::FusedParams p{};
+    for (int q = 0; q < size_; ++q) {
+      p.sources[q] = args.inputs[q];
+      p.outputs[q] = args.outputs[q];
+    }
+    p.pushesTo = p.receivesFrom = everyPeer();
+    p.own = args.inputs[rank_];
+    p.count = args.count * es;
+    return runFused(p, 1, nullptr);
+  }
   const size_t block = roundDown(chunk_ / size_, 16);
   const size_t perStep = block / es;
   steps(args.count, perStep, [&](size_t lo, uint64_t e) {

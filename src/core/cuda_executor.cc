@@ -33,7 +33,7 @@ using cuda::Driver;
 // of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
 // chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's two
 // collective slots, the graph lane's two, the eager lane's mailboxes (one per sending peer),
-// the graph lane's, and the fused all_reduce's block flags.
+// the graph lane's, and the fused collectives' block flags.
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
 constexpr size_t kDescOffset = 5 * kFlagStride;
@@ -48,7 +48,7 @@ constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
 constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
 constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
 constexpr size_t kDataOffset = 64 << 10;
-// After the mailboxes: the fused all_reduce's block flags (see cuda::FusedAllReduceParams).
+// After the mailboxes: the fused collectives' block flags (see cuda::FusedParams).
 constexpr size_t kBlockFlagsBytes = 2 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
 static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kOddFlagsOffset &&
               kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
@@ -447,29 +447,31 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
   return a;
 }
 
-void CudaExecutor::fusedAllReduce(const CollectiveArgs& args) {
-  const size_t es = elementSize(args.type);
+bool CudaExecutor::fusable() const {
+  return fused_ && size_ > 1 && !lane_->onDevice;
+}
+
+uint32_t CudaExecutor::everyPeer() const {
+  const uint32_t all = size_ == 32 ? ~0u : (1u << size_) - 1;
+  return all & ~(1u << rank_);
+}
+
+void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
+                            const CollectiveArgs* reduction) {
   // A slot (both halves) holds a region per peer, so a step is as large as that allows.
   const size_t regionBytes = roundDown(2 * chunk_ / static_cast<size_t>(size_ - 1), 16);
-  const size_t perStep = regionBytes / es;
-  const uint64_t steps = args.count == 0 ? 1 : (args.count + perStep - 1) / perStep;
-  const uint64_t first = lane_->epoch + 1;
+  p.perStep = regionBytes / elementBytes;
+  p.steps = p.count == 0 ? 1 : (p.count + p.perStep - 1) / p.perStep;
+  p.firstEpoch = lane_->epoch + 1;
   // The kernel writes into its peers' slots of both parities from its first steps: every
   // peer must be done with the steps that used them last (of earlier calls).
-  if (first > 2) await(kDone, first - 2);
-  if (first > 1) await(kDone, first - 1);
-  lane_->epoch += steps;
+  if (p.firstEpoch > 2) await(kDone, p.firstEpoch - 2);
+  if (p.firstEpoch > 1) await(kDone, p.firstEpoch - 1);
+  lane_->epoch += p.steps;
   described_.words[0] |= kFusedBit;
-  cuda::FusedAllReduceParams p{};
-  p.input = args.input;
-  p.output = args.output;
-  p.count = args.count;
-  p.perStep = perStep;
-  p.firstEpoch = first;
-  p.steps = steps;
   // Slices of about 64 KiB per block and step, up to every block pair; from the call's
   // size alone, so every rank runs as many.
-  const uint64_t stepBytes = std::min<uint64_t>(args.count * es, regionBytes);
+  const uint64_t stepBytes = std::min<uint64_t>(p.count * elementBytes, regionBytes);
   p.blocks = static_cast<int32_t>(
       std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, cuda::kMaxFusedBlocks));
   p.rank = rank_;
@@ -479,20 +481,24 @@ void CudaExecutor::fusedAllReduce(const CollectiveArgs& args) {
   for (int q = 0; q < size_; ++q) {
     p.slots[q] = in(q, 0);
     p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + blockFlagsAt_);
-    p.ready[q] = reinterpret_cast<uint64_t*>(flag(q, kReady, first));
-    p.descriptors[q] = descriptor(q, first);
+    p.ready[q] = reinterpret_cast<uint64_t*>(flag(q, kReady, p.firstEpoch));
+    p.descriptors[q] = descriptor(q, p.firstEpoch);
   }
   p.mine = described_;
-  p.factor = args.op.factor();
-  p.divisor = size_;
   const cuda::Agreement a = noAgreement();
   p.claim = a.claim;
   p.report = a.report;
   p.abort = a.abort;
-  kernels_->fusedAllReduce(stream_, args.type, args.op.kind(), p);
+  if (reduction != nullptr) {
+    p.factor = reduction->op.factor();
+    p.divisor = size_;
+    kernels_->fusedReduce(stream_, reduction->type, reduction->op.kind(), p);
+  } else {
+    kernels_->fusedCopy(stream_, p);
+  }
   // For the stepped calls that follow: this rank is done with the slots of both parities.
   signal(kDone, lane_->epoch);
-  if (steps > 1) signal(kDone, lane_->epoch - 1);
+  if (p.steps > 1) signal(kDone, lane_->epoch - 1);
 }
 
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {

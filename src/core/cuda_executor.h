@@ -26,12 +26,13 @@
 // step (docs/PERFORMANCE.md, "Where a large call's time goes").
 //
 // Where every rank has a GPU of its own, an eager all_reduce that every rank reduces whole
-// (one-shot) runs as one fused kernel instead of steps queued from the host
-// (cuda::FusedAllReduceParams): its pushing blocks write this rank's input into each
-// peer's slot over NVLink while its reducing blocks reduce what the peers pushed here, with
-// flags per block that the peers write into this rank's workspace (so every wait polls
-// local memory) and a cooperative launch (a block may wait for another of its own grid).
-// Spinning waits suit a GPU per rank only; ranks sharing a GPU keep the stepped path.
+// (one-shot), all_gather, reduce_scatter and all_to_all with equal parts, and broadcast run
+// as one fused kernel each instead of steps queued from the host (cuda::FusedParams): its
+// pushing blocks write this rank's parts into its peers' slots over NVLink while its
+// receiving blocks reduce or copy out what the peers pushed here, with flags per block
+// that the peers write into this rank's workspace (so every wait polls local memory) and a
+// cooperative launch (a block may wait for another of its own grid). Spinning waits suit a
+// GPU per rank only; ranks sharing a GPU keep the stepped path.
 //
 // A transfer moves in chunks through the receiver's mailbox for the sender: the sender
 // writes chunk k into slot k % 2 once the receiver has taken chunk k - 2, and raises its
@@ -201,6 +202,14 @@ class CudaExecutor final : public DeviceExecutor {
   cuda::Agreement publishing(uint64_t epoch);
   cuda::Agreement expecting(uint64_t epoch, int only = -1);
   cuda::Agreement noAgreement();
+  /// Whether the call being filled may run as one fused kernel (cuda::FusedParams).
+  bool fusable() const;
+  /// Every rank but this one, as bits.
+  uint32_t everyPeer() const;
+  /// Runs the call as one fused kernel: `p` has what moves (parts, bits, count in units of
+  /// `elementBytes`); this adds the steps and the workspace. A reduction with `reduction`'s
+  /// type and op, else a copy (counts in bytes).
+  void runFused(cuda::FusedParams& p, size_t elementBytes, const CollectiveArgs* reduction);
   void copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement);
   void copy(std::initializer_list<cuda::Segment> segments, const cuda::Agreement& agreement);
   void reduce(void* dst, const Sources& srcs, size_t count, const CollectiveArgs& args,
@@ -227,9 +236,6 @@ class CudaExecutor final : public DeviceExecutor {
   /// (PREMUL_SUM still scales), with no peer to agree with.
   void reduceAlone(const void* input, void* output, size_t count, const CollectiveArgs& args);
   void allReduce(const CollectiveArgs& args);
-  /// all_reduce as one fused kernel (cuda::FusedAllReduceParams): every rank reduces the
-  /// whole message, its peers' parts pushed into its slots.
-  void fusedAllReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
   void broadcast(const CollectiveArgs& args);
   void allGather(const CollectiveArgs& args, bool onlyRoot);
@@ -262,8 +268,8 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
   size_t oneShotBytes_ = 0;
   bool pipelined_ = false;                  // several steps take turns on two streams (see above)
-  bool fused_ = false;                      // one-shot eager all_reduce as one kernel (see above)
-  size_t blockFlagsAt_ = 0;                 // the fused all_reduce's flags, in every workspace
+  bool fused_ = false;                      // eager collectives as one kernel each (see above)
+  size_t blockFlagsAt_ = 0;                 // the fused kernels' flags, in every workspace
   CUstream side_ = nullptr;                 // the second stream
   CUevent forked_ = nullptr;                // recorded on stream_ where a pipelined call starts
   CUevent joined_ = nullptr;                // recorded on side_ where it ends

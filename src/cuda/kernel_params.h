@@ -92,26 +92,32 @@ struct SpreadParams {
   uint64_t perBlock;
 };
 
-/// Most block pairs (one pushing, one reducing) a fused all_reduce runs.
+/// Most block pairs (one pushing, one receiving) a fused collective runs.
 inline constexpr int kMaxFusedBlocks = 64;
 
-/// A whole all_reduce in one launch, for ranks that each have a GPU of their own
-/// (loom_fused_all_reduce_<type>_<op>, enum values; cooperative, 2 x blocks blocks). The
-/// call runs in steps of perStep elements, step i in epoch firstEpoch + i. Block b < blocks
-/// pushes its slice of every step of this rank's input into each peer's slot (the region
-/// there for this rank), then raises "arrived" in the peer's flags; block blocks + b waits
-/// for every rank's arrival, reduces the slice (sources in rank order: this rank's input,
-/// the peers' regions of its own slot) into the output, and raises "freed" in each peer's
-/// flags, which that peer's pusher waits for before it writes the same slot parity again
-/// two steps later. Every wait polls the rank's own memory. The first step also publishes
-/// this rank's descriptor (and raises its collective "ready" flag, so a peer running a
-/// different operation can name the mismatch) and checks every peer's.
-struct FusedAllReduceParams {
-  const void* input;
-  void* output;
-  uint64_t count;       ///< elements
-  uint64_t perStep;     ///< elements per step: a multiple of 16 bytes' worth
-  uint64_t firstEpoch;  ///< of step 0
+/// A whole collective in one launch, for ranks that each have a GPU of their own
+/// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks).
+/// The call runs in steps of perStep elements (bytes for a copy), step i in epoch
+/// firstEpoch + i, over element offsets [i x perStep, ...) of every part. Block b < blocks
+/// pushes its slice of each step of sources[q] into rank q's slot (the region there for
+/// this rank), for every q in pushesTo, then raises "arrived" in q's flags and in its own;
+/// block blocks + b waits for the arrivals of every rank in receivesFrom and its own, then
+/// reduces its slice (sources in rank order: `own` for this rank, the regions of its slot
+/// for the others) into outputs[0], or copies each region of rank q to outputs[q] and
+/// `own` to outputs[rank], and raises "freed" in each sender's flags, which that sender's
+/// pusher waits for before it writes the same slot parity again two steps later. Every wait
+/// polls the rank's own memory. The first step also publishes this rank's descriptor (and
+/// raises its collective "ready" flag, so a peer running a different operation can name the
+/// mismatch) and checks the descriptor of every rank it receives from.
+struct FusedParams {
+  const void* sources[kMaxSources];  ///< by receiving rank
+  const void* own;                   ///< this rank's own part (null: none)
+  void* outputs[kMaxSources];
+  uint32_t pushesTo;      ///< ranks, as bits
+  uint32_t receivesFrom;  ///< ranks, as bits
+  uint64_t count;         ///< elements of every part
+  uint64_t perStep;       ///< elements per step: a multiple of 16 bytes' worth
+  uint64_t firstEpoch;    ///< of step 0
   uint64_t steps;
   int32_t blocks;  ///< block pairs; every rank runs as many
   int32_t rank;
@@ -119,7 +125,7 @@ struct FusedAllReduceParams {
   uint8_t* slots[kMaxSources];  ///< rank q's slot of parity 0 (parity 1 at + parityBytes)
   uint64_t parityBytes;
   uint64_t regionBytes;  ///< a sender's region in a slot
-  /// Rank q's block flags: arrived[sender][block], then freed[sender][block].
+  /// Rank q's block flags: arrived[sender][block], then freed[reader][block].
   uint64_t* blockFlags[kMaxSources];
   uint64_t* ready[kMaxSources];          ///< rank q's collective "ready" flag of the first step
   Descriptor* descriptors[kMaxSources];  ///< rank q's descriptor of the first step

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cuda/driver.h"
 #include "loom/error.h"
@@ -15,7 +16,7 @@ namespace {
 
 constexpr unsigned kThreads = 512;
 static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096 &&
-                  sizeof(FusedAllReduceParams) <= 4096 && sizeof(FlagParams) <= 4096 &&
+                  sizeof(FusedParams) <= 4096 && sizeof(FlagParams) <= 4096 &&
                   sizeof(SpreadParams) <= 4096,
               "kernel parameters must fit the 4 KiB every architecture accepts");
 static_assert(kMaxSources <= kThreads, "one thread per published descriptor");
@@ -56,7 +57,7 @@ Kernels::Kernels() {
           std::to_string(t) + "_" + std::to_string(static_cast<int>(compiled));
       const size_t at = static_cast<size_t>(t * kNumReduceKinds + k);
       for (auto [table, prefix] :
-           {std::pair{&reduce_, "loom_reduce_"}, std::pair{&fused_, "loom_fused_all_reduce_"}}) {
+           {std::pair{&reduce_, "loom_reduce_"}, std::pair{&fused_, "loom_fused_"}}) {
         const std::string name = prefix + suffix;
         check(d.cuModuleGetFunction(&(*table)[at], module_, name.c_str()), "cuda", -1,
               "finding " + name);
@@ -67,7 +68,11 @@ Kernels::Kernels() {
   check(d.cuCtxGetDevice(&device), "cuda", -1, "cuCtxGetDevice");
   check(d.cuDeviceGetAttribute(&sms_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuda", -1,
         "cuDeviceGetAttribute");
-  for (CUfunction fn : fused_) {
+  check(d.cuModuleGetFunction(&fusedCopy_, module_, "loom_fused_copy"), "cuda", -1,
+        "finding loom_fused_copy");
+  std::vector<CUfunction> fused(fused_.begin(), fused_.end());
+  fused.push_back(fusedCopy_);
+  for (CUfunction fn : fused) {
     if (fn == nullptr) continue;
     int perSm = 0;
     check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, kThreads, 0), "cuda", -1,
@@ -97,20 +102,28 @@ void Kernels::reduce(CUstream stream, DataType type, ReduceKind kind,
         "cuda", -1, "launching a reduction");
 }
 
-void Kernels::fusedAllReduce(CUstream stream, DataType type, ReduceKind kind,
-                             const FusedAllReduceParams& params) const {
-  CUfunction fn = fused_[static_cast<size_t>(static_cast<int>(type) * kNumReduceKinds +
-                                             static_cast<int>(kind))];
+void Kernels::fusedReduce(CUstream stream, DataType type, ReduceKind kind,
+                          const FusedParams& params) const {
+  launchFused(fused_[static_cast<size_t>(static_cast<int>(type) * kNumReduceKinds +
+                                         static_cast<int>(kind))],
+              stream, params);
+}
+
+void Kernels::fusedCopy(CUstream stream, const FusedParams& params) const {
+  launchFused(fusedCopy_, stream, params);
+}
+
+void Kernels::launchFused(CUfunction fn, CUstream stream, const FusedParams& params) const {
   if (fn == nullptr || !fusedFits_ || params.blocks < 1 || params.blocks > kMaxFusedBlocks) {
-    throw Error(ErrorCode::kInternal, "cuda", -1, "no fused all_reduce for this call");
+    throw Error(ErrorCode::kInternal, "cuda", -1, "no fused kernel for this call");
   }
-  // Cooperative: every block resident at once. A pushing block waits for a peer's reducing
+  // Cooperative: every block resident at once. A pushing block waits for a peer's receiving
   // block, and that one for the peer's pushing block, so a block the GPU has not placed yet
   // (other kernels occupying the SMs) must not be able to hold up one it has.
-  void* args[] = {const_cast<FusedAllReduceParams*>(&params)};
+  void* args[] = {const_cast<FusedParams*>(&params)};
   check(Driver::get().cuLaunchCooperativeKernel(fn, 2 * static_cast<unsigned>(params.blocks), 1, 1,
                                                 kThreads, 1, 1, 0, stream, args),
-        "cuda", -1, "launching a fused all_reduce");
+        "cuda", -1, "launching a fused collective");
 }
 
 void Kernels::copy(CUstream stream, const CopyParams& params, uint64_t longest) const {

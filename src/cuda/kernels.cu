@@ -1,7 +1,7 @@
-// loom's CUDA kernels: the reduction and the fused all_reduce (every dtype x ReduceOp, one
-// kernel each, named loom_reduce_<DataType>_<ReduceKind> and
-// loom_fused_all_reduce_<DataType>_<ReduceKind> by enum value) and copies. 128-bit loads
-// and stores where every pointer is 16-byte aligned, element by element elsewhere.
+// loom's CUDA kernels: the stepped and the fused reduction (every dtype x ReduceOp, one
+// kernel each, named loom_reduce_<DataType>_<ReduceKind> and loom_fused_<DataType>_<ReduceKind>
+// by enum value), the fused copy, and copies. 128-bit loads and stores where every pointer
+// is 16-byte aligned, element by element elsewhere.
 // Sources are combined in rank order with one rounding per element, and the build turns
 // off FMA contraction, so results are bit-identical across ranks and equal to the CPU
 // kernels' (src/kernels/reduce_impl.h has the same semantics). Before its work every
@@ -15,7 +15,7 @@
 
 #include <type_traits>
 
-#include "cuda/fused_all_reduce.cuh"
+#include "cuda/fused_collective.cuh"
 #include "cuda/kernel_common.cuh"
 #include "cuda/kernel_params.h"
 
@@ -23,7 +23,7 @@ using loom::cuda::Agreement;
 using loom::cuda::CopyParams;
 using loom::cuda::Descriptor;
 using loom::cuda::FlagParams;
-using loom::cuda::FusedAllReduceParams;
+using loom::cuda::FusedParams;
 using loom::cuda::ReduceParams;
 using loom::cuda::SpreadParams;
 
@@ -115,14 +115,13 @@ __device__ void reduceBody(const ReduceParams& p) {
 
 }  // namespace
 
-// The stepped reduction and the fused all_reduce (fused_all_reduce.cuh) of one type and op.
-#define LOOM_REDUCE(T, kind, S, A)                                                     \
-  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) {                \
-    reduceBody<S, A, kind>(p);                                                         \
-  }                                                                                    \
-  extern "C" __global__ void __launch_bounds__(512)                                    \
-      loom_fused_all_reduce_##T##_##kind(FusedAllReduceParams p) {                     \
-    fusedAllReduce<S, A, kind>(p);                                                     \
+// The stepped and the fused reduction (fused_collective.cuh) of one type and op.
+#define LOOM_REDUCE(T, kind, S, A)                                                            \
+  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) {                       \
+    reduceBody<S, A, kind>(p);                                                                \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(512) loom_fused_##T##_##kind(FusedParams p) { \
+    fusedCollective<S, A, kind, true>(p);                                                     \
   }
 
 // Floating point: every kind but the bitwise ones (DataType 0-3).
@@ -157,6 +156,11 @@ LOOM_INT_KINDS(8, int64_t)
 LOOM_REDUCE(9, 6, uint8_t, uint8_t)
 LOOM_REDUCE(9, 7, uint8_t, uint8_t)
 LOOM_REDUCE(9, 8, uint8_t, uint8_t)
+
+// The fused collectives that only move bytes (all_gather, broadcast, all_to_all).
+extern "C" __global__ void __launch_bounds__(512) loom_fused_copy(FusedParams p) {
+  fusedCollective<uint8_t, uint8_t, kSum, false>(p);
+}
 
 // Copies segment blockIdx.y of p, 16 bytes at a time where both ends are aligned.
 extern "C" __global__ void loom_copy(CopyParams p) {

@@ -26,11 +26,13 @@ class Kernels {
   void copy(CUstream stream, const CopyParams& params, uint64_t longest) const;
   /// Queues flag waits and writes relative to device counters (see FlagParams).
   void flags(CUstream stream, const FlagParams& params) const;
-  /// Queues a whole all_reduce on `stream` as one cooperative launch (see
-  /// FusedAllReduceParams); only where fusedFits().
-  void fusedAllReduce(CUstream stream, DataType type, ReduceKind kind,
-                      const FusedAllReduceParams& params) const;
-  /// Whether every fused all_reduce kernel can keep kMaxFusedBlocks block pairs resident
+  /// Queues a whole reducing collective on `stream` as one cooperative launch (see
+  /// FusedParams); only where fusedFits().
+  void fusedReduce(CUstream stream, DataType type, ReduceKind kind,
+                   const FusedParams& params) const;
+  /// The same for a collective that only moves bytes (counts in bytes).
+  void fusedCopy(CUstream stream, const FusedParams& params) const;
+  /// Whether every fused kernel can keep kMaxFusedBlocks block pairs resident
   /// at once on this device, as a cooperative launch needs.
   bool fusedFits() const { return fusedFits_; }
   /// Queues the pieces' copy on `stream`, one run of params.perBlock bytes per block.
@@ -39,6 +41,8 @@ class Kernels {
   int multiprocessors() const { return sms_; }
 
  private:
+  void launchFused(CUfunction fn, CUstream stream, const FusedParams& params) const;
+
   CUmodule module_ = nullptr;
   CUfunction copy_ = nullptr;
   CUfunction flags_ = nullptr;
@@ -46,6 +50,7 @@ class Kernels {
   // By (type, kind); null where the pair is not supported.
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> reduce_{};
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> fused_{};
+  CUfunction fusedCopy_ = nullptr;
   bool fusedFits_ = true;
   int sms_ = 0;
 };

@@ -36,7 +36,9 @@ std::map<const void*, std::vector<int>> coverage(const std::vector<SpreadLaunch>
     EXPECT_LT((launch.blocks - 1) * p.perBlock, total) << "a block with nothing to do";
     for (int i = 0; i < p.count; ++i) {
       EXPECT_EQ(p.starts[i] % 16, 0u);
-      if (i > 0) EXPECT_GE(p.starts[i], p.starts[i - 1] + p.pieces[i - 1].bytes);
+      if (i > 0) {
+        EXPECT_GE(p.starts[i], p.starts[i - 1] + p.pieces[i - 1].bytes);
+      }
       seen[p.pieces[i].dst].resize(p.pieces[i].bytes);
     }
     for (unsigned block = 0; block < launch.blocks; ++block) {
@@ -47,7 +49,9 @@ std::map<const void*, std::vector<int>> coverage(const std::vector<SpreadLaunch>
         uint64_t to = 0;
         if (!spreadSlice(p, i, begin, end, &from, &to)) continue;
         const auto address = reinterpret_cast<uintptr_t>(p.pieces[i].dst);
-        if (address % 16 == 0) EXPECT_EQ(from % 16, 0u) << "a vector run starts mid-vector";
+        if (address % 16 == 0) {
+          EXPECT_EQ(from % 16, 0u) << "a vector run starts mid-vector";
+        }
         std::vector<int>& bytes = seen[p.pieces[i].dst];
         for (uint64_t b = from; b < to; ++b) ++bytes[b];
       }

@@ -1,12 +1,12 @@
 #pragma once
 
-// The fused all_reduce (FusedAllReduceParams in kernel_params.h says what it does): a whole
-// call in one cooperative launch, for ranks that each have a GPU of their own, where the
-// stepped path pays a round of stream waits and launches per step (docs/PERFORMANCE.md,
-// "Where a large call's time goes"). Pushing blocks write this rank's input into its
-// peers' slots over NVLink while reducing blocks reduce what the peers pushed here, so the
-// link stays busy while the reductions run; slots alternate by step parity.
-// Included by kernels.cu, which instantiates it per element type and ReduceOp.
+// The fused collectives (FusedParams in kernel_params.h says what they do): a whole call in
+// one cooperative launch, for ranks that each have a GPU of their own, where the stepped
+// path pays a round of stream waits and launches per step (docs/PERFORMANCE.md, "Where a
+// large call's time goes"). Pushing blocks write this rank's parts into its peers' slots
+// over NVLink while receiving blocks reduce or copy out what the peers pushed here, so the
+// link stays busy meanwhile; slots alternate by step parity. Included by kernels.cu, which
+// instantiates the reduction per element type and ReduceOp, and the copy once (in bytes).
 
 #include <cuda/atomic>
 
@@ -26,17 +26,17 @@ __device__ inline void raise(uint64_t* flag, uint64_t value) {
 }
 
 // In `owner`'s flags: `sender`'s slice `block` of a step has arrived in owner's slot.
-__device__ inline uint64_t* arrivedFlag(const FusedAllReduceParams& p, int owner, int sender,
+__device__ inline uint64_t* arrivedFlag(const FusedParams& p, int owner, int sender,
                                         int block) {
   return p.blockFlags[owner] + sender * kMaxFusedBlocks + block;
 }
 // In `owner`'s flags: `reader` is done with what owner pushed into reader's slot.
-__device__ inline uint64_t* freedFlag(const FusedAllReduceParams& p, int owner, int reader,
+__device__ inline uint64_t* freedFlag(const FusedParams& p, int owner, int reader,
                                       int block) {
   return p.blockFlags[owner] + kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks + block;
 }
 // Where `sender`'s pushes land in `receiver`'s slot of the parity at `parity` bytes.
-__device__ inline uint8_t* region(const FusedAllReduceParams& p, int sender, int receiver,
+__device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver,
                                   uint64_t parity) {
   const int index = sender < receiver ? sender : sender - 1;
   return p.slots[receiver] + parity + index * p.regionBytes;
@@ -62,7 +62,7 @@ __device__ inline S loadFresh(const S* at) {
 }
 
 // This block copies `bytes` from src to dst: four 16-byte vectors in flight per thread
-// where both ends are aligned, bytes elsewhere.
+// where both ends are aligned, bytes elsewhere; loads skip L1 (see loadFresh).
 __device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   uint64_t done = 0;
   if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
@@ -72,19 +72,19 @@ __device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t by
     const unsigned step = blockDim.x;
     uint64_t v = threadIdx.x;
     for (; v + 3 * step < last; v += 4 * step) {
-      const uint4 a = s[v];
-      const uint4 b = s[v + step];
-      const uint4 c = s[v + 2 * step];
-      const uint4 e = s[v + 3 * step];
+      const uint4 a = __ldcg(s + v);
+      const uint4 b = __ldcg(s + v + step);
+      const uint4 c = __ldcg(s + v + 2 * step);
+      const uint4 e = __ldcg(s + v + 3 * step);
       d[v] = a;
       d[v + step] = b;
       d[v + 2 * step] = c;
       d[v + 3 * step] = e;
     }
-    for (; v < last; v += step) d[v] = s[v];
+    for (; v < last; v += step) d[v] = __ldcg(s + v);
     done = last * 16;
   }
-  for (uint64_t i = done + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+  for (uint64_t i = done + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = loadFresh(src + i);
 }
 
 // This block's dst[i] = op over srcs[0..nsrc)[i], in source order, for i < n.
@@ -151,15 +151,15 @@ __device__ inline bool awaitFlag(uint64_t* flag, uint64_t value, const volatile 
   return true;
 }
 
-// A pushing block's step: once every peer is done with what this block pushed two steps
-// ago, write this rank's slice into each peer's slot and say so.
-__device__ inline bool pushStep(const FusedAllReduceParams& p, int block, uint64_t step,
-                                uint64_t epoch, const uint8_t* src, uint64_t from, uint64_t bytes) {
+// A pushing block's step: once every receiver is done with what this block pushed two
+// steps ago, write this rank's slice of each receiver's part into its slot and say so.
+// Elements [lo + from, lo + from + n) of each part, of `size` bytes each.
+__device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, uint64_t epoch,
+                                uint64_t lo, uint64_t from, uint64_t n, uint64_t size) {
   const int t = threadIdx.x;
+  const bool pushes = t < p.size && (p.pushesTo >> t & 1u);
   bool ok = true;
-  if (step >= 2 && t < p.size && t != p.rank) {
-    ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - 2, p.abort);
-  }
+  if (step >= 2 && pushes) ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - 2, p.abort);
   if (!__syncthreads_and(ok)) return false;
   if (step == 0 && t == 0) {
     // Each block publishes before its own arrivals, which are what a peer's check follows.
@@ -171,27 +171,31 @@ __device__ inline bool pushStep(const FusedAllReduceParams& p, int block, uint64
   }
   const uint64_t parity = (epoch % 2) * p.parityBytes;
   for (int q = 0; q < p.size; ++q) {
-    if (q != p.rank) copyByBlock(region(p, p.rank, q, parity) + from, src, bytes);
+    if (!(p.pushesTo >> q & 1u)) continue;
+    copyByBlock(region(p, p.rank, q, parity) + from * size,
+                static_cast<const uint8_t*>(p.sources[q]) + (lo + from) * size, n * size);
   }
   // Every thread's writes reach the system before any arrival is raised.
   __threadfence_system();
   __syncthreads();
-  // The arrival in this rank's own flags tells its reducing block that the input slice has
-  // been read, so an in-place reduction may overwrite it.
-  if (t < p.size) raise(arrivedFlag(p, t, p.rank, block), epoch);
+  // The arrival in this rank's own flags tells its receiving block that this slice of every
+  // part has been read, so an in-place call may overwrite it.
+  if (pushes || t == p.rank) raise(arrivedFlag(p, t, p.rank, block), epoch);
   return true;
 }
 
-// A reducing block's step: wait until every rank's slice has arrived (checking, in the
-// first step, that every peer runs this very call), reduce, free the peers' regions.
-template <class S, class A, int K>
-__device__ bool reduceStep(const FusedAllReduceParams& p, int block, uint64_t step,
-                           uint64_t epoch, uint64_t lo, uint64_t from, uint64_t n) {
+// A receiving block's step: wait until every sender's slice has arrived (checking, in the
+// first step, that each runs this very call), reduce or copy it out, free the senders'
+// regions.
+template <class S, class A, int K, bool kReduces>
+__device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint64_t epoch,
+                            uint64_t lo, uint64_t from, uint64_t n) {
   const int t = threadIdx.x;
+  const bool sender = t < p.size && t != p.rank && (p.receivesFrom >> t & 1u);
   bool ok = true;
-  if (t < p.size) {
+  if (sender || t == p.rank) {
     uint64_t* arrived = arrivedFlag(p, p.rank, t, block);
-    const bool check = step == 0 && t != p.rank;
+    const bool check = step == 0 && sender;
     while (ok && !reached(arrived, epoch)) {
       if (*p.abort != 0) {
         ok = false;
@@ -209,20 +213,35 @@ __device__ bool reduceStep(const FusedAllReduceParams& p, int block, uint64_t st
   }
   if (!__syncthreads_and(ok)) return false;
   const uint64_t parity = (epoch % 2) * p.parityBytes;
-  const S* srcs[kMaxSources];
-  for (int q = 0; q < p.size; ++q) {
-    srcs[q] = q == p.rank ? static_cast<const S*>(p.input) + lo + from
-                          : reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
+  auto received = [&](int q) {
+    return reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
+  };
+  if constexpr (kReduces) {
+    const S* srcs[kMaxSources];
+    for (int q = 0; q < p.size; ++q) {
+      srcs[q] = q == p.rank ? static_cast<const S*>(p.own) + lo + from : received(q);
+    }
+    reduceByBlock<S, A, K>(static_cast<S*>(p.outputs[0]) + lo + from, srcs, p.size, n, p.factor,
+                           p.divisor);
+  } else {
+    for (int q = 0; q < p.size; ++q) {
+      const S* src = nullptr;
+      if (q == p.rank && p.own != nullptr) src = static_cast<const S*>(p.own) + lo + from;
+      if (q != p.rank && (p.receivesFrom >> q & 1u)) src = received(q);
+      S* dst = static_cast<S*>(p.outputs[q]) + lo + from;
+      if (src != nullptr && src != dst) {
+        copyByBlock(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(src),
+                    n * sizeof(S));
+      }
+    }
   }
-  reduceByBlock<S, A, K>(static_cast<S*>(p.output) + lo + from, srcs, p.size, n, p.factor,
-                         p.divisor);
   __syncthreads();  // every thread's loads are done (their values are stored)
-  if (t < p.size && t != p.rank) raise(freedFlag(p, t, p.rank, block), epoch);
+  if (sender) raise(freedFlag(p, t, p.rank, block), epoch);
   return true;
 }
 
-template <class S, class A, int K>
-__device__ void fusedAllReduce(const FusedAllReduceParams& p) {
+template <class S, class A, int K, bool kReduces>
+__device__ void fusedCollective(const FusedParams& p) {
   const bool pushes = static_cast<int>(blockIdx.x) < p.blocks;
   const int block = pushes ? blockIdx.x : blockIdx.x - p.blocks;
   constexpr uint64_t kV = 16 / sizeof(S);
@@ -234,11 +253,9 @@ __device__ void fusedAllReduce(const FusedAllReduceParams& p) {
     const uint64_t per = ((n + p.blocks - 1) / p.blocks + kV - 1) / kV * kV;
     const uint64_t from = block * per < n ? block * per : n;
     const uint64_t to = from + per < n ? from + per : n;
-    const bool ok =
-        pushes ? pushStep(p, block, step, epoch,
-                          static_cast<const uint8_t*>(p.input) + (lo + from) * sizeof(S),
-                          from * sizeof(S), (to - from) * sizeof(S))
-               : reduceStep<S, A, K>(p, block, step, epoch, lo, from, to - from);
+    const bool ok = pushes ? pushStep(p, block, step, epoch, lo, from, to - from, sizeof(S))
+                           : receiveStep<S, A, K, kReduces>(p, block, step, epoch, lo, from,
+                                                            to - from);
     if (!ok) return;
   }
 }
