@@ -43,6 +43,8 @@ Config Config::load(int localRanks) {
   if (env::text("LOOM_CUDA_FUSED")) {
     c.cuda.fused = env::integer("LOOM_CUDA_FUSED", 0, 0, 1) == 1;
   }
+  c.cuda.fusedBlocks = static_cast<int>(
+      env::integer("LOOM_CUDA_FUSED_BLOCKS", c.cuda.fusedBlocks, 1, c.cuda.fusedBlocks));
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a
   // 300 MiB-L3 host at 4 and 16 ranks, they win from about there (docs/PERFORMANCE.md).
   c.tuning.streamBytes = env::bytes("LOOM_STREAM_BYTES", size_t{8} << 20, 0, SIZE_MAX);

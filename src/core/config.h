@@ -26,6 +26,8 @@ struct CudaTuning {
   /// Whether an eager all_reduce that every rank reduces whole runs as one fused kernel
   /// (LOOM_CUDA_FUSED); unset: when every rank has a GPU of its own.
   std::optional<bool> fused;
+  /// The most block pairs a fused kernel runs, 1-64 (LOOM_CUDA_FUSED_BLOCKS).
+  int fusedBlocks = 64;
 };
 
 struct Config {

@@ -73,9 +73,10 @@ constexpr size_t kOneShotBytes = 256 << 10;
 // tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
 // its bytes (40 bits) and the chunk's index (24).
 constexpr int kChunkShift = 40;
-// In word 0: the call runs as one fused kernel (ranks that disagree on it get the named
-// mismatch, not a hang).
+// In word 0: the call runs as one fused kernel, and with how many block pairs less one (6
+// bits): ranks that disagree on either get the named mismatch, not a hang.
 constexpr uint64_t kFusedBit = uint64_t{1} << 25;
+constexpr int kFusedBlocksShift = 26;
 
 uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
   return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
@@ -129,7 +130,10 @@ std::string explain(const cuda::Descriptor& d) {
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
     text += ", root " + std::to_string(high);
   }
-  if (w0 & kFusedBit) text += ", fused into one kernel (LOOM_CUDA_FUSED)";
+  if (w0 & kFusedBit) {
+    text += ", fused into one kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
+            " block pairs (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS)";
+  }
   return text;
 }
 
@@ -241,6 +245,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // A fused call's blocks spin on their peers' flags: where ranks share a GPU, the
       // GPU's turns between their processes would stretch every wait to a time slice.
       fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
+      fusedBlocks_ = tuning.fusedBlocks;
     } catch (...) {
       // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
       // destructor does not run for an object whose constructor threw).
@@ -468,12 +473,12 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   if (p.firstEpoch > 2) await(kDone, p.firstEpoch - 2);
   if (p.firstEpoch > 1) await(kDone, p.firstEpoch - 1);
   lane_->epoch += p.steps;
-  described_.words[0] |= kFusedBit;
-  // Slices of about 64 KiB per block and step, up to every block pair; from the call's
-  // size alone, so every rank runs as many.
+  // Slices of about 64 KiB per block and step, up to fusedBlocks_ block pairs; from the
+  // call's size alone, so every rank runs as many.
   const uint64_t stepBytes = std::min<uint64_t>(p.count * elementBytes, regionBytes);
   p.blocks = static_cast<int32_t>(
-      std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, cuda::kMaxFusedBlocks));
+      std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, fusedBlocks_));
+  described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift;
   p.rank = rank_;
   p.size = size_;
   p.parityBytes = 2 * chunk_;

@@ -267,14 +267,15 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<std::unique_ptr<cuda::SharedMemory>> peers_;  // by rank; [rank_] is empty
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
   size_t oneShotBytes_ = 0;
-  bool pipelined_ = false;                  // several steps take turns on two streams (see above)
-  bool fused_ = false;                      // eager collectives as one kernel each (see above)
-  size_t blockFlagsAt_ = 0;                 // the fused kernels' flags, in every workspace
-  CUstream side_ = nullptr;                 // the second stream
-  CUevent forked_ = nullptr;                // recorded on stream_ where a pipelined call starts
-  CUevent joined_ = nullptr;                // recorded on side_ where it ends
-  size_t mailSlot_ = 0;                     // bytes per mailbox slot
-  cuda::MismatchReport* report_ = nullptr;  // host memory the kernels write (device view)
+  bool pipelined_ = false;                   // several steps take turns on two streams (see above)
+  bool fused_ = false;                       // eager collectives as one kernel each (see above)
+  int fusedBlocks_ = cuda::kMaxFusedBlocks;  // most block pairs per fused kernel
+  size_t blockFlagsAt_ = 0;                  // the fused kernels' flags, in every workspace
+  CUstream side_ = nullptr;                  // the second stream
+  CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts
+  CUevent joined_ = nullptr;                 // recorded on side_ where it ends
+  size_t mailSlot_ = 0;                      // bytes per mailbox slot
+  cuda::MismatchReport* report_ = nullptr;   // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;
 
   std::mutex enqueueMutex_;    // one collective is queued at a time
