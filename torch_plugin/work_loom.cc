@@ -151,7 +151,9 @@ void WorkLoom::synchronize() {
 
 void WorkLoom::blockCurrentStream() {
   const c10::impl::VirtualGuardImpl impl(cudaStream_->device_type());
-  cudaEnd_->block(impl.getStream(cudaStream_->device()));
+  const c10::Stream current = impl.getStream(cudaStream_->device());
+  // A blocking call ran on the current stream itself: its order is already the stream's.
+  if (current != *cudaStream_) cudaEnd_->block(current);
 }
 
 bool WorkLoom::isSuccess() const {

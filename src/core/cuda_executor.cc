@@ -297,6 +297,7 @@ CudaExecutor::~CudaExecutor() {
   d.cuStreamSynchronize(side_);
   d.cuStreamDestroy(side_);
   for (CUevent event : {eager_.lastEnd, graph_.lastEnd, forked_, joined_}) d.cuEventDestroy(event);
+  for (CUevent event : spareEvents_) d.cuEventDestroy(event);
   peers_.clear();
   mine_.reset();
   kernels_.reset();
@@ -469,9 +470,17 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   p.steps = p.count == 0 ? 1 : (p.count + p.perStep - 1) / p.perStep;
   p.firstEpoch = lane_->epoch + 1;
   // The kernel writes into its peers' slots of both parities from its first steps: every
-  // peer must be done with the steps that used them last (of earlier calls).
-  if (p.firstEpoch > 2) await(kDone, p.firstEpoch - 2);
-  if (p.firstEpoch > 1) await(kDone, p.firstEpoch - 1);
+  // peer must be done with the steps that used them last (of earlier calls). One batch of
+  // waits where it fits (each batch is a driver call on the host's path).
+  std::vector<FlagStep> waits;
+  for (uint64_t e = p.firstEpoch > 2 ? p.firstEpoch - 2 : 1; e < p.firstEpoch; ++e) {
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) waits.push_back({flag(q, kDone, e), nullptr, e, true});
+    }
+  }
+  for (size_t i = 0; i < waits.size(); i += cuda::kMaxSources) {
+    queueFlagSteps({waits.data() + i, std::min<size_t>(cuda::kMaxSources, waits.size() - i)});
+  }
   lane_->epoch += p.steps;
   // Slices of about 64 KiB per block and step, up to fusedBlocks_ block pairs; from the
   // call's size alone, so every rank runs as many.
@@ -502,8 +511,11 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
     kernels_->fusedCopy(stream_, p);
   }
   // For the stepped calls that follow: this rank is done with the slots of both parities.
-  signal(kDone, lane_->epoch);
-  if (p.steps > 1) signal(kDone, lane_->epoch - 1);
+  const uint64_t last = lane_->epoch;
+  const std::array<FlagStep, 2> done{
+      FlagStep{flag(rank_, kDone, last), nullptr, last, false},
+      FlagStep{flag(rank_, kDone, last - 1), nullptr, last - 1, false}};
+  queueFlagSteps({done.data(), p.steps > 1 ? size_t{2} : size_t{1}});
 }
 
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {
@@ -599,7 +611,18 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     lane.lastStream = streamId;
     lane.lastCapture = captureId;
     if (!captured) {
-      check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
+      {
+        // Events finished with come back to a spare list: creating one is a driver call
+        // on every call's path.
+        std::lock_guard<std::mutex> pendingLock(pendingMutex_);
+        if (!spareEvents_.empty()) {
+          event = spareEvents_.back();
+          spareEvents_.pop_back();
+        }
+      }
+      if (event == nullptr) {
+        check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
+      }
       check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
     }
   } catch (const Error& e) {
@@ -778,10 +801,10 @@ void CudaExecutor::monitor() {
     Pending done = std::move(first);
     pending_.pop_front();
     lock.unlock();
-    d.cuEventDestroy(done.event);
     for (const auto& state : done.states) state->complete(failure);
     since = Clock::now();
     lock.lock();
+    spareEvents_.push_back(done.event);
     pendingChanged_.notify_all();
   }
 }

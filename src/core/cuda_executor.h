@@ -289,8 +289,9 @@ class CudaExecutor final : public DeviceExecutor {
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;
-  std::deque<Pending> pending_;  // guarded by pendingMutex_
-  bool stopping_ = false;        // guarded by pendingMutex_
+  std::deque<Pending> pending_;       // guarded by pendingMutex_
+  std::vector<CUevent> spareEvents_;  // recorded and finished; guarded by pendingMutex_
+  bool stopping_ = false;             // guarded by pendingMutex_
   std::atomic<bool> released_{false};
   std::thread monitor_;
 };
