@@ -472,14 +472,15 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   // The kernel writes into its peers' slots of both parities from its first steps: every
   // peer must be done with the steps that used them last (of earlier calls). One batch of
   // waits where it fits (each batch is a driver call on the host's path).
-  std::vector<FlagStep> waits;
+  std::array<FlagStep, 2 * cuda::kMaxSources> waits;
+  size_t n = 0;
   for (uint64_t e = p.firstEpoch > 2 ? p.firstEpoch - 2 : 1; e < p.firstEpoch; ++e) {
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_) waits.push_back({flag(q, kDone, e), nullptr, e, true});
+      if (q != rank_) waits[n++] = {flag(q, kDone, e), nullptr, e, true};
     }
   }
-  for (size_t i = 0; i < waits.size(); i += cuda::kMaxSources) {
-    queueFlagSteps({waits.data() + i, std::min<size_t>(cuda::kMaxSources, waits.size() - i)});
+  for (size_t i = 0; i < n; i += cuda::kMaxSources) {
+    queueFlagSteps({waits.data() + i, std::min<size_t>(cuda::kMaxSources, n - i)});
   }
   lane_->epoch += p.steps;
   // Slices of about 64 KiB per block and step, up to fusedBlocks_ block pairs; from the

@@ -42,6 +42,7 @@ __device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver
   return p.slots[receiver] + parity + index * p.regionBytes;
 }
 
+// Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
 __device__ inline bool sameDescriptor(const Descriptor* theirs, const Descriptor& mine) {
   const volatile Descriptor* d = theirs;
   return d->words[0] == mine.words[0] && d->words[1] == mine.words[1];
