@@ -2,8 +2,8 @@
 all_gather, reduce_scatter, broadcast and all_to_all from 8 B to 1 GiB, timed the same way
 for both (rank 0's view of a barrier, the call and a stream synchronize), median and p90 per
 point, bus bandwidth with nccl-tests' factors, every point's result checked. Then DDP and
-FSDP2 training steps with each backend. Both backends run in the same processes, on the
-same tensors, one after the other at each point.
+FSDP2 training steps with each backend, the two taking turns step by step. Both backends
+run in the same processes, on the same tensors, one after the other at each point.
 
     python3 tests/cuda/bench_nccl.py --ranks 2 [--max-bytes 1G] [--out DIR]
 
@@ -133,9 +133,9 @@ def time_point(point: Point, group, budget: float, sync) -> list[float]:
     return times
 
 
-def train_steps(kind: str, group, dev, steps: int, sync) -> list[float]:
-    """Seconds per training step of a 4-layer MLP (about 100 MB of float32 gradients)
-    under DDP or FSDP2 on `group`."""
+def build_step(kind: str, group, dev, sync):
+    """One training step of a 4-layer MLP (about 100 MB of float32 gradients) under DDP or
+    FSDP2 on `group`, as a function."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(2560, 2560) for _ in range(4)]).to(dev)
     if kind == "ddp":
@@ -151,16 +151,30 @@ def train_steps(kind: str, group, dev, steps: int, sync) -> list[float]:
         fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(64, 2560, device=dev)
-    times = []
-    for i in range(steps + 3):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
+
+    def step():
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
         sync()
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
+
+    return step
+
+
+def train_steps(kind: str, groups: dict, dev, steps: int, sync) -> dict[str, list[float]]:
+    """Seconds per training step with each backend. The backends take turns step by step
+    (which goes first alternates), after three warm-up steps each, so that a drift of the
+    machine (clocks, the allocator's growth, other load) falls on both alike."""
+    runs = {name: build_step(kind, group, dev, sync) for name, group in groups.items()}
+    times = {name: [] for name in runs}
+    names = list(runs)
+    for i in range(steps + 3):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            dist.barrier(group=groups[name])
+            t0 = time.perf_counter()
+            runs[name]()
+            if i >= 3:
+                times[name].append(time.perf_counter() - t0)
     return times
 
 
@@ -193,13 +207,12 @@ def worker(rank: int, world: int, port: int, args, results) -> None:
                 print(f"  {op} {nbytes} done", file=sys.stderr, flush=True)
     steps = []
     for kind in args.train:
-        for name, group in groups.items():
-            try:
-                t = train_steps(kind, group, dev, args.steps, sync)
+        try:
+            for name, t in train_steps(kind, groups, dev, args.steps, sync).items():
                 steps.append({"kind": kind, "backend": name, "median_ms": statistics.median(t) * 1e3,
                               "p90_ms": sorted(t)[int(0.9 * (len(t) - 1))] * 1e3, "steps": len(t)})
-            except Exception as e:  # noqa: BLE001 - reported in the table
-                steps.append({"kind": kind, "backend": name, "error": f"{type(e).__name__}: {e}"[:300]})
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            steps.append({"kind": kind, "backend": "both", "error": f"{type(e).__name__}: {e}"[:300]})
     oks = [r["ok"] for r in rows]
     gathered = [None] * world
     dist.all_gather_object(gathered, oks)
