@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # loom's CUDA path on a GPU host (run by hand there; CI has no GPU): builds and installs
 # loom with its CUDA path into the current Python (which must have a CUDA build of torch),
-# runs the correctness suite with 2, 3 and 4 ranks sharing GPU 0 and the benchmark against
+# runs the correctness suite with 2, 3 and 4 ranks sharing GPU 0 (stepped, and with the fused
+# kernels forced) and the benchmark against
 # Gloo on the same CUDA tensors, and writes what they print to OUTDIR. docs/PERFORMANCE.md
 # ("CUDA tensors") and tests/README.md quote these files. On a host of several GPUs, `nccl`
 # runs loom against NCCL with one GPU per rank (P = 2 and 4, as many as there are GPUs) and
@@ -32,6 +33,12 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   # all_reduce (uneven shares), which ranks sharing a GPU do not use by default.
   LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CUDA_ONE_SHOT_BYTES=0 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
     --parts reductions movement 2>&1 | tee "$out/cuda_check_small_chunk.txt"
+  # The fused kernels (the default with a GPU per rank) forced on ranks sharing GPU 0, with
+  # the default chunk and with one that cuts calls into many steps.
+  LOOM_CUDA_FUSED=1 "$PYTHON" tests/cuda/check_cuda.py --ranks 2 3 \
+    --parts reductions movement mismatch killed 2>&1 | tee "$out/cuda_check_fused.txt"
+  LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
+    --parts reductions movement 2>&1 | tee "$out/cuda_check_fused_small_chunk.txt"
 fi
 if [ "$what" = nccl ]; then
   "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" 2>&1 \
