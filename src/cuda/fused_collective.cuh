@@ -26,18 +26,15 @@ __device__ inline void raise(uint64_t* flag, uint64_t value) {
 }
 
 // In `owner`'s flags: `sender`'s slice `block` of a step has arrived in owner's slot.
-__device__ inline uint64_t* arrivedFlag(const FusedParams& p, int owner, int sender,
-                                        int block) {
+__device__ inline uint64_t* arrivedFlag(const FusedParams& p, int owner, int sender, int block) {
   return p.blockFlags[owner] + sender * kMaxFusedBlocks + block;
 }
 // In `owner`'s flags: `reader` is done with what owner pushed into reader's slot.
-__device__ inline uint64_t* freedFlag(const FusedParams& p, int owner, int reader,
-                                      int block) {
+__device__ inline uint64_t* freedFlag(const FusedParams& p, int owner, int reader, int block) {
   return p.blockFlags[owner] + kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks + block;
 }
 // Where `sender`'s pushes land in `receiver`'s slot of the parity at `parity` bytes.
-__device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver,
-                                  uint64_t parity) {
+__device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver, uint64_t parity) {
   const int index = sender < receiver ? sender : sender - 1;
   return p.slots[receiver] + parity + index * p.regionBytes;
 }
@@ -254,9 +251,9 @@ __device__ void fusedCollective(const FusedParams& p) {
     const uint64_t per = ((n + p.blocks - 1) / p.blocks + kV - 1) / kV * kV;
     const uint64_t from = block * per < n ? block * per : n;
     const uint64_t to = from + per < n ? from + per : n;
-    const bool ok = pushes ? pushStep(p, block, step, epoch, lo, from, to - from, sizeof(S))
-                           : receiveStep<S, A, K, kReduces>(p, block, step, epoch, lo, from,
-                                                            to - from);
+    const bool ok =
+        pushes ? pushStep(p, block, step, epoch, lo, from, to - from, sizeof(S))
+               : receiveStep<S, A, K, kReduces>(p, block, step, epoch, lo, from, to - from);
     if (!ok) return;
   }
 }

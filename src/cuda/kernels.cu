@@ -116,12 +116,12 @@ __device__ void reduceBody(const ReduceParams& p) {
 }  // namespace
 
 // The stepped and the fused reduction (fused_collective.cuh) of one type and op.
-#define LOOM_REDUCE(T, kind, S, A)                                                            \
-  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) {                       \
-    reduceBody<S, A, kind>(p);                                                                \
-  }                                                                                           \
+#define LOOM_REDUCE(T, kind, S, A)                                                           \
+  extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) {                      \
+    reduceBody<S, A, kind>(p);                                                               \
+  }                                                                                          \
   extern "C" __global__ void __launch_bounds__(512) loom_fused_##T##_##kind(FusedParams p) { \
-    fusedCollective<S, A, kind, true>(p);                                                     \
+    fusedCollective<S, A, kind, true>(p);                                                    \
   }
 
 // Floating point: every kind but the bitwise ones (DataType 0-3).
