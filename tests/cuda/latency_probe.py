@@ -13,7 +13,6 @@ back-to-back calls with one synchronize at the end (time per call once launches 
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import time
 
@@ -21,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import loom  # noqa: F401  (registers the backend)
-from spawned import report, run_spawned
+from spawned import loom_and_nccl, report, run_spawned
 
 
 def median_us(fn, calls: int, group) -> float:
@@ -35,11 +34,7 @@ def median_us(fn, calls: int, group) -> float:
 
 
 def worker(rank: int, world: int, port: int, args, queue) -> None:
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    groups = {"loom": dist.new_group(backend="loom"), "nccl": dist.new_group(backend="nccl")}
+    dev, groups = loom_and_nccl(rank, world, port)
     x = torch.zeros(2, device=dev)
     sync = torch.cuda.synchronize
     rows = []

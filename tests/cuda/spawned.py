@@ -4,9 +4,12 @@ tables."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -25,6 +28,16 @@ def run_spawned(worker, world: int, args, timeout: float):
     for p in procs:
         p.join()
     return result
+
+
+def loom_and_nccl(rank: int, world: int, port: int):
+    """In a spawned rank with a GPU of its own: joins the job on `port` and returns the GPU
+    and a loom and an NCCL group over every rank, {"loom": ..., "nccl": ...}."""
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    return dev, {"loom": dist.new_group(backend="loom"), "nccl": dist.new_group(backend="nccl")}
 
 
 def report(lines: list[str], out_dir: str | None, name: str) -> None:
