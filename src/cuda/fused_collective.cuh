@@ -248,9 +248,7 @@ __device__ void fusedCollective(const FusedParams& p) {
     const uint64_t lo = step * p.perStep;
     const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
     // Slices of whole 16-byte vectors, so every block's vectors stay aligned.
-    const uint64_t per = ((n + p.blocks - 1) / p.blocks + kV - 1) / kV * kV;
-    const uint64_t from = block * per < n ? block * per : n;
-    const uint64_t to = from + per < n ? from + per : n;
+    const auto [from, to] = fusedSlice(p.perStep, n, p.blocks, block, kV);
     const bool ok =
         pushes ? pushStep(p, block, step, epoch, lo, from, to - from, sizeof(S))
                : receiveStep<S, A, K, kReduces>(p, block, step, epoch, lo, from, to - from);
