@@ -81,30 +81,38 @@ class Point:
             dist.all_to_all_single(self.out, self.inp, group=group)
 
     def check(self, group, rank: int, world: int) -> bool:
-        """One call on inputs that say who sent them; True if every element is right."""
+        """One call on inputs that say who sent them and where each element sits (so a
+        stale or misplaced slice shows, not only a missing one); True if every element is
+        right. Values are whole numbers below 2^24, exact in float32."""
         op, n = self.op, self.count
         part = n // world
+        dev = self.inp.device
+        # Every element's place within its rank's part, 0..1020.
+        where = (torch.arange(part, device=dev) % 1021).to(torch.float32)
+        total = world * (world + 1) / 2
         if op == "all_to_all":
-            # block q of rank r holds r * world + q
-            self.inp.copy_(torch.arange(world, device=self.inp.device).repeat_interleave(part) + rank * world)
+            # block q of rank r holds 1024 x place + r x world + q
+            sender = torch.arange(world, device=dev).repeat_interleave(part) + rank * world
+            self.inp.copy_(where.repeat(world) * 1024 + sender)
+        elif op == "all_gather":
+            self.inp.copy_(where + rank + 1)
         else:
-            self.inp.fill_(float(rank + 1))
+            self.inp.copy_(where.repeat(world) + rank + 1)
         self.call(group)
         if self.inp.is_cuda:
             torch.cuda.synchronize()
-        total = world * (world + 1) / 2
         if op == "all_reduce":
-            ok = bool(torch.all(self.inp == total))
+            ok = bool(torch.all(self.inp == where.repeat(world) * world + total))
         elif op == "broadcast":
-            ok = bool(torch.all(self.inp == 1.0))
+            ok = bool(torch.all(self.inp == where.repeat(world) + 1))
         elif op == "all_gather":
-            want = torch.arange(1, world + 1, device=self.out.device, dtype=torch.float32)
-            ok = bool(torch.all(self.out == want.repeat_interleave(part)))
+            ranks = torch.arange(1, world + 1, device=dev, dtype=torch.float32)
+            ok = bool(torch.all(self.out == where.repeat(world) + ranks.repeat_interleave(part)))
         elif op == "reduce_scatter":
-            ok = bool(torch.all(self.out == total))
+            ok = bool(torch.all(self.out == where * world + total))
         else:
-            want = torch.arange(world, device=self.out.device) * world + rank
-            ok = bool(torch.all(self.out == want.repeat_interleave(part)))
+            sender = torch.arange(world, device=dev) * world + rank
+            ok = bool(torch.all(self.out == where.repeat(world) * 1024 + sender.repeat_interleave(part)))
         self.inp.zero_()
         if self.out is not self.inp:
             self.out.zero_()
