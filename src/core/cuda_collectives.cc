@@ -21,8 +21,9 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t perStep = chunk_ / es;
   if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
   const bool oneShot = args.count * es <= oneShotBytes_;
-  if (oneShot && fusable()) {
+  if (fusable()) {
     cuda::FusedParams p{};
+    p.twoShot = !oneShot;
     for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
     p.pushesTo = p.receivesFrom = everyPeer();
     p.own = args.input;

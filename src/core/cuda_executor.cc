@@ -49,7 +49,7 @@ constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, 
 constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
 constexpr size_t kDataOffset = 64 << 10;
 // After the mailboxes: the fused collectives' block flags (see cuda::FusedParams).
-constexpr size_t kBlockFlagsBytes = 2 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
+constexpr size_t kBlockFlagsBytes = 4 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
 static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kOddFlagsOffset &&
               kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
 static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
@@ -464,9 +464,18 @@ uint32_t CudaExecutor::everyPeer() const {
 
 void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
                             const CollectiveArgs* reduction) {
-  // A slot (both halves) holds a region per peer, so a step is as large as that allows.
-  const size_t regionBytes = roundDown(2 * chunk_ / static_cast<size_t>(size_ - 1), 16);
-  p.perStep = regionBytes / elementBytes;
+  // A slot (both halves) holds a region per peer, so a step is as large as that allows;
+  // two-shot keeps the reduce regions in the first half and the gather regions in the
+  // second, a share each.
+  const size_t peers = static_cast<size_t>(size_ - 1);
+  const size_t regionBytes = roundDown((p.twoShot ? 1 : 2) * chunk_ / peers, 16);
+  if (p.twoShot) {
+    p.share = regionBytes / elementBytes;
+    p.perStep = p.share * static_cast<size_t>(size_);
+    p.gatherAt = chunk_;
+  } else {
+    p.perStep = regionBytes / elementBytes;
+  }
   p.steps = p.count == 0 ? 1 : (p.count + p.perStep - 1) / p.perStep;
   p.firstEpoch = lane_->epoch + 1;
   // The kernel writes into its peers' slots of both parities from its first steps: every
@@ -485,7 +494,8 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   lane_->epoch += p.steps;
   // Slices of about 64 KiB per block and step, up to fusedBlocks_ block pairs; from the
   // call's size alone, so every rank runs as many.
-  const uint64_t stepBytes = std::min<uint64_t>(p.count * elementBytes, regionBytes);
+  const uint64_t stepBytes =
+      std::min<uint64_t>(p.count * elementBytes / (p.twoShot ? size_ : 1), regionBytes);
   p.blocks = static_cast<int32_t>(
       std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, fusedBlocks_));
   described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift;

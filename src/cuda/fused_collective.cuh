@@ -33,6 +33,18 @@ __device__ inline uint64_t* arrivedFlag(const FusedParams& p, int owner, int sen
 __device__ inline uint64_t* freedFlag(const FusedParams& p, int owner, int reader, int block) {
   return p.blockFlags[owner] + kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks + block;
 }
+// Two-shot, in `owner`'s flags: `sender`'s reduced slice `block` has arrived in owner's
+// gather region for it; `reader` is done with what owner pushed into reader's gather region.
+__device__ inline uint64_t* gatheredFlag(const FusedParams& p, int owner, int sender,
+                                         int block) {
+  return p.blockFlags[owner] + 2 * kMaxSources * kMaxFusedBlocks + sender * kMaxFusedBlocks +
+         block;
+}
+__device__ inline uint64_t* gatherFreedFlag(const FusedParams& p, int owner, int reader,
+                                            int block) {
+  return p.blockFlags[owner] + 3 * kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks +
+         block;
+}
 // Where `sender`'s pushes land in `receiver`'s slot of the parity at `parity` bytes.
 __device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver, uint64_t parity) {
   const int index = sender < receiver ? sender : sender - 1;
@@ -238,8 +250,140 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
   return true;
 }
 
+// Waits (threads t < size, one peer each, not this rank) until each peer's flag reaches
+// `value`; the block agrees on the outcome. In the first step (`check`), a peer found
+// running another call is reported as a mismatch.
+template <class FlagOf>
+__device__ bool awaitPeers(const FusedParams& p, FlagOf flagOf, uint64_t value, bool check) {
+  const int t = threadIdx.x;
+  bool ok = true;
+  if (t < p.size && t != p.rank) {
+    uint64_t* flag = flagOf(t);
+    while (ok && !reached(flag, value)) {
+      if (*p.abort != 0) {
+        ok = false;
+      } else if (check && reached(p.ready[t], value) &&
+                 !sameDescriptor(p.descriptors[t], p.mine)) {
+        ok = false;
+      } else {
+        __nanosleep(32);
+      }
+    }
+    if (check && *p.abort == 0 && !sameDescriptor(p.descriptors[t], p.mine)) {
+      const volatile Descriptor* d = p.descriptors[t];
+      reportMismatch(p.claim, p.report, p.abort, t, p.mine, {{d->words[0], d->words[1]}});
+      ok = false;
+    }
+  }
+  return __syncthreads_and(ok);
+}
+
+// Raises, for every peer (threads t < size, not this rank), the flag flagOf(t) to `value`.
+template <class FlagOf>
+__device__ void raisePeers(const FusedParams& p, FlagOf flagOf, uint64_t value) {
+  const int t = threadIdx.x;
+  if (t < p.size && t != p.rank) raise(flagOf(t), value);
+}
+
+// The two-shot all_reduce (FusedParams): blocks [0, blocks) push shares, [blocks,
+// 2 x blocks) reduce this rank's share and push it back out, [2 x blocks, 3 x blocks)
+// copy the peers' reduced shares into the output.
+template <class S, class A, int K>
+__device__ void twoShotAllReduce(const FusedParams& p) {
+  const int role = static_cast<int>(blockIdx.x) / p.blocks;
+  const int block = static_cast<int>(blockIdx.x) % p.blocks;
+  constexpr uint64_t kV = 16 / sizeof(S);
+  // Slices of whole 16-byte vectors of a share, so every block's vectors stay aligned.
+  const uint64_t per = ((p.share + p.blocks - 1) / p.blocks + kV - 1) / kV * kV;
+  const S* input = static_cast<const S*>(p.own);
+  S* output = static_cast<S*>(p.outputs[0]);
+  for (uint64_t step = 0; step < p.steps; ++step) {
+    const uint64_t epoch = p.firstEpoch + step;
+    const uint64_t lo = step * p.perStep;
+    const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
+    const uint64_t parity = (epoch % 2) * p.parityBytes;
+    // Elements [from, to) of share q of this step.
+    auto slice = [&](int q, uint64_t* from, uint64_t* to) {
+      const uint64_t start = q * p.share < n ? q * p.share : n;
+      const uint64_t end = start + p.share < n ? start + p.share : n;
+      *from = start + block * per < end ? start + block * per : end;
+      *to = *from + per < end ? *from + per : end;
+    };
+    uint64_t from = 0;
+    uint64_t to = 0;
+    if (role == 0) {
+      if (step >= 2 && !awaitPeers(p, [&](int q) { return freedFlag(p, p.rank, q, block); },
+                                   epoch - 2, false)) {
+        return;
+      }
+      if (step == 0 && threadIdx.x == 0) {
+        *p.descriptors[p.rank] = p.mine;
+        if (block == 0) {
+          __threadfence_system();
+          raise(p.ready[p.rank], epoch);
+        }
+      }
+      for (int q = 0; q < p.size; ++q) {
+        if (q == p.rank) continue;
+        slice(q, &from, &to);
+        const uint64_t at = (from - (q * p.share < n ? q * p.share : n)) * sizeof(S);
+        copyByBlock(region(p, p.rank, q, parity) + at,
+                    reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));
+      }
+      __threadfence_system();
+      __syncthreads();
+      raisePeers(p, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
+    } else if (role == 1) {
+      if (!awaitPeers(p, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch,
+                      step == 0)) {
+        return;
+      }
+      if (step >= 2 &&
+          !awaitPeers(p, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); }, epoch - 2,
+                      false)) {
+        return;
+      }
+      slice(p.rank, &from, &to);
+      const uint64_t at = (from - (p.rank * p.share < n ? p.rank * p.share : n)) * sizeof(S);
+      const S* srcs[kMaxSources];
+      for (int q = 0; q < p.size; ++q) {
+        srcs[q] = q == p.rank ? input + lo + from
+                              : reinterpret_cast<const S*>(region(p, q, p.rank, parity) + at);
+      }
+      reduceByBlock<S, A, K>(output + lo + from, srcs, p.size, to - from, p.factor, p.divisor);
+      __syncthreads();  // the reduced slice is stored; the peers' regions are read
+      raisePeers(p, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
+      for (int q = 0; q < p.size; ++q) {
+        if (q == p.rank) continue;
+        copyByBlock(region(p, p.rank, q, parity + p.gatherAt) + at,
+                    reinterpret_cast<const uint8_t*>(output + lo + from), (to - from) * sizeof(S));
+      }
+      __threadfence_system();
+      __syncthreads();
+      raisePeers(p, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
+    } else {
+      if (!awaitPeers(p, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch,
+                      false)) {
+        return;
+      }
+      for (int q = 0; q < p.size; ++q) {
+        if (q == p.rank) continue;
+        slice(q, &from, &to);
+        const uint64_t at = (from - (q * p.share < n ? q * p.share : n)) * sizeof(S);
+        copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
+                    region(p, q, p.rank, parity + p.gatherAt) + at, (to - from) * sizeof(S));
+      }
+      __syncthreads();
+      raisePeers(p, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
+    }
+  }
+}
+
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
+  if constexpr (kReduces) {
+    if (p.twoShot) return twoShotAllReduce<S, A, K>(p);
+  }
   const bool pushes = static_cast<int>(blockIdx.x) < p.blocks;
   const int block = pushes ? blockIdx.x : blockIdx.x - p.blocks;
   constexpr uint64_t kV = 16 / sizeof(S);

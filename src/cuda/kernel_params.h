@@ -96,7 +96,8 @@ struct SpreadParams {
 inline constexpr int kMaxFusedBlocks = 64;
 
 /// A whole collective in one launch, for ranks that each have a GPU of their own
-/// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks).
+/// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks,
+/// 3 x blocks for two-shot).
 /// The call runs in steps of perStep elements (bytes for a copy), step i in epoch
 /// firstEpoch + i, over element offsets [i x perStep, ...) of every part. Block b < blocks
 /// pushes its slice of each step of sources[q] into rank q's slot (the region there for
@@ -109,6 +110,14 @@ inline constexpr int kMaxFusedBlocks = 64;
 /// polls the rank's own memory. The first step also publishes this rank's descriptor (and
 /// raises its collective "ready" flag, so a peer running a different operation can name the
 /// mismatch) and checks the descriptor of every rank it receives from.
+///
+/// Two-shot (all_reduce only; `twoShot`): a step is `size` shares of `share` elements. Block
+/// b < blocks pushes slice b of this rank's share q of the input to rank q's reduce region
+/// for this rank; block blocks + b reduces slice b of this rank's own share from its input
+/// and those regions into its output, pushes the result into every peer's gather region
+/// for this rank (at gatherAt in the slot) and raises "gathered" there; block 2 x blocks + b
+/// copies each peer's gathered slice into the output and raises "gather freed" in the
+/// peer's flags, which the peer's reducing block waits for two steps later.
 struct FusedParams {
   const void* sources[kMaxSources];  ///< by receiving rank
   const void* own;                   ///< this rank's own part (null: none)
@@ -125,7 +134,11 @@ struct FusedParams {
   uint8_t* slots[kMaxSources];  ///< rank q's slot of parity 0 (parity 1 at + parityBytes)
   uint64_t parityBytes;
   uint64_t regionBytes;  ///< a sender's region in a slot
-  /// Rank q's block flags: arrived[sender][block], then freed[reader][block].
+  int32_t twoShot;       ///< all_reduce in two shots (3 x blocks blocks; above)
+  uint64_t share;        ///< two-shot: elements of a share (perStep = size x share)
+  uint64_t gatherAt;     ///< two-shot: where the gather regions start in a slot
+  /// Rank q's block flags: arrived[sender][block], freed[reader][block], and for two-shot
+  /// gathered[sender][block] and gatherFreed[reader][block].
   uint64_t* blockFlags[kMaxSources];
   uint64_t* ready[kMaxSources];          ///< rank q's collective "ready" flag of the first step
   Descriptor* descriptors[kMaxSources];  ///< rank q's descriptor of the first step

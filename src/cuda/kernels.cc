@@ -77,7 +77,7 @@ Kernels::Kernels() {
     int perSm = 0;
     check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, kThreads, 0), "cuda", -1,
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    fusedFits_ &= perSm * sms_ >= 2 * kMaxFusedBlocks;
+    fusedFits_ &= perSm * sms_ >= 3 * kMaxFusedBlocks;  // two-shot's three roles
   }
 }
 
@@ -121,8 +121,9 @@ void Kernels::launchFused(CUfunction fn, CUstream stream, const FusedParams& par
   // block, and that one for the peer's pushing block, so a block the GPU has not placed yet
   // (other kernels occupying the SMs) must not be able to hold up one it has.
   void* args[] = {const_cast<FusedParams*>(&params)};
-  check(Driver::get().cuLaunchCooperativeKernel(fn, 2 * static_cast<unsigned>(params.blocks), 1, 1,
-                                                kThreads, 1, 1, 0, stream, args),
+  const unsigned roles = params.twoShot ? 3 : 2;
+  check(Driver::get().cuLaunchCooperativeKernel(fn, roles * static_cast<unsigned>(params.blocks), 1,
+                                                1, kThreads, 1, 1, 0, stream, args),
         "cuda", -1, "launching a fused collective");
 }
 
