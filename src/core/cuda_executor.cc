@@ -492,12 +492,13 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
     queueFlagSteps({waits.data() + i, std::min<size_t>(cuda::kMaxSources, n - i)});
   }
   lane_->epoch += p.steps;
-  // Slices of about 64 KiB per block and step, up to fusedBlocks_ block pairs; from the
+  // Slices of about 64 KiB per block and step, up to fusedBlocks_ blocks per role; from the
   // call's size alone, so every rank runs as many.
   const uint64_t stepBytes =
       std::min<uint64_t>(p.count * elementBytes / (p.twoShot ? size_ : 1), regionBytes);
+  const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
   p.blocks = static_cast<int32_t>(
-      std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, fusedBlocks_));
+      std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
   described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift;
   p.rank = rank_;
   p.size = size_;

@@ -94,6 +94,9 @@ struct SpreadParams {
 
 /// Most block pairs (one pushing, one receiving) a fused collective runs.
 inline constexpr int kMaxFusedBlocks = 64;
+/// Two-shot's three roles in the room that two roles of kMaxFusedBlocks are known to fit
+/// (Kernels::fusedFits): the same bound on every rank, whatever its GPU.
+inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 
 /// A whole collective in one launch, for ranks that each have a GPU of their own
 /// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks,

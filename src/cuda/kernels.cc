@@ -77,7 +77,7 @@ Kernels::Kernels() {
     int perSm = 0;
     check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, kThreads, 0), "cuda", -1,
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    fusedFits_ &= perSm * sms_ >= 3 * kMaxFusedBlocks;  // two-shot's three roles
+    fusedFits_ &= perSm * sms_ >= 2 * kMaxFusedBlocks;
   }
 }
 
