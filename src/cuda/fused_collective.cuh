@@ -293,8 +293,6 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
   const int role = static_cast<int>(blockIdx.x) / p.blocks;
   const int block = static_cast<int>(blockIdx.x) % p.blocks;
   constexpr uint64_t kV = 16 / sizeof(S);
-  // Slices of whole 16-byte vectors of a share, so every block's vectors stay aligned.
-  const uint64_t per = ((p.share + p.blocks - 1) / p.blocks + kV - 1) / kV * kV;
   const S* input = static_cast<const S*>(p.own);
   S* output = static_cast<S*>(p.outputs[0]);
   for (uint64_t step = 0; step < p.steps; ++step) {
@@ -302,12 +300,14 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
     const uint64_t lo = step * p.perStep;
     const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
     const uint64_t parity = (epoch % 2) * p.parityBytes;
-    // Elements [from, to) of share q of this step.
+    // Elements [from, to) of share q of this step: whole 16-byte vectors, in the same place
+    // of the share in every step (fusedSlice).
     auto slice = [&](int q, uint64_t* from, uint64_t* to) {
       const uint64_t start = q * p.share < n ? q * p.share : n;
       const uint64_t end = start + p.share < n ? start + p.share : n;
-      *from = start + block * per < end ? start + block * per : end;
-      *to = *from + per < end ? *from + per : end;
+      const FusedSlice s = fusedSlice(p.share, end - start, p.blocks, block, kV);
+      *from = start + s.from;
+      *to = start + s.to;
     };
     uint64_t from = 0;
     uint64_t to = 0;
