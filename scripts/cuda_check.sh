@@ -39,6 +39,14 @@ if [ "$what" = check ] || [ "$what" = all ]; then
     --parts reductions movement mismatch killed 2>&1 | tee "$out/cuda_check_fused.txt"
   LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
     --parts reductions movement 2>&1 | tee "$out/cuda_check_fused_small_chunk.txt"
+  # The fused two-shot all_reduce (more than two ranks, each with a GPU, large calls) at every
+  # size, with both chunks. Ranks sharing a GPU run one at a time, so only a GPU per rank
+  # shows races between the ranks' blocks (the nccl mode below).
+  for chunk in 8388608 65536; do
+    LOOM_CUDA_FUSED=1 LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_TWO_SHOT_BYTES=0 \
+      LOOM_CUDA_CHUNK_BYTES=$chunk "$PYTHON" tests/cuda/check_cuda.py --ranks 3 4 \
+      --parts reductions mismatch killed 2>&1 | tee "$out/cuda_check_fused_two_shot_$chunk.txt"
+  done
 fi
 if [ "$what" = nccl ]; then
   "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" 2>&1 \

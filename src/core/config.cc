@@ -43,6 +43,8 @@ Config Config::load(int localRanks) {
   if (env::text("LOOM_CUDA_FUSED")) {
     c.cuda.fused = env::integer("LOOM_CUDA_FUSED", 0, 0, 1) == 1;
   }
+  c.cuda.fusedTwoShotBytes =
+      env::bytes("LOOM_CUDA_FUSED_TWO_SHOT_BYTES", c.cuda.fusedTwoShotBytes, 0, SIZE_MAX);
   c.cuda.fusedBlocks = static_cast<int>(
       env::integer("LOOM_CUDA_FUSED_BLOCKS", c.cuda.fusedBlocks, 1, c.cuda.fusedBlocks));
   // Outputs of 8 MiB and more per rank are written with streaming stores: measured on a

@@ -20,8 +20,11 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
   if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
-  const bool oneShot = args.count * es <= oneShotBytes_;
-  if (fusable()) {
+  const size_t bytes = args.count * es;
+  const bool oneShot = bytes <= oneShotBytes_;
+  // Fused two-shot pays three roles of flag waits per step: from fusedTwoShotBytes_ its
+  // overlap wins, below it the stepped two-shot does (docs/PERFORMANCE.md, four H200s).
+  if (fusable() && (oneShot || bytes >= fusedTwoShotBytes_)) {
     cuda::FusedParams p{};
     p.twoShot = !oneShot;
     for (int q = 0; q < size_; ++q) p.sources[q] = args.input;

@@ -77,6 +77,9 @@ constexpr int kChunkShift = 40;
 // bits): ranks that disagree on either get the named mismatch, not a hang.
 constexpr uint64_t kFusedBit = uint64_t{1} << 25;
 constexpr int kFusedBlocksShift = 26;
+// An all_reduce fused in two shots. All_reduce has no root, so the word's high half (a root
+// or a tag elsewhere) is free for it.
+constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
 
 uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
   return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
@@ -131,8 +134,10 @@ std::string explain(const cuda::Descriptor& d) {
     text += ", root " + std::to_string(high);
   }
   if (w0 & kFusedBit) {
+    const bool twoShot = kind == CollectiveKind::kAllReduce && (w0 & kTwoShotBit) != 0;
     text += ", fused into one kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
-            " block pairs (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS)";
+            (twoShot ? " blocks per role, in two shots" : " block pairs") +
+            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES)";
   }
   return text;
 }
@@ -246,6 +251,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // GPU's turns between their processes would stretch every wait to a time slice.
       fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
       fusedBlocks_ = tuning.fusedBlocks;
+      fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
     } catch (...) {
       // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
       // destructor does not run for an object whose constructor threw).
@@ -497,9 +503,10 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   const uint64_t stepBytes =
       std::min<uint64_t>(p.count * elementBytes / (p.twoShot ? size_ : 1), regionBytes);
   const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
-  p.blocks = static_cast<int32_t>(
-      std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
-  described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift;
+  p.blocks =
+      static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
+  described_.words[0] |=
+      kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift | (p.twoShot ? kTwoShotBit : 0);
   p.rank = rank_;
   p.size = size_;
   p.parityBytes = 2 * chunk_;

@@ -35,15 +35,12 @@ __device__ inline uint64_t* freedFlag(const FusedParams& p, int owner, int reade
 }
 // Two-shot, in `owner`'s flags: `sender`'s reduced slice `block` has arrived in owner's
 // gather region for it; `reader` is done with what owner pushed into reader's gather region.
-__device__ inline uint64_t* gatheredFlag(const FusedParams& p, int owner, int sender,
-                                         int block) {
-  return p.blockFlags[owner] + 2 * kMaxSources * kMaxFusedBlocks + sender * kMaxFusedBlocks +
-         block;
+__device__ inline uint64_t* gatheredFlag(const FusedParams& p, int owner, int sender, int block) {
+  return p.blockFlags[owner] + 2 * kMaxSources * kMaxFusedBlocks + sender * kMaxFusedBlocks + block;
 }
 __device__ inline uint64_t* gatherFreedFlag(const FusedParams& p, int owner, int reader,
                                             int block) {
-  return p.blockFlags[owner] + 3 * kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks +
-         block;
+  return p.blockFlags[owner] + 3 * kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks + block;
 }
 // Where `sender`'s pushes land in `receiver`'s slot of the parity at `parity` bytes.
 __device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver, uint64_t parity) {
@@ -262,8 +259,7 @@ __device__ bool awaitPeers(const FusedParams& p, FlagOf flagOf, uint64_t value, 
     while (ok && !reached(flag, value)) {
       if (*p.abort != 0) {
         ok = false;
-      } else if (check && reached(p.ready[t], value) &&
-                 !sameDescriptor(p.descriptors[t], p.mine)) {
+      } else if (check && reached(p.ready[t], value) && !sameDescriptor(p.descriptors[t], p.mine)) {
         ok = false;
       } else {
         __nanosleep(32);
@@ -312,8 +308,9 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
     uint64_t from = 0;
     uint64_t to = 0;
     if (role == 0) {
-      if (step >= 2 && !awaitPeers(p, [&](int q) { return freedFlag(p, p.rank, q, block); },
-                                   epoch - 2, false)) {
+      if (step >= 2 &&
+          !awaitPeers(
+              p, [&](int q) { return freedFlag(p, p.rank, q, block); }, epoch - 2, false)) {
         return;
       }
       if (step == 0 && threadIdx.x == 0) {
@@ -332,15 +329,16 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
       }
       __threadfence_system();
       __syncthreads();
-      raisePeers(p, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
+      raisePeers(
+          p, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
     } else if (role == 1) {
-      if (!awaitPeers(p, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch,
-                      step == 0)) {
+      if (!awaitPeers(
+              p, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch, step == 0)) {
         return;
       }
       if (step >= 2 &&
-          !awaitPeers(p, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); }, epoch - 2,
-                      false)) {
+          !awaitPeers(
+              p, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); }, epoch - 2, false)) {
         return;
       }
       slice(p.rank, &from, &to);
@@ -352,7 +350,8 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
       }
       reduceByBlock<S, A, K>(output + lo + from, srcs, p.size, to - from, p.factor, p.divisor);
       __syncthreads();  // the reduced slice is stored; the peers' regions are read
-      raisePeers(p, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
+      raisePeers(
+          p, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
       for (int q = 0; q < p.size; ++q) {
         if (q == p.rank) continue;
         copyByBlock(region(p, p.rank, q, parity + p.gatherAt) + at,
@@ -360,10 +359,11 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
       }
       __threadfence_system();
       __syncthreads();
-      raisePeers(p, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
+      raisePeers(
+          p, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
     } else {
-      if (!awaitPeers(p, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch,
-                      false)) {
+      if (!awaitPeers(
+              p, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
         return;
       }
       for (int q = 0; q < p.size; ++q) {
@@ -374,7 +374,8 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
                     region(p, q, p.rank, parity + p.gatherAt) + at, (to - from) * sizeof(S));
       }
       __syncthreads();
-      raisePeers(p, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
+      raisePeers(
+          p, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
     }
   }
 }
