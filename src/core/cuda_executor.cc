@@ -476,7 +476,10 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   const size_t peers = static_cast<size_t>(size_ - 1);
   const size_t regionBytes = roundDown((p.twoShot ? 1 : 2) * chunk_ / peers, 16);
   if (p.twoShot) {
-    p.share = regionBytes / elementBytes;
+    // Equal shares of whole 16-byte vectors, as large as a region holds.
+    const size_t vector = 16 / std::min<size_t>(elementBytes, 16);
+    const size_t even = ((p.count + size_ - 1) / size_ + vector - 1) / vector * vector;
+    p.share = std::clamp(even, vector, regionBytes / elementBytes);
     p.perStep = p.share * static_cast<size_t>(size_);
     p.gatherAt = chunk_;
   } else {

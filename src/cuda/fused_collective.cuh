@@ -393,7 +393,8 @@ __device__ void fusedCollective(const FusedParams& p) {
     const uint64_t lo = step * p.perStep;
     const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
     // Slices of whole 16-byte vectors, so every block's vectors stay aligned.
-    const auto [from, to] = fusedSlice(p.perStep, n, p.blocks, block, kV);
+    const uint64_t first = p.count < p.perStep ? p.count : p.perStep;
+    const auto [from, to] = fusedSlice(first, n, p.blocks, block, kV);
     const bool ok =
         pushes ? pushStep(p, block, step, epoch, lo, from, to - from, sizeof(S))
                : receiveStep<S, A, K, kReduces>(p, block, step, epoch, lo, from, to - from);

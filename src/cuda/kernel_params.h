@@ -186,18 +186,18 @@ LOOM_HOST_DEVICE inline bool spreadSlice(const SpreadParams& p, int i, uint64_t 
 }
 
 /// Elements [from, to) of a fused step of `n` elements that block `block` of `blocks` moves:
-/// its share of a full step of `perStep` (whole vectors of `vector` elements), cut short
-/// where the step ends. A receiving block frees only its pushing counterpart's slice, so a
-/// block's slice must lie in the same place in every step: cut from a short last step's
-/// size instead, block b would overwrite bytes that another block of the receiver may still
-/// be reading from two steps before.
+/// its share of the call's first step of `first` elements (whole vectors of `vector`
+/// elements), cut short where the step ends. A receiving block frees only its pushing
+/// counterpart's slice, so a block's slice must lie in the same place in every step: cut
+/// from a short last step's size instead, block b would overwrite bytes that another block
+/// of the receiver may still be reading from two steps before.
 struct FusedSlice {
   uint64_t from;
   uint64_t to;
 };
-LOOM_HOST_DEVICE inline FusedSlice fusedSlice(uint64_t perStep, uint64_t n, int blocks, int block,
+LOOM_HOST_DEVICE inline FusedSlice fusedSlice(uint64_t first, uint64_t n, int blocks, int block,
                                               uint64_t vector) {
-  const uint64_t per = ((perStep + blocks - 1) / blocks + vector - 1) / vector * vector;
+  const uint64_t per = ((first + blocks - 1) / blocks + vector - 1) / vector * vector;
   const uint64_t at = static_cast<uint64_t>(block) * per;
   const uint64_t from = at < n ? at : n;
   return {from, from + per < n ? from + per : n};

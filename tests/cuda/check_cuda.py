@@ -324,9 +324,14 @@ def mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """Rank 0 all_reduces 1000 elements, the others 2000: every rank gets an error naming
     both calls (never a wrong answer), and the GPU stays usable."""
     x = torch.ones(1000 if rank == 0 else 2000, device=dev)
-    dist.all_reduce(x)
-    torch.cuda.synchronize()  # must return: the kernels that found it did nothing
-    return expect_failure(rank, dev, ["1000 elements", "2000 elements", "issued all_reduce"])
+    words = ["1000 elements", "2000 elements", "issued all_reduce"]
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()  # returns: the kernels that found it did nothing
+    except RuntimeError as e:
+        # A rank that issues the call after a peer has reported the mismatch is told at once.
+        return expect_named(e, dev, words)
+    return expect_failure(rank, dev, words)
 
 
 def tag_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
@@ -346,11 +351,15 @@ def expect_failure(rank: int, dev: torch.device, words) -> int:
             dist.all_reduce(torch.ones(4, device=dev))
             torch.cuda.synchronize()
         except RuntimeError as e:
-            for w in words:
-                assert w in str(e), f"the error does not say {w!r}: {e}"
-            break
+            return expect_named(e, dev, words)
         assert time.time() < deadline, "no rank reported the mismatch within 30 s"
         time.sleep(0.5)
+
+
+def expect_named(e: RuntimeError, dev: torch.device, words) -> int:
+    """The error says every one of `words`, and the GPU is still usable."""
+    for w in words:
+        assert w in str(e), f"the error does not say {w!r}: {e}"
     assert torch.ones(4, device=dev).sum().item() == 4.0
     return 1
 
