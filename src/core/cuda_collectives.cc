@@ -27,6 +27,7 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   if (fusable() && (oneShot || bytes >= fusedTwoShotBytes_)) {
     cuda::FusedParams p{};
     p.twoShot = !oneShot;
+    p.root = -1;  // every rank contributes
     for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
     p.pushesTo = p.receivesFrom = everyPeer();
     p.own = args.input;
@@ -79,6 +80,17 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
 
 void CudaExecutor::broadcast(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
+  if (fusable() && size_ > 2 && args.count * es >= fusedTwoShotBytes_) {
+    // The root scatters shares and every rank passes its share on (an all_gather), so the
+    // root's link carries the message once instead of once per peer.
+    cuda::FusedParams p{};
+    p.twoShot = 1;
+    p.root = args.root;
+    p.own = args.input;
+    p.outputs[0] = args.output;
+    p.count = args.count * es;
+    return runFused(p, 1, nullptr);
+  }
   if (fusable()) {
     cuda::FusedParams p{};
     if (rank_ == args.root) {

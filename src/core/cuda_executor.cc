@@ -77,8 +77,8 @@ constexpr int kChunkShift = 40;
 // bits): ranks that disagree on either get the named mismatch, not a hang.
 constexpr uint64_t kFusedBit = uint64_t{1} << 25;
 constexpr int kFusedBlocksShift = 26;
-// An all_reduce fused in two shots. All_reduce has no root, so the word's high half (a root
-// or a tag elsewhere) is free for it.
+// A call fused in two shots (all_reduce, broadcast): the top bit of the high half, which
+// holds a root (below 2^31) or nothing for them; only send/recv tags use all 32 bits.
 constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
 
 uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
@@ -114,6 +114,8 @@ std::string explain(const cuda::Descriptor& d) {
                                         : "");
   }
   const auto kind = static_cast<CollectiveKind>(what);
+  const bool twoShot = (w0 & kFusedBit) != 0 && (w0 & kTwoShotBit) != 0;
+  const auto root = static_cast<int32_t>(static_cast<uint32_t>((w0 & ~kTwoShotBit) >> 32));
   const auto type = static_cast<DataType>(static_cast<uint8_t>(w0 >> 8));
   std::string text(collectiveName(kind));
   if (kind == CollectiveKind::kBarrier) return text;
@@ -131,10 +133,9 @@ std::string explain(const cuda::Descriptor& d) {
   }
   if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
-    text += ", root " + std::to_string(high);
+    text += ", root " + std::to_string(root);
   }
   if (w0 & kFusedBit) {
-    const bool twoShot = kind == CollectiveKind::kAllReduce && (w0 & kTwoShotBit) != 0;
     text += ", fused into one kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
             (twoShot ? " blocks per role, in two shots" : " block pairs") +
             " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES)";

@@ -247,14 +247,15 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
   return true;
 }
 
-// Waits (threads t < size, one peer each, not this rank) until each peer's flag reaches
+// Waits (thread t for rank t, for each rank in `mask`) until each one's flag reaches
 // `value`; the block agrees on the outcome. In the first step (`check`), a peer found
 // running another call is reported as a mismatch.
 template <class FlagOf>
-__device__ bool awaitPeers(const FusedParams& p, FlagOf flagOf, uint64_t value, bool check) {
+__device__ bool awaitPeers(const FusedParams& p, uint32_t mask, FlagOf flagOf, uint64_t value,
+                           bool check) {
   const int t = threadIdx.x;
   bool ok = true;
-  if (t < p.size && t != p.rank) {
+  if (t < p.size && (mask >> t & 1u)) {
     uint64_t* flag = flagOf(t);
     while (ok && !reached(flag, value)) {
       if (*p.abort != 0) {
@@ -274,45 +275,52 @@ __device__ bool awaitPeers(const FusedParams& p, FlagOf flagOf, uint64_t value, 
   return __syncthreads_and(ok);
 }
 
-// Raises, for every peer (threads t < size, not this rank), the flag flagOf(t) to `value`.
+// Raises, for each rank t in `mask`, the flag flagOf(t) to `value`.
 template <class FlagOf>
-__device__ void raisePeers(const FusedParams& p, FlagOf flagOf, uint64_t value) {
+__device__ void raisePeers(const FusedParams& p, uint32_t mask, FlagOf flagOf, uint64_t value) {
   const int t = threadIdx.x;
-  if (t < p.size && t != p.rank) raise(flagOf(t), value);
+  if (t < p.size && (mask >> t & 1u)) raise(flagOf(t), value);
 }
 
-// The two-shot all_reduce (FusedParams): blocks [0, blocks) push shares, [blocks,
-// 2 x blocks) reduce this rank's share and push it back out, [2 x blocks, 3 x blocks)
-// copy the peers' reduced shares into the output.
-template <class S, class A, int K>
-__device__ void twoShotAllReduce(const FusedParams& p) {
+// Two shots (FusedParams): all_reduce (every rank contributes) or broadcast (the root
+// alone does). Blocks [0, blocks) push each contributor's share q to rank q, [blocks,
+// 2 x blocks) reduce (or copy) this rank's share into the output and push it to every
+// reader, [2 x blocks, 3 x blocks) copy the others' shares into the output.
+template <class S, class A, int K, bool kReduces>
+__device__ void twoShot(const FusedParams& p) {
   const int role = static_cast<int>(blockIdx.x) / p.blocks;
   const int block = static_cast<int>(blockIdx.x) % p.blocks;
   constexpr uint64_t kV = 16 / sizeof(S);
   const S* input = static_cast<const S*>(p.own);
   S* output = static_cast<S*>(p.outputs[0]);
+  const uint32_t all = p.size == 32 ? ~0u : (1u << p.size) - 1;
+  const uint32_t peers = all & ~(1u << p.rank);
+  // Who contributes a share to each owner, and who reads the owners' results: everyone for
+  // all_reduce; for broadcast the root, and everyone but the root.
+  const bool everyone = p.root < 0;
+  const uint32_t contributors = everyone ? all : 1u << p.root;
+  const uint32_t readers = everyone ? peers : peers & ~(1u << p.root);
+  const bool contributes = contributors >> p.rank & 1u;
+  const bool reads = everyone || p.rank != p.root;
   for (uint64_t step = 0; step < p.steps; ++step) {
     const uint64_t epoch = p.firstEpoch + step;
     const uint64_t lo = step * p.perStep;
     const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
     const uint64_t parity = (epoch % 2) * p.parityBytes;
-    // Elements [from, to) of share q of this step: whole 16-byte vectors, in the same place
-    // of the share in every step (fusedSlice).
-    auto slice = [&](int q, uint64_t* from, uint64_t* to) {
+    // Elements [from, to) of share q of this step (whole 16-byte vectors, in the same place
+    // of the share in every step: fusedSlice), and `at`, the slice's bytes into a region.
+    uint64_t from = 0;
+    uint64_t to = 0;
+    uint64_t at = 0;
+    auto slice = [&](int q) {
       const uint64_t start = q * p.share < n ? q * p.share : n;
       const uint64_t end = start + p.share < n ? start + p.share : n;
       const FusedSlice s = fusedSlice(p.share, end - start, p.blocks, block, kV);
-      *from = start + s.from;
-      *to = start + s.to;
+      from = start + s.from;
+      to = start + s.to;
+      at = s.from * sizeof(S);
     };
-    uint64_t from = 0;
-    uint64_t to = 0;
     if (role == 0) {
-      if (step >= 2 &&
-          !awaitPeers(
-              p, [&](int q) { return freedFlag(p, p.rank, q, block); }, epoch - 2, false)) {
-        return;
-      }
       if (step == 0 && threadIdx.x == 0) {
         *p.descriptors[p.rank] = p.mine;
         if (block == 0) {
@@ -320,71 +328,95 @@ __device__ void twoShotAllReduce(const FusedParams& p) {
           raise(p.ready[p.rank], epoch);
         }
       }
+      if (!contributes) continue;
+      if (step >= 2 &&
+          !awaitPeers(
+              p, peers, [&](int q) { return freedFlag(p, p.rank, q, block); }, epoch - 2, false)) {
+        return;
+      }
       for (int q = 0; q < p.size; ++q) {
         if (q == p.rank) continue;
-        slice(q, &from, &to);
-        const uint64_t at = (from - (q * p.share < n ? q * p.share : n)) * sizeof(S);
+        slice(q);
         copyByBlock(region(p, p.rank, q, parity) + at,
                     reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));
       }
       __threadfence_system();
       __syncthreads();
       raisePeers(
-          p, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
+          p, peers, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
     } else if (role == 1) {
+      const uint32_t senders = contributors & ~(1u << p.rank);
       if (!awaitPeers(
-              p, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch, step == 0)) {
+              p, senders, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch,
+              step == 0)) {
         return;
       }
-      if (step >= 2 &&
-          !awaitPeers(
-              p, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); }, epoch - 2, false)) {
+      if (step >= 2 && !awaitPeers(
+                           p, readers, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); },
+                           epoch - 2, false)) {
         return;
       }
-      slice(p.rank, &from, &to);
-      const uint64_t at = (from - (p.rank * p.share < n ? p.rank * p.share : n)) * sizeof(S);
-      const S* srcs[kMaxSources];
-      for (int q = 0; q < p.size; ++q) {
-        srcs[q] = q == p.rank ? input + lo + from
-                              : reinterpret_cast<const S*>(region(p, q, p.rank, parity) + at);
+      slice(p.rank);
+      if constexpr (kReduces) {
+        const S* srcs[kMaxSources];
+        for (int q = 0; q < p.size; ++q) {
+          srcs[q] = q == p.rank ? input + lo + from
+                                : reinterpret_cast<const S*>(region(p, q, p.rank, parity) + at);
+        }
+        reduceByBlock<S, A, K>(output + lo + from, srcs, p.size, to - from, p.factor, p.divisor);
+      } else {
+        const S* src = contributes
+                           ? input + lo + from
+                           : reinterpret_cast<const S*>(region(p, p.root, p.rank, parity) + at);
+        if (src != output + lo + from) {
+          copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
+                      reinterpret_cast<const uint8_t*>(src), (to - from) * sizeof(S));
+        }
       }
-      reduceByBlock<S, A, K>(output + lo + from, srcs, p.size, to - from, p.factor, p.divisor);
-      __syncthreads();  // the reduced slice is stored; the peers' regions are read
+      __syncthreads();  // this share of the output is stored; the contributors' regions read
       raisePeers(
-          p, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
+          p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
       for (int q = 0; q < p.size; ++q) {
-        if (q == p.rank) continue;
+        if (!(readers >> q & 1u)) continue;
         copyByBlock(region(p, p.rank, q, parity + p.gatherAt) + at,
                     reinterpret_cast<const uint8_t*>(output + lo + from), (to - from) * sizeof(S));
       }
       __threadfence_system();
       __syncthreads();
       raisePeers(
-          p, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
-    } else {
+          p, readers, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
+    } else if (reads) {
+      // No descriptor check here: an owner may raise "gathered" before its own pushing
+      // blocks publish the descriptor; every sender was checked by role 1 (or, for
+      // broadcast, the root was, and a rank on another call finds it on its own side).
       if (!awaitPeers(
-              p, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
+              p, peers, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
         return;
       }
       for (int q = 0; q < p.size; ++q) {
         if (q == p.rank) continue;
-        slice(q, &from, &to);
-        const uint64_t at = (from - (q * p.share < n ? q * p.share : n)) * sizeof(S);
+        slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
                     region(p, q, p.rank, parity + p.gatherAt) + at, (to - from) * sizeof(S));
       }
       __syncthreads();
       raisePeers(
-          p, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
+          p, peers, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
+    } else if (input != output) {
+      // The broadcast's root: the other shares of its own input into its output.
+      for (int q = 0; q < p.size; ++q) {
+        if (q == p.rank) continue;
+        slice(q);
+        copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
+                    reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));
+      }
     }
   }
 }
 
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
-  if constexpr (kReduces) {
-    if (p.twoShot) return twoShotAllReduce<S, A, K>(p);
-  }
+  if (p.twoShot) return twoShot<S, A, K, kReduces>(p);
   const bool pushes = static_cast<int>(blockIdx.x) < p.blocks;
   const int block = pushes ? blockIdx.x : blockIdx.x - p.blocks;
   constexpr uint64_t kV = 16 / sizeof(S);

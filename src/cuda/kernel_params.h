@@ -114,13 +114,15 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 /// raises its collective "ready" flag, so a peer running a different operation can name the
 /// mismatch) and checks the descriptor of every rank it receives from.
 ///
-/// Two-shot (all_reduce only; `twoShot`): a step is `size` shares of `share` elements. Block
-/// b < blocks pushes slice b of this rank's share q of the input to rank q's reduce region
-/// for this rank; block blocks + b reduces slice b of this rank's own share from its input
-/// and those regions into its output, pushes the result into every peer's gather region
-/// for this rank (at gatherAt in the slot) and raises "gathered" there; block 2 x blocks + b
-/// copies each peer's gathered slice into the output and raises "gather freed" in the
-/// peer's flags, which the peer's reducing block waits for two steps later.
+/// Two-shot (`twoShot`; all_reduce, or broadcast from `root`): a step is `size` shares of
+/// `share` elements. Block b < blocks pushes slice b of this rank's share q of `own` to rank
+/// q's reduce region for this rank (all_reduce: every rank; broadcast: the root alone);
+/// block blocks + b reduces slice b of this rank's own share from `own` and those regions
+/// into outputs[0] (broadcast: copies the root's), pushes the result into every reader's
+/// gather region for this rank (at gatherAt in the slot; broadcast: the root reads none)
+/// and raises "gathered" there; block 2 x blocks + b copies each peer's gathered slice into
+/// outputs[0] and raises "gather freed" in the peer's flags, which the peer's block
+/// blocks + b waits for two steps later.
 struct FusedParams {
   const void* sources[kMaxSources];  ///< by receiving rank
   const void* own;                   ///< this rank's own part (null: none)
@@ -137,7 +139,8 @@ struct FusedParams {
   uint8_t* slots[kMaxSources];  ///< rank q's slot of parity 0 (parity 1 at + parityBytes)
   uint64_t parityBytes;
   uint64_t regionBytes;  ///< a sender's region in a slot
-  int32_t twoShot;       ///< all_reduce in two shots (3 x blocks blocks; above)
+  int32_t twoShot;       ///< in two shots (3 x blocks blocks; above)
+  int32_t root;          ///< two-shot: the broadcast's root, or -1 for all_reduce
   uint64_t share;        ///< two-shot: elements of a share (perStep = size x share)
   uint64_t gatherAt;     ///< two-shot: where the gather regions start in a slot
   /// Rank q's block flags: arrived[sender][block], freed[reader][block], and for two-shot
