@@ -8,6 +8,7 @@
 #include "algorithms/collective.h"
 #include "kernels/copy.h"
 #include "transport/shm/lending.h"
+#include "util/trace.h"
 
 namespace loom {
 
@@ -107,6 +108,7 @@ uint64_t CollectiveContext::startPhase(bool writes) {
     opening_ = p;
     open(p);
   } else if (writes) {
+    const trace::Span span("slot wait", p);
     shm_.beginWrite(p, wait_);
   }
   return p;
@@ -114,6 +116,7 @@ uint64_t CollectiveContext::startPhase(bool writes) {
 
 void CollectiveContext::finishPhase(uint64_t p, Await await) {
   shm_.post(p);
+  const trace::Span span("phase wait", p);
   if (p == opening_) return verifyAll(p);
   switch (await) {
     case Await::kNobody: return;
@@ -243,6 +246,7 @@ void CollectiveContext::copy(std::span<const CopyTask> tasks, bool streaming) {
   const Move move = streaming ? &kernels::copyStreaming : &plainCopy;
   size_t total = 0;
   for (const CopyTask& t : tasks) total += t.bytes;
+  const trace::Span span("copy", total);
   const int parts = partsFor(total);
   if (parts == 1) {
     for (const CopyTask& t : tasks) {
@@ -270,6 +274,7 @@ void CollectiveContext::copy(std::span<const CopyTask> tasks, bool streaming) {
 void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, size_t count,
                                const kernels::ReduceSpec& spec) {
   const size_t esize = elementSize(spec.type);
+  const trace::Span span("reduce", count * esize);
   const int parts = partsFor(count * esize * srcs.size());
   const int nsrc = static_cast<int>(srcs.size());
   if (parts == 1) {

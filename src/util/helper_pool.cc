@@ -9,6 +9,7 @@
 
 #include "util/futex.h"
 #include "util/posix.h"
+#include "util/trace.h"
 
 namespace loom {
 
@@ -57,6 +58,7 @@ void HelperPool::runErased(int parts, Thunk thunk, void* fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes the region
   if (sleepers_.load(std::memory_order_seq_cst) != 0) futexWakeAll(&generation_);
   thunk(fn, 0);
+  const trace::Span span("wait for helpers", static_cast<uint64_t>(parts));
   Backoff backoff(backoff_);
   while (remaining_.load(std::memory_order_acquire) != 0) {
     if (backoff.next() == Backoff::Stage::kSpin)
@@ -84,7 +86,10 @@ void HelperPool::helperLoop(int index, uint32_t seen) {
       }
     }
     seen = now;
-    if (index < parts_) thunk_(fn_, index);
+    if (index < parts_) {
+      const trace::Span span("helper part", static_cast<uint64_t>(index));
+      thunk_(fn_, index);
+    }
     remaining_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

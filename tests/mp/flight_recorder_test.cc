@@ -146,7 +146,8 @@ TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
   const std::string dir = ::testing::TempDir();
   const std::string name = "loom_trace_" + std::to_string(::getpid());
   testing::RunOptions run;
-  run.environment = {"LOOM_TRACE=" + dir + name};
+  // Two threads per rank, so that the 2 MiB all_reduce's copies are cut into helper parts.
+  run.environment = {"LOOM_TRACE=" + dir + name, "LOOM_THREADS=2"};
   const auto outcomes = testing::runRanks(
       2,
       [](RankContext& ctx) {
@@ -156,6 +157,9 @@ TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
           comm->allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceKind::kSum)
               .wait();
         }
+        std::vector<float> big(512 << 10, 1.0f);
+        comm->allReduce(big.data(), big.data(), big.size(), DataType::kFloat32, ReduceKind::kSum)
+            .wait();
         comm->barrier().wait();
         trace::flush();
       },
@@ -175,6 +179,10 @@ TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
     EXPECT_TRUE(contains(text.str(), "{\"traceEvents\":[")) << file;
     EXPECT_TRUE(contains(text.str(), "\"name\":\"all_reduce\",\"ph\":\"X\"")) << text.str();
     EXPECT_TRUE(contains(text.str(), "\"name\":\"barrier\"")) << text.str();
+    // Inside a collective: its phases' waits, copies and reductions, and the helpers' parts.
+    for (const char* span : {"phase wait", "copy", "reduce", "helper part", "wait for helpers"}) {
+      EXPECT_TRUE(contains(text.str(), std::string("\"name\":\"") + span + "\"")) << span;
+    }
     std::remove((dir + file).c_str());
   }
   ::closedir(d);
