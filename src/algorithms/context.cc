@@ -275,7 +275,7 @@ void CollectiveContext::copy(std::span<const CopyTask> tasks, bool streaming) {
 void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, size_t count,
                                const kernels::ReduceSpec& spec) {
   const size_t esize = elementSize(spec.type);
-  const trace::Span span("reduce", count * esize);
+  const trace::Span span("reduction", count * esize);
   const int parts = partsFor(count * esize * srcs.size());
   const int nsrc = static_cast<int>(srcs.size());
   if (parts == 1) {

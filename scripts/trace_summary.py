@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Where the time of loom's collectives went, from LOOM_TRACE files.
+
+Reads the `<prefix>.<pid>.json` files that processes run with LOOM_TRACE=<prefix> wrote and,
+for each rank (process) and collective, prints the calls' median and p90 time and what the
+calling thread did during them (each named span summed per call: phase and slot waits,
+copies, reductions, the wait for helpers, and the rest, "between spans"), once for the
+typical calls (at most the median) and once for the slow ones (over 1.5x the median). The
+helpers' parts are summed too, with how long after the call's start the first one began.
+
+    LOOM_TRACE=/tmp/t loom-bench -n 4 -b 1M -e 1M -o all_reduce
+    python3 scripts/trace_summary.py /tmp/t
+"""
+
+import argparse
+import bisect
+import glob
+import json
+import statistics
+import sys
+
+# Spans that open a collective on the calling thread (comm_state.cc names them after it).
+COLLECTIVES = {
+    "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
+    "scatter", "barrier", "collective",
+}
+
+
+def load(path):
+    """The spans of one process as {tid: [events sorted by start]}."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    threads = {}
+    for e in events:
+        threads.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for spans in threads.values():
+        spans.sort()
+    return threads
+
+
+def inside(spans, starts, begin, end):
+    """The spans of one thread that start within [begin, end)."""
+    i = bisect.bisect_left(starts, begin)
+    while i < len(spans) and spans[i][0] < end:
+        yield spans[i]
+        i += 1
+
+
+def calls_of(threads):
+    """Every collective call of a process: (name, start, end, {span name: µs}, helper info)."""
+    callers = {tid: s for tid, s in threads.items() if any(n in COLLECTIVES for _, _, n in s)}
+    helpers = {tid: s for tid, s in threads.items() if tid not in callers}
+    helper_starts = {tid: [b for b, _, _ in s] for tid, s in helpers.items()}
+    calls = []
+    for tid, spans in callers.items():
+        for i, (begin, end, name) in enumerate(spans):
+            if name not in COLLECTIVES:
+                continue
+            parts = {}
+            covered = 0.0
+            j = i + 1
+            while j < len(spans) and spans[j][0] < end:
+                b, e, n = spans[j]
+                if n in COLLECTIVES:  # a nested collective (a local step of another)
+                    j += 1
+                    continue
+                parts[n] = parts.get(n, 0.0) + (e - b)
+                if n != "local step":
+                    covered += e - b
+                j += 1
+            parts["between spans"] = max(0.0, (end - begin) - covered)
+            helper_us, first = 0.0, None
+            for htid, hspans in helpers.items():
+                for b, e, n in inside(hspans, helper_starts[htid], begin, end):
+                    if n == "helper part":
+                        helper_us += e - b
+                        first = b - begin if first is None else min(first, b - begin)
+            calls.append((name, begin, end, parts, helper_us, first))
+    return calls
+
+
+def describe(calls, label):
+    """One line: how many calls, and the mean µs of each part over them."""
+    if not calls:
+        return f"    {label}: none"
+    names = sorted({n for c in calls for n in c[3]})
+    mean = {n: statistics.fmean(c[3].get(n, 0.0) for c in calls) for n in names}
+    text = ", ".join(f"{n} {mean[n]:.1f}" for n in names if mean[n] >= 0.05)
+    helper = statistics.fmean(c[4] for c in calls)
+    firsts = [c[5] for c in calls if c[5] is not None]
+    if helper > 0:
+        text += f"; helpers' parts {helper:.1f}"
+        if firsts:
+            text += f", first starts {statistics.median(firsts):.1f} after the call's"
+    return f"    {label} ({len(calls)} calls, mean µs): {text}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("prefix", help="the LOOM_TRACE prefix the processes ran with")
+    parser.add_argument("--slow", type=float, default=1.5,
+                        help="a call is slow above this multiple of its median (default 1.5)")
+    args = parser.parse_args()
+    paths = sorted(glob.glob(glob.escape(args.prefix) + ".*.json"))
+    if not paths:
+        sys.exit(f"trace_summary: no {args.prefix}.<pid>.json files (was LOOM_TRACE set?)")
+    for path in paths:
+        calls = calls_of(load(path))
+        print(f"{path}:")
+        for name in sorted({c[0] for c in calls}):
+            mine = [c for c in calls if c[0] == name]
+            times = sorted(c[2] - c[1] for c in mine)
+            median = statistics.median(times)
+            p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+            print(f"  {name}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
+            print(describe([c for c in mine if c[2] - c[1] <= median], "typical"))
+            slow = [c for c in mine if c[2] - c[1] > args.slow * median]
+            if slow:
+                print(describe(slow, f"slow, over {args.slow}x the median"))
+
+
+if __name__ == "__main__":
+    main()
