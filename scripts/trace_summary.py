@@ -2,11 +2,12 @@
 """Where the time of loom's collectives went, from LOOM_TRACE files.
 
 Reads the `<prefix>.<pid>.json` files that processes run with LOOM_TRACE=<prefix> wrote and,
-for each rank (process) and collective, prints the calls' median and p90 time and what the
-calling thread did during them (each named span summed per call: phase and slot waits,
-copies, reductions, the wait for helpers, and the rest, "between spans"), once for the
-typical calls (at most the median) and once for the slow ones (over 1.5x the median). The
-helpers' parts are summed too, with how long after the call's start the first one began.
+for each rank (process), collective and size (its count times its element size), prints the
+calls' median and p90 time and what the calling thread did during them (each named span
+summed per call: phase and slot waits, copies, reductions, the wait for helpers, and the
+rest, "between spans"), once for the typical calls (at most the median) and once for the
+slow ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
+call's start the first one began.
 
     LOOM_TRACE=/tmp/t loom-bench -n 4 -b 1M -e 1M -o all_reduce
     python3 scripts/trace_summary.py /tmp/t
@@ -32,7 +33,8 @@ def load(path):
         events = json.load(f)["traceEvents"]
     threads = {}
     for e in events:
-        threads.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+        threads.setdefault(e["tid"], []).append(
+            (e["ts"], e["ts"] + e["dur"], e["name"], e["args"]["n"]))
     for spans in threads.values():
         spans.sort()
     return threads
@@ -47,20 +49,21 @@ def inside(spans, starts, begin, end):
 
 
 def calls_of(threads):
-    """Every collective call of a process: (name, start, end, {span name: µs}, helper info)."""
-    callers = {tid: s for tid, s in threads.items() if any(n in COLLECTIVES for _, _, n in s)}
+    """Every collective call of a process: ((name, bytes), start, end, {span name: µs}, helper
+    µs, first helper part's start after the call's)."""
+    callers = {tid: s for tid, s in threads.items() if any(n in COLLECTIVES for _, _, n, _ in s)}
     helpers = {tid: s for tid, s in threads.items() if tid not in callers}
-    helper_starts = {tid: [b for b, _, _ in s] for tid, s in helpers.items()}
+    helper_starts = {tid: [b for b, _, _, _ in s] for tid, s in helpers.items()}
     calls = []
     for tid, spans in callers.items():
-        for i, (begin, end, name) in enumerate(spans):
+        for i, (begin, end, name, size) in enumerate(spans):
             if name not in COLLECTIVES:
                 continue
             parts = {}
             covered = 0.0
             j = i + 1
             while j < len(spans) and spans[j][0] < end:
-                b, e, n = spans[j]
+                b, e, n, _ = spans[j]
                 if n in COLLECTIVES:  # a nested collective (a local step of another)
                     j += 1
                     continue
@@ -71,11 +74,11 @@ def calls_of(threads):
             parts["between spans"] = max(0.0, (end - begin) - covered)
             helper_us, first = 0.0, None
             for htid, hspans in helpers.items():
-                for b, e, n in inside(hspans, helper_starts[htid], begin, end):
+                for b, e, n, _ in inside(hspans, helper_starts[htid], begin, end):
                     if n == "helper part":
                         helper_us += e - b
                         first = b - begin if first is None else min(first, b - begin)
-            calls.append((name, begin, end, parts, helper_us, first))
+            calls.append(((name, size), begin, end, parts, helper_us, first))
     return calls
 
 
@@ -107,12 +110,14 @@ def main():
     for path in paths:
         calls = calls_of(load(path))
         print(f"{path}:")
-        for name in sorted({c[0] for c in calls}):
-            mine = [c for c in calls if c[0] == name]
+        for key in sorted({c[0] for c in calls}):
+            mine = [c for c in calls if c[0] == key]
             times = sorted(c[2] - c[1] for c in mine)
             median = statistics.median(times)
             p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
-            print(f"  {name}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
+            name, size = key
+            label = name if name == "barrier" else f"{name} of {size} B"
+            print(f"  {label}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
             print(describe([c for c in mine if c[2] - c[1] <= median], "typical"))
             slow = [c for c in mine if c[2] - c[1] > args.slow * median]
             if slow:

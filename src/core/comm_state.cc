@@ -206,6 +206,9 @@ CommState::~CommState() {
 #ifdef LOOM_HAVE_NET
   if (spansHosts()) net::NetService::instance().forget(roster_.id);
 #endif
+  // Processes that end without running atexit handlers (Python's multiprocessing children
+  // leave through os._exit) still leave their timeline: written at each communicator's end.
+  trace::flush();
 }
 
 std::chrono::milliseconds CommState::timeoutFor(const OpOptions& options) const {
@@ -229,7 +232,7 @@ void CommState::requireUsable(std::string_view op) {
 void CommState::execute(const CollectiveArgs& args, OpState& state,
                         std::chrono::milliseconds timeout) {
   std::exception_ptr error;
-  const trace::Span span(collectiveName(args.kind).data(), state.seq);
+  const trace::Span span(collectiveName(args.kind).data(), args.count * elementSize(args.type));
   FlightRecorder::instance().started(state.flightId);
   shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
   try {
