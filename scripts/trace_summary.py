@@ -5,8 +5,8 @@ Reads the `<prefix>.<pid>.json` files that processes run with LOOM_TRACE=<prefix
 for each rank (process), collective and size (its count times its element size), prints the
 calls' median and p90 time and what the calling thread did during them (each named span
 summed per call: phase and slot waits, copies, reductions, the wait for helpers, and the
-rest, "between spans"), once for the typical calls (at most the median) and once for the
-slow ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
+rest, "between spans"), for the faster and the slower half of the calls and for the slow
+ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
 call's start the first one began.
 
     LOOM_TRACE=/tmp/t loom-bench -n 4 -b 1M -e 1M -o all_reduce
@@ -95,7 +95,8 @@ def describe(calls, label):
         text += f"; helpers' parts {helper:.1f}"
         if firsts:
             text += f", first starts {statistics.median(firsts):.1f} after the call's"
-    return f"    {label} ({len(calls)} calls, mean µs): {text}"
+    call = statistics.fmean(c[2] - c[1] for c in calls)
+    return f"    {label} ({len(calls)} calls, mean µs): call {call:.1f} = {text}"
 
 
 def main():
@@ -118,7 +119,8 @@ def main():
             name, size = key
             label = name if name == "barrier" else f"{name} of {size} B"
             print(f"  {label}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
-            print(describe([c for c in mine if c[2] - c[1] <= median], "typical"))
+            print(describe([c for c in mine if c[2] - c[1] <= median], "faster half"))
+            print(describe([c for c in mine if c[2] - c[1] > median], "slower half"))
             slow = [c for c in mine if c[2] - c[1] > args.slow * median]
             if slow:
                 print(describe(slow, f"slow, over {args.slow}x the median"))
