@@ -7,7 +7,7 @@ calls' median and p90 time and what the calling thread did during them (each nam
 summed per call: phase and slot waits, copies, reductions, the wait for helpers, and the
 rest, "between spans"), for the faster and the slower half of the calls and for the slow
 ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
-call's start the first one began.
+call's start the last helper to join began its first part (a helper asleep joins late).
 
     LOOM_TRACE=/tmp/t loom-bench -n 4 -b 1M -e 1M -o all_reduce
     python3 scripts/trace_summary.py /tmp/t
@@ -50,7 +50,7 @@ def inside(spans, starts, begin, end):
 
 def calls_of(threads):
     """Every collective call of a process: ((name, bytes), start, end, {span name: µs}, helper
-    µs, first helper part's start after the call's)."""
+    µs, how long after the call's start the last helper began its first part)."""
     callers = {tid: s for tid, s in threads.items() if any(n in COLLECTIVES for _, _, n, _ in s)}
     helpers = {tid: s for tid, s in threads.items() if tid not in callers}
     helper_starts = {tid: [b for b, _, _, _ in s] for tid, s in helpers.items()}
@@ -72,13 +72,14 @@ def calls_of(threads):
                     covered += e - b
                 j += 1
             parts["between spans"] = max(0.0, (end - begin) - covered)
-            helper_us, first = 0.0, None
+            helper_us, joins = 0.0, []
             for htid, hspans in helpers.items():
-                for b, e, n, _ in inside(hspans, helper_starts[htid], begin, end):
-                    if n == "helper part":
-                        helper_us += e - b
-                        first = b - begin if first is None else min(first, b - begin)
-            calls.append(((name, size), begin, end, parts, helper_us, first))
+                mine = [(b, e) for b, e, n, _ in inside(hspans, helper_starts[htid], begin, end)
+                        if n == "helper part"]
+                helper_us += sum(e - b for b, e in mine)
+                if mine:
+                    joins.append(mine[0][0] - begin)
+            calls.append(((name, size), begin, end, parts, helper_us, max(joins, default=None)))
     return calls
 
 
@@ -90,11 +91,11 @@ def describe(calls, label):
     mean = {n: statistics.fmean(c[3].get(n, 0.0) for c in calls) for n in names}
     text = ", ".join(f"{n} {mean[n]:.1f}" for n in names if mean[n] >= 0.05)
     helper = statistics.fmean(c[4] for c in calls)
-    firsts = [c[5] for c in calls if c[5] is not None]
+    joins = [c[5] for c in calls if c[5] is not None]
     if helper > 0:
         text += f"; helpers' parts {helper:.1f}"
-        if firsts:
-            text += f", first starts {statistics.median(firsts):.1f} after the call's"
+        if joins:
+            text += f", the last helper joins {statistics.fmean(joins):.1f} after the call starts"
     call = statistics.fmean(c[2] - c[1] for c in calls)
     return f"    {label} ({len(calls)} calls, mean µs): call {call:.1f} = {text}"
 
