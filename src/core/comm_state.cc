@@ -13,7 +13,6 @@
 #include "core/process_service.h"
 #include "transport/shm/ring_link.h"
 #include "util/deadline.h"
-#include "util/helper_pool.h"
 #include "util/trace.h"
 #include "util/unix_socket.h"
 #ifdef LOOM_HAVE_CUDA
@@ -131,7 +130,6 @@ void CommState::join(Clock::time_point deadline) {
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
   worker_ = std::make_unique<Worker>("loom-worker", config_.backoff);
-  HelperPool::instance().setIdleWait(config_.backoff);
   if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);
 }
 

@@ -68,20 +68,9 @@ void HelperPool::runErased(int parts, Thunk thunk, void* fn) {
   }
 }
 
-void HelperPool::setIdleWait(const BackoffPolicy& policy) {
-  idleSpinNs_.store(policy.spin.count(), std::memory_order_relaxed);
-  idleYieldNs_.store(policy.yield.count(), std::memory_order_relaxed);
-}
-
 void HelperPool::helperLoop(int index, uint32_t seen) {
   for (;;) {
-    // A helper that sleeps between collectives costs the next one its wake-up (tens to
-    // hundreds of µs on a VM, docs/PERFORMANCE.md "Helpers between calls"): it lingers as
-    // long as a waiting caller does.
-    const BackoffPolicy idle{std::chrono::nanoseconds(idleSpinNs_.load(std::memory_order_relaxed)),
-                             std::chrono::nanoseconds(idleYieldNs_.load(std::memory_order_relaxed)),
-                             backoff_.sleepSlice};
-    Backoff backoff(idle);
+    Backoff backoff(backoff_);
     uint32_t now;
     while ((now = generation_.load(std::memory_order_acquire)) == seen) {
       switch (backoff.next()) {

@@ -2,8 +2,7 @@
 
 // Helper threads that split one rank's large copies and reductions. One pool per process,
 // one parallel region at a time: a caller that finds the pool busy (another communicator's
-// worker) simply runs its parts itself. Idle helpers spin and yield as long as loom's other
-// waits do (LOOM_SPIN_US, LOOM_YIELD_US), then sleep on a futex.
+// worker) simply runs its parts itself. Idle helpers spin briefly, then sleep on a futex.
 
 #include <atomic>
 #include <cstdint>
@@ -32,10 +31,6 @@ class HelperPool {
     runErased(parts, thunk, static_cast<void*>(&fn));
   }
 
-  /// How long an idle helper spins and then yields before it sleeps (set from each
-  /// communicator's configuration; the environment gives every communicator the same).
-  void setIdleWait(const BackoffPolicy& policy);
-
  private:
   using Thunk = void (*)(void*, int);
   HelperPool() = default;
@@ -55,13 +50,8 @@ class HelperPool {
   alignas(64) std::atomic<uint32_t> generation_{0};
   alignas(64) std::atomic<int> remaining_{0};
   alignas(64) std::atomic<int> sleepers_{0};
-  // The caller's wait for its helpers; it never sleeps, as parts take microseconds.
   BackoffPolicy backoff_{std::chrono::microseconds(50), std::chrono::microseconds(50),
                          std::chrono::milliseconds(100)};
-  // An idle helper's spin and yield, in ns (atomics: helpers read them while a new
-  // communicator sets them).
-  std::atomic<int64_t> idleSpinNs_{20'000};
-  std::atomic<int64_t> idleYieldNs_{200'000};
 };
 
 }  // namespace loom
