@@ -191,62 +191,6 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
   return true;
 }
 
-// A receiving block's step: wait until every sender's slice has arrived (checking, in the
-// first step, that each runs this very call), reduce or copy it out, free the senders'
-// regions.
-template <class S, class A, int K, bool kReduces>
-__device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint64_t epoch,
-                            uint64_t lo, uint64_t from, uint64_t n) {
-  const int t = threadIdx.x;
-  const bool sender = t < p.size && t != p.rank && (p.receivesFrom >> t & 1u);
-  bool ok = true;
-  if (sender || t == p.rank) {
-    uint64_t* arrived = arrivedFlag(p, p.rank, t, block);
-    const bool check = step == 0 && sender;
-    while (ok && !reached(arrived, epoch)) {
-      if (*p.abort != 0) {
-        ok = false;
-      } else if (check && reached(p.ready[t], epoch) && !sameDescriptor(p.descriptors[t], p.mine)) {
-        ok = false;  // a peer on another operation raises only its ready flag
-      } else {
-        __nanosleep(32);
-      }
-    }
-    if (check && *p.abort == 0 && !sameDescriptor(p.descriptors[t], p.mine)) {
-      const volatile Descriptor* d = p.descriptors[t];
-      reportMismatch(p.claim, p.report, p.abort, t, p.mine, {{d->words[0], d->words[1]}});
-      ok = false;
-    }
-  }
-  if (!__syncthreads_and(ok)) return false;
-  const uint64_t parity = (epoch % 2) * p.parityBytes;
-  auto received = [&](int q) {
-    return reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
-  };
-  if constexpr (kReduces) {
-    const S* srcs[kMaxSources];
-    for (int q = 0; q < p.size; ++q) {
-      srcs[q] = q == p.rank ? static_cast<const S*>(p.own) + lo + from : received(q);
-    }
-    reduceByBlock<S, A, K>(static_cast<S*>(p.outputs[0]) + lo + from, srcs, p.size, n, p.factor,
-                           p.divisor);
-  } else {
-    for (int q = 0; q < p.size; ++q) {
-      const S* src = nullptr;
-      if (q == p.rank && p.own != nullptr) src = static_cast<const S*>(p.own) + lo + from;
-      if (q != p.rank && (p.receivesFrom >> q & 1u)) src = received(q);
-      S* dst = static_cast<S*>(p.outputs[q]) + lo + from;
-      if (src != nullptr && src != dst) {
-        copyByBlock(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(src),
-                    n * sizeof(S));
-      }
-    }
-  }
-  __syncthreads();  // every thread's loads are done (their values are stored)
-  if (sender) raise(freedFlag(p, t, p.rank, block), epoch);
-  return true;
-}
-
 // Waits (thread t for rank t, for each rank in `mask`) until each one's flag reaches
 // `value`; the block agrees on the outcome. In the first step (`check`), a peer found
 // running another call is reported as a mismatch.
@@ -280,6 +224,50 @@ template <class FlagOf>
 __device__ void raisePeers(const FusedParams& p, uint32_t mask, FlagOf flagOf, uint64_t value) {
   const int t = threadIdx.x;
   if (t < p.size && (mask >> t & 1u)) raise(flagOf(t), value);
+}
+
+// A receiving block's step: wait until every sender's slice has arrived (checking, in the
+// first step, that each runs this very call), reduce or copy it out, free the senders'
+// regions.
+template <class S, class A, int K, bool kReduces>
+__device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint64_t epoch,
+                            uint64_t lo, uint64_t from, uint64_t n) {
+  // Every sender's slice, and this rank's own pusher's (then an in-place call may overwrite
+  // its input). The descriptor check passes for this rank itself: its pushing blocks publish
+  // the descriptor before they raise its own arrival or its ready flag.
+  const uint32_t senders = p.receivesFrom & ~(1u << p.rank);
+  if (!awaitPeers(
+          p, senders | 1u << p.rank, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch,
+          step == 0)) {
+    return false;
+  }
+  const uint64_t parity = (epoch % 2) * p.parityBytes;
+  auto received = [&](int q) {
+    return reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
+  };
+  if constexpr (kReduces) {
+    const S* srcs[kMaxSources];
+    for (int q = 0; q < p.size; ++q) {
+      srcs[q] = q == p.rank ? static_cast<const S*>(p.own) + lo + from : received(q);
+    }
+    reduceByBlock<S, A, K>(static_cast<S*>(p.outputs[0]) + lo + from, srcs, p.size, n, p.factor,
+                           p.divisor);
+  } else {
+    for (int q = 0; q < p.size; ++q) {
+      const S* src = nullptr;
+      if (q == p.rank && p.own != nullptr) src = static_cast<const S*>(p.own) + lo + from;
+      if (q != p.rank && (p.receivesFrom >> q & 1u)) src = received(q);
+      S* dst = static_cast<S*>(p.outputs[q]) + lo + from;
+      if (src != nullptr && src != dst) {
+        copyByBlock(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(src),
+                    n * sizeof(S));
+      }
+    }
+  }
+  __syncthreads();  // every thread's loads are done (their values are stored)
+  raisePeers(
+      p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
+  return true;
 }
 
 // Two shots (FusedParams): all_reduce (every rank contributes) or broadcast (the root
