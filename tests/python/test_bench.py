@@ -75,3 +75,28 @@ def test_bench_across_namespace_hosts_with_shaped_links(tmp_path):
     # what the token bucket lets through at once, 250 KB): the shaping is in force.
     reduced = next(r for r in results["results"] if r["op"] == "all_reduce")
     assert reduced["bytes"] == 4 << 20 and reduced["loom"] > 0.025, reduced
+
+
+def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_path):
+    """LOOM_TRACE through torch: the ranks are multiprocessing children, which leave through
+    os._exit (no atexit), so each communicator's end must write the timeline; and
+    scripts/trace_summary.py groups the calls by size and names where their time went."""
+    traces = tmp_path / "trace"
+    traces.mkdir()
+    cmd = [sys.executable, "-m", "loom.bench", "--ranks", "2", "--min-bytes", "1M", "--max-bytes", "1M",
+           "--ops", "all_reduce", "--backends", "loom", "--quiet", "--out", "out"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "LOOM_TRACE": str(traces / "t")})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(traces.glob("t.*.json"))
+    assert len(files) == 2, files  # one per rank process
+    for f in files:
+        names = {e["name"] for e in json.loads(f.read_text())["traceEvents"]}
+        assert {"all_reduce", "copy", "reduction", "phase wait"} <= names, names
+    summary = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..", "scripts",
+                                                           "trace_summary.py"), str(traces / "t")],
+                             capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    # Each rank's 1 MiB all_reduce calls (3 warm-up and the timed ones), with their copies.
+    assert summary.stdout.count("all_reduce of 1048576 B:") == 2, summary.stdout
+    assert summary.stdout.count("faster half") >= 2 and "copy" in summary.stdout, summary.stdout
