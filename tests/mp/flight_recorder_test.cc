@@ -184,7 +184,8 @@ TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
     EXPECT_TRUE(contains(text.str(), "\"args\":{\"n\":4000}}")) << text.str();
     EXPECT_TRUE(contains(text.str(), "\"args\":{\"n\":2097152}}")) << text.str();
     // Inside a collective: its phases' waits, copies and reductions, and the helpers' parts.
-    for (const char* span : {"phase wait", "copy", "reduction", "helper part", "wait for helpers"}) {
+    for (const char* span :
+         {"phase wait", "copy", "reduction", "helper part", "wait for helpers"}) {
       EXPECT_TRUE(contains(text.str(), std::string("\"name\":\"") + span + "\"")) << span;
     }
     std::remove((dir + file).c_str());
