@@ -205,7 +205,7 @@ __device__ bool awaitPeers(const FusedParams& p, uint32_t mask, FlagOf flagOf, u
       if (*p.abort != 0) {
         ok = false;
       } else if (check && reached(p.ready[t], value) && !sameDescriptor(p.descriptors[t], p.mine)) {
-        ok = false;
+        ok = false;  // a peer on another operation raises only its ready flag
       } else {
         __nanosleep(32);
       }
