@@ -8,6 +8,9 @@ summed per call: phase and slot waits, copies, reductions, the wait for helpers,
 rest, "between spans"), for the faster and the slower half of the calls and for the slow
 ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
 call's start the last helper to join began its first part (a helper asleep joins late).
+Calls through torch (the plugin's "c10d call" and "direct op" spans) get a line each per
+path, collective and size: how long they took and how much of it came before and after the
+engine's collective.
 
     LOOM_TRACE=/tmp/t loom-bench -n 4 -b 1M -e 1M -o all_reduce
     python3 scripts/trace_summary.py /tmp/t
@@ -83,6 +86,42 @@ def calls_of(threads):
     return calls
 
 
+# Spans the torch plugin opens around a call through torch (launch.h, direct_ops.cc).
+WRAPPERS = ("c10d call", "direct op")
+
+
+def torch_calls_of(threads):
+    """Every call through torch that ran a collective on its own thread: ((path, collective,
+    bytes), its µs, µs before the collective began, µs after it ended)."""
+    calls = []
+    for spans in threads.values():
+        starts = [b for b, _, _, _ in spans]
+        for begin, end, name, _ in spans:
+            if name not in WRAPPERS:
+                continue
+            inner = [s for s in inside(spans, starts, begin, end) if s[2] in COLLECTIVES]
+            if inner:
+                b, e, n, size = inner[0]
+                calls.append(((name, n, size), end - begin, b - begin, end - inner[-1][1]))
+    return calls
+
+
+def describe_torch(calls):
+    """Per path, collective and size: the calls' median µs and what they spent outside the
+    engine's collective, for the faster and the slower half."""
+    lines = []
+    for key in sorted({c[0] for c in calls}):
+        mine = sorted((c for c in calls if c[0] == key), key=lambda c: c[1])
+        half = len(mine) // 2
+        path, name, size = key
+        text = f"  {path} {name} of {size} B: {len(mine)} calls, median {statistics.median(c[1] for c in mine):.1f} µs"
+        for label, part in (("faster half", mine[:max(1, half)]), ("slower half", mine[half:])):
+            text += (f"; {label}: before the collective {statistics.fmean(c[2] for c in part):.1f}, "
+                     f"after it {statistics.fmean(c[3] for c in part):.1f}")
+        lines.append(text)
+    return lines
+
+
 def describe(calls, label):
     """One line: how many calls, and the mean µs of each part over them."""
     if not calls:
@@ -110,8 +149,11 @@ def main():
     if not paths:
         sys.exit(f"trace_summary: no {args.prefix}.<pid>.json files (was LOOM_TRACE set?)")
     for path in paths:
-        calls = calls_of(load(path))
+        threads = load(path)
+        calls = calls_of(threads)
         print(f"{path}:")
+        for line in describe_torch(torch_calls_of(threads)):
+            print(line)
         for key in sorted({c[0] for c in calls}):
             mine = [c for c in calls if c[0] == key]
             times = sorted(c[2] - c[1] for c in mine)

@@ -96,6 +96,7 @@ bool direct(std::initializer_list<const at::Tensor*> tensors) {
 /// translating loom's errors as the c10d path does.
 template <class Issue>
 void runBlocking(Issue&& issue) {
+  const trace::Span span("direct op");  // LOOM_TRACE: as "c10d call" on the c10d path
   try {
     releasingGil([&] { issue().wait(); });
   } catch (const Error& e) {

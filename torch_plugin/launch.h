@@ -10,6 +10,7 @@
 
 #include "loom/error.h"
 #include "process_group_loom.h"
+#include "util/trace.h"
 
 namespace loom::torch_plugin {
 
@@ -49,6 +50,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
                                                         std::vector<at::Tensor> outputs,
                                                         std::function<void()> finisher,
                                                         Issue&& issue) {
+  // LOOM_TRACE: the whole c10d call as this backend sees it, around the engine's collective
+  // span(s), so a timeline shows what the call costs outside the engine.
+  const trace::Span span("c10d call", static_cast<uint64_t>(type));
   std::vector<Request> requests;
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.

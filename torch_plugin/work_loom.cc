@@ -10,6 +10,7 @@
 #include <sched.h>
 
 #include "loom/error.h"
+#include "util/trace.h"
 
 namespace loom::torch_plugin {
 
@@ -175,6 +176,7 @@ std::vector<at::Tensor> WorkLoom::result() {
 }
 
 bool WorkLoom::wait(std::chrono::milliseconds timeout) {
+  const trace::Span span("work wait");
   if (cudaStream_) {
     // As NCCL: the caller's stream waits for the collectives; the host goes on.
     if (std::exception_ptr failure = failureSoFar()) std::rethrow_exception(failure);
