@@ -3,6 +3,7 @@
 #include "util/trace.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@ struct Event {
   uint64_t arg;
   uint64_t start;  // ns, steady clock
   uint64_t end;
+  int cpu;  // where the span began (threads sharing a CPU show as overlapping spans on it)
 };
 
 struct Buffer {
@@ -93,6 +95,7 @@ bool enabled() {
 void Span::begin(const char* name, uint64_t arg) {
   name_ = name;
   arg_ = arg;
+  cpu_ = ::sched_getcpu();
   start_ = now();
 }
 
@@ -100,7 +103,7 @@ void Span::end() {
   const uint64_t finish = now();
   Buffer& b = mine();
   std::lock_guard<std::mutex> lock(b.mutex);
-  if (b.events.size() < kMaxSpansPerThread) b.events.push_back({name_, arg_, start_, finish});
+  if (b.events.size() < kMaxSpansPerThread) b.events.push_back({name_, arg_, start_, finish, cpu_});
 }
 
 void flush() {
@@ -125,9 +128,9 @@ void flush() {
     for (const Event& e : b->events) {
       std::fprintf(out,
                    "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%ld,\"tid\":%ld,\"ts\":%.3f,"
-                   "\"dur\":%.3f,\"args\":{\"n\":%llu}}",
+                   "\"dur\":%.3f,\"args\":{\"n\":%llu,\"cpu\":%d}}",
                    first ? "" : ",\n", e.name, pid, b->tid, e.start / 1e3, (e.end - e.start) / 1e3,
-                   static_cast<unsigned long long>(e.arg));
+                   static_cast<unsigned long long>(e.arg), e.cpu);
       first = false;
     }
   }

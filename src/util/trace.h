@@ -14,7 +14,8 @@ namespace loom::trace {
 bool enabled();
 
 /// Records [construction, destruction) on the calling thread as `name` (a string literal),
-/// with one number to tell spans apart (a sequence number, a byte count).
+/// with one number to tell spans apart (a sequence number, a byte count) and the CPU it
+/// began on.
 class Span {
  public:
   explicit Span(const char* name, uint64_t arg = 0) {
@@ -32,6 +33,7 @@ class Span {
   const char* name_ = nullptr;
   uint64_t arg_ = 0;
   uint64_t start_ = 0;
+  int cpu_ = -1;
 };
 
 /// Writes what has been recorded so far (also done at exit).

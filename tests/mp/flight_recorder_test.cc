@@ -180,9 +180,11 @@ TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
     EXPECT_TRUE(contains(text.str(), "{\"traceEvents\":[")) << file;
     EXPECT_TRUE(contains(text.str(), "\"name\":\"all_reduce\",\"ph\":\"X\"")) << text.str();
     EXPECT_TRUE(contains(text.str(), "\"name\":\"barrier\"")) << text.str();
-    // A collective's number is its size in bytes (the summary groups calls by it).
-    EXPECT_TRUE(contains(text.str(), "\"args\":{\"n\":4000}}")) << text.str();
-    EXPECT_TRUE(contains(text.str(), "\"args\":{\"n\":2097152}}")) << text.str();
+    // A collective's number is its size in bytes (the summary groups calls by it), and
+    // every span names the CPU it began on.
+    EXPECT_TRUE(contains(text.str(), "\"args\":{\"n\":4000,\"cpu\":")) << text.str();
+    EXPECT_TRUE(contains(text.str(), "\"args\":{\"n\":2097152,\"cpu\":")) << text.str();
+    EXPECT_FALSE(contains(text.str(), "\"cpu\":-1")) << text.str();
     // Inside a collective: its phases' waits, copies and reductions, and the helpers' parts.
     for (const char* span :
          {"phase wait", "copy", "reduction", "helper part", "wait for helpers"}) {

@@ -80,7 +80,7 @@ def test_bench_across_namespace_hosts_with_shaped_links(tmp_path):
 def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_path):
     """LOOM_TRACE through torch: the ranks are multiprocessing children, which leave through
     os._exit (no atexit), so each communicator's end must write the timeline; and
-    scripts/trace_summary.py groups the calls by size and names where their time went."""
+    `python -m loom.trace` groups the calls by size and names where their time went."""
     traces = tmp_path / "trace"
     traces.mkdir()
     cmd = [sys.executable, "-m", "loom.bench", "--ranks", "2", "--min-bytes", "1M", "--max-bytes", "1M",
@@ -93,8 +93,7 @@ def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_p
     for f in files:
         names = {e["name"] for e in json.loads(f.read_text())["traceEvents"]}
         assert {"all_reduce", "copy", "reduction", "phase wait"} <= names, names
-    summary = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..", "scripts",
-                                                           "trace_summary.py"), str(traces / "t")],
+    summary = subprocess.run([sys.executable, "-m", "loom.trace", str(traces / "t")], cwd=tmp_path,
                              capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0, summary.stderr
     # Each rank's 1 MiB all_reduce calls in the engine, with their copies, and the same calls

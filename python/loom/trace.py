@@ -1,0 +1,226 @@
+"""Where the time of loom's collectives went, from LOOM_TRACE files.
+
+Reads the `<prefix>.<pid>.json` files that processes run with LOOM_TRACE=<prefix> wrote and,
+for each rank (process), collective and size (its count times its element size), prints the
+calls' median and p90 time and what the calling thread did during them (each named span
+summed per call: phase and slot waits, copies, reductions, the wait for helpers, and the
+rest, "between spans"), for the faster and the slower half of the calls and for the slow
+ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
+call's start the last helper to join began its first part (a helper asleep joins late), and
+how many of the calls had two busy threads (copying, reducing, a helper's part; of any
+process) on one CPU at once, so that each ran at most half the time. Calls through torch
+(the plugin's "c10d call" and "direct op" spans) get a line each per path, collective and
+size: how long they took and how much of it came before and after the engine's collective.
+
+    LOOM_TRACE=/tmp/t/run torchrun --nproc-per-node 4 train.py
+    python -m loom.trace /tmp/t/run
+"""
+
+import argparse
+import bisect
+import glob
+import json
+import statistics
+import sys
+from typing import NamedTuple, Optional
+
+# Spans that open a collective on the calling thread (comm_state.cc names them after it).
+COLLECTIVES = {
+    "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
+    "scatter", "barrier", "collective",
+}
+# Spans the torch plugin opens around a call through torch (launch.h, direct_ops.cc).
+WRAPPERS = ("c10d call", "direct op")
+# Spans during which a thread keeps its CPU busy.
+BUSY = ("copy", "reduction", "helper part")
+
+
+class Span(NamedTuple):
+    begin: float  # µs
+    end: float
+    name: str
+    n: int  # the span's number: a collective's size in bytes
+    cpu: int  # where it began; -1 in files older than the field
+
+
+class Call(NamedTuple):
+    key: tuple  # (collective, bytes)
+    begin: float
+    end: float
+    parts: dict  # span name -> µs on the calling thread
+    helper_us: float
+    last_join: Optional[float]  # µs after the call's start the last helper began, if any
+    shared_cpu: bool  # two busy threads on one CPU at once during the call
+
+
+def load(path):
+    """The spans of one process as {tid: [Span sorted by start]}."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    threads = {}
+    for e in events:
+        threads.setdefault(e["tid"], []).append(
+            Span(e["ts"], e["ts"] + e["dur"], e["name"], e["args"]["n"], e["args"].get("cpu", -1)))
+    for spans in threads.values():
+        spans.sort(key=lambda s: (s.begin, -s.end))  # an enclosing span before what it holds
+    return threads
+
+
+def inside(spans, starts, begin, end):
+    """The spans of one thread that start within [begin, end)."""
+    i = bisect.bisect_left(starts, begin)
+    while i < len(spans) and spans[i].begin < end:
+        yield spans[i]
+        i += 1
+
+
+class BusyCpus:
+    """Every process's busy spans, to ask whether two threads shared a CPU in a window."""
+
+    def __init__(self, processes):
+        self.spans = sorted((s.begin, s.end, s.cpu, tid) for threads in processes
+                            for tid, spans in threads.items() for s in spans
+                            if s.name in BUSY and s.cpu >= 0)
+        self.starts = [s[0] for s in self.spans]
+        self.longest = max((e - b for b, e, _, _ in self.spans), default=0.0)
+
+    def shared(self, begin, end):
+        """True if busy spans of two threads overlapped on one CPU within [begin, end)."""
+        per_cpu = {}
+        i = bisect.bisect_left(self.starts, begin - self.longest)
+        while i < len(self.spans) and self.spans[i][0] < end:
+            b, e, cpu, tid = self.spans[i]
+            if e > begin:
+                per_cpu.setdefault(cpu, []).append((max(b, begin), min(e, end), tid))
+            i += 1
+        for spans in per_cpu.values():
+            spans.sort()
+            reach, owner = float("-inf"), None  # the furthest end so far, and whose
+            for b, e, tid in spans:
+                if b < reach and tid != owner:
+                    return True
+                if e > reach:
+                    reach, owner = e, tid
+        return False
+
+
+def calls_of(threads, busy):
+    """Every collective call of a process."""
+    callers = {tid: s for tid, s in threads.items() if any(x.name in COLLECTIVES for x in s)}
+    helpers = {tid: s for tid, s in threads.items() if tid not in callers}
+    helper_starts = {tid: [x.begin for x in s] for tid, s in helpers.items()}
+    calls = []
+    for spans in callers.values():
+        for i, call in enumerate(spans):
+            if call.name not in COLLECTIVES:
+                continue
+            parts = {}
+            covered = 0.0
+            for s in spans[i + 1:]:
+                if s.begin >= call.end:
+                    break
+                if s.name in COLLECTIVES:  # a nested collective (a local step of another)
+                    continue
+                parts[s.name] = parts.get(s.name, 0.0) + (s.end - s.begin)
+                if s.name != "local step":
+                    covered += s.end - s.begin
+            parts["between spans"] = max(0.0, (call.end - call.begin) - covered)
+            helper_us, joins = 0.0, []
+            for tid, hspans in helpers.items():
+                mine = [s for s in inside(hspans, helper_starts[tid], call.begin, call.end)
+                        if s.name == "helper part"]
+                helper_us += sum(s.end - s.begin for s in mine)
+                if mine:
+                    joins.append(mine[0].begin - call.begin)
+            calls.append(Call((call.name, call.n), call.begin, call.end, parts, helper_us,
+                              max(joins, default=None), busy.shared(call.begin, call.end)))
+    return calls
+
+
+def torch_calls_of(threads):
+    """Every call through torch that ran a collective on its own thread: ((path, collective,
+    bytes), its µs, µs before the collective began, µs after it ended)."""
+    calls = []
+    for spans in threads.values():
+        starts = [s.begin for s in spans]
+        for wrapper in spans:
+            if wrapper.name not in WRAPPERS:
+                continue
+            inner = [s for s in inside(spans, starts, wrapper.begin, wrapper.end)
+                     if s.name in COLLECTIVES]
+            if inner:
+                first = inner[0]
+                calls.append(((wrapper.name, first.name, first.n), wrapper.end - wrapper.begin,
+                              first.begin - wrapper.begin, wrapper.end - inner[-1].end))
+    return calls
+
+
+def describe_torch(calls):
+    """Per path, collective and size: the calls' median µs and what they spent outside the
+    engine's collective, for the faster and the slower half."""
+    lines = []
+    for key in sorted({c[0] for c in calls}):
+        mine = sorted((c for c in calls if c[0] == key), key=lambda c: c[1])
+        half = len(mine) // 2
+        path, name, size = key
+        text = (f"  {path} {name} of {size} B: {len(mine)} calls, "
+                f"median {statistics.median(c[1] for c in mine):.1f} µs")
+        for label, part in (("faster half", mine[:max(1, half)]), ("slower half", mine[half:])):
+            text += (f"; {label}: before the collective {statistics.fmean(c[2] for c in part):.1f}, "
+                     f"after it {statistics.fmean(c[3] for c in part):.1f}")
+        lines.append(text)
+    return lines
+
+
+def describe(calls, label):
+    """One line: how many calls, and the mean µs of each part over them."""
+    if not calls:
+        return f"    {label}: none"
+    names = sorted({n for c in calls for n in c.parts})
+    mean = {n: statistics.fmean(c.parts.get(n, 0.0) for c in calls) for n in names}
+    text = ", ".join(f"{n} {mean[n]:.1f}" for n in names if mean[n] >= 0.05)
+    helper = statistics.fmean(c.helper_us for c in calls)
+    joins = [c.last_join for c in calls if c.last_join is not None]
+    if helper > 0:
+        text += f"; helpers' parts {helper:.1f}"
+        if joins:
+            text += f", the last helper joins {statistics.fmean(joins):.1f} after the call starts"
+    shared = sum(c.shared_cpu for c in calls)
+    text += f"; a CPU shared by two busy threads in {shared} of {len(calls)}"
+    call = statistics.fmean(c.end - c.begin for c in calls)
+    return f"    {label} ({len(calls)} calls, mean µs): call {call:.1f} = {text}"
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m loom.trace", description=__doc__.split("\n\n")[0])
+    parser.add_argument("prefix", help="the LOOM_TRACE prefix the processes ran with")
+    parser.add_argument("--slow", type=float, default=1.5,
+                        help="a call is slow above this multiple of its median (default 1.5)")
+    args = parser.parse_args()
+    paths = sorted(glob.glob(glob.escape(args.prefix) + ".*.json"))
+    if not paths:
+        sys.exit(f"loom.trace: no {args.prefix}.<pid>.json files (was LOOM_TRACE={args.prefix} set?)")
+    processes = [load(path) for path in paths]
+    busy = BusyCpus(processes)
+    for path, threads in zip(paths, processes):
+        calls = calls_of(threads, busy)
+        print(f"{path}:")
+        for line in describe_torch(torch_calls_of(threads)):
+            print(line)
+        for key in sorted({c.key for c in calls}):
+            mine = [c for c in calls if c.key == key]
+            times = sorted(c.end - c.begin for c in mine)
+            median = statistics.median(times)
+            p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+            name, size = key
+            label = name if name == "barrier" else f"{name} of {size} B"
+            print(f"  {label}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
+            print(describe([c for c in mine if c.end - c.begin <= median], "faster half"))
+            print(describe([c for c in mine if c.end - c.begin > median], "slower half"))
+            slow = [c for c in mine if c.end - c.begin > args.slow * median]
+            if slow:
+                print(describe(slow, f"slow, over {args.slow}x the median"))
+
+
+if __name__ == "__main__":
+    main()

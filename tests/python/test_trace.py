@@ -1,0 +1,64 @@
+"""`python -m loom.trace` on timelines made by hand: calls grouped by size, their parts
+summed, calls through torch split around the engine's collective, and two busy threads on
+one CPU found (the mark of a rank's threads time-sharing a core)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from loom.trace import BusyCpus, Span
+
+
+def span(name, begin, end, n=0, cpu=0, tid=1):
+    return {"name": name, "ph": "X", "pid": 1, "tid": tid, "ts": begin, "dur": end - begin,
+            "args": {"n": n, "cpu": cpu}}
+
+
+def test_two_threads_busy_on_one_cpu_at_once_are_found_and_apart_they_are_not():
+    def busy(*spans):
+        threads = {}
+        for tid, begin, end, cpu in spans:
+            threads.setdefault(tid, []).append(Span(begin, end, "copy", 0, cpu))
+        return BusyCpus([threads])
+
+    overlapping = busy((1, 0, 10, 3), (2, 5, 15, 3))
+    assert overlapping.shared(0, 20)
+    assert not overlapping.shared(11, 20)  # only thread 2 is busy there
+    assert not busy((1, 0, 10, 3), (2, 10, 15, 3)).shared(0, 20)  # one after the other
+    assert not busy((1, 0, 10, 3), (2, 5, 15, 4)).shared(0, 20)  # on two CPUs
+    # A long span of one thread overlapping a later one of another, past a short one.
+    assert busy((1, 0, 100, 0), (1, 101, 102, 0), (2, 50, 60, 0)).shared(0, 200)
+
+
+def test_summary_groups_calls_and_names_their_parts(tmp_path):
+    events = []
+    for i, (size, length) in enumerate([(4096, 10), (4096, 12), (1 << 20, 100), (1 << 20, 300)]):
+        t = 1000.0 * i
+        events += [span("c10d call", t, t + length + 3),
+                   span("all_reduce", t + 1, t + 1 + length, n=size),
+                   span("copy", t + 1, t + 1 + length / 2, n=size, cpu=0),
+                   span("reduction", t + 1 + length / 2, t + 1 + length, n=size, cpu=0)]
+    # The slow 1 MiB call had a helper part on the caller's CPU meanwhile.
+    events.append(span("helper part", 3001, 3101, cpu=0, tid=2))
+    (tmp_path / "run.1.json").write_text(json.dumps({"traceEvents": events}))
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "all_reduce of 4096 B: 2 calls, median 11.0 µs" in out, out
+    assert "all_reduce of 1048576 B: 2 calls, median 200.0 µs" in out, out
+    assert "c10d call all_reduce of 1048576 B: 2 calls" in out and "before the collective 1.0" in out, out
+    lines = out.splitlines()
+    slower = next(line for line in lines[lines.index(next(x for x in lines if "of 1048576 B: 2 calls, median" in x
+                                                           and x.startswith("  all_reduce"))):]
+                  if "slower half" in line)
+    assert "copy 150.0, reduction 150.0" in slower and "helpers' parts 100.0" in slower, slower
+    assert "a CPU shared by two busy threads in 1 of 1" in slower, slower
+
+
+def test_no_files_is_a_clear_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "nothing")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "was LOOM_TRACE=" in done.stderr, done.stderr
