@@ -196,11 +196,10 @@ class CollectiveContext {
 /// Runs the collective described by `args`.
 void runCollective(CollectiveContext& ctx, const CollectiveArgs& args);
 
-// The algorithms (one file each).
-void allReduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args);
-void allReduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args);
-void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args);
-void reduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args);
+// The algorithms (one file each; all_reduce and reduce share reduction.cc). A reduction's
+// result lands on the ranks that `receive`: every rank for all_reduce, the root for reduce.
+void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args, bool receives);
+void reduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args, bool receives);
 void broadcast(CollectiveContext& ctx, const CollectiveArgs& args);
 void allGather(CollectiveContext& ctx, const CollectiveArgs& args);
 void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args);

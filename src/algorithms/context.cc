@@ -309,9 +309,10 @@ void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const bool oneShot = algorithm == Algorithm::kOneShot;
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      return oneShot ? allReduceOneShot(ctx, args) : allReduceTwoShot(ctx, args);
-    case CollectiveKind::kReduce:
-      return oneShot ? reduceOneShot(ctx, args) : reduceTwoShot(ctx, args);
+    case CollectiveKind::kReduce: {
+      const bool receives = args.kind == CollectiveKind::kAllReduce || ctx.rank() == args.root;
+      return oneShot ? reduceOneShot(ctx, args, receives) : reduceTwoShot(ctx, args, receives);
+    }
     case CollectiveKind::kBroadcast: return broadcast(ctx, args);
     case CollectiveKind::kAllGather: return allGather(ctx, args);
     case CollectiveKind::kReduceScatter: return reduceScatter(ctx, args);
