@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -116,6 +117,10 @@ void flush() {
   }
   const long pid = static_cast<long>(::getpid());
   const std::string path = r.prefix + "." + std::to_string(pid) + ".json";
+  // A prefix in a folder not made yet (LOOM_TRACE=/tmp/trace/run) gets its folder.
+  std::error_code ignored;
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
   FILE* out = std::fopen(path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "loom: LOOM_TRACE: cannot write %s\n", path.c_str());

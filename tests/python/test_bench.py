@@ -81,8 +81,7 @@ def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_p
     """LOOM_TRACE through torch: the ranks are multiprocessing children, which leave through
     os._exit (no atexit), so each communicator's end must write the timeline; and
     `python -m loom.trace` groups the calls by size and names where their time went."""
-    traces = tmp_path / "trace"
-    traces.mkdir()
+    traces = tmp_path / "trace"  # not made beforehand: loom makes the prefix's folder
     cmd = [sys.executable, "-m", "loom.bench", "--ranks", "2", "--min-bytes", "1M", "--max-bytes", "1M",
            "--ops", "all_reduce", "--backends", "loom", "--quiet", "--out", "out"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
