@@ -6,6 +6,7 @@
     python -m loom.bench --fsdp-step          # and an FSDP2 transformer step (127M params)
     python -m loom.bench --ranks 4 --ops all_reduce --backends loom,direct,fake,gloo --max-bytes 1M
     python -m loom.bench --ranks 8 --hosts 2 --link-gbit 10   # 2 namespace hosts (root)
+    python -m loom.bench --ranks 4 --max-bytes 4M --trace      # and where each call's time went
     torchrun --nnodes 2 --nproc-per-node 4 ... -m loom.bench  # across real machines
 
 Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
@@ -439,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
                              "machine, host by host (needs root and iproute2)")
     parser.add_argument("--link-gbit", type=float, default=0,
                         help="with --hosts: limit each host's link to this many Gb/s each way (tc tbf)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also record every rank's timeline (LOOM_TRACE) in OUT/trace/ and write where "
+                             "each collective's time went to OUT/trace.txt (python -m loom.trace)")
     args = parser.parse_args(argv)
     args.ops = [o for o in args.ops.split(",") if o]
     args.backends = [b for b in args.backends.split(",") if b]
@@ -455,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.link_gbit and args.hosts == 1:
         parser.error("--link-gbit needs --hosts")
 
+    trace_prefix = None
+    if args.trace:
+        # Set before any rank starts: loom reads LOOM_TRACE once per process.
+        trace_prefix = (args.out / "trace" / "rank").resolve()
+        for old in trace_prefix.parent.glob("rank.*.json"):
+            old.unlink()  # an earlier run's files would mix in
+        os.environ["LOOM_TRACE"] = str(trace_prefix)
     if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return run_under_torchrun(args)
     hosts = None
@@ -475,6 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     if data is None:
         return 1
     report(data, args, args.ranks, args.hosts)
+    if trace_prefix is not None:
+        # Every rank has ended (and written its timeline) by now.
+        from loom.trace import summary
+
+        (args.out / "trace.txt").write_text("\n".join(summary(trace_prefix)) + "\n")
+        print(f"where the time went, per rank and size: {args.out / 'trace.txt'} "
+              f"(timelines for https://ui.perfetto.dev: {trace_prefix.parent})")
     return 0
 
 
@@ -507,6 +525,9 @@ def run_under_torchrun(args) -> int:
     data = rank_main(rank, world, args, "env://", None)
     if rank == 0:
         report(data, args, world, hosts)
+        if args.trace:  # the other ranks may still be writing theirs: summarise afterwards
+            print(f"timelines: {os.environ['LOOM_TRACE']}.<pid>.json on each machine; "
+                  f"python -m loom.trace {os.environ['LOOM_TRACE']} summarises them")
     return 0
 
 

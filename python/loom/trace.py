@@ -191,22 +191,18 @@ def describe(calls, label):
     return f"    {label} ({len(calls)} calls, mean µs): call {call:.1f} = {text}"
 
 
-def main():
-    parser = argparse.ArgumentParser(prog="python -m loom.trace", description=__doc__.split("\n\n")[0])
-    parser.add_argument("prefix", help="the LOOM_TRACE prefix the processes ran with")
-    parser.add_argument("--slow", type=float, default=1.5,
-                        help="a call is slow above this multiple of its median (default 1.5)")
-    args = parser.parse_args()
-    paths = sorted(glob.glob(glob.escape(args.prefix) + ".*.json"))
+def summary(prefix, slow=1.5):
+    """The summary's lines for the files LOOM_TRACE=<prefix> left (FileNotFoundError if none)."""
+    paths = sorted(glob.glob(glob.escape(str(prefix)) + ".*.json"))
     if not paths:
-        sys.exit(f"loom.trace: no {args.prefix}.<pid>.json files (was LOOM_TRACE={args.prefix} set?)")
+        raise FileNotFoundError(f"no {prefix}.<pid>.json files (was LOOM_TRACE={prefix} set?)")
     processes = [load(path) for path in paths]
     busy = BusyCpus(processes)
+    lines = []
     for path, threads in zip(paths, processes):
         calls = calls_of(threads, busy)
-        print(f"{path}:")
-        for line in describe_torch(torch_calls_of(threads)):
-            print(line)
+        lines.append(f"{path}:")
+        lines += describe_torch(torch_calls_of(threads))
         for key in sorted({c.key for c in calls}):
             mine = [c for c in calls if c.key == key]
             times = sorted(c.end - c.begin for c in mine)
@@ -214,12 +210,26 @@ def main():
             p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
             name, size = key
             label = name if name == "barrier" else f"{name} of {size} B"
-            print(f"  {label}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
-            print(describe([c for c in mine if c.end - c.begin <= median], "faster half"))
-            print(describe([c for c in mine if c.end - c.begin > median], "slower half"))
-            slow = [c for c in mine if c.end - c.begin > args.slow * median]
-            if slow:
-                print(describe(slow, f"slow, over {args.slow}x the median"))
+            lines.append(f"  {label}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")
+            lines.append(describe([c for c in mine if c.end - c.begin <= median], "faster half"))
+            lines.append(describe([c for c in mine if c.end - c.begin > median], "slower half"))
+            slowest = [c for c in mine if c.end - c.begin > slow * median]
+            if slowest:
+                lines.append(describe(slowest, f"slow, over {slow}x the median"))
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m loom.trace", description=__doc__.split("\n\n")[0])
+    parser.add_argument("prefix", help="the LOOM_TRACE prefix the processes ran with")
+    parser.add_argument("--slow", type=float, default=1.5,
+                        help="a call is slow above this multiple of its median (default 1.5)")
+    args = parser.parse_args()
+    try:
+        lines = summary(args.prefix, args.slow)
+    except FileNotFoundError as e:
+        sys.exit(f"loom.trace: {e}")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

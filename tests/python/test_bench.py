@@ -78,26 +78,27 @@ def test_bench_across_namespace_hosts_with_shaped_links(tmp_path):
 
 
 def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_path):
-    """LOOM_TRACE through torch: the ranks are multiprocessing children, which leave through
-    os._exit (no atexit), so each communicator's end must write the timeline; and
-    `python -m loom.trace` groups the calls by size and names where their time went."""
-    traces = tmp_path / "trace"  # not made beforehand: loom makes the prefix's folder
+    """--trace (LOOM_TRACE through torch): the ranks are multiprocessing children, which
+    leave through os._exit (no atexit), so each communicator's end must write the timeline;
+    the bench then writes `python -m loom.trace`'s summary, calls grouped by size with where
+    their time went, and the same summary comes from the command."""
     cmd = [sys.executable, "-m", "loom.bench", "--ranks", "2", "--min-bytes", "1M", "--max-bytes", "1M",
-           "--ops", "all_reduce", "--backends", "loom", "--quiet", "--out", "out"]
+           "--ops", "all_reduce", "--backends", "loom", "--quiet", "--out", "out", "--trace"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "LOOM_TRACE": str(traces / "t")})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    files = sorted(traces.glob("t.*.json"))
+    files = sorted((tmp_path / "out" / "trace").glob("rank.*.json"))
     assert len(files) == 2, files  # one per rank process
     for f in files:
         names = {e["name"] for e in json.loads(f.read_text())["traceEvents"]}
-        assert {"all_reduce", "copy", "reduction", "phase wait"} <= names, names
-    summary = subprocess.run([sys.executable, "-m", "loom.trace", str(traces / "t")], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)
-    assert summary.returncode == 0, summary.stderr
+        assert {"all_reduce", "copy", "reduction", "phase wait", "c10d call"} <= names, names
+    written = (tmp_path / "out" / "trace.txt").read_text()
+    lines = written.splitlines()
     # Each rank's 1 MiB all_reduce calls in the engine, with their copies, and the same calls
     # as c10d calls around them.
-    lines = summary.stdout.splitlines()
-    assert sum(line.startswith("  all_reduce of 1048576 B:") for line in lines) == 2, summary.stdout
-    assert sum(line.startswith("  c10d call all_reduce of 1048576 B:") for line in lines) == 2, summary.stdout
-    assert summary.stdout.count("faster half") >= 2 and "copy" in summary.stdout, summary.stdout
+    assert sum(line.startswith("  all_reduce of 1048576 B:") for line in lines) == 2, written
+    assert sum(line.startswith("  c10d call all_reduce of 1048576 B:") for line in lines) == 2, written
+    assert written.count("faster half") >= 2 and "copy" in written, written
+    summary = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "out" / "trace" / "rank")],
+                             capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0 and summary.stdout == written, summary.stderr
