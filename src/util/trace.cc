@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,10 @@ struct Registry {
   std::vector<std::shared_ptr<Buffer>> buffers;
   std::string prefix;
   uint64_t generation = 0;  // bumped in a forked child
+  // Spans recorded so far, and as of the last write: a process that makes and ends many
+  // communicators rewrites its file only when something new was recorded.
+  std::atomic<uint64_t> recorded{0};
+  uint64_t written = ~uint64_t{0};
 };
 
 Registry& registry() {
@@ -75,6 +80,8 @@ void forgetParent() {
   Registry& r = registry();
   r.buffers.clear();  // the parent's spans are the parent's to write
   ++r.generation;
+  r.recorded.store(0, std::memory_order_relaxed);
+  r.written = ~uint64_t{0};
 }
 
 bool start() {
@@ -104,7 +111,10 @@ void Span::end() {
   const uint64_t finish = now();
   Buffer& b = mine();
   std::lock_guard<std::mutex> lock(b.mutex);
-  if (b.events.size() < kMaxSpansPerThread) b.events.push_back({name_, arg_, start_, finish, cpu_});
+  if (b.events.size() < kMaxSpansPerThread) {
+    b.events.push_back({name_, arg_, start_, finish, cpu_});
+    registry().recorded.fetch_add(1, std::memory_order_relaxed);  // after the push: see flush()
+  }
 }
 
 void flush() {
@@ -113,6 +123,9 @@ void flush() {
   std::vector<std::shared_ptr<Buffer>> buffers;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
+    const uint64_t recorded = r.recorded.load(std::memory_order_relaxed);
+    if (recorded == r.written) return;
+    r.written = recorded;
     buffers = r.buffers;
   }
   const long pid = static_cast<long>(::getpid());
