@@ -20,13 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from loom.bench import parse_size
+
 CALLS = ("c10d", "direct")
 BARRIERS = ("c10d", "direct", "none")
-
-
-def parse_bytes(text: str) -> int:
-    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1].upper(), 1)
-    return int(text.rstrip("KkMm")) * scale
 
 
 def rank_main(rank: int, args, init: str) -> None:
@@ -82,7 +79,7 @@ def rank_main(rank: int, args, init: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--bytes", type=parse_bytes, nargs="+", default=[512 << 10])
+    parser.add_argument("--bytes", type=parse_size, nargs="+", default=[512 << 10])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()

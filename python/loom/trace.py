@@ -111,15 +111,16 @@ def calls_of(threads, busy):
     helper_starts = {tid: [x.begin for x in s] for tid, s in helpers.items()}
     calls = []
     for spans in callers.values():
-        for i, call in enumerate(spans):
+        starts = [x.begin for x in spans]
+        for call in spans:
             if call.name not in COLLECTIVES:
                 continue
             parts = {}
             covered = 0.0
-            for s in spans[i + 1:]:
-                if s.begin >= call.end:
-                    break
-                if s.name in COLLECTIVES:  # a nested collective (a local step of another)
+            for s in inside(spans, starts, call.begin, call.end):
+                # The call itself, a nested collective (a local step of another), or a plugin
+                # span that began with it: not a part.
+                if s.name in COLLECTIVES or s.name in WRAPPERS:
                     continue
                 parts[s.name] = parts.get(s.name, 0.0) + (s.end - s.begin)
                 if s.name != "local step":

@@ -4,10 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <thread>
-
-#include <atomic>
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include "../common/reference.h"
