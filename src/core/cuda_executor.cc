@@ -476,12 +476,14 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   // second, a share each.
   const size_t peers = static_cast<size_t>(size_ - 1);
   const size_t regionBytes = roundDown((p.twoShot ? 1 : 2) * chunk_ / peers, 16);
+  // A two-shot step is one share per owner; a one-shot step is one region.
+  const size_t shares = p.twoShot ? static_cast<size_t>(cuda::twoShotShares(size_, p.root)) : 1;
   if (p.twoShot) {
     // Equal shares of whole 16-byte vectors, as large as a region holds.
     const size_t vector = 16 / std::min<size_t>(elementBytes, 16);
-    const size_t even = ((p.count + size_ - 1) / size_ + vector - 1) / vector * vector;
+    const size_t even = ((p.count + shares - 1) / shares + vector - 1) / vector * vector;
     p.share = std::clamp(even, vector, regionBytes / elementBytes);
-    p.perStep = p.share * static_cast<size_t>(size_);
+    p.perStep = p.share * shares;
     p.gatherAt = chunk_;
   } else {
     p.perStep = regionBytes / elementBytes;
@@ -505,7 +507,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   // Slices of about 64 KiB per block and step, up to fusedBlocks_ blocks per role; from the
   // call's size alone, so every rank runs as many.
   const uint64_t stepBytes =
-      std::min<uint64_t>(p.count * elementBytes / (p.twoShot ? size_ : 1), regionBytes);
+      std::min<uint64_t>(p.count * elementBytes / shares, regionBytes);
   const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
   p.blocks =
       static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));

@@ -48,6 +48,20 @@ __device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver
   return p.slots[receiver] + parity + index * p.regionBytes;
 }
 
+// The k-th peer (k < size - 1) that `block` of this rank sends to within a step. Each rank
+// starts one place further on than the rank before it, so at every turn the ranks send to
+// distinct peers (a shift), where sending in rank order would have every rank's link pour
+// into the same peer while the others' sat idle; each block starts one place further on
+// than the block before it, so the blocks of one rank keep every peer busy at once.
+__device__ inline int peerInTurn(const FusedParams& p, int block, int k) {
+  return (p.rank + 1 + (block + k) % (p.size - 1)) % p.size;
+}
+
+// Two-shot: where rank q's share lies in a step (broadcast's root owns none: twoShotShares).
+__device__ inline int shareIndex(const FusedParams& p, int q) {
+  return p.root >= 0 && q > p.root ? q - 1 : q;
+}
+
 // Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
 __device__ inline bool sameDescriptor(const Descriptor* theirs, const Descriptor& mine) {
   const volatile Descriptor* d = theirs;
@@ -177,7 +191,8 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
     }
   }
   const uint64_t parity = (epoch % 2) * p.parityBytes;
-  for (int q = 0; q < p.size; ++q) {
+  for (int k = 0; k < p.size - 1; ++k) {
+    const int q = peerInTurn(p, block, k);
     if (!(p.pushesTo >> q & 1u)) continue;
     copyByBlock(region(p, p.rank, q, parity) + from * size,
                 static_cast<const uint8_t*>(p.sources[q]) + (lo + from) * size, n * size);
@@ -270,10 +285,11 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
   return true;
 }
 
-// Two shots (FusedParams): all_reduce (every rank contributes) or broadcast (the root
-// alone does). Blocks [0, blocks) push each contributor's share q to rank q, [blocks,
-// 2 x blocks) reduce (or copy) this rank's share into the output and push it to every
-// reader, [2 x blocks, 3 x blocks) copy the others' shares into the output.
+// Two shots (FusedParams): all_reduce (every rank contributes and owns a share) or
+// broadcast (the root alone contributes, every other rank owns a share). Blocks
+// [0, blocks) push each contributor's share q to its owner q, [blocks, 2 x blocks) reduce
+// (or copy) an owner's share into the output and push it to every other owner,
+// [2 x blocks, 3 x blocks) copy the other owners' shares into the output.
 template <class S, class A, int K, bool kReduces>
 __device__ void twoShot(const FusedParams& p) {
   const int role = static_cast<int>(blockIdx.x) / p.blocks;
@@ -283,13 +299,15 @@ __device__ void twoShot(const FusedParams& p) {
   S* output = static_cast<S*>(p.outputs[0]);
   const uint32_t all = p.size == 32 ? ~0u : (1u << p.size) - 1;
   const uint32_t peers = all & ~(1u << p.rank);
-  // Who contributes a share to each owner, and who reads the owners' results: everyone for
-  // all_reduce; for broadcast the root, and everyone but the root.
+  // Who contributes to each share and who owns one: everyone for all_reduce; for broadcast
+  // the root, and everyone but the root. An owner's result goes to the other owners, and
+  // it reads theirs.
   const bool everyone = p.root < 0;
   const uint32_t contributors = everyone ? all : 1u << p.root;
-  const uint32_t readers = everyone ? peers : peers & ~(1u << p.root);
+  const uint32_t owners = everyone ? all : all & ~(1u << p.root);
+  const uint32_t others = owners & ~(1u << p.rank);
   const bool contributes = contributors >> p.rank & 1u;
-  const bool reads = everyone || p.rank != p.root;
+  const bool owns = owners >> p.rank & 1u;
   for (uint64_t step = 0; step < p.steps; ++step) {
     const uint64_t epoch = p.firstEpoch + step;
     const uint64_t lo = step * p.perStep;
@@ -301,7 +319,8 @@ __device__ void twoShot(const FusedParams& p) {
     uint64_t to = 0;
     uint64_t at = 0;
     auto slice = [&](int q) {
-      const uint64_t start = q * p.share < n ? q * p.share : n;
+      const uint64_t first = shareIndex(p, q) * p.share;
+      const uint64_t start = first < n ? first : n;
       const uint64_t end = start + p.share < n ? start + p.share : n;
       const FusedSlice s = fusedSlice(p.share, end - start, p.blocks, block, kV);
       from = start + s.from;
@@ -317,13 +336,14 @@ __device__ void twoShot(const FusedParams& p) {
         }
       }
       if (!contributes) continue;
-      if (step >= 2 &&
-          !awaitPeers(
-              p, peers, [&](int q) { return freedFlag(p, p.rank, q, block); }, epoch - 2, false)) {
+      if (step >= 2 && !awaitPeers(
+                           p, owners & peers, [&](int q) { return freedFlag(p, p.rank, q, block); },
+                           epoch - 2, false)) {
         return;
       }
-      for (int q = 0; q < p.size; ++q) {
-        if (q == p.rank) continue;
+      for (int k = 0; k < p.size - 1; ++k) {
+        const int q = peerInTurn(p, block, k);
+        if (!(owners >> q & 1u)) continue;
         slice(q);
         copyByBlock(region(p, p.rank, q, parity) + at,
                     reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));
@@ -331,8 +351,9 @@ __device__ void twoShot(const FusedParams& p) {
       __threadfence_system();
       __syncthreads();
       raisePeers(
-          p, peers, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
+          p, owners & peers, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
     } else if (role == 1) {
+      if (!owns) continue;
       const uint32_t senders = contributors & ~(1u << p.rank);
       if (!awaitPeers(
               p, senders, [&](int q) { return arrivedFlag(p, p.rank, q, block); }, epoch,
@@ -340,7 +361,7 @@ __device__ void twoShot(const FusedParams& p) {
         return;
       }
       if (step >= 2 && !awaitPeers(
-                           p, readers, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); },
+                           p, others, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); },
                            epoch - 2, false)) {
         return;
       }
@@ -353,9 +374,8 @@ __device__ void twoShot(const FusedParams& p) {
         }
         reduceByBlock<S, A, K>(output + lo + from, srcs, p.size, to - from, p.factor, p.divisor);
       } else {
-        const S* src = contributes
-                           ? input + lo + from
-                           : reinterpret_cast<const S*>(region(p, p.root, p.rank, parity) + at);
+        // A broadcast's owner is never its root: its share is what the root pushed here.
+        const S* src = reinterpret_cast<const S*>(region(p, p.root, p.rank, parity) + at);
         if (src != output + lo + from) {
           copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
                       reinterpret_cast<const uint8_t*>(src), (to - from) * sizeof(S));
@@ -364,36 +384,38 @@ __device__ void twoShot(const FusedParams& p) {
       __syncthreads();  // this share of the output is stored; the contributors' regions read
       raisePeers(
           p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
-      for (int q = 0; q < p.size; ++q) {
-        if (!(readers >> q & 1u)) continue;
+      for (int k = 0; k < p.size - 1; ++k) {
+        const int q = peerInTurn(p, block, k);
+        if (!(others >> q & 1u)) continue;
         copyByBlock(region(p, p.rank, q, parity + p.gatherAt) + at,
                     reinterpret_cast<const uint8_t*>(output + lo + from), (to - from) * sizeof(S));
       }
       __threadfence_system();
       __syncthreads();
       raisePeers(
-          p, readers, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
-    } else if (reads) {
+          p, others, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
+    } else if (owns) {
       // No descriptor check here: an owner may raise "gathered" before its own pushing
       // blocks publish the descriptor; every sender was checked by role 1 (or, for
       // broadcast, the root was, and a rank on another call finds it on its own side).
       if (!awaitPeers(
-              p, peers, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
+              p, others, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
         return;
       }
-      for (int q = 0; q < p.size; ++q) {
-        if (q == p.rank) continue;
+      for (int k = 0; k < p.size - 1; ++k) {
+        const int q = peerInTurn(p, block, k);
+        if (!(others >> q & 1u)) continue;
         slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
                     region(p, q, p.rank, parity + p.gatherAt) + at, (to - from) * sizeof(S));
       }
       __syncthreads();
       raisePeers(
-          p, peers, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
+          p, others, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
     } else if (input != output) {
-      // The broadcast's root: the other shares of its own input into its output.
+      // The broadcast's root: every share of its own input into its output.
       for (int q = 0; q < p.size; ++q) {
-        if (q == p.rank) continue;
+        if (!(owners >> q & 1u)) continue;
         slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
                     reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));

@@ -114,15 +114,17 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 /// raises its collective "ready" flag, so a peer running a different operation can name the
 /// mismatch) and checks the descriptor of every rank it receives from.
 ///
-/// Two-shot (`twoShot`; all_reduce, or broadcast from `root`): a step is `size` shares of
-/// `share` elements. Block b < blocks pushes slice b of this rank's share q of `own` to rank
-/// q's reduce region for this rank (all_reduce: every rank; broadcast: the root alone);
-/// block blocks + b reduces slice b of this rank's own share from `own` and those regions
-/// into outputs[0] (broadcast: copies the root's), pushes the result into every reader's
-/// gather region for this rank (at gatherAt in the slot; broadcast: the root reads none)
-/// and raises "gathered" there; block 2 x blocks + b copies each peer's gathered slice into
-/// outputs[0] and raises "gather freed" in the peer's flags, which the peer's block
-/// blocks + b waits for two steps later.
+/// Two-shot (`twoShot`; all_reduce, or broadcast from `root`): a step is twoShotShares
+/// shares of `share` elements, one per owner (all_reduce: every rank; broadcast: every rank
+/// but the root). Block b < blocks pushes slice b of owner q's share of `own` to q's reduce
+/// region for this rank (all_reduce: every rank; broadcast: the root alone); block
+/// blocks + b of an owner reduces slice b of its share from `own` and those regions into
+/// outputs[0] (broadcast: copies the root's), pushes the result into every other owner's
+/// gather region for this rank (at gatherAt in the slot) and raises "gathered" there; block
+/// 2 x blocks + b copies each other owner's gathered slice into outputs[0] and raises
+/// "gather freed" in that owner's flags, which its block blocks + b waits for two steps
+/// later (broadcast's root copies its input into its output instead). Every block sends to
+/// its peers in turn from a place of its own (peerInTurn), never all to one at once.
 struct FusedParams {
   const void* sources[kMaxSources];  ///< by receiving rank
   const void* own;                   ///< this rank's own part (null: none)
@@ -204,6 +206,12 @@ LOOM_HOST_DEVICE inline FusedSlice fusedSlice(uint64_t first, uint64_t n, int bl
   const uint64_t at = static_cast<uint64_t>(block) * per;
   const uint64_t from = at < n ? at : n;
   return {from, from + per < n ? from + per : n};
+}
+
+/// Two-shot: how many ranks own a share of each step. Broadcast's root owns none, so it
+/// sends every byte once (a share to each owner), as a ring's root does.
+LOOM_HOST_DEVICE inline int twoShotShares(int size, int root) {
+  return root < 0 ? size : size - 1;
 }
 
 /// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a

@@ -199,7 +199,7 @@ def worker(rank: int, world: int, port: int, args, results) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rows = []
     for op in args.ops:
-        for nbytes in sizes(8, args.max_bytes):
+        for nbytes in (s for s in sizes(8, args.max_bytes) if s >= args.min_bytes):
             point = Point(op, nbytes, world, dev)
             for name, group in groups.items():
                 times = time_point(point, group, args.budget, sync)
@@ -289,6 +289,8 @@ def plot(rows, world: int, device_name: str, path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
+    parser.add_argument("--min-bytes", type=parse_bytes, default=8,
+                        help="skip the grid's sizes below this (8, 32, 128, ... bytes)")
     parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1G"))
     parser.add_argument("--ops", nargs="+", default=OPS)
     parser.add_argument("--budget", type=float, default=0.2, help="seconds per point and backend")
