@@ -82,13 +82,16 @@ __device__ inline S loadFresh(const S* at) {
   return value;
 }
 
-// This block copies `bytes` from src to dst: four 16-byte vectors in flight per thread
-// where both ends are aligned, bytes elsewhere; loads skip L1 (see loadFresh).
-__device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+// This block copies `bytes` from src to each of dsts[0..ndst): four 16-byte vectors in
+// flight per thread where every end is aligned, bytes elsewhere; loads skip L1 (see
+// loadFresh). One read serves every destination.
+__device__ inline void copyToEach(uint8_t* const* dsts, int ndst, const uint8_t* src,
+                                  uint64_t bytes) {
   uint64_t done = 0;
-  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
+  uintptr_t ends = reinterpret_cast<uintptr_t>(src);
+  for (int j = 0; j < ndst; ++j) ends |= reinterpret_cast<uintptr_t>(dsts[j]);
+  if (ends % 16 == 0) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
     const uint64_t last = bytes / 16;
     const unsigned step = blockDim.x;
     uint64_t v = threadIdx.x;
@@ -97,23 +100,39 @@ __device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t by
       const uint4 b = __ldcg(s + v + step);
       const uint4 c = __ldcg(s + v + 2 * step);
       const uint4 e = __ldcg(s + v + 3 * step);
-      d[v] = a;
-      d[v + step] = b;
-      d[v + 2 * step] = c;
-      d[v + 3 * step] = e;
+      for (int j = 0; j < ndst; ++j) {
+        uint4* d = reinterpret_cast<uint4*>(dsts[j]);
+        d[v] = a;
+        d[v + step] = b;
+        d[v + 2 * step] = c;
+        d[v + 3 * step] = e;
+      }
     }
-    for (; v < last; v += step) d[v] = __ldcg(s + v);
+    for (; v < last; v += step) {
+      const uint4 a = __ldcg(s + v);
+      for (int j = 0; j < ndst; ++j) reinterpret_cast<uint4*>(dsts[j])[v] = a;
+    }
     done = last * 16;
   }
-  for (uint64_t i = done + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = loadFresh(src + i);
+  for (uint64_t i = done + threadIdx.x; i < bytes; i += blockDim.x) {
+    const uint8_t byte = loadFresh(src + i);
+    for (int j = 0; j < ndst; ++j) dsts[j][i] = byte;
+  }
 }
 
-// This block's dst[i] = op over srcs[0..nsrc)[i], in source order, for i < n.
+// This block copies `bytes` from src to dst (copyToEach).
+__device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  copyToEach(&dst, 1, src, bytes);
+}
+
+// This block's dsts[j][i] = op over srcs[0..nsrc)[i], in source order, for i < n and every
+// j < ndst: one reduction serves every destination.
 template <class S, class A, int K>
-__device__ void reduceByBlock(S* dst, const S* const* srcs, int nsrc, uint64_t n, double factor,
-                              double divisor) {
+__device__ void reduceToEach(S* const* dsts, int ndst, const S* const* srcs, int nsrc, uint64_t n,
+                             double factor, double divisor) {
   constexpr int kV = 16 / sizeof(S);
-  bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  bool aligned = true;
+  for (int j = 0; j < ndst; ++j) aligned &= reinterpret_cast<uintptr_t>(dsts[j]) % 16 == 0;
   for (int s = 0; s < nsrc; ++s) aligned &= reinterpret_cast<uintptr_t>(srcs[s]) % 16 == 0;
   const uint64_t vectors = aligned ? n / kV : 0;
   union Pack {
@@ -146,7 +165,7 @@ __device__ void reduceByBlock(S* dst, const S* const* srcs, int nsrc, uint64_t n
       if constexpr (K == kAvg) acc[j] = acc[j] / static_cast<A>(divisor);
       out.e[j] = narrow<S>(acc[j]);
     }
-    reinterpret_cast<uint4*>(dst)[v] = out.raw;
+    for (int j = 0; j < ndst; ++j) reinterpret_cast<uint4*>(dsts[j])[v] = out.raw;
   }
   for (uint64_t i = vectors * kV + threadIdx.x; i < n; i += blockDim.x) {
     A acc = widen<A>(loadFresh(srcs[0] + i));
@@ -159,8 +178,15 @@ __device__ void reduceByBlock(S* dst, const S* const* srcs, int nsrc, uint64_t n
         acc = combine<K>(acc, x);
     }
     if constexpr (K == kAvg) acc = acc / static_cast<A>(divisor);
-    dst[i] = narrow<S>(acc);
+    for (int j = 0; j < ndst; ++j) dsts[j][i] = narrow<S>(acc);
   }
+}
+
+// This block's dst[i] = op over srcs[0..nsrc)[i] (reduceToEach).
+template <class S, class A, int K>
+__device__ void reduceByBlock(S* dst, const S* const* srcs, int nsrc, uint64_t n, double factor,
+                              double divisor) {
+  reduceToEach<S, A, K>(&dst, 1, srcs, nsrc, n, factor, divisor);
 }
 
 // One thread's wait for `flag` to reach `value`; false if the communicator failed first.
@@ -366,32 +392,35 @@ __device__ void twoShot(const FusedParams& p) {
         return;
       }
       slice(p.rank);
+      // The result goes to the output and, in the same pass, to every other owner's gather
+      // region (in turn order), so it is never read back.
+      S* dsts[kMaxSources];
+      int ndst = 0;
+      dsts[ndst++] = output + lo + from;
+      for (int k = 0; k < p.size - 1; ++k) {
+        const int q = peerInTurn(p, block, k);
+        if (others >> q & 1u) {
+          dsts[ndst++] = reinterpret_cast<S*>(region(p, p.rank, q, parity + p.gatherAt) + at);
+        }
+      }
       if constexpr (kReduces) {
         const S* srcs[kMaxSources];
         for (int q = 0; q < p.size; ++q) {
           srcs[q] = q == p.rank ? input + lo + from
                                 : reinterpret_cast<const S*>(region(p, q, p.rank, parity) + at);
         }
-        reduceByBlock<S, A, K>(output + lo + from, srcs, p.size, to - from, p.factor, p.divisor);
+        reduceToEach<S, A, K>(dsts, ndst, srcs, p.size, to - from, p.factor, p.divisor);
       } else {
         // A broadcast's owner is never its root: its share is what the root pushed here.
-        const S* src = reinterpret_cast<const S*>(region(p, p.root, p.rank, parity) + at);
-        if (src != output + lo + from) {
-          copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
-                      reinterpret_cast<const uint8_t*>(src), (to - from) * sizeof(S));
-        }
+        copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
+                   region(p, p.root, p.rank, parity) + at, (to - from) * sizeof(S));
       }
-      __syncthreads();  // this share of the output is stored; the contributors' regions read
-      raisePeers(
-          p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
-      for (int k = 0; k < p.size - 1; ++k) {
-        const int q = peerInTurn(p, block, k);
-        if (!(others >> q & 1u)) continue;
-        copyByBlock(region(p, p.rank, q, parity + p.gatherAt) + at,
-                    reinterpret_cast<const uint8_t*>(output + lo + from), (to - from) * sizeof(S));
-      }
+      // Every thread's writes reach the peers before "gathered", and its loads of the
+      // contributors' regions are done before "freed".
       __threadfence_system();
       __syncthreads();
+      raisePeers(
+          p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
       raisePeers(
           p, others, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
     } else if (owns) {
