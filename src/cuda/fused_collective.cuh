@@ -415,12 +415,14 @@ __device__ void twoShot(const FusedParams& p) {
         copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
                    region(p, p.root, p.rank, parity) + at, (to - from) * sizeof(S));
       }
-      // Every thread's writes reach the peers before "gathered", and its loads of the
-      // contributors' regions are done before "freed".
-      __threadfence_system();
+      // Every thread's loads of the contributors' regions are done before "freed" (no
+      // fence: the contributors may write again at once), and its writes reach the peers
+      // before "gathered".
       __syncthreads();
       raisePeers(
           p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
+      __threadfence_system();
+      __syncthreads();
       raisePeers(
           p, others, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
     } else if (owns) {
