@@ -28,10 +28,12 @@ struct CudaTuning {
   std::optional<bool> fused;
   /// The most block pairs a fused kernel runs, 1-64 (LOOM_CUDA_FUSED_BLOCKS).
   int fusedBlocks = 64;
-  /// The smallest all_reduce (above oneShotBytes) and broadcast that a fused kernel runs in
-  /// two shots, for more than two ranks (LOOM_CUDA_FUSED_TWO_SHOT_BYTES); smaller all_reduces
-  /// take stepped steps, smaller broadcasts the one-shot fused kernel.
+  /// The smallest all_reduce (above oneShotBytes) that a fused kernel runs in two shots, for
+  /// more than two ranks (LOOM_CUDA_FUSED_TWO_SHOT_BYTES); smaller ones take stepped steps.
   size_t fusedTwoShotBytes = size_t{8} << 20;
+  /// The smallest broadcast that a fused kernel runs in two shots, for more than two ranks
+  /// (LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES); smaller ones, the one-shot fused kernel.
+  size_t fusedTwoShotBroadcastBytes = size_t{2} << 20;
 };
 
 struct Config {

@@ -80,9 +80,10 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
 
 void CudaExecutor::broadcast(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
-  if (fusable() && size_ > 2 && args.count * es >= fusedTwoShotBytes_) {
-    // The root scatters shares and every rank passes its share on (an all_gather), so the
-    // root's link carries the message once instead of once per peer.
+  if (fusable() && size_ > 2 && args.count * es >= fusedTwoShotBroadcastBytes_) {
+    // The root scatters a share to every other rank and each passes its share on (an
+    // all_gather), so the root's link carries the message once instead of once per peer:
+    // from 2 MiB that wins (four GPUs: 38.5 and 41.9 us against 53.5 and 51.0 in one shot).
     cuda::FusedParams p{};
     p.twoShot = 1;
     p.root = args.root;

@@ -138,7 +138,8 @@ std::string explain(const cuda::Descriptor& d) {
   if (w0 & kFusedBit) {
     text += ", fused into one kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
             (twoShot ? " blocks per role, in two shots" : " block pairs") +
-            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES)";
+            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
+            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES)";
   }
   return text;
 }
@@ -253,6 +254,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
       fusedBlocks_ = tuning.fusedBlocks;
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
+      fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
     } catch (...) {
       // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
       // destructor does not run for an object whose constructor threw).
@@ -506,8 +508,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   lane_->epoch += p.steps;
   // Slices of about 64 KiB per block and step, up to fusedBlocks_ blocks per role; from the
   // call's size alone, so every rank runs as many.
-  const uint64_t stepBytes =
-      std::min<uint64_t>(p.count * elementBytes / shares, regionBytes);
+  const uint64_t stepBytes = std::min<uint64_t>(p.count * elementBytes / shares, regionBytes);
   const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
   p.blocks =
       static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));

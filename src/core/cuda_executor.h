@@ -270,7 +270,8 @@ class CudaExecutor final : public DeviceExecutor {
   bool pipelined_ = false;                   // several steps take turns on two streams (see above)
   bool fused_ = false;                       // eager collectives as one kernel each (see above)
   int fusedBlocks_ = cuda::kMaxFusedBlocks;  // most block pairs per fused kernel
-  size_t fusedTwoShotBytes_ = 0;             // smallest call fused in two shots
+  size_t fusedTwoShotBytes_ = 0;             // smallest all_reduce fused in two shots
+  size_t fusedTwoShotBroadcastBytes_ = 0;    // smallest broadcast fused in two shots
   size_t blockFlagsAt_ = 0;                  // the fused kernels' flags, in every workspace
   CUstream side_ = nullptr;                  // the second stream
   CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts

@@ -48,18 +48,9 @@ __device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver
   return p.slots[receiver] + parity + index * p.regionBytes;
 }
 
-// The k-th peer (k < size - 1) that `block` of this rank sends to within a step. Each rank
-// starts one place further on than the rank before it, so at every turn the ranks send to
-// distinct peers (a shift), where sending in rank order would have every rank's link pour
-// into the same peer while the others' sat idle; each block starts one place further on
-// than the block before it, so the blocks of one rank keep every peer busy at once.
+// The k-th peer `block` of this rank sends to within a step (fusedPeerInTurn).
 __device__ inline int peerInTurn(const FusedParams& p, int block, int k) {
-  return (p.rank + 1 + (block + k) % (p.size - 1)) % p.size;
-}
-
-// Two-shot: where rank q's share lies in a step (broadcast's root owns none: twoShotShares).
-__device__ inline int shareIndex(const FusedParams& p, int q) {
-  return p.root >= 0 && q > p.root ? q - 1 : q;
+  return fusedPeerInTurn(p.rank, p.size, block, k);
 }
 
 // Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
@@ -345,7 +336,7 @@ __device__ void twoShot(const FusedParams& p) {
     uint64_t to = 0;
     uint64_t at = 0;
     auto slice = [&](int q) {
-      const uint64_t first = shareIndex(p, q) * p.share;
+      const uint64_t first = twoShotShareIndex(q, p.root) * p.share;
       const uint64_t start = first < n ? first : n;
       const uint64_t end = start + p.share < n ? start + p.share : n;
       const FusedSlice s = fusedSlice(p.share, end - start, p.blocks, block, kV);

@@ -214,6 +214,21 @@ LOOM_HOST_DEVICE inline int twoShotShares(int size, int root) {
   return root < 0 ? size : size - 1;
 }
 
+/// Two-shot: where owner q's share lies in a step (root < 0: all_reduce, every rank owns one).
+LOOM_HOST_DEVICE inline int twoShotShareIndex(int q, int root) {
+  return root >= 0 && q > root ? q - 1 : q;
+}
+
+/// The k-th peer (k < size - 1) that block `block` of `rank` sends to within a fused step.
+/// Each rank starts one place further on than the rank before it, so at every turn the ranks
+/// send to distinct peers (a shift), where sending in rank order had every rank's link pour
+/// into the same peer while the others' idled (four GPUs: 0.70-0.76x NCCL's all_reduce bus
+/// bandwidth in rank order, 0.78-0.84x in turns, docs/PERFORMANCE.md); each block starts
+/// one place further on than the block before it, so one rank's blocks keep every peer busy.
+LOOM_HOST_DEVICE inline int fusedPeerInTurn(int rank, int size, int block, int k) {
+  return (rank + 1 + (block + k) % (size - 1)) % size;
+}
+
 /// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a
 /// write of one (flag = *base + offset, released at system scope).
 struct FlagOp {

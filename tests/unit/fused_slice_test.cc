@@ -1,12 +1,14 @@
-// The fused kernels' slices, checked on the host: in every step of a call, the blocks' slices
-// cover the step's elements exactly once, evenly, and each block's slice lies inside the one
-// it has in the call's first step, so a block never writes region bytes that another block
-// of the receiver frees (found on four H200s: a short last step's slices, cut from its own
-// size, corrupted all_gather and reduce_scatter of 3M floats).
+// The fused kernels' slices and turns, checked on the host. Slices: in every step of a call,
+// the blocks' slices cover the step's elements exactly once, evenly, and each block's slice
+// lies inside the one it has in the call's first step, so a block never writes region bytes
+// that another block of the receiver frees (found on four H200s: a short last step's
+// slices, cut from its own size, corrupted all_gather and reduce_scatter of 3M floats).
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "cuda/kernel_params.h"
 
@@ -51,6 +53,58 @@ TEST(FusedSlice, EveryStepIsCoveredOnceAndSlicesStayPut) {
           checkCall(count, perStep, blocks, vector);
         }
       }
+    }
+  }
+}
+
+// The turns of the fused kernels' pushes: a block visits every peer once per step, never
+// itself, and at each turn the ranks' same blocks send to distinct peers (no peer receives
+// from two at once), while one rank's blocks start at different peers.
+TEST(FusedPeerInTurn, EveryPeerOncePerStepAndNoTwoRanksOnOnePeer) {
+  for (int size = 2; size <= kMaxSources; ++size) {
+    for (int block = 0; block < kMaxFusedBlocks; ++block) {
+      for (int rank = 0; rank < size; ++rank) {
+        std::vector<int> visits(static_cast<size_t>(size), 0);
+        for (int k = 0; k < size - 1; ++k) {
+          const int q = fusedPeerInTurn(rank, size, block, k);
+          ASSERT_GE(q, 0);
+          ASSERT_LT(q, size);
+          ASSERT_NE(q, rank) << "size " << size << " block " << block << " turn " << k;
+          ++visits[static_cast<size_t>(q)];
+        }
+        for (int q = 0; q < size; ++q) EXPECT_EQ(visits[static_cast<size_t>(q)], q == rank ? 0 : 1);
+      }
+      for (int k = 0; k < size - 1; ++k) {
+        std::vector<int> receivers(static_cast<size_t>(size), 0);
+        for (int rank = 0; rank < size; ++rank) {
+          ++receivers[static_cast<size_t>(fusedPeerInTurn(rank, size, block, k))];
+        }
+        for (int q = 0; q < size; ++q) {
+          ASSERT_EQ(receivers[static_cast<size_t>(q)], 1)
+              << "size " << size << " block " << block << " turn " << k << ": peer " << q;
+        }
+      }
+    }
+    if (size > 2) EXPECT_NE(fusedPeerInTurn(0, size, 0, 0), fusedPeerInTurn(0, size, 1, 0));
+  }
+}
+
+// Two-shot shares: all_reduce gives every rank one, broadcast every rank but the root, in
+// rank order, each in a place of its own inside the step.
+TEST(TwoShotShares, OnePlacePerOwner) {
+  for (int size = 3; size <= kMaxSources; ++size) {
+    for (int root = -1; root < size; ++root) {
+      const int shares = twoShotShares(size, root);
+      ASSERT_EQ(shares, root < 0 ? size : size - 1);
+      std::vector<int> used(static_cast<size_t>(shares), 0);
+      for (int q = 0; q < size; ++q) {
+        if (q == root) continue;
+        const int at = twoShotShareIndex(q, root);
+        ASSERT_GE(at, 0);
+        ASSERT_LT(at, shares) << "size " << size << " root " << root << " owner " << q;
+        ++used[static_cast<size_t>(at)];
+      }
+      for (int at = 0; at < shares; ++at) EXPECT_EQ(used[static_cast<size_t>(at)], 1);
     }
   }
 }
