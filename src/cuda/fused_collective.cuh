@@ -21,6 +21,10 @@ using SystemFlag = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
 __device__ inline bool reached(uint64_t* flag, uint64_t value) {
   return static_cast<int64_t>(SystemFlag(*flag).load(::cuda::memory_order_acquire) - value) >= 0;
 }
+// A release at system scope. Raised after a __syncthreads, it also publishes what every
+// thread of the block wrote before the barrier (the barrier orders their writes before the
+// raising thread's, and release is cumulative in the PTX memory model), so a block pays
+// one fence per flag instead of one per thread.
 __device__ inline void raise(uint64_t* flag, uint64_t value) {
   SystemFlag(*flag).store(value, ::cuda::memory_order_release);
 }
@@ -48,9 +52,14 @@ __device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver
   return p.slots[receiver] + parity + index * p.regionBytes;
 }
 
-// The k-th peer `block` of this rank sends to within a step (fusedPeerInTurn).
-__device__ inline int peerInTurn(const FusedParams& p, int block, int k) {
-  return fusedPeerInTurn(p.rank, p.size, block, k);
+// Calls fn(q) for each peer q in `mask`, in the turns `block` of this rank sends in
+// (fusedPeerInTurn), so no two ranks' same blocks pour into one peer at once.
+template <class Fn>
+__device__ inline void forPeersInTurn(const FusedParams& p, int block, uint32_t mask, Fn fn) {
+  for (int k = 0; k < p.size - 1; ++k) {
+    const int q = fusedPeerInTurn(p.rank, p.size, block, k);
+    if (mask >> q & 1u) fn(q);
+  }
 }
 
 // Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
@@ -208,14 +217,11 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
     }
   }
   const uint64_t parity = (epoch % 2) * p.parityBytes;
-  for (int k = 0; k < p.size - 1; ++k) {
-    const int q = peerInTurn(p, block, k);
-    if (!(p.pushesTo >> q & 1u)) continue;
+  forPeersInTurn(p, block, p.pushesTo, [&](int q) {
     copyByBlock(region(p, p.rank, q, parity) + from * size,
                 static_cast<const uint8_t*>(p.sources[q]) + (lo + from) * size, n * size);
-  }
-  // Every thread's writes reach the system before any arrival is raised.
-  __threadfence_system();
+  });
+  // Every thread's writes reach the system before any arrival is raised (see raise).
   __syncthreads();
   // The arrival in this rank's own flags tells its receiving block that this slice of every
   // part has been read, so an in-place call may overwrite it.
@@ -358,14 +364,11 @@ __device__ void twoShot(const FusedParams& p) {
                            epoch - 2, false)) {
         return;
       }
-      for (int k = 0; k < p.size - 1; ++k) {
-        const int q = peerInTurn(p, block, k);
-        if (!(owners >> q & 1u)) continue;
+      forPeersInTurn(p, block, owners, [&](int q) {
         slice(q);
         copyByBlock(region(p, p.rank, q, parity) + at,
                     reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));
-      }
-      __threadfence_system();
+      });
       __syncthreads();
       raisePeers(
           p, owners & peers, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
@@ -388,12 +391,9 @@ __device__ void twoShot(const FusedParams& p) {
       S* dsts[kMaxSources];
       int ndst = 0;
       dsts[ndst++] = output + lo + from;
-      for (int k = 0; k < p.size - 1; ++k) {
-        const int q = peerInTurn(p, block, k);
-        if (others >> q & 1u) {
-          dsts[ndst++] = reinterpret_cast<S*>(region(p, p.rank, q, parity + p.gatherAt) + at);
-        }
-      }
+      forPeersInTurn(p, block, others, [&](int q) {
+        dsts[ndst++] = reinterpret_cast<S*>(region(p, p.rank, q, parity + p.gatherAt) + at);
+      });
       if constexpr (kReduces) {
         const S* srcs[kMaxSources];
         for (int q = 0; q < p.size; ++q) {
@@ -406,14 +406,11 @@ __device__ void twoShot(const FusedParams& p) {
         copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
                    region(p, p.root, p.rank, parity) + at, (to - from) * sizeof(S));
       }
-      // Every thread's loads of the contributors' regions are done before "freed" (no
-      // fence: the contributors may write again at once), and its writes reach the peers
-      // before "gathered".
+      // One barrier serves both flags: every thread's loads of the contributors' regions are
+      // done before "freed", and its writes to the peers are published by "gathered" (raise).
       __syncthreads();
       raisePeers(
           p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
-      __threadfence_system();
-      __syncthreads();
       raisePeers(
           p, others, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
     } else if (owns) {
@@ -424,13 +421,11 @@ __device__ void twoShot(const FusedParams& p) {
               p, others, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
         return;
       }
-      for (int k = 0; k < p.size - 1; ++k) {
-        const int q = peerInTurn(p, block, k);
-        if (!(others >> q & 1u)) continue;
+      forPeersInTurn(p, block, others, [&](int q) {
         slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
                     region(p, q, p.rank, parity + p.gatherAt) + at, (to - from) * sizeof(S));
-      }
+      });
       __syncthreads();
       raisePeers(
           p, others, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);

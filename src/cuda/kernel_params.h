@@ -124,7 +124,7 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 /// 2 x blocks + b copies each other owner's gathered slice into outputs[0] and raises
 /// "gather freed" in that owner's flags, which its block blocks + b waits for two steps
 /// later (broadcast's root copies its input into its output instead). Every block sends to
-/// its peers in turn from a place of its own (peerInTurn), never all to one at once.
+/// its peers in turn from a place of its own (fusedPeerInTurn), never all to one at once.
 struct FusedParams {
   const void* sources[kMaxSources];  ///< by receiving rank
   const void* own;                   ///< this rank's own part (null: none)
