@@ -30,7 +30,7 @@ struct CudaTuning {
   int fusedBlocks = 64;
   /// The smallest all_reduce (above oneShotBytes) that a fused kernel runs in two shots, for
   /// more than two ranks (LOOM_CUDA_FUSED_TWO_SHOT_BYTES); smaller ones take stepped steps.
-  size_t fusedTwoShotBytes = size_t{8} << 20;
+  size_t fusedTwoShotBytes = size_t{2} << 20;
   /// The smallest broadcast that a fused kernel runs in two shots, for more than two ranks
   /// (LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES); smaller ones, the one-shot fused kernel.
   size_t fusedTwoShotBroadcastBytes = size_t{2} << 20;

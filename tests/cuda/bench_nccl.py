@@ -40,12 +40,12 @@ def parse_bytes(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def sizes(lo: int, hi: int):
-    """lo, 4 lo, 16 lo, ... up to hi, and hi itself."""
+def sizes(lo: int, hi: int, factor: int = 4):
+    """lo, factor x lo, factor^2 x lo, ... up to hi, and hi itself."""
     s = lo
     while s < hi:
         yield s
-        s *= 4
+        s *= factor
     yield hi
 
 
@@ -199,7 +199,7 @@ def worker(rank: int, world: int, port: int, args, results) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rows = []
     for op in args.ops:
-        for nbytes in (s for s in sizes(8, args.max_bytes) if s >= args.min_bytes):
+        for nbytes in (s for s in sizes(8, args.max_bytes, args.factor) if s >= args.min_bytes):
             point = Point(op, nbytes, world, dev)
             for name, group in groups.items():
                 times = time_point(point, group, args.budget, sync)
@@ -292,6 +292,8 @@ def main() -> int:
     parser.add_argument("--min-bytes", type=parse_bytes, default=8,
                         help="skip the grid's sizes below this (8, 32, 128, ... bytes)")
     parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1G"))
+    parser.add_argument("--factor", type=int, default=4,
+                        help="each size of the grid this many times the one before")
     parser.add_argument("--ops", nargs="+", default=OPS)
     parser.add_argument("--budget", type=float, default=0.2, help="seconds per point and backend")
     parser.add_argument("--train", nargs="*", default=["ddp", "fsdp2"])
