@@ -7,6 +7,7 @@
     python -m loom.bench --ranks 4 --ops all_reduce --backends loom,direct,fake,gloo --max-bytes 1M
     python -m loom.bench --ranks 8 --hosts 2 --link-gbit 10   # 2 namespace hosts (root)
     python -m loom.bench --ranks 4 --max-bytes 4M --trace      # and where each call's time went
+    python -m loom.bench --ranks 4 --max-bytes 16M --repeats 3  # steady? three sweeps back to back
     torchrun --nnodes 2 --nproc-per-node 4 ... -m loom.bench  # across real machines
 
 Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
@@ -14,7 +15,11 @@ size, the backends run the same call (`direct`: loom's torch.ops.loom operator o
 group, skipping c10d, with a one-element all_reduce of that operator as its barrier; `fake`:
 torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen
 from Python on rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and
-the 90th percentile of several calls after warm-ups are reported. Output: a table with the Gloo/loom
+the 90th percentile of several calls after warm-ups are reported (with --repeats N, the
+whole sweep runs N times back to back and each point reports the median of the sweeps'
+medians and p90s). Every table ends with a steadiness report: the points whose sweeps'
+medians disagree by more than 25%, and the cliffs, sizes whose median is over 1.2x the next
+larger size's (the CPU issue's bars). Output: a table with the Gloo/loom
 time ratio per size, a PNG plot of bus bandwidth, and the raw numbers as JSON (--out, default
 ./bench-out). The host's copy bandwidth is measured in the same run, so large sizes come with
 a roofline figure. Across hosts (--hosts on this machine, or under torchrun on several), the
@@ -304,21 +309,28 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
             try:
                 from tqdm import tqdm
 
-                bar = tqdm(total=len(points) * len(args.backends), unit="point", file=sys.stderr)
+                bar = tqdm(total=len(points) * len(args.backends) * args.repeats, unit="point",
+                           file=sys.stderr)
             except ImportError:
                 bar = None
-        results = []
-        for op, nbytes in points:
-            row = {"op": op, "bytes": case_bytes(op, nbytes, world), "ranks": world}
-            for backend in args.backends:
-                call = make_case(op, nbytes, world, rank, backend)
-                row[backend], row[backend + "_p90"] = time_calls(call, groups[backend],
-                                                                 barrier_for(backend, groups[backend]),
-                                                                 calls_for(nbytes))
-                if bar is not None:
-                    bar.set_description(f"{op} {human(nbytes)} {backend}")
-                    bar.update()
-            results.append(row)
+        # Whole sweeps back to back: a slow spell that lasts a while shows as sweeps that
+        # disagree, where repeating each point at once would hide it.
+        sweeps = []
+        for sweep in range(args.repeats):
+            rows = []
+            for op, nbytes in points:
+                row = {"op": op, "bytes": case_bytes(op, nbytes, world), "ranks": world}
+                for backend in args.backends:
+                    call = make_case(op, nbytes, world, rank, backend)
+                    row[backend], row[backend + "_p90"] = time_calls(
+                        call, groups[backend], barrier_for(backend, groups[backend]), calls_for(nbytes))
+                    if bar is not None:
+                        bar.set_description(f"{op} {human(nbytes)} {backend}"
+                                            + (f" (sweep {sweep + 1}/{args.repeats})" if args.repeats > 1 else ""))
+                        bar.update()
+                rows.append(row)
+            sweeps.append(rows)
+        results = merge_sweeps(sweeps, args.backends)
         if bar is not None:
             bar.close()
         ddp = {}
@@ -349,6 +361,48 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
             raise
         queue.put((rank, "error", traceback.format_exc()))
     return None
+
+
+def merge_sweeps(sweeps: list[list[dict]], backends: list[str]) -> list[dict]:
+    """One row per point: each backend's median and p90 are the medians of the sweeps' (so
+    one slow sweep does not move them), and `<backend>_sweeps` lists every sweep's median."""
+    merged = []
+    for rows in zip(*sweeps):
+        row = {k: v for k, v in rows[0].items() if k not in backends and not k.endswith("_p90")}
+        for b in backends:
+            row[b] = statistics.median(r[b] for r in rows)
+            row[b + "_p90"] = statistics.median(r[b + "_p90"] for r in rows)
+            row[b + "_sweeps"] = [r[b] for r in rows]
+        merged.append(row)
+    return merged
+
+
+def steadiness(results: list[dict], backends: list[str], agree: float = 1.25, cliff: float = 1.2) -> list[str]:
+    """The steadiness report: per backend, the points whose sweeps' medians differ by more
+    than `agree` (largest over smallest), and the cliffs, points whose median is more than
+    `cliff` times that of the next larger size of the same op."""
+    lines = []
+    for b in backends:
+        unsteady, cliffs, points = [], [], 0
+        for op in dict.fromkeys(r["op"] for r in results):
+            rows = sorted((r for r in results if r["op"] == op), key=lambda r: r["bytes"])
+            for r, larger in zip(rows, rows[1:] + [None]):
+                points += 1
+                runs = r.get(b + "_sweeps", [r[b]])
+                if len(runs) > 1 and max(runs) > agree * min(runs):
+                    unsteady.append(f"{op} {human(r['bytes'])} ({', '.join(f'{t * 1e6:.1f}' for t in runs)} us)")
+                if larger is not None and r[b] > cliff * larger[b]:
+                    cliffs.append(f"{op} {human(r['bytes'])} ({r[b] * 1e6:.1f} us against "
+                                  f"{larger[b] * 1e6:.1f} at {human(larger['bytes'])})")
+        sweeps = len(results[0].get(b + "_sweeps", [])) if results else 0
+        if sweeps > 1:
+            lines.append(f"{b}: the {sweeps} sweeps' medians agree within {agree - 1:.0%} at "
+                         f"{points - len(unsteady)} of {points} points"
+                         + (f"; not at {'; '.join(unsteady)}" if unsteady else ""))
+        what = f"a median over {cliff:.1f}x the next larger size's"
+        lines.append(f"{b}: {len(cliffs)} cliff{'' if len(cliffs) == 1 else 's'} ({what}): " + "; ".join(cliffs)
+                     if cliffs else f"{b}: no cliffs (no {what[2:]})")
+    return lines
 
 
 def print_table(results, backends, world, copy_bw, hosts: int = 1) -> list[str]:
@@ -440,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
                              "machine, host by host (needs root and iproute2)")
     parser.add_argument("--link-gbit", type=float, default=0,
                         help="with --hosts: limit each host's link to this many Gb/s each way (tc tbf)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the whole sweep this many times back to back; each point reports the "
+                             "median of the sweeps' medians, and the steadiness report says where they "
+                             "disagree by more than 25%%")
     parser.add_argument("--trace", action="store_true",
                         help="also record every rank's timeline (LOOM_TRACE) in OUT/trace/ and write where "
                              "each collective's time went to OUT/trace.txt (python -m loom.trace)")
@@ -454,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown backend '{b}'")
     if args.ranks < 1 or args.min_bytes > args.max_bytes:
         parser.error("need --ranks >= 1 and --min-bytes <= --max-bytes")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     if args.hosts < 1 or args.ranks % args.hosts != 0:
         parser.error("--hosts must divide --ranks")
     if args.link_gbit and args.hosts == 1:
@@ -538,6 +598,7 @@ def report(data: dict, args, world: int, hosts: int) -> None:
     # "Where loom falls short"): every table says.
     policy = data["omp_wait_policy"] or "unset (torch's OpenMP threads spin after each op)"
     lines.insert(2, f"# torch threads per rank: {data['torch_threads']}; OMP_WAIT_POLICY: {policy}")
+    lines += ["", "## steadiness"] + steadiness(data["results"], args.backends)
     for batch, times in data["ddp"].items():
         lines.append("")
         lines.append(f"## DDP training step, MLP of {data['ddp_parameters'] / 1e6:.3g}M parameters "

@@ -12,12 +12,12 @@ import sys
 import pytest
 
 from loom import _netns
-from loom.bench import OPS
+from loom.bench import OPS, merge_sweeps, steadiness
 
 
 def test_bench_runs_outside_the_checkout_without_deprecated_api(tmp_path):
     cmd = [sys.executable, "-W", "error::FutureWarning", "-W", "error::DeprecationWarning", "-m", "loom.bench",
-           "--ranks", "2", "--max-bytes", "4K", "--quiet", "--out", "out"]
+           "--ranks", "2", "--max-bytes", "4K", "--repeats", "2", "--quiet", "--out", "out"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -31,6 +31,28 @@ def test_bench_runs_outside_the_checkout_without_deprecated_api(tmp_path):
     assert (tmp_path / "out" / "busbw.png").stat().st_size > 0
     for row in results["results"]:
         assert row["loom_p90"] >= row["loom"] and row["gloo_p90"] >= row["gloo"], row
+        assert len(row["loom_sweeps"]) == 2 and min(row["loom_sweeps"]) <= row["loom"] <= max(row["loom_sweeps"])
+    table = (tmp_path / "out" / "table.txt").read_text()
+    assert "## steadiness" in table and "loom: the 2 sweeps' medians agree within 25% at " in table
+
+
+def test_steadiness_names_the_points_whose_sweeps_disagree_and_the_cliffs():
+    """The report behind the CPU issue's bars: sweeps that disagree by more than 25%, and a
+    median over 1.2x the next larger size's, each named with its numbers."""
+    def sweep(times):
+        return [{"op": "all_reduce", "bytes": b, "ranks": 2, "loom": t, "loom_p90": 2 * t}
+                for b, t in zip((8, 16, 32), times)]
+    rows = merge_sweeps([sweep([10e-6, 30e-6, 20e-6]), sweep([11e-6, 31e-6, 20e-6]),
+                         sweep([30e-6, 29e-6, 21e-6])], ["loom"])
+    assert [r["loom"] for r in rows] == [11e-6, 30e-6, 20e-6]
+    assert rows[0]["loom_sweeps"] == [10e-6, 11e-6, 30e-6] and rows[0]["loom_p90"] == 22e-6
+    agree, cliffs = steadiness(rows, ["loom"])
+    assert agree.startswith("loom: the 3 sweeps' medians agree within 25% at 2 of 3 points; not at "
+                            "all_reduce 8 B (10.0, 11.0, 30.0 us)")
+    assert cliffs == ("loom: 1 cliff (a median over 1.2x the next larger size's): "
+                      "all_reduce 16 B (30.0 us against 20.0 at 32 B)")
+    (one,) = steadiness(merge_sweeps([sweep([10e-6, 11e-6, 12e-6])], ["loom"]), ["loom"])
+    assert one == "loom: no cliffs (no median over 1.2x the next larger size's)"
 
 
 def test_bench_runs_under_torchrun(tmp_path):
