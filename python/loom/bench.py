@@ -378,9 +378,10 @@ def merge_sweeps(sweeps: list[list[dict]], backends: list[str]) -> list[dict]:
 
 
 def steadiness(results: list[dict], backends: list[str], agree: float = 1.25, cliff: float = 1.2) -> list[str]:
-    """The steadiness report: per backend, the points whose sweeps' medians differ by more
-    than `agree` (largest over smallest), and the cliffs, points whose median is more than
-    `cliff` times that of the next larger size of the same op."""
+    """The steadiness report on merge_sweeps' rows: per backend, the points whose sweeps'
+    medians differ by more than `agree` (largest over smallest), and the cliffs, points whose
+    median is more than `cliff` times that of the next larger size of the same op."""
+    rule = f"over {cliff:.1f}x the next larger size's"
     lines = []
     for b in backends:
         unsteady, cliffs, points = [], [], 0
@@ -388,20 +389,19 @@ def steadiness(results: list[dict], backends: list[str], agree: float = 1.25, cl
             rows = sorted((r for r in results if r["op"] == op), key=lambda r: r["bytes"])
             for r, larger in zip(rows, rows[1:] + [None]):
                 points += 1
-                runs = r.get(b + "_sweeps", [r[b]])
-                if len(runs) > 1 and max(runs) > agree * min(runs):
+                runs = r[b + "_sweeps"]
+                if max(runs) > agree * min(runs):
                     unsteady.append(f"{op} {human(r['bytes'])} ({', '.join(f'{t * 1e6:.1f}' for t in runs)} us)")
                 if larger is not None and r[b] > cliff * larger[b]:
                     cliffs.append(f"{op} {human(r['bytes'])} ({r[b] * 1e6:.1f} us against "
                                   f"{larger[b] * 1e6:.1f} at {human(larger['bytes'])})")
-        sweeps = len(results[0].get(b + "_sweeps", [])) if results else 0
+        sweeps = len(results[0][b + "_sweeps"]) if results else 0
         if sweeps > 1:
             lines.append(f"{b}: the {sweeps} sweeps' medians agree within {agree - 1:.0%} at "
                          f"{points - len(unsteady)} of {points} points"
                          + (f"; not at {'; '.join(unsteady)}" if unsteady else ""))
-        what = f"a median over {cliff:.1f}x the next larger size's"
-        lines.append(f"{b}: {len(cliffs)} cliff{'' if len(cliffs) == 1 else 's'} ({what}): " + "; ".join(cliffs)
-                     if cliffs else f"{b}: no cliffs (no {what[2:]})")
+        lines.append(f"{b}: {len(cliffs)} cliff{'' if len(cliffs) == 1 else 's'} (a median {rule}): "
+                     + "; ".join(cliffs) if cliffs else f"{b}: no cliffs (no median {rule})")
     return lines
 
 
