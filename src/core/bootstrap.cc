@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include "core/placement.h"
 #include "core/process_service.h"
 #include "loom/error.h"
 #include "util/bytes.h"
@@ -28,12 +29,14 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.string(peer.hostname);
   w.string(peer.address);
   w.string(peer.netAddress);
+  w.integer(peer.cpus);
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
   return r.raw(peer->host.data(), peer->host.size()) && r.integer(&peer->pidNamespace) &&
          r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
-         r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName);
+         r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName) &&
+         r.integer(&peer->cpus);
 }
 
 }  // namespace
@@ -46,6 +49,7 @@ PeerInfo localPeer() {
   peer.pid = static_cast<int32_t>(::getpid());
   peer.hostname = host.hostname;
   peer.address = ProcessService::instance().address();
+  peer.cpus = cpuFingerprint(processCpus());
   return peer;
 }
 

@@ -28,6 +28,7 @@ struct PeerInfo {
   std::string hostname;
   std::string address;     ///< its process service's socket name
   std::string netAddress;  ///< where it listens for other hosts ("ip:port"), if it does
+  uint64_t cpus = 0;       ///< a fingerprint of the CPUs it may run on (processCpus())
 };
 
 /// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.

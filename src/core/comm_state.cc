@@ -10,6 +10,7 @@
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "core/p2p_engine.h"
+#include "core/placement.h"
 #include "core/process_service.h"
 #include "transport/shm/ring_link.h"
 #include "util/deadline.h"
@@ -82,6 +83,8 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   requireSupportedLinks(roster, hosts, rank);
   // Tunables that share out the host (threads, chunk sizes) count this host's ranks only.
   Config config = Config::load(hosts.localRanks(rank));
+  // Before join: the threads the communicator starts inherit the block.
+  if (config.bindRanks) placeThisRank(roster, hosts, rank, config.tuning.threads);
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
   state->join(deadline);
   return state;

@@ -64,6 +64,7 @@ Config Config::load(int localRanks) {
   // By default each rank takes its share of this process's cores, up to 8 helpers.
   const int share = std::max(1, availableCores() / std::max(1, localRanks));
   c.tuning.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
+  c.bindRanks = env::integer("LOOM_BIND", 0, 0, 1) == 1;
   c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));
   c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
   c.netSilence =

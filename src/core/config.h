@@ -48,6 +48,9 @@ struct Config {
   /// Threads, streaming threshold and algorithm table (LOOM_THREADS, LOOM_STREAM_BYTES,
   /// LOOM_ALGO).
   Tuning tuning;
+  /// Whether the first communicator of a process keeps each rank of the host to CPUs of its
+  /// own (LOOM_BIND=1; core/placement.h says when it does, and why it is off by default).
+  bool bindRanks = false;
   /// How long a rank of another host may stay silent before the communicator fails
   /// (LOOM_NET_SILENCE_MS); heartbeats go out at a tenth of it.
   std::chrono::milliseconds netSilence{10'000};

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 
@@ -54,12 +55,23 @@ HostMap::HostMap(std::span<const HostId> hostOfRank) {
   }
 }
 
+const std::vector<int>& processCpus() {
+  static const std::vector<int> cpus = [] {
+    std::vector<int> list;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &set)) list.push_back(c);
+      }
+    }
+    return list;
+  }();
+  return cpus;
+}
+
 int availableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  const int n = CPU_COUNT(&set);
-  return n > 0 ? n : 1;
+  return std::max(1, static_cast<int>(processCpus().size()));
 }
 
 }  // namespace loom

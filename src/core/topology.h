@@ -60,7 +60,11 @@ class HostMap {
 /// Reads this process's host identity (cached after the first call).
 const HostInfo& localHost();
 
-/// CPUs this process may run on (its affinity mask), at least 1.
+/// The CPUs this process may run on, ascending: the affinity mask of the thread that first
+/// asks (before loom binds any thread to a part of it; see core/placement.h), cached.
+const std::vector<int>& processCpus();
+
+/// How many CPUs this process may run on (processCpus()), at least 1.
 int availableCores();
 
 }  // namespace loom

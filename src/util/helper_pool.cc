@@ -37,9 +37,18 @@ void HelperPool::ensureThreads(int helpers) {
       posix::nameThisThread(("loom-helper-" + std::to_string(index)).c_str());
       helperLoop(index, start);
     });
+    handles_.push_back(threads_.back().native_handle());
+    if (cpus_) ::pthread_setaffinity_np(handles_.back(), sizeof *cpus_, &*cpus_);
     threads_.back().detach();
   }
   helperCount_ = static_cast<int>(threads_.size());
+}
+
+void HelperPool::bindTo(const cpu_set_t& cpus) {
+  std::lock_guard<std::mutex> lock(growMutex_);
+  cpus_ = cpus;
+  // Best effort: a helper left where it was still runs, only not kept to the block.
+  for (pthread_t handle : handles_) ::pthread_setaffinity_np(handle, sizeof cpus, &cpus);
 }
 
 void HelperPool::runErased(int parts, Thunk thunk, void* fn) {

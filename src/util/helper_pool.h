@@ -4,9 +4,13 @@
 // one parallel region at a time: a caller that finds the pool busy (another communicator's
 // worker) simply runs its parts itself. Idle helpers spin briefly, then sleep on a futex.
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -31,6 +35,9 @@ class HelperPool {
     runErased(parts, thunk, static_cast<void*>(&fn));
   }
 
+  /// Keeps every helper, those running and those started later, to the CPUs of `cpus`.
+  void bindTo(const cpu_set_t& cpus);
+
  private:
   using Thunk = void (*)(void*, int);
   HelperPool() = default;
@@ -41,6 +48,8 @@ class HelperPool {
   std::mutex regionMutex_;  // one region at a time
   std::mutex growMutex_;
   std::vector<std::thread> threads_;
+  std::vector<pthread_t> handles_;  // the helpers' (detached, never ending), to bind them
+  std::optional<cpu_set_t> cpus_;   // where helpers run, once bound (under growMutex_)
   // The current region, published by bumping generation_ (release) and read by helpers
   // after they acquire it.
   Thunk thunk_ = nullptr;
