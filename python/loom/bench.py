@@ -192,25 +192,44 @@ def ddp_layers(params_millions: float, width: int) -> int:
     return max(1, round(params_millions * 1e6 / (width * width)))
 
 
-def ddp_step_times(groups: dict, params_millions: float, width: int, batch: int, steps: int) -> dict:
+def ddp_model(kind: str, params_millions: float, width: int):
+    """The DDP benchmark's model and a function making its input for a batch.
+    "mlp": width x width layers (ddp_layers of them) with ReLUs, compute growing with the
+    batch. "embedding": a token embedding table of about `params_millions` million
+    parameters (width-wide rows) under one width x width layer, as a language model's input
+    table or a recommender's: a step touches a few rows but its gradient is the whole table
+    (dense, as DDP all-reduces it), so communication is most of the step."""
+    import torch
+    import torch.nn as nn
+
+    if kind == "mlp":
+        layers = ddp_layers(params_millions, width)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+        return model, lambda batch: torch.randn(batch, width)
+    rows = max(1, round(params_millions * 1e6 / width))
+    model = nn.Sequential(nn.Embedding(rows, width), nn.Linear(width, width))
+    return model, lambda batch: torch.randint(0, rows, (batch,))
+
+
+def ddp_step_times(groups: dict, params_millions: float, width: int, batch: int, steps: int,
+                   kind: str = "mlp", bucket_view: bool = False) -> dict:
     """Median and 90th-percentile seconds of one DDP training step (forward, backward,
-    gradient all_reduce, optimizer step) of an MLP of `width` x `width` layers, about
-    `params_millions` million parameters in all (one layer at least), at `batch` samples
-    per rank, on each group of `groups` ({backend: group}).
+    gradient all_reduce, optimizer step) of ddp_model(kind, ...) at `batch` samples per rank,
+    on each group of `groups` ({backend: group}); with `bucket_view`, DDP's
+    gradient_as_bucket_view (gradients live in its buckets: no copy in and out).
     The backends take turns step by step (one model each, built alike), so a swing of a
     shared host falls on all of them rather than on whichever ran last."""
     import torch
-    import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    layers = ddp_layers(params_millions, width)
     runs = {}
     for backend, group in groups.items():
         torch.manual_seed(0)
-        model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)]),
-                    process_group=group)
+        module, make_input = ddp_model(kind, params_millions, width)
+        model = DDP(module, process_group=group, gradient_as_bucket_view=bucket_view)
         runs[backend] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
-    x = torch.randn(batch, width)
+    torch.manual_seed(1)
+    x = make_input(batch)
     samples = {backend: [] for backend in groups}
     for step in range(steps + 2):  # two warm-up steps each
         for backend, (model, opt) in runs.items():
@@ -337,7 +356,8 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         if args.ddp_step:
             stepped = {b: groups[b] for b in args.backends if b in ("loom", "gloo")}
             for batch in args.ddp_batch:
-                ddp[str(batch)] = ddp_step_times(stepped, args.ddp_params, args.ddp_width, batch, args.ddp_steps)
+                ddp[str(batch)] = ddp_step_times(stepped, args.ddp_params, args.ddp_width, batch, args.ddp_steps,
+                                                 args.ddp_model, args.ddp_bucket_view)
         fsdp, fsdp_parameters = {}, 0
         if args.fsdp_step:
             runs = [("loom", "loom", False), ("loom allocate_tensor", "loom", True), ("gloo", "gloo", False)]
@@ -347,9 +367,10 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
                         groups[backend], args.fsdp_params, args.fsdp_tokens, args.fsdp_steps, from_group)
         dist.barrier()
         dist.destroy_process_group()
-        layers = ddp_layers(args.ddp_params, args.ddp_width)
+        ddp_parameters = sum(p.numel() for p in ddp_model(args.ddp_model, args.ddp_params, args.ddp_width)[0]
+                             .parameters()) if ddp else 0
         data = {"results": results, "copy_bw": copy_bw, "ddp": ddp, "fsdp": fsdp,
-                "ddp_parameters": layers * (args.ddp_width ** 2 + args.ddp_width) if ddp else 0,
+                "ddp_parameters": ddp_parameters,
                 "fsdp_parameters": fsdp_parameters,
                 "torch_threads": torch.get_num_threads(),
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
@@ -476,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-step", action="store_true", help="also time a DDP training step")
     parser.add_argument("--ddp-params", type=float, default=100, help="DDP model size in millions of parameters")
     parser.add_argument("--ddp-width", type=int, default=2048, help="width of the DDP model's square layers")
+    parser.add_argument("--ddp-model", choices=("mlp", "embedding"), default="mlp",
+                        help="mlp: square layers, compute grows with the batch; embedding: a token table "
+                             "(dense gradient of the whole table each step) under one layer, communication-bound")
+    parser.add_argument("--ddp-bucket-view", action="store_true",
+                        help="DDP's gradient_as_bucket_view=True (no gradient copies into its buckets)")
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps per backend")
     parser.add_argument("--ddp-batch", type=lambda v: [int(b) for b in v.split(",")], default=[32],
                         help="comma-separated samples per rank, one DDP run each (default 32; smaller batches "
@@ -601,8 +627,10 @@ def report(data: dict, args, world: int, hosts: int) -> None:
     lines += ["", "## steadiness"] + steadiness(data["results"], args.backends)
     for batch, times in data["ddp"].items():
         lines.append("")
-        lines.append(f"## DDP training step, MLP of {data['ddp_parameters'] / 1e6:.3g}M parameters "
-                     f"({args.ddp_width}-wide layers), batch {batch} per rank, "
+        model = ("MLP" if args.ddp_model == "mlp" else "embedding table and one layer")
+        view = ", gradient_as_bucket_view" if args.ddp_bucket_view else ""
+        lines.append(f"## DDP training step, {model} of {data['ddp_parameters'] / 1e6:.3g}M parameters "
+                     f"({args.ddp_width}-wide), batch {batch} per rank{view}, "
                      f"{world} ranks, {args.ddp_steps} steps per backend taken in turns")
         for b, t in times.items():
             lines.append(f"{b:>6}: {t['median'] * 1e3:9.1f} ms per step (median), p90 {t['p90'] * 1e3:.1f}")

@@ -124,3 +124,30 @@ def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_p
     summary = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "out" / "trace" / "rank")],
                              capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0 and summary.stdout == written, summary.stderr
+
+
+def test_ddp_embedding_model_is_a_table_of_the_asked_size_under_one_layer():
+    from loom.bench import ddp_model
+
+    model, make_input = ddp_model("embedding", 0.5, 64)
+    table, layer = model[0], model[1]
+    assert table.num_embeddings == round(0.5e6 / 64) and table.embedding_dim == 64
+    assert tuple(layer.weight.shape) == (64, 64)
+    x = make_input(7)
+    assert x.shape == (7,) and int(x.min()) >= 0 and int(x.max()) < table.num_embeddings
+    assert tuple(model(x).shape) == (7, 64)
+    mlp, make_mlp_input = ddp_model("mlp", 0.5, 256)
+    assert tuple(mlp(make_mlp_input(3)).shape) == (3, 256)
+
+
+def test_ddp_step_with_bucket_view_runs_on_both_backends(tmp_path):
+    cmd = [sys.executable, "-m", "loom.bench", "--ranks", "2", "--ops", "all_reduce", "--max-bytes", "8",
+           "--ddp-step", "--ddp-model", "embedding", "--ddp-params", "0.5", "--ddp-width", "64",
+           "--ddp-batch", "4", "--ddp-steps", "2", "--ddp-bucket-view", "--quiet", "--out", "out"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = (tmp_path / "out" / "table.txt").read_text()
+    assert "embedding table and one layer" in table and "gradient_as_bucket_view" in table
+    ddp = json.loads((tmp_path / "out" / "results.json").read_text())["ddp"]["4"]
+    assert ddp["loom"]["median"] > 0 and ddp["gloo"]["median"] > 0
