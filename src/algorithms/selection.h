@@ -33,10 +33,17 @@ class SelectionTable {
     uint64_t maxBytes;  ///< UINT64_MAX = no bound
   };
 
-  /// Defaults tuned on the hosts in docs/PERFORMANCE.md, then LOOM_ALGO applied.
-  static SelectionTable fromEnvironment();
-  /// Parses a LOOM_ALGO string over the defaults; throws Error(kInvalidArgument) saying
-  /// what is wrong.
+  /// The defaults for ranks of the 32-core host's measurements (one-shot up to 4 KiB).
+  SelectionTable() = default;
+  /// The defaults for `localRanks` ranks sharing a host (where one-shot stops paying
+  /// depends on how many inputs each rank reads whole; docs/PERFORMANCE.md).
+  explicit SelectionTable(int localRanks);
+
+  /// Defaults for `localRanks` ranks on this host, then LOOM_ALGO applied.
+  static SelectionTable fromEnvironment(int localRanks);
+  /// Parses a LOOM_ALGO string over `defaults` (or the default-constructed table); throws
+  /// Error(kInvalidArgument) saying what is wrong.
+  static SelectionTable parse(const std::string& spec, SelectionTable defaults);
   static SelectionTable parse(const std::string& spec);
 
   Algorithm allReduce(size_t bytes) const { return pick(allReduce_, bytes); }
@@ -45,8 +52,10 @@ class SelectionTable {
  private:
   static Algorithm pick(const std::vector<Entry>& entries, size_t bytes);
   // One-shot reads every rank's whole input from another core's cache; two-shot reads a
-  // 1/P slice but synchronises twice. On 2 to 16 ranks two-shot wins from 2-8 KiB
-  // (docs/PERFORMANCE.md); 4 KiB splits the difference.
+  // 1/P slice but synchronises twice. On the 32-core host two-shot won from 2-8 KiB on 2 to
+  // 16 ranks, 4 KiB splitting the difference; on the 16-core host from 2 KiB at 4 ranks and
+  // from 512 B (the smallest size measured) at 8 and 16 (docs/PERFORMANCE.md, "Where
+  // one-shot stops"), so more ranks switch sooner (the constructor taking localRanks).
   std::vector<Entry> allReduce_{{Algorithm::kOneShot, 4 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
   std::vector<Entry> reduce_{{Algorithm::kOneShot, 4 << 10}, {Algorithm::kTwoShot, UINT64_MAX}};
 };

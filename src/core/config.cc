@@ -69,7 +69,7 @@ Config Config::load(int localRanks) {
   c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
   c.netSilence =
       std::chrono::milliseconds(env::integer("LOOM_NET_SILENCE_MS", 10'000, 200, 3'600'000));
-  c.tuning.selection = SelectionTable::fromEnvironment();
+  c.tuning.selection = SelectionTable::fromEnvironment(static_cast<int>(ranks));
   if (const auto kill = env::text("LOOM_FAULT_KILL_AT")) {
     unsigned long long seq = 0, phase = 0;
     char tail = 0;

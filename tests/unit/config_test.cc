@@ -45,6 +45,19 @@ TEST(SelectionTable, DefaultsSwitchBySize) {
   EXPECT_EQ(table.allReduce(size_t{256} << 20), Algorithm::kTwoShot);
 }
 
+TEST(SelectionTable, MoreRanksOnAHostSwitchToTwoShotSooner) {
+  EXPECT_EQ(SelectionTable(2).allReduce(4096), Algorithm::kOneShot);
+  EXPECT_EQ(SelectionTable(2).allReduce(4097), Algorithm::kTwoShot);
+  EXPECT_EQ(SelectionTable(4).allReduce(1024), Algorithm::kOneShot);
+  EXPECT_EQ(SelectionTable(4).allReduce(2048), Algorithm::kTwoShot);
+  EXPECT_EQ(SelectionTable(16).allReduce(256), Algorithm::kOneShot);
+  EXPECT_EQ(SelectionTable(16).allReduce(512), Algorithm::kTwoShot);
+  // LOOM_ALGO entries replace the defaults of the operations they name, and only those.
+  const auto table = SelectionTable::parse("reduce:two_shot:inf", SelectionTable(16));
+  EXPECT_EQ(table.allReduce(512), Algorithm::kTwoShot);
+  EXPECT_EQ(table.reduce(8), Algorithm::kTwoShot);
+}
+
 TEST(SelectionTable, ParsesOverrides) {
   const auto table =
       SelectionTable::parse("all_reduce:one_shot:1K,two_shot:inf;reduce:two_shot:inf");
