@@ -212,20 +212,22 @@ def ddp_model(kind: str, params_millions: float, width: int):
 
 
 def ddp_step_times(groups: dict, params_millions: float, width: int, batch: int, steps: int,
-                   kind: str = "mlp", bucket_view: bool = False) -> dict:
+                   kind: str = "mlp", bucket_view: bool = False) -> tuple[dict, int]:
     """Median and 90th-percentile seconds of one DDP training step (forward, backward,
     gradient all_reduce, optimizer step) of ddp_model(kind, ...) at `batch` samples per rank,
     on each group of `groups` ({backend: group}); with `bucket_view`, DDP's
     gradient_as_bucket_view (gradients live in its buckets: no copy in and out).
     The backends take turns step by step (one model each, built alike), so a swing of a
-    shared host falls on all of them rather than on whichever ran last."""
+    shared host falls on all of them rather than on whichever ran last. Also returns the
+    model's parameter count."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    runs = {}
+    runs, parameters = {}, 0
     for backend, group in groups.items():
         torch.manual_seed(0)
         module, make_input = ddp_model(kind, params_millions, width)
+        parameters = sum(p.numel() for p in module.parameters())
         model = DDP(module, process_group=group, gradient_as_bucket_view=bucket_view)
         runs[backend] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
     torch.manual_seed(1)
@@ -243,7 +245,7 @@ def ddp_step_times(groups: dict, params_millions: float, width: int, batch: int,
     for backend, s in samples.items():
         s.sort()
         times[backend] = {"median": statistics.median(s), "p90": s[min(len(s) - 1, int(0.9 * len(s)))]}
-    return times
+    return times, parameters
 
 
 def fsdp_step_time(group, params_millions: int, tokens: int, steps: int,
@@ -352,12 +354,13 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         results = merge_sweeps(sweeps, args.backends)
         if bar is not None:
             bar.close()
-        ddp = {}
+        ddp, ddp_parameters = {}, 0
         if args.ddp_step:
             stepped = {b: groups[b] for b in args.backends if b in ("loom", "gloo")}
             for batch in args.ddp_batch:
-                ddp[str(batch)] = ddp_step_times(stepped, args.ddp_params, args.ddp_width, batch, args.ddp_steps,
-                                                 args.ddp_model, args.ddp_bucket_view)
+                ddp[str(batch)], ddp_parameters = ddp_step_times(
+                    stepped, args.ddp_params, args.ddp_width, batch, args.ddp_steps, args.ddp_model,
+                    args.ddp_bucket_view)
         fsdp, fsdp_parameters = {}, 0
         if args.fsdp_step:
             runs = [("loom", "loom", False), ("loom allocate_tensor", "loom", True), ("gloo", "gloo", False)]
@@ -367,8 +370,6 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
                         groups[backend], args.fsdp_params, args.fsdp_tokens, args.fsdp_steps, from_group)
         dist.barrier()
         dist.destroy_process_group()
-        ddp_parameters = sum(p.numel() for p in ddp_model(args.ddp_model, args.ddp_params, args.ddp_width)[0]
-                             .parameters()) if ddp else 0
         data = {"results": results, "copy_bw": copy_bw, "ddp": ddp, "fsdp": fsdp,
                 "ddp_parameters": ddp_parameters,
                 "fsdp_parameters": fsdp_parameters,

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 
 #include "util/futex.h"
 #include "util/posix.h"
@@ -33,13 +34,13 @@ void HelperPool::ensureThreads(int helpers) {
     // The helper starts from the current generation, so it takes part in the region its
     // creator is about to publish even if it starts running only after the publication.
     const uint32_t start = generation_.load(std::memory_order_relaxed);
-    threads_.emplace_back([this, index, start] {
+    std::thread helper([this, index, start] {
       posix::nameThisThread(("loom-helper-" + std::to_string(index)).c_str());
       helperLoop(index, start);
     });
-    handles_.push_back(threads_.back().native_handle());
-    if (cpus_) ::pthread_setaffinity_np(handles_.back(), sizeof *cpus_, &*cpus_);
-    threads_.back().detach();
+    threads_.push_back(helper.native_handle());
+    if (cpus_) ::pthread_setaffinity_np(threads_.back(), sizeof *cpus_, &*cpus_);
+    helper.detach();
   }
   helperCount_ = static_cast<int>(threads_.size());
 }
@@ -48,7 +49,7 @@ void HelperPool::bindTo(const cpu_set_t& cpus) {
   std::lock_guard<std::mutex> lock(growMutex_);
   cpus_ = cpus;
   // Best effort: a helper left where it was still runs, only not kept to the block.
-  for (pthread_t handle : handles_) ::pthread_setaffinity_np(handle, sizeof cpus, &cpus);
+  for (pthread_t helper : threads_) ::pthread_setaffinity_np(helper, sizeof cpus, &cpus);
 }
 
 void HelperPool::runErased(int parts, Thunk thunk, void* fn) {

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "util/backoff.h"
@@ -47,8 +46,7 @@ class HelperPool {
 
   std::mutex regionMutex_;  // one region at a time
   std::mutex growMutex_;
-  std::vector<std::thread> threads_;
-  std::vector<pthread_t> handles_;  // the helpers' (detached, never ending), to bind them
+  std::vector<pthread_t> threads_;  // the helpers (detached, never ending), to bind them
   std::optional<cpu_set_t> cpus_;   // where helpers run, once bound (under growMutex_)
   // The current region, published by bumping generation_ (release) and read by helpers
   // after they acquire it.
