@@ -71,17 +71,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
-  auto outputs = std::make_shared<Outputs>();
   const Flat flat = movementView(tensors[0]);
-  outputs->inOut(flat);
-  return launch(
-      s, OpType::BROADCAST, "loom:broadcast", tensors, tensors,
-      [outputs, flat] { outputs->finish(); },
-      [&](std::vector<Request>& r) {
-        r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
-                                     static_cast<int>(opts.rootRank),
-                                     opOptions(opts.timeout, !opts.asyncOp)));
-      });
+  Outputs outputs;
+  outputs.inOut(flat);
+  return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors,
+                copyBack(std::move(outputs)), [&](std::vector<Request>& r) {
+                  r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
+                                               static_cast<int>(opts.rootRank),
+                                               opOptions(opts.timeout, !opts.asyncOp)));
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
@@ -93,15 +91,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   if (opts.sparseIndices) invalid(s, "all_reduce with sparse indices is not supported");
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
-  auto outputs = std::make_shared<Outputs>();
-  outputs->inOut(flat);
-  return launch(
-      s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors,
-      [outputs, flat] { outputs->finish(); },
-      [&](std::vector<Request>& r) {
-        r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                     opOptions(opts.timeout, !opts.asyncOp)));
-      });
+  Outputs outputs;
+  outputs.inOut(flat);
+  return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors,
+                copyBack(std::move(outputs)), [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                               opOptions(opts.timeout, !opts.asyncOp)));
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
@@ -180,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   const Flat flat = reductionView(s, packed, opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
   auto finisher = [tensors, packed, flat] {
-    if (!flat.data.is_alias_of(flat.view)) flat.view.copy_(flat.data);
+    if (!flat.data.is_alias_of(flat.view)) copyBackInto(flat.view, flat.data);
     int64_t offset = 0;
     for (const auto& t : tensors) {
       t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -202,15 +198,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   requireRoot(s, opts.rootRank);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
-  auto outputs = std::make_shared<Outputs>();
-  outputs->inOut(flat);
-  return launch(
-      s, OpType::REDUCE, "loom:reduce", tensors, tensors, [outputs, flat] { outputs->finish(); },
-      [&](std::vector<Request>& r) {
-        r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                  static_cast<int>(opts.rootRank),
-                                  opOptions(opts.timeout, !opts.asyncOp)));
-      });
+  Outputs outputs;
+  outputs.inOut(flat);
+  return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, copyBack(std::move(outputs)),
+                [&](std::vector<Request>& r) {
+                  r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                            static_cast<int>(opts.rootRank),
+                                            opOptions(opts.timeout, !opts.asyncOp)));
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(

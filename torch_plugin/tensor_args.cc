@@ -102,31 +102,41 @@ void requireLike(const CallSite& site, const char* what, const std::vector<at::T
 }
 
 Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op) {
-  at::Tensor data = t;
   if (t.is_complex()) {
     const auto kind = static_cast<c10d::ReduceOp::RedOpType>(op);
     if (kind != c10d::ReduceOp::SUM && kind != c10d::ReduceOp::AVG &&
         kind != c10d::ReduceOp::PREMUL_SUM) {
       invalid(site, "complex tensors can be reduced with SUM, AVG or PREMUL_SUM only");
     }
-    data = at::view_as_real(t.is_conj() ? t.resolve_conj() : t);
+    return movementView(t);
   }
-  const auto type = loomType(data.scalar_type());
+  const auto type = loomType(t.scalar_type());
   if (!type) {
     invalid(site, "dtype " + std::string(c10::toString(t.scalar_type())) +
                       " cannot be reduced by loom (supported: float32, float64, float16, bfloat16, "
                       "int8, uint8, int16, int32, int64, bool and complex as real pairs)");
   }
-  const at::Tensor view = data;
-  data = data.contiguous();
-  return Flat{data, view, *type, static_cast<size_t>(data.numel())};
+  const at::Tensor data = t.contiguous();
+  return Flat{data, t, *type, static_cast<size_t>(data.numel())};
 }
 
 Flat movementView(const at::Tensor& t) {
-  at::Tensor view = t.is_complex() ? at::view_as_real(t.resolve_conj()) : t.resolve_conj();
-  const auto type = loomType(view.scalar_type()).value_or(DataType::kUInt8);
-  at::Tensor data = view.contiguous();
+  // A conjugate view has no real view: loom works on a resolved copy, which is staged and
+  // copied back into `t` itself (Outputs::inOut), conjugating on the way.
+  const at::Tensor view = t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
+  at::Tensor data = t.is_conj() ? t.resolve_conj() : view;
+  if (data.is_complex()) data = at::view_as_real(data);
+  data = data.contiguous();
+  const auto type = loomType(data.scalar_type()).value_or(DataType::kUInt8);
   return Flat{data, view, type, elementsOf(data, type)};
+}
+
+void copyBackInto(const at::Tensor& original, const at::Tensor& scratch) {
+  if (original.is_complex() && !scratch.is_complex()) {
+    original.copy_(at::view_as_complex(scratch));  // a conjugate view's resolved copy
+  } else {
+    original.copy_(scratch);
+  }
 }
 
 size_t elementsOf(const at::Tensor& t, DataType type) {
@@ -175,8 +185,13 @@ void Outputs::inOut(const Flat& flat) {
 }
 
 void Outputs::finish() {
-  for (auto& [scratch, original] : staged_) original.copy_(scratch);
+  for (auto& [scratch, original] : staged_) copyBackInto(original, scratch);
   staged_.clear();
+}
+
+std::function<void()> copyBack(Outputs outputs) {
+  if (!outputs.staged()) return nullptr;
+  return [o = std::make_shared<Outputs>(std::move(outputs))] { o->finish(); };
 }
 
 }  // namespace loom::torch_plugin

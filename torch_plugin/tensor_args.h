@@ -7,6 +7,7 @@
 // back once the operation completes.
 
 #include <ATen/ATen.h>
+#include <functional>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <string>
@@ -46,7 +47,8 @@ void requireLike(const CallSite& site, const char* what, const std::vector<at::T
 
 /// loom's view of one tensor: a contiguous tensor (the original, its real view, or a staged
 /// copy of either), its loom element type and element count. `view` is the memory the caller
-/// means; when `data` is a copy, results written to it must be copied back to `view`.
+/// means (the tensor, its real view, or a conjugate view itself); when `data` is a copy,
+/// results written to it must be copied back to `view` (copyBackInto).
 struct Flat {
   at::Tensor data;
   at::Tensor view;
@@ -64,6 +66,9 @@ Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::Reduce
 /// care, and a known type makes mismatches across ranks readable and detectable.
 Flat movementView(const at::Tensor& t);
 
+/// original.copy_(scratch), where `scratch` may be the real pairs of a complex `original`.
+void copyBackInto(const at::Tensor& original, const at::Tensor& scratch);
+
 /// Elements of loom type `type` that tensor `t` holds.
 size_t elementsOf(const at::Tensor& t, DataType type);
 
@@ -80,9 +85,17 @@ class Outputs {
   void inOut(const Flat& flat);
   /// Copies scratch tensors back into their originals.
   void finish();
+  /// Whether any tensor is staged (finish() has work to do).
+  bool staged() const { return !staged_.empty(); }
 
  private:
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (scratch, original)
 };
+
+/// The finisher of an in-place call: copies `outputs`' staged tensors back, or nothing at all
+/// (no finisher to allocate and run: the common, contiguous case) when none are staged.
+/// A staged pair holds both its tensors, and an unstaged in-out tensor is the call's output,
+/// which its Work holds: either way the memory loom uses outlives the call.
+std::function<void()> copyBack(Outputs outputs);
 
 }  // namespace loom::torch_plugin

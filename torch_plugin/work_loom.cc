@@ -35,8 +35,9 @@ namespace {
 // What the profiler records as the operation's inputs: complex tensors as their real views,
 // which is what travels (and what Gloo reports). Nothing while no profiler listens: torch's
 // Work would build a RecordFunction only to find it inactive, a cost on every small call.
-std::optional<std::vector<at::Tensor>> profiled(const std::vector<at::Tensor>& inputs) {
-  if (!at::hasCallbacks()) return std::nullopt;
+std::optional<std::vector<at::Tensor>> profiled(bool profiling,
+                                                const std::vector<at::Tensor>& inputs) {
+  if (!profiling) return std::nullopt;
   std::vector<at::Tensor> shown;
   for (const auto& t : inputs)
     shown.push_back(t.is_complex() ? at::view_as_real(t.resolve_conj()) : t);
@@ -48,16 +49,24 @@ std::optional<std::vector<at::Tensor>> profiled(const std::vector<at::Tensor>& i
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                    std::function<void()> finisher, std::optional<c10::Stream> cudaStream)
-    : c10d::Work(rank, type, at::hasCallbacks() ? profilingTitle : nullptr, profiled(inputs)),
+    // Whether a profiler listens, asked as the RecordFunction that c10d::Work makes for a
+    // title would ask (user scope, the dispatcher's fast path): at::hasCallbacks() takes a
+    // lock, a few hundred instructions on every call.
+    : WorkLoom(rank, type, profilingTitle, std::move(what), inputs, std::move(outputs),
+               std::move(finisher), cudaStream,
+               at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value()) {}
+
+WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
+                   const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+                   std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
+                   bool profiling)
+    : c10d::Work(rank, type, profiling ? profilingTitle : nullptr, profiled(profiling, inputs)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
       cudaStream_(cudaStream) {
+  if (!cudaStream_) return;  // the future comes in track(), if the work is not done by then
   const auto& resultType = c10::ListType::ofTensors();  // one shared type, not one per work
-  if (!cudaStream_) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(resultType);
-    return;
-  }
   // Everything this work queued is on the loom stream: mark its end there, and complete the
   // future now with the loom stream current, so the future's own events follow it.
   const c10::Device device = cudaStream_->device();
@@ -71,11 +80,19 @@ WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std:
 WorkLoom::~WorkLoom() = default;
 
 void WorkLoom::track(std::vector<Request> requests) {
-  if (requests.empty()) {
+  if (!requests.empty()) seq_ = requests.back().sequence();
+  if (!cudaStream_) {
+    bool allEnded = true;
+    for (const Request& r : requests) allEnded = allEnded && r.test();
+    if (allEnded) {
+      completeAtBirth(requests);
+      return;
+    }
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+  } else if (requests.empty()) {
     complete(nullptr);
     return;
   }
-  seq_ = requests.back().sequence();
   pending_.store(static_cast<int>(requests.size()), std::memory_order_release);
   // Each callback holds a reference, so the work outlives its requests even if the caller
   // drops it. A request already finished (a blocking call ran on this thread) is counted
@@ -89,6 +106,25 @@ void WorkLoom::track(std::vector<Request> requests) {
     r.onComplete(
         [self, r](std::exception_ptr e) { self->requestDone(std::move(e), r.sourceRank()); });
   }
+}
+
+void WorkLoom::completeAtBirth(const std::vector<Request>& requests) {
+  std::exception_ptr failure;
+  for (const Request& r : requests) {
+    if (r.sourceRank() >= 0) source_.store(r.sourceRank(), std::memory_order_relaxed);
+    if (!failure) failure = r.error();
+  }
+  if (!failure && finisher_) {
+    try {
+      finisher_();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  finisher_ = nullptr;  // releases staged tensors
+  failure = asDistBackendError(failure);
+  done_.store(true, std::memory_order_release);
+  finish(failure);
 }
 
 void WorkLoom::requestDone(std::exception_ptr error, int source) {
@@ -203,6 +239,19 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
+  if (!cudaStream_ && done_.load(std::memory_order_acquire)) {
+    // Complete from birth (track() made no future) or completed since (it made one).
+    std::call_once(futureOnce_, [&] {
+      if (future_) return;
+      auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+      if (std::exception_ptr failure = exception()) {
+        future->setError(failure);
+      } else {
+        future->markCompleted(c10::IValue(outputs_));
+      }
+      future_ = std::move(future);
+    });
+  }
   return future_;
 }
 

@@ -6,6 +6,12 @@
 // the last request (the communicator's worker), so DDP comm hooks and functional collectives
 // chained on get_future() run there, as they do on Gloo's worker threads.
 //
+// A CPU call whose requests all ended before track() (a blocking collective runs on the
+// caller's thread) is complete from birth: its finisher runs in track(), and its future is
+// made only if someone asks for one. Most blocking callers never do, and building and
+// completing a future was a fifth of what a small blocking call cost loom beyond torch's
+// no-op backend (docs/PERFORMANCE.md, "What a small call costs").
+//
 // CUDA work (made with the loom stream its collectives were queued on) follows NCCL's
 // semantics instead: wait() makes the caller's current stream wait for the collectives (no
 // host blocking; synchronize() blocks the host as well), isCompleted() asks the GPU, and the
@@ -20,6 +26,7 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,7 +47,8 @@ class WorkLoom : public c10d::Work {
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream = std::nullopt);
   ~WorkLoom() override;
 
-  /// Starts waiting on `requests` (call exactly once). An empty list completes at once.
+  /// Starts waiting on `requests` (call exactly once, before the work is shared). If they
+  /// have all ended (an empty list included), the work completes here, on this thread.
   void track(std::vector<Request> requests);
 
   bool isCompleted() override;
@@ -53,10 +61,16 @@ class WorkLoom : public c10d::Work {
   /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
   /// the collectives, and the host blocks until the GPU has run them.
   void synchronize() override;
+  /// The future of the outputs; for work complete from birth, made on the first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
+  WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
+           const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+           std::function<void()> finisher, std::optional<c10::Stream> cudaStream, bool profiling);
+  /// Completes a CPU work whose requests all ended before track(): no future yet.
+  void completeAtBirth(const std::vector<Request>& requests);
   void requestDone(std::exception_ptr error, int source);
   void complete(std::exception_ptr error);
   /// CUDA work: makes the caller's current stream wait for the end of this work.
@@ -67,7 +81,10 @@ class WorkLoom : public c10d::Work {
   std::string what_;
   std::vector<at::Tensor> outputs_;
   std::function<void()> finisher_;
+  // CPU work complete from birth: null until getFuture() makes it (once, under futureOnce_);
+  // otherwise set in the constructor (CUDA) or in track(), before the work is shared.
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::once_flag futureOnce_;
   std::atomic<int> pending_{0};
   std::atomic<bool> done_{false};
   std::atomic<int> source_{-1};

@@ -227,6 +227,24 @@ def body_layouts(rank: int, world: int) -> None:
     c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex128) * (rank + 1)
     dist.all_reduce(c)
     same(c, torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex128) * sum(range(1, world + 1)), "complex")
+    # Conjugate views: torch.distributed and the dispatcher hand backends resolved copies;
+    # called directly, loom reduces a resolved copy and writes the result back through the view
+    # (Gloo raises). Blocking and async, so the staged copy must outlive an async call.
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    b = torch.tensor([1 + 2j, 3 - 1j])
+    for async_op in (False, True):
+        x = (b * (rank + 1)).conj()
+        ar = dist.AllreduceOptions()
+        ar.asyncOp = async_op
+        backend.allreduce([x], ar).wait()
+        assert x.is_conj()
+        same(x.resolve_conj(), b.conj() * sum(range(1, world + 1)), "conjugate view all_reduce")
+        y = (b * (rank + 1)).conj()
+        bc = dist.BroadcastOptions()
+        bc.rootRank = world - 1
+        bc.asyncOp = async_op
+        backend.broadcast([y], bc).wait()
+        same(y.resolve_conj(), b.conj() * world, "conjugate view broadcast")
     outs = [torch.empty(3, 2).t() for _ in range(world)]  # non-contiguous outputs
     dist.all_gather(outs, torch.full((2, 3), float(rank)))
     for r in range(world):
