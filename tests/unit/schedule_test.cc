@@ -79,10 +79,7 @@ TEST(Schedules, AllReduceMovesTheBandwidthOptimalBytesUpTo16384Ranks) {
                 perHost / c.perHost * 0.01);
     // Recursive halving and doubling: 2 log2 H network steps for a buffer that goes in one
     // segment (larger ones repeat them per segment, to overlap with the local steps).
-    const ScheduleReport one =
-        simulate(hostsOf(c.hosts, c.perHost), opOf(CollectiveKind::kAllReduce, size_t{1} << 20));
-    ASSERT_EQ(one.error, "") << c.hosts << " hosts";
-    EXPECT_EQ(one.maxNetworkSteps, static_cast<size_t>(2 * std::log2(c.hosts)));
+    EXPECT_EQ(report.maxNetworkSteps, static_cast<size_t>(2 * std::log2(c.hosts)));
   }
 }
 
