@@ -485,6 +485,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     }
     return bytes;
   };
+  // Without split sizes every rank sends and receives blocks of one size: the output must
+  // be the input's size, or peers' blocks would be written past its end.
+  if (inputSplitSizes.empty() && outputSplitSizes.empty() && output.nbytes() != input.nbytes()) {
+    invalid(s, "output has " + std::to_string(output.nbytes()) + " bytes but the input has " +
+                   std::to_string(input.nbytes()) +
+                   "; without split sizes they must be the same size (or pass "
+                   "output_split_sizes and input_split_sizes)");
+  }
   const std::vector<size_t> sendBytes = blocks(input, inputSplitSizes, "input");
   const std::vector<size_t> recvBytes = blocks(output, outputSplitSizes, "output");
   // Row sizes are whole elements, so the byte counts divide evenly.

@@ -61,6 +61,12 @@ def body_wrong_arguments(rank: int, world: int) -> None:
            lambda: dist.all_to_all_single(torch.empty(2 * world), x, None, [2 * world]))
     expect(ANY_ERROR, r"all_to_all_single.*do not divide evenly",
            lambda: dist.all_to_all_single(torch.empty(2 * world + 1), torch.ones(2 * world + 1)))
+    # Without split sizes each rank's block of the output takes a block of the input: an
+    # output of another size is refused (it used to be written past its end).
+    expect(ANY_ERROR, r"all_to_all_single.*output has .* bytes but the input has",
+           lambda: dist.all_to_all_single(torch.empty(world), torch.ones(2 * world)))
+    expect(ANY_ERROR, r"all_to_all_single.*output has .* bytes but the input has",
+           lambda: dist.all_to_all_single(torch.empty(4 * world), torch.ones(2 * world)))
     # Sizes whose sum wraps int64 to the right total.
     expect(ANY_ERROR, r"all_to_all_single.*split sizes add up to",
            lambda: dist.all_to_all_single(torch.empty(2 * world), x, None,
