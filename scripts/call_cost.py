@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""What a small blocking call costs loom beyond torch's no-op backend, in instructions.
+
+Timing a few-microsecond call on a shared machine swings with its load; callgrind counts
+instructions, which do not. Each backend runs twice under valgrind, once with no timed calls
+and once with --calls, so everything but the calls (start-up, init_process_group, warm-up)
+cancels; what is left is divided by the calls. World size 1, an 8-byte float32 all_reduce:
+loom's own layers and c10d's, with the engine's collective reduced to a copy.
+
+    python3 scripts/call_cost.py                 # loom, direct and fake, 5000 calls each
+    python3 scripts/call_cost.py --keep /tmp/cg  # also keep the profiles
+
+A kept profile (`/tmp/cg/loom.5000` against `/tmp/cg/loom.0`) shows where the calls went:
+`callgrind_annotate --inclusive=yes --tree=calling /tmp/cg/loom.5000`.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+BACKENDS = ("loom", "direct", "fake")
+WARM_UP = 200
+
+
+def run_calls(backend: str, calls: int, store: str) -> None:
+    """The measured process: init, warm-up, then `calls` blocking all_reduces."""
+    import torch
+    import torch.distributed as dist
+
+    import loom  # noqa: F401  (registers the backend and torch.ops.loom)
+
+    if backend == "fake":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=1, store=FakeStore())
+    else:
+        dist.init_process_group("loom", rank=0, world_size=1, init_method="file://" + store)
+    t = torch.zeros(2)
+    if backend == "direct":
+        name = dist.group.WORLD.group_name
+        call = lambda: torch.ops.loom.all_reduce_(t, "sum", name)  # noqa: E731
+    else:
+        call = lambda: dist.all_reduce(t)  # noqa: E731
+    for _ in range(WARM_UP + calls):
+        call()
+    os._exit(0)  # the same exit for every run: no teardown to count
+
+
+def instructions(backend: str, calls: int, out: str) -> int:
+    """Instructions of one process under callgrind that makes `calls` timed calls."""
+    store = tempfile.mktemp(prefix="loom_call_cost_")
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+           os.path.abspath(__file__), "--run", backend, "--calls", str(calls), "--store", store]
+    # One hash seed for every run: dict layouts (and so the instructions of everything
+    # around the calls) then match between the two runs that are subtracted.
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
+    if result.returncode != 0 or not found:
+        sys.exit(f"call_cost: {backend} with {calls} calls failed under valgrind:\n"
+                 + result.stderr[-2000:])
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=5000, help="timed calls per run")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated subset of loom (c10d), direct (torch.ops.loom), "
+                             "fake (torch's no-op backend)")
+    parser.add_argument("--keep", help="a folder to keep the callgrind profiles in")
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # the measured process
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        run_calls(args.run, args.calls, args.store)
+        return
+    if not shutil.which("valgrind"):
+        sys.exit("call_cost: needs valgrind (apt-get install -y valgrind)")
+    folder = args.keep or tempfile.mkdtemp(prefix="loom_call_cost_")
+    os.makedirs(folder, exist_ok=True)
+    per_call = {}
+    for backend in args.backends.split(","):
+        if backend not in BACKENDS:
+            sys.exit(f"call_cost: unknown backend {backend!r}; pick from {', '.join(BACKENDS)}")
+        print(f"{backend}: two runs under callgrind (a few minutes) ...", flush=True)
+        base = instructions(backend, 0, os.path.join(folder, f"{backend}.0"))
+        full = instructions(backend, args.calls, os.path.join(folder, f"{backend}.{args.calls}"))
+        per_call[backend] = (full - base) / args.calls
+    print(f"\ninstructions per blocking 8-byte all_reduce, world size 1 ({args.calls} calls):")
+    for backend, n in per_call.items():
+        beyond = f"  ({n - per_call['fake']:+,.0f} against fake)" if "fake" in per_call else ""
+        print(f"  {backend:7s} {n:10,.0f}{beyond}")
+    if not args.keep:
+        shutil.rmtree(folder)
+
+
+if __name__ == "__main__":
+    main()
