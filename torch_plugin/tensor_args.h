@@ -2,14 +2,14 @@
 
 // Turning c10d's tensors and options into loom's pointers, counts, types and reductions,
 // with the checks that make bad input a clear error before anything is sent. Tensors that
-// loom cannot use as they are (non-contiguous, complex) are staged: inputs are copied to a
-// contiguous (real-viewed) tensor; outputs get a contiguous scratch tensor that is copied
-// back once the operation completes.
+// loom cannot use as they are (non-contiguous, complex, conjugate views) are staged: inputs
+// are copied to a contiguous (real-viewed) tensor; outputs get a contiguous scratch tensor
+// that is copied back once the operation completes.
 
 #include <ATen/ATen.h>
-#include <functional>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
