@@ -52,7 +52,7 @@ def run_calls(backend: str, calls: int, store: str) -> None:
 
 def instructions(backend: str, calls: int, out: str) -> int:
     """Instructions of one process under callgrind that makes `calls` timed calls."""
-    store = tempfile.mktemp(prefix="loom_call_cost_")
+    store = out + ".store"  # the FileStore of init_process_group: a fresh path per run
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
            os.path.abspath(__file__), "--run", backend, "--calls", str(calls), "--store", store]
     # One hash seed for every run: dict layouts (and so the instructions of everything
