@@ -124,9 +124,7 @@ Flat movementView(const at::Tensor& t) {
   // A conjugate view has no real view: loom works on a resolved copy, which is staged and
   // copied back into `t` itself (Outputs::inOut), conjugating on the way.
   const at::Tensor view = t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
-  at::Tensor data = t.is_conj() ? t.resolve_conj() : view;
-  if (data.is_complex()) data = at::view_as_real(data);
-  data = data.contiguous();
+  const at::Tensor data = (t.is_conj() ? at::view_as_real(t.resolve_conj()) : view).contiguous();
   const auto type = loomType(data.scalar_type()).value_or(DataType::kUInt8);
   return Flat{data, view, type, elementsOf(data, type)};
 }

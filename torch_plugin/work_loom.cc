@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <sched.h>
 
+#include <algorithm>
+
 #include "loom/error.h"
 #include "util/trace.h"
 
@@ -81,15 +83,20 @@ WorkLoom::~WorkLoom() = default;
 
 void WorkLoom::track(std::vector<Request> requests) {
   if (!requests.empty()) seq_ = requests.back().sequence();
-  if (!cudaStream_) {
-    bool allEnded = true;
-    for (const Request& r : requests) allEnded = allEnded && r.test();
-    if (allEnded) {
-      completeAtBirth(requests);
-      return;
+  const bool allEnded =
+      std::all_of(requests.begin(), requests.end(), [](const Request& r) { return r.test(); });
+  if (!cudaStream_ && allEnded) {
+    // Complete from birth, on this thread: no callbacks, and no future until one is asked for.
+    std::exception_ptr failure;
+    for (const Request& r : requests) {
+      if (r.sourceRank() >= 0) source_.store(r.sourceRank(), std::memory_order_relaxed);
+      if (!failure) failure = r.error();
     }
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-  } else if (requests.empty()) {
+    complete(failure);
+    return;
+  }
+  if (!cudaStream_) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+  if (requests.empty()) {
     complete(nullptr);
     return;
   }
@@ -108,25 +115,6 @@ void WorkLoom::track(std::vector<Request> requests) {
   }
 }
 
-void WorkLoom::completeAtBirth(const std::vector<Request>& requests) {
-  std::exception_ptr failure;
-  for (const Request& r : requests) {
-    if (r.sourceRank() >= 0) source_.store(r.sourceRank(), std::memory_order_relaxed);
-    if (!failure) failure = r.error();
-  }
-  if (!failure && finisher_) {
-    try {
-      finisher_();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  finisher_ = nullptr;  // releases staged tensors
-  failure = asDistBackendError(failure);
-  done_.store(true, std::memory_order_release);
-  finish(failure);
-}
-
 void WorkLoom::requestDone(std::exception_ptr error, int source) {
   if (source >= 0) source_.store(source, std::memory_order_relaxed);
   if (error) {
@@ -139,6 +127,10 @@ void WorkLoom::requestDone(std::exception_ptr error, int source) {
     std::lock_guard<std::mutex> lock(errorMutex_);
     failure = firstError_;
   }
+  complete(failure);
+}
+
+void WorkLoom::complete(std::exception_ptr failure) {
   if (!failure && finisher_) {
     try {
       finisher_();
@@ -146,25 +138,18 @@ void WorkLoom::requestDone(std::exception_ptr error, int source) {
       failure = std::current_exception();
     }
   }
-  complete(failure);
-}
-
-void WorkLoom::complete(std::exception_ptr error) {
-  error = asDistBackendError(error);
+  failure = asDistBackendError(failure);
   finisher_ = nullptr;  // releases staged tensors
-  if (cudaStream_) {
-    // The future completed at launch; the work records how the GPU side ended.
-    done_.store(true, std::memory_order_release);
-    finish(error);
-    return;
-  }
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+  // CUDA work: the future completed at launch. CPU work complete from birth: none yet.
+  if (!cudaStream_ && future_) {
+    if (failure) {
+      future_->setError(failure);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
   }
   done_.store(true, std::memory_order_release);
-  finish(error);
+  finish(failure);
 }
 
 // The future is marked before the work finishes, and callbacks chained on the future run

@@ -69,10 +69,9 @@ class WorkLoom : public c10d::Work {
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
            const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream, bool profiling);
-  /// Completes a CPU work whose requests all ended before track(): no future yet.
-  void completeAtBirth(const std::vector<Request>& requests);
   void requestDone(std::exception_ptr error, int source);
-  void complete(std::exception_ptr error);
+  /// Runs the finisher (unless `failure`), fulfils the future if there is one, and finishes.
+  void complete(std::exception_ptr failure);
   /// CUDA work: makes the caller's current stream wait for the end of this work.
   void blockCurrentStream();
   /// CUDA work: the first failure so far, as DistBackendError (nullptr if none).
