@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 
 #include "algorithms/collective.h"
 #include "util/backoff.h"
@@ -34,6 +35,9 @@ struct CudaTuning {
   /// The smallest broadcast that a fused kernel runs in two shots, for more than two ranks
   /// (LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES); smaller ones, the one-shot fused kernel.
   size_t fusedTwoShotBroadcastBytes = size_t{2} << 20;
+  /// Debug: a path prefix for the fused kernels' step timeline (LOOM_CUDA_FUSED_TRACE;
+  /// CudaFusedTrace); empty: none.
+  std::string fusedTrace;
 };
 
 struct Config {

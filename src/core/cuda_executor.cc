@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_fused_trace.h"
 #include "core/cuda_steps.h"
 #include "core/flight_recorder.h"
 #include "cuda/driver.h"
@@ -255,6 +256,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       fusedBlocks_ = tuning.fusedBlocks;
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
+      if (!tuning.fusedTrace.empty() && fused_) {
+        trace_ = std::make_unique<CudaFusedTrace>(tuning.fusedTrace, exchange.rank);
+      }
     } catch (...) {
       // A peer gone during the exchange, no memory, ...: give back what was taken so far (the
       // destructor does not run for an object whose constructor threw).
@@ -307,6 +311,8 @@ CudaExecutor::~CudaExecutor() {
   d.cuStreamDestroy(side_);
   for (CUevent event : {eager_.lastEnd, graph_.lastEnd, forked_, joined_}) d.cuEventDestroy(event);
   for (CUevent event : spareEvents_) d.cuEventDestroy(event);
+  if (trace_) trace_->write();  // every call has finished (pending_ is empty)
+  trace_.reset();
   peers_.clear();
   mine_.reset();
   kernels_.reset();
@@ -529,6 +535,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   p.claim = a.claim;
   p.report = a.report;
   p.abort = a.abort;
+  if (trace_) trace_->attach(p, elementBytes);
   if (reduction != nullptr) {
     p.factor = reduction->op.factor();
     p.divisor = size_;

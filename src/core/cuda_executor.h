@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/cuda_fused_trace.h"
 #include "core/device_executor.h"
 #include "core/failure_domain.h"
 #include "core/fd_exchange.h"
@@ -279,6 +280,7 @@ class CudaExecutor final : public DeviceExecutor {
   size_t mailSlot_ = 0;                      // bytes per mailbox slot
   cuda::MismatchReport* report_ = nullptr;   // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;
+  std::unique_ptr<CudaFusedTrace> trace_;  // LOOM_CUDA_FUSED_TRACE's record, if set
 
   std::mutex enqueueMutex_;    // one collective is queued at a time
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)

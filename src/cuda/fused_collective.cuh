@@ -62,6 +62,15 @@ __device__ inline void forPeersInTurn(const FusedParams& p, int block, uint32_t 
   }
 }
 
+// Records, in thread 0 of the block, the GPU's global time at `phase` of `step` (FusedParams'
+// trace; debug only, one untaken branch when off).
+__device__ inline void mark(const FusedParams& p, uint64_t step, int phase) {
+  if (p.trace == nullptr || threadIdx.x != 0 || step >= p.traceSteps) return;
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  p.trace[(blockIdx.x * p.traceSteps + step) * kTracePhases + phase] = now;
+}
+
 // Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
 __device__ inline bool sameDescriptor(const Descriptor* theirs, const Descriptor& mine) {
   const volatile Descriptor* d = theirs;
@@ -208,6 +217,8 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
   bool ok = true;
   if (step >= 2 && pushes) ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - 2, p.abort);
   if (!__syncthreads_and(ok)) return false;
+  mark(p, step, 1);
+  mark(p, step, 2);
   if (step == 0 && t == 0) {
     // Each block publishes before its own arrivals, which are what a peer's check follows.
     *p.descriptors[p.rank] = p.mine;
@@ -279,6 +290,8 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
           step == 0)) {
     return false;
   }
+  mark(p, step, 1);
+  mark(p, step, 2);
   const uint64_t parity = (epoch % 2) * p.parityBytes;
   auto received = [&](int q) {
     return reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
@@ -350,6 +363,7 @@ __device__ void twoShot(const FusedParams& p) {
       to = start + s.to;
       at = s.from * sizeof(S);
     };
+    mark(p, step, 0);
     if (role == 0) {
       if (step == 0 && threadIdx.x == 0) {
         *p.descriptors[p.rank] = p.mine;
@@ -364,6 +378,8 @@ __device__ void twoShot(const FusedParams& p) {
                            epoch - 2, false)) {
         return;
       }
+      mark(p, step, 1);
+      mark(p, step, 2);
       forPeersInTurn(p, block, owners, [&](int q) {
         slice(q);
         copyByBlock(region(p, p.rank, q, parity) + at,
@@ -372,6 +388,7 @@ __device__ void twoShot(const FusedParams& p) {
       __syncthreads();
       raisePeers(
           p, owners & peers, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
+      mark(p, step, 3);
     } else if (role == 1) {
       if (!owns) continue;
       const uint32_t senders = contributors & ~(1u << p.rank);
@@ -380,11 +397,13 @@ __device__ void twoShot(const FusedParams& p) {
               step == 0)) {
         return;
       }
+      mark(p, step, 1);
       if (step >= 2 && !awaitPeers(
                            p, others, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); },
                            epoch - 2, false)) {
         return;
       }
+      mark(p, step, 2);
       slice(p.rank);
       // The result goes to the output and, in the same pass, to every other owner's gather
       // region (in turn order), so it is never read back.
@@ -413,6 +432,7 @@ __device__ void twoShot(const FusedParams& p) {
           p, senders, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
       raisePeers(
           p, others, [&](int q) { return gatheredFlag(p, q, p.rank, block); }, epoch);
+      mark(p, step, 3);
     } else if (owns) {
       // No descriptor check here: an owner may raise "gathered" before its own pushing
       // blocks publish the descriptor; every sender was checked by role 1 (or, for
@@ -421,6 +441,8 @@ __device__ void twoShot(const FusedParams& p) {
               p, others, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
         return;
       }
+      mark(p, step, 1);
+      mark(p, step, 2);
       forPeersInTurn(p, block, others, [&](int q) {
         slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
@@ -429,6 +451,7 @@ __device__ void twoShot(const FusedParams& p) {
       __syncthreads();
       raisePeers(
           p, others, [&](int q) { return gatherFreedFlag(p, q, p.rank, block); }, epoch);
+      mark(p, step, 3);
     } else if (input != output) {
       // The broadcast's root: every share of its own input into its output.
       for (int q = 0; q < p.size; ++q) {
@@ -454,10 +477,12 @@ __device__ void fusedCollective(const FusedParams& p) {
     // Slices of whole 16-byte vectors, so every block's vectors stay aligned.
     const uint64_t first = p.count < p.perStep ? p.count : p.perStep;
     const auto [from, to] = fusedSlice(first, n, p.blocks, block, kV);
+    mark(p, step, 0);
     const bool ok =
         pushes ? pushStep(p, block, step, epoch, lo, from, to - from, sizeof(S))
                : receiveStep<S, A, K, kReduces>(p, block, step, epoch, lo, from, to - from);
     if (!ok) return;
+    mark(p, step, 3);
   }
 }
 

@@ -156,7 +156,17 @@ struct FusedParams {
   uint32_t* claim;
   MismatchReport* report;
   volatile uint64_t* abort;
+  /// Debug (LOOM_CUDA_FUSED_TRACE): where thread 0 of every block records, for each of the
+  /// first traceSteps steps, the GPU's global time (ns) at each of kTracePhases points, at
+  /// [(blockIdx.x x traceSteps + step) x kTracePhases + phase]; null: not traced.
+  uint64_t* trace;
+  uint64_t traceSteps;
 };
+
+/// The points of a fused step that LOOM_CUDA_FUSED_TRACE records: the step begins, its first
+/// wait for peers ends, its second wait ends (the same as the first where there is one), and
+/// its work is done and its flags raised.
+inline constexpr int kTracePhases = 4;
 
 #if defined(__CUDACC__)
 #define LOOM_HOST_DEVICE __host__ __device__
