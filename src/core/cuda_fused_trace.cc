@@ -13,9 +13,12 @@
 namespace loom {
 
 namespace {
-constexpr size_t kBytes(uint64_t steps, int blocks) {
+constexpr size_t kTimeBytes(uint64_t steps, int blocks) {
   return static_cast<size_t>(steps) * static_cast<size_t>(blocks) * cuda::kTracePhases *
          sizeof(uint64_t);
+}
+constexpr size_t kBytes(uint64_t steps, int blocks) {
+  return kTimeBytes(steps, blocks) + static_cast<size_t>(blocks) * sizeof(uint32_t);
 }
 }  // namespace
 
@@ -37,11 +40,19 @@ CudaFusedTrace::CudaFusedTrace(std::string prefix, int rank)
   device_ = reinterpret_cast<uint64_t*>(device);
 }
 
-CudaFusedTrace::~CudaFusedTrace() { cuda::Driver::get().cuMemFreeHost(host_); }
+CudaFusedTrace::~CudaFusedTrace() {
+  cuda::Driver::get().cuMemFreeHost(host_);
+}
 
 void CudaFusedTrace::attach(cuda::FusedParams& p, size_t elementBytes) {
+  // Rows this call's blocks do not write (roles a rank does not play) must not keep an
+  // earlier call's times. An earlier traced call still running would write over the
+  // cleared record: trace calls one at a time (the probe synchronizes after each).
+  std::memset(host_, 0, kBytes(kSteps, kBlocks));
   p.trace = device_;
   p.traceSteps = kSteps;
+  p.traceSms = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(device_) +
+                                           kTimeBytes(kSteps, kBlocks));
   last_ = p;
   elementBytes_ = elementBytes;
   attached_ = true;
@@ -63,16 +74,18 @@ void CudaFusedTrace::write() const {
                "per_step %llu share %llu element_bytes %zu\n",
                p.rank, p.size, p.twoShot, p.root, p.blocks, roles,
                static_cast<unsigned long long>(p.steps), static_cast<unsigned long long>(p.count),
-               static_cast<unsigned long long>(p.perStep),
-               static_cast<unsigned long long>(p.share), elementBytes_);
-  std::fprintf(f, "# role block step begin_ns first_wait_ns second_wait_ns end_ns\n");
+               static_cast<unsigned long long>(p.perStep), static_cast<unsigned long long>(p.share),
+               elementBytes_);
+  const auto* sms = reinterpret_cast<const uint32_t*>(reinterpret_cast<const uint8_t*>(host_) +
+                                                      kTimeBytes(kSteps, kBlocks));
+  std::fprintf(f, "# role block sm step begin_ns first_wait_ns second_wait_ns end_ns\n");
   for (int b = 0; b < roles * p.blocks; ++b) {
     for (uint64_t s = 0; s < steps; ++s) {
       const uint64_t* t = host_ + (static_cast<uint64_t>(b) * kSteps + s) * cuda::kTracePhases;
-      std::fprintf(f, "%d %d %llu %llu %llu %llu %llu\n", b / p.blocks, b % p.blocks,
-                   static_cast<unsigned long long>(s), static_cast<unsigned long long>(t[0]),
-                   static_cast<unsigned long long>(t[1]), static_cast<unsigned long long>(t[2]),
-                   static_cast<unsigned long long>(t[3]));
+      std::fprintf(f, "%d %d %u %llu %llu %llu %llu %llu\n", cuda::fusedRole(b, roles),
+                   cuda::fusedRoleBlock(b, roles), sms[b], static_cast<unsigned long long>(s),
+                   static_cast<unsigned long long>(t[0]), static_cast<unsigned long long>(t[1]),
+                   static_cast<unsigned long long>(t[2]), static_cast<unsigned long long>(t[3]));
     }
   }
   std::fclose(f);

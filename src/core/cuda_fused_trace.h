@@ -24,7 +24,7 @@ class CudaFusedTrace {
   CudaFusedTrace(const CudaFusedTrace&) = delete;
   CudaFusedTrace& operator=(const CudaFusedTrace&) = delete;
 
-  /// Points `p` (filled but for the trace) at the record and remembers its shape.
+  /// Clears the record, points `p` (filled but for the trace) at it and remembers its shape.
   void attach(cuda::FusedParams& p, size_t elementBytes);
   /// Writes the last attached call's record; call only once the GPU is done with it.
   void write() const;
@@ -35,7 +35,7 @@ class CudaFusedTrace {
 
   const std::string path_;
   const int rank_;
-  uint64_t* host_ = nullptr;  // kBlocks x kSteps x kTracePhases times
+  uint64_t* host_ = nullptr;  // kBlocks x kSteps x kTracePhases times, then kBlocks SM ids
   uint64_t* device_ = nullptr;
   cuda::FusedParams last_{};
   size_t elementBytes_ = 0;

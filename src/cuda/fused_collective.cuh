@@ -69,6 +69,11 @@ __device__ inline void mark(const FusedParams& p, uint64_t step, int phase) {
   uint64_t now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   p.trace[(blockIdx.x * p.traceSteps + step) * kTracePhases + phase] = now;
+  if (step == 0 && phase == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    p.traceSms[blockIdx.x] = sm;
+  }
 }
 
 // Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
@@ -322,14 +327,14 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
 }
 
 // Two shots (FusedParams): all_reduce (every rank contributes and owns a share) or
-// broadcast (the root alone contributes, every other rank owns a share). Blocks
-// [0, blocks) push each contributor's share q to its owner q, [blocks, 2 x blocks) reduce
-// (or copy) an owner's share into the output and push it to every other owner,
-// [2 x blocks, 3 x blocks) copy the other owners' shares into the output.
+// broadcast (the root alone contributes, every other rank owns a share). Blocks of role 0
+// (fusedRole) push each contributor's share q to its owner q, of role 1 reduce (or copy) an
+// owner's share into the output and push it to every other owner, of role 2 copy the other
+// owners' shares into the output.
 template <class S, class A, int K, bool kReduces>
 __device__ void twoShot(const FusedParams& p) {
-  const int role = static_cast<int>(blockIdx.x) / p.blocks;
-  const int block = static_cast<int>(blockIdx.x) % p.blocks;
+  const int role = fusedRole(static_cast<int>(blockIdx.x), 3);
+  const int block = fusedRoleBlock(static_cast<int>(blockIdx.x), 3);
   constexpr uint64_t kV = 16 / sizeof(S);
   const S* input = static_cast<const S*>(p.own);
   S* output = static_cast<S*>(p.outputs[0]);
@@ -467,8 +472,8 @@ __device__ void twoShot(const FusedParams& p) {
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
   if (p.twoShot) return twoShot<S, A, K, kReduces>(p);
-  const bool pushes = static_cast<int>(blockIdx.x) < p.blocks;
-  const int block = pushes ? blockIdx.x : blockIdx.x - p.blocks;
+  const bool pushes = fusedRole(static_cast<int>(blockIdx.x), 2) == 0;
+  const int block = fusedRoleBlock(static_cast<int>(blockIdx.x), 2);
   constexpr uint64_t kV = 16 / sizeof(S);
   for (uint64_t step = 0; step < p.steps; ++step) {
     const uint64_t epoch = p.firstEpoch + step;

@@ -102,27 +102,27 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 /// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks,
 /// 3 x blocks for two-shot).
 /// The call runs in steps of perStep elements (bytes for a copy), step i in epoch
-/// firstEpoch + i, over element offsets [i x perStep, ...) of every part. Block b < blocks
-/// pushes its slice of each step of sources[q] into rank q's slot (the region there for
-/// this rank), for every q in pushesTo, then raises "arrived" in q's flags and in its own;
-/// block blocks + b waits for the arrivals of every rank in receivesFrom and its own, then
-/// reduces its slice (sources in rank order: `own` for this rank, the regions of its slot
-/// for the others) into outputs[0], or copies each region of rank q to outputs[q] and
-/// `own` to outputs[rank], and raises "freed" in each sender's flags, which that sender's
-/// pusher waits for before it writes the same slot parity again two steps later. Every wait
-/// polls the rank's own memory. The first step also publishes this rank's descriptor (and
-/// raises its collective "ready" flag, so a peer running a different operation can name the
-/// mismatch) and checks the descriptor of every rank it receives from.
+/// firstEpoch + i, over element offsets [i x perStep, ...) of every part. Its blocks play
+/// roles (fusedRole): pushing block b pushes its slice of each step of sources[q] into rank q's
+/// slot (the region there for this rank), for every q in pushesTo, then raises "arrived" in q's
+/// flags and in its own; receiving block b waits for the arrivals of every rank in receivesFrom and
+/// its own, then reduces its slice (sources in rank order: `own` for this rank, the regions of its
+/// slot for the others) into outputs[0], or copies each region of rank q to outputs[q] and `own` to
+/// outputs[rank], and raises "freed" in each sender's flags, which that sender's pusher waits for
+/// before it writes the same slot parity again two steps later. Every wait polls the rank's own
+/// memory. The first step also publishes this rank's descriptor (and raises its collective "ready"
+/// flag, so a peer running a different operation can name the mismatch) and checks the descriptor
+/// of every rank it receives from.
 ///
 /// Two-shot (`twoShot`; all_reduce, or broadcast from `root`): a step is twoShotShares
 /// shares of `share` elements, one per owner (all_reduce: every rank; broadcast: every rank
-/// but the root). Block b < blocks pushes slice b of owner q's share of `own` to q's reduce
-/// region for this rank (all_reduce: every rank; broadcast: the root alone); block
-/// blocks + b of an owner reduces slice b of its share from `own` and those regions into
+/// but the root). Scattering block b pushes slice b of owner q's share of `own` to q's reduce
+/// region for this rank (all_reduce: every rank; broadcast: the root alone); owning block
+/// b of an owner reduces slice b of its share from `own` and those regions into
 /// outputs[0] (broadcast: copies the root's), pushes the result into every other owner's
-/// gather region for this rank (at gatherAt in the slot) and raises "gathered" there; block
-/// 2 x blocks + b copies each other owner's gathered slice into outputs[0] and raises
-/// "gather freed" in that owner's flags, which its block blocks + b waits for two steps
+/// gather region for this rank (at gatherAt in the slot) and raises "gathered" there;
+/// gathering block b copies each other owner's gathered slice into outputs[0] and raises
+/// "gather freed" in that owner's flags, which its owning block b waits for two steps
 /// later (broadcast's root copies its input into its output instead). Every block sends to
 /// its peers in turn from a place of its own (fusedPeerInTurn), never all to one at once.
 struct FusedParams {
@@ -161,12 +161,8 @@ struct FusedParams {
   /// [(blockIdx.x x traceSteps + step) x kTracePhases + phase]; null: not traced.
   uint64_t* trace;
   uint64_t traceSteps;
+  uint32_t* traceSms;  ///< debug: the SM each block ran on, by blockIdx.x (with trace)
 };
-
-/// The points of a fused step that LOOM_CUDA_FUSED_TRACE records: the step begins, its first
-/// wait for peers ends, its second wait ends (the same as the first where there is one), and
-/// its work is done and its flags raised.
-inline constexpr int kTracePhases = 4;
 
 #if defined(__CUDACC__)
 #define LOOM_HOST_DEVICE __host__ __device__
@@ -238,6 +234,25 @@ LOOM_HOST_DEVICE inline int twoShotShareIndex(int q, int root) {
 LOOM_HOST_DEVICE inline int fusedPeerInTurn(int rank, int size, int block, int k) {
   return (rank + 1 + (block + k) % (size - 1)) % size;
 }
+
+/// The role (0: push, 1: receive; two-shot: 0 scatter, 1 own, 2 gather) that grid block
+/// `index` of a fused kernel of `roles` roles plays: roles take turns over the grid, so each
+/// role's blocks spread over the whole GPU. (With a range of the grid per role, a role's
+/// blocks sat on fewer parts of the GPU, and a broadcast root's pushing blocks wrote at rates
+/// up to 2.1x apart, against 1.3x in turns; docs/PERFORMANCE.md, "Broadcast's root, step by
+/// step".)
+LOOM_HOST_DEVICE inline int fusedRole(int index, int roles) {
+  return index % roles;
+}
+/// Which of its role's blocks grid block `index` is.
+LOOM_HOST_DEVICE inline int fusedRoleBlock(int index, int roles) {
+  return index / roles;
+}
+
+/// The points of a fused step that LOOM_CUDA_FUSED_TRACE records: the step begins, its first
+/// wait for peers ends, its second wait ends (the same as the first where there is one), and
+/// its work is done and its flags raised.
+inline constexpr int kTracePhases = 4;
 
 /// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a
 /// write of one (flag = *base + offset, released at system scope).

@@ -53,7 +53,7 @@ def worker(rank, world, port, op, nbytes):
 
 
 def read(path):
-    """The header's fields and the rows (role, block, step, t0..t3) of one rank's record."""
+    """The header's fields and the rows (role, block, sm, step, t0..t3) of one rank's record."""
     rows = []
     with open(path) as f:
         fields = f.readline().lstrip("# ").split()
@@ -70,25 +70,25 @@ def summarize(path, nbytes):
     steps = min(h["steps"], 1024)
     # A row is this call's if its phases are in order and inside the call (rows of a role
     # a rank does not play keep older values).
-    valid = [r for r in rows if 0 < r[3] <= r[4] <= r[5] <= r[6] and r[6] - r[3] < 10**9]
+    valid = [r for r in rows if 0 < r[4] <= r[5] <= r[6] <= r[7] and r[7] - r[4] < 10**9]
     if not valid:
         print(f"rank {h['rank']}: no steps recorded", flush=True)
         return
-    start, end = min(r[3] for r in valid), max(r[6] for r in valid)
+    start, end = min(r[4] for r in valid), max(r[7] for r in valid)
     span = (end - start) / 1e3
     role_of_root = " (root)" if two_shot and h["root"] == h["rank"] else ""
     print(f"rank {h['rank']}{role_of_root}: {h['blocks']} blocks per role, {h['steps']} steps of "
           f"{h['per_step'] * h['element_bytes'] / 2**20:.2f} MiB; the call's blocks ran "
           f"{span:.0f} us ({nbytes / span / 1e3:.0f} GB/s of the buffer)", flush=True)
     # Steady steps only: the first two have no slot to wait for, the last may be short.
-    steady = [r for r in valid if 2 <= r[2] < steps - 1] or valid
+    steady = [r for r in valid if 2 <= r[3] < steps - 1] or valid
     for role, (name, first, second) in enumerate(ROLES[two_shot]):
         mine = [r for r in steady if r[0] == role]
         if not mine:
             continue
-        w1 = [(r[4] - r[3]) / 1e3 for r in mine]
-        w2 = [(r[5] - r[4]) / 1e3 for r in mine]
-        work = [(r[6] - r[5]) / 1e3 for r in mine]
+        w1 = [(r[5] - r[4]) / 1e3 for r in mine]
+        w2 = [(r[6] - r[5]) / 1e3 for r in mine]
+        work = [(r[7] - r[6]) / 1e3 for r in mine]
         total = sum(w1) + sum(w2) + sum(work)
         waits = f"wait for {first} {statistics.median(w1):.1f} us ({100 * sum(w1) / total:.0f}%)"
         if second:
@@ -96,6 +96,21 @@ def summarize(path, nbytes):
         print(f"  {name:8s} median step: {waits}, work {statistics.median(work):.1f} us "
               f"({100 * sum(work) / total:.0f}%); p90 work {sorted(work)[int(0.9 * len(work))]:.1f}"
               f" us; {len(mine)} block-steps", flush=True)
+        # Every block moves as many bytes: how evenly did they? (Each block's work over the
+        # whole call, and the SMs of the quickest and slowest.)
+        per_block = {}
+        for r in valid:
+            if r[0] == role:
+                work_us, sm = per_block.get(r[1], (0.0, r[2]))
+                per_block[r[1]] = (work_us + (r[7] - r[6]) / 1e3, sm)
+        ranked = sorted((w, b, sm) for b, (w, sm) in per_block.items())
+        ends = lambda part: ", ".join(f"block {b} on SM {sm} {w:.0f}" for w, b, sm in part)
+        print(f"           work per block over the call: {ranked[0][0]:.0f} to {ranked[-1][0]:.0f} us "
+              f"(median {statistics.median(w for w, _, _ in ranked):.0f}); quickest {ends(ranked[:3])}; "
+              f"slowest {ends(ranked[-3:])}", flush=True)
+        if os.environ.get("FUSED_TRACE_BLOCKS"):
+            print("           by SM: " + " ".join(f"{sm}:{w:.0f}" for w, _, sm in
+                                               sorted(ranked, key=lambda x: x[2])), flush=True)
 
 
 def main():

@@ -155,7 +155,7 @@ def many() -> None:
     print(f"# {torch.cuda.get_device_name(0)} x{gpus}, {sms} SMs; {per >> 20} MiB per pair; "
           "GB/s that the busiest GPU sends (writes) or receives (reads), median (p10)")
     print(f"{'pattern':<52} {'blocks':>6} {'GB/s':>8} {'p10':>8}")
-    for blocks in (63, 126, 2 * sms):
+    for blocks in (42, 63, 126, 2 * sms):
         cases = {
             "write: GPU 0 to GPU 1": [launch(0, [(src[0][1], dst[1][0])], blocks, 0)],
             "write: GPU 0 to every peer, a block per peer": [

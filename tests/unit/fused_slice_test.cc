@@ -85,7 +85,9 @@ TEST(FusedPeerInTurn, EveryPeerOncePerStepAndNoTwoRanksOnOnePeer) {
         }
       }
     }
-    if (size > 2) EXPECT_NE(fusedPeerInTurn(0, size, 0, 0), fusedPeerInTurn(0, size, 1, 0));
+    if (size > 2) {
+      EXPECT_NE(fusedPeerInTurn(0, size, 0, 0), fusedPeerInTurn(0, size, 1, 0));
+    }
   }
 }
 
@@ -105,6 +107,27 @@ TEST(TwoShotShares, OnePlacePerOwner) {
         ++used[static_cast<size_t>(at)];
       }
       for (int at = 0; at < shares; ++at) EXPECT_EQ(used[static_cast<size_t>(at)], 1);
+    }
+  }
+}
+
+// A fused grid of roles x blocks: every (role, block) played by exactly one grid block, and
+// each role's blocks spread over the grid (in every window of `roles` grid blocks, one each).
+TEST(FusedRole, EveryRoleAndBlockOnceAndRolesTakeTurns) {
+  for (int roles : {2, 3}) {
+    for (int blocks = 1; blocks <= kMaxFusedBlocks; ++blocks) {
+      std::vector<int> played(static_cast<size_t>(roles * blocks), 0);
+      for (int i = 0; i < roles * blocks; ++i) {
+        const int role = fusedRole(i, roles);
+        const int block = fusedRoleBlock(i, roles);
+        ASSERT_GE(role, 0);
+        ASSERT_LT(role, roles);
+        ASSERT_GE(block, 0);
+        ASSERT_LT(block, blocks) << "roles " << roles << " blocks " << blocks << " index " << i;
+        ++played[static_cast<size_t>(role * blocks + block)];
+        EXPECT_EQ(role, i % roles);
+      }
+      for (int n : played) EXPECT_EQ(n, 1);
     }
   }
 }
