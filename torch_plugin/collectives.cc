@@ -228,16 +228,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather_into_tensor", !opts.asyncOp);
   requireWholeOfParts(s, "output", output, "input", input);
-  auto staged = std::make_shared<Outputs>();
-  const at::Tensor target = staged->target(output);
+  Outputs outputs;
+  const at::Tensor target = outputs.target(output);
   const Flat in = movementView(input);
-  return launch(
-      s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
-      [staged, target, in] { staged->finish(); },
-      [&](std::vector<Request>& r) {
-        r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
-                                     opOptions(opts.timeout, !opts.asyncOp)));
-      });
+  return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
+                copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
+                                               opOptions(opts.timeout, !opts.asyncOp)));
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
@@ -403,15 +401,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
   const Flat in = reductionView(s, input, opts.reduceOp);
   const Flat out = reductionView(s, output, opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
-  auto staged = std::make_shared<Outputs>();
-  staged->inOut(out);
-  return launch(
-      s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
-      [staged, in, out] { staged->finish(); },
-      [&](std::vector<Request>& r) {
-        r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
-                                         opOptions(opts.timeout, !opts.asyncOp)));
-      });
+  Outputs outputs;
+  outputs.inOut(out);
+  return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
+                copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                  r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
+                                                   opOptions(opts.timeout, !opts.asyncOp)));
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
@@ -449,8 +445,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   requireDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
   const Flat in = movementView(input);
-  auto staged = std::make_shared<Outputs>();
-  const at::Tensor target = staged->target(output);
+  Outputs outputs;
+  const at::Tensor target = outputs.target(output);
+  const auto requireEvenRows = [&](const at::Tensor& t, const char* what) {
+    if (t.dim() == 0 || t.size(0) % size_ != 0) {
+      invalid(s, std::string(what) + " has " + std::to_string(t.dim() ? t.size(0) : 0) +
+                     " rows, which do not divide evenly among " + std::to_string(size_) + " ranks");
+    }
+  };
+  if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
+    // Every block is the same size: the equal form, which the engine can run in ways the
+    // per-pair form cannot (across hosts, small ones through carriers), and which needs no
+    // exchange of counts. The output must be the input's size, or peers' blocks would be
+    // written past its end.
+    if (output.nbytes() != input.nbytes()) {
+      invalid(s, "output has " + std::to_string(output.nbytes()) + " bytes but the input has " +
+                     std::to_string(input.nbytes()) +
+                     "; without split sizes they must be the same size (or pass "
+                     "output_split_sizes and input_split_sizes)");
+    }
+    requireEvenRows(input, "input");
+    requireEvenRows(output, "output");
+    const size_t count = in.count / static_cast<size_t>(size_);
+    return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
+                  copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                    r.push_back(comm_->allToAll(in.ptr(), target.data_ptr(), count, in.type,
+                                                opOptions(opts.timeout, !opts.asyncOp)));
+                  });
+  }
   const auto rowBytes = [](const at::Tensor& t) -> size_t {
     return t.dim() == 0 || t.size(0) == 0 ? 0 : t.nbytes() / static_cast<size_t>(t.size(0));
   };
@@ -458,11 +480,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
     std::vector<size_t> bytes;
     if (splits.empty()) {
-      if (t.dim() == 0 || t.size(0) % size_ != 0) {
-        invalid(s, std::string(what) + " has " + std::to_string(t.dim() ? t.size(0) : 0) +
-                       " rows, which do not divide evenly among " + std::to_string(size_) +
-                       " ranks");
-      }
+      requireEvenRows(t, what);
       bytes.assign(static_cast<size_t>(size_), t.nbytes() / static_cast<size_t>(size_));
       return bytes;
     }
@@ -485,45 +503,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     }
     return bytes;
   };
-  // Without split sizes every rank sends and receives blocks of one size: the output must
-  // be the input's size, or peers' blocks would be written past its end.
-  if (inputSplitSizes.empty() && outputSplitSizes.empty() && output.nbytes() != input.nbytes()) {
-    invalid(s, "output has " + std::to_string(output.nbytes()) + " bytes but the input has " +
-                   std::to_string(input.nbytes()) +
-                   "; without split sizes they must be the same size (or pass "
-                   "output_split_sizes and input_split_sizes)");
-  }
   const std::vector<size_t> sendBytes = blocks(input, inputSplitSizes, "input");
   const std::vector<size_t> recvBytes = blocks(output, outputSplitSizes, "output");
   // Row sizes are whole elements, so the byte counts divide evenly.
   const size_t es = elementSize(in.type);
   std::vector<size_t> sendCounts, recvCounts;
-  for (size_t b : sendBytes) sendCounts.push_back(b / es);
-  for (size_t b : recvBytes) recvCounts.push_back(b / es);
   std::vector<const void*> sources;
   std::vector<void*> targets;
   size_t offIn = 0, offOut = 0;
   for (int q = 0; q < size_; ++q) {
+    sendCounts.push_back(sendBytes[q] / es);
+    recvCounts.push_back(recvBytes[q] / es);
     sources.push_back(static_cast<const uint8_t*>(in.ptr()) + offIn);
     targets.push_back(static_cast<uint8_t*>(target.data_ptr()) + offOut);
     offIn += sendBytes[q];
     offOut += recvBytes[q];
   }
-  return launch(
-      s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
-      [staged, in, target] { staged->finish(); },
-      [&](std::vector<Request>& r) {
-        // Without split sizes every block is the same size: the equal form, which the
-        // engine can run in ways the per-pair form cannot (across hosts, small ones through
-        // carriers), and which needs no exchange of counts.
-        if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
-          r.push_back(comm_->allToAll(in.ptr(), target.data_ptr(), sendCounts[0], in.type,
-                                      opOptions(opts.timeout, !opts.asyncOp)));
-          return;
-        }
-        r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
-                                     opOptions(opts.timeout, !opts.asyncOp)));
-      });
+  return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
+                copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                  r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
+                                               opOptions(opts.timeout, !opts.asyncOp)));
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,

@@ -105,7 +105,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   }
   auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
                                             std::move(finisher), held ? std::nullopt : stream);
-  work->track(std::move(requests));
+  work->track(std::move(requests), inputs);
   return work;
 }
 

@@ -192,4 +192,10 @@ std::function<void()> copyBack(Outputs outputs) {
   return [o = std::make_shared<Outputs>(std::move(outputs))] { o->finish(); };
 }
 
+std::function<void()> copyBack(Outputs outputs, const Flat& read) {
+  if (read.data.is_alias_of(read.view)) return copyBack(std::move(outputs));
+  // `copy` is held, not used: the engine reads it until the finisher runs.
+  return [o = std::make_shared<Outputs>(std::move(outputs)), copy = read.data] { o->finish(); };
+}
+
 }  // namespace loom::torch_plugin

@@ -98,4 +98,9 @@ class Outputs {
 /// which its Work holds: either way the memory loom uses outlives the call.
 std::function<void()> copyBack(Outputs outputs);
 
+/// The same for a call that also reads `read` (a flattened input): where `read` is the
+/// caller's own memory (its Work holds the caller's inputs until done), copyBack(outputs);
+/// where it is a copy, a finisher that also keeps the copy alive until the call is done.
+std::function<void()> copyBack(Outputs outputs, const Flat& read);
+
 }  // namespace loom::torch_plugin

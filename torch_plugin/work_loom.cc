@@ -81,7 +81,7 @@ WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std:
 
 WorkLoom::~WorkLoom() = default;
 
-void WorkLoom::track(std::vector<Request> requests) {
+void WorkLoom::track(std::vector<Request> requests, const std::vector<at::Tensor>& reads) {
   if (!requests.empty()) seq_ = requests.back().sequence();
   const bool allEnded =
       std::all_of(requests.begin(), requests.end(), [](const Request& r) { return r.test(); });
@@ -95,7 +95,10 @@ void WorkLoom::track(std::vector<Request> requests) {
     complete(failure);
     return;
   }
-  if (!cudaStream_) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+  if (!cudaStream_) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    reads_ = reads;
+  }
   if (requests.empty()) {
     complete(nullptr);
     return;
@@ -140,6 +143,7 @@ void WorkLoom::complete(std::exception_ptr failure) {
   }
   failure = asDistBackendError(failure);
   finisher_ = nullptr;  // releases staged tensors
+  reads_.clear();
   // CUDA work: the future completed at launch. CPU work complete from birth: none yet.
   if (!cudaStream_ && future_) {
     if (failure) {

@@ -49,7 +49,9 @@ class WorkLoom : public c10d::Work {
 
   /// Starts waiting on `requests` (call exactly once, before the work is shared). If they
   /// have all ended (an empty list included), the work completes here, on this thread.
-  void track(std::vector<Request> requests);
+  /// Otherwise CPU work holds `reads`, the caller's tensors its collectives read, until it
+  /// completes (the caller may drop them, and the work, before then).
+  void track(std::vector<Request> requests, const std::vector<at::Tensor>& reads = {});
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -79,6 +81,7 @@ class WorkLoom : public c10d::Work {
 
   std::string what_;
   std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> reads_;  // CPU work not done at birth, until complete()
   std::function<void()> finisher_;
   // CPU work complete from birth: null until getFuture() makes it (once, under futureOnce_);
   // otherwise set in the constructor (CUDA) or in track(), before the work is shared.

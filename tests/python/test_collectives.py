@@ -294,6 +294,49 @@ def test_profiler_records_collectives():
     run_ranks(2, body_profiled)
 
 
+def body_dropped_inputs(rank: int, world: int) -> None:
+    """Asynchronous calls whose inputs the caller drops before wait(): the work holds them
+    until done. Rank 0 issues first and the others a moment later, so rank 0's calls are
+    still running when it drops the inputs and fills freshly allocated tensors (which reuse
+    freed memory) with garbage."""
+    for n in (2, 4096):  # elements per rank
+        dropped_inputs(rank, world, n)
+        dist.barrier()
+
+
+def dropped_inputs(rank: int, world: int, n: int) -> None:
+    import gc
+    import time
+
+    if rank != 0:
+        time.sleep(0.3)
+    gathered = torch.empty(n * world)
+    scattered = torch.empty(n)
+    exchanged = torch.empty(n * world)
+    works = [
+        dist.all_gather_into_tensor(gathered, torch.full((n,), float(rank)), async_op=True),
+        dist.reduce_scatter_tensor(scattered, torch.full((n * world,), float(rank + 1)),
+                                   async_op=True),
+        dist.all_to_all_single(exchanged, torch.arange(n * world, dtype=torch.float32) + 1000 * rank,
+                               async_op=True),
+    ]
+    gc.collect()
+    garbage = [torch.full((n * world,), -7.0) for _ in range(8)]
+    for w in works:
+        w.wait()
+    del garbage
+    same(gathered, torch.arange(world).float().repeat_interleave(n), "all_gather of a dropped input")
+    same(scattered, torch.full((n,), float(world * (world + 1) // 2)),
+         "reduce_scatter of a dropped input")
+    want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float32) + 1000 * q
+                      for q in range(world)])
+    same(exchanged, want, "all_to_all_single of a dropped input")
+
+
+def test_asynchronous_calls_hold_their_inputs():
+    run_ranks(2, body_dropped_inputs)
+
+
 def test_reductions_match_reference_and_gloo():
     unsupported = run_ranks(3, body_reductions)[0]
     # Record what Gloo cannot do (loom does all of it); printed with -s.
