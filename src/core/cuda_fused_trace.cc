@@ -13,12 +13,12 @@
 namespace loom {
 
 namespace {
-constexpr size_t kTimeBytes(uint64_t steps, int blocks) {
+constexpr size_t timeBytes(uint64_t steps, int blocks) {
   return static_cast<size_t>(steps) * static_cast<size_t>(blocks) * cuda::kTracePhases *
          sizeof(uint64_t);
 }
-constexpr size_t kBytes(uint64_t steps, int blocks) {
-  return kTimeBytes(steps, blocks) + static_cast<size_t>(blocks) * sizeof(uint32_t);
+constexpr size_t recordBytes(uint64_t steps, int blocks) {
+  return timeBytes(steps, blocks) + static_cast<size_t>(blocks) * sizeof(uint32_t);
 }
 }  // namespace
 
@@ -26,11 +26,11 @@ CudaFusedTrace::CudaFusedTrace(std::string prefix, int rank)
     : path_(std::move(prefix) + ".rank" + std::to_string(rank) + ".txt"), rank_(rank) {
   const cuda::Driver& d = cuda::Driver::get();
   void* host = nullptr;
-  cuda::check(d.cuMemHostAlloc(&host, kBytes(kSteps, kBlocks),
+  cuda::check(d.cuMemHostAlloc(&host, recordBytes(kSteps, kBlocks),
                                CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
               "cuda", rank, "cuMemHostAlloc (LOOM_CUDA_FUSED_TRACE)");
   host_ = static_cast<uint64_t*>(host);
-  std::memset(host_, 0, kBytes(kSteps, kBlocks));
+  std::memset(host_, 0, recordBytes(kSteps, kBlocks));
   CUdeviceptr device = 0;
   if (d.cuMemHostGetDevicePointer(&device, host, 0) != CUDA_SUCCESS) {
     d.cuMemFreeHost(host);
@@ -48,11 +48,11 @@ void CudaFusedTrace::attach(cuda::FusedParams& p, size_t elementBytes) {
   // Rows this call's blocks do not write (roles a rank does not play) must not keep an
   // earlier call's times. An earlier traced call still running would write over the
   // cleared record: trace calls one at a time (the probe synchronizes after each).
-  std::memset(host_, 0, kBytes(kSteps, kBlocks));
+  std::memset(host_, 0, recordBytes(kSteps, kBlocks));
   p.trace = device_;
   p.traceSteps = kSteps;
-  p.traceSms = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(device_) +
-                                           kTimeBytes(kSteps, kBlocks));
+  p.traceSms =
+      reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(device_) + timeBytes(kSteps, kBlocks));
   last_ = p;
   elementBytes_ = elementBytes;
   attached_ = true;
@@ -77,7 +77,7 @@ void CudaFusedTrace::write() const {
                static_cast<unsigned long long>(p.perStep), static_cast<unsigned long long>(p.share),
                elementBytes_);
   const auto* sms = reinterpret_cast<const uint32_t*>(reinterpret_cast<const uint8_t*>(host_) +
-                                                      kTimeBytes(kSteps, kBlocks));
+                                                      timeBytes(kSteps, kBlocks));
   std::fprintf(f, "# role block sm step begin_ns first_wait_ns second_wait_ns end_ns\n");
   for (int b = 0; b < roles * p.blocks; ++b) {
     for (uint64_t s = 0; s < steps; ++s) {
