@@ -40,9 +40,12 @@ run_ctest build/release --timeout 900
 grep -h '^soak' build/release/Testing/Temporary/LastTest.log || true  # the soak's numbers
 
 if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
+  # The sanitizer builds leave the CUDA path out (LOOM_CUDA=OFF): nothing of it can run
+  # without a GPU, the release build above compiled it and ran its host-side tests, and its
+  # kernels (two GPU architectures) cost each build minutes of nvcc on this machine.
   section "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=address,undefined \
-    -DLOOM_BUILD_BENCH=OFF -DLOOM_WITH_NET=ON >/dev/null
+    -DLOOM_BUILD_BENCH=OFF -DLOOM_WITH_NET=ON -DLOOM_CUDA=OFF >/dev/null
   ninja -C build/asan
   export LOOM_SOAK_SECONDS=20  # a shorter soak than the release run's 120 s, for CI's budget
   run_ctest build/asan --timeout 1200
@@ -50,7 +53,7 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
 
   section "synchronisation under ThreadSanitizer (ranks as threads)"
   cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=thread \
-    -DLOOM_BUILD_BENCH=OFF >/dev/null
+    -DLOOM_BUILD_BENCH=OFF -DLOOM_CUDA=OFF >/dev/null
   ninja -C build/tsan loom_thread_tests
   run_ctest build/tsan -R '^Threads\.' --timeout 900
 
