@@ -35,6 +35,20 @@ FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 
           "all_to_all": lambda p: (p - 1) / p}
 
 
+def keep_nvls_off() -> None:
+    """NVLink SHARP (multicast) off for NCCL, torch's symmetric memory and NVSHMEM, unless
+    the caller set otherwise: the lent GPU hosts must not use it."""
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def parse_bytes(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
@@ -312,8 +326,7 @@ def main() -> int:
         world = saved.get("world") or int(re.search(r"_p(\d+)", args.plot).group(1))
         plot(saved["rows"], world, saved["device"], args.plot.rsplit(".", 1)[0] + ".png")
         return 0
-    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+    keep_nvls_off()
     ctx = mp.get_context("spawn")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU dry run"
     failed = False
@@ -321,9 +334,7 @@ def main() -> int:
         if args.device == "cuda" and world > torch.cuda.device_count():
             print(f"P={world}: only {torch.cuda.device_count()} GPUs here; skipped")
             continue
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         results = ctx.Queue()
         procs = [ctx.Process(target=worker, args=(r, world, port, args, results)) for r in range(world)]
         for p in procs:

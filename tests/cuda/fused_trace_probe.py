@@ -15,7 +15,6 @@ import argparse
 import datetime
 import glob
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import torch.multiprocessing as mp
 import loom  # noqa: F401  (registers the backend)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_nccl import Point, parse_bytes  # noqa: E402
+from bench_nccl import Point, free_port, keep_nvls_off, parse_bytes  # noqa: E402
 
 CALLS = 5
 
@@ -123,16 +122,13 @@ def main():
     if torch.cuda.device_count() < args.ranks:
         sys.exit(f"fused_trace_probe: {args.ranks} ranks need a GPU each; this host has "
                  f"{torch.cuda.device_count()} (the fused kernels run only with a GPU per rank)")
-    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+    keep_nvls_off()
     out = args.out or tempfile.mkdtemp(prefix="loom-fused-trace-")
     os.makedirs(out, exist_ok=True)
     for op in args.ops:
         prefix = os.path.join(out, op)
         os.environ["LOOM_CUDA_FUSED_TRACE"] = prefix
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         mp.spawn(worker, args=(args.ranks, port, op, args.bytes), nprocs=args.ranks)
         print(f"== {op}, {args.bytes} bytes, P = {args.ranks} (last of {CALLS} calls)", flush=True)
         paths = sorted(glob.glob(prefix + ".rank*.txt"))

@@ -13,7 +13,6 @@ import collections
 import datetime
 import json
 import os
-import socket
 import sys
 import tempfile
 
@@ -24,7 +23,7 @@ import torch.multiprocessing as mp
 import loom  # noqa: F401  (registers the backend)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_nccl import Point, parse_bytes  # noqa: E402
+from bench_nccl import Point, free_port, keep_nvls_off, parse_bytes  # noqa: E402
 
 CALLS = 3
 
@@ -99,13 +98,10 @@ def main():
     parser.add_argument("--bytes", type=parse_bytes, default=parse_bytes("512M"))
     parser.add_argument("--out", default=None, help="where the Chrome traces go")
     args = parser.parse_args()
-    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+    keep_nvls_off()
     out = args.out or tempfile.mkdtemp(prefix="loom-timeline-")
     os.makedirs(out, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(worker, args=(args.ranks, port, args, out), nprocs=args.ranks)
 
 

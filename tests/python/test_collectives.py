@@ -3,6 +3,9 @@ reference computed in the test and against the same call on Gloo (where Gloo sup
 
 from __future__ import annotations
 
+import gc
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -305,9 +308,6 @@ def body_dropped_inputs(rank: int, world: int) -> None:
 
 
 def dropped_inputs(rank: int, world: int, n: int) -> None:
-    import gc
-    import time
-
     if rank != 0:
         time.sleep(0.3)
     gathered = torch.empty(n * world)
