@@ -47,6 +47,8 @@ Config Config::load(int localRanks) {
       env::bytes("LOOM_CUDA_FUSED_TWO_SHOT_BYTES", c.cuda.fusedTwoShotBytes, 0, SIZE_MAX);
   c.cuda.fusedTwoShotBroadcastBytes = env::bytes("LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES",
                                                  c.cuda.fusedTwoShotBroadcastBytes, 0, SIZE_MAX);
+  c.cuda.fusedChainBroadcastBytes = env::bytes("LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES",
+                                               c.cuda.fusedChainBroadcastBytes, 0, SIZE_MAX);
   if (const auto trace = env::text("LOOM_CUDA_FUSED_TRACE")) c.cuda.fusedTrace = *trace;
   c.cuda.fusedBlocks = static_cast<int>(
       env::integer("LOOM_CUDA_FUSED_BLOCKS", c.cuda.fusedBlocks, 1, c.cuda.fusedBlocks));

@@ -16,7 +16,7 @@ namespace loom {
 /// How CUDA collectives move their bytes (see core/cuda_executor.h).
 struct CudaTuning {
   /// Bytes each rank moves per step through its device workspace (LOOM_CUDA_CHUNK_BYTES);
-  /// the workspace holds eight of them.
+  /// the workspace holds twelve of them.
   size_t chunkBytes = 8 << 20;
   /// all_reduce: the largest size reduced one-shot (LOOM_CUDA_ONE_SHOT_BYTES); unset:
   /// 256 KiB, or every size when the ranks share one GPU or are two.
@@ -35,6 +35,9 @@ struct CudaTuning {
   /// The smallest broadcast that a fused kernel runs in two shots, for more than two ranks
   /// (LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES); smaller ones, the one-shot fused kernel.
   size_t fusedTwoShotBroadcastBytes = size_t{2} << 20;
+  /// The smallest broadcast that a fused kernel runs along a chain, for more than two ranks
+  /// (LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES); smaller ones, two shots or one.
+  size_t fusedChainBroadcastBytes = size_t{32} << 20;
   /// Debug: a path prefix for the fused kernels' step timeline (LOOM_CUDA_FUSED_TRACE;
   /// CudaFusedTrace); empty: none.
   std::string fusedTrace;

@@ -81,12 +81,17 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
 
 void CudaExecutor::broadcast(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
-  if (fusable() && size_ > 2 && args.count * es >= fusedTwoShotBroadcastBytes_) {
+  const size_t bytes = args.count * es;
+  if (fusable() && size_ > 2 && bytes >= fusedTwoShotBroadcastBytes_) {
     // The root scatters a share to every other rank and each passes its share on (an
     // all_gather), so the root's link carries the message once instead of once per peer:
     // from 2 MiB that wins (four GPUs: 38.5 and 41.9 us against 53.5 and 51.0 in one shot).
+    // From 32 MiB the message travels a chain instead, every GPU taking it from one sender
+    // and passing it to one receiver, as NCCL's ring does: 0.93-1.05x NCCL's bus bandwidth
+    // from 32 MiB against two shots' 0.81-0.97x (docs/PERFORMANCE.md, "A chained broadcast").
     cuda::FusedParams p{};
-    p.twoShot = 1;
+    p.chain = bytes >= fusedChainBroadcastBytes_;
+    p.twoShot = !p.chain;
     p.root = args.root;
     p.own = args.input;
     p.outputs[0] = args.output;

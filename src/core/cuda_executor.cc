@@ -32,9 +32,9 @@ using cuda::Driver;
 // flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
 // the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
 // of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
-// chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's two
-// collective slots, the graph lane's two, the eager lane's mailboxes (one per sending peer),
-// the graph lane's, and the fused collectives' block flags.
+// chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's
+// kEagerSlots collective slots, the graph lane's two, the eager lane's mailboxes (one per
+// sending peer), the graph lane's, and the fused collectives' block flags.
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
 constexpr size_t kDescOffset = 5 * kFlagStride;
@@ -68,6 +68,12 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // piece one-shot, as many bytes as a share and the peer's reduced share two-shot, with one
 // round of waits and one launch fewer.
 constexpr size_t kOneShotBytes = 256 << 10;
+// Slots of two chunks in the eager lane. Stepped calls and the one- and two-shot fused
+// kernels take turns on two; a chained broadcast, whose steps travel the chain one link
+// after another, keeps a step of a chunk in each of the eight halves: with two slots (four
+// steps in flight) it read 0.89-0.93x NCCL's bus bandwidth from 512 MiB on four H200s, with
+// four 0.93-0.97x (docs/PERFORMANCE.md, "A chained broadcast").
+constexpr size_t kEagerSlots = 4;
 
 // Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
 // purpose below) | dtype (8) | reduce kind (8) | 1 if per-rank sizes vary (8) | root or
@@ -81,6 +87,9 @@ constexpr int kFusedBlocksShift = 26;
 // A call fused in two shots (all_reduce, broadcast): the top bit of the high half, which
 // holds a root (below 2^31) or nothing for them; only send/recv tags use all 32 bits.
 constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
+// A broadcast fused along a chain: the bit below it (a root, a rank of one host, stays far
+// below 2^30).
+constexpr uint64_t kChainBit = uint64_t{1} << 62;
 
 uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
   return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
@@ -115,8 +124,11 @@ std::string explain(const cuda::Descriptor& d) {
                                         : "");
   }
   const auto kind = static_cast<CollectiveKind>(what);
-  const bool twoShot = (w0 & kFusedBit) != 0 && (w0 & kTwoShotBit) != 0;
-  const auto root = static_cast<int32_t>(static_cast<uint32_t>((w0 & ~kTwoShotBit) >> 32));
+  const bool fused = (w0 & kFusedBit) != 0;
+  const bool twoShot = fused && (w0 & kTwoShotBit) != 0;
+  const bool chain = fused && (w0 & kChainBit) != 0;
+  const uint64_t fusedBits = fused ? kTwoShotBit | kChainBit : 0;
+  const auto root = static_cast<int32_t>(static_cast<uint32_t>((w0 & ~fusedBits) >> 32));
   const auto type = static_cast<DataType>(static_cast<uint8_t>(w0 >> 8));
   std::string text(collectiveName(kind));
   if (kind == CollectiveKind::kBarrier) return text;
@@ -136,11 +148,14 @@ std::string explain(const cuda::Descriptor& d) {
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
     text += ", root " + std::to_string(root);
   }
-  if (w0 & kFusedBit) {
-    text += ", fused into one kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
-            (twoShot ? " blocks per role, in two shots" : " block pairs") +
+  if (fused) {
+    const std::string blocks = std::to_string((w0 >> kFusedBlocksShift & 63) + 1);
+    text += ", fused into one kernel of " + blocks +
+            (chain     ? " blocks, along a chain"
+             : twoShot ? " blocks per role, in two shots"
+                       : " block pairs") +
             " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
-            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES)";
+            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES)";
   }
   return text;
 }
@@ -161,12 +176,14 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       size_(exchange.localSize),
       failures_(failures),
       mailSlot_(std::max<size_t>(roundDown(chunk_ / 4, 16), 4096)),
-      eager_(0, kOddFlagsOffset, kDescOffset, kDataOffset, kPairOffset, kDataOffset + 8 * chunk_,
-             false, exchange.localSize),
-      graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset, kDataOffset + 4 * chunk_,
-             kGraphPairOffset,
-             kDataOffset + 8 * chunk_ + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_,
-             true, exchange.localSize) {
+      // The eager lane's kEagerSlots slots of two chunks (stepped calls and two-shot use the
+      // first two), the graph lane's two, then the mailboxes of each.
+      eager_(0, kOddFlagsOffset, kDescOffset, kDataOffset, kPairOffset,
+             kDataOffset + (2 * kEagerSlots + 4) * chunk_, false, exchange.localSize),
+      graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset,
+             kDataOffset + 2 * kEagerSlots * chunk_, kGraphPairOffset,
+             eager_.mailboxesAt + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_, true,
+             exchange.localSize) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
   // until the deadline. Once it has offered, a failure of this rank (a peer gone mid-way, a
@@ -256,6 +273,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       fusedBlocks_ = tuning.fusedBlocks;
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
+      fusedChainBroadcastBytes_ = tuning.fusedChainBroadcastBytes;
       if (!tuning.fusedTrace.empty() && fused_) {
         trace_ = std::make_unique<CudaFusedTrace>(tuning.fusedTrace, exchange.rank);
       }
@@ -486,7 +504,9 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   const size_t regionBytes = roundDown((p.twoShot ? 1 : 2) * chunk_ / peers, 16);
   // A two-shot step is one share per owner; a one-shot step is one region.
   const size_t shares = p.twoShot ? static_cast<size_t>(cuda::twoShotShares(size_, p.root)) : 1;
-  if (p.twoShot) {
+  if (p.chain) {
+    p.perStep = chunk_;  // a copy: counts in bytes
+  } else if (p.twoShot) {
     // Equal shares of whole 16-byte vectors, as large as a region holds.
     const size_t vector = 16 / std::min<size_t>(elementBytes, 16);
     const size_t even = ((p.count + shares - 1) / shares + vector - 1) / vector * vector;
@@ -498,8 +518,9 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   }
   p.steps = p.count == 0 ? 1 : (p.count + p.perStep - 1) / p.perStep;
   p.firstEpoch = lane_->epoch + 1;
-  // The kernel writes into its peers' slots of both parities from its first steps: every
-  // peer must be done with the steps that used them last (of earlier calls). One batch of
+  // The kernel writes into every slot of its peers from its first steps: every peer must be
+  // done with the steps that used them last (of earlier calls; a peer's "done" of the last
+  // two epochs covers all before them, its calls ending in order). One batch of
   // waits where it fits (each batch is a driver call on the host's path).
   std::array<FlagStep, 2 * cuda::kMaxSources> waits;
   size_t n = 0;
@@ -514,16 +535,19 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   lane_->epoch += p.steps;
   // Slices of about 64 KiB per block and step, up to fusedBlocks_ blocks per role; from the
   // call's size alone, so every rank runs as many.
-  const uint64_t stepBytes = std::min<uint64_t>(p.count * elementBytes / shares, regionBytes);
+  const uint64_t stepBytes =
+      std::min<uint64_t>(p.count * elementBytes / shares, p.chain ? p.perStep : regionBytes);
   const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
   p.blocks =
       static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
-  described_.words[0] |=
-      kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift | (p.twoShot ? kTwoShotBit : 0);
+  described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift |
+                         (p.twoShot ? kTwoShotBit : 0) | (p.chain ? kChainBit : 0);
   p.rank = rank_;
   p.size = size_;
-  p.parityBytes = 2 * chunk_;
-  p.regionBytes = regionBytes;
+  // A chain's step fills a slot of its own, one region from the one sender (see kEagerSlots).
+  p.slotBytes = p.chain ? chunk_ : 2 * chunk_;
+  p.regionBytes = p.chain ? 0 : regionBytes;
+  p.depth = p.chain ? static_cast<int32_t>(2 * kEagerSlots) : 2;
   for (int q = 0; q < size_; ++q) {
     p.slots[q] = in(q, 0);
     p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + blockFlagsAt_);

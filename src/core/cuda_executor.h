@@ -4,9 +4,10 @@
 // work on the caller's stream with no host round trip per step.
 //
 // Each rank owns a device workspace (cuMem, exported as a file descriptor and mapped by
-// every rank of the host): a page of flags, two collective slots of two halves (chunk bytes
-// each), and a mailbox per sending peer (two slots of a quarter chunk); and the same slots
-// and mailboxes again for operations captured in CUDA graphs (below).
+// every rank of the host): a page of flags, collective slots of two halves (chunk bytes
+// each; four, of which stepped calls use two), and a mailbox per sending peer (two slots of
+// a quarter chunk); and two slots and the mailboxes again for operations captured in CUDA
+// graphs (below).
 //
 // A collective runs in steps of at most one chunk per rank; step e uses slot e % 2 and the
 // flags of parity e % 2. In a step each rank copies its share into its slot, raises its
@@ -31,8 +32,10 @@
 // pushing blocks write this rank's parts into its peers' slots over NVLink while its
 // receiving blocks reduce or copy out what the peers pushed here, with flags per block
 // that the peers write into this rank's workspace (so every wait polls local memory) and a
-// cooperative launch (a block may wait for another of its own grid). Spinning waits suit a
-// GPU per rank only; ranks sharing a GPU keep the stepped path.
+// cooperative launch (a block may wait for another of its own grid). A large broadcast
+// travels a chain instead (each rank takes it from the one before and passes it on, one
+// sender and one receiver per GPU). Spinning waits suit a GPU per rank only; ranks sharing a
+// GPU keep the stepped path.
 //
 // A transfer moves in chunks through the receiver's mailbox for the sender: the sender
 // writes chunk k into slot k % 2 once the receiver has taken chunk k - 2, and raises its
@@ -273,6 +276,7 @@ class CudaExecutor final : public DeviceExecutor {
   int fusedBlocks_ = cuda::kMaxFusedBlocks;  // most block pairs per fused kernel
   size_t fusedTwoShotBytes_ = 0;             // smallest all_reduce fused in two shots
   size_t fusedTwoShotBroadcastBytes_ = 0;    // smallest broadcast fused in two shots
+  size_t fusedChainBroadcastBytes_ = 0;      // smallest broadcast fused along a chain
   size_t blockFlagsAt_ = 0;                  // the fused kernels' flags, in every workspace
   CUstream side_ = nullptr;                  // the second stream
   CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts

@@ -67,12 +67,12 @@ void CudaFusedTrace::write() const {
     return;
   }
   const cuda::FusedParams& p = last_;
-  const int roles = p.twoShot ? 3 : 2;
+  const int roles = p.chain ? 1 : p.twoShot ? 3 : 2;
   const uint64_t steps = std::min(p.steps, kSteps);
   std::fprintf(f,
-               "# rank %d size %d two_shot %d root %d blocks %d roles %d steps %llu count %llu "
-               "per_step %llu share %llu element_bytes %zu\n",
-               p.rank, p.size, p.twoShot, p.root, p.blocks, roles,
+               "# rank %d size %d two_shot %d chain %d root %d blocks %d roles %d steps %llu "
+               "count %llu per_step %llu share %llu element_bytes %zu\n",
+               p.rank, p.size, p.twoShot, p.chain, p.root, p.blocks, roles,
                static_cast<unsigned long long>(p.steps), static_cast<unsigned long long>(p.count),
                static_cast<unsigned long long>(p.perStep), static_cast<unsigned long long>(p.share),
                elementBytes_);

@@ -5,7 +5,7 @@
 // path pays a round of stream waits and launches per step (docs/PERFORMANCE.md, "Where a
 // large call's time goes"). Pushing blocks write this rank's parts into its peers' slots
 // over NVLink while receiving blocks reduce or copy out what the peers pushed here, so the
-// link stays busy meanwhile; slots alternate by step parity. Included by kernels.cu, which
+// link stays busy meanwhile; a step fills slot epoch % depth. Included by kernels.cu, which
 // instantiates the reduction per element type and ReduceOp, and the copy once (in bytes).
 
 #include <cuda/atomic>
@@ -46,10 +46,14 @@ __device__ inline uint64_t* gatherFreedFlag(const FusedParams& p, int owner, int
                                             int block) {
   return p.blockFlags[owner] + 3 * kMaxSources * kMaxFusedBlocks + reader * kMaxFusedBlocks + block;
 }
-// Where `sender`'s pushes land in `receiver`'s slot of the parity at `parity` bytes.
-__device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver, uint64_t parity) {
+// Where the slot of step `epoch` starts, in bytes from slot 0 (the same on every rank).
+__device__ inline uint64_t slotOf(const FusedParams& p, uint64_t epoch) {
+  return (epoch % static_cast<uint64_t>(p.depth)) * p.slotBytes;
+}
+// Where `sender`'s pushes land in `receiver`'s slot at `slot` bytes (slotOf).
+__device__ inline uint8_t* region(const FusedParams& p, int sender, int receiver, uint64_t slot) {
   const int index = sender < receiver ? sender : sender - 1;
-  return p.slots[receiver] + parity + index * p.regionBytes;
+  return p.slots[receiver] + slot + index * p.regionBytes;
 }
 
 // Calls fn(q) for each peer q in `mask`, in the turns `block` of this rank sends in
@@ -212,7 +216,7 @@ __device__ inline bool awaitFlag(uint64_t* flag, uint64_t value, const volatile 
   return true;
 }
 
-// A pushing block's step: once every receiver is done with what this block pushed two
+// A pushing block's step: once every receiver is done with what this block pushed `depth`
 // steps ago, write this rank's slice of each receiver's part into its slot and say so.
 // Elements [lo + from, lo + from + n) of each part, of `size` bytes each.
 __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, uint64_t epoch,
@@ -220,7 +224,9 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
   const int t = threadIdx.x;
   const bool pushes = t < p.size && (p.pushesTo >> t & 1u);
   bool ok = true;
-  if (step >= 2 && pushes) ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - 2, p.abort);
+  if (step >= static_cast<uint64_t>(p.depth) && pushes) {
+    ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - p.depth, p.abort);
+  }
   if (!__syncthreads_and(ok)) return false;
   mark(p, step, 1);
   mark(p, step, 2);
@@ -232,9 +238,9 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
       raise(p.ready[p.rank], epoch);
     }
   }
-  const uint64_t parity = (epoch % 2) * p.parityBytes;
+  const uint64_t slot = slotOf(p, epoch);
   forPeersInTurn(p, block, p.pushesTo, [&](int q) {
-    copyByBlock(region(p, p.rank, q, parity) + from * size,
+    copyByBlock(region(p, p.rank, q, slot) + from * size,
                 static_cast<const uint8_t*>(p.sources[q]) + (lo + from) * size, n * size);
   });
   // Every thread's writes reach the system before any arrival is raised (see raise).
@@ -297,9 +303,9 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
   }
   mark(p, step, 1);
   mark(p, step, 2);
-  const uint64_t parity = (epoch % 2) * p.parityBytes;
+  const uint64_t slot = slotOf(p, epoch);
   auto received = [&](int q) {
-    return reinterpret_cast<const S*>(region(p, q, p.rank, parity)) + from;
+    return reinterpret_cast<const S*>(region(p, q, p.rank, slot)) + from;
   };
   if constexpr (kReduces) {
     const S* srcs[kMaxSources];
@@ -353,7 +359,7 @@ __device__ void twoShot(const FusedParams& p) {
     const uint64_t epoch = p.firstEpoch + step;
     const uint64_t lo = step * p.perStep;
     const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
-    const uint64_t parity = (epoch % 2) * p.parityBytes;
+    const uint64_t slot = slotOf(p, epoch);
     // Elements [from, to) of share q of this step (whole 16-byte vectors, in the same place
     // of the share in every step: fusedSlice), and `at`, the slice's bytes into a region.
     uint64_t from = 0;
@@ -378,16 +384,17 @@ __device__ void twoShot(const FusedParams& p) {
         }
       }
       if (!contributes) continue;
-      if (step >= 2 && !awaitPeers(
-                           p, owners & peers, [&](int q) { return freedFlag(p, p.rank, q, block); },
-                           epoch - 2, false)) {
+      if (step >= static_cast<uint64_t>(p.depth) &&
+          !awaitPeers(
+              p, owners & peers, [&](int q) { return freedFlag(p, p.rank, q, block); },
+              epoch - p.depth, false)) {
         return;
       }
       mark(p, step, 1);
       mark(p, step, 2);
       forPeersInTurn(p, block, owners, [&](int q) {
         slice(q);
-        copyByBlock(region(p, p.rank, q, parity) + at,
+        copyByBlock(region(p, p.rank, q, slot) + at,
                     reinterpret_cast<const uint8_t*>(input + lo + from), (to - from) * sizeof(S));
       });
       __syncthreads();
@@ -403,9 +410,10 @@ __device__ void twoShot(const FusedParams& p) {
         return;
       }
       mark(p, step, 1);
-      if (step >= 2 && !awaitPeers(
-                           p, others, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); },
-                           epoch - 2, false)) {
+      if (step >= static_cast<uint64_t>(p.depth) &&
+          !awaitPeers(
+              p, others, [&](int q) { return gatherFreedFlag(p, p.rank, q, block); },
+              epoch - p.depth, false)) {
         return;
       }
       mark(p, step, 2);
@@ -416,19 +424,19 @@ __device__ void twoShot(const FusedParams& p) {
       int ndst = 0;
       dsts[ndst++] = output + lo + from;
       forPeersInTurn(p, block, others, [&](int q) {
-        dsts[ndst++] = reinterpret_cast<S*>(region(p, p.rank, q, parity + p.gatherAt) + at);
+        dsts[ndst++] = reinterpret_cast<S*>(region(p, p.rank, q, slot + p.gatherAt) + at);
       });
       if constexpr (kReduces) {
         const S* srcs[kMaxSources];
         for (int q = 0; q < p.size; ++q) {
           srcs[q] = q == p.rank ? input + lo + from
-                                : reinterpret_cast<const S*>(region(p, q, p.rank, parity) + at);
+                                : reinterpret_cast<const S*>(region(p, q, p.rank, slot) + at);
         }
         reduceToEach<S, A, K>(dsts, ndst, srcs, p.size, to - from, p.factor, p.divisor);
       } else {
         // A broadcast's owner is never its root: its share is what the root pushed here.
         copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
-                   region(p, p.root, p.rank, parity) + at, (to - from) * sizeof(S));
+                   region(p, p.root, p.rank, slot) + at, (to - from) * sizeof(S));
       }
       // One barrier serves both flags: every thread's loads of the contributors' regions are
       // done before "freed", and its writes to the peers are published by "gathered" (raise).
@@ -451,7 +459,7 @@ __device__ void twoShot(const FusedParams& p) {
       forPeersInTurn(p, block, others, [&](int q) {
         slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
-                    region(p, q, p.rank, parity + p.gatherAt) + at, (to - from) * sizeof(S));
+                    region(p, q, p.rank, slot + p.gatherAt) + at, (to - from) * sizeof(S));
       });
       __syncthreads();
       raisePeers(
@@ -469,8 +477,69 @@ __device__ void twoShot(const FusedParams& p) {
   }
 }
 
+// A broadcast along a chain (FusedParams::chain).
+__device__ inline void chainBroadcast(const FusedParams& p) {
+  const int block = static_cast<int>(blockIdx.x);
+  const auto [prev, next] = chainLinks(p.rank, p.size, p.root);
+  const bool receives = prev >= 0;
+  const bool sends = next >= 0;
+  const uint8_t* input = static_cast<const uint8_t*>(p.own);
+  uint8_t* output = static_cast<uint8_t*>(p.outputs[0]);
+  for (uint64_t step = 0; step < p.steps; ++step) {
+    const uint64_t epoch = p.firstEpoch + step;
+    const uint64_t lo = step * p.perStep;
+    const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
+    const uint64_t first = p.count < p.perStep ? p.count : p.perStep;
+    const auto [from, to] = fusedSlice(first, n, p.blocks, block, 16);
+    const uint64_t slot = slotOf(p, epoch);
+    mark(p, step, 0);
+    if (step == 0 && threadIdx.x == 0) {
+      // Published before this block's first arrival, which is what the next rank's check
+      // follows; the ready flag lets a rank on another call name the mismatch.
+      *p.descriptors[p.rank] = p.mine;
+      if (block == 0) {
+        __threadfence_system();
+        raise(p.ready[p.rank], epoch);
+      }
+    }
+    if (receives && !awaitPeers(
+                        p, 1u << prev, [&](int q) { return arrivedFlag(p, p.rank, q, block); },
+                        epoch, step == 0)) {
+      return;
+    }
+    mark(p, step, 1);
+    if (sends && step >= static_cast<uint64_t>(p.depth) &&
+        !awaitPeers(
+            p, 1u << next, [&](int q) { return freedFlag(p, p.rank, q, block); }, epoch - p.depth,
+            false)) {
+      return;
+    }
+    mark(p, step, 2);
+    // One read serves the output and the next rank's slot (the root's own output only when
+    // the call is not in place).
+    uint8_t* dsts[2];
+    int ndst = 0;
+    if (receives || input != output) dsts[ndst++] = output + lo + from;
+    if (sends) dsts[ndst++] = p.slots[next] + slot + from;
+    copyToEach(dsts, ndst, receives ? p.slots[p.rank] + slot + from : input + lo + from, to - from);
+    __syncthreads();  // every load done before "freed"; every write published by "arrived"
+    if (receives) {
+      raisePeers(
+          p, 1u << prev, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
+    }
+    if (sends) {
+      raisePeers(
+          p, 1u << next, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
+    }
+    mark(p, step, 3);
+  }
+}
+
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
+  if constexpr (!kReduces) {
+    if (p.chain) return chainBroadcast(p);
+  }
   if (p.twoShot) return twoShot<S, A, K, kReduces>(p);
   const bool pushes = fusedRole(static_cast<int>(blockIdx.x), 2) == 0;
   const int block = fusedRoleBlock(static_cast<int>(blockIdx.x), 2);

@@ -100,7 +100,7 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 
 /// A whole collective in one launch, for ranks that each have a GPU of their own
 /// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks,
-/// 3 x blocks for two-shot).
+/// 3 x blocks for two-shot, `blocks` for a chain).
 /// The call runs in steps of perStep elements (bytes for a copy), step i in epoch
 /// firstEpoch + i, over element offsets [i x perStep, ...) of every part. Its blocks play
 /// roles (fusedRole): pushing block b pushes its slice of each step of sources[q] into rank q's
@@ -109,7 +109,7 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 /// its own, then reduces its slice (sources in rank order: `own` for this rank, the regions of its
 /// slot for the others) into outputs[0], or copies each region of rank q to outputs[q] and `own` to
 /// outputs[rank], and raises "freed" in each sender's flags, which that sender's pusher waits for
-/// before it writes the same slot parity again two steps later. Every wait polls the rank's own
+/// before it writes the same slot again `depth` steps later. Every wait polls the rank's own
 /// memory. The first step also publishes this rank's descriptor (and raises its collective "ready"
 /// flag, so a peer running a different operation can name the mismatch) and checks the descriptor
 /// of every rank it receives from.
@@ -122,7 +122,7 @@ inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 /// outputs[0] (broadcast: copies the root's), pushes the result into every other owner's
 /// gather region for this rank (at gatherAt in the slot) and raises "gathered" there;
 /// gathering block b copies each other owner's gathered slice into outputs[0] and raises
-/// "gather freed" in that owner's flags, which its owning block b waits for two steps
+/// "gather freed" in that owner's flags, which its owning block b waits for `depth` steps
 /// later (broadcast's root copies its input into its output instead). Every block sends to
 /// its peers in turn from a place of its own (fusedPeerInTurn), never all to one at once.
 struct FusedParams {
@@ -138,13 +138,19 @@ struct FusedParams {
   int32_t blocks;  ///< block pairs; every rank runs as many
   int32_t rank;
   int32_t size;
-  uint8_t* slots[kMaxSources];  ///< rank q's slot of parity 0 (parity 1 at + parityBytes)
-  uint64_t parityBytes;
-  uint64_t regionBytes;  ///< a sender's region in a slot
-  int32_t twoShot;       ///< in two shots (3 x blocks blocks; above)
-  int32_t root;          ///< two-shot: the broadcast's root, or -1 for all_reduce
-  uint64_t share;        ///< two-shot: elements of a share (perStep = size x share)
-  uint64_t gatherAt;     ///< two-shot: where the gather regions start in a slot
+  uint8_t* slots[kMaxSources];  ///< rank q's slot 0 (slot k at + k x slotBytes)
+  uint64_t slotBytes;           ///< from one slot to the next
+  uint64_t regionBytes;         ///< a sender's region in a slot
+  int32_t depth;  ///< slots: step epoch e uses slot e % depth, freed by step e - depth
+  /// A broadcast along a chain (chainLinks; a copy, `blocks` blocks of one role): each rank
+  /// but the root waits for block b's slice of a step from the rank before it, copies it to
+  /// outputs[0] and, in the same pass, into the next rank's slot (a step fills a slot), raises
+  /// "arrived" there and "freed" in the rank before it; the root pushes `own`.
+  int32_t chain;
+  int32_t twoShot;    ///< in two shots (3 x blocks blocks; above)
+  int32_t root;       ///< two-shot: the broadcast's root, or -1 for all_reduce
+  uint64_t share;     ///< two-shot: elements of a share (perStep = size x share)
+  uint64_t gatherAt;  ///< two-shot: where the gather regions start in a slot
   /// Rank q's block flags: arrived[sender][block], freed[reader][block], and for two-shot
   /// gathered[sender][block] and gatherFreed[reader][block].
   uint64_t* blockFlags[kMaxSources];
@@ -223,6 +229,19 @@ LOOM_HOST_DEVICE inline int twoShotShares(int size, int root) {
 /// Two-shot: where owner q's share lies in a step (root < 0: all_reduce, every rank owns one).
 LOOM_HOST_DEVICE inline int twoShotShareIndex(int q, int root) {
   return root >= 0 && q > root ? q - 1 : q;
+}
+
+/// A chained broadcast's order: the i-th link is rank (root + i) % size; each link receives
+/// from the one before it and passes on to the one after it (-1: none), so every GPU has one
+/// sender and one receiver, as in NCCL's ring, where two shots had each owner take the
+/// message from three (docs/PERFORMANCE.md, "A chained broadcast").
+struct ChainLinks {
+  int prev;
+  int next;
+};
+LOOM_HOST_DEVICE inline ChainLinks chainLinks(int rank, int size, int root) {
+  const int at = (rank - root + size) % size;
+  return {at > 0 ? (rank + size - 1) % size : -1, at < size - 1 ? (rank + 1) % size : -1};
 }
 
 /// The k-th peer (k < size - 1) that block `block` of `rank` sends to within a fused step.

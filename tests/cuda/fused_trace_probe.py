@@ -32,9 +32,10 @@ CALLS = 5
 
 # What each role's blocks do and wait for (fused_collective.cuh), by kernel kind.
 ROLES = {
-    False: [("push", "slot freed", None), ("receive", "arrivals", None)],
-    True: [("scatter", "slot freed", None), ("own", "shares arrived", "gather freed"),
-           ("gather", "gathered", None)],
+    "one-shot": [("push", "slot freed", None), ("receive", "arrivals", None)],
+    "two-shot": [("scatter", "slot freed", None), ("own", "shares arrived", "gather freed"),
+                 ("gather", "gathered", None)],
+    "chain": [("link", "the step arrived", "next slot freed")],
 }
 
 
@@ -65,7 +66,7 @@ def read(path):
 
 def summarize(path, nbytes):
     h, rows = read(path)
-    two_shot = bool(h["two_shot"])
+    kind = "chain" if h.get("chain") else "two-shot" if h["two_shot"] else "one-shot"
     steps = min(h["steps"], 1024)
     # A row is this call's if its phases are in order and inside the call (rows of a role
     # a rank does not play keep older values).
@@ -75,13 +76,13 @@ def summarize(path, nbytes):
         return
     start, end = min(r[4] for r in valid), max(r[7] for r in valid)
     span = (end - start) / 1e3
-    role_of_root = " (root)" if two_shot and h["root"] == h["rank"] else ""
+    role_of_root = " (root)" if kind != "one-shot" and h["root"] == h["rank"] else ""
     print(f"rank {h['rank']}{role_of_root}: {h['blocks']} blocks per role, {h['steps']} steps of "
           f"{h['per_step'] * h['element_bytes'] / 2**20:.2f} MiB; the call's blocks ran "
           f"{span:.0f} us ({nbytes / span / 1e3:.0f} GB/s of the buffer)", flush=True)
     # Steady steps only: the first two have no slot to wait for, the last may be short.
     steady = [r for r in valid if 2 <= r[3] < steps - 1] or valid
-    for role, (name, first, second) in enumerate(ROLES[two_shot]):
+    for role, (name, first, second) in enumerate(ROLES[kind]):
         mine = [r for r in steady if r[0] == role]
         if not mine:
             continue

@@ -132,5 +132,28 @@ TEST(FusedRole, EveryRoleAndBlockOnceAndRolesTakeTurns) {
   }
 }
 
+// A chained broadcast: from the root, following `next` visits every rank once and ends at
+// the one rank with no successor; `prev` undoes `next`; only the root has no predecessor.
+TEST(ChainLinks, FromTheRootThroughEveryRankOnce) {
+  for (int size = 2; size <= kMaxSources; ++size) {
+    for (int root = 0; root < size; ++root) {
+      EXPECT_EQ(chainLinks(root, size, root).prev, -1);
+      std::vector<int> visited(static_cast<size_t>(size), 0);
+      int at = root;
+      for (int hops = 0; at >= 0; ++hops) {
+        ASSERT_LT(hops, size) << "size " << size << " root " << root;
+        ++visited[static_cast<size_t>(at)];
+        const int next = chainLinks(at, size, root).next;
+        if (next >= 0) EXPECT_EQ(chainLinks(next, size, root).prev, at);
+        at = next;
+      }
+      for (int n : visited) EXPECT_EQ(n, 1);
+      for (int rank = 0; rank < size; ++rank) {
+        if (rank != root) EXPECT_GE(chainLinks(rank, size, root).prev, 0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::cuda
