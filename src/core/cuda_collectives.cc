@@ -87,8 +87,9 @@ void CudaExecutor::broadcast(const CollectiveArgs& args) {
     // all_gather), so the root's link carries the message once instead of once per peer:
     // from 2 MiB that wins (four GPUs: 38.5 and 41.9 us against 53.5 and 51.0 in one shot).
     // From 32 MiB the message travels a chain instead, every GPU taking it from one sender
-    // and passing it to one receiver, as NCCL's ring does: 0.93-1.05x NCCL's bus bandwidth
-    // from 32 MiB against two shots' 0.81-0.97x (docs/PERFORMANCE.md, "A chained broadcast").
+    // and passing it to one receiver, as NCCL's ring does: 0.93-1.12x NCCL's bus bandwidth
+    // from 32 MiB to 1 GiB against two shots' 0.80-0.92x (four H200s; docs/PERFORMANCE.md,
+    // "A chained broadcast").
     cuda::FusedParams p{};
     p.chain = bytes >= fusedChainBroadcastBytes_;
     p.twoShot = !p.chain;
