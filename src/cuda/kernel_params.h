@@ -148,7 +148,7 @@ struct FusedParams {
   /// "arrived" there and "freed" in the rank before it; the root pushes `own`.
   int32_t chain;
   int32_t twoShot;    ///< in two shots (3 x blocks blocks; above)
-  int32_t root;       ///< two-shot: the broadcast's root, or -1 for all_reduce
+  int32_t root;       ///< two-shot and chain: the broadcast's root, or -1 for all_reduce
   uint64_t share;     ///< two-shot: elements of a share (perStep = size x share)
   uint64_t gatherAt;  ///< two-shot: where the gather regions start in a slot
   /// Rank q's block flags: arrived[sender][block], freed[reader][block], and for two-shot
