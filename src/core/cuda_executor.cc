@@ -13,6 +13,7 @@
 
 #include "core/cuda_fused_trace.h"
 #include "core/cuda_steps.h"
+#include "core/cuda_workspace.h"
 #include "core/flight_recorder.h"
 #include "cuda/driver.h"
 #include "loom/error.h"
@@ -32,9 +33,8 @@ using cuda::Driver;
 // flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
 // the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
 // of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
-// chunks sent to and taken from each peer, and its pair blocks. Then the eager lane's
-// kEagerSlots collective slots, the graph lane's two, the eager lane's mailboxes (one per
-// sending peer), the graph lane's, and the fused collectives' block flags.
+// chunks sent to and taken from each peer, and its pair blocks. Then, from kDataOffset, the
+// collective slots, mailboxes and block flags (core/cuda_workspace.h).
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
 constexpr size_t kDescOffset = 5 * kFlagStride;
@@ -48,9 +48,6 @@ constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
 constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
 constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
 constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
-constexpr size_t kDataOffset = 64 << 10;
-// After the mailboxes: the fused collectives' block flags (see cuda::FusedParams).
-constexpr size_t kBlockFlagsBytes = 4 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
 static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kOddFlagsOffset &&
               kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
 static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
@@ -68,12 +65,6 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // piece one-shot, as many bytes as a share and the peer's reduced share two-shot, with one
 // round of waits and one launch fewer.
 constexpr size_t kOneShotBytes = 256 << 10;
-// Slots of two chunks in the eager lane. Stepped calls and the one- and two-shot fused
-// kernels take turns on two; a chained broadcast, whose steps travel the chain one link
-// after another, keeps a step of a chunk in each of the eight halves: with two slots (four
-// steps in flight) it read 0.89-0.93x NCCL's bus bandwidth from 512 MiB on four H200s, with
-// four 0.93-0.97x (docs/PERFORMANCE.md, "A chained broadcast").
-constexpr size_t kEagerSlots = 4;
 
 // Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
 // purpose below) | dtype (8) | reduce kind (8) | 1 if per-rank sizes vary (8) | root or
@@ -176,14 +167,11 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       size_(exchange.localSize),
       failures_(failures),
       mailSlot_(std::max<size_t>(roundDown(chunk_ / 4, 16), 4096)),
-      // The eager lane's kEagerSlots slots of two chunks (stepped calls and two-shot use the
-      // first two), the graph lane's two, then the mailboxes of each.
-      eager_(0, kOddFlagsOffset, kDescOffset, kDataOffset, kPairOffset,
-             kDataOffset + (2 * kEagerSlots + 4) * chunk_, false, exchange.localSize),
-      graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset,
-             kDataOffset + 2 * kEagerSlots * chunk_, kGraphPairOffset,
-             eager_.mailboxesAt + static_cast<size_t>(exchange.localSize) * 2 * mailSlot_, true,
-             exchange.localSize) {
+      layout_(workspaceLayout(chunk_, mailSlot_, exchange.localSize)),
+      eager_(0, kOddFlagsOffset, kDescOffset, layout_.eagerSlots, kPairOffset,
+             layout_.eagerMailboxes, false, exchange.localSize),
+      graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset, layout_.graphSlots,
+             kGraphPairOffset, layout_.graphMailboxes, true, exchange.localSize) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
   // until the deadline. Once it has offered, a failure of this rank (a peer gone mid-way, a
@@ -235,8 +223,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       check(d.cuMemHostGetDevicePointer(&reportDevice, report, 0), op, exchange.rank,
             "cuMemHostGetDevicePointer");
       report_ = reinterpret_cast<cuda::MismatchReport*>(reportDevice);
-      blockFlagsAt_ = graph_.mailboxesAt + static_cast<size_t>(size_) * 2 * mailSlot_;
-      mine_ = cuda::SharedMemory::allocate(dev, blockFlagsAt_ + kBlockFlagsBytes);
+      mine_ = cuda::SharedMemory::allocate(dev, layout_.bytes);
       posix::Fd exported = mine_->exportFd();
       offered = true;
       std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
@@ -550,7 +537,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   p.depth = p.chain ? static_cast<int32_t>(2 * kEagerSlots) : 2;
   for (int q = 0; q < size_; ++q) {
     p.slots[q] = in(q, 0);
-    p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + blockFlagsAt_);
+    p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + layout_.blockFlags);
     p.ready[q] = reinterpret_cast<uint64_t*>(flag(q, kReady, p.firstEpoch));
     p.descriptors[q] = descriptor(q, p.firstEpoch);
   }

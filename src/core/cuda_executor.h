@@ -87,6 +87,7 @@
 
 #include "core/config.h"
 #include "core/cuda_fused_trace.h"
+#include "core/cuda_workspace.h"
 #include "core/device_executor.h"
 #include "core/failure_domain.h"
 #include "core/fd_exchange.h"
@@ -151,7 +152,7 @@ class CudaExecutor final : public DeviceExecutor {
     size_t flagsAt;        // the ready/reduced/done lines of even epochs
     size_t oddFlagsAt;     // and of odd epochs
     size_t descriptorsAt;  // two collective descriptors, by epoch parity
-    size_t slotsAt;        // two slots of two halves, chunk bytes each
+    size_t slotsAt;        // slots of two halves, chunk bytes each (cuda_workspace.h)
     size_t pairsAt;        // a pair block per peer
     size_t mailboxesAt;    // two mailbox slots per sending peer
     bool onDevice;
@@ -277,11 +278,11 @@ class CudaExecutor final : public DeviceExecutor {
   size_t fusedTwoShotBytes_ = 0;             // smallest all_reduce fused in two shots
   size_t fusedTwoShotBroadcastBytes_ = 0;    // smallest broadcast fused in two shots
   size_t fusedChainBroadcastBytes_ = 0;      // smallest broadcast fused along a chain
-  size_t blockFlagsAt_ = 0;                  // the fused kernels' flags, in every workspace
   CUstream side_ = nullptr;                  // the second stream
   CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts
   CUevent joined_ = nullptr;                 // recorded on side_ where it ends
   size_t mailSlot_ = 0;                      // bytes per mailbox slot
+  WorkspaceLayout layout_;                   // where slots, mailboxes and block flags lie
   cuda::MismatchReport* report_ = nullptr;   // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;
   std::unique_ptr<CudaFusedTrace> trace_;  // LOOM_CUDA_FUSED_TRACE's record, if set
