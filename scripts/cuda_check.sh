@@ -63,7 +63,7 @@ if [ "$what" = nccl ]; then
   "$PYTHON" tests/cuda/check_cuda.py --gpu-per-rank --ranks $ranks 2>&1 \
     | tee "$out/cuda_check_gpu_per_rank.txt"
   if [ "$gpus" -ge 3 ]; then  # the chained broadcast at every size, in many steps
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2046  # the ranks split into words on purpose
     LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0 LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES=0 \
       LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --gpu-per-rank \
       --ranks $(seq 3 "$(( gpus < 4 ? gpus : 4 ))" | tr '\n' ' ') --parts movement mismatch killed \
