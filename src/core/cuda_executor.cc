@@ -166,7 +166,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       rank_(exchange.localRank),
       size_(exchange.localSize),
       failures_(failures),
-      mailSlot_(std::max<size_t>(roundDown(chunk_ / 4, 16), 4096)),
+      mailSlot_(mailSlotBytes(chunk_)),
       layout_(workspaceLayout(chunk_, mailSlot_, exchange.localSize)),
       eager_(0, kOddFlagsOffset, kDescOffset, layout_.eagerSlots, kPairOffset,
              layout_.eagerMailboxes, false, exchange.localSize),

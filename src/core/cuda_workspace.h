@@ -5,6 +5,7 @@
 // computes the same layout from the same chunk, mailbox slot and number of ranks, and maps
 // its peers' workspaces with it.
 
+#include <algorithm>
 #include <cstddef>
 
 #include "cuda/kernel_params.h"
@@ -25,6 +26,12 @@ inline constexpr size_t kGraphSlots = 2;
 /// The fused kernels' block flags: arrived, freed, gathered and gather freed, per rank and
 /// block (cuda::FusedParams::blockFlags).
 inline constexpr size_t kBlockFlagsBytes = 4 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
+
+/// Bytes per mailbox slot for slot halves of `chunk` bytes: a quarter chunk in whole
+/// 16-byte vectors, at least 4 KiB.
+inline size_t mailSlotBytes(size_t chunk) {
+  return std::max<size_t>(chunk / 4 / 16 * 16, 4096);
+}
 
 /// Offsets of the data parts, in this order, and the workspace's size.
 struct WorkspaceLayout {

@@ -6,19 +6,12 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
-
 namespace loom::detail {
 namespace {
 
-// The mailbox slot the executor takes for a chunk: a quarter chunk, at least 4 KiB.
-size_t mailSlotFor(size_t chunk) {
-  return std::max<size_t>(chunk / 4 / 16 * 16, 4096);
-}
-
 TEST(WorkspaceLayout, PartsFollowEachOtherWithoutOverlap) {
   for (size_t chunk : {size_t{64} << 10, size_t{1} << 20, size_t{8} << 20, size_t{1} << 30}) {
-    const size_t mail = mailSlotFor(chunk);
+    const size_t mail = mailSlotBytes(chunk);
     for (int ranks = 1; ranks <= cuda::kMaxSources; ++ranks) {
       const WorkspaceLayout l = workspaceLayout(chunk, mail, ranks);
       const size_t mailboxes = static_cast<size_t>(ranks) * 2 * mail;
@@ -37,7 +30,7 @@ TEST(WorkspaceLayout, PartsFollowEachOtherWithoutOverlap) {
 // stepped path's two slots are the first of them.
 TEST(WorkspaceLayout, EagerSlotsHoldTheChainsStepsAndTheSteppedPathsTwo) {
   const size_t chunk = size_t{8} << 20;
-  const WorkspaceLayout l = workspaceLayout(chunk, mailSlotFor(chunk), 4);
+  const WorkspaceLayout l = workspaceLayout(chunk, mailSlotBytes(chunk), 4);
   EXPECT_GE(kEagerSlots, 2u);
   EXPECT_EQ(l.graphSlots - l.eagerSlots, 2 * kEagerSlots * chunk);
 }
@@ -46,7 +39,7 @@ TEST(WorkspaceLayout, EagerSlotsHoldTheChainsStepsAndTheSteppedPathsTwo) {
 TEST(WorkspaceLayout, DefaultSizeIsWhatTheDocsSay) {
   const size_t chunk = size_t{8} << 20;
   for (int ranks : {2, 4, 8}) {
-    const size_t bytes = workspaceLayout(chunk, mailSlotFor(chunk), ranks).bytes;
+    const size_t bytes = workspaceLayout(chunk, mailSlotBytes(chunk), ranks).bytes;
     const size_t said = (size_t{96} << 20) + static_cast<size_t>(ranks) * (size_t{8} << 20);
     EXPECT_GE(bytes, said);
     EXPECT_LE(bytes, said + (size_t{1} << 20)) << ranks;  // the flag pages and block flags
