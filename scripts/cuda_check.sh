@@ -52,6 +52,11 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   LOOM_CUDA_FUSED=1 LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0 LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES=0 \
     LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 4 \
     --parts movement mismatch killed 2>&1 | tee "$out/cuda_check_fused_chain.txt"
+  # The ring all_reduce (more than two ranks, each with a GPU, from 32 MiB) at every size,
+  # in many steps.
+  LOOM_CUDA_FUSED=1 LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES=0 \
+    LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 4 \
+    --parts reductions mismatch killed 2>&1 | tee "$out/cuda_check_fused_ring.txt"
 fi
 if [ "$what" = nccl ]; then
   "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" 2>&1 \
@@ -62,12 +67,17 @@ if [ "$what" = nccl ]; then
   # shellcheck disable=SC2086
   "$PYTHON" tests/cuda/check_cuda.py --gpu-per-rank --ranks $ranks 2>&1 \
     | tee "$out/cuda_check_gpu_per_rank.txt"
-  if [ "$gpus" -ge 3 ]; then  # the chained broadcast at every size, in many steps
+  if [ "$gpus" -ge 3 ]; then  # the chained broadcast and the ring all_reduce at every size, in many steps
     # shellcheck disable=SC2046  # the ranks split into words on purpose
     LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0 LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES=0 \
       LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --gpu-per-rank \
       --ranks $(seq 3 "$(( gpus < 4 ? gpus : 4 ))" | tr '\n' ' ') --parts movement mismatch killed \
       2>&1 | tee "$out/cuda_check_gpu_per_rank_chain.txt"
+    # shellcheck disable=SC2046
+    LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES=0 LOOM_CUDA_CHUNK_BYTES=65536 \
+      "$PYTHON" tests/cuda/check_cuda.py --gpu-per-rank \
+      --ranks $(seq 3 "$(( gpus < 4 ? gpus : 4 ))" | tr '\n' ' ') --parts reductions mismatch killed \
+      2>&1 | tee "$out/cuda_check_gpu_per_rank_ring.txt"
   fi
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

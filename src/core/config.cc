@@ -49,6 +49,8 @@ Config Config::load(int localRanks) {
                                                  c.cuda.fusedTwoShotBroadcastBytes, 0, SIZE_MAX);
   c.cuda.fusedChainBroadcastBytes = env::bytes("LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES",
                                                c.cuda.fusedChainBroadcastBytes, 0, SIZE_MAX);
+  c.cuda.fusedRingAllReduceBytes = env::bytes("LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES",
+                                              c.cuda.fusedRingAllReduceBytes, 0, SIZE_MAX);
   if (const auto trace = env::text("LOOM_CUDA_FUSED_TRACE")) c.cuda.fusedTrace = *trace;
   c.cuda.fusedBlocks = static_cast<int>(
       env::integer("LOOM_CUDA_FUSED_BLOCKS", c.cuda.fusedBlocks, 1, c.cuda.fusedBlocks));

@@ -38,6 +38,10 @@ struct CudaTuning {
   /// The smallest broadcast that a fused kernel runs along a chain, for more than two ranks
   /// (LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES); smaller ones, two shots or one.
   size_t fusedChainBroadcastBytes = size_t{32} << 20;
+  /// The smallest all_reduce that a fused kernel runs around a ring, for more than two ranks
+  /// and element types that accumulate in themselves (LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES);
+  /// smaller ones, and float16/bfloat16 (which accumulate in float32), run in two shots.
+  size_t fusedRingAllReduceBytes = size_t{16} << 20;
   /// Debug: a path prefix for the fused kernels' step timeline (LOOM_CUDA_FUSED_TRACE;
   /// CudaFusedTrace); empty: none.
   std::string fusedTrace;

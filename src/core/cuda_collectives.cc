@@ -16,6 +16,25 @@ void CudaExecutor::reduceAlone(const void* input, void* output, size_t count,
   reduce(output, own, count, args, noAgreement());
 }
 
+namespace {
+
+// Whether a ring all_reduce (FusedParams::chain) can reduce `args`: its partial results
+// cross between ranks in the element type, so only where the kernels accumulate in that
+// type (kernels.cu: not float16/bfloat16, which add in float32, nor an integer AVG, which
+// adds in int64); those keep two shots.
+bool ringReduces(const CollectiveArgs& args) {
+  switch (args.type) {
+    case DataType::kFloat16:
+    case DataType::kBFloat16: return false;
+    case DataType::kFloat32:
+    case DataType::kFloat64:
+    case DataType::kInt64: return true;
+    default: return args.op.kind() != ReduceKind::kAvg;
+  }
+}
+
+}  // namespace
+
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
@@ -27,7 +46,10 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   // it the two are alike (docs/PERFORMANCE.md, "Where two shots start").
   if (fusable() && (oneShot || bytes >= fusedTwoShotBytes_)) {
     cuda::FusedParams p{};
-    p.twoShot = !oneShot;
+    // Large ones around a ring: one sender and one receiver per GPU (docs/PERFORMANCE.md,
+    // "A ring all_reduce").
+    p.chain = !oneShot && size_ > 2 && bytes >= fusedRingAllReduceBytes_ && ringReduces(args);
+    p.twoShot = !oneShot && !p.chain;
     p.root = -1;  // every rank contributes
     for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
     p.pushesTo = p.receivesFrom = everyPeer();

@@ -78,8 +78,8 @@ constexpr int kFusedBlocksShift = 26;
 // A call fused in two shots (all_reduce, broadcast): the top bit of the high half, which
 // holds a root (below 2^31) or nothing for them; only send/recv tags use all 32 bits.
 constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
-// A broadcast fused along a chain: the bit below it (a root, a rank of one host, stays far
-// below 2^30).
+// A broadcast fused along a chain, or an all_reduce around a ring: the bit below it (a root,
+// a rank of one host, stays far below 2^30).
 constexpr uint64_t kChainBit = uint64_t{1} << 62;
 
 uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
@@ -142,11 +142,13 @@ std::string explain(const cuda::Descriptor& d) {
   if (fused) {
     const std::string blocks = std::to_string((w0 >> kFusedBlocksShift & 63) + 1);
     text += ", fused into one kernel of " + blocks +
-            (chain     ? " blocks, along a chain"
-             : twoShot ? " blocks per role, in two shots"
-                       : " block pairs") +
+            (chain && kind == CollectiveKind::kAllReduce ? " blocks, around a ring"
+             : chain                                     ? " blocks, along a chain"
+             : twoShot                                   ? " blocks per role, in two shots"
+                                                         : " block pairs") +
             " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
-            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES)";
+            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES, "
+            "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES)";
   }
   return text;
 }
@@ -261,6 +263,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
       fusedChainBroadcastBytes_ = tuning.fusedChainBroadcastBytes;
+      fusedRingAllReduceBytes_ = tuning.fusedRingAllReduceBytes;
       if (!tuning.fusedTrace.empty() && fused_) {
         trace_ = std::make_unique<CudaFusedTrace>(tuning.fusedTrace, exchange.rank);
       }
@@ -489,21 +492,33 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   // second, a share each.
   const size_t peers = static_cast<size_t>(size_ - 1);
   const size_t regionBytes = roundDown((p.twoShot ? 1 : 2) * chunk_ / peers, 16);
-  // A two-shot step is one share per owner; a one-shot step is one region.
-  const size_t shares = p.twoShot ? static_cast<size_t>(cuda::twoShotShares(size_, p.root)) : 1;
-  if (p.chain) {
-    p.perStep = chunk_;  // a copy: counts in bytes
-  } else if (p.twoShot) {
-    // Equal shares of whole 16-byte vectors, as large as a region holds.
+  // A two-shot step is one share per owner, a ring's one per rank (each hop carries one); a
+  // one-shot step is one region.
+  const bool ring = p.chain && p.root < 0;
+  // A chain's step and a ring's hop fill a slot of their own, from the one sender: a chained
+  // broadcast's a chunk in each half of the eager slots (eight in flight, see kEagerSlots), a
+  // ring's a whole slot (four): on four H200s 16 MiB hops read 0.97-1.06x NCCL's bus
+  // bandwidth from 64 MiB where 8 MiB ones read 0.88-1.01x and 4 MiB ones 0.74-0.82x, each
+  // pass paying about 4.4 us besides its bytes (docs/PERFORMANCE.md, "A ring all_reduce").
+  const size_t chainSlot = ring ? 2 * chunk_ : chunk_;
+  const size_t shares = p.twoShot ? static_cast<size_t>(cuda::twoShotShares(size_, p.root))
+                        : ring    ? static_cast<size_t>(size_)
+                                  : 1;
+  if (p.twoShot || ring) {
+    // Equal shares of whole 16-byte vectors, as large as a region (a ring: a slot) holds.
     const size_t vector = 16 / std::min<size_t>(elementBytes, 16);
     const size_t even = ((p.count + shares - 1) / shares + vector - 1) / vector * vector;
-    p.share = std::clamp(even, vector, regionBytes / elementBytes);
+    p.share = std::clamp(even, vector, (ring ? chainSlot : regionBytes) / elementBytes);
     p.perStep = p.share * shares;
-    p.gatherAt = chunk_;
+    p.gatherAt = p.twoShot ? chunk_ : 0;
+  } else if (p.chain) {
+    p.perStep = chunk_;  // a copy: counts in bytes
   } else {
     p.perStep = regionBytes / elementBytes;
   }
   p.steps = p.count == 0 ? 1 : (p.count + p.perStep - 1) / p.perStep;
+  // A ring's step is ringHops epochs, one per hop.
+  const uint64_t epochs = ring ? p.steps * static_cast<uint64_t>(cuda::ringHops(size_)) : p.steps;
   p.firstEpoch = lane_->epoch + 1;
   // The kernel writes into every slot of its peers from its first steps: every peer must be
   // done with the steps that used them last (of earlier calls; a peer's "done" of the last
@@ -519,11 +534,11 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   for (size_t i = 0; i < n; i += cuda::kMaxSources) {
     queueFlagSteps({waits.data() + i, std::min<size_t>(cuda::kMaxSources, n - i)});
   }
-  lane_->epoch += p.steps;
-  // Slices of about 64 KiB per block and step, up to fusedBlocks_ blocks per role; from the
-  // call's size alone, so every rank runs as many.
+  lane_->epoch += epochs;
+  // Slices of about 64 KiB per block and step (a ring's: hop), up to fusedBlocks_ blocks per
+  // role; from the call's size alone, so every rank runs as many.
   const uint64_t stepBytes =
-      std::min<uint64_t>(p.count * elementBytes / shares, p.chain ? p.perStep : regionBytes);
+      std::min<uint64_t>(p.count * elementBytes / shares, p.chain ? chainSlot : regionBytes);
   const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
   p.blocks =
       static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
@@ -531,10 +546,9 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
                          (p.twoShot ? kTwoShotBit : 0) | (p.chain ? kChainBit : 0);
   p.rank = rank_;
   p.size = size_;
-  // A chain's step fills a slot of its own, one region from the one sender (see kEagerSlots).
-  p.slotBytes = p.chain ? chunk_ : 2 * chunk_;
+  p.slotBytes = p.chain ? chainSlot : 2 * chunk_;
   p.regionBytes = p.chain ? 0 : regionBytes;
-  p.depth = p.chain ? static_cast<int32_t>(2 * kEagerSlots) : 2;
+  p.depth = static_cast<int32_t>(p.chain ? kEagerSlots * 2 * chunk_ / chainSlot : 2);
   for (int q = 0; q < size_; ++q) {
     p.slots[q] = in(q, 0);
     p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + layout_.blockFlags);
@@ -559,7 +573,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   const std::array<FlagStep, 2> done{
       FlagStep{flag(rank_, kDone, last), nullptr, last, false},
       FlagStep{flag(rank_, kDone, last - 1), nullptr, last - 1, false}};
-  queueFlagSteps({done.data(), p.steps > 1 ? size_t{2} : size_t{1}});
+  queueFlagSteps({done.data(), epochs > 1 ? size_t{2} : size_t{1}});
 }
 
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {

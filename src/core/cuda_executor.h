@@ -34,7 +34,9 @@
 // that the peers write into this rank's workspace (so every wait polls local memory) and a
 // cooperative launch (a block may wait for another of its own grid). A large broadcast
 // travels a chain instead (each rank takes it from the one before and passes it on, one
-// sender and one receiver per GPU). Spinning waits suit a GPU per rank only; ranks sharing a
+// sender and one receiver per GPU), and a large all_reduce goes around a ring the same way
+// (each share gathers every rank's part on its way round, then goes round once more
+// finished). Spinning waits suit a GPU per rank only; ranks sharing a
 // GPU keep the stepped path.
 //
 // A transfer moves in chunks through the receiver's mailbox for the sender: the sender
@@ -278,6 +280,7 @@ class CudaExecutor final : public DeviceExecutor {
   size_t fusedTwoShotBytes_ = 0;             // smallest all_reduce fused in two shots
   size_t fusedTwoShotBroadcastBytes_ = 0;    // smallest broadcast fused in two shots
   size_t fusedChainBroadcastBytes_ = 0;      // smallest broadcast fused along a chain
+  size_t fusedRingAllReduceBytes_ = 0;       // smallest all_reduce fused around a ring
   CUstream side_ = nullptr;                  // the second stream
   CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts
   CUevent joined_ = nullptr;                 // recorded on side_ where it ends

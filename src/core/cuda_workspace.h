@@ -19,7 +19,8 @@ inline constexpr size_t kDataOffset = 64 << 10;
 /// kernels take turns on two; a chained broadcast, whose steps travel the chain one link
 /// after another, keeps a step of a chunk in each of the eight halves: with two slots (four
 /// steps in flight) it read 0.89-0.93x NCCL's bus bandwidth from 512 MiB on four H200s, with
-/// four 0.93-0.97x (docs/PERFORMANCE.md, "A chained broadcast").
+/// four 0.93-0.97x (docs/PERFORMANCE.md, "A chained broadcast"); a ring all_reduce keeps a
+/// hop in each slot.
 inline constexpr size_t kEagerSlots = 4;
 /// The graph lane's slots of two chunks (stepped calls only).
 inline constexpr size_t kGraphSlots = 2;

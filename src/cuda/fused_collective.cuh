@@ -80,6 +80,25 @@ __device__ inline void mark(const FusedParams& p, uint64_t step, int phase) {
   }
 }
 
+// Marks a step's waits as over where it has one wait or none (both trace points at once).
+__device__ inline void markWaited(const FusedParams& p, uint64_t step) {
+  mark(p, step, 1);
+  mark(p, step, 2);
+}
+
+// In the call's first step, thread 0 of every block publishes this rank's descriptor
+// before the block raises its first arrival (which is what a peer's check follows), and
+// block 0 raises the collective "ready" flag, so that a peer running another operation can
+// name the mismatch.
+__device__ inline void publishOnce(const FusedParams& p, int block, uint64_t step, uint64_t epoch) {
+  if (step != 0 || threadIdx.x != 0) return;
+  *p.descriptors[p.rank] = p.mine;
+  if (block == 0) {
+    __threadfence_system();
+    raise(p.ready[p.rank], epoch);
+  }
+}
+
 // Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
 __device__ inline bool sameDescriptor(const Descriptor* theirs, const Descriptor& mine) {
   const volatile Descriptor* d = theirs;
@@ -144,10 +163,13 @@ __device__ inline void copyByBlock(uint8_t* dst, const uint8_t* src, uint64_t by
 }
 
 // This block's dsts[j][i] = op over srcs[0..nsrc)[i], in source order, for i < n and every
-// j < ndst: one reduction serves every destination.
+// j < ndst: one reduction serves every destination. A ring's partial result comes in as
+// srcs[0] already scaled (`scaleFirst` false: PREMUL_SUM's factor spares it) and leaves
+// unfinished (`finish` false: AVG's division waits for the last rank's part).
 template <class S, class A, int K>
 __device__ void reduceToEach(S* const* dsts, int ndst, const S* const* srcs, int nsrc, uint64_t n,
-                             double factor, double divisor) {
+                             double factor, double divisor, bool scaleFirst = true,
+                             bool finish = true) {
   constexpr int kV = 16 / sizeof(S);
   bool aligned = true;
   for (int j = 0; j < ndst; ++j) aligned &= reinterpret_cast<uintptr_t>(dsts[j]) % 16 == 0;
@@ -164,7 +186,9 @@ __device__ void reduceToEach(S* const* dsts, int ndst, const S* const* srcs, int
 #pragma unroll
     for (int j = 0; j < kV; ++j) {
       acc[j] = widen<A>(in.e[j]);
-      if constexpr (K == kPremulSum) acc[j] = acc[j] * static_cast<A>(factor);
+      if constexpr (K == kPremulSum) {
+        if (scaleFirst) acc[j] = acc[j] * static_cast<A>(factor);
+      }
     }
     for (int s = 1; s < nsrc; ++s) {
       in.raw = __ldcg(reinterpret_cast<const uint4*>(srcs[s]) + v);
@@ -180,14 +204,18 @@ __device__ void reduceToEach(S* const* dsts, int ndst, const S* const* srcs, int
     Pack out;
 #pragma unroll
     for (int j = 0; j < kV; ++j) {
-      if constexpr (K == kAvg) acc[j] = acc[j] / static_cast<A>(divisor);
+      if constexpr (K == kAvg) {
+        if (finish) acc[j] = acc[j] / static_cast<A>(divisor);
+      }
       out.e[j] = narrow<S>(acc[j]);
     }
     for (int j = 0; j < ndst; ++j) reinterpret_cast<uint4*>(dsts[j])[v] = out.raw;
   }
   for (uint64_t i = vectors * kV + threadIdx.x; i < n; i += blockDim.x) {
     A acc = widen<A>(loadFresh(srcs[0] + i));
-    if constexpr (K == kPremulSum) acc = acc * static_cast<A>(factor);
+    if constexpr (K == kPremulSum) {
+      if (scaleFirst) acc = acc * static_cast<A>(factor);
+    }
     for (int s = 1; s < nsrc; ++s) {
       const A x = widen<A>(loadFresh(srcs[s] + i));
       if constexpr (K == kPremulSum)
@@ -195,7 +223,9 @@ __device__ void reduceToEach(S* const* dsts, int ndst, const S* const* srcs, int
       else
         acc = combine<K>(acc, x);
     }
-    if constexpr (K == kAvg) acc = acc / static_cast<A>(divisor);
+    if constexpr (K == kAvg) {
+      if (finish) acc = acc / static_cast<A>(divisor);
+    }
     for (int j = 0; j < ndst; ++j) dsts[j][i] = narrow<S>(acc);
   }
 }
@@ -228,16 +258,8 @@ __device__ inline bool pushStep(const FusedParams& p, int block, uint64_t step, 
     ok = awaitFlag(freedFlag(p, p.rank, t, block), epoch - p.depth, p.abort);
   }
   if (!__syncthreads_and(ok)) return false;
-  mark(p, step, 1);
-  mark(p, step, 2);
-  if (step == 0 && t == 0) {
-    // Each block publishes before its own arrivals, which are what a peer's check follows.
-    *p.descriptors[p.rank] = p.mine;
-    if (block == 0) {
-      __threadfence_system();
-      raise(p.ready[p.rank], epoch);
-    }
-  }
+  markWaited(p, step);
+  publishOnce(p, block, step, epoch);
   const uint64_t slot = slotOf(p, epoch);
   forPeersInTurn(p, block, p.pushesTo, [&](int q) {
     copyByBlock(region(p, p.rank, q, slot) + from * size,
@@ -301,8 +323,7 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
           step == 0)) {
     return false;
   }
-  mark(p, step, 1);
-  mark(p, step, 2);
+  markWaited(p, step);
   const uint64_t slot = slotOf(p, epoch);
   auto received = [&](int q) {
     return reinterpret_cast<const S*>(region(p, q, p.rank, slot)) + from;
@@ -376,13 +397,7 @@ __device__ void twoShot(const FusedParams& p) {
     };
     mark(p, step, 0);
     if (role == 0) {
-      if (step == 0 && threadIdx.x == 0) {
-        *p.descriptors[p.rank] = p.mine;
-        if (block == 0) {
-          __threadfence_system();
-          raise(p.ready[p.rank], epoch);
-        }
-      }
+      publishOnce(p, block, step, epoch);
       if (!contributes) continue;
       if (step >= static_cast<uint64_t>(p.depth) &&
           !awaitPeers(
@@ -390,8 +405,7 @@ __device__ void twoShot(const FusedParams& p) {
               epoch - p.depth, false)) {
         return;
       }
-      mark(p, step, 1);
-      mark(p, step, 2);
+      markWaited(p, step);
       forPeersInTurn(p, block, owners, [&](int q) {
         slice(q);
         copyByBlock(region(p, p.rank, q, slot) + at,
@@ -454,8 +468,7 @@ __device__ void twoShot(const FusedParams& p) {
               p, others, [&](int q) { return gatheredFlag(p, p.rank, q, block); }, epoch, false)) {
         return;
       }
-      mark(p, step, 1);
-      mark(p, step, 2);
+      markWaited(p, step);
       forPeersInTurn(p, block, others, [&](int q) {
         slice(q);
         copyByBlock(reinterpret_cast<uint8_t*>(output + lo + from),
@@ -493,15 +506,7 @@ __device__ inline void chainBroadcast(const FusedParams& p) {
     const auto [from, to] = fusedSlice(first, n, p.blocks, block, 16);
     const uint64_t slot = slotOf(p, epoch);
     mark(p, step, 0);
-    if (step == 0 && threadIdx.x == 0) {
-      // Published before this block's first arrival, which is what the next rank's check
-      // follows; the ready flag lets a rank on another call name the mismatch.
-      *p.descriptors[p.rank] = p.mine;
-      if (block == 0) {
-        __threadfence_system();
-        raise(p.ready[p.rank], epoch);
-      }
-    }
+    publishOnce(p, block, step, epoch);
     if (receives && !awaitPeers(
                         p, 1u << prev, [&](int q) { return arrivedFlag(p, p.rank, q, block); },
                         epoch, step == 0)) {
@@ -535,9 +540,83 @@ __device__ inline void chainBroadcast(const FusedParams& p) {
   }
 }
 
+// An all_reduce around a ring (FusedParams::chain, root < 0; ringShare). Only for element
+// types that accumulate in themselves: a partial result crosses to the next rank in S.
+template <class S, class A, int K>
+__device__ void ringAllReduce(const FusedParams& p) {
+  const int block = static_cast<int>(blockIdx.x);
+  const int prev = (p.rank + p.size - 1) % p.size;
+  const int next = (p.rank + 1) % p.size;
+  const int hops = ringHops(p.size);
+  constexpr uint64_t kV = 16 / sizeof(S);
+  const S* input = static_cast<const S*>(p.own);
+  S* output = static_cast<S*>(p.outputs[0]);
+  for (uint64_t step = 0; step < p.steps; ++step) {
+    const uint64_t lo = step * p.perStep;
+    const uint64_t n = p.count - lo < p.perStep ? p.count - lo : p.perStep;
+    const uint64_t base = p.firstEpoch + step * static_cast<uint64_t>(hops);
+    mark(p, step, 0);
+    publishOnce(p, block, step, base);
+    for (int pass = 0; pass <= hops; ++pass) {
+      // This block's slice of the pass's share: cut from a whole share (fusedSlice), so it
+      // lies where it did in every earlier hop through the same slots.
+      const uint64_t start = static_cast<uint64_t>(ringShare(p.rank, p.size, pass)) * p.share;
+      const uint64_t first = start < n ? start : n;
+      const uint64_t last = first + p.share < n ? first + p.share : n;
+      const FusedSlice s = fusedSlice(p.share, last - first, p.blocks, block, kV);
+      const bool receives = pass > 0;
+      const bool sends = pass < hops;
+      const uint64_t in = base + static_cast<uint64_t>(pass) - 1;  // hop pass - 1's epoch
+      const uint64_t out = base + static_cast<uint64_t>(pass);
+      if (receives && !awaitPeers(
+                          p, 1u << prev, [&](int q) { return arrivedFlag(p, p.rank, q, block); },
+                          in, step == 0 && pass == 1)) {
+        return;
+      }
+      if (pass == 1) mark(p, step, 1);
+      if (sends && out - p.firstEpoch >= static_cast<uint64_t>(p.depth) &&
+          !awaitPeers(
+              p, 1u << next, [&](int q) { return freedFlag(p, p.rank, q, block); }, out - p.depth,
+              false)) {
+        return;
+      }
+      const S* incoming = reinterpret_cast<const S*>(p.slots[p.rank] + slotOf(p, in)) + s.from;
+      S* dsts[2];
+      int ndst = 0;
+      if (pass >= p.size - 1) dsts[ndst++] = output + lo + first + s.from;
+      if (sends) dsts[ndst++] = reinterpret_cast<S*>(p.slots[next] + slotOf(p, out)) + s.from;
+      if (pass < p.size) {
+        // The share's partial sum so far, then this rank's part; an in-place call reads
+        // its input here before pass size - 1 or later writes the same elements.
+        const S* srcs[2] = {incoming, input + lo + first + s.from};
+        reduceToEach<S, A, K>(dsts, ndst, receives ? srcs : srcs + 1, receives ? 2 : 1,
+                              s.to - s.from, p.factor, p.divisor, !receives, pass == p.size - 1);
+      } else {
+        copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
+                   reinterpret_cast<const uint8_t*>(incoming), (s.to - s.from) * sizeof(S));
+      }
+      if (pass == p.size - 1) mark(p, step, 2);
+      __syncthreads();  // every load done before "freed"; every write published by "arrived"
+      if (receives) {
+        raisePeers(
+            p, 1u << prev, [&](int q) { return freedFlag(p, q, p.rank, block); }, in);
+      }
+      if (sends) {
+        raisePeers(
+            p, 1u << next, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, out);
+      }
+    }
+    mark(p, step, 3);
+  }
+}
+
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
-  if constexpr (!kReduces) {
+  if constexpr (kReduces) {
+    if constexpr (__is_same(S, A)) {
+      if (p.chain) return ringAllReduce<S, A, K>(p);
+    }
+  } else {
     if (p.chain) return chainBroadcast(p);
   }
   if (p.twoShot) return twoShot<S, A, K, kReduces>(p);

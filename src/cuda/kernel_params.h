@@ -142,14 +142,20 @@ struct FusedParams {
   uint64_t slotBytes;           ///< from one slot to the next
   uint64_t regionBytes;         ///< a sender's region in a slot
   int32_t depth;  ///< slots: step epoch e uses slot e % depth, freed by step e - depth
-  /// A broadcast along a chain (chainLinks; a copy, `blocks` blocks of one role): each rank
-  /// but the root waits for block b's slice of a step from the rank before it, copies it to
-  /// outputs[0] and, in the same pass, into the next rank's slot (a step fills a slot), raises
-  /// "arrived" there and "freed" in the rank before it; the root pushes `own`.
+  /// Along a chain (`blocks` blocks of one role; a slot holds one step or hop from the rank
+  /// before).
+  /// A broadcast (chainLinks; a copy): each rank but the root waits for block b's slice of a
+  /// step from the rank before it, copies it to outputs[0] and, in the same pass, into the
+  /// next rank's slot, raises "arrived" there and "freed" in the rank before it; the root
+  /// pushes `own`. An all_reduce (root < 0) goes around the ring: a step is `size` shares of
+  /// `share` elements, and each of its ringHops(size) hops is epoch firstEpoch + step x hops +
+  /// hop. In pass k of a step (ringShare) a rank takes share ringShare(rank, size, k) from
+  /// hop k - 1, adds `own`'s (passes below size; pass size - 1 finishes the share into
+  /// outputs[0]) or copies it to outputs[0] (later passes), and sends the result on as hop k.
   int32_t chain;
   int32_t twoShot;    ///< in two shots (3 x blocks blocks; above)
   int32_t root;       ///< two-shot and chain: the broadcast's root, or -1 for all_reduce
-  uint64_t share;     ///< two-shot: elements of a share (perStep = size x share)
+  uint64_t share;     ///< two-shot and ring: elements of a share (perStep = shares x share)
   uint64_t gatherAt;  ///< two-shot: where the gather regions start in a slot
   /// Rank q's block flags: arrived[sender][block], freed[reader][block], and for two-shot
   /// gathered[sender][block] and gatherFreed[reader][block].
@@ -242,6 +248,21 @@ struct ChainLinks {
 LOOM_HOST_DEVICE inline ChainLinks chainLinks(int rank, int size, int root) {
   const int at = (rank - root + size) % size;
   return {at > 0 ? (rank + size - 1) % size : -1, at < size - 1 ? (rank + 1) % size : -1};
+}
+
+/// A ring all_reduce's hops per step (FusedParams::chain with root < 0): size - 1 to reduce
+/// the shares, size - 1 to pass the finished ones round.
+LOOM_HOST_DEVICE inline int ringHops(int size) {
+  return 2 * (size - 1);
+}
+
+/// The share of a step that `rank` of a ring all_reduce works on in pass `pass` (0 to
+/// ringHops): pass 0 sends its own share, pass k takes what pass k - 1 of the rank before it
+/// sent, so each share starts at its own rank, has every rank's part added by the rank
+/// before it (pass size - 1), and then goes round once more, as in NCCL's ring: one sender
+/// and one receiver per GPU, where two shots had each rank take a share from every other.
+LOOM_HOST_DEVICE inline int ringShare(int rank, int size, int pass) {
+  return ((rank - pass) % size + size) % size;
 }
 
 /// The k-th peer (k < size - 1) that block `block` of `rank` sends to within a fused step.

@@ -3,6 +3,7 @@
 // lies inside the one it has in the call's first step, so a block never writes region bytes
 // that another block of the receiver frees (found on four H200s: a short last step's
 // slices, cut from its own size, corrupted all_gather and reduce_scatter of 3M floats).
+// The chain's links and the ring all_reduce's schedule, the same way.
 
 #include <gtest/gtest.h>
 
@@ -150,6 +151,93 @@ TEST(ChainLinks, FromTheRootThroughEveryRankOnce) {
       for (int n : visited) EXPECT_EQ(n, 1);
       for (int rank = 0; rank < size; ++rank) {
         if (rank != root) EXPECT_GE(chainLinks(rank, size, root).prev, 0);
+      }
+    }
+  }
+}
+
+// A ring all_reduce (FusedParams::chain, root < 0), run on the host in the kernel's order of
+// passes and hops: in place (one array per rank is input and output, as an in-place call),
+// each hop through a slot of its own, integer sums, so every rank must end with the exact
+// total in every element, and no rank may overwrite an element of its input before its last
+// read of it. Shares at the end of a step may be short or empty.
+void checkRing(int size, uint64_t count, uint64_t share) {
+  SCOPED_TRACE("size " + std::to_string(size) + ", count " + std::to_string(count) + ", share " +
+               std::to_string(share));
+  const uint64_t perStep = share * static_cast<uint64_t>(size);
+  const uint64_t steps = count == 0 ? 1 : (count + perStep - 1) / perStep;
+  const int hops = ringHops(size);
+  std::vector<std::vector<int64_t>> data(static_cast<size_t>(size));
+  std::vector<int64_t> want(count, 0);
+  for (int r = 0; r < size; ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      data[static_cast<size_t>(r)].push_back((r + 1) * 1'000'003 + static_cast<int64_t>(i) * 7);
+      want[i] += data[static_cast<size_t>(r)].back();
+    }
+  }
+  // slots[r][hop]: what the rank before r sent as hop `hop` of the current step.
+  std::vector<std::vector<std::vector<int64_t>>> slots(
+      static_cast<size_t>(size), std::vector<std::vector<int64_t>>(static_cast<size_t>(hops)));
+  for (uint64_t step = 0; step < steps; ++step) {
+    const uint64_t lo = step * perStep;
+    const uint64_t n = count - lo < perStep ? count - lo : perStep;
+    for (int pass = 0; pass <= hops; ++pass) {
+      for (int r = 0; r < size; ++r) {
+        const int next = (r + 1) % size;
+        const uint64_t start = static_cast<uint64_t>(ringShare(r, size, pass)) * share;
+        const uint64_t first = start < n ? start : n;
+        const uint64_t last = first + share < n ? first + share : n;
+        std::vector<int64_t>& mine = data[static_cast<size_t>(r)];
+        const std::vector<int64_t>* incoming =
+            pass > 0 ? &slots[static_cast<size_t>(r)][static_cast<size_t>(pass - 1)] : nullptr;
+        if (incoming != nullptr) ASSERT_EQ(incoming->size(), last - first) << "rank " << r;
+        std::vector<int64_t> result(last - first);
+        for (uint64_t i = 0; i < last - first; ++i) {
+          const int64_t in = incoming != nullptr ? (*incoming)[i] : 0;
+          result[i] = pass < size ? in + mine[lo + first + i] : in;
+        }
+        if (pass >= size - 1) {
+          for (uint64_t i = 0; i < last - first; ++i) mine[lo + first + i] = result[i];
+        }
+        if (pass < hops) {
+          slots[static_cast<size_t>(next)][static_cast<size_t>(pass)] = std::move(result);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    ASSERT_EQ(data[static_cast<size_t>(r)], want) << "rank " << r;
+  }
+}
+
+TEST(RingAllReduce, EveryRankEndsWithTheTotalInPlace) {
+  for (int size = 2; size <= kMaxSources; ++size) {
+    for (uint64_t share : {uint64_t{4}, uint64_t{64}}) {
+      const uint64_t perStep = share * static_cast<uint64_t>(size);
+      for (uint64_t count :
+           {uint64_t{0}, uint64_t{1}, share + 3, perStep - 1, perStep, 3 * perStep + share / 2}) {
+        checkRing(size, count, share);
+      }
+    }
+  }
+}
+
+TEST(RingAllReduce, EachPassTakesWhatTheRankBeforeSent) {
+  for (int size = 2; size <= kMaxSources; ++size) {
+    for (int rank = 0; rank < size; ++rank) {
+      const int prev = (rank + size - 1) % size;
+      std::vector<int> reduced(static_cast<size_t>(size), 0);
+      std::vector<int> written(static_cast<size_t>(size), 0);
+      for (int pass = 0; pass <= ringHops(size); ++pass) {
+        const int share = ringShare(rank, size, pass);
+        if (pass > 0) EXPECT_EQ(share, ringShare(prev, size, pass - 1));
+        if (pass < size) ++reduced[static_cast<size_t>(share)];
+        if (pass >= size - 1) ++written[static_cast<size_t>(share)];
+      }
+      // Every share gets this rank's part once, and its finished value once.
+      for (int q = 0; q < size; ++q) {
+        EXPECT_EQ(reduced[static_cast<size_t>(q)], 1) << "size " << size << " rank " << rank;
+        EXPECT_EQ(written[static_cast<size_t>(q)], 1) << "size " << size << " rank " << rank;
       }
     }
   }
