@@ -16,25 +16,6 @@ void CudaExecutor::reduceAlone(const void* input, void* output, size_t count,
   reduce(output, own, count, args, noAgreement());
 }
 
-namespace {
-
-// Whether a ring all_reduce (FusedParams::chain) can reduce `args`: its partial results
-// cross between ranks in the element type, so only where the kernels accumulate in that
-// type (kernels.cu: not float16/bfloat16, which add in float32, nor an integer AVG, which
-// adds in int64); those keep two shots.
-bool ringReduces(const CollectiveArgs& args) {
-  switch (args.type) {
-    case DataType::kFloat16:
-    case DataType::kBFloat16: return false;
-    case DataType::kFloat32:
-    case DataType::kFloat64:
-    case DataType::kInt64: return true;
-    default: return args.op.kind() != ReduceKind::kAvg;
-  }
-}
-
-}  // namespace
-
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
@@ -48,7 +29,8 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
     cuda::FusedParams p{};
     // Large ones around a ring: one sender and one receiver per GPU (docs/PERFORMANCE.md,
     // "A ring all_reduce").
-    p.chain = !oneShot && size_ > 2 && bytes >= fusedRingAllReduceBytes_ && ringReduces(args);
+    p.chain = !oneShot && size_ > 2 && bytes >= fusedRingAllReduceBytes_ &&
+              cuda::ringReduces(static_cast<int>(args.type), static_cast<int>(args.op.kind()));
     p.twoShot = !oneShot && !p.chain;
     p.root = -1;  // every rank contributes
     for (int q = 0; q < size_; ++q) p.sources[q] = args.input;

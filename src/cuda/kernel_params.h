@@ -256,6 +256,15 @@ LOOM_HOST_DEVICE inline int ringHops(int size) {
   return 2 * (size - 1);
 }
 
+/// Whether a ring all_reduce can reduce elements of DataType `type` with ReduceKind `kind`
+/// (enum values, as in the kernels' names): only where the kernels accumulate in the element
+/// type itself, since a ring carries partial sums from rank to rank in it. float16 and
+/// bfloat16 (2, 3) add in float32, and AVG (4) of 8- to 32-bit integers (4-7) in int64;
+/// those keep two shots. kernels.cu checks this against every kernel it builds.
+LOOM_HOST_DEVICE constexpr bool ringReduces(int type, int kind) {
+  return type != 2 && type != 3 && !(kind == 4 && type >= 4 && type <= 7);
+}
+
 /// The share of a step that `rank` of a ring all_reduce works on in pass `pass` (0 to
 /// ringHops): pass 0 sends its own share, pass k takes what pass k - 1 of the rank before it
 /// sent, so each share starts at its own rank, has every rank's part added by the rank

@@ -117,6 +117,8 @@ __device__ void reduceBody(const ReduceParams& p) {
 
 // The stepped and the fused reduction (fused_collective.cuh) of one type and op.
 #define LOOM_REDUCE(T, kind, S, A)                                                           \
+  static_assert(loom::cuda::ringReduces(T, kind) == std::is_same_v<S, A>,                    \
+                "the host's ring rule (ringReduces) disagrees with the accumulator");        \
   extern "C" __global__ void loom_reduce_##T##_##kind(ReduceParams p) {                      \
     reduceBody<S, A, kind>(p);                                                               \
   }                                                                                          \
