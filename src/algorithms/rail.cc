@@ -1,6 +1,6 @@
 // Inter-host steps among a rail: ring and recursive halving/doubling reduce-scatters and
-// all-gathers, the recursive-doubling all_reduce, and broadcasts (binomial tree, or scatter
-// then all-gather).
+// all-gathers, the recursive-doubling all_reduce, and broadcasts (binomial tree, pipelined
+// chain, or scatter then all-gather).
 
 #include "algorithms/rail.h"
 
@@ -13,8 +13,9 @@ namespace {
 // An all_reduce of at most this many bytes per member runs as recursive doubling: log2 n
 // exchanges of the whole buffer beat 2(n - 1) or 2 log2 n smaller ones while latency rules.
 constexpr size_t kDoublingBytes = size_t{64} << 10;
-// A broadcast of at most this many bytes goes down a binomial tree in whole; larger ones are
-// scattered and then all-gathered, so no member sends the whole buffer more than once.
+// A broadcast of at most this many bytes goes down a binomial tree in whole; larger ones go
+// down a chain in pieces where there are enough pieces to fill it, else are scattered and
+// then all-gathered, so no member sends the whole buffer more than once.
 constexpr size_t kTreeBytes = size_t{64} << 10;
 // From blocks of this many bytes a rail of 4 or 8 members goes round a ring rather than
 // halving and doubling: every member then talks to the same two members for the whole
@@ -24,6 +25,12 @@ constexpr size_t kTreeBytes = size_t{64} << 10;
 // against 69-79%; unshaped on 2 cores, halving's fewer steps won the all_reduce up to blocks
 // of 128 KiB, and by a little at 512 KiB).
 constexpr size_t kRingBlockBytes = size_t{512} << 10;
+// A broadcast down a chain goes in pieces of this many bytes, at most kMaxChainPieces. On
+// 1 Gb/s links (2-core machine) the chain carried 0.112-0.121 GB/s per host from 2-4 MiB
+// where the scatter and all-gather carried 0.057-0.065 over 4 hosts and 0.082-0.091 over 3
+// (docs/PERFORMANCE.md, "A chain for broadcast across hosts").
+constexpr size_t kChainPieceBytes = size_t{128} << 10;
+constexpr size_t kMaxChainPieces = 32;
 
 // Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
 enum Tag : int {
@@ -33,6 +40,7 @@ enum Tag : int {
   kDoubling = 4000,
   kTree = 5000,
   kScatter = 6000,
+  kChain = 7000,  // + the piece
 };
 
 int mod(int a, int n) {
@@ -259,6 +267,35 @@ void treeBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   }
 }
 
+// A pipelined chain from position 0: piece k travels down the rail a member per step, each
+// member passing piece k - 1 on while it takes piece k, so every link carries the buffer
+// once (a scatter then an all-gather makes the root's carry it 2(n - 1)/n times), and m
+// pieces arrive after m + n - 2 piece times.
+void chainBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t bytes,
+                    int pieces) {
+  const int n = rail.size();
+  const int pos = rail.position;
+  const int prev = pos > 0 ? rail.members[pos - 1] : -1;
+  const int next = pos + 1 < n ? rail.members[pos + 1] : -1;
+  auto piece = [&](int peer, int k) -> NetTransfer {
+    const size_t from = bytes * static_cast<size_t>(k) / static_cast<size_t>(pieces);
+    const size_t to = bytes * static_cast<size_t>(k + 1) / static_cast<size_t>(pieces);
+    return {peer, data + from, to - from, kChain + k};
+  };
+  // Step k takes piece k (not the root) and passes piece k - 1 on (not the last member).
+  for (int k = 0; k <= pieces; ++k) {
+    const bool receives = prev >= 0 && k < pieces;
+    const bool sends = next >= 0 && k > 0;
+    if (receives && sends) {
+      sendReceive(ctx, piece(next, k - 1), piece(prev, k));
+    } else if (receives) {
+      receiveOnly(ctx, piece(prev, k));
+    } else if (sends) {
+      sendOnly(ctx, piece(next, k - 1));
+    }
+  }
+}
+
 // Binomial scatter from position 0: member i ends with block i (and position 0 with all).
 void treeScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
                  size_t es) {
@@ -336,7 +373,11 @@ void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   if (n == 1 || count == 0) return;
   const Rail fromRoot = rail.rotated(root);
   const size_t es = elementSize(type);
-  if (n == 2 || count * es <= kTreeBytes) return treeBroadcast(ctx, fromRoot, data, count * es);
+  const size_t bytes = count * es;
+  if (n == 2 || bytes <= kTreeBytes) return treeBroadcast(ctx, fromRoot, data, bytes);
+  // The chain's n - 2 piece times of filling cost at most a fifth of its time.
+  const int pieces = static_cast<int>(std::min(bytes / kChainPieceBytes, kMaxChainPieces));
+  if (pieces >= 4 * (n - 2)) return chainBroadcast(ctx, fromRoot, data, bytes, pieces);
   Bounds bounds(static_cast<size_t>(n) + 1);
   for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
   treeScatter(ctx, fromRoot, data, bounds, es);

@@ -198,7 +198,8 @@ void checkMovement(Communicator& comm) {
 }
 
 // Buffers of 8 MiB and more go in segments whose network steps run on the rail thread while
-// the collective's thread runs the local steps of the others (hierarchical.cc).
+// the collective's thread runs the local steps of the others (hierarchical.cc); broadcasts
+// from 512 KiB per rail go down a chain of hosts (rail.cc).
 void checkLarge(Communicator& comm) {
   const int me = comm.rank();
   const int n = comm.size();
@@ -234,6 +235,14 @@ void checkLarge(Communicator& comm) {
   comm.broadcast(data.data(), data.data(), count, type, n - 1).wait();
   expectSame(data.data(), inputBytes(type, count, n - 1, salt), type, count,
              name("broadcast", type, count));
+  // Across three hosts and more, down the chain in pieces of uneven length (600,004 bytes in
+  // four), from another root.
+  const size_t odd = 150001;
+  std::vector<float> pieces(odd);
+  fillInput(pieces.data(), type, odd, me, ++salt);
+  comm.broadcast(pieces.data(), pieces.data(), odd, type, 0).wait();
+  expectSame(pieces.data(), inputBytes(type, odd, 0, salt), type, odd,
+             name("broadcast", type, odd));
 }
 
 // Runs `check` on `size` ranks placed by `hostOf` on `hosts`.

@@ -1,7 +1,8 @@
 // The schedules of the collectives across hosts (algorithms/schedule.h): every collective on
 // layouts up to 16,384 ranks finishes under rendezvous sends with every message matched, and
-// moves the bytes the cost model in docs/SCALING.md says; and the checker itself catches a
-// deadlock, a mismatched message and disagreeing local steps.
+// moves the bytes the cost model in docs/SCALING.md says (a large broadcast: each host's
+// share once); and the checker itself catches a deadlock, a mismatched message and
+// disagreeing local steps.
 
 #include <gtest/gtest.h>
 
@@ -89,6 +90,21 @@ TEST(Schedules, TwoHostsAllReduceIsOneExchangePerRail) {
   ASSERT_EQ(report.error, "");
   EXPECT_EQ(report.maxNetworkSteps, 1u);
   EXPECT_EQ(report.maxSentBytes, (size_t{4} << 20) / 4);
+}
+
+// A large broadcast goes down a chain of hosts: each host sends the buffer once at most (a
+// binomial scatter and an all-gather made the root's host send 2 (H - 1) / H of it).
+TEST(Schedules, LargeBroadcastSendsTheBufferOncePerHost) {
+  struct Case {
+    int hosts, perHost;
+  };
+  for (const Case c : {Case{3, 1}, Case{4, 2}, Case{8, 1}}) {
+    const size_t count = size_t{4} << 20;  // 16 MiB of float32: four segments
+    const ScheduleReport report =
+        simulate(hostsOf(c.hosts, c.perHost), opOf(CollectiveKind::kBroadcast, count));
+    ASSERT_EQ(report.error, "") << c.hosts << " hosts";
+    EXPECT_EQ(report.maxHostSentBytes, count * 4) << c.hosts << " hosts";
+  }
 }
 
 TEST(Schedules, AllGatherAndReduceScatterSendTheirShareOnce) {
