@@ -300,7 +300,8 @@ LOOM_HOST_DEVICE inline int fusedRoleBlock(int index, int roles) {
 
 /// The points of a fused step that LOOM_CUDA_FUSED_TRACE records: the step begins, its first
 /// wait for peers ends, its second wait ends (the same as the first where there is one), and
-/// its work is done and its flags raised.
+/// its work is done and its flags raised. A ring all_reduce's step, of many passes: it
+/// begins, its first hop has arrived, its adding passes are done, its copying passes are done.
 inline constexpr int kTracePhases = 4;
 
 /// A wait for a flag (until flag >= *base + offset, compared as a signed difference) or a

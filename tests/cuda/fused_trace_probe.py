@@ -36,6 +36,9 @@ ROLES = {
     "two-shot": [("scatter", "slot freed", None), ("own", "shares arrived", "gather freed"),
                  ("gather", "gathered", None)],
     "chain": [("link", "the step arrived", "next slot freed")],
+    # A ring all_reduce's step is 2(P-1) hops: its points are the first hop's arrival, the end
+    # of the passes that add (the share finished) and of the passes that copy.
+    "ring": [("ring", "the first hop", None)],
 }
 
 
@@ -66,7 +69,8 @@ def read(path):
 
 def summarize(path, nbytes):
     h, rows = read(path)
-    kind = "chain" if h.get("chain") else "two-shot" if h["two_shot"] else "one-shot"
+    chained = "ring" if h["root"] < 0 else "chain"
+    kind = chained if h.get("chain") else "two-shot" if h["two_shot"] else "one-shot"
     steps = min(h["steps"], 1024)
     # A row is this call's if its phases are in order and inside the call (rows of a role
     # a rank does not play keep older values).
@@ -76,7 +80,7 @@ def summarize(path, nbytes):
         return
     start, end = min(r[4] for r in valid), max(r[7] for r in valid)
     span = (end - start) / 1e3
-    role_of_root = " (root)" if kind != "one-shot" and h["root"] == h["rank"] else ""
+    role_of_root = " (root)" if kind in ("two-shot", "chain") and h["root"] == h["rank"] else ""
     print(f"rank {h['rank']}{role_of_root}: {h['blocks']} blocks per role, {h['steps']} steps of "
           f"{h['per_step'] * h['element_bytes'] / 2**20:.2f} MiB; the call's blocks ran "
           f"{span:.0f} us ({nbytes / span / 1e3:.0f} GB/s of the buffer)", flush=True)
@@ -91,9 +95,12 @@ def summarize(path, nbytes):
         work = [(r[7] - r[6]) / 1e3 for r in mine]
         total = sum(w1) + sum(w2) + sum(work)
         waits = f"wait for {first} {statistics.median(w1):.1f} us ({100 * sum(w1) / total:.0f}%)"
-        if second:
+        if kind == "ring":  # after the first hop each pass waits and works in turn
+            waits += f", adding passes {statistics.median(w2):.1f} us ({100 * sum(w2) / total:.0f}%)"
+        elif second:
             waits += f", for {second} {statistics.median(w2):.1f} us ({100 * sum(w2) / total:.0f}%)"
-        print(f"  {name:8s} median step: {waits}, work {statistics.median(work):.1f} us "
+        worked = "copying passes" if kind == "ring" else "work"
+        print(f"  {name:8s} median step: {waits}, {worked} {statistics.median(work):.1f} us "
               f"({100 * sum(work) / total:.0f}%); p90 work {sorted(work)[int(0.9 * len(work))]:.1f}"
               f" us; {len(mine)} block-steps", flush=True)
         # Every block moves as many bytes: how evenly did they? (Each block's work over the
