@@ -278,8 +278,7 @@ void chainBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, si
   const int prev = pos > 0 ? rail.members[pos - 1] : -1;
   const int next = pos + 1 < n ? rail.members[pos + 1] : -1;
   auto piece = [&](int peer, int k) -> NetTransfer {
-    const size_t from = bytes * static_cast<size_t>(k) / static_cast<size_t>(pieces);
-    const size_t to = bytes * static_cast<size_t>(k + 1) / static_cast<size_t>(pieces);
+    const auto [from, to] = sliceOf(bytes, k, pieces, 1);
     return {peer, data + from, to - from, kChain + k};
   };
   // Step k takes piece k (not the root) and passes piece k - 1 on (not the last member).
