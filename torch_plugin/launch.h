@@ -104,7 +104,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     finisher = nullptr;
   }
   auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
-                                            std::move(finisher), held ? std::nullopt : stream);
+                                            std::move(finisher), held ? std::nullopt : stream,
+                                            held || !stream ? nullptr : events_);
   work->track(std::move(requests), inputs);
   return work;
 }

@@ -292,9 +292,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   for (HeldFinish& h : held) finishOnStream(h.stream, h.inputs, h.outputs, h.finisher, h.requests);
   // The operations were queued as they were called (CUDA transfers just now); this work
   // completes with the last, and on CUDA follows the stream semantics of its calls.
-  auto work = c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
-                                            "coalesced", std::vector<at::Tensor>{},
-                                            std::vector<at::Tensor>{}, nullptr, stream);
+  auto work = c10::make_intrusive<WorkLoom>(
+      rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
+      std::vector<at::Tensor>{}, nullptr, stream, stream ? events_ : nullptr);
   work->track(std::move(requests));
   return work;
 }

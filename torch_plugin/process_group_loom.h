@@ -185,6 +185,7 @@ class ProcessGroupLoom : public c10d::Backend {
 
   std::mutex streamMutex_;
   std::optional<c10::Stream> loomStream_;  // CUDA calls' stream (one GPU per rank); streamMutex_
+  const std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();  // CUDA works' ends
 };
 
 }  // namespace loom::torch_plugin

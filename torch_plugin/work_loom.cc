@@ -50,36 +50,35 @@ std::optional<std::vector<at::Tensor>> profiled(bool profiling,
 
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
-                   std::function<void()> finisher, std::optional<c10::Stream> cudaStream)
+                   std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
+                   std::shared_ptr<EventPool> events)
     // Whether a profiler listens, asked as the RecordFunction that c10d::Work makes for a
     // title would ask (user scope, the dispatcher's fast path): at::hasCallbacks() takes a
     // lock, a few hundred instructions on every call.
     : WorkLoom(rank, type, profilingTitle, std::move(what), inputs, std::move(outputs),
-               std::move(finisher), cudaStream,
+               std::move(finisher), cudaStream, std::move(events),
                at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value()) {}
 
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                    std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
-                   bool profiling)
+                   std::shared_ptr<EventPool> events, bool profiling)
     : c10d::Work(rank, type, profiling ? profilingTitle : nullptr, profiled(profiling, inputs)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
-      cudaStream_(cudaStream) {
+      cudaStream_(cudaStream),
+      events_(std::move(events)) {
   if (!cudaStream_) return;  // the future comes in track(), if the work is not done by then
-  const auto& resultType = c10::ListType::ofTensors();  // one shared type, not one per work
-  // Everything this work queued is on the loom stream: mark its end there, and complete the
-  // future now with the loom stream current, so the future's own events follow it.
+  // Everything this work queued is on the loom stream: mark its end there.
   const c10::Device device = cudaStream_->device();
-  cudaEnd_.emplace(device.type());
+  cudaEnd_.emplace(events_ ? events_->take(device) : c10::Event(device.type()));
   cudaEnd_->record(*cudaStream_);
-  future_ = c10::make_intrusive<c10::ivalue::Future>(resultType, std::vector<c10::Device>{device});
-  c10::StreamGuard guard(*cudaStream_);
-  future_->markCompleted(c10::IValue(outputs_));
 }
 
-WorkLoom::~WorkLoom() = default;
+WorkLoom::~WorkLoom() {
+  if (cudaEnd_ && events_) events_->give(std::move(*cudaEnd_));
+}
 
 void WorkLoom::track(std::vector<Request> requests, const std::vector<at::Tensor>& reads) {
   if (!requests.empty()) seq_ = requests.back().sequence();
@@ -228,7 +227,24 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
-  if (!cudaStream_ && done_.load(std::memory_order_acquire)) {
+  if (cudaStream_) {
+    std::call_once(futureOnce_, [&] {
+      const c10::Device device = cudaStream_->device();
+      auto future =
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), std::vector{device});
+      // Complete now, its own events recorded where the collectives' end is: on a stream
+      // that waits for cudaEnd_, not on the loom stream, which may have taken later calls
+      // (or, for a blocking call, the caller's later kernels) since.
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      const c10::Stream marker = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+      cudaEnd_->block(marker);
+      c10::StreamGuard guard(marker);
+      future->markCompleted(c10::IValue(outputs_));
+      future_ = std::move(future);
+    });
+    return future_;
+  }
+  if (done_.load(std::memory_order_acquire)) {
     // Complete from birth (track() made no future) or completed since (it made one).
     std::call_once(futureOnce_, [&] {
       if (future_) return;

@@ -15,9 +15,11 @@
 // CUDA work (made with the loom stream its collectives were queued on) follows NCCL's
 // semantics instead: wait() makes the caller's current stream wait for the collectives (no
 // host blocking; synchronize() blocks the host as well), isCompleted() asks the GPU, and the
-// future is complete from the start, bound to the loom stream, so callbacks chained on it are
-// ordered after the collectives by torch's CUDA-aware futures. A failure found later (a dead
-// peer, a timeout) is raised by wait() and fails the communicator.
+// future, made when first asked for (DDP asks, most callers never do), is complete from the
+// start and bound to a stream that waits for the collectives, so callbacks chained on it are
+// ordered after them by torch's CUDA-aware futures. A failure found later (a dead peer, a
+// timeout) is raised by wait() and fails the communicator. The event that marks a CUDA
+// work's end comes from its group's EventPool and goes back there with the work.
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Event.h>
@@ -26,11 +28,13 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "event_pool.h"
 #include "loom/request.h"
 
 namespace loom::torch_plugin {
@@ -41,10 +45,12 @@ class WorkLoom : public c10d::Work {
   /// event its shapes; `outputs` are the tensors result() and the future return; `finisher`
   /// runs once every request has succeeded.
   /// `cudaStream`: the loom stream of a CUDA call (its collectives and copy-backs are
-  /// queued there already); nullopt for CPU work.
+  /// queued there already), and `events` the pool its end event comes from; nullopt and
+  /// null for CPU work.
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
            const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
-           std::function<void()> finisher, std::optional<c10::Stream> cudaStream = std::nullopt);
+           std::function<void()> finisher, std::optional<c10::Stream> cudaStream = std::nullopt,
+           std::shared_ptr<EventPool> events = nullptr);
   ~WorkLoom() override;
 
   /// Starts waiting on `requests` (call exactly once, before the work is shared). If they
@@ -63,14 +69,16 @@ class WorkLoom : public c10d::Work {
   /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
   /// the collectives, and the host blocks until the GPU has run them.
   void synchronize() override;
-  /// The future of the outputs; for work complete from birth, made on the first call.
+  /// The future of the outputs; for CUDA work and work complete from birth, made on the
+  /// first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
            const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
-           std::function<void()> finisher, std::optional<c10::Stream> cudaStream, bool profiling);
+           std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
+           std::shared_ptr<EventPool> events, bool profiling);
   void requestDone(std::exception_ptr error, int source);
   /// Runs the finisher (unless `failure`), fulfils the future if there is one, and finishes.
   void complete(std::exception_ptr failure);
@@ -83,8 +91,8 @@ class WorkLoom : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> reads_;  // CPU work not done at birth, until complete()
   std::function<void()> finisher_;
-  // CPU work complete from birth: null until getFuture() makes it (once, under futureOnce_);
-  // otherwise set in the constructor (CUDA) or in track(), before the work is shared.
+  // CUDA work and CPU work complete from birth: null until getFuture() makes it (once, under
+  // futureOnce_); other CPU work: set in track(), before the work is shared.
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::once_flag futureOnce_;
   std::atomic<int> pending_{0};
@@ -95,6 +103,7 @@ class WorkLoom : public c10d::Work {
   std::exception_ptr firstError_;          // guarded by errorMutex_
   std::optional<c10::Stream> cudaStream_;  // CUDA work: the loom stream
   std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
+  std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
 };
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).

@@ -18,6 +18,7 @@
 #include "cuda/driver.h"
 #include "loom/error.h"
 #include "util/posix.h"
+#include "util/trace.h"
 
 namespace loom::detail {
 
@@ -212,7 +213,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       check(d.cuStreamCreate(&abortStream_, CU_STREAM_NON_BLOCKING), op, exchange.rank,
             "cuStreamCreate");
       check(d.cuStreamCreate(&side_, CU_STREAM_NON_BLOCKING), op, exchange.rank, "cuStreamCreate");
-      for (CUevent* event : {&eager_.lastEnd, &graph_.lastEnd, &forked_, &joined_}) {
+      // The eager lane's last end is its last call's own event (queue()); the graph lane
+      // records one of its own (an event recorded in a capture is not a call's to monitor).
+      for (CUevent* event : {&graph_.lastEnd, &forked_, &joined_}) {
         check(d.cuEventCreate(event, CU_EVENT_DISABLE_TIMING), op, exchange.rank, "cuEventCreate");
       }
       kernels_ = std::make_unique<cuda::Kernels>();
@@ -274,7 +277,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       mine_.reset();
       kernels_.reset();
       if (reportHost_ != nullptr) d.cuMemFreeHost(reportHost_);
-      for (CUevent event : {eager_.lastEnd, graph_.lastEnd, forked_, joined_}) {
+      for (CUevent event : {graph_.lastEnd, forked_, joined_}) {
         if (event != nullptr) d.cuEventDestroy(event);
       }
       if (side_ != nullptr) d.cuStreamDestroy(side_);
@@ -317,8 +320,8 @@ CudaExecutor::~CudaExecutor() {
   d.cuStreamDestroy(abortStream_);
   d.cuStreamSynchronize(side_);
   d.cuStreamDestroy(side_);
-  for (CUevent event : {eager_.lastEnd, graph_.lastEnd, forked_, joined_}) d.cuEventDestroy(event);
-  for (CUevent event : spareEvents_) d.cuEventDestroy(event);
+  for (CUevent event : {graph_.lastEnd, forked_, joined_}) d.cuEventDestroy(event);
+  for (CUevent event : spareEvents_) d.cuEventDestroy(event);  // eager_.lastEnd among them
   if (trace_) trace_->write();  // every call has finished (pending_ is empty)
   trace_.reset();
   peers_.clear();
@@ -622,6 +625,7 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
                     " but this communicator's CUDA collectives run on cuda:" +
                     std::to_string(device_) + "; use one GPU per rank and communicator");
   }
+  const trace::Span span("cuda enqueue");
   std::lock_guard<std::mutex> lock(enqueueMutex_);
   cuda::ContextGuard guard(context_);
   stream_ = static_cast<CUstream>(options.stream);
@@ -650,7 +654,11 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   // no longer match its peers', so the communicator cannot go on (and its peers must not
   // wait for it).
   auto failed = [&](ErrorCode code, const std::string& what) {
-    if (event != nullptr) d.cuEventDestroy(event);
+    if (event != nullptr) {
+      // A spare may be the handle the eager lane's last end still names.
+      if (eager_.lastEnd == event) eager_.lastEnd = nullptr;
+      d.cuEventDestroy(event);
+    }
     failures_.fail(code, rank_, what);
   };
   try {
@@ -659,16 +667,15 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     unsigned long long streamId = reinterpret_cast<uintptr_t>(stream_);
     if (!captured) check(d.cuStreamGetId(stream_, &streamId), op, rank_, "cuStreamGetId");
     const bool sameCapture = !captured || lane.lastCapture == captureId;
-    if (lane.lastStream && *lane.lastStream != streamId && sameCapture) {
+    if (lane.lastStream && *lane.lastStream != streamId && sameCapture && lane.lastEnd) {
       check(d.cuStreamWaitEvent(stream_, lane.lastEnd, 0), op, rank_, "cuStreamWaitEvent");
     }
     firstEpoch_ = lane.epoch + 1;
     fill();
-    if (captured) finishCapturedCall();
-    check(d.cuEventRecord(lane.lastEnd, stream_), op, rank_, "cuEventRecord");
-    lane.lastStream = streamId;
-    lane.lastCapture = captureId;
-    if (!captured) {
+    if (captured) {
+      finishCapturedCall();
+      check(d.cuEventRecord(lane.lastEnd, stream_), op, rank_, "cuEventRecord");
+    } else {
       {
         // Events finished with come back to a spare list: creating one is a driver call
         // on every call's path.
@@ -682,7 +689,14 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
         check(d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), op, rank_, "cuEventCreate");
       }
       check(d.cuEventRecord(event, stream_), op, rank_, "cuEventRecord");
+      // One event marks both the call's end for the monitor and the lane's last end for
+      // the next call from another stream: a record is a driver call on every call's path.
+      // The monitor may hand it back as a spare before the next call waits for it; only
+      // queue() records events, after that wait, so it still marks this call's end then.
+      lane.lastEnd = event;
     }
+    lane.lastStream = streamId;
+    lane.lastCapture = captureId;
   } catch (const Error& e) {
     failed(e.code(), e.what());
     throw;

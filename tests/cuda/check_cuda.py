@@ -172,13 +172,21 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     f = dist.all_reduce(torch.ones(8, device=dev), async_op=True).get_future()
     got = f.then(lambda fut: fut.value()[0] * 2).wait()
     same(got, torch.full((8,), 2.0 * world), "future chained on a CUDA all_reduce")
+    # A future asked for late, after a later call on the loom stream, holds this call's
+    # result (its events mark this call's end, made when it is first asked for).
+    c = torch.full((LARGE,), float(rank + 1), device=dev)
+    torch.cuda._sleep(20_000_000)
+    late = dist.all_reduce(c, async_op=True)
+    dist.all_reduce(torch.ones(8, device=dev), async_op=True)
+    got = late.get_future().then(lambda fut: fut.value()[0][-4:] * 1).wait()
+    same(got, torch.full((4,), world * (world + 1) / 2), "a future asked for after a later call")
     # Mixed CPU and CUDA tensors are refused with a clear error.
     try:
         dist.all_gather([torch.empty(4) for _ in range(world)], torch.ones(4, device=dev))
         raise AssertionError("mixing devices was accepted")
     except (RuntimeError, ValueError) as e:
         assert "one device" in str(e), e
-    return 7
+    return 8
 
 
 def small_model(dev=None) -> torch.nn.Module:
