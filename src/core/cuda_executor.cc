@@ -30,7 +30,8 @@ using cuda::Driver;
 
 // The workspace. The flags page: the eager lane's collective flags of even epochs (one
 // 64-byte line each), the abort word, the mismatch claim, the eager lane's descriptors (by
-// epoch parity), its collective flags of odd epochs, then per peer a pair block: the "sent"
+// epoch parity), the count of fused kernel blocks finished, its collective flags of odd
+// epochs, then per peer a pair block: the "sent"
 // flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
 // the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
 // of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
@@ -39,6 +40,7 @@ using cuda::Driver;
 constexpr size_t kAbortOffset = 3 * kFlagStride;
 constexpr size_t kClaimOffset = 4 * kFlagStride;
 constexpr size_t kDescOffset = 5 * kFlagStride;
+constexpr size_t kFusedExitsOffset = 6 * kFlagStride;  // FusedParams::exits
 constexpr size_t kOddFlagsOffset = 8 * kFlagStride;
 constexpr size_t kPairOffset = 16 * kFlagStride;
 constexpr size_t kPairStride = 4 * kFlagStride;
@@ -49,7 +51,8 @@ constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
 constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
 constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
 constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
-static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kOddFlagsOffset &&
+static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kFusedExitsOffset &&
+              kFusedExitsOffset + sizeof(uint64_t) <= kOddFlagsOffset &&
               kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
 static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
 static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
@@ -523,21 +526,8 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   // A ring's step is ringHops epochs, one per hop.
   const uint64_t epochs = ring ? p.steps * static_cast<uint64_t>(cuda::ringHops(size_)) : p.steps;
   p.firstEpoch = lane_->epoch + 1;
-  // The kernel writes into every slot of its peers from its first steps: every peer must be
-  // done with the steps that used them last (of earlier calls; a peer's "done" of the last
-  // two epochs covers all before them, its calls ending in order). One batch of
-  // waits where it fits (each batch is a driver call on the host's path).
-  std::array<FlagStep, 2 * cuda::kMaxSources> waits;
-  size_t n = 0;
-  for (uint64_t e = p.firstEpoch > 2 ? p.firstEpoch - 2 : 1; e < p.firstEpoch; ++e) {
-    for (int q = 0; q < size_; ++q) {
-      if (q != rank_) waits[n++] = {flag(q, kDone, e), nullptr, e, true};
-    }
-  }
-  for (size_t i = 0; i < n; i += cuda::kMaxSources) {
-    queueFlagSteps({waits.data() + i, std::min<size_t>(cuda::kMaxSources, n - i)});
-  }
   lane_->epoch += epochs;
+  p.lastEpoch = lane_->epoch;
   // Slices of about 64 KiB per block and step (a ring's: hop), up to fusedBlocks_ blocks per
   // role; from the call's size alone, so every rank runs as many.
   const uint64_t stepBytes =
@@ -559,6 +549,16 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
     p.descriptors[q] = descriptor(q, p.firstEpoch);
   }
   p.mine = described_;
+  // The kernel writes into every slot of its peers from its first steps, so it waits first
+  // until every peer is done with the epochs that used them last, and it says when it is
+  // done with its own (FusedParams::toDone): for the calls after it, stepped or fused.
+  p.toDone = (kDone - kReady) * static_cast<int64_t>(kFlagStride);
+  const int64_t oddMinusEven =
+      static_cast<int64_t>(lane_->oddFlagsAt) - static_cast<int64_t>(lane_->flagsAt);
+  p.toOtherParity = p.firstEpoch % 2 ? -oddMinusEven : oddMinusEven;
+  p.exits = reinterpret_cast<uint64_t*>(bases_[rank_] + kFusedExitsOffset);
+  fusedExits_ += cuda::fusedGridBlocks(p);
+  p.exitsWhenDone = fusedExits_;
   const cuda::Agreement a = noAgreement();
   p.claim = a.claim;
   p.report = a.report;
@@ -571,12 +571,6 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   } else {
     kernels_->fusedCopy(stream_, p);
   }
-  // For the stepped calls that follow: this rank is done with the slots of both parities.
-  const uint64_t last = lane_->epoch;
-  const std::array<FlagStep, 2> done{
-      FlagStep{flag(rank_, kDone, last), nullptr, last, false},
-      FlagStep{flag(rank_, kDone, last - 1), nullptr, last - 1, false}};
-  queueFlagSteps({done.data(), epochs > 1 ? size_t{2} : size_t{1}});
 }
 
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {

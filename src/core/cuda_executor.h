@@ -297,6 +297,7 @@ class CudaExecutor final : public DeviceExecutor {
   Lane* lane_ = &eager_;          // the lane of the call being filled
   bool graphsCaptured_ = false;   // any call captured: the destructor waits for replays
   uint64_t firstEpoch_ = 0;       // the first step of the call being filled
+  uint64_t fusedExits_ = 0;       // fused kernel blocks launched, ever (FusedParams::exits)
   cuda::Descriptor described_{};  // what the collective being filled is (its first step)
 
   std::mutex pendingMutex_;

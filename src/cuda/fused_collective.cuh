@@ -610,8 +610,44 @@ __device__ void ringAllReduce(const FusedParams& p) {
   }
 }
 
+// Rank q's "done" flag of `epoch` (FusedParams::toDone).
+__device__ inline uint64_t* doneFlag(const FusedParams& p, int q, uint64_t epoch) {
+  uint8_t* at = reinterpret_cast<uint8_t*>(p.ready[q]) + p.toDone;
+  if ((epoch ^ p.firstEpoch) & 1) at += p.toOtherParity;
+  return reinterpret_cast<uint64_t*>(at);
+}
+
+// Every block, before anything else: each peer is done with the slots (and descriptors)
+// that this call's first two epochs reuse, those of the two epochs before it. (A peer's
+// "done" of its last epochs covers all before them: its calls end in order.)
+__device__ inline bool awaitSlotsFree(const FusedParams& p) {
+  const int t = threadIdx.x;
+  bool ok = true;
+  if (t < p.size && t != p.rank) {
+    for (uint64_t e = p.firstEpoch > 2 ? p.firstEpoch - 2 : 1; ok && e < p.firstEpoch; ++e) {
+      ok = awaitFlag(doneFlag(p, t, e), e, p.abort);
+    }
+  }
+  return __syncthreads_and(ok);
+}
+
+// Every block, last: the last of the call's blocks to finish (counted in p.exits) says
+// that this rank is done with the slots of the call's last two epochs, as a stream write
+// after the kernel would. Each block's loads and stores come before its count (the barrier,
+// then a fence), and the count before the raise, so a peer that sees "done" may reuse them.
+__device__ inline void finishBlock(const FusedParams& p) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  const uint64_t finished = atomicAdd(reinterpret_cast<unsigned long long*>(p.exits), 1ull) + 1;
+  if (finished != p.exitsWhenDone || *p.abort != 0) return;
+  __threadfence_system();
+  raise(doneFlag(p, p.rank, p.lastEpoch), p.lastEpoch);
+  if (p.lastEpoch > p.firstEpoch) raise(doneFlag(p, p.rank, p.lastEpoch - 1), p.lastEpoch - 1);
+}
+
 template <class S, class A, int K, bool kReduces>
-__device__ void fusedCollective(const FusedParams& p) {
+__device__ void fusedSteps(const FusedParams& p) {
   if constexpr (kReduces) {
     if constexpr (__is_same(S, A)) {
       if (p.chain) return ringAllReduce<S, A, K>(p);
@@ -637,6 +673,13 @@ __device__ void fusedCollective(const FusedParams& p) {
     if (!ok) return;
     mark(p, step, 3);
   }
+}
+
+// A fused call (FusedParams): its steps, between the waits and the "done" that bound it.
+template <class S, class A, int K, bool kReduces>
+__device__ void fusedCollective(const FusedParams& p) {
+  if (awaitSlotsFree(p)) fusedSteps<S, A, K, kReduces>(p);
+  finishBlock(p);
 }
 
 }  // namespace loom::cuda::device

@@ -168,6 +168,18 @@ struct FusedParams {
   uint32_t* claim;
   MismatchReport* report;
   volatile uint64_t* abort;
+  /// The call's bounds, kept inside the kernel (each would otherwise be a batch of stream
+  /// memory operations around the launch, a driver call on the host's path): every block
+  /// first waits until each peer is done with the slots of the two epochs before
+  /// firstEpoch, and the last block to finish raises this rank's "done" of lastEpoch and
+  /// lastEpoch - 1 (of lastEpoch alone in a one-epoch call). Rank q's "done" flag of an
+  /// epoch sits toDone bytes after ready[q] if the epoch has firstEpoch's parity, and
+  /// toOtherParity bytes further if not.
+  int64_t toDone;
+  int64_t toOtherParity;
+  uint64_t lastEpoch;
+  uint64_t* exits;         ///< this rank's count of fused blocks that have finished, ever
+  uint64_t exitsWhenDone;  ///< its value once this call's last block has finished
   /// Debug (LOOM_CUDA_FUSED_TRACE): where thread 0 of every block records, for each of the
   /// first traceSteps steps, the GPU's global time (ns) at each of kTracePhases points, at
   /// [(blockIdx.x x traceSteps + step) x kTracePhases + phase]; null: not traced.
@@ -181,6 +193,13 @@ struct FusedParams {
 #else
 #define LOOM_HOST_DEVICE
 #endif
+
+/// The blocks a fused call's grid has: `blocks` per role, and a chain has one role, two
+/// shots three, one shot two (pushing and receiving).
+LOOM_HOST_DEVICE inline unsigned fusedGridBlocks(const FusedParams& p) {
+  const unsigned roles = p.chain ? 1 : p.twoShot ? 3 : 2;
+  return roles * static_cast<unsigned>(p.blocks);
+}
 
 /// The last piece of `p` that starts at or before byte `begin` of the whole: the first one
 /// the run starting there copies from (the kernel per block; the tests on the host).

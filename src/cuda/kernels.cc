@@ -121,9 +121,8 @@ void Kernels::launchFused(CUfunction fn, CUstream stream, const FusedParams& par
   // block, and that one for the peer's pushing block, so a block the GPU has not placed yet
   // (other kernels occupying the SMs) must not be able to hold up one it has.
   void* args[] = {const_cast<FusedParams*>(&params)};
-  const unsigned roles = params.chain ? 1 : params.twoShot ? 3 : 2;
-  check(Driver::get().cuLaunchCooperativeKernel(fn, roles * static_cast<unsigned>(params.blocks), 1,
-                                                1, kThreads, 1, 1, 0, stream, args),
+  check(Driver::get().cuLaunchCooperativeKernel(fn, fusedGridBlocks(params), 1, 1, kThreads, 1, 1,
+                                                0, stream, args),
         "cuda", -1, "launching a fused collective");
 }
 
