@@ -490,6 +490,22 @@ __device__ void twoShot(const FusedParams& p) {
   }
 }
 
+// The end of a chain's step or a ring's hop for `block`: once every thread's loads and
+// stores are done, frees the slot hop `in` came in through at `prev` and says that hop `out`
+// has arrived at `next` (-1: no such rank this time).
+__device__ inline void passOn(const FusedParams& p, int block, int prev, uint64_t in, int next,
+                              uint64_t out) {
+  __syncthreads();  // every load done before "freed"; every write published by "arrived"
+  if (prev >= 0) {
+    raisePeers(
+        p, 1u << prev, [&](int q) { return freedFlag(p, q, p.rank, block); }, in);
+  }
+  if (next >= 0) {
+    raisePeers(
+        p, 1u << next, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, out);
+  }
+}
+
 // A broadcast along a chain (FusedParams::chain).
 __device__ inline void chainBroadcast(const FusedParams& p) {
   const int block = static_cast<int>(blockIdx.x);
@@ -527,15 +543,7 @@ __device__ inline void chainBroadcast(const FusedParams& p) {
     if (receives || input != output) dsts[ndst++] = output + lo + from;
     if (sends) dsts[ndst++] = p.slots[next] + slot + from;
     copyToEach(dsts, ndst, receives ? p.slots[p.rank] + slot + from : input + lo + from, to - from);
-    __syncthreads();  // every load done before "freed"; every write published by "arrived"
-    if (receives) {
-      raisePeers(
-          p, 1u << prev, [&](int q) { return freedFlag(p, q, p.rank, block); }, epoch);
-    }
-    if (sends) {
-      raisePeers(
-          p, 1u << next, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, epoch);
-    }
+    passOn(p, block, receives ? prev : -1, epoch, sends ? next : -1, epoch);
     mark(p, step, 3);
   }
 }
@@ -596,15 +604,7 @@ __device__ void ringAllReduce(const FusedParams& p) {
                    reinterpret_cast<const uint8_t*>(incoming), (s.to - s.from) * sizeof(S));
       }
       if (pass == p.size - 1) mark(p, step, 2);
-      __syncthreads();  // every load done before "freed"; every write published by "arrived"
-      if (receives) {
-        raisePeers(
-            p, 1u << prev, [&](int q) { return freedFlag(p, q, p.rank, block); }, in);
-      }
-      if (sends) {
-        raisePeers(
-            p, 1u << next, [&](int q) { return arrivedFlag(p, q, p.rank, block); }, out);
-      }
+      passOn(p, block, receives ? prev : -1, in, sends ? next : -1, out);
     }
     mark(p, step, 3);
   }
