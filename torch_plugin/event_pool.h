@@ -7,8 +7,8 @@
 
 #include <c10/core/Event.h>
 
+#include <iterator>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 namespace loom::torch_plugin {

@@ -103,9 +103,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     if (!held) finishOnStream(*stream, inputs, outputs, finisher, requests);
     finisher = nullptr;
   }
+  // A held call's work waits on the host: no stream semantics, so no end event either.
+  const std::optional<c10::Stream> workStream = held ? std::nullopt : stream;
   auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
-                                            std::move(finisher), held ? std::nullopt : stream,
-                                            held || !stream ? nullptr : events_);
+                                            std::move(finisher), workStream,
+                                            workStream ? events_ : nullptr);
   work->track(std::move(requests), inputs);
   return work;
 }

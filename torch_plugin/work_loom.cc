@@ -72,12 +72,12 @@ WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std:
   if (!cudaStream_) return;  // the future comes in track(), if the work is not done by then
   // Everything this work queued is on the loom stream: mark its end there.
   const c10::Device device = cudaStream_->device();
-  cudaEnd_.emplace(events_ ? events_->take(device) : c10::Event(device.type()));
+  cudaEnd_.emplace(events_->take(device));
   cudaEnd_->record(*cudaStream_);
 }
 
 WorkLoom::~WorkLoom() {
-  if (cudaEnd_ && events_) events_->give(std::move(*cudaEnd_));
+  if (cudaEnd_) events_->give(std::move(*cudaEnd_));
 }
 
 void WorkLoom::track(std::vector<Request> requests, const std::vector<at::Tensor>& reads) {

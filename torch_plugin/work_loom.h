@@ -45,8 +45,8 @@ class WorkLoom : public c10d::Work {
   /// event its shapes; `outputs` are the tensors result() and the future return; `finisher`
   /// runs once every request has succeeded.
   /// `cudaStream`: the loom stream of a CUDA call (its collectives and copy-backs are
-  /// queued there already), and `events` the pool its end event comes from; nullopt and
-  /// null for CPU work.
+  /// queued there already), and `events` the pool its end event comes from (required with
+  /// a stream); nullopt and null for CPU work.
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
            const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream = std::nullopt,
