@@ -31,6 +31,9 @@ COLLECTIVES = {
 }
 # Spans the torch plugin opens around a call through torch (launch.h, direct_ops.cc).
 WRAPPERS = ("c10d call", "direct op")
+# What a CUDA call does inside that span in place of a collective: queue its work on the GPU
+# (cuda_executor.cc); its number is 0, so the call's own (the c10d OpType) names it.
+CUDA_ENQUEUE = "cuda enqueue"
 # Spans during which a thread keeps its CPU busy.
 BUSY = ("copy", "reduction", "helper part")
 
@@ -139,8 +142,9 @@ def calls_of(threads, busy):
 
 
 def torch_calls_of(threads):
-    """Every call through torch that ran a collective on its own thread: ((path, collective,
-    bytes), its µs, µs before the collective began, µs after it ended)."""
+    """Every call through torch that ran a collective (or queued a CUDA call) on its own
+    thread: ((path, collective, bytes), its µs, µs before the collective began, µs after it
+    ended, the collective's µs)."""
     calls = []
     for spans in threads.values():
         starts = [s.begin for s in spans]
@@ -148,11 +152,13 @@ def torch_calls_of(threads):
             if wrapper.name not in WRAPPERS:
                 continue
             inner = [s for s in inside(spans, starts, wrapper.begin, wrapper.end)
-                     if s.name in COLLECTIVES]
+                     if s.name in COLLECTIVES or s.name == CUDA_ENQUEUE]
             if inner:
                 first = inner[0]
-                calls.append(((wrapper.name, first.name, first.n), wrapper.end - wrapper.begin,
-                              first.begin - wrapper.begin, wrapper.end - inner[-1].end))
+                size = wrapper.n if first.name == CUDA_ENQUEUE else first.n
+                calls.append(((wrapper.name, first.name, size), wrapper.end - wrapper.begin,
+                              first.begin - wrapper.begin, wrapper.end - inner[-1].end,
+                              sum(s.end - s.begin for s in inner)))
     return calls
 
 
@@ -164,10 +170,13 @@ def describe_torch(calls):
         mine = sorted((c for c in calls if c[0] == key), key=lambda c: c[1])
         half = len(mine) // 2
         path, name, size = key
-        text = (f"  {path} {name} of {size} B: {len(mine)} calls, "
-                f"median {statistics.median(c[1] for c in mine):.1f} µs")
+        what = f"CUDA call of op type {size}" if name == CUDA_ENQUEUE else f"{name} of {size} B"
+        inner = "the enqueue" if name == CUDA_ENQUEUE else "the collective"
+        text = (f"  {path} {what}: {len(mine)} calls, "
+                f"median {statistics.median(c[1] for c in mine):.1f} µs, "
+                f"{inner} {statistics.median(c[4] for c in mine):.1f}")
         for label, part in (("faster half", mine[:max(1, half)]), ("slower half", mine[half:])):
-            text += (f"; {label}: before the collective {statistics.fmean(c[2] for c in part):.1f}, "
+            text += (f"; {label}: before {inner} {statistics.fmean(c[2] for c in part):.1f}, "
                      f"after it {statistics.fmean(c[3] for c in part):.1f}")
         lines.append(text)
     return lines

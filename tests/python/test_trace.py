@@ -1,6 +1,7 @@
 """`python -m loom.trace` on timelines made by hand: calls grouped by size, their parts
-summed, calls through torch split around the engine's collective, and two busy threads on
-one CPU found (the mark of a rank's threads time-sharing a core)."""
+summed, calls through torch split around the engine's collective (a CUDA call: around its
+enqueue), and two busy threads on one CPU found (the mark of a rank's threads time-sharing a
+core)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,29 @@ def test_summary_groups_calls_and_names_their_parts(tmp_path):
     assert "all_reduce of 4096 B: 2 calls, median 11.0 µs" in out, out
     assert "all_reduce of 1048576 B: 2 calls, median 200.0 µs" in out, out
     assert "c10d call all_reduce of 1048576 B: 2 calls" in out and "before the collective 1.0" in out, out
+    assert "c10d call all_reduce of 4096 B: 2 calls, median 14.0 µs, the collective 11.0" in out, out
     lines = out.splitlines()
     slower = next(line for line in lines[lines.index(next(x for x in lines if "of 1048576 B: 2 calls, median" in x
                                                            and x.startswith("  all_reduce"))):]
                   if "slower half" in line)
     assert "copy 150.0, reduction 150.0" in slower and "helpers' parts 100.0" in slower, slower
     assert "a CPU shared by two busy threads in 1 of 1" in slower, slower
+
+
+def test_cuda_calls_are_split_around_their_enqueue(tmp_path):
+    # A CUDA all_reduce (c10d OpType 1): the plugin's call holds the executor's enqueue.
+    events = []
+    for i, length in enumerate([4.0, 6.0, 8.0]):
+        t = 100.0 * i
+        events += [span("c10d call", t, t + length + 3, n=1),
+                   span("cuda enqueue", t + 2, t + 2 + length)]
+    (tmp_path / "gpu.1.json").write_text(json.dumps({"traceEvents": events}))
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "gpu")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert ("c10d call CUDA call of op type 1: 3 calls, median 9.0 µs, the enqueue 6.0"
+            in done.stdout), done.stdout
+    assert "before the enqueue 2.0, after it 1.0" in done.stdout, done.stdout
 
 
 def test_no_files_is_a_clear_error(tmp_path):
