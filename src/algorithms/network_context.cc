@@ -51,6 +51,15 @@ PeerWork& workFor(std::vector<PeerWork>& work, int peer) {
   return work.back();
 }
 
+// Called when an exchange throws: the transfers' memory goes back to the collective's caller
+// with the error, so no link may read it any more; every failure there fails the
+// communicator, so closing a link's outbound side costs nothing.
+void abandonSends(std::vector<PeerWork>& work) noexcept {
+  for (PeerWork& w : work) {
+    if (w.link != nullptr && !w.drained) w.link->abandonSends();
+  }
+}
+
 }  // namespace
 
 NetworkContext::~NetworkContext() {
@@ -169,12 +178,14 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
         // Sends: each handed over in turn; the peer's part is done once the link has
         // drained. A network link moves queued frames only while driven, and the peer may be
         // waiting for them before it sends what this rank waits for (a ring of three or
-        // more hosts), so a send counts only once it has left.
+        // more hosts), so a send counts only once it has left. Until then the link may
+        // send from the transfer's memory itself (borrowed, no copy): this returns only
+        // once drained, or abandons the sends when it throws.
         while (w.nextSend < w.sends.size()) {
           const NetTransfer& t = *w.sends[w.nextSend];
           const uint64_t before = w.sent;
           const bool handedOver =
-              link.write({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), w.sent);
+              link.writeBorrowed({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), w.sent);
           progressed |= w.sent != before || handedOver;
           if (!handedOver) break;
           ++w.nextSend;
@@ -248,10 +259,14 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       }
     }
   } catch (const Error& e) {
+    abandonSends(work);
     if (e.code() == ErrorCode::kPeerFailure && !failures_.failed() && current >= 0) {
       failures_.peerLost(current, e.detail());  // a link broke: name its peer
       throw failures_.failureError(op);
     }
+    throw;
+  } catch (...) {
+    abandonSends(work);
     throw;
   }
 }

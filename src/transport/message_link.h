@@ -28,6 +28,16 @@ class MessageLink {
   /// advanced; returns true once all of it is, after which `payload` may be reused.
   /// Messages are delivered in the order their first write() began.
   virtual bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) = 0;
+  /// write() for a caller that keeps `payload` untouched until drained() is true or it has
+  /// called abandonSends(): the link may send straight from it instead of copying it.
+  virtual bool writeBorrowed(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
+    return write(envelope, payload, done);
+  }
+  /// Before memory lent through writeBorrowed() goes back to its owner undrained (the
+  /// caller's collective failed): makes sure nothing reads it any more. A link that cannot
+  /// recall queued sends closes its outbound direction, so use this only where the failure
+  /// ends the communicator anyway.
+  virtual void abandonSends() noexcept {}
 
   /// Inbound: the envelope of the next message once it has arrived, else nullopt; its
   /// payload then follows through read(). Throws Error(kInternal) if the stream is corrupt.

@@ -1,8 +1,10 @@
 // Network channels between processes on different hosts (network namespaces joined by a
 // bridge): authenticated connections, messages intact both ways at every size around a
-// frame boundary, refusals before any data, and a peer that dies mid-message.
+// frame boundary (copied or sent from the writer's memory), refusals before any data, a peer
+// that dies mid-message, and borrowed frames given up.
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,11 +26,13 @@ using Clock = std::chrono::steady_clock;
 using loom::testing::expectError;
 using namespace loom::net::testing;
 
-// Connects this rank and `peer` both ways; both ranks call it at once.
+// Connects this rank and `peer` both ways; both ranks call it at once. `sending`, if given,
+// receives the outbound channel (owned by the link).
 std::unique_ptr<NetLink> linkWith(int me, int peer, const std::string& address, ChannelShape shape,
-                                  uint32_t channel = 0) {
+                                  uint32_t channel = 0, SendChannel** sending = nullptr) {
   auto out = std::make_unique<SendChannel>(Fabric::instance(), address, traffic(me, peer, channel),
                                            kSecret, shape);
+  if (sending != nullptr) *sending = out.get();
   std::unique_ptr<ReceiveChannel> in;
   const auto deadline = Clock::now() + kPatience;
   for (;;) {
@@ -51,8 +55,10 @@ uint8_t patternByte(int sender, size_t message, size_t j) {
                               (j >> 9));
 }
 
-// Sends `sizes` to the peer while receiving the peer's same list, and checks every byte.
-void exchange(MessageLink& link, int me, int peer, const std::vector<size_t>& sizes) {
+// Sends `sizes` to the peer while receiving the peer's same list, and checks every byte;
+// `mode` says whether the link may send from the messages' own memory (kept until drained).
+void exchange(MessageLink& link, int me, int peer, const std::vector<size_t>& sizes,
+              Payload mode = Payload::kCopied) {
   std::vector<std::vector<uint8_t>> outgoing;
   for (size_t i = 0; i < sizes.size(); ++i) {
     outgoing.emplace_back(sizes[i]);
@@ -69,7 +75,10 @@ void exchange(MessageLink& link, int me, int peer, const std::vector<size_t>& si
                << "stuck at message " << sent << " out, " << received << " in");
     if (sent < sizes.size()) {
       const Envelope envelope{static_cast<int>(sent) - 3, sizes[sent]};
-      if (link.write(envelope, outgoing[sent].data(), done)) {
+      const bool handedOver = mode == Payload::kBorrowed
+                                  ? link.writeBorrowed(envelope, outgoing[sent].data(), done)
+                                  : link.write(envelope, outgoing[sent].data(), done);
+      if (handedOver) {
         ++sent;
         done = 0;
       }
@@ -95,6 +104,7 @@ void exchange(MessageLink& link, int me, int peer, const std::vector<size_t>& si
       }
     }
   }
+  while (!link.drained()) LOOM_CHECK(Clock::now() < deadline, << "the sends did not drain");
 }
 
 TEST_F(TwoHosts, MessagesArriveIntactBothWaysAcrossFrameBoundaries) {
@@ -112,6 +122,89 @@ TEST_F(TwoHosts, MessagesArriveIntactBothWaysAcrossFrameBoundaries) {
              {0, 1, 7, room - 1, room, room + 1, 0, 3 * room + 5, 100 * room, 1 << 20});
     auto bulk = linkWith(ctx.rank, peer, address, ChannelShape{}, 1);
     exchange(*bulk, ctx.rank, peer, {size_t{16} << 20, 5, (size_t{8} << 20) + 3});
+    // The same, sent from the writer's memory: the bytes must be the same.
+    // Every frame that carries payload goes from the writer's memory.
+    auto framesOf = [](const std::vector<size_t>& sizes, size_t frameRoom) {
+      uint64_t frames = 0;
+      for (size_t size : sizes) frames += (size + frameRoom - 1) / frameRoom;
+      return frames;
+    };
+    const std::vector<size_t> smalls{
+        0, 1, 7, room - 1, room, room + 1, 0, 3 * room + 5, 100 * room, 1 << 20};
+    const std::vector<size_t> bulks{size_t{16} << 20, 5, (size_t{8} << 20) + 3};
+    SendChannel* smallOut = nullptr;
+    auto lending = linkWith(ctx.rank, peer, address, small, 2, &smallOut);
+    exchange(*lending, ctx.rank, peer, smalls, Payload::kBorrowed);
+    LOOM_CHECK(smallOut->borrowedFrames() == framesOf(smalls, room), << smallOut->borrowedFrames());
+    SendChannel* bulkOut = nullptr;
+    auto bulkLending = linkWith(ctx.rank, peer, address, ChannelShape{}, 3, &bulkOut);
+    exchange(*bulkLending, ctx.rank, peer, bulks, Payload::kBorrowed);
+    const size_t bulkRoom = ChannelShape{}.frameBytes - kFrameHeaderBytes;
+    LOOM_CHECK(bulkOut->borrowedFrames() == framesOf(bulks, bulkRoom),
+               << bulkOut->borrowedFrames());
+  });
+}
+
+TEST_F(TwoHosts, AbandonedBorrowedFramesAreNeverReadAndThePeerSeesTheLinkClose) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const int peer = 1 - ctx.rank;
+    const std::string address = exchangeAddresses(ctx, peer);
+    // Four frames of 8 MiB: far more than the sockets buffer, so most stay queued while the
+    // reader does not read.
+    const ChannelShape shape{size_t{8} << 20, 4};
+    SendChannel* out = nullptr;
+    auto link = linkWith(ctx.rank, peer, address, shape, 0, &out);
+    if (ctx.rank == 1) {
+      const size_t bytes = size_t{64} << 20;
+      void* memory =
+          ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      LOOM_CHECK(memory != MAP_FAILED);
+      std::memset(memory, 0x5a, bytes);
+      uint64_t done = 0;
+      const auto deadline = Clock::now() + kPatience;
+      while (done < 4 * (shape.frameBytes - kFrameHeaderBytes)) {
+        LOOM_CHECK(Clock::now() < deadline, << "stuck at " << done);
+        LOOM_CHECK(!link->writeBorrowed({0, bytes}, static_cast<uint8_t*>(memory), done));
+      }
+      LOOM_CHECK(out->borrowedFrames() == 4, << out->borrowedFrames());
+      link->drained();
+      LOOM_CHECK(!link->drained(), << "32 MiB left through sockets nobody reads");
+      // The writer gives the message up and takes its memory back: unmapped, so any later
+      // read of it by the provider would crash this process.
+      link->abandonSends();
+      LOOM_CHECK(::munmap(memory, bytes) == 0);
+      LOOM_CHECK(link->drained());
+      expectError(
+          [&] {
+            link->writeBorrowed({1, 8}, nullptr, done);
+          },
+          ErrorCode::kPeerFailure, {"10.77.0.1", "gave up the frames"});
+      ctx.store->set("abandoned", Bytes{1});
+      ctx.store->get("told", kPatience);
+      return;
+    }
+    ctx.store->get("abandoned", kPatience);
+    std::vector<uint8_t> buffer(size_t{64} << 20);
+    size_t filled = 0;
+    const auto deadline = Clock::now() + kPatience;
+    expectError(
+        [&] {
+          std::optional<Envelope> envelope;
+          while (!envelope) {
+            LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
+            envelope = link->nextEnvelope();
+          }
+          for (;;) {
+            LOOM_CHECK(Clock::now() < deadline, << "the reader was not told");
+            filled += link->read(buffer.data() + filled, buffer.size() - filled);
+            LOOM_CHECK(filled < buffer.size(), << "a whole message after it was given up");
+          }
+        },
+        ErrorCode::kPeerFailure, {"10.77.0.2", "closed"});
+    for (size_t j = 0; j < filled; ++j) LOOM_CHECK(buffer[j] == 0x5a, << "byte " << j);
+    ctx.store->set("told", Bytes{1});
   });
 }
 

@@ -90,12 +90,17 @@ void requireInline(const Endpoint& endpoint) {
 
 SendChannel::SendChannel(Fabric& fabric, const std::string& address, Hello hello,
                          const JobSecret& secret, ChannelShape shape)
-    : shape_(shape), secret_(secret), endpoint_(fabric.connect(address)), mine_(hello) {
+    : shape_(shape),
+      secret_(secret),
+      endpoint_(fabric.connect(address)),
+      mine_(hello),
+      peer_(endpoint_->peer()) {
   requireShape(shape_);
   requireInline(*endpoint_);
   mine_.role = Role::kInitiator;
   mine_.nonce = freshNonce();
   slots_.resize(static_cast<size_t>(shape_.frames) * shape_.frameBytes);
+  lent_.assign(static_cast<size_t>(shape_.frames), 0);
   for (int i = shape_.frames - 1; i >= 0; --i) freeSlots_.push_back(i);
   smalls_.resize(kSmallBuffers * kSmallBytes);
   for (int i = 0; i < kSmallBuffers; ++i) {
@@ -106,7 +111,7 @@ SendChannel::SendChannel(Fabric& fabric, const std::string& address, Hello hello
 }
 
 SendChannel::~SendChannel() {
-  if (step_ == Step::kReady && !peerLeft_) {
+  if (step_ == Step::kReady && !peerLeft_ && !discarded_) {
     // A written message is the channel's to deliver: let the frames still queued go first
     // (bounded; a peer that leaves or fails ends it).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -150,7 +155,21 @@ bool SendChannel::ready() {
 }
 
 void SendChannel::progress() {
-  if (ready()) pump();
+  if (!discarded_ && ready()) pump();
+}
+
+void SendChannel::abandon() noexcept {
+  discardBorrowed();
+}
+
+void SendChannel::discardBorrowed() noexcept {
+  if (lentInFlight_ == 0 || !endpoint_) return;
+  // A posted send cannot be recalled, and the provider reads its memory until it completes;
+  // closing the endpoint discards every operation still outstanding (fi_endpoint(3),
+  // fi_close), so the lender may reuse or free its memory at once.
+  endpoint_.reset();
+  discarded_ = true;
+  lentInFlight_ = 0;
 }
 
 void SendChannel::pump() {
@@ -160,11 +179,20 @@ void SendChannel::pump() {
     for (size_t i = 0; i < n; ++i) {
       const int index = indexOf(done[i].context);
       if (!done[i].isReceive) {
+        if (lent_[index] != 0) {
+          lent_[index] = 0;
+          --lentInFlight_;
+        }
         freeSlots_.push_back(index);
         continue;
       }
       uint8_t* buffer = smalls_.data() + index * kSmallBytes;
       onReceive(buffer, done[i].length);
+      if (peerLeft_) {
+        // Nothing more will be taken, and flushed() now lets writers reuse what they lent.
+        discardBorrowed();
+        return;
+      }
       endpoint_->postReceive(buffer, kSmallBytes, done[i].context);
     }
     if (n < std::size(done)) return;
@@ -208,21 +236,41 @@ void SendChannel::onReceive(uint8_t* buffer, size_t length) {
   credits_ += static_cast<int>(header->credits);
 }
 
-bool SendChannel::postFrame(const FrameHeader& header, const uint8_t* payload) {
+bool SendChannel::postFrame(const FrameHeader& header, const uint8_t* payload, bool borrow) {
   const int index = freeSlots_.back();
   uint8_t* slot = slots_.data() + static_cast<size_t>(index) * shape_.frameBytes;
   encodeFrameHeader(header, slot);
-  if (header.length != 0) std::memcpy(slot + kFrameHeaderBytes, payload, header.length);
-  const iovec part{slot, kFrameHeaderBytes + header.length};
-  if (!endpoint_->postSend({&part, 1}, contextOf(index))) return false;
+  iovec parts[2] = {{slot, kFrameHeaderBytes}, {const_cast<uint8_t*>(payload), header.length}};
+  if (!borrow) {  // the payload follows the header in the slot
+    if (header.length != 0) std::memcpy(slot + kFrameHeaderBytes, payload, header.length);
+    parts[0].iov_len += header.length;
+  }
+  if (!endpoint_->postSend({parts, borrow ? size_t{2} : size_t{1}}, contextOf(index))) {
+    return false;
+  }
   freeSlots_.pop_back();
   --credits_;
+  if (borrow) {
+    lent_[index] = 1;
+    ++lentInFlight_;
+    ++borrowedFrames_;
+  }
   return true;
 }
 
-bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
-  if (peerLeft_ || !ready()) return false;
+bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
+                        Payload mode) {
+  if (peerLeft_) return false;
+  if (discarded_) {
+    throw Error(ErrorCode::kPeerFailure, "send", mine_.sender,
+                "the connection to " + peer_ +
+                    " was closed when a failed collective gave up the frames it had queued");
+  }
+  if (!ready()) return false;
   pump();
+  if (peerLeft_) return false;
+  // A provider that takes one part per send only gets copies.
+  const bool borrow = mode == Payload::kBorrowed && endpoint_->iovLimit() >= 2;
   const uint64_t room = shape_.frameBytes - kFrameHeaderBytes;
   for (;;) {
     if (inMessage_ && done == envelope.bytes) {
@@ -235,7 +283,7 @@ bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64
     header.first = !inMessage_;
     header.envelope = envelope;
     header.length = static_cast<uint32_t>(std::min(room, envelope.bytes - done));
-    if (!postFrame(header, payload + done)) return false;
+    if (!postFrame(header, payload + done, borrow && header.length != 0)) return false;
     inMessage_ = true;
     done += header.length;
   }

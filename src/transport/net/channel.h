@@ -7,9 +7,10 @@
 // Then the acceptor posts its window of `frames` receive buffers and grants it as credits;
 // messages travel as frames of at most `frameBytes`, one per credit, and the acceptor
 // returns credits as its reader drains frames, so no frame ever arrives without a buffer,
-// whatever the provider. Sends go from the channel's own
-// buffers, so a message's memory is free again once it is written. Each channel is driven
-// by one thread at a time; nothing here blocks.
+// whatever the provider. Sends go from the channel's own buffers, so a message's memory is
+// free again once it is written, unless the writer lends it (Payload::kBorrowed): then the
+// frames point into the writer's memory, which must stay untouched until flushed() or
+// abandon(). Each channel is driven by one thread at a time; nothing here blocks.
 
 #include <cstdint>
 #include <deque>
@@ -32,6 +33,10 @@ struct ChannelShape {
   int frames = 8;                         ///< receive buffers, and so frames in flight
 };
 
+/// How a write hands its payload over: copied into the channel's frame buffers, or
+/// borrowed, sent straight from the caller's memory (saving a copy per byte).
+enum class Payload { kCopied, kBorrowed };
+
 /// The initiator's end: connects, proves, sends.
 class SendChannel {
  public:
@@ -47,24 +52,35 @@ class SendChannel {
   /// Throws Error(kPeerFailure) if the peer cannot be reached, refuses, or fails its proof.
   bool ready();
   /// MessageLink::write for this direction (false while not ready(), and for good once the
-  /// peer has left).
-  bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done);
+  /// peer has left). A borrowed payload must stay untouched until flushed() or abandon().
+  /// Throws Error(kPeerFailure) once abandon() has discarded frames.
+  bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
+             Payload mode = Payload::kCopied);
   /// True once the peer said goodbye: it destroyed its communicator normally.
   bool peerLeft() const { return peerLeft_; }
-  /// True once every frame handed over has been sent (or the peer has left).
+  /// True once every frame handed over has been sent, or will never be (the peer has left,
+  /// or abandon() discarded them).
   bool flushed() const {
-    return peerLeft_ || freeSlots_.size() == static_cast<size_t>(shape_.frames);
+    return peerLeft_ || discarded_ || freeSlots_.size() == static_cast<size_t>(shape_.frames);
   }
   /// Moves frames already handed over along: providers may progress a send only while its
   /// completion queue is polled, so whoever drives the channel calls this between writes.
   void progress();
+  /// For a writer that gives up its messages (its collective failed) and takes back the
+  /// memory it lent: if frames from borrowed payloads are still queued, closes the
+  /// connection, which discards them, so they are never read; the peer sees it close.
+  void abandon() noexcept;
+  /// Frames sent from borrowed payloads so far (tests check with it that the path was taken).
+  uint64_t borrowedFrames() const { return borrowedFrames_; }
   /// Who this channel connects to, for messages.
-  const std::string& peer() const { return endpoint_->peer(); }
+  const std::string& peer() const { return peer_; }
 
  private:
   void pump();
   void onReceive(uint8_t* buffer, size_t length);
-  bool postFrame(const FrameHeader& header, const uint8_t* payload);
+  bool postFrame(const FrameHeader& header, const uint8_t* payload, bool borrow);
+  /// Closes the connection if frames from borrowed payloads are queued (see abandon()).
+  void discardBorrowed() noexcept;
 
   enum class Step { kConnecting, kSendHello, kAwaitReply, kSendProof, kReady };
   const ChannelShape shape_;
@@ -73,8 +89,13 @@ class SendChannel {
   Step step_ = Step::kConnecting;
   Hello mine_;
   Hello theirs_;
+  std::string peer_;
   std::vector<uint8_t> slots_;  // `frames` send buffers
   std::vector<int> freeSlots_;
+  std::vector<uint8_t> lent_;  // per slot: its frame's payload is borrowed, not in the slot
+  int lentInFlight_ = 0;       // slots whose frame points into a writer's memory
+  uint64_t borrowedFrames_ = 0;
+  bool discarded_ = false;       // abandon() closed the connection under queued frames
   std::vector<uint8_t> smalls_;  // receive buffers for the reply and credit frames
   int credits_ = 0;
   bool inMessage_ = false;  // the current message's first frame is out

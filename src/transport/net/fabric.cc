@@ -11,6 +11,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -154,8 +155,12 @@ size_t Endpoint::poll(std::span<Completion> out) {
   if (rc == -FI_EAVAIL) {
     fi_cq_err_entry err{};
     fi_cq_readerr(cq_, &err, 0);
-    // The provider cancels what is still posted when the other end goes away.
-    if (err.err == FI_ECANCELED) failClosed("was closed by the peer");
+    // The provider cancels what is still posted when the other end goes away, or fails it
+    // as not (or no longer) connected when the other end closed in the middle of it.
+    if (err.err == FI_ECANCELED || err.err == FI_ENOTCONN || err.err == FI_ECONNRESET ||
+        err.err == FI_ECONNABORTED) {
+      failClosed("was closed by the peer");
+    }
     failClosed("lost an operation: " + std::string(fi_strerror(err.err)));
   }
   if (rc != -FI_EAGAIN) failClosed("failed: " + fiError(static_cast<int>(rc)));
@@ -251,6 +256,7 @@ std::unique_ptr<Endpoint> Fabric::open(fi_info* info, std::string peer) {
   std::unique_ptr<Endpoint> ep(new Endpoint());
   ep->peer_ = std::move(peer);
   ep->injectLimit_ = info->tx_attr ? info->tx_attr->inject_size : 0;
+  ep->iovLimit_ = info->tx_attr ? std::max<size_t>(info->tx_attr->iov_limit, 1) : 1;
   fi_eq_attr eqAttr{};
   eqAttr.wait_obj = FI_WAIT_UNSPEC;
   check(fi_eq_open(fabric_, &eqAttr, &ep->eq_, nullptr), "fi_eq_open");

@@ -53,6 +53,8 @@ class Endpoint {
   /// Sends a message of at most injectLimit() bytes, copied at once, with no Completion.
   bool inject(const void* data, size_t bytes);
   size_t injectLimit() const { return injectLimit_; }
+  /// Most parts postSend() takes in one message.
+  size_t iovLimit() const { return iovLimit_; }
   /// Moves up to `out.size()` completions into `out`; returns how many. Throws
   /// Error(kPeerFailure) if an operation failed or the connection closed.
   size_t poll(std::span<Completion> out);
@@ -73,6 +75,7 @@ class Endpoint {
   fid_eq* eq_ = nullptr;
   bool connected_ = false;
   size_t injectLimit_ = 0;
+  size_t iovLimit_ = 1;
   std::string peer_;
 };
 

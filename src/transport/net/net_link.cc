@@ -17,9 +17,18 @@ ReceiveChannel* NetLink::inbound() {
 }
 
 bool NetLink::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
+  return writeAs(envelope, payload, done, Payload::kCopied);
+}
+
+bool NetLink::writeBorrowed(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
+  return writeAs(envelope, payload, done, Payload::kBorrowed);
+}
+
+bool NetLink::writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
+                      Payload mode) {
   try {
     if (!out_) out_ = connect_();
-    return out_->write(envelope, payload, done);
+    return out_->write(envelope, payload, done, mode);
   } catch (const Error& e) {
     rethrow(e);
   }

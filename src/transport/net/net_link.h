@@ -38,6 +38,10 @@ class NetLink final : public MessageLink {
       : out_(std::move(out)), in_(std::move(in)) {}
 
   bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override;
+  bool writeBorrowed(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override;
+  void abandonSends() noexcept override {
+    if (out_) out_->abandon();
+  }
   std::optional<Envelope> nextEnvelope() override;
   size_t read(void* dst, size_t n) override;
   bool readable() override;
@@ -52,6 +56,7 @@ class NetLink final : public MessageLink {
   /// The inbound channel, claimed now if it has arrived.
   ReceiveChannel* inbound();
   [[noreturn]] void rethrow(const Error& e) const;
+  bool writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done, Payload mode);
 
   Connect connect_;
   Claim claim_;
