@@ -421,7 +421,9 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
 int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
   const int world = o.world();
   auto comm = Communicator::create(rank, world, store);
-  const Config config = Config::load(world / o.hostCount());
+  // What the communicator chose: namespace hosts (--hosts) share this machine's cores.
+  const Config config = Config::load(
+      Config::Sharing{world / o.hostCount(), o.hosts > 1 ? world : o.ranks, o.hostCount() > 1});
   const bool lead = rank == 0;
   std::ofstream json;
   if (lead && !o.json.empty()) json.open(o.json);

@@ -24,6 +24,7 @@ std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadli
 
 void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.raw(peer.host.data(), peer.host.size());
+  w.raw(peer.machine.data(), peer.machine.size());
   w.integer(peer.pidNamespace);
   w.integer(peer.pid);
   w.string(peer.hostname);
@@ -33,7 +34,8 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
-  return r.raw(peer->host.data(), peer->host.size()) && r.integer(&peer->pidNamespace) &&
+  return r.raw(peer->host.data(), peer->host.size()) &&
+         r.raw(peer->machine.data(), peer->machine.size()) && r.integer(&peer->pidNamespace) &&
          r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
          r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName) &&
          r.integer(&peer->cpus);
@@ -45,6 +47,7 @@ PeerInfo localPeer() {
   const HostInfo& host = localHost();
   PeerInfo peer;
   peer.host = host.id;
+  peer.machine = host.machine;
   peer.pidNamespace = host.pidNamespace;
   peer.pid = static_cast<int32_t>(::getpid());
   peer.hostname = host.hostname;

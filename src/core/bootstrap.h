@@ -23,6 +23,7 @@ namespace loom {
 /// How to reach one rank and where it runs.
 struct PeerInfo {
   HostId host{};
+  HostId machine{};  ///< its kernel (HostInfo::machine): whose cores it shares
   uint64_t pidNamespace = 0;
   int32_t pid = 0;
   std::string hostname;

@@ -81,8 +81,13 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   const Roster roster = exchangeRoster(rank, size, store, deadline, listenFor);
   const HostMap hosts = hostMapOf(roster);
   requireSupportedLinks(roster, hosts, rank);
-  // Tunables that share out the host (threads, chunk sizes) count this host's ranks only.
-  Config config = Config::load(hosts.localRanks(rank));
+  // Tunables that share out the host count this host's ranks (chunk sizes) or, for the
+  // cores, every rank on this machine's kernel (threads).
+  Config::Sharing sharing{hosts.localRanks(rank), 0, hosts.hosts() > 1};
+  for (const PeerInfo& peer : roster.peers) {
+    sharing.machineRanks += peer.machine == roster.peers[rank].machine ? 1 : 0;
+  }
+  Config config = Config::load(sharing);
   // Before join: the threads the communicator starts inherit the block.
   if (config.bindRanks) placeThisRank(roster, hosts, rank, config.tuning.threads);
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));

@@ -13,9 +13,9 @@
 
 namespace loom {
 
-Config Config::load(int localRanks) {
+Config Config::load(const Sharing& sharing) {
   Config c;
-  const size_t ranks = static_cast<size_t>(std::max(1, localRanks));
+  const size_t ranks = static_cast<size_t>(std::max(1, sharing.localRanks));
   // Big chunks mean fewer synchronisations per byte; for 4 or more ranks all slots together
   // (2 x P x chunk) stay within 32 MiB, so they live in the last-level cache.
   // Rounded down to whole pages: 16 MiB / 5 (or 6, 7) is not one.
@@ -66,8 +66,15 @@ Config Config::load(int localRanks) {
         ErrorCode::kInvalidArgument, "config", -1,
         "LOOM_P2P_RING_BYTES must be a power of two (got " + std::to_string(c.ringBytes) + ")");
   }
-  // By default each rank takes its share of this process's cores, up to 8 helpers.
-  const int share = std::max(1, availableCores() / std::max(1, localRanks));
+  // By default each rank takes its share of this process's cores, up to 8 helpers. Ranks
+  // in other network namespaces of this kernel share the cores too; and across hosts each
+  // rank's send and rail threads move network traffic while its helpers run the local steps
+  // (the kernel's TCP work counts on those threads): with helpers taking those cores as
+  // well, the network threads waited for cores and every size slowed (docs/PERFORMANCE.md,
+  // "Helpers across hosts").
+  constexpr int kNetworkThreads = 2;
+  const int perRank = availableCores() / std::max(1, sharing.machineRanks);
+  const int share = std::max(1, perRank - (sharing.spansHosts ? kNetworkThreads : 0));
   c.tuning.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
   c.bindRanks = env::integer("LOOM_BIND", 0, 0, 1) == 1;
   c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));

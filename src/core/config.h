@@ -73,8 +73,16 @@ struct Config {
     uint64_t phase = 0;
   } killAt;
 
-  /// Reads the environment; `localRanks` ranks share this host's cores.
-  static Config load(int localRanks);
+  /// Who a rank shares its host and its cores with, for the defaults that share them out.
+  struct Sharing {
+    int localRanks = 1;       ///< ranks of this host (shared memory): chunk sizes
+    int machineRanks = 1;     ///< ranks on this machine's cores, other network namespaces included
+    bool spansHosts = false;  ///< every rank also runs threads that move network traffic
+  };
+  /// Reads the environment for a rank of one host whose `localRanks` ranks share its cores.
+  static Config load(int localRanks) { return load(Sharing{localRanks, localRanks, false}); }
+  /// Reads the environment for a rank that shares as `sharing` says.
+  static Config load(const Sharing& sharing);
 };
 
 }  // namespace loom

@@ -32,6 +32,7 @@ HostInfo readHost() {
   info.hostname = name;
   // Same boot id and network namespace: same kernel, and abstract sockets reach each other.
   info.id = deriveId(CommId{}, bootId + "/" + std::to_string(netns));
+  info.machine = deriveId(CommId{}, bootId);
   return info;
 }
 

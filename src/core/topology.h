@@ -18,6 +18,9 @@ using HostId = std::array<uint8_t, 16>;
 /// This process's host identity.
 struct HostInfo {
   HostId id{};
+  /// The kernel alone (boot id): processes that share it share the machine's cores, in
+  /// whatever network namespace (hosts made of namespaces on one machine, as tests do).
+  HostId machine{};
   std::string hostname;
   uint64_t pidNamespace = 0;  ///< inode of /proc/self/ns/pid (pids comparable if equal)
 };

@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "algorithms/selection.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/handshake.h"
+#include "core/topology.h"
 #include "loom/error.h"
 #include "util/env.h"
 
@@ -124,6 +128,22 @@ TEST(Config, DefaultChunkIsWholePagesForEveryRankCount) {
     EXPECT_EQ(config.chunkBytes % 4096, 0u) << ranks << " ranks";
     EXPECT_GE(config.chunkBytes, size_t{1} << 20) << ranks << " ranks";
   }
+}
+
+TEST(Config, ThreadsShareTheMachinesCoresWithEveryRankOnItAndTheNetworkThreads) {
+  ::unsetenv("LOOM_THREADS");
+  const int cores = availableCores();
+  auto threads = [](Config::Sharing sharing) { return Config::load(sharing).tuning.threads; };
+  EXPECT_EQ(threads({1, 1, false}), std::min(cores, 8));
+  EXPECT_EQ(threads({4, 4, false}), std::clamp(cores / 4, 1, 8));  // four ranks of one host
+  // Across hosts each rank leaves two cores' worth to its send and rail threads; and two
+  // ranks here with two in another network namespace of this kernel share its cores by four.
+  EXPECT_EQ(threads({1, 1, true}), std::clamp(cores - 2, 1, 8));
+  EXPECT_EQ(threads({2, 4, true}), std::clamp(cores / 4 - 2, 1, 8));
+  EXPECT_EQ(threads({64, 64, true}), 1);
+  ::setenv("LOOM_THREADS", "3", 1);
+  EXPECT_EQ(threads({2, 4, true}), 3);  // what the user asks for wins
+  ::unsetenv("LOOM_THREADS");
 }
 
 }  // namespace
