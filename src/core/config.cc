@@ -70,8 +70,9 @@ Config Config::load(const Sharing& sharing) {
   // in other network namespaces of this kernel share the cores too; and across hosts each
   // rank's send and rail threads move network traffic while its helpers run the local steps
   // (the kernel's TCP work counts on those threads): with helpers taking those cores as
-  // well, the network threads waited for cores and every size slowed (docs/PERFORMANCE.md,
-  // "Helpers across hosts").
+  // well, the network threads waited for cores (a 16 MiB all_reduce on 2 namespace hosts x
+  // 4 ranks 1.3x slower; docs/PERFORMANCE.md, "Sending from the caller's memory, and
+  // helpers across hosts").
   constexpr int kNetworkThreads = 2;
   const int perRank = availableCores() / std::max(1, sharing.machineRanks);
   const int share = std::max(1, perRank - (sharing.spansHosts ? kNetworkThreads : 0));
