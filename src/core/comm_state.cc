@@ -347,6 +347,7 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
   }
   return *cuda_;
 #else
+  (void)options;  // names the device only where there is a CUDA path
   throw Error(ErrorCode::kUnsupported, op, rank_,
               "this build of loom has no CUDA path (it was built without nvcc); rebuild it "
               "where the CUDA toolkit is installed, or use CPU tensors");
