@@ -23,18 +23,8 @@ PYTHON=${PYTHON:-python3}
 max=${MAX_BYTES:-256M}
 torch_max=${TORCH_MAX_BYTES:-64M}
 
-if [ -n "${DEBS:-}" ]; then
-  root=/tmp/loom-debs
-  mkdir -p "$root"
-  for deb in "$DEBS"/*.deb; do dpkg -x "$deb" "$root"; done
-  lib=$root/usr/lib/x86_64-linux-gnu
-  # Only this script's processes see the unpacked libraries.
-  export PATH=$root/usr/sbin:$root/sbin:$root/bin:$PATH
-  export LD_LIBRARY_PATH=$lib:$root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
-  export CPATH=$root/usr/include:$root/usr/include/x86_64-linux-gnu
-  export CMAKE_ARGS="-DOPENSSL_ROOT_DIR=$root/usr -DOPENSSL_CRYPTO_LIBRARY=$lib/libcrypto.so -DOPENSSL_INCLUDE_DIR=$root/usr/include"
-fi
+# shellcheck source=scripts/debs_env.sh
+source scripts/debs_env.sh
 
 if [ "$what" = build ] || [ "$what" = all ]; then
   jobs=$(nproc)
