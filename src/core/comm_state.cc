@@ -82,11 +82,14 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   const HostMap hosts = hostMapOf(roster);
   requireSupportedLinks(roster, hosts, rank);
   // Tunables that share out the host count this host's ranks (chunk sizes) or, for the
-  // cores, every rank on this machine's kernel (threads).
+  // cores, every rank on this machine's kernel that may run on the same CPUs (threads):
+  // namespace hosts on one machine share them, containers with CPU sets of their own do not.
   Config::Sharing sharing{hosts.localRanks(rank), 0, hosts.hosts() > 1};
+  const PeerInfo& me = roster.peers[rank];
   for (const PeerInfo& peer : roster.peers) {
-    sharing.machineRanks += peer.machine == roster.peers[rank].machine ? 1 : 0;
+    sharing.machineRanks += peer.machine == me.machine && peer.cpus == me.cpus ? 1 : 0;
   }
+  sharing.machineRanks = std::max(sharing.machineRanks, sharing.localRanks);
   Config config = Config::load(sharing);
   // Before join: the threads the communicator starts inherit the block.
   if (config.bindRanks) placeThisRank(roster, hosts, rank, config.tuning.threads);
@@ -347,7 +350,8 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
   }
   return *cuda_;
 #else
-  (void)options;  // names the device only where there is a CUDA path
+  // `options` names the device, which only a CUDA path uses.
+  (void)options;
   throw Error(ErrorCode::kUnsupported, op, rank_,
               "this build of loom has no CUDA path (it was built without nvcc); rebuild it "
               "where the CUDA toolkit is installed, or use CPU tensors");
