@@ -50,6 +50,20 @@ constexpr size_t kRingBytes = 64 << 10;
 constexpr int kLoomThreads = 3;
 constexpr auto kProgressEvery = std::chrono::seconds(15);
 
+// A thread that has just been joined can still be listed in /proc/self/task for a moment
+// (the kernel wakes the joiner before it releases the thread), more so on a loaded host:
+// samples until the count is `threads`, for at most 5 s, and returns the last sample, so a
+// thread that really stays is still caught.
+ProcessStats sampleOnceThreadsAre(int threads) {
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  ProcessStats sample = testing::sampleProcess();
+  while (sample.threads != threads && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    sample = testing::sampleProcess();
+  }
+  return sample;
+}
+
 // RSS may grow this much between the warm-up and the end. What legitimately grows: glibc's
 // per-thread arenas keep freed blocks (about ten threads per rank, each peaking at a few
 // hundred KiB of driver buffers and messages of up to 256 KiB; the dynamic mmap threshold
@@ -386,7 +400,7 @@ void soakRank(testing::RankContext& ctx, int seconds, int logFd) {
   // A peer's exit closes the pidfd this rank watches it with: sample while every rank is
   // alive, and let none go on to destroy and exit before all have sampled.
   world->barrier().wait();
-  const ProcessStats end = testing::sampleProcess();
+  const ProcessStats end = sampleOnceThreadsAre(warm.threads - activities);
 #ifdef LOOM_SOAK_ASAN
   const long endHeapKiB = liveHeapKiB();
 #endif
@@ -424,7 +438,7 @@ void soakRank(testing::RankContext& ctx, int seconds, int logFd) {
   // the first communicator) and the helper pool's threads.
   groups.clear();
   world.reset();
-  const ProcessStats destroyed = testing::sampleProcess();
+  const ProcessStats destroyed = sampleOnceThreadsAre(before.threads + 1 + helpers);
   summary << "; destroyed {" << testing::describe(destroyed) << "} before {"
           << testing::describe(before) << "}";
   std::cout << summary.str() << std::endl;
