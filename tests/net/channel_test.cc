@@ -114,34 +114,31 @@ TEST_F(TwoHosts, MessagesArriveIntactBothWaysAcrossFrameBoundaries) {
     const int peer = 1 - ctx.rank;
     const std::string address = exchangeAddresses(ctx, peer);
     LOOM_CHECK(address.rfind(hosts.address(peer) + ":", 0) == 0, << address);
-    // A small window (3 frames of 4 KiB) exercises credits; the default one, bulk.
+    // A small window (3 frames of 4 KiB) exercises credits; the default one, bulk. Each
+    // goes copied, then sent from the writer's memory, where every frame that carries
+    // payload is borrowed: the bytes must arrive the same.
     const ChannelShape small{4096, 3};
     const size_t room = small.frameBytes - kFrameHeaderBytes;
-    auto link = linkWith(ctx.rank, peer, address, small, 0);
-    exchange(*link, ctx.rank, peer,
-             {0, 1, 7, room - 1, room, room + 1, 0, 3 * room + 5, 100 * room, 1 << 20});
-    auto bulk = linkWith(ctx.rank, peer, address, ChannelShape{}, 1);
-    exchange(*bulk, ctx.rank, peer, {size_t{16} << 20, 5, (size_t{8} << 20) + 3});
-    // The same, sent from the writer's memory: the bytes must be the same.
-    // Every frame that carries payload goes from the writer's memory.
-    auto framesOf = [](const std::vector<size_t>& sizes, size_t frameRoom) {
-      uint64_t frames = 0;
-      for (size_t size : sizes) frames += (size + frameRoom - 1) / frameRoom;
-      return frames;
+    const struct {
+      ChannelShape shape;
+      std::vector<size_t> sizes;
+    } cases[] = {
+        {small, {0, 1, 7, room - 1, room, room + 1, 0, 3 * room + 5, 100 * room, 1 << 20}},
+        {ChannelShape{}, {size_t{16} << 20, 5, (size_t{8} << 20) + 3}},
     };
-    const std::vector<size_t> smalls{
-        0, 1, 7, room - 1, room, room + 1, 0, 3 * room + 5, 100 * room, 1 << 20};
-    const std::vector<size_t> bulks{size_t{16} << 20, 5, (size_t{8} << 20) + 3};
-    SendChannel* smallOut = nullptr;
-    auto lending = linkWith(ctx.rank, peer, address, small, 2, &smallOut);
-    exchange(*lending, ctx.rank, peer, smalls, Payload::kBorrowed);
-    LOOM_CHECK(smallOut->borrowedFrames() == framesOf(smalls, room), << smallOut->borrowedFrames());
-    SendChannel* bulkOut = nullptr;
-    auto bulkLending = linkWith(ctx.rank, peer, address, ChannelShape{}, 3, &bulkOut);
-    exchange(*bulkLending, ctx.rank, peer, bulks, Payload::kBorrowed);
-    const size_t bulkRoom = ChannelShape{}.frameBytes - kFrameHeaderBytes;
-    LOOM_CHECK(bulkOut->borrowedFrames() == framesOf(bulks, bulkRoom),
-               << bulkOut->borrowedFrames());
+    uint32_t channel = 0;
+    for (const Payload mode : {Payload::kCopied, Payload::kBorrowed}) {
+      for (const auto& c : cases) {
+        SendChannel* out = nullptr;
+        auto link = linkWith(ctx.rank, peer, address, c.shape, channel++, &out);
+        exchange(*link, ctx.rank, peer, c.sizes, mode);
+        uint64_t payloadFrames = 0;
+        const size_t frameRoom = c.shape.frameBytes - kFrameHeaderBytes;
+        for (size_t size : c.sizes) payloadFrames += (size + frameRoom - 1) / frameRoom;
+        const uint64_t want = mode == Payload::kBorrowed ? payloadFrames : 0;
+        LOOM_CHECK(out->borrowedFrames() == want, << out->borrowedFrames() << " of " << want);
+      }
+    }
   });
 }
 
