@@ -18,6 +18,13 @@ import sys
 import time
 import traceback
 
+# Every rank computes its references on the CPU with torch's OpenMP threads, which spin
+# between ops unless told otherwise: four ranks of 64 such threads on a 64-core host took
+# the reductions part at P = 4 134 s, against 10 s with passive threads (calls 2 and 4 of
+# docs/perf/cuda_vs_nccl_h200x4_0bd8b3c.txt). Set before torch starts its pool; the
+# spawned ranks inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
