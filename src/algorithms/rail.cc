@@ -1,6 +1,6 @@
 // Inter-host steps among a rail: ring and recursive halving/doubling reduce-scatters and
 // all-gathers, the recursive-doubling all_reduce, and broadcasts (binomial tree, pipelined
-// chain, or a scatter over the non-roots then their all-gather).
+// chain, or scatter then all-gather).
 
 #include "algorithms/rail.h"
 
@@ -14,9 +14,8 @@ namespace {
 // exchanges of the whole buffer beat 2(n - 1) or 2 log2 n smaller ones while latency rules.
 constexpr size_t kDoublingBytes = size_t{64} << 10;
 // A broadcast of at most this many bytes goes down a binomial tree in whole; larger ones go
-// down a chain in pieces where there are enough pieces to fill it, else are scattered over
-// the other members and then all-gathered among them, so no member sends the whole buffer
-// more than once.
+// down a chain in pieces where there are enough pieces to fill it, else are scattered and
+// then all-gathered, so no member sends the whole buffer more than once.
 constexpr size_t kTreeBytes = size_t{64} << 10;
 // From blocks of this many bytes a rail of 4 or 8 members goes round a ring rather than
 // halving and doubling: every member then talks to the same two members for the whole
@@ -378,18 +377,10 @@ void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   // The chain's n - 2 piece times of filling cost at most a fifth of its time.
   const int pieces = static_cast<int>(std::min(bytes / kChainPieceBytes, kMaxChainPieces));
   if (pieces >= 4 * (n - 2)) return chainBroadcast(ctx, fromRoot, data, bytes, pieces);
-  // The root's block is empty: it scatters the buffer over the other members and is done,
-  // and they all-gather it among themselves. (With a block of its own, the root took part in
-  // the all-gather too: it sent 2 (n - 1) / n of the buffer instead of all of it once, and
-  // waited for the others' blocks, which it had from the start.)
-  Bounds bounds(static_cast<size_t>(n) + 1, 0);
-  for (int i = 1; i <= n; ++i) bounds[i] = sliceOf(count, i - 1, n - 1, lineElements(type)).first;
+  Bounds bounds(static_cast<size_t>(n) + 1);
+  for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
   treeScatter(ctx, fromRoot, data, bounds, es);
-  if (fromRoot.position == 0) return;
-  Rail others;
-  others.members.assign(fromRoot.members.begin() + 1, fromRoot.members.end());
-  others.position = fromRoot.position - 1;
-  railAllGather(ctx, others, data, Bounds(bounds.begin() + 1, bounds.end()), type);
+  railAllGather(ctx, fromRoot, data, bounds, type);
 }
 
 }  // namespace loom
