@@ -2,10 +2,8 @@
 
 #include "algorithms/network_context.h"
 
-#include <poll.h>
 #include <sched.h>
 
-#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -51,30 +49,6 @@ PeerWork& workFor(std::vector<PeerWork>& work, int peer) {
   work.push_back({});
   work.back().peer = peer;
   return work.back();
-}
-
-// An idle exchange sleeps in poll(2) at most this long at a time, so that it notices a
-// failure recorded by another thread, and its deadline, in time.
-constexpr auto kLongestSleep = std::chrono::milliseconds(1);
-// Sleeps that end without progress before an idle exchange naps instead (see drive).
-constexpr int kEmptyWakes = 8;
-
-// Sleeps until one of the links `work` still waits on may move, or `until`: kArmed once
-// poll(2) returned, kBusy if a link may move now, kUnsupported if one offers nothing to
-// sleep on (nothing slept).
-LinkWait sleepOnLinks(std::vector<PeerWork>& work, Clock::time_point until,
-                      std::vector<pollfd>& fds) {
-  fds.clear();
-  for (PeerWork& w : work) {
-    if (w.done()) continue;
-    const LinkWait arm = w.link->armWait(!w.drained, w.nextReceive < w.receives.size(), fds);
-    if (arm != LinkWait::kArmed) return arm;
-  }
-  if (fds.empty()) return LinkWait::kUnsupported;
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
-  const trace::Span span("sleep on the network");
-  ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(left.count(), 0)));
-  return LinkWait::kArmed;
 }
 
 // Called when an exchange throws: the transfers' memory goes back to the collective's caller
@@ -187,8 +161,6 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
   const std::string op(wait_.op);
   size_t left = work.size();
   size_t idleTurns = 0;
-  int emptyWakes = 0;  // sleeps in poll(2) in a row that ended without progress
-  std::vector<pollfd> fds;
   int current = -1;  // the peer being driven, for failure messages
   try {
     for (PeerWork& w : work) {
@@ -270,12 +242,10 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       }
       if (progressed) {
         idleTurns = 0;
-        emptyWakes = 0;
         continue;
       }
-      // Idle: a short spin, then yield, then sleep until a link may move.
-      const auto now = Clock::now();
-      if (now >= wait_.deadline) {
+      // Idle: a short spin, then yield, then sleep a little (the network rings no bell).
+      if (Clock::now() >= wait_.deadline) {
         failWith(ErrorCode::kTimeout, current,
                  op + " #" + std::to_string(wait_.seq) + " hit its timeout of " +
                      std::to_string(wait_.timeout.count()) + " ms waiting for " +
@@ -284,20 +254,8 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       ++idleTurns;
       if (idleTurns < 64) {
         sched_yield();
-        continue;
-      }
-      switch (sleepOnLinks(work, std::min(wait_.deadline, now + kLongestSleep), fds)) {
-        case LinkWait::kBusy: break;
-        case LinkWait::kArmed:
-          // Woken by a connection that this exchange may not be driving (the descriptor
-          // stands for the process's whole domain): after a few wakes that moved nothing,
-          // nap as if no descriptor were offered, so as not to spin.
-          if (++emptyWakes < kEmptyWakes) break;
-          emptyWakes = 0;
-          [[fallthrough]];
-        case LinkWait::kUnsupported:
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-          break;
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
   } catch (const Error& e) {

@@ -6,12 +6,9 @@
 // implement it within a host (transport/shm/ring_link); a network link plugs in beside
 // them for peers on other hosts.
 
-#include <poll.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <vector>
 
 namespace loom {
 
@@ -19,13 +16,6 @@ namespace loom {
 struct Envelope {
   int tag = 0;
   uint64_t bytes = 0;
-};
-
-/// Whether a driver with nothing to do may block on a link (MessageLink::armWait).
-enum class LinkWait : uint8_t {
-  kArmed,        ///< yes: poll(2) the descriptors given, readable once there may be work
-  kBusy,         ///< no: it may move now, look again
-  kUnsupported,  ///< no descriptor to block on: look at it now and then
 };
 
 /// Both directions of message traffic with one peer, driven by one thread (the engine's).
@@ -76,15 +66,6 @@ class MessageLink {
   /// True once everything written has left this process. A ring holds what it took; a
   /// network link may still queue frames, which move only while it is driven.
   virtual bool drained() { return true; }
-  /// For a driver with nothing to do on this link: kArmed after adding to `fds` what to
-  /// poll until its outbound (`sends`) or inbound (`receives`) side, whichever the driver
-  /// moves, may move again; kBusy if it may move now.
-  virtual LinkWait armWait(bool sends, bool receives, std::vector<pollfd>& fds) {
-    (void)sends;
-    (void)receives;
-    (void)fds;
-    return LinkWait::kUnsupported;
-  }
 };
 
 }  // namespace loom

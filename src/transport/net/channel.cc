@@ -158,14 +158,6 @@ void SendChannel::progress() {
   if (!discarded_ && ready()) pump();
 }
 
-LinkWait SendChannel::armWait(std::vector<pollfd>& fds) {
-  if (discarded_ || peerLeft_ || step_ != Step::kReady) return LinkWait::kUnsupported;
-  pollfd fd{};
-  const LinkWait arm = endpoint_->armWait(fd);
-  if (arm == LinkWait::kArmed) fds.push_back(fd);
-  return arm;
-}
-
 void SendChannel::abandon() noexcept {
   discardBorrowed();
 }
@@ -498,16 +490,6 @@ size_t ReceiveChannel::read(void* dst, size_t n) {
   }
   returnCredits();
   return total;
-}
-
-LinkWait ReceiveChannel::armWait(std::vector<pollfd>& fds) {
-  if (goodbyeQueued_ || step_ != Step::kReady) return LinkWait::kUnsupported;
-  // Frames already taken off the queue are work too.
-  if (current_.slot >= 0 || !arrived_.empty()) return LinkWait::kBusy;
-  pollfd fd{};
-  const LinkWait arm = endpoint_->armWait(fd);
-  if (arm == LinkWait::kArmed) fds.push_back(fd);
-  return arm;
 }
 
 bool ReceiveChannel::readable() {

@@ -70,9 +70,6 @@ class SendChannel {
   /// memory it lent: if frames from borrowed payloads are still queued, closes the
   /// connection, which discards them, so they are never read; the peer sees it close.
   void abandon() noexcept;
-  /// Endpoint::armWait for this direction's connection, its descriptor added to `fds`
-  /// (kUnsupported until the handshake is done).
-  LinkWait armWait(std::vector<pollfd>& fds);
   /// Frames sent from borrowed payloads so far (tests check with it that the path was taken).
   uint64_t borrowedFrames() const { return borrowedFrames_; }
   /// Who this channel connects to, for messages.
@@ -141,8 +138,6 @@ class ReceiveChannel {
   bool readable();
   /// True once the initiator's goodbye has been read: everything it sent has been.
   bool peerLeft() const { return peerLeft_; }
-  /// As SendChannel::armWait.
-  LinkWait armWait(std::vector<pollfd>& fds);
   /// Who this channel accepted, for messages.
   const std::string& peer() const { return endpoint_->peer(); }
 

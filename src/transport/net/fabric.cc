@@ -119,18 +119,6 @@ bool Endpoint::connected() {
   return connected_;
 }
 
-LinkWait Endpoint::armWait(pollfd& out) {
-  if (waitFd_ < 0 || !connected_) return LinkWait::kUnsupported;
-  // fi_trywait clears the descriptor's signal and refuses if completions are already
-  // queued: blocking then would sleep through them (fi_poll(3), "fi_trywait").
-  fid* fids[] = {&cq_->fid};
-  const int rc = fi_trywait(fabric_, fids, 1);
-  if (rc == -FI_EAGAIN) return LinkWait::kBusy;
-  if (rc != 0) return LinkWait::kUnsupported;
-  out = pollfd{waitFd_, POLLIN, 0};
-  return LinkWait::kArmed;
-}
-
 void Endpoint::postReceive(void* buffer, size_t bytes, void* context) {
   // Callers post at most their few buffers, well under the queue's depth, so the provider
   // has no reason to refuse one.
@@ -272,21 +260,11 @@ std::unique_ptr<Endpoint> Fabric::open(fi_info* info, std::string peer) {
   fi_eq_attr eqAttr{};
   eqAttr.wait_obj = FI_WAIT_UNSPEC;
   check(fi_eq_open(fabric_, &eqAttr, &ep->eq_, nullptr), "fi_eq_open");
-  // A completion queue with a descriptor to sleep on where the provider offers one (the tcp
-  // provider: readable when any of the domain's sockets is), else one that is only polled.
   fi_cq_attr cqAttr{};
   cqAttr.size = kQueueDepth;
   cqAttr.format = FI_CQ_FORMAT_MSG;
-  cqAttr.wait_obj = FI_WAIT_FD;
-  if (fi_cq_open(domain_, &cqAttr, &ep->cq_, nullptr) != 0 ||
-      fi_control(&ep->cq_->fid, FI_GETWAIT, &ep->waitFd_) != 0) {
-    if (ep->cq_) fi_close(&ep->cq_->fid);
-    ep->cq_ = nullptr;
-    ep->waitFd_ = -1;
-    cqAttr.wait_obj = FI_WAIT_NONE;
-    check(fi_cq_open(domain_, &cqAttr, &ep->cq_, nullptr), "fi_cq_open");
-  }
-  ep->fabric_ = fabric_;
+  cqAttr.wait_obj = FI_WAIT_NONE;
+  check(fi_cq_open(domain_, &cqAttr, &ep->cq_, nullptr), "fi_cq_open");
   check(fi_endpoint(domain_, info, &ep->ep_, nullptr), "fi_endpoint");
   check(fi_ep_bind(ep->ep_, &ep->eq_->fid, 0), "fi_ep_bind (events)");
   check(fi_ep_bind(ep->ep_, &ep->cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind (completions)");

@@ -6,7 +6,6 @@
 // domain and a listening endpoint whose address the bootstrap publishes. Each Endpoint is
 // one connection with its own completion and event queues, polled by whoever drives it.
 
-#include <poll.h>
 #include <sys/uio.h>
 
 #include <chrono>
@@ -15,8 +14,6 @@
 #include <memory>
 #include <span>
 #include <string>
-
-#include "transport/message_link.h"
 
 struct fi_info;
 struct fid_fabric;
@@ -61,11 +58,6 @@ class Endpoint {
   /// Moves up to `out.size()` completions into `out`; returns how many. Throws
   /// Error(kPeerFailure) if an operation failed or the connection closed.
   size_t poll(std::span<Completion> out);
-  /// For a driver with nothing to do: kArmed with `out` set to a descriptor that becomes
-  /// readable once this connection may have work (data, room to send, a completion or its
-  /// closing; with the tcp provider any connection of the process's domain wakes it), so
-  /// the driver can sleep in poll(2) instead of polling the queue over and over.
-  LinkWait armWait(pollfd& out);
   /// Who is at the other end ("address:port"), for messages.
   const std::string& peer() const { return peer_; }
 
@@ -77,11 +69,9 @@ class Endpoint {
   /// it was refused or closed.
   void takeEvent();
 
-  fid_fabric* fabric_ = nullptr;
   fid_ep* ep_ = nullptr;
   fi_info* connectTo_ = nullptr;  // initiators: the peer's address until start()
   fid_cq* cq_ = nullptr;
-  int waitFd_ = -1;  // the completion queue's wait descriptor, if its provider has one
   fid_eq* eq_ = nullptr;
   bool connected_ = false;
   size_t injectLimit_ = 0;

@@ -62,28 +62,6 @@ bool NetLink::drained() {
   }
 }
 
-LinkWait NetLink::armWait(bool sends, bool receives, std::vector<pollfd>& fds) {
-  try {
-    // The least a side allows: one with work now wins, then one without a descriptor.
-    LinkWait result = LinkWait::kArmed;
-    auto take = [&result](LinkWait side) {
-      if (side == LinkWait::kBusy || result == LinkWait::kBusy) {
-        result = LinkWait::kBusy;
-      } else if (side == LinkWait::kUnsupported) {
-        result = LinkWait::kUnsupported;
-      }
-    };
-    if (sends && out_) take(out_->armWait(fds));
-    if (receives) {
-      ReceiveChannel* in = inbound();
-      take(in ? in->armWait(fds) : LinkWait::kUnsupported);  // not arrived yet: look again
-    }
-    return result;
-  } catch (const Error& e) {
-    rethrow(e);
-  }
-}
-
 bool NetLink::readable() {
   try {
     // The engine asks every link this on every turn: the turn to move our sends along too

@@ -48,7 +48,6 @@ class NetLink final : public MessageLink {
   void notifyPeer() override {}
   bool polled() const override { return true; }
   bool drained() override;
-  LinkWait armWait(bool sends, bool receives, std::vector<pollfd>& fds) override;
   bool peerLeft() const override { return outboundEnded() || inboundEnded(); }
   bool inboundEnded() const override { return in_ && in_->peerLeft(); }
   bool outboundEnded() const override { return out_ && out_->peerLeft(); }
