@@ -114,7 +114,12 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == parent.rank_) rank = static_cast<int>(i);
   }
-  Config config = parent.config_;
+  // Its own host layout sets the chunks, the algorithms and whether network threads run
+  // beside the helpers (a child within one host of a parent across hosts has none); the
+  // machine's cores are shared as the parent shares them.
+  const HostMap hosts = hostMapOf(roster);
+  Config config =
+      Config::load(parent.config_.sharing.child(hosts.localRanks(rank), hosts.hosts() > 1));
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
   state->join(deadlineAfter(options.timeout));
   return state;

@@ -15,6 +15,7 @@ namespace loom {
 
 Config Config::load(const Sharing& sharing) {
   Config c;
+  c.sharing = sharing;
   const size_t ranks = static_cast<size_t>(std::max(1, sharing.localRanks));
   // Big chunks mean fewer synchronisations per byte; for 4 or more ranks all slots together
   // (2 x P x chunk) stay within 32 MiB, so they live in the last-level cache.

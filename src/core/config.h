@@ -3,6 +3,7 @@
 // Tunables, read from LOOM_* environment variables when a communicator is made. The
 // variables and their defaults are listed in docs/CONFIGURATION.md.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -75,10 +76,18 @@ struct Config {
 
   /// Who a rank shares its host and its cores with, for the defaults that share them out.
   struct Sharing {
-    int localRanks = 1;       ///< ranks of this host (shared memory): chunk sizes
+    int localRanks = 1;       ///< ranks of this host (shared memory): chunk sizes, algorithms
     int machineRanks = 1;     ///< ranks on this machine's cores, other network namespaces included
     bool spansHosts = false;  ///< every rank also runs threads that move network traffic
+    /// A child communicator's (split, new_group) for a rank with `localRanks` members on its
+    /// host, on one host or several: the machine's ranks stay this communicator's, since
+    /// the processes outside the child still run on the same cores.
+    Sharing child(int childLocalRanks, bool childSpansHosts) const {
+      return {childLocalRanks, std::max(machineRanks, childLocalRanks), childSpansHosts};
+    }
   };
+  /// What the defaults were shared out by (load's argument).
+  Sharing sharing;
   /// Reads the environment for a rank of one host whose `localRanks` ranks share its cores.
   static Config load(int localRanks) { return load(Sharing{localRanks, localRanks, false}); }
   /// Reads the environment for a rank that shares as `sharing` says.

@@ -146,5 +146,27 @@ TEST(Config, ThreadsShareTheMachinesCoresWithEveryRankOnItAndTheNetworkThreads) 
   ::unsetenv("LOOM_THREADS");
 }
 
+TEST(Config, AChildTakesItsOwnHostLayoutAndTheParentsMachine) {
+  ::unsetenv("LOOM_THREADS");
+  ::unsetenv("LOOM_CHUNK_BYTES");
+  const int cores = availableCores();
+  // 8 ranks on this host and machine, across hosts; a child of 2 of them within this host.
+  const Config::Sharing parent{8, 8, true};
+  const Config::Sharing child = parent.child(2, false);
+  EXPECT_EQ(child.localRanks, 2);
+  EXPECT_EQ(child.machineRanks, 8);  // the other 6 processes still run here
+  EXPECT_FALSE(child.spansHosts);
+  const Config made = Config::load(child);
+  EXPECT_EQ(made.sharing.localRanks, 2);
+  // Chunks (and the algorithm table) for its 2 local ranks, not the parent's 8.
+  EXPECT_EQ(made.chunkBytes, Config::load(2).chunkBytes);
+  EXPECT_NE(made.chunkBytes, Config::load(parent).chunkBytes);
+  // No network threads beside its helpers: the cores the parent left them come back.
+  EXPECT_EQ(made.tuning.threads, std::clamp(cores / 8, 1, 8));
+  EXPECT_EQ(Config::load(parent).tuning.threads, std::clamp(cores / 8 - 2, 1, 8));
+  // A child that still spans hosts keeps them.
+  EXPECT_EQ(Config::load(parent.child(3, true)).tuning.threads, std::clamp(cores / 8 - 2, 1, 8));
+}
+
 }  // namespace
 }  // namespace loom
