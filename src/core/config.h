@@ -79,9 +79,9 @@ struct Config {
     int localRanks = 1;       ///< ranks of this host (shared memory): chunk sizes, algorithms
     int machineRanks = 1;     ///< ranks on this machine's cores, other network namespaces included
     bool spansHosts = false;  ///< every rank also runs threads that move network traffic
-    /// A child communicator's (split, new_group) for a rank with `localRanks` members on its
-    /// host, on one host or several: the machine's ranks stay this communicator's, since
-    /// the processes outside the child still run on the same cores.
+    /// A child communicator's (split, new_group), with `childLocalRanks` members on this
+    /// rank's host and members on other hosts or not: the machine's ranks stay this
+    /// communicator's, since the processes outside the child still run on the same cores.
     Sharing child(int childLocalRanks, bool childSpansHosts) const {
       return {childLocalRanks, std::max(machineRanks, childLocalRanks), childSpansHosts};
     }
