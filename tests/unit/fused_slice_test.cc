@@ -145,12 +145,16 @@ TEST(ChainLinks, FromTheRootThroughEveryRankOnce) {
         ASSERT_LT(hops, size) << "size " << size << " root " << root;
         ++visited[static_cast<size_t>(at)];
         const int next = chainLinks(at, size, root).next;
-        if (next >= 0) EXPECT_EQ(chainLinks(next, size, root).prev, at);
+        if (next >= 0) {
+          EXPECT_EQ(chainLinks(next, size, root).prev, at);
+        }
         at = next;
       }
       for (int n : visited) EXPECT_EQ(n, 1);
       for (int rank = 0; rank < size; ++rank) {
-        if (rank != root) EXPECT_GE(chainLinks(rank, size, root).prev, 0);
+        if (rank != root) {
+          EXPECT_GE(chainLinks(rank, size, root).prev, 0);
+        }
       }
     }
   }
@@ -190,7 +194,9 @@ void checkRing(int size, uint64_t count, uint64_t share) {
         std::vector<int64_t>& mine = data[static_cast<size_t>(r)];
         const std::vector<int64_t>* incoming =
             pass > 0 ? &slots[static_cast<size_t>(r)][static_cast<size_t>(pass - 1)] : nullptr;
-        if (incoming != nullptr) ASSERT_EQ(incoming->size(), last - first) << "rank " << r;
+        if (incoming != nullptr) {
+          ASSERT_EQ(incoming->size(), last - first) << "rank " << r;
+        }
         std::vector<int64_t> result(last - first);
         for (uint64_t i = 0; i < last - first; ++i) {
           const int64_t in = incoming != nullptr ? (*incoming)[i] : 0;
@@ -230,7 +236,9 @@ TEST(RingAllReduce, EachPassTakesWhatTheRankBeforeSent) {
       std::vector<int> written(static_cast<size_t>(size), 0);
       for (int pass = 0; pass <= ringHops(size); ++pass) {
         const int share = ringShare(rank, size, pass);
-        if (pass > 0) EXPECT_EQ(share, ringShare(prev, size, pass - 1));
+        if (pass > 0) {
+          EXPECT_EQ(share, ringShare(prev, size, pass - 1));
+        }
         if (pass < size) ++reduced[static_cast<size_t>(share)];
         if (pass >= size - 1) ++written[static_cast<size_t>(share)];
       }
