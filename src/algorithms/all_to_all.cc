@@ -1,6 +1,7 @@
 // all_to_all (equal or per-pair counts): the same per-destination regions as
 // reduce_scatter; per chunk every rank fills region q with the next part of its block for
-// rank q, posts and waits for all, then copies region `rank` of every slot out.
+// rank q (q not itself), posts and waits for all, then copies region `rank` of every other
+// slot out, and its block for itself straight from its input.
 //
 // The V variant first runs a short phase in which every rank publishes its send counts:
 // each rank checks them against its receive counts (a mismatch is an error naming both
@@ -79,6 +80,17 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
   auto part = [&](const std::vector<size_t>& counts, int q, size_t begin) {
     return begin >= counts[q] ? size_t{0} : std::min(region, counts[q] - begin);
   };
+  // This rank's block for itself goes straight from input to output, without the slot,
+  // unless an output block overlaps it (other than itself, in place): then the slot's copy
+  // keeps it safe from those writes.
+  bool ownFromInput = true;
+  for (int q = 0; q < size; ++q) {
+    const bool same = q == me && args.outputs[q] == args.inputs[me];
+    if (!same && rangesOverlap(args.outputs[q], args.outputCounts[q] * es, args.inputs[me],
+                               args.inputCounts[me] * es)) {
+      ownFromInput = false;
+    }
+  }
   std::vector<CopyTask> tasks(static_cast<size_t>(size));
   size_t received = 0;
   for (size_t n : args.outputCounts) received += n;
@@ -90,14 +102,18 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
     const uint64_t p = ctx.startPhase(true);
     uint8_t* mine = ctx.slot(me, p);
     for (int q = 0; q < size; ++q) {
+      const size_t bytes = q == me && ownFromInput ? 0 : part(args.inputCounts, q, begin) * es;
       tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
-                  part(args.inputCounts, q, begin) * es};
+                  bytes};
     }
     ctx.copy(tasks);
     ctx.finishPhase(p, CollectiveContext::Await::kAll);
     for (int q = 0; q < size; ++q) {
-      tasks[q] = {static_cast<uint8_t*>(args.outputs[q]) + begin * es,
-                  ctx.slot(q, p) + me * region * es, part(args.outputCounts, q, begin) * es};
+      const uint8_t* from = q == me && ownFromInput
+                                ? static_cast<const uint8_t*>(args.inputs[me]) + begin * es
+                                : ctx.slot(q, p) + me * region * es;
+      tasks[q] = {static_cast<uint8_t*>(args.outputs[q]) + begin * es, from,
+                  part(args.outputCounts, q, begin) * es};
     }
     ctx.copy(tasks, stream);
   }

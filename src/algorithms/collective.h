@@ -229,6 +229,13 @@ inline size_t chunksOf(size_t count, size_t perChunk) {
 /// scatter): a 1/size share of a chunk, in whole cache lines.
 size_t regionElements(const CollectiveContext& ctx, DataType type);
 
+/// True if the byte ranges [a, a + aBytes) and [b, b + bBytes) share a byte.
+inline bool rangesOverlap(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  return aBytes != 0 && bBytes != 0 && x < y + bBytes && y < x + aBytes;
+}
+
 /// Elements per 64-byte cache line (at least 1).
 inline size_t lineElements(DataType type) {
   return 64 / elementSize(type);

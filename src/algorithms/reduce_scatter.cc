@@ -56,18 +56,26 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
     const size_t n = args.inputCounts[q];
     return begin >= n ? size_t{0} : std::min(region, n - begin);
   };
+  // Only this rank reads its own block, so the reduction takes it from the input rather
+  // than from a copy in the slot (1/size less copying), unless the output partly overlaps
+  // it: the kernel allows a destination that is a source, not one that straddles it.
+  const auto* own = static_cast<const uint8_t*>(args.inputs[me]);
+  const size_t ownBytes = args.inputCounts[me] * es;
+  const bool ownFromInput = own == out || !rangesOverlap(own, ownBytes, out, ownBytes);
   std::vector<CopyTask> tasks(static_cast<size_t>(size));
   for (size_t c = 0, chunks = chunksOf(longest, region); c < chunks; ++c) {
     const size_t begin = c * region;
     const uint64_t p = ctx.startPhase(true);
     uint8_t* mine = ctx.slot(me, p);
     for (int q = 0; q < size; ++q) {
+      const size_t bytes = q == me && ownFromInput ? 0 : partOf(q, begin) * es;
       tasks[q] = {mine + q * region * es, static_cast<const uint8_t*>(args.inputs[q]) + begin * es,
-                  partOf(q, begin) * es};
+                  bytes};
     }
     ctx.copy(tasks);
     ctx.finishPhase(p, CollectiveContext::Await::kAll);
     for (int q = 0; q < size; ++q) srcs[q] = ctx.slot(q, p) + me * region * es;
+    if (ownFromInput) srcs[me] = own + begin * es;
     ctx.reduce(out + begin * es, srcs, partOf(me, begin), spec);
   }
 }
