@@ -118,8 +118,11 @@ ReduceOp betweenHosts(ReduceOp op) {
 // A collective of at least two segments' bytes goes in segments, so that the rail thread's
 // network steps for one overlap this thread's local steps on the next and the previous
 // (measured: an all_reduce across 2 hosts on 10 Gb/s links went from 61-67% of the link to
-// 90-93%). Each segment takes a slice of every rank's block.
-constexpr size_t kSegmentBytes = size_t{4} << 20;
+// 90-93%). Each segment takes a slice of every rank's block. Segments of 2 MiB rather than
+// 4 took 16 MiB all_reduce on 2 x 4 ranks at 10 Gb/s from 77-92% of the links to 95-96%
+// (the first segment's local steps and the last one's are what the network cannot hide);
+// 1 MiB was no better there and lost broadcast on open links (docs/PERFORMANCE.md).
+constexpr size_t kSegmentBytes = size_t{2} << 20;
 constexpr int kMaxSegments = 16;
 
 int segmentsFor(size_t bytes) {

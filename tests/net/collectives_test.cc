@@ -197,7 +197,7 @@ void checkMovement(Communicator& comm) {
   comm.barrier().wait();
 }
 
-// Buffers of 8 MiB and more go in segments whose network steps run on the rail thread while
+// Buffers of 4 MiB and more go in segments whose network steps run on the rail thread while
 // the collective's thread runs the local steps of the others (hierarchical.cc); broadcasts
 // from 512 KiB per rail go down a chain of hosts (rail.cc).
 void checkLarge(Communicator& comm) {
@@ -206,7 +206,7 @@ void checkLarge(Communicator& comm) {
   const DataType type = DataType::kFloat32;
   uint32_t salt = 9000;
   for (ReduceOp op : {ReduceOp(ReduceKind::kSum), ReduceOp(ReduceKind::kAvg)}) {
-    const size_t count = size_t{3} << 20;  // 12 MiB: three segments
+    const size_t count = size_t{3} << 20;  // 12 MiB: six segments
     std::vector<float> in(count), out(count);
     fillInput(in.data(), type, count, me, ++salt);
     comm.allReduce(in.data(), out.data(), count, type, op).wait();
