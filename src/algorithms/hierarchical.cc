@@ -122,11 +122,15 @@ ReduceOp betweenHosts(ReduceOp op) {
 // 4 took 16 MiB all_reduce on 2 x 4 ranks at 10 Gb/s from 77-92% of the links to 95-96%
 // (the first segment's local steps and the last one's are what the network cannot hide);
 // 1 MiB was no better there and lost broadcast on open links (docs/PERFORMANCE.md).
+// Broadcast keeps 4 MiB: a rail's chain needs at least 4 (H - 2) pieces of 128 KiB per
+// segment (rail.cc), and 2 MiB would send 8 hosts of one rank, or 4 of four, to the scatter
+// and all-gather instead, which sends 2 (H - 1) / H of the buffer from every host, not one.
 constexpr size_t kSegmentBytes = size_t{2} << 20;
+constexpr size_t kBroadcastSegmentBytes = size_t{4} << 20;
 constexpr int kMaxSegments = 16;
 
-int segmentsFor(size_t bytes) {
-  return static_cast<int>(std::clamp<size_t>(bytes / kSegmentBytes, 1, kMaxSegments));
+int segmentsFor(size_t bytes, size_t segmentBytes = kSegmentBytes) {
+  return static_cast<int>(std::clamp<size_t>(bytes / segmentBytes, 1, kMaxSegments));
 }
 
 // One segment of a hierarchical collective: local steps before the network, the rail part
@@ -653,7 +657,7 @@ void broadcastAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
       rootIndex = static_cast<int>(it - ranks.begin());
     }
   }
-  const int segments = segmentsFor(count * es);
+  const int segments = segmentsFor(count * es, kBroadcastSegmentBytes);
   const Bounds cuts = slices(count, segments, type);
   Segments parts;
   for (int s = 0; s < segments; ++s) {

@@ -68,7 +68,7 @@ TEST(Schedules, AllReduceMovesTheBandwidthOptimalBytesUpTo16384Ranks) {
     int hosts, perHost;
   };
   for (const Case c : {Case{4, 4}, Case{8, 8}, Case{64, 8}, Case{2048, 8}}) {
-    const size_t count = size_t{1} << 20;  // 4 MiB of float32: one segment
+    const size_t count = size_t{1} << 19;  // 2 MiB of float32: one segment
     const size_t bytes = count * 4;
     const ScheduleReport report =
         simulate(hostsOf(c.hosts, c.perHost), opOf(CollectiveKind::kAllReduce, count));
@@ -86,10 +86,10 @@ TEST(Schedules, AllReduceMovesTheBandwidthOptimalBytesUpTo16384Ranks) {
 
 TEST(Schedules, TwoHostsAllReduceIsOneExchangePerRail) {
   const ScheduleReport report =
-      simulate(hostsOf(2, 4), opOf(CollectiveKind::kAllReduce, size_t{1} << 20));
+      simulate(hostsOf(2, 4), opOf(CollectiveKind::kAllReduce, size_t{1} << 19));  // 2 MiB
   ASSERT_EQ(report.error, "");
   EXPECT_EQ(report.maxNetworkSteps, 1u);
-  EXPECT_EQ(report.maxSentBytes, (size_t{4} << 20) / 4);
+  EXPECT_EQ(report.maxSentBytes, (size_t{2} << 20) / 4);
 }
 
 // A large broadcast goes down a chain of hosts: each host sends the buffer once at most (a
@@ -98,7 +98,7 @@ TEST(Schedules, LargeBroadcastSendsTheBufferOncePerHost) {
   struct Case {
     int hosts, perHost;
   };
-  for (const Case c : {Case{3, 1}, Case{4, 2}, Case{8, 1}}) {
+  for (const Case c : {Case{3, 1}, Case{4, 2}, Case{4, 4}, Case{8, 1}}) {
     const size_t count = size_t{4} << 20;  // 16 MiB of float32: four segments
     const ScheduleReport report =
         simulate(hostsOf(c.hosts, c.perHost), opOf(CollectiveKind::kBroadcast, count));
