@@ -8,7 +8,7 @@ cancels; what is left is divided by the calls. World size 1, 8 bytes of float32 
 all_reduce unless --op says otherwise): loom's own layers and c10d's, with the engine's
 collective reduced to a copy.
 
-    python3 scripts/call_cost.py                 # loom, direct and fake, 5000 calls each
+    python3 scripts/call_cost.py                 # loom, direct, eager and fake, 5000 calls each
     python3 scripts/call_cost.py --op all_to_all --backends loom,fake
     python3 scripts/call_cost.py --keep /tmp/cg  # also keep the profiles
 
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-BACKENDS = ("loom", "direct", "fake")
+BACKENDS = ("loom", "direct", "eager", "fake")
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")
 WARM_UP = 200
 
@@ -44,16 +44,18 @@ def c10d_call(op: str, t, out):
     return lambda: dist.all_to_all_single(out, t)
 
 
-def direct_call(op: str, t, name: str):
-    """The same through torch.ops.loom, where it has the op."""
+def direct_call(op: str, t, name: str, ops=None):
+    """The same through torch.ops.loom (or `ops`: loom.ops's eager functions), where it has
+    the op."""
     import torch
 
+    ops = ops or torch.ops.loom
     if op == "all_reduce":
-        return lambda: torch.ops.loom.all_reduce_(t, "sum", name)
+        return lambda: ops.all_reduce_(t, "sum", name)
     if op == "broadcast":
-        return lambda: torch.ops.loom.broadcast_(t, 0, name)
+        return lambda: ops.broadcast_(t, 0, name)
     if op == "all_gather":
-        return lambda: torch.ops.loom.all_gather_into_tensor(t, 1, name)
+        return lambda: ops.all_gather_into_tensor(t, 1, name)
     sys.exit(f"call_cost: torch.ops.loom has no {op}")
 
 
@@ -71,8 +73,10 @@ def run_calls(backend: str, op: str, calls: int, store: str) -> None:
     else:
         dist.init_process_group("loom", rank=0, world_size=1, init_method="file://" + store)
     t, out = torch.zeros(2), torch.zeros(2)
-    if backend == "direct":
-        call = direct_call(op, t, dist.group.WORLD.group_name)
+    if backend in ("direct", "eager"):
+        import loom.ops
+
+        call = direct_call(op, t, dist.group.WORLD.group_name, loom.ops if backend == "eager" else None)
     else:
         call = c10d_call(op, t, out)
     for _ in range(WARM_UP + calls):
@@ -105,7 +109,7 @@ def main() -> None:
                              "all_to_all: all_to_all_single)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated subset of loom (c10d), direct (torch.ops.loom), "
-                             "fake (torch's no-op backend)")
+                             "eager (loom.ops), fake (torch's no-op backend)")
     parser.add_argument("--keep", help="a folder to keep the callgrind profiles in")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # the measured process
     parser.add_argument("--store", help=argparse.SUPPRESS)

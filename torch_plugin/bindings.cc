@@ -18,6 +18,7 @@ using loom::torch_plugin::ProcessGroupLoom;
 namespace loom::torch_plugin {
 void bindTensorStore(py::module_& m);  // tensor_store_bindings.cc
 void bindByteCopy(py::module_& m);     // byte_copy.cc
+void bindEagerOps(py::module_& m);     // direct_ops.cc
 }  // namespace loom::torch_plugin
 
 PYBIND11_MODULE(_C, m) {
@@ -27,6 +28,7 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch._C._distributed_c10d");
   loom::torch_plugin::bindTensorStore(m);
   loom::torch_plugin::bindByteCopy(m);
+  loom::torch_plugin::bindEagerOps(m);
 
   py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(
       m, "ProcessGroupLoom")

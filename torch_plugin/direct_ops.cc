@@ -7,8 +7,15 @@
 // async_op=False, which stages them; results are the same either way. The schemas mark what
 // is written (Tensor(a!)) and the in-place forms return nothing, so torch.compile can
 // functionalize them; their fake kernels are in python/loom/ops.py.
+//
+// The same kernels are also bound as plain Python functions (bindEagerOps, behind
+// loom.ops.*): an eager call then skips torch's operator dispatch (resolving the overload,
+// boxing the arguments, the autograd fallback), which cost three times the collective's own
+// instructions for a small all_reduce (docs/PERFORMANCE.md).
 
 #include <ATen/ATen.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -25,9 +32,25 @@
 namespace loom::torch_plugin {
 namespace {
 
-/// "torch.ops.loom.<op>" for messages, as the operator is spelled in Python.
+// How the running call was spelled in Python, for messages: torch.ops.loom.<op>, or
+// loom.ops.<op> while an eager function runs the kernel (EagerEntry).
+thread_local const char* tEntry = "torch.ops.loom.";
+
+/// Marks the calls made through loom.ops's eager functions for the duration of one.
+class EagerEntry {
+ public:
+  EagerEntry() : saved_(tEntry) { tEntry = "loom.ops."; }
+  ~EagerEntry() { tEntry = saved_; }
+  EagerEntry(const EagerEntry&) = delete;
+  EagerEntry& operator=(const EagerEntry&) = delete;
+
+ private:
+  const char* saved_;
+};
+
+/// "torch.ops.loom.<op>" (or "loom.ops.<op>") for messages, as the caller spelled it.
 std::string opName(const char* op) {
-  return std::string("torch.ops.loom.") + op;
+  return std::string(tEntry) + op;
 }
 
 /// The loom backend of the group named `groupName` for tensors on `device`, with a message
@@ -52,9 +75,9 @@ ProcessGroupLoom& loomGroup(const char* op, const std::string& groupName,
   auto* pg = dynamic_cast<ProcessGroupLoom*>(backend.get());
   if (pg == nullptr) {
     TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' runs " + device.str() +
-                           " tensors on '" + backend->getBackendName() +
-                           "', not loom; torch.ops.loom.* need a group made with the loom "
-                           "backend (init_process_group(\"loom\") or new_group(backend=\"loom\"))");
+                           " tensors on '" + backend->getBackendName() + "', not loom; " + tEntry +
+                           "* need a group made with the loom backend "
+                           "(init_process_group(\"loom\") or new_group(backend=\"loom\"))");
   }
   return *pg;
 }
@@ -132,7 +155,8 @@ DirectCall startCall(const char* op, const std::string& group, const at::Tensor&
   if (pg.isCoalescing()) {
     invalid(site,
             "the group is inside a coalescing block (batch_isend_irecv or "
-            "_coalescing_manager); torch.ops.loom.* run alone: call them outside it");
+            "_coalescing_manager); " +
+                std::string(tEntry) + "* run alone: call them outside it");
   }
   requireDense(site, what, tensor);
   return {pg, site};
@@ -284,7 +308,38 @@ at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSi
   return output;
 }
 
+/// An eager Python function over `kernel`: torch's error translation, as for the operator,
+/// and messages that name loom.ops.
+template <class R, class... Args>
+auto eager(R (*kernel)(Args...)) {
+  return [kernel](Args... args) -> R {
+    HANDLE_TH_ERRORS
+    const EagerEntry entry;
+    return kernel(std::forward<Args>(args)...);
+    END_HANDLE_TH_ERRORS_PYBIND
+  };
+}
+
 }  // namespace
+
+void bindEagerOps(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("eager_all_reduce_", eager(&allReduceInPlace), py::arg("tensor"), py::arg("reduce_op"),
+        py::arg("group_name"), "torch.ops.loom.all_reduce_ without torch's dispatcher.");
+  m.def("eager_all_reduce", eager(&allReduce), py::arg("input"), py::arg("reduce_op"),
+        py::arg("group_name"), "torch.ops.loom.all_reduce without torch's dispatcher.");
+  m.def("eager_broadcast_", eager(&broadcastInPlace), py::arg("tensor"), py::arg("src"),
+        py::arg("group_name"), "torch.ops.loom.broadcast_ without torch's dispatcher.");
+  m.def("eager_all_gather_into_tensor", eager(&allGatherIntoTensor), py::arg("input"),
+        py::arg("group_size"), py::arg("group_name"),
+        "torch.ops.loom.all_gather_into_tensor without torch's dispatcher.");
+  m.def("eager_reduce_scatter_tensor", eager(&reduceScatterTensor), py::arg("input"),
+        py::arg("reduce_op"), py::arg("group_size"), py::arg("group_name"),
+        "torch.ops.loom.reduce_scatter_tensor without torch's dispatcher.");
+  m.def("eager_all_to_all_single", eager(&allToAllSingle), py::arg("input"),
+        py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("group_name"),
+        "torch.ops.loom.all_to_all_single without torch's dispatcher.");
+}
 
 TORCH_LIBRARY(loom, m) {
   m.def("all_reduce_(Tensor(a!) tensor, str reduce_op, str group_name) -> ()");

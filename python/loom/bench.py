@@ -12,7 +12,8 @@
 
 Each rank joins a loom default group and a Gloo group over the same ranks. For every op and
 size, the backends run the same call (`direct`: loom's torch.ops.loom operator on the loom
-group, skipping c10d, with a one-element all_reduce of that operator as its barrier; `fake`:
+group, skipping c10d, with a one-element all_reduce of that operator as its barrier; `eager`:
+the same through loom.ops's eager functions, which also skip torch's dispatcher; `fake`:
 torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen
 from Python on rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and
 the 90th percentile of several calls after warm-ups are reported (with --repeats N, the
@@ -95,43 +96,59 @@ def _renamed(module, name: str, old_name: str):
     return getattr(module, name, None) or getattr(module, old_name)
 
 
+def direct_ops(backend: str):
+    """The namespace of loom's direct entry that `backend` times: torch.ops.loom ("direct")
+    or loom.ops's eager functions ("eager"); None for the c10d backends."""
+    import torch
+
+    if backend == "direct":
+        return torch.ops.loom
+    if backend == "eager":
+        import loom.ops
+
+        return loom.ops
+    return None
+
+
 def make_case(op: str, nbytes: int, world: int, rank: int, backend: str = "loom"):
     """Tensors for one call of `op` moving `nbytes` (nccl-tests convention) and the call:
     torch.distributed's on the group it is given, or for `backend` "direct" loom's torch
     operator on that group (python/loom/ops.py; its gather, reduce-scatter and all-to-all
-    forms return a new tensor, so their times include allocating it)."""
+    forms return a new tensor, so their times include allocating it), for "eager" the same
+    through loom.ops's eager functions."""
     import torch
     import torch.distributed as dist
 
     elems = max(1, nbytes // 4)
-    direct = backend == "direct"
+    ops = direct_ops(backend)
+    direct = ops is not None
     if op == "all_reduce":
         t = torch.ones(elems)
         if direct:
-            return lambda g: torch.ops.loom.all_reduce_(t, "sum", g.group_name)
+            return lambda g: ops.all_reduce_(t, "sum", g.group_name)
         return lambda g: dist.all_reduce(t, group=g)
     if op == "broadcast":
         t = torch.ones(elems)
         if direct:
-            return lambda g: torch.ops.loom.broadcast_(t, 0, g.group_name)
+            return lambda g: ops.broadcast_(t, 0, g.group_name)
         return lambda g: dist.broadcast(t, src=0, group=g)
     per = max(1, elems // world)
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(per * world), torch.ones(per)
         if direct:
-            return lambda g: torch.ops.loom.all_gather_into_tensor(inp, world, g.group_name)
+            return lambda g: ops.all_gather_into_tensor(inp, world, g.group_name)
         gather = _renamed(dist, "all_gather_single", "all_gather_into_tensor")
         return lambda g: gather(out, inp, group=g)
     if op == "reduce_scatter_tensor":
         out, inp = torch.empty(per), torch.ones(per * world)
         if direct:
-            return lambda g: torch.ops.loom.reduce_scatter_tensor(inp, "sum", world, g.group_name)
+            return lambda g: ops.reduce_scatter_tensor(inp, "sum", world, g.group_name)
         reduce_scatter = _renamed(dist, "reduce_scatter_single", "reduce_scatter_tensor")
         return lambda g: reduce_scatter(out, inp, group=g)
     if op == "all_to_all_single":
         out, inp = torch.empty(per * world), torch.ones(per * world)
         if direct:
-            return lambda g: torch.ops.loom.all_to_all_single(inp, [], [], g.group_name)
+            return lambda g: ops.all_to_all_single(inp, [], [], g.group_name)
         return lambda g: dist.all_to_all_single(out, inp, group=g)
     raise ValueError(op)
 
@@ -164,9 +181,10 @@ def barrier_for(backend: str, group):
     import torch
     import torch.distributed as dist
 
-    if backend == "direct":
+    ops = direct_ops(backend)
+    if ops is not None:
         one = torch.zeros(1)
-        return lambda: torch.ops.loom.all_reduce_(one, "sum", group.group_name)
+        return lambda: ops.all_reduce_(one, "sum", group.group_name)
     return lambda: dist.barrier(group=group)
 
 
@@ -308,7 +326,7 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
         torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local))
         dist.init_process_group("loom", init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
-        groups = {"loom": dist.group.WORLD, "direct": dist.group.WORLD}
+        groups = {"loom": dist.group.WORLD, "direct": dist.group.WORLD, "eager": dist.group.WORLD}
         # Each other backend only where asked for (the fake group is torch's no-op backend:
         # what any c10d call costs before a backend does anything).
         if "fake" in args.backends:
@@ -492,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)}")
     parser.add_argument("--backends", default="loom,gloo",
                         help="comma-separated: loom, gloo, direct (loom's torch.ops.loom operators), "
+                             "eager (the same through loom.ops, without torch's dispatcher), "
                              "fake (torch's no-op backend: the floor of any c10d call)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: this machine's cores shared among its ranks)")
@@ -535,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         if op not in OPS:
             parser.error(f"unknown op '{op}'; choose from {', '.join(OPS)}")
     for b in args.backends:
-        if b not in ("loom", "gloo", "direct", "fake"):
+        if b not in ("loom", "gloo", "direct", "eager", "fake"):
             parser.error(f"unknown backend '{b}'")
     if args.ranks < 1 or args.min_bytes > args.max_bytes:
         parser.error("need --ranks >= 1 and --min-bytes <= --max-bytes")

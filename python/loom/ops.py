@@ -13,6 +13,12 @@ returns once the collective is done::
     r = torch.ops.loom.reduce_scatter_tensor(g, "sum", dist.get_world_size(), name)
     a = torch.ops.loom.all_to_all_single(x, [], [], name)  # [] : equal splits
 
+The same six are plain functions of this module too (``loom.ops.all_reduce_(x, "sum",
+name)``, same arguments): called eagerly they go straight to loom without torch's operator
+dispatch, about a third of the instructions of a small torch.ops.loom call
+(docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile they
+are the operators above, so one spelling serves both.
+
 reduce_op is one of sum, avg, product, min, max, band, bor, bxor. Results equal those of
 the torch.distributed calls on the same group. Contiguous CPU tensors go straight to the
 communicator on the calling thread; CUDA and other tensors take the group's c10d path with
@@ -24,7 +30,53 @@ from __future__ import annotations
 
 import torch
 
-from . import _C  # noqa: F401  (defines the operators)
+from . import _C  # defines the operators and their eager functions
+
+_is_compiling = torch.compiler.is_compiling
+
+
+def all_reduce_(tensor: torch.Tensor, reduce_op: str, group_name: str) -> None:
+    """Reduces `tensor` across the group in place (torch.ops.loom.all_reduce_)."""
+    if _is_compiling():
+        return torch.ops.loom.all_reduce_(tensor, reduce_op, group_name)
+    return _C.eager_all_reduce_(tensor, reduce_op, group_name)
+
+
+def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+    """The reduction of `input` across the group, in a new tensor (torch.ops.loom.all_reduce)."""
+    if _is_compiling():
+        return torch.ops.loom.all_reduce(input, reduce_op, group_name)
+    return _C.eager_all_reduce(input, reduce_op, group_name)
+
+
+def broadcast_(tensor: torch.Tensor, src: int, group_name: str) -> None:
+    """Overwrites `tensor` with rank `src`'s (torch.ops.loom.broadcast_)."""
+    if _is_compiling():
+        return torch.ops.loom.broadcast_(tensor, src, group_name)
+    return _C.eager_broadcast_(tensor, src, group_name)
+
+
+def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    """Every rank's `input`, rows in rank order (torch.ops.loom.all_gather_into_tensor)."""
+    if _is_compiling():
+        return torch.ops.loom.all_gather_into_tensor(input, group_size, group_name)
+    return _C.eager_all_gather_into_tensor(input, group_size, group_name)
+
+
+def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
+                          group_name: str) -> torch.Tensor:
+    """This rank's block of rows of the reduction (torch.ops.loom.reduce_scatter_tensor)."""
+    if _is_compiling():
+        return torch.ops.loom.reduce_scatter_tensor(input, reduce_op, group_size, group_name)
+    return _C.eager_reduce_scatter_tensor(input, reduce_op, group_size, group_name)
+
+
+def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int],
+                      group_name: str) -> torch.Tensor:
+    """Rows exchanged with every rank ([] for equal splits; torch.ops.loom.all_to_all_single)."""
+    if _is_compiling():
+        return torch.ops.loom.all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
+    return _C.eager_all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
 
 
 @torch.library.register_fake("loom::all_reduce_")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every CPU anchor of the CPU-speed issue beside loom, one P, in one go (one device call):
 #   bash scripts/anchors/run.sh P OUT [MAX_BYTES]
-# loom's engine (loom-bench), loom through torch (c10d and torch.ops.loom) and Gloo
+# loom's engine (loom-bench), loom through torch (c10d, torch.ops.loom and loom.ops) and Gloo
 # (python -m loom.bench, Gloo in processes of its own), DeepSpeed's shm all_reduce, oneCCL
 # over Intel MPI and over libfabric's shm provider, and Open MPI through mpi4py; then
 # scripts/anchors/table.py OUT.
@@ -31,8 +31,8 @@ step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,r
 # loom and Gloo in separate processes: a Gloo process group's TCP loop thread wakes about
 # 100 times a second even while idle, and with one rank per core those wake-ups land on the
 # cores loom's ranks wait on (docs/PERFORMANCE.md, "P = 8 and 16 again").
-step "loom through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends loom,direct"
-(cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends loom,direct --quiet \
+step "loom through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends loom,direct,eager"
+(cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends loom,direct,eager --quiet \
     --out "$OUT/torch" > "$OUT/torch.txt" 2>&1) || echo "loom.bench failed: $(tail -3 "$OUT/torch.txt")"
 step "Gloo through torch: python3 -m loom.bench --ranks $P --max-bytes $MAX --backends gloo"
 (cd /tmp && python3 -m loom.bench --ranks "$P" --max-bytes "$MAX" --backends gloo --quiet \

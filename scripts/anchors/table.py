@@ -3,7 +3,7 @@
     python3 scripts/anchors/table.py OUT
 
 One table per op: µs per call (medians) at the anchors' sizes (nccl-tests bytes), the engine
-(loom-bench, out of place), loom through torch (c10d; `torch.ops.loom`), Gloo, DeepSpeed's shm
+(loom-bench, out of place), loom through torch (c10d; `torch.ops.loom`; `loom.ops`), Gloo, DeepSpeed's shm
 all_reduce, oneCCL (Intel MPI shm; libfabric shm), Open MPI (mpi4py); then how loom stands
 against the CPU-speed issue's rules: through torch at most every anchor called through torch
 (Gloo, DeepSpeed) at every size and every anchor from 4 KiB, and the engine at most every
@@ -21,7 +21,8 @@ SIZES = [8, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 
 OPS = [("all_reduce", "all_reduce", "allreduce"), ("all_gather", "all_gather_into_tensor", "allgather"),
        ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter"), ("broadcast", "broadcast", "broadcast"),
        ("all_to_all", "all_to_all_single", "alltoall")]
-COLUMNS = ["engine", "c10d", "direct", "Gloo", "DeepSpeed", "oneCCL mpi", "oneCCL ofi_shm", "Open MPI"]
+COLUMNS = ["engine", "c10d", "direct", "eager", "Gloo", "DeepSpeed", "oneCCL mpi", "oneCCL ofi_shm",
+           "Open MPI"]
 THROUGH_TORCH = ("Gloo", "DeepSpeed")
 LINE = re.compile(r"^(\w+) \w+ P=(\d+) (\w+) bytes=(\d+) t_us=([0-9.]+)")
 
@@ -56,7 +57,7 @@ def read(out: Path):
         data = json.loads(results.read_text())
         ranks = data.get("ranks", ranks)
         for row in data["results"]:
-            for backend, column in (("loom", "c10d"), ("direct", "direct"), ("gloo", "Gloo")):
+            for backend, column in (("loom", "c10d"), ("direct", "direct"), ("eager", "eager"), ("gloo", "Gloo")):
                 if backend in row:
                     put(torch_ops[row["op"]], row["bytes"], column, row[backend] * 1e6)
     for name in ("deepspeed.txt", "oneccl.txt", "openmpi.txt"):
@@ -100,7 +101,7 @@ def main() -> int:
         for k in shown:
             c = rows[k]
             cells = [f"{c[col]:.1f}" if col in c else "" for col in COLUMNS]
-            loom_torch = min((c[x] for x in ("c10d", "direct") if x in c), default=None)
+            loom_torch = min((c[x] for x in ("c10d", "direct", "eager") if x in c), default=None)
             anchors = [col for col in COLUMNS[3:] if col in c and (k >= 4096 or col in THROUGH_TORCH)]
             verdicts = []
             for mine, pool in ((loom_torch, anchors), (c.get("engine"), [col for col in COLUMNS[3:] if col in c])):

@@ -1,8 +1,10 @@
-"""torch.ops.loom.*, the direct entry (python/loom/ops.py, torch_plugin/direct_ops.cc):
-every operator against the torch.distributed call on the same group and a reference, on
-the direct path (contiguous CPU tensors) and the staged one (non-contiguous, complex);
-ordering behind queued asynchronous calls; torch.compile tracing them; and clear errors
-for a wrong group name, a group that is not loom's, a bad reduce_op or group_size."""
+"""torch.ops.loom.*, the direct entry (python/loom/ops.py, torch_plugin/direct_ops.cc), and
+loom.ops.*, the same kernels called eagerly without torch's dispatcher: every operator
+against the torch.distributed call on the same group and a reference, on the direct path
+(contiguous CPU tensors) and the staged one (non-contiguous, complex), through both
+entries; ordering behind queued asynchronous calls; torch.compile tracing both; and clear
+errors for a wrong group name, a group that is not loom's, a bad reduce_op or group_size,
+each naming the entry the caller used."""
 
 from __future__ import annotations
 
@@ -13,6 +15,15 @@ import torch.distributed as dist
 from harness import run_ranks
 
 WORLD = 3
+# The two spellings of the direct entry: the torch operators and loom.ops's eager functions.
+ENTRIES = ("torch.ops.loom", "loom.ops")
+
+
+def entry_ops(entry: str):
+    """The namespace whose six functions the test calls."""
+    import loom.ops
+
+    return torch.ops.loom if entry == "torch.ops.loom" else loom.ops
 
 
 def value(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -23,7 +34,8 @@ def value(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return base.to(dtype)
 
 
-def ops_body(rank: int, world: int) -> None:
+def ops_body(rank: int, world: int, entry: str) -> None:
+    ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
     cases = [(torch.float32, "sum", dist.ReduceOp.SUM), (torch.bfloat16, "max", dist.ReduceOp.MAX),
              (torch.int64, "bxor", dist.ReduceOp.BXOR), (torch.float64, "avg", dist.ReduceOp.AVG),
@@ -37,50 +49,51 @@ def ops_body(rank: int, world: int) -> None:
             dist.all_reduce(want, op=op)
             # In place, on the direct path and on a strided view (staged).
             got = mine.clone()
-            assert torch.ops.loom.all_reduce_(got, op_name, name) is None
+            assert ops.all_reduce_(got, op_name, name) is None
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             wide = torch.zeros(n, 2, dtype=dtype)
             wide[:, 0] = mine
-            torch.ops.loom.all_reduce_(wide[:, 0], op_name.upper(), name)
+            ops.all_reduce_(wide[:, 0], op_name.upper(), name)
             torch.testing.assert_close(wide[:, 0], want, rtol=0, atol=0)
             assert not wide[:, 1].any(), "the staged path wrote outside the view"
             # Out of place: the input is untouched.
-            got = torch.ops.loom.all_reduce(mine, op_name, name)
+            got = ops.all_reduce(mine, op_name, name)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             torch.testing.assert_close(mine, value(rank, n, dtype), rtol=0, atol=0)
         x = value(rank, n, torch.float32)
         # broadcast_ from every root, direct and staged.
         for root in range(world):
             t = x.clone()
-            torch.ops.loom.broadcast_(t, root, name)
+            ops.broadcast_(t, root, name)
             torch.testing.assert_close(t, value(root, n, torch.float32), rtol=0, atol=0)
             t = torch.zeros(2, n)
             t[1] = x
-            torch.ops.loom.broadcast_(t[:, :].t()[:, 1], root, name)
+            ops.broadcast_(t[:, :].t()[:, 1], root, name)
             torch.testing.assert_close(t[1], value(root, n, torch.float32), rtol=0, atol=0)
         # all_gather_into_tensor and reduce_scatter_tensor, 2-D (rows gathered).
         rows = x.reshape(n, 1).expand(n, 2).contiguous()
-        g = torch.ops.loom.all_gather_into_tensor(rows, world, name)
+        g = ops.all_gather_into_tensor(rows, world, name)
         assert g.shape == (world * n, 2)
         torch.testing.assert_close(g, torch.cat([value(q, n, torch.float32).reshape(n, 1).expand(n, 2)
                                                  for q in range(world)]), rtol=0, atol=0)
         whole = value(rank, world * n, torch.float32)
-        r = torch.ops.loom.reduce_scatter_tensor(whole, "sum", world, name)
+        r = ops.reduce_scatter_tensor(whole, "sum", world, name)
         want = torch.empty(n)
         dist.reduce_scatter_tensor(want, whole)
         torch.testing.assert_close(r, want, rtol=0, atol=0)
         # all_to_all_single: equal splits, then uneven ones (rank q sends q + 1 rows to each).
-        a = torch.ops.loom.all_to_all_single(whole, [], [], name)
+        a = ops.all_to_all_single(whole, [], [], name)
         want = torch.empty_like(whole)
         dist.all_to_all_single(want, whole)
         torch.testing.assert_close(a, want, rtol=0, atol=0)
     src = torch.full((world * (rank + 1),), float(rank))
-    got = torch.ops.loom.all_to_all_single(src, [q + 1 for q in range(world)], [rank + 1] * world, name)
+    got = ops.all_to_all_single(src, [q + 1 for q in range(world)], [rank + 1] * world, name)
     torch.testing.assert_close(got, torch.cat([torch.full((q + 1,), float(q)) for q in range(world)]))
 
 
-def test_every_op_equals_torch_distributed():
-    run_ranks(WORLD, ops_body)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_op_equals_torch_distributed(entry):
+    run_ranks(WORLD, ops_body, entry)
 
 
 def order_body(rank: int, world: int) -> None:
@@ -108,15 +121,16 @@ def test_direct_calls_keep_issue_order_and_work_on_subgroups():
     run_ranks(WORLD, order_body)
 
 
-def compiled_body(rank: int, world: int) -> None:
+def compiled_body(rank: int, world: int, entry: str) -> None:
+    ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
 
     def step(x: torch.Tensor) -> torch.Tensor:
         y = x * 2
-        torch.ops.loom.all_reduce_(y, "sum", name)
-        z = torch.ops.loom.all_gather_into_tensor(y + 1, world, name)
-        r = torch.ops.loom.reduce_scatter_tensor(z, "sum", world, name)
-        return torch.ops.loom.all_reduce(r, "max", name) - 1
+        ops.all_reduce_(y, "sum", name)
+        z = ops.all_gather_into_tensor(y + 1, world, name)
+        r = ops.reduce_scatter_tensor(z, "sum", world, name)
+        return ops.all_reduce(r, "max", name) - 1
 
     compiled = torch.compile(step, fullgraph=True)
     x = torch.arange(4, dtype=torch.float32) + rank
@@ -125,31 +139,35 @@ def compiled_body(rank: int, world: int) -> None:
     torch.testing.assert_close(compiled(x), (y + 1) * world - 1)
 
 
-def test_torch_compile_traces_the_operators():
-    run_ranks(WORLD, compiled_body)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_torch_compile_traces_the_operators(entry):
+    run_ranks(WORLD, compiled_body, entry)
 
 
-def errors_body(rank: int, world: int) -> None:
+def errors_body(rank: int, world: int, entry: str) -> None:
+    ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
     t = torch.ones(4)
     checks = [
-        (lambda: torch.ops.loom.all_reduce_(t, "sum", "no-such-group"), "no process group is named 'no-such-group'"),
-        (lambda: torch.ops.loom.all_reduce_(t, "mean", name), "reduce_op 'mean' is not one of"),
-        (lambda: torch.ops.loom.all_gather_into_tensor(t, world + 1, name), f"group_size is {world + 1}"),
-        (lambda: torch.ops.loom.reduce_scatter_tensor(torch.ones(world + 1), "sum", world, name),
+        (lambda: ops.all_reduce_(t, "sum", "no-such-group"), "no process group is named 'no-such-group'"),
+        (lambda: ops.all_reduce_(t, "mean", name), "reduce_op 'mean' is not one of"),
+        (lambda: ops.all_gather_into_tensor(t, world + 1, name), f"group_size is {world + 1}"),
+        (lambda: ops.reduce_scatter_tensor(torch.ones(world + 1), "sum", world, name),
          "do not divide evenly"),
-        (lambda: torch.ops.loom.broadcast_(t, world, name), f"src {world} is not a rank"),
+        (lambda: ops.broadcast_(t, world, name), f"src {world} is not a rank"),
     ]
     gloo = dist.new_group(backend="gloo")
-    checks.append((lambda: torch.ops.loom.all_reduce_(t, "sum", gloo.group_name), "not loom"))
+    checks.append((lambda: ops.all_reduce_(t, "sum", gloo.group_name), "not loom"))
     for call, words in checks:
         with pytest.raises(RuntimeError, match=words) as caught:
             call()
-        assert "torch.ops.loom" in str(caught.value) or f"(rank {rank})" in str(caught.value)
+        assert entry in str(caught.value) or f"(rank {rank})" in str(caught.value)
+        assert entry == "torch.ops.loom" or "torch.ops.loom" not in str(caught.value)
     # The group still works after the refusals.
-    torch.ops.loom.all_reduce_(t, "sum", name)
+    ops.all_reduce_(t, "sum", name)
     assert torch.all(t == world)
 
 
-def test_bad_arguments_are_named_errors():
-    run_ranks(WORLD, errors_body)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_bad_arguments_are_named_errors(entry):
+    run_ranks(WORLD, errors_body, entry)
