@@ -21,8 +21,9 @@ SIZES = [8, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 
 OPS = [("all_reduce", "all_reduce", "allreduce"), ("all_gather", "all_gather_into_tensor", "allgather"),
        ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter"), ("broadcast", "broadcast", "broadcast"),
        ("all_to_all", "all_to_all_single", "alltoall")]
-COLUMNS = ["engine", "c10d", "direct", "eager", "Gloo", "DeepSpeed", "oneCCL mpi", "oneCCL ofi_shm",
-           "Open MPI"]
+LOOM = ["engine", "c10d", "direct", "eager"]
+ANCHORS = ["Gloo", "DeepSpeed", "oneCCL mpi", "oneCCL ofi_shm", "Open MPI"]
+COLUMNS = LOOM + ANCHORS
 THROUGH_TORCH = ("Gloo", "DeepSpeed")
 LINE = re.compile(r"^(\w+) \w+ P=(\d+) (\w+) bytes=(\d+) t_us=([0-9.]+)")
 
@@ -102,9 +103,9 @@ def main() -> int:
             c = rows[k]
             cells = [f"{c[col]:.1f}" if col in c else "" for col in COLUMNS]
             loom_torch = min((c[x] for x in ("c10d", "direct", "eager") if x in c), default=None)
-            anchors = [col for col in COLUMNS[3:] if col in c and (k >= 4096 or col in THROUGH_TORCH)]
+            anchors = [col for col in ANCHORS if col in c and (k >= 4096 or col in THROUGH_TORCH)]
             verdicts = []
-            for mine, pool in ((loom_torch, anchors), (c.get("engine"), [col for col in COLUMNS[3:] if col in c])):
+            for mine, pool in ((loom_torch, anchors), (c.get("engine"), [col for col in ANCHORS if col in c])):
                 if mine is None or not pool:
                     verdicts.append("")
                     continue
