@@ -11,6 +11,7 @@
 #include "loom/flight_recorder.h"
 #include "process_group_loom.h"
 #include "transport/shm/lending.h"
+#include "work_loom.h"
 
 namespace py = pybind11;
 using loom::torch_plugin::ProcessGroupLoom;
@@ -29,6 +30,11 @@ PYBIND11_MODULE(_C, m) {
   loom::torch_plugin::bindTensorStore(m);
   loom::torch_plugin::bindByteCopy(m);
   loom::torch_plugin::bindEagerOps(m);
+
+  // Known to pybind, a loom Work returned by a c10d call is cast to Python by its own type
+  // rather than after a failed lookup of it and a fall back to the base (every call pays it).
+  py::class_<loom::torch_plugin::WorkLoom, c10d::Work,
+             c10::intrusive_ptr<loom::torch_plugin::WorkLoom>>(m, "WorkLoom");
 
   py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(
       m, "ProcessGroupLoom")
