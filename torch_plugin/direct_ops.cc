@@ -10,8 +10,8 @@
 //
 // The same kernels are also bound as plain Python functions (bindEagerOps, behind
 // loom.ops.*): an eager call then skips torch's operator dispatch (resolving the overload,
-// boxing the arguments, the autograd fallback), which cost three times the collective's own
-// instructions for a small all_reduce (docs/PERFORMANCE.md).
+// boxing the arguments, the autograd fallback): 7,037 instructions for a small all_reduce_
+// where the operator took 15,283 (docs/PERFORMANCE.md, "loom.ops").
 
 #include <ATen/ATen.h>
 #include <torch/csrc/Exceptions.h>

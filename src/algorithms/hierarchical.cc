@@ -119,9 +119,9 @@ ReduceOp betweenHosts(ReduceOp op) {
 // network steps for one overlap this thread's local steps on the next and the previous
 // (measured: an all_reduce across 2 hosts on 10 Gb/s links went from 61-67% of the link to
 // 90-93%). Each segment takes a slice of every rank's block. Segments of 2 MiB rather than
-// 4 took 16 MiB all_reduce on 2 x 4 ranks at 10 Gb/s from 77-92% of the links to 95-96%
+// 4 took 16 MiB all_reduce on 2 x 4 ranks at 10 Gb/s from 76-91% of the links to 95-96%
 // (the first segment's local steps and the last one's are what the network cannot hide);
-// 1 MiB was no better there and lost broadcast on open links (docs/PERFORMANCE.md).
+// 1 MiB was no better there (docs/PERFORMANCE.md, "Segments of 2 MiB").
 // Broadcast keeps 4 MiB: a rail's chain needs at least 4 (H - 2) pieces of 128 KiB per
 // segment (rail.cc), and 2 MiB would send 8 hosts of one rank, or 4 of four, to the scatter
 // and all-gather instead, which sends 2 (H - 1) / H of the buffer from every host, not one.

@@ -14,8 +14,8 @@
 //            post; the receiving ranks wait for all;
 //   then the receiving ranks copy every rank's reduced slice to their output (the gather).
 // Each element is reduced by exactly one rank (the root of a reduce does not do it all), so
-// reads per rank are about (3 - 1/size)N, and with two halves per rank a fast rank copies chunk c +
-// 1 in while others still gather chunk c.
+// reads per rank are about (3 - 1/size)N, and with two halves per rank a fast rank copies
+// chunk c + 1 in while others still gather chunk c.
 
 #include "algorithms/collective.h"
 
