@@ -89,14 +89,27 @@ def _across_hosts(rank, world, hosts):
             ts.put_state_dict(sd, "policy")
         store.set("writer/done", b"1")
     else:
-        seen = set()
+        from loom.tensor_store import TensorStoreError
+
+        seen, outpaced = set(), 0
         while True:
             done = store.check(["writer/done"])
-            seen.add(_version_of(ts.get_state_dict("policy", into)))
+            try:
+                seen.add(_version_of(ts.get_state_dict("policy", into)))
+            except TensorStoreError as e:
+                # A writer that puts faster than this rank reads "latest" is refused after a
+                # few retries (docs/STORE.md), not read torn: on a loaded 2-core machine it
+                # can happen here. Any other error fails the test.
+                if "newer versions were put while reading the latest" not in str(e):
+                    raise
+                outpaced += 1
             if done:
                 break
-        assert _version_of(ts.get_state_dict("policy", into)) == 40
+        last = _version_of(ts.get_state_dict("policy", into))
+        assert last == 40
+        seen.add(last)
         out["versions seen"] = len(seen)
+        out["outpaced"] = outpaced
     dist.barrier()
     # Lent weights: the readers copy the writer's own tensors across the link.
     if rank == 0:
