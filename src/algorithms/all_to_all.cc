@@ -17,12 +17,11 @@ namespace {
 
 bool overlaps(const CollectiveArgs& args, size_t es) {
   for (size_t i = 0; i < args.inputs.size(); ++i) {
-    const auto* a = static_cast<const uint8_t*>(args.inputs[i]);
-    const uint8_t* aEnd = a + args.inputCounts[i] * es;
     for (size_t o = 0; o < args.outputs.size(); ++o) {
-      const auto* b = static_cast<const uint8_t*>(args.outputs[o]);
-      const uint8_t* bEnd = b + args.outputCounts[o] * es;
-      if (a < bEnd && b < aEnd) return true;
+      if (rangesOverlap(args.inputs[i], args.inputCounts[i] * es, args.outputs[o],
+                        args.outputCounts[o] * es)) {
+        return true;
+      }
     }
   }
   return false;
