@@ -237,59 +237,107 @@ std::vector<int64_t> scaledRows(const at::Tensor& input, int64_t factor) {
   return shape;
 }
 
-at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
-                               const std::string& group) {
-  auto [pg, s] = startCall("all_gather_into_tensor", group, input, "input");
-  requireGroupSize(s, groupSize);
-  at::Tensor output = at::empty(scaledRows(input, groupSize), input.options());
-  if (direct({&input})) {
+/// Every rank's `input` into `output`, rows in rank order: the work of both
+/// all_gather_into_tensor forms.
+void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& input,
+                   at::Tensor& output) {
+  if (direct({&input, &output})) {
     const Flat in = movementView(input);
     runBlocking([&] {
       return pg.communicator().allGather(in.ptr(), output.data_ptr(), in.count, in.type,
                                          blockingOptions());
     });
-    return output;
+    return;
   }
   at::Tensor in = input;
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;
   waitFor(pg._allgather_base(output, in, opts));
+}
+
+at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
+                               const std::string& group) {
+  auto [pg, s] = startCall("all_gather_into_tensor", group, input, "input");
+  requireGroupSize(s, groupSize);
+  at::Tensor output = at::empty(scaledRows(input, groupSize), input.options());
+  allGatherInto(pg, s, input, output);
   return output;
 }
 
-at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduceOp,
-                               int64_t groupSize, const std::string& group) {
-  auto [pg, s] = startCall("reduce_scatter_tensor", group, input, "input");
+void allGatherIntoTensorOut(const at::Tensor& input, int64_t groupSize, const std::string& group,
+                            at::Tensor& out) {
+  auto [pg, s] = startCall("all_gather_into_tensor_out", group, input, "input");
+  requireGroupSize(s, groupSize);
+  requireWholeOfParts(s, "out", out, "input", input);
+  allGatherInto(pg, s, input, out);
+}
+
+/// The checks of both reduce_scatter_tensor forms, after startCall: the group size and rows
+/// that divide evenly among the ranks.
+void requireScatterable(const CallSite& s, const at::Tensor& input, int64_t groupSize) {
   requireGroupSize(s, groupSize);
   if (input.dim() == 0 || input.size(0) % groupSize != 0) {
     invalid(s, "input has " + std::to_string(input.dim() ? input.size(0) : 1) +
                    " rows, which do not divide evenly among " + std::to_string(groupSize) +
                    " ranks");
   }
+}
+
+/// This rank's block of the reduction of every rank's `input`, into `output`: the work of
+/// both reduce_scatter_tensor forms.
+void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& input,
+                       const std::string& reduceOp, at::Tensor& output) {
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] /= groupSize;
-  at::Tensor output = at::empty(shape, input.options());
-  if (direct({&input})) {
+  if (direct({&input, &output})) {
     const Flat in = reductionView(s, input, op);
     const ReduceOp loomOp = reduceOpOf(s, op, in.type);
     runBlocking([&] {
-      return pg.communicator().reduceScatter(in.ptr(), output.data_ptr(), in.count / groupSize,
+      return pg.communicator().reduceScatter(in.ptr(), output.data_ptr(), in.count / s.size,
                                              in.type, loomOp, blockingOptions());
     });
-    return output;
+    return;
   }
   at::Tensor in = input;
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = op;
   opts.asyncOp = false;
   waitFor(pg._reduce_scatter_base(output, in, opts));
+}
+
+at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduceOp,
+                               int64_t groupSize, const std::string& group) {
+  auto [pg, s] = startCall("reduce_scatter_tensor", group, input, "input");
+  requireScatterable(s, input, groupSize);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] /= groupSize;
+  at::Tensor output = at::empty(shape, input.options());
+  reduceScatterInto(pg, s, input, reduceOp, output);
   return output;
+}
+
+void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp, int64_t groupSize,
+                            const std::string& group, at::Tensor& out) {
+  auto [pg, s] = startCall("reduce_scatter_tensor_out", group, input, "input");
+  requireScatterable(s, input, groupSize);
+  requireWholeOfParts(s, "input", input, "out", out);
+  reduceScatterInto(pg, s, input, reduceOp, out);
+}
+
+/// Rows of `input` exchanged with every rank into `output`: the work of both
+/// all_to_all_single forms. Always c10d's path: the split checks live there, and all_to_all
+/// is rarely latency-bound.
+void allToAllInto(ProcessGroupLoom& pg, const at::Tensor& input, at::IntArrayRef outputSplitSizes,
+                  at::IntArrayRef inputSplitSizes, at::Tensor& output) {
+  at::Tensor in = input.dim() ? input : input.reshape({1});
+  std::vector<int64_t> outSplits = outputSplitSizes.vec();
+  std::vector<int64_t> inSplits = inputSplitSizes.vec();
+  c10d::AllToAllOptions opts;
+  opts.asyncOp = false;
+  waitFor(pg.alltoall_base(output, in, outSplits, inSplits, opts));
 }
 
 at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
                           at::IntArrayRef inputSplitSizes, const std::string& group) {
-  // Always c10d's path: the split checks live there; all_to_all is rarely latency-bound.
   auto [pg, s] = startCall("all_to_all_single", group, input, "input");
   int64_t rows = input.dim() ? input.size(0) : 1;
   if (!outputSplitSizes.empty()) {
@@ -299,13 +347,20 @@ at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSi
   std::vector<int64_t> shape = input.dim() ? input.sizes().vec() : std::vector<int64_t>{1};
   shape[0] = rows;
   at::Tensor output = at::empty(shape, input.options());
-  at::Tensor in = input.dim() ? input : input.reshape({1});
-  std::vector<int64_t> outSplits = outputSplitSizes.vec();
-  std::vector<int64_t> inSplits = inputSplitSizes.vec();
-  c10d::AllToAllOptions opts;
-  opts.asyncOp = false;
-  waitFor(pg.alltoall_base(output, in, outSplits, inSplits, opts));
+  allToAllInto(pg, input, outputSplitSizes, inputSplitSizes, output);
   return output;
+}
+
+void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
+                       at::IntArrayRef inputSplitSizes, const std::string& group, at::Tensor& out) {
+  auto [pg, s] = startCall("all_to_all_single_out", group, input, "input");
+  requireDense(s, "out", out);
+  if (out.scalar_type() != input.scalar_type()) {
+    invalid(s, "out has dtype " + std::string(c10::toString(out.scalar_type())) +
+                   " but input has " + c10::toString(input.scalar_type()) +
+                   "; pass an out of the input's dtype");
+  }
+  allToAllInto(pg, input, outputSplitSizes, inputSplitSizes, out);
 }
 
 /// An eager Python function over `kernel`: torch's error translation, as for the operator,
@@ -339,6 +394,15 @@ void bindEagerOps(pybind11::module_& m) {
   m.def("eager_all_to_all_single", eager(&allToAllSingle), py::arg("input"),
         py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("group_name"),
         "torch.ops.loom.all_to_all_single without torch's dispatcher.");
+  m.def("eager_all_gather_into_tensor_out", eager(&allGatherIntoTensorOut), py::arg("input"),
+        py::arg("group_size"), py::arg("group_name"), py::arg("out"),
+        "torch.ops.loom.all_gather_into_tensor_out without torch's dispatcher.");
+  m.def("eager_reduce_scatter_tensor_out", eager(&reduceScatterTensorOut), py::arg("input"),
+        py::arg("reduce_op"), py::arg("group_size"), py::arg("group_name"), py::arg("out"),
+        "torch.ops.loom.reduce_scatter_tensor_out without torch's dispatcher.");
+  m.def("eager_all_to_all_single_out", eager(&allToAllSingleOut), py::arg("input"),
+        py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("group_name"),
+        py::arg("out"), "torch.ops.loom.all_to_all_single_out without torch's dispatcher.");
 }
 
 TORCH_LIBRARY(loom, m) {
@@ -352,16 +416,32 @@ TORCH_LIBRARY(loom, m) {
   m.def(
       "all_to_all_single(Tensor input, int[] output_split_sizes, int[] input_split_sizes, "
       "str group_name) -> Tensor");
+  // Into the caller's tensor, as torch's *_out functional collectives: no output to allocate,
+  // which for CPU tensors of tens of MiB is fresh memory the kernel must fault in and zero on
+  // every call. They return nothing (the in-place forms' schema), which torch.compile
+  // functionalizes; loom.ops's functions of the same names return `out`.
+  m.def(
+      "all_gather_into_tensor_out(Tensor input, int group_size, str group_name, *, "
+      "Tensor(a!) out) -> ()");
+  m.def(
+      "reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, "
+      "*, Tensor(a!) out) -> ()");
+  m.def(
+      "all_to_all_single_out(Tensor input, int[] output_split_sizes, int[] input_split_sizes, "
+      "str group_name, *, Tensor(a!) out) -> ()");
 }
 
 // The same kernels for CPU and CUDA tensors: each picks its path by the tensors.
-#define LOOM_DIRECT_OPS(m)                                \
-  m.impl("all_reduce_", &allReduceInPlace);               \
-  m.impl("all_reduce", &allReduce);                       \
-  m.impl("broadcast_", &broadcastInPlace);                \
-  m.impl("all_gather_into_tensor", &allGatherIntoTensor); \
-  m.impl("reduce_scatter_tensor", &reduceScatterTensor);  \
-  m.impl("all_to_all_single", &allToAllSingle)
+#define LOOM_DIRECT_OPS(m)                                       \
+  m.impl("all_reduce_", &allReduceInPlace);                      \
+  m.impl("all_reduce", &allReduce);                              \
+  m.impl("broadcast_", &broadcastInPlace);                       \
+  m.impl("all_gather_into_tensor", &allGatherIntoTensor);        \
+  m.impl("reduce_scatter_tensor", &reduceScatterTensor);         \
+  m.impl("all_to_all_single", &allToAllSingle);                  \
+  m.impl("all_gather_into_tensor_out", &allGatherIntoTensorOut); \
+  m.impl("reduce_scatter_tensor_out", &reduceScatterTensorOut);  \
+  m.impl("all_to_all_single_out", &allToAllSingleOut)
 
 TORCH_LIBRARY_IMPL(loom, CPU, m) {
   LOOM_DIRECT_OPS(m);

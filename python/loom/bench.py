@@ -113,8 +113,9 @@ def direct_ops(backend: str):
 def make_case(op: str, nbytes: int, world: int, rank: int, backend: str = "loom"):
     """Tensors for one call of `op` moving `nbytes` (nccl-tests convention) and the call:
     torch.distributed's on the group it is given, or for `backend` "direct" loom's torch
-    operator on that group (python/loom/ops.py; its gather, reduce-scatter and all-to-all
-    forms return a new tensor, so their times include allocating it), for "eager" the same
+    operator on that group (python/loom/ops.py; the gather, reduce-scatter and all-to-all
+    write into a tensor made once, through their *_out forms, as the c10d calls do: the forms
+    that return a new tensor would add its allocation to every call), for "eager" the same
     through loom.ops's eager functions."""
     import torch
     import torch.distributed as dist
@@ -136,19 +137,19 @@ def make_case(op: str, nbytes: int, world: int, rank: int, backend: str = "loom"
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(per * world), torch.ones(per)
         if direct:
-            return lambda g: ops.all_gather_into_tensor(inp, world, g.group_name)
+            return lambda g: ops.all_gather_into_tensor_out(inp, world, g.group_name, out=out)
         gather = _renamed(dist, "all_gather_single", "all_gather_into_tensor")
         return lambda g: gather(out, inp, group=g)
     if op == "reduce_scatter_tensor":
         out, inp = torch.empty(per), torch.ones(per * world)
         if direct:
-            return lambda g: ops.reduce_scatter_tensor(inp, "sum", world, g.group_name)
+            return lambda g: ops.reduce_scatter_tensor_out(inp, "sum", world, g.group_name, out=out)
         reduce_scatter = _renamed(dist, "reduce_scatter_single", "reduce_scatter_tensor")
         return lambda g: reduce_scatter(out, inp, group=g)
     if op == "all_to_all_single":
         out, inp = torch.empty(per * world), torch.ones(per * world)
         if direct:
-            return lambda g: ops.all_to_all_single(inp, [], [], g.group_name)
+            return lambda g: ops.all_to_all_single_out(inp, [], [], g.group_name, out=out)
         return lambda g: dist.all_to_all_single(out, inp, group=g)
     raise ValueError(op)
 

@@ -12,8 +12,15 @@ returns once the collective is done::
     g = torch.ops.loom.all_gather_into_tensor(x, dist.get_world_size(), name)
     r = torch.ops.loom.reduce_scatter_tensor(g, "sum", dist.get_world_size(), name)
     a = torch.ops.loom.all_to_all_single(x, [], [], name)  # [] : equal splits
+    torch.ops.loom.all_gather_into_tensor_out(x, n, name, out=g)  # into g, returns None
 
-The same six are plain functions of this module too (``loom.ops.all_reduce_(x, "sum",
+The gather, reduce-scatter and all-to-all forms that return a new tensor allocate it on
+every call; for CPU tensors of tens of MiB that is fresh memory the kernel faults in and
+zeroes each time, which costs more than the collective (docs/PERFORMANCE.md). Their *_out
+forms (all_gather_into_tensor_out, reduce_scatter_tensor_out, all_to_all_single_out, as
+torch's functional collectives spell them) write into a tensor the caller keeps.
+
+The same nine are plain functions of this module too (``loom.ops.all_reduce_(x, "sum",
 name)``, same arguments): called eagerly they go straight to loom without torch's operator
 dispatch, about a third of the instructions of a small torch.ops.loom call
 (docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile they
@@ -34,7 +41,7 @@ from . import _C  # defines the operators and their eager functions
 
 _is_compiling = torch.compiler.is_compiling
 
-# The six wrappers below are written out rather than made by one helper taking *args: the
+# The nine wrappers below are written out rather than made by one helper taking *args: the
 # helper (argument packing and a lookup by name) cost 851 more instructions per call, 12% of
 # an eager 8-byte all_reduce_ (scripts/call_cost.py), on the path these exist to shorten.
 
@@ -83,6 +90,39 @@ def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int], input_
     return _C.eager_all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
 
 
+def all_gather_into_tensor_out(input: torch.Tensor, group_size: int, group_name: str, *,
+                               out: torch.Tensor) -> torch.Tensor:
+    """all_gather_into_tensor into `out` (group_size x input's elements), which it returns
+    (torch.ops.loom.all_gather_into_tensor_out)."""
+    if _is_compiling():
+        torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
+    else:
+        _C.eager_all_gather_into_tensor_out(input, group_size, group_name, out)
+    return out
+
+
+def reduce_scatter_tensor_out(input: torch.Tensor, reduce_op: str, group_size: int, group_name: str,
+                              *, out: torch.Tensor) -> torch.Tensor:
+    """reduce_scatter_tensor into `out` (input's elements / group_size), which it returns
+    (torch.ops.loom.reduce_scatter_tensor_out)."""
+    if _is_compiling():
+        torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
+    else:
+        _C.eager_reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out)
+    return out
+
+
+def all_to_all_single_out(input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int],
+                          group_name: str, *, out: torch.Tensor) -> torch.Tensor:
+    """all_to_all_single into `out`, which it returns (torch.ops.loom.all_to_all_single_out)."""
+    if _is_compiling():
+        torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name,
+                                             out=out)
+    else:
+        _C.eager_all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out)
+    return out
+
+
 @torch.library.register_fake("loom::all_reduce_")
 def _all_reduce_inplace_fake(tensor, reduce_op, group_name):
     return None
@@ -118,3 +158,18 @@ def _all_to_all_fake(input, output_split_sizes, input_split_sizes, group_name):
     if output_split_sizes:
         shape[0] = sum(output_split_sizes)
     return input.new_empty(shape)
+
+
+@torch.library.register_fake("loom::all_gather_into_tensor_out")
+def _all_gather_out_fake(input, group_size, group_name, *, out):
+    return None
+
+
+@torch.library.register_fake("loom::reduce_scatter_tensor_out")
+def _reduce_scatter_out_fake(input, reduce_op, group_size, group_name, *, out):
+    return None
+
+
+@torch.library.register_fake("loom::all_to_all_single_out")
+def _all_to_all_out_fake(input, output_split_sizes, input_split_sizes, group_name, *, out):
+    return None

@@ -571,42 +571,57 @@ def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
 
 
 def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """torch.ops.loom.* on CUDA tensors (they take the group's c10d path on the caller's
-    stream): each equal to the torch.distributed call, ordered after a kernel of the
-    caller's, and traced by torch.compile."""
+    """torch.ops.loom.* and loom.ops.* (its eager functions) on CUDA tensors (they take the
+    group's c10d path on the caller's stream): each equal to the torch.distributed call,
+    ordered after a kernel of the caller's, the *_out forms into the caller's tensors, and
+    traced by torch.compile."""
+    import loom.ops
+
     name = dist.group.WORLD.group_name
     checks = 0
-    for dtype in dtypes:
-        x = (torch.arange(1000, device=dev) % 7 + rank).to(dtype)
-        want = x.clone()
-        dist.all_reduce(want)
-        got = torch.empty_like(x)
-        got.copy_(x)  # a kernel of the caller's just before the call, on its stream
-        torch.ops.loom.all_reduce_(got, "sum", name)
-        same(got, want.cpu(), f"loom.all_reduce_ {dtype}")
-        same(torch.ops.loom.all_reduce(x, "sum", name), want.cpu(), f"loom.all_reduce {dtype}")
-        checks += 2
-    x = torch.full((6, 2), float(rank), device=dev)
-    t = x.clone()
-    torch.ops.loom.broadcast_(t, world - 1, name)
-    same(t, torch.full((6, 2), float(world - 1)), "loom.broadcast_")
-    g = torch.ops.loom.all_gather_into_tensor(x, world, name)
-    same(g, torch.cat([torch.full((6, 2), float(q)) for q in range(world)]), "loom.all_gather_into_tensor")
-    r = torch.ops.loom.reduce_scatter_tensor(g, "sum", world, name)
-    same(r, torch.cat([torch.full((6, 2), float(q)) for q in range(world)]).chunk(world)[rank] * world,
-         "loom.reduce_scatter_tensor")
-    a = torch.ops.loom.all_to_all_single(g, [], [], name)
-    same(a, torch.full((6 * world, 2), float(rank)), "loom.all_to_all_single")
+    for ops in (torch.ops.loom, loom.ops):
+        entry = "torch.ops.loom" if ops is torch.ops.loom else "loom.ops"
+        for dtype in dtypes:
+            x = (torch.arange(1000, device=dev) % 7 + rank).to(dtype)
+            want = x.clone()
+            dist.all_reduce(want)
+            got = torch.empty_like(x)
+            got.copy_(x)  # a kernel of the caller's just before the call, on its stream
+            ops.all_reduce_(got, "sum", name)
+            same(got, want.cpu(), f"{entry}.all_reduce_ {dtype}")
+            same(ops.all_reduce(x, "sum", name), want.cpu(), f"{entry}.all_reduce {dtype}")
+            checks += 2
+        x = torch.full((6, 2), float(rank), device=dev)
+        t = x.clone()
+        ops.broadcast_(t, world - 1, name)
+        same(t, torch.full((6, 2), float(world - 1)), f"{entry}.broadcast_")
+        gathered = torch.cat([torch.full((6, 2), float(q)) for q in range(world)])
+        g = ops.all_gather_into_tensor(x, world, name)
+        same(g, gathered, f"{entry}.all_gather_into_tensor")
+        r = ops.reduce_scatter_tensor(g, "sum", world, name)
+        same(r, gathered.chunk(world)[rank] * world, f"{entry}.reduce_scatter_tensor")
+        a = ops.all_to_all_single(g, [], [], name)
+        same(a, torch.full((6 * world, 2), float(rank)), f"{entry}.all_to_all_single")
+        out = torch.full((6 * world, 2), -1.0, device=dev)
+        ops.all_gather_into_tensor_out(x, world, name, out=out)
+        same(out, gathered, f"{entry}.all_gather_into_tensor_out")
+        part = torch.full((6, 2), -1.0, device=dev)
+        ops.reduce_scatter_tensor_out(out, "sum", world, name, out=part)
+        same(part, gathered.chunk(world)[rank] * world, f"{entry}.reduce_scatter_tensor_out")
+        ops.all_to_all_single_out(g, [], [], name, out=out)
+        same(out, torch.full((6 * world, 2), float(rank)), f"{entry}.all_to_all_single_out")
+        checks += 8
 
-    def step(v):
-        y = v * 2
-        torch.ops.loom.all_reduce_(y, "sum", name)
-        return y + 1
+        def step(v, ops=ops):
+            y = v * 2
+            ops.all_reduce_(y, "sum", name)
+            return y + 1
 
-    compiled = torch.compile(step, fullgraph=True)
-    v = torch.full((100,), float(rank + 1), device=dev)
-    same(compiled(v), torch.full((100,), 2.0 * world * (world + 1) / 2 + 1), "compiled loom.all_reduce_")
-    return checks + 5
+        compiled = torch.compile(step, fullgraph=True)
+        v = torch.full((100,), float(rank + 1), device=dev)
+        same(compiled(v), torch.full((100,), 2.0 * world * (world + 1) / 2 + 1), f"compiled {entry}.all_reduce_")
+        checks += 1
+    return checks
 
 
 def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:

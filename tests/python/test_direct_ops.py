@@ -83,12 +83,40 @@ def ops_body(rank: int, world: int, entry: str) -> None:
         torch.testing.assert_close(r, want, rtol=0, atol=0)
         # all_to_all_single: equal splits, then uneven ones (rank q sends q + 1 rows to each).
         a = ops.all_to_all_single(whole, [], [], name)
-        want = torch.empty_like(whole)
-        dist.all_to_all_single(want, whole)
-        torch.testing.assert_close(a, want, rtol=0, atol=0)
+        want_a = torch.empty_like(whole)
+        dist.all_to_all_single(want_a, whole)
+        torch.testing.assert_close(a, want_a, rtol=0, atol=0)
+        # The *_out forms, into the caller's tensors: contiguous (direct), strided (staged),
+        # and the gather in place (the input is this rank's block of out).
+        gathered = torch.cat([value(q, n, torch.float32) for q in range(world)])
+        out = torch.full((world * n,), -1.0)
+        back = ops.all_gather_into_tensor_out(x, world, name, out=out)
+        assert back is (out if entry == "loom.ops" else None)
+        torch.testing.assert_close(out, gathered, rtol=0, atol=0)
+        strided = torch.zeros(world * n, 2)
+        ops.all_gather_into_tensor_out(x, world, name, out=strided[:, 1])
+        torch.testing.assert_close(strided[:, 1], gathered, rtol=0, atol=0)
+        assert not strided[:, 0].any(), "the staged path wrote outside the view"
+        out = torch.zeros(world * n)
+        mine = out[rank * n:(rank + 1) * n]
+        mine.copy_(x)
+        ops.all_gather_into_tensor_out(mine, world, name, out=out)
+        torch.testing.assert_close(out, gathered, rtol=0, atol=0)
+        out = torch.full((n,), -1.0)
+        ops.reduce_scatter_tensor_out(whole, "sum", world, name, out=out)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        strided = torch.zeros(n, 2)
+        ops.reduce_scatter_tensor_out(whole, "sum", world, name, out=strided[:, 0])
+        torch.testing.assert_close(strided[:, 0], want, rtol=0, atol=0)
+        out = torch.full_like(whole, -1.0)
+        ops.all_to_all_single_out(whole, [], [], name, out=out)
+        torch.testing.assert_close(out, want_a, rtol=0, atol=0)
     src = torch.full((world * (rank + 1),), float(rank))
     got = ops.all_to_all_single(src, [q + 1 for q in range(world)], [rank + 1] * world, name)
     torch.testing.assert_close(got, torch.cat([torch.full((q + 1,), float(q)) for q in range(world)]))
+    out = torch.empty(sum(q + 1 for q in range(world)))
+    ops.all_to_all_single_out(src, [q + 1 for q in range(world)], [rank + 1] * world, name, out=out)
+    torch.testing.assert_close(out, got, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -130,13 +158,18 @@ def compiled_body(rank: int, world: int, entry: str) -> None:
         ops.all_reduce_(y, "sum", name)
         z = ops.all_gather_into_tensor(y + 1, world, name)
         r = ops.reduce_scatter_tensor(z, "sum", world, name)
-        return ops.all_reduce(r, "max", name) - 1
+        gathered = torch.empty(world * 4)
+        ops.all_gather_into_tensor_out(r, world, name, out=gathered)
+        ops.reduce_scatter_tensor_out(gathered, "sum", world, name, out=r)
+        moved = torch.empty(world * 4)
+        ops.all_to_all_single_out(gathered, [], [], name, out=moved)
+        return ops.all_reduce(r, "max", name) - 1 + (moved - gathered).abs().sum()
 
     compiled = torch.compile(step, fullgraph=True)
     x = torch.arange(4, dtype=torch.float32) + rank
     torch.testing.assert_close(compiled(x), step(x))
     y = sum((torch.arange(4, dtype=torch.float32) + q) * 2 for q in range(world))
-    torch.testing.assert_close(compiled(x), (y + 1) * world - 1)
+    torch.testing.assert_close(compiled(x), (y + 1) * world * world - 1)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -155,6 +188,15 @@ def errors_body(rank: int, world: int, entry: str) -> None:
         (lambda: ops.reduce_scatter_tensor(torch.ones(world + 1), "sum", world, name),
          "do not divide evenly"),
         (lambda: ops.broadcast_(t, world, name), f"src {world} is not a rank"),
+        (lambda: ops.all_gather_into_tensor_out(t, world, name, out=torch.empty(4 * world + 1)),
+         f"out has {4 * world + 1} elements; it needs"),
+        (lambda: ops.all_gather_into_tensor_out(t, world, name, out=torch.empty(4 * world).long()),
+         "out and input dtypes differ"),
+        (lambda: ops.reduce_scatter_tensor_out(torch.ones(4 * world), "sum", world, name,
+                                               out=torch.empty(5)),
+         "input has .* elements; it needs"),
+        (lambda: ops.all_to_all_single_out(t, [], [], name, out=torch.empty(4).int()),
+         "out has dtype Int but input has Float"),
     ]
     gloo = dist.new_group(backend="gloo")
     checks.append((lambda: ops.all_reduce_(t, "sum", gloo.group_name), "not loom"))
