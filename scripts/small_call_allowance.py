@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Issue 9's small-call allowance from one log: for each P and op, c10d - fake - engine per
+size (loom through dist.*, torch's no-op `fake` backend, loom-bench's out-of-place time for
+the same size), its range and median from 8 B to 1 KiB, and its median to 4 KiB; and the
+same for loom.ops's eager functions (eager - engine: what the direct entry adds to the
+engine, with no floor to subtract).
+
+The log holds, per P, a `loom-bench -n P -b 8 -e 4K ...` run followed by a
+`python3 -m loom.bench --ranks P --max-bytes 4K --backends loom,direct,eager,fake` run, each
+announced by a line starting with "# " that names the command (as .device scripts write).
+
+    python3 scripts/small_call_allowance.py docs/perf/small_calls_out_h200.txt
+"""
+
+import re
+import statistics
+import sys
+
+ENGINE_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
+              "reduce_scatter": "reduce_scatter_tensor", "broadcast": "broadcast",
+              "all_to_all": "all_to_all_single"}
+UNITS = {"B": 1, "KiB": 1024, "MiB": 1 << 20}
+
+
+def parse(lines):
+    """(engine µs by (P, op, bytes), torch µs by (P, op, bytes) -> {backend: µs})."""
+    engine, torch_times = {}, {}
+    ranks = mode = op = None
+    backends = []
+    for line in lines:
+        engine_run = re.search(r"loom-bench -n (\d+)", line)
+        torch_run = re.search(r"loom\.bench --ranks (\d+) .*--backends (\S+)", line)
+        if line.startswith("# ") and engine_run:
+            ranks, mode = int(engine_run.group(1)), "engine"
+            continue
+        if line.startswith("# ") and torch_run:
+            ranks, mode = int(torch_run.group(1)), "torch"
+            backends = torch_run.group(2).split(",")
+            continue
+        if line.startswith("# ") and ("bash " in line or "python3 " in line):
+            mode = None
+        fields = line.split()
+        if mode == "engine":
+            m = re.match(r"# (\w+)\s+float32", line)
+            if m:
+                op = ENGINE_OPS[m.group(1)]
+            elif len(fields) > 5 and fields[0].isdigit():
+                engine[(ranks, op, int(fields[0]))] = float(fields[2])
+        elif mode == "torch":
+            m = re.match(r"## (\w+)", line)
+            if m:
+                op = m.group(1)
+            elif len(fields) >= 2 + 3 * len(backends) and fields[1] in UNITS:
+                size = int(float(fields[0]) * UNITS[fields[1]])
+                torch_times[(ranks, op, size)] = {
+                    b: float(fields[2 + 3 * i]) for i, b in enumerate(backends)}
+    return engine, torch_times
+
+
+def summary(values_small, values_all) -> str:
+    return (f"{min(values_small):6.2f}..{max(values_small):5.2f}, median "
+            f"{statistics.median(values_small):5.2f}   (to 4 KiB: {statistics.median(values_all):5.2f})")
+
+
+def main() -> int:
+    engine, torch_times = parse(open(sys.argv[1], errors="replace").read().splitlines())
+    for ranks in sorted({k[0] for k in torch_times}):
+        print(f"P = {ranks}: µs per size, 8 B-1 KiB range and median")
+        for op in ENGINE_OPS.values():
+            rows = [(size, t, engine[(ranks, op, size)]) for (p, o, size), t in sorted(torch_times.items())
+                    if p == ranks and o == op and (ranks, op, size) in engine]
+            if not rows:
+                continue
+            c10d = [t["loom"] - t["fake"] - e for _, t, e in rows]
+            small = [v for (size, _, _), v in zip(rows, c10d) if size <= 1024]
+            print(f"  {op:24s} c10d - fake - engine {summary(small, c10d)}")
+            if "eager" in rows[0][1]:
+                eager = [t["eager"] - e for _, t, e in rows]
+                small = [v for (size, _, _), v in zip(rows, eager) if size <= 1024]
+                print(f"  {'':24s} eager - engine       {summary(small, eager)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
