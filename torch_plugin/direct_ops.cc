@@ -3,10 +3,11 @@
 // name their group by string, as torch's functional collectives do (group.group_name),
 // run to completion before returning and skip c10d's Work and future: on contiguous CPU
 // tensors the collective runs on the calling thread straight over the group's communicator.
-// Other tensors (CUDA, non-contiguous, complex) take the group's c10d method with
-// async_op=False, which stages them; results are the same either way. The schemas mark what
-// is written (Tensor(a!)) and the in-place forms return nothing, so torch.compile can
-// functionalize them; their fake kernels are in python/loom/ops.py.
+// Other calls (CUDA, non-contiguous or complex tensors, all_to_all with split sizes) take
+// the group's c10d method with async_op=False, which stages them; results are the same
+// either way. The schemas mark what is written (Tensor(a!)) and the in-place and *_out forms
+// return nothing, so torch.compile can functionalize them; their fake kernels are in
+// python/loom/ops.py.
 //
 // The same kernels are also bound as plain Python functions (bindEagerOps, behind
 // loom.ops.*): an eager call then skips torch's operator dispatch (resolving the overload,
@@ -324,10 +325,24 @@ void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp
 }
 
 /// Rows of `input` exchanged with every rank into `output`: the work of both
-/// all_to_all_single forms. Always c10d's path: the split checks live there, and all_to_all
-/// is rarely latency-bound.
-void allToAllInto(ProcessGroupLoom& pg, const at::Tensor& input, at::IntArrayRef outputSplitSizes,
-                  at::IntArrayRef inputSplitSizes, at::Tensor& output) {
+/// all_to_all_single forms. Equal blocks of tensors the communicator takes as they are go
+/// straight to it; per-pair splits (whose checks and exchange of counts live in c10d's path),
+/// other tensors, and shapes c10d's path would refuse by name take that path.
+void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& input,
+                  at::IntArrayRef outputSplitSizes, at::IntArrayRef inputSplitSizes,
+                  at::Tensor& output) {
+  const auto evenRows = [&](const at::Tensor& t) { return t.dim() > 0 && t.size(0) % s.size == 0; };
+  if (outputSplitSizes.empty() && inputSplitSizes.empty() && evenRows(input) && evenRows(output) &&
+      output.nbytes() == input.nbytes() && output.scalar_type() == input.scalar_type() &&
+      direct({&input, &output})) {
+    const Flat in = movementView(input);
+    runBlocking([&] {
+      return pg.communicator().allToAll(in.ptr(), output.data_ptr(),
+                                        in.count / static_cast<size_t>(s.size), in.type,
+                                        blockingOptions());
+    });
+    return;
+  }
   at::Tensor in = input.dim() ? input : input.reshape({1});
   std::vector<int64_t> outSplits = outputSplitSizes.vec();
   std::vector<int64_t> inSplits = inputSplitSizes.vec();
@@ -347,7 +362,7 @@ at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSi
   std::vector<int64_t> shape = input.dim() ? input.sizes().vec() : std::vector<int64_t>{1};
   shape[0] = rows;
   at::Tensor output = at::empty(shape, input.options());
-  allToAllInto(pg, input, outputSplitSizes, inputSplitSizes, output);
+  allToAllInto(pg, s, input, outputSplitSizes, inputSplitSizes, output);
   return output;
 }
 
@@ -360,7 +375,7 @@ void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes
                    " but input has " + c10::toString(input.scalar_type()) +
                    "; pass an out of the input's dtype");
   }
-  allToAllInto(pg, input, outputSplitSizes, inputSplitSizes, out);
+  allToAllInto(pg, s, input, outputSplitSizes, inputSplitSizes, out);
 }
 
 /// An eager Python function over `kernel`: torch's error translation, as for the operator,

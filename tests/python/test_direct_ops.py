@@ -111,6 +111,13 @@ def ops_body(rank: int, world: int, entry: str) -> None:
         out = torch.full_like(whole, -1.0)
         ops.all_to_all_single_out(whole, [], [], name, out=out)
         torch.testing.assert_close(out, want_a, rtol=0, atol=0)
+        strided = torch.zeros(world * n, 2)
+        ops.all_to_all_single_out(whole, [], [], name, out=strided[:, 1])
+        torch.testing.assert_close(strided[:, 1], want_a, rtol=0, atol=0)
+        assert not strided[:, 0].any(), "the staged path wrote outside the view"
+        in_place = whole.clone()
+        ops.all_to_all_single_out(in_place, [], [], name, out=in_place)
+        torch.testing.assert_close(in_place, want_a, rtol=0, atol=0)
     src = torch.full((world * (rank + 1),), float(rank))
     got = ops.all_to_all_single(src, [q + 1 for q in range(world)], [rank + 1] * world, name)
     torch.testing.assert_close(got, torch.cat([torch.full((q + 1,), float(q)) for q in range(world)]))
@@ -197,6 +204,9 @@ def errors_body(rank: int, world: int, entry: str) -> None:
          "input has .* elements; it needs"),
         (lambda: ops.all_to_all_single_out(t, [], [], name, out=torch.empty(4).int()),
          "out has dtype Int but input has Float"),
+        (lambda: ops.all_to_all_single_out(torch.ones(world), [], [], name, out=torch.empty(world + 1)),
+         "without split sizes they must be the same size"),
+        (lambda: ops.all_to_all_single(torch.ones(world + 1), [], [], name), "do not divide evenly"),
     ]
     gloo = dist.new_group(backend="gloo")
     checks.append((lambda: ops.all_reduce_(t, "sum", gloo.group_name), "not loom"))
