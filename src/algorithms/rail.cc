@@ -1,11 +1,10 @@
 // Inter-host steps among a rail: ring and recursive halving/doubling reduce-scatters and
-// all-gathers, the recursive-doubling all_reduce, and broadcasts (one flat round, binomial
-// tree, pipelined chain, or scatter then all-gather).
+// all-gathers, the recursive-doubling all_reduce, and broadcasts (binomial tree, pipelined
+// chain, or scatter then all-gather).
 
 #include "algorithms/rail.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace loom {
 
@@ -32,14 +31,6 @@ constexpr size_t kRingBlockBytes = size_t{512} << 10;
 // (docs/PERFORMANCE.md, "A chain for broadcast across hosts").
 constexpr size_t kChainPieceBytes = size_t{128} << 10;
 constexpr size_t kMaxChainPieces = 32;
-// What a link carries in one network step's latency, about: 17 us (docs/SCALING.md's alpha_net
-// on namespace hosts) at 10 Gb/s is 21 KB, more on faster links. A broadcast whose root
-// sending the extra copies of a flat round costs less than the tree's extra rounds goes flat.
-constexpr size_t kLatencyBytes = size_t{16} << 10;
-// At most this many members broadcast flat: each of the root's sends also costs it a
-// message's CPU time, which the byte count above leaves out, so the flat round stays small
-// (16 members: 15 sends at once against the tree's 4 rounds).
-constexpr int kMaxFlatMembers = 16;
 
 // Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
 enum Tag : int {
@@ -50,7 +41,6 @@ enum Tag : int {
   kTree = 5000,
   kScatter = 6000,
   kChain = 7000,  // + the piece
-  kFlat = 8000,
 };
 
 int mod(int a, int n) {
@@ -277,32 +267,6 @@ void treeBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   }
 }
 
-// Rounds of the binomial tree over n members: ceil(log2 n).
-int treeRounds(int n) {
-  int rounds = 0;
-  while ((1 << rounds) < n) ++rounds;
-  return rounds;
-}
-
-// Whether a broadcast of `bytes` over n members goes in one flat round: the root sends
-// n - 1 copies at once where the tree's root sends ceil(log2 n) in as many rounds, so the
-// flat round saves rounds - 1 network latencies and costs the root's link n - 1 - rounds
-// more copies (a copy counting one latency per kLatencyBytes).
-bool broadcastsFlat(int n, size_t bytes) {
-  if (n <= 2 || n > kMaxFlatMembers) return false;  // two members: the tree is one round
-  const int rounds = treeRounds(n);
-  return static_cast<size_t>(n - 1 - rounds) * bytes <=
-         static_cast<size_t>(rounds - 1) * kLatencyBytes;
-}
-
-// One round from position 0 to every other member, the sends at once.
-void flatBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t bytes) {
-  if (rail.position != 0) return receiveOnly(ctx, {rail.members[0], data, bytes, kFlat});
-  std::vector<NetTransfer> sends;
-  for (int i = 1; i < rail.size(); ++i) sends.push_back({rail.members[i], data, bytes, kFlat});
-  ctx.exchange(sends, {});
-}
-
 // A pipelined chain from position 0: piece k travels down the rail a member per step, each
 // member passing piece k - 1 on while it takes piece k, so every link carries the buffer
 // once (a scatter then an all-gather makes the root's carry it 2(n - 1)/n times), and m
@@ -409,9 +373,6 @@ void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   const Rail fromRoot = rail.rotated(root);
   const size_t es = elementSize(type);
   const size_t bytes = count * es;
-  if (bytes <= kTreeBytes && broadcastsFlat(n, bytes)) {
-    return flatBroadcast(ctx, fromRoot, data, bytes);
-  }
   if (n == 2 || bytes <= kTreeBytes) return treeBroadcast(ctx, fromRoot, data, bytes);
   // The chain's n - 2 piece times of filling cost at most a fifth of its time.
   const int pieces = static_cast<int>(std::min(bytes / kChainPieceBytes, kMaxChainPieces));

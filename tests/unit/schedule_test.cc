@@ -107,28 +107,6 @@ TEST(Schedules, LargeBroadcastSendsTheBufferOncePerHost) {
   }
 }
 
-// A small broadcast over up to 16 hosts goes in one flat round (the root's rail rank sends
-// every other host its copy at once) where the extra copies cost less than the binomial
-// tree's extra rounds; larger ones, and more hosts, keep the tree.
-TEST(Schedules, SmallBroadcastGoesInOneRoundWhereThatPays) {
-  struct Case {
-    int hosts;
-    size_t bytes;
-    size_t steps;
-  };
-  for (const Case c :
-       {Case{3, 8, 1}, Case{4, 8, 1}, Case{4, 16 << 10, 1}, Case{4, 32 << 10, 2},
-        Case{8, 8 << 10, 1}, Case{8, 16 << 10, 3}, Case{16, 1024, 1}, Case{32, 8, 5}}) {
-    const ScheduleReport report =
-        simulate(hostsOf(c.hosts, 2), opOf(CollectiveKind::kBroadcast, c.bytes / 4, 1));
-    ASSERT_EQ(report.error, "") << c.hosts << " hosts, " << c.bytes << " bytes";
-    EXPECT_EQ(report.maxNetworkSteps, c.steps) << c.hosts << " hosts, " << c.bytes << " bytes";
-    if (c.steps == 1) {  // the root's host sends every other host its copy
-      EXPECT_EQ(report.maxHostSentBytes, static_cast<size_t>(c.hosts - 1) * c.bytes) << c.hosts;
-    }
-  }
-}
-
 TEST(Schedules, AllGatherAndReduceScatterSendTheirShareOnce) {
   const int hosts = 8, perHost = 4;
   const size_t perRank = 1 << 16;  // float32 elements
