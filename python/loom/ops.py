@@ -22,7 +22,7 @@ torch's functional collectives spell them) write into a tensor the caller keeps.
 
 The same nine are plain functions of this module too (``loom.ops.all_reduce_(x, "sum",
 name)``, same arguments): called eagerly they go straight to loom without torch's operator
-dispatch, about a third of the instructions of a small torch.ops.loom call
+dispatch, about half the instructions of a small torch.ops.loom call
 (docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile they
 are the operators above, so one spelling serves both.
 
