@@ -15,6 +15,8 @@ RECIPES = {
     "torchrun_ddp": ("train_ddp.py", [], "loom", [], {"all_reduce"}),
     "fsdp2": ("train_fsdp2.py", [], "loom", [], {"all_gather", "reduce_scatter"}),
     "device_mesh_tp": ("train_tp.py", [], "loom", [], {"all_reduce"}),
+    # loom.ops.all_reduce_ between hand-sharded layers; the Gloo run calls dist.all_reduce.
+    "tp_inference": ("infer_tp.py", [], "loom", [], {"all_reduce"}),
     "hf_trainer": ("hf_trainer.py", [], "loom", ["transformers", "accelerate"], {"all_reduce"}),
     "accelerate": ("accelerate_ddp.py", [], "loom", ["accelerate"], {"all_reduce"}),
     "lightning": ("lightning_ddp.py", [], "loom", ["lightning"], {"all_reduce"}),
