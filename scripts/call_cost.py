@@ -45,8 +45,7 @@ def c10d_call(op: str, t, out):
 
 
 def direct_call(op: str, t, name: str, ops=None):
-    """The same through torch.ops.loom (or `ops`: loom.ops's eager functions), where it has
-    the op."""
+    """The same through torch.ops.loom (or `ops`: loom.ops's eager functions)."""
     import torch
 
     ops = ops or torch.ops.loom

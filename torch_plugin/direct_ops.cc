@@ -324,17 +324,17 @@ void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp
   reduceScatterInto(pg, s, input, reduceOp, out);
 }
 
-/// Rows of `input` exchanged with every rank into `output`: the work of both
-/// all_to_all_single forms. Equal blocks of tensors the communicator takes as they are go
-/// straight to it; per-pair splits (whose checks and exchange of counts live in c10d's path),
-/// other tensors, and shapes c10d's path would refuse by name take that path.
+/// Rows of `input` exchanged with every rank into `output` (of the input's dtype: both
+/// callers see to it): the work of both all_to_all_single forms. Equal blocks of tensors the
+/// communicator takes as they are go straight to it; per-pair splits (whose checks and
+/// exchange of counts live in c10d's path), other tensors, and shapes c10d's path would
+/// refuse by name take that path.
 void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& input,
                   at::IntArrayRef outputSplitSizes, at::IntArrayRef inputSplitSizes,
                   at::Tensor& output) {
   const auto evenRows = [&](const at::Tensor& t) { return t.dim() > 0 && t.size(0) % s.size == 0; };
   if (outputSplitSizes.empty() && inputSplitSizes.empty() && evenRows(input) && evenRows(output) &&
-      output.nbytes() == input.nbytes() && output.scalar_type() == input.scalar_type() &&
-      direct({&input, &output})) {
+      output.nbytes() == input.nbytes() && direct({&input, &output})) {
     const Flat in = movementView(input);
     runBlocking([&] {
       return pg.communicator().allToAll(in.ptr(), output.data_ptr(),
