@@ -25,6 +25,7 @@
 #include "loom/loom.h"
 #include "netns_hosts.h"
 #include "thread_census.h"
+#include "transport/shm/peer_reads.h"
 #include "util/env.h"
 #include "util/helper_pool.h"
 #include "util/trace.h"
@@ -516,6 +517,10 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
   if (lead) {
     std::printf("#\n# out-of-place bus bandwidth, mean over rows: %.2f GB/s\n# #wrong total: %zu\n",
                 busRows ? busSum / busRows : 0.0, totalWrong);
+    // Whether large all_gathers, reduce_scatters and all_to_alls copied out of peers' memory
+    // (LOOM_PEER_READS; the kernel may refuse it, docs/SECURITY.md).
+    std::printf("# collectives that read peers' memory (rank 0): %llu\n",
+                static_cast<unsigned long long>(shm::peerReadCollectives()));
   }
   comm->barrier(blocking()).wait();
   return totalWrong == 0 ? 0 : 1;

@@ -11,6 +11,7 @@
 #include "loom/flight_recorder.h"
 #include "process_group_loom.h"
 #include "transport/shm/lending.h"
+#include "transport/shm/peer_reads.h"
 #include "work_loom.h"
 
 namespace py = pybind11;
@@ -95,6 +96,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "lent_collectives", [] { return loom::shm::lentCollectives(); },
       "How many collectives this process ran reading lent inputs in place (allocate_tensor).");
+  m.def(
+      "peer_read_collectives", [] { return loom::shm::peerReadCollectives(); },
+      "How many collectives this process ran copying out of its peers' memory (all_to_all "
+      "from LOOM_PEER_READ_BYTES).");
   m.def(
       "kernel_isa", [] { return std::string(loom::kernels::isaName(loom::kernels::activeIsa())); },
       "The instruction set loom's reduction kernels use on this CPU.");

@@ -6,6 +6,11 @@
 // The V variant first runs a short phase in which every rank publishes its send counts:
 // each rank checks them against its receive counts (a mismatch is an error naming both
 // ranks, not a corrupted buffer) and all agree on how many chunks the largest block needs.
+//
+// Reading peers (Algorithm::kPeerRead): the opening carries every rank's block addresses
+// (and, in the V variant, its send counts); each rank then copies its block out of every
+// peer's process straight into its output, and a last phase keeps every rank until its
+// peers are done reading it. If any rank runs in place, all stage instead.
 
 #include <cstring>
 
@@ -27,18 +32,20 @@ bool overlaps(const CollectiveArgs& args, size_t es) {
   return false;
 }
 
-// Checks every rank's published send counts against this rank's receive counts and
-// returns the largest count any pair uses.
-size_t exchangeCounts(CollectiveContext& ctx, const CollectiveArgs& args) {
+// Rank q's words in opening p: its send counts (V variant), then, when reading peers, its
+// block addresses.
+uint64_t* wordsOf(const CollectiveContext& ctx, int q, uint64_t p) {
+  return ctx.readsPeers() ? ctx.peerWords(q, p) : reinterpret_cast<uint64_t*>(ctx.slot(q, p));
+}
+
+// Checks every rank's send counts published in opening p against this rank's receive counts
+// and returns the largest count any pair uses.
+size_t checkCounts(CollectiveContext& ctx, const CollectiveArgs& args, uint64_t p) {
   const int me = ctx.rank();
   const int size = ctx.size();
-  const uint64_t p = ctx.startPhase(true);  // the opening phase
-  auto* published = reinterpret_cast<uint64_t*>(ctx.slot(me, p));
-  for (int q = 0; q < size; ++q) published[q] = args.inputCounts[q];
-  ctx.finishPhase(p, CollectiveContext::Await::kAll);
   size_t longest = 0;
   for (int q = 0; q < size; ++q) {
-    const auto* theirs = reinterpret_cast<const uint64_t*>(ctx.slot(q, p));
+    const uint64_t* theirs = wordsOf(ctx, q, p);
     if (theirs[me] != args.outputCounts[q]) {
       ctx.failures().fail(ErrorCode::kMismatch, q,
                           "all_to_all: rank " + std::to_string(q) + " sends " +
@@ -51,6 +58,17 @@ size_t exchangeCounts(CollectiveContext& ctx, const CollectiveArgs& args) {
     for (int r = 0; r < size; ++r) longest = std::max<size_t>(longest, theirs[r]);
   }
   return longest;
+}
+
+// The most bytes any rank receives, from the counts published in opening p.
+size_t largestExchange(const CollectiveContext& ctx, const CollectiveArgs& args, uint64_t p) {
+  size_t largest = 0;
+  for (int r = 0; r < ctx.size(); ++r) {
+    size_t received = 0;
+    for (int q = 0; q < ctx.size(); ++q) received += wordsOf(ctx, q, p)[r];
+    largest = std::max(largest, received);
+  }
+  return largest * elementSize(args.type);
 }
 
 }  // namespace
@@ -75,7 +93,46 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
       offset += args.inputCounts[q] * es;
     }
   }
-  const size_t longest = args.variable ? exchangeCounts(ctx, args) : args.count;
+  size_t longest = args.count;
+  // The V variant and the peer-read path open with words of their own: send counts, then
+  // block addresses and whether the rank's output overlaps its input.
+  const bool opened = args.variable || ctx.readsPeers();
+  if (opened) {
+    const uint64_t p = ctx.startPhase(true);  // the opening phase
+    uint64_t* mine = wordsOf(ctx, me, p);
+    const int addresses = args.variable ? size : 0;  // where the addresses start
+    const int inPlace = addresses + size;
+    for (int q = 0; q < size; ++q) {
+      if (args.variable) mine[q] = args.inputCounts[q];
+      if (ctx.readsPeers()) mine[addresses + q] = reinterpret_cast<uint64_t>(args.inputs[q]);
+    }
+    if (ctx.readsPeers()) mine[inPlace] = overlaps(args, es) ? 1 : 0;
+    ctx.finishPhase(p, CollectiveContext::Await::kAll);
+    if (args.variable) longest = checkCounts(ctx, args, p);
+    // Peers would read blocks that a rank in place overwrites as it receives: setting its
+    // input aside first cost more than staging (0.26-0.67x, docs/PERFORMANCE.md), so then
+    // every rank stages.
+    bool anyInPlace = false;
+    for (int q = 0; q < size && ctx.readsPeers(); ++q) {
+      anyInPlace = anyInPlace || ctx.peerWords(q, p)[inPlace] != 0;
+    }
+    if (ctx.readsPeers() && !anyInPlace &&
+        (!args.variable || ctx.peerReadsAt(largestExchange(ctx, args, p)))) {
+      // Each rank starts with the next rank up, so the ranks read different processes at
+      // any moment rather than all reading rank 0 first.
+      std::vector<CollectiveContext::PeerCopy> reads;
+      for (int k = 0; k < size; ++k) {
+        const int q = (me + k) % size;
+        const auto* theirs = reinterpret_cast<const void*>(ctx.peerWords(q, p)[addresses + me]);
+        reads.push_back(
+            {args.outputs[q], q, q == me ? args.inputs[me] : theirs, args.outputCounts[q] * es});
+      }
+      if (ctx.peersReadable(p)) {
+        ctx.readPeers(reads);
+        return ctx.closeLent();
+      }
+    }
+  }
   auto part = [&](const std::vector<size_t>& counts, int q, size_t begin) {
     return begin >= counts[q] ? size_t{0} : std::min(region, counts[q] - begin);
   };
@@ -94,8 +151,8 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
   size_t received = 0;
   for (size_t n : args.outputCounts) received += n;
   const bool stream = ctx.streams(received * es);
-  // The V variant's count exchange was the opening phase; it may be the only one.
-  const size_t chunks = args.variable ? (longest + region - 1) / region : chunksOf(longest, region);
+  // An opening that published words may be the only phase.
+  const size_t chunks = opened ? (longest + region - 1) / region : chunksOf(longest, region);
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c * region;
     const uint64_t p = ctx.startPhase(true);

@@ -95,10 +95,13 @@ struct CopyTask {
 
 /// How collectives use the host, from Config (LOOM_THREADS, LOOM_STREAM_BYTES, LOOM_ALGO).
 struct Tuning {
-  int threads = 1;                ///< threads per rank for large copies and reductions
-  size_t streamBytes = SIZE_MAX;  ///< per-rank output size from which outputs stream
-  size_t lendBytes = SIZE_MAX;    ///< all_gather output / reduce_scatter input size from which
-                                  ///< lent inputs are read in place
+  int threads = 1;                     ///< threads per rank for large copies and reductions
+  size_t streamBytes = SIZE_MAX;       ///< per-rank output size from which outputs stream
+  size_t lendBytes = SIZE_MAX;         ///< all_gather output / reduce_scatter input size from which
+                                       ///< lent inputs are read in place
+  size_t peerReadBytes = SIZE_MAX;     ///< all_to_all size (whole exchange) from which it
+                                       ///< copies out of peers' memory
+  size_t peerReadMaxBytes = SIZE_MAX;  ///< ... and below which
   SelectionTable selection;
 };
 
@@ -143,6 +146,43 @@ class CollectiveContext {
   /// so no rank returns (and lets its caller overwrite its input) while a peer still reads it.
   void closeLent();
 
+  /// True if an all_to_all of `bytes` (the whole exchange) copies out of peers' memory
+  /// (Algorithm::kPeerRead): from LOOM_PEER_READ_BYTES and below LOOM_PEER_READ_MAX_BYTES,
+  /// unless a probe found that some rank cannot read another.
+  bool peerReadsAt(size_t bytes) const {
+    return tuning_.peerReadBytes != SIZE_MAX && bytes >= tuning_.peerReadBytes &&
+           bytes < tuning_.peerReadMaxBytes && shm_.peerReads() != shm::ShmComm::PeerReads::kNo;
+  }
+  /// True if an all_to_all whose size is not yet known (per-pair counts) may read peers.
+  bool peerReadsPossible() const {
+    return tuning_.peerReadBytes != SIZE_MAX && tuning_.peerReadBytes < tuning_.peerReadMaxBytes &&
+           shm_.peerReads() != shm::ShmComm::PeerReads::kNo;
+  }
+  /// True if this collective runs Algorithm::kPeerRead. Its opening phase then carries this
+  /// rank's probe and the addresses its peers read (peerWords), the reads need no further
+  /// phase, and closeLent() ends it.
+  bool readsPeers() const { return algorithm_ == Algorithm::kPeerRead; }
+  /// The words rank q publishes in the opening phase p of a peer-read collective, after
+  /// loom's own (at most chunkBytes / 8 - 2 of them): the algorithm fills this rank's before
+  /// finishPhase(p) and reads its peers' after.
+  uint64_t* peerWords(int q, uint64_t p) const {
+    return reinterpret_cast<uint64_t*>(slot(q, p)) + kPeerWordsOffset;
+  }
+  /// After the opening phase p: true if every rank can read every other's memory, probed
+  /// (in one more phase) the first time a communicator asks, the same answer on every rank.
+  /// False: the caller stages the data as usual in the phases that follow.
+  bool peersReadable(uint64_t p);
+  /// A copy out of peer `peer`'s memory (its address there) into this process.
+  struct PeerCopy {
+    void* dst;
+    int peer;
+    const void* src;
+    size_t bytes;
+  };
+  /// Performs the copies, split across helper threads when large. A read the kernel refuses
+  /// fails the collective with an error naming the peer.
+  void readPeers(std::span<const PeerCopy> tasks);
+
   /// Who a rank waits for after posting a phase, before it reads.
   enum class Await : uint8_t {
     kNobody,  ///< it reads nothing in this phase
@@ -173,7 +213,12 @@ class CollectiveContext {
               const kernels::ReduceSpec& spec);
 
  private:
+  // The words of a peer-read opening before the algorithm's: this rank's ReadProbe.
+  static constexpr size_t kPeerWordsOffset = 2;
+
   int partsFor(size_t bytes) const;
+  // Fails the collective: reading rank q's memory returned errno `error`.
+  [[noreturn]] void peerReadFailed(int q, int error);
   // The opening phase: its first part writes this rank's descriptor, its second (after the
   // post) waits for every rank and checks their descriptors against it.
   void open(uint64_t p);

@@ -1,6 +1,7 @@
 // The opening phase's checks, parallel data movement, and dispatch to the algorithms.
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -8,6 +9,7 @@
 #include "algorithms/collective.h"
 #include "kernels/copy.h"
 #include "transport/shm/lending.h"
+#include "transport/shm/peer_reads.h"
 #include "util/trace.h"
 
 namespace loom {
@@ -150,6 +152,12 @@ void CollectiveContext::open(uint64_t p) {
     text[n] = '\0';
   }
   shm_.desc(rank(), p) = mine_;
+  if (algorithm_ == Algorithm::kPeerRead) {
+    const shm::ReadProbe probe = shm::ownProbe();
+    auto* words = reinterpret_cast<uint64_t*>(slot(rank(), p));
+    words[0] = probe.address;
+    words[1] = probe.token;
+  }
   fingerprint_ = (fingerprintOf(mine_) & ~kLendsBit) |
                  (shm::LendingPool::instance().everLent() ? kLendsBit : 0);
   shm_.setFingerprint(p, fingerprint_);
@@ -230,6 +238,80 @@ void CollectiveContext::closeLent() {
   finishPhase(p, Await::kAll);
 }
 
+bool CollectiveContext::peersReadable(uint64_t p) {
+  using State = shm::ShmComm::PeerReads;
+  if (shm_.peerReads() == State::kUnknown) {
+    bool readable = true;
+    for (int q = 0; q < size() && readable; ++q) {
+      if (q == rank()) continue;
+      const auto* words = reinterpret_cast<const uint64_t*>(slot(q, p));
+      readable = shm::canReadFrom(shm_.pidOf(q), shm::ReadProbe{words[0], words[1]});
+    }
+    // A phase of its own, so every rank learns whether all could; the opening's words are
+    // no longer read (posting it says so), and no later phase of a peer-read collective
+    // writes a slot.
+    const uint64_t agree = startPhase(true);
+    *slot(rank(), agree) = readable ? 1 : 0;
+    finishPhase(agree, Await::kAll);
+    bool all = true;
+    for (int q = 0; q < size(); ++q) all = all && *slot(q, agree) == 1;
+    shm_.setPeerReads(all ? State::kYes : State::kNo);
+  }
+  if (shm_.peerReads() != State::kYes) return false;
+  shm::countPeerReadCollective();
+  return true;
+}
+
+void CollectiveContext::peerReadFailed(int q, int error) {
+  const std::string op(collectiveName(args_->kind));
+  failures_.fail(ErrorCode::kSystem, q,
+                 op + ": rank " + std::to_string(rank()) + " could not read rank " +
+                     std::to_string(q) + "'s buffer (process_vm_readv: " + std::strerror(error) +
+                     "); set LOOM_PEER_READS=0 on every rank to stage collectives through "
+                     "shared memory instead");
+  throw failures_.failureError(op);
+}
+
+void CollectiveContext::readPeers(std::span<const PeerCopy> tasks) {
+  size_t total = 0;
+  for (const PeerCopy& t : tasks) total += t.bytes;
+  const trace::Span span("peer read", total);
+  // The first read refused, by any part: (peer, errno).
+  std::atomic<int> failedPeer{-1};
+  std::atomic<int> failedErrno{0};
+  auto move = [&](const PeerCopy& t, size_t lo, size_t hi) {
+    auto* dst = static_cast<uint8_t*>(t.dst) + lo;
+    const auto* src = static_cast<const uint8_t*>(t.src) + lo;
+    if (t.peer == rank()) {
+      if (dst != src) std::memcpy(dst, src, hi - lo);
+      return;
+    }
+    const int error = shm::readFrom(shm_.pidOf(t.peer), dst, src, hi - lo);
+    int none = -1;
+    if (error != 0 && failedPeer.compare_exchange_strong(none, t.peer)) failedErrno = error;
+  };
+  const int parts = partsFor(total);
+  if (parts == 1) {
+    for (const PeerCopy& t : tasks) {
+      if (t.bytes != 0) move(t, 0, t.bytes);
+    }
+  } else {
+    // Part i moves bytes [begin, end) of the tasks laid end to end, as copy() does.
+    HelperPool::instance().run(parts, [&](int part) {
+      const auto [begin, end] = sliceOf(total, part, parts, 64);
+      size_t offset = 0;
+      for (const PeerCopy& t : tasks) {
+        const size_t lo = std::max(begin, offset);
+        const size_t hi = std::min(end, offset + t.bytes);
+        if (lo < hi) move(t, lo - offset, hi - offset);
+        offset += t.bytes;
+        if (offset >= end) break;
+      }
+    });
+  }
+  if (failedPeer.load() >= 0) peerReadFailed(failedPeer.load(), failedErrno.load());
+}
+
 size_t regionElements(const CollectiveContext& ctx, DataType type) {
   const size_t align = lineElements(type);
   const size_t perRank = ctx.chunkBytes() / elementSize(type) / static_cast<size_t>(ctx.size());
@@ -303,6 +385,18 @@ void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
     // Decided from the last opening (so every rank decides alike): a job in which some
     // process never lends pays nothing for the lent path.
     if (ctx.lendsAt(whole) && ctx.everyRankLends()) algorithm = Algorithm::kLent;
+  }
+  if (args.kind == CollectiveKind::kAllToAll) {
+    // Only all_to_all reads peers: each rank reads pages no other rank reads. An all_gather
+    // (every rank pinning the same pages at once) took at least 1.7x as long as staging
+    // at 16 ranks, and a reduce_scatter gained less than its run-to-run spread
+    // (docs/PERFORMANCE.md, "Peer reads"). Per-pair counts are local until the opening
+    // publishes them: those calls read peers if the largest exchange turns out large enough
+    // (all_to_all.cc), so they pick the path that can.
+    const size_t whole = bytes * static_cast<size_t>(ctx.size());
+    if (args.variable ? ctx.peerReadsPossible() : ctx.peerReadsAt(whole)) {
+      algorithm = Algorithm::kPeerRead;
+    }
   }
   // The choice travels in the opening descriptor: ranks whose tables differ get a mismatch.
   ctx.begin(args, algorithm);

@@ -12,6 +12,7 @@ std::string_view algorithmName(Algorithm algorithm) {
     case Algorithm::kOneShot: return "one_shot";
     case Algorithm::kTwoShot: return "two_shot";
     case Algorithm::kLent: return "lent";
+    case Algorithm::kPeerRead: return "peer_read";
   }
   return "unknown";
 }

@@ -20,9 +20,11 @@ namespace loom {
 /// then all-gather by chunk, each rank reducing 1/size of the data (bandwidth-optimal).
 /// Lent: all_gather and reduce_scatter of at least LOOM_LEND_BYTES read every rank's input in
 /// place when all ranks lent it (memory from the lending pool), else stage it as usual.
-enum class Algorithm : uint8_t { kOneShot = 1, kTwoShot = 2, kLent = 3 };
+/// Peer read: all_to_all of at least LOOM_PEER_READ_BYTES copies
+/// straight out of peers' memory (transport/shm/peer_reads.h) where every rank can.
+enum class Algorithm : uint8_t { kOneShot = 1, kTwoShot = 2, kLent = 3, kPeerRead = 4 };
 
-/// "one_shot", "two_shot", "lent".
+/// "one_shot", "two_shot", "lent", "peer_read".
 std::string_view algorithmName(Algorithm algorithm);
 
 /// Size-based selection for the operations that have a choice.

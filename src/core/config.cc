@@ -61,6 +61,15 @@ Config Config::load(const Sharing& sharing) {
   // Reading lent inputs in place costs two phases more than staging a chunk; from 1 MiB the
   // copy it saves is worth more (docs/PERFORMANCE.md, "Lent buffers").
   c.tuning.lendBytes = env::bytes("LOOM_LEND_BYTES", size_t{1} << 20, 0, SIZE_MAX);
+  // An all_to_all that copies out of peers' memory pays a system call per block and pins
+  // every page it reads: at 4 and 8 MiB (the whole exchange) it ran 1.4-2.2x faster than
+  // staging at 8 and 16 ranks, at 1 MiB up to 1.8x slower at 4 ranks, and at 64 MiB 5-22%
+  // slower than staging with streaming stores (docs/PERFORMANCE.md, "Peer reads").
+  // LOOM_PEER_READS=0 stages everything through the slots.
+  c.tuning.peerReadBytes = env::integer("LOOM_PEER_READS", 1, 0, 1) == 0
+                               ? SIZE_MAX
+                               : env::bytes("LOOM_PEER_READ_BYTES", size_t{4} << 20, 0, SIZE_MAX);
+  c.tuning.peerReadMaxBytes = env::bytes("LOOM_PEER_READ_MAX_BYTES", size_t{32} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {
     throw Error(

@@ -365,7 +365,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Setup{3, "all_reduce:one_shot:inf;reduce:one_shot:inf", "P3_OneShotOnly"},
                       Setup{3, "all_reduce:two_shot:inf;reduce:two_shot:inf", "P3_TwoShotOnly"},
                       // Every output written with streaming stores, whatever its size.
-                      Setup{3, kDefaultTable, "P3_Streaming", "LOOM_STREAM_BYTES=0"}),
+                      Setup{3, kDefaultTable, "P3_Streaming", "LOOM_STREAM_BYTES=0"},
+                      // all_to_all copies out of peers' memory
+                      // at every size (transport/shm/peer_reads.h).
+                      Setup{2, kDefaultTable, "P2_PeerReads", "LOOM_PEER_READ_BYTES=0"},
+                      Setup{3, kDefaultTable, "P3_PeerReads", "LOOM_PEER_READ_BYTES=0"},
+                      Setup{5, kDefaultTable, "P5_PeerReads", "LOOM_PEER_READ_BYTES=0"}),
     [](const ::testing::TestParamInfo<Setup>& info) { return std::string(info.param.name); });
 
 // Large messages split across helper threads (a 256 KiB chunk, three threads per rank).

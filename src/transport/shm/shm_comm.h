@@ -90,6 +90,13 @@ class ShmComm {
   bool everyRankLends() const { return everyRankLends_; }
   void setEveryRankLends(bool value) { everyRankLends_ = value; }
 
+  /// Whether every rank can read every other's memory (peer_reads.h): unknown until the
+  /// first collective that would read peers probes it in phases of its own, then the same
+  /// on every rank.
+  enum class PeerReads : uint8_t { kUnknown, kYes, kNo };
+  PeerReads peerReads() const { return peerReads_; }
+  void setPeerReads(PeerReads value) { peerReads_ = value; }
+
   /// The fingerprint of the descriptor rank q wrote for the half of phase p.
   uint64_t fingerprint(int q, uint64_t phase) const { return lines_[q].fingerprint[phase & 1]; }
   /// Publishes this rank's descriptor fingerprint for phase p (before post(p)).
@@ -213,6 +220,7 @@ class ShmComm {
   uint64_t killPhase_ = 0;  // the absolute phase to die after, once that collective starts
   LentMappings lentMappings_;
   bool everyRankLends_ = false;
+  PeerReads peerReads_ = PeerReads::kUnknown;
 };
 
 }  // namespace loom::shm
