@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -263,10 +264,18 @@ bool CollectiveContext::peersReadable(uint64_t p) {
 }
 
 void CollectiveContext::peerReadFailed(int q, int error) {
+  const int me = shm_.communicatorRank(rank());
+  const int them = shm_.communicatorRank(q);
+  // No such process: the peer is gone mid-collective. Marked dead (unless it had departed)
+  // and reported as any wait on it would report it.
+  if (error == ESRCH) {
+    shm_.markDead(q);
+    failures_.peerGone(them, shm_.stateOf(q), wait_);
+  }
   const std::string op(collectiveName(args_->kind));
-  failures_.fail(ErrorCode::kSystem, q,
-                 op + ": rank " + std::to_string(rank()) + " could not read rank " +
-                     std::to_string(q) + "'s buffer (process_vm_readv: " + std::strerror(error) +
+  failures_.fail(ErrorCode::kSystem, them,
+                 op + ": rank " + std::to_string(me) + " could not read rank " +
+                     std::to_string(them) + "'s buffer (process_vm_readv: " + std::strerror(error) +
                      "); set LOOM_PEER_READS=0 on every rank to stage collectives through "
                      "shared memory instead");
   throw failures_.failureError(op);

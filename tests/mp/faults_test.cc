@@ -58,6 +58,19 @@ std::vector<Step> steps() {
        [](Communicator& c, std::vector<float>& b) {
          return c.allGather(b.data() + c.rank() * 1024, b.data(), 1024, DataType::kFloat32);
        }},
+      // 2 MiB in all, from LOOM_PEER_READ_BYTES (1 MiB here): peers copy their blocks out of
+      // each other's processes, so a victim that dies after the opening leaves readers
+      // facing a process that is gone.
+      {"all_to_all",
+       [](Communicator& c, std::vector<float>& b) {
+         return c.allToAll(b.data(), b.data() + b.size() / 2, b.size() / 2 / c.size(),
+                           DataType::kFloat32);
+       }},
+      {"all_to_all again",
+       [](Communicator& c, std::vector<float>& b) {
+         return c.allToAll(b.data(), b.data() + b.size() / 2, b.size() / 2 / c.size(),
+                           DataType::kFloat32);
+       }},
       {"barrier", [](Communicator& c, std::vector<float>&) { return c.barrier(); }},
   };
 }
@@ -89,7 +102,7 @@ TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
   const KillPoint point = GetParam();
   testing::RunOptions run;
   // Small chunks: the 4 MiB all_reduce runs many phases, so a kill lands mid-pipeline.
-  run.environment = {"LOOM_CHUNK_BYTES=64K"};
+  run.environment = {"LOOM_CHUNK_BYTES=64K", "LOOM_PEER_READ_BYTES=1M"};
   const auto outcomes = testing::runRanks(
       kRanks,
       [point](RankContext& ctx) {
@@ -163,15 +176,16 @@ TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
 }
 
 // Collective numbers: 1 barrier, 2 small all_reduce, 3 large all_reduce (64 phases of
-// 64 KiB halves), 4 broadcast, 5 all_gather, 6 barrier.
+// 64 KiB halves), 4 broadcast, 5 all_gather, 6 and 7 all_to_all reading peers (the first
+// probes whether they can), 8 barrier.
 INSTANTIATE_TEST_SUITE_P(
     Faults, KilledRank,
-    ::testing::Values(KillPoint{"between_collectives", nullptr},
-                      KillPoint{"after_opening_a_barrier", "1:1"},
-                      KillPoint{"inside_a_one_shot_all_reduce", "2:1"},
-                      KillPoint{"mid_pipeline_of_a_two_shot_all_reduce", "3:17"},
-                      KillPoint{"inside_a_broadcast", "4:3"},
-                      KillPoint{"inside_an_all_gather", "5:1"}),
+    ::testing::Values(
+        KillPoint{"between_collectives", nullptr}, KillPoint{"after_opening_a_barrier", "1:1"},
+        KillPoint{"inside_a_one_shot_all_reduce", "2:1"},
+        KillPoint{"mid_pipeline_of_a_two_shot_all_reduce", "3:17"},
+        KillPoint{"inside_a_broadcast", "4:3"}, KillPoint{"inside_an_all_gather", "5:1"},
+        KillPoint{"while_peers_probe_it", "6:1"}, KillPoint{"while_peers_read_it", "7:1"}),
     [](const ::testing::TestParamInfo<KillPoint>& info) { return std::string(info.param.label); });
 
 TEST(Faults, SenderKilledMidMessageFailsTheReceiverNotCorruptsIt) {

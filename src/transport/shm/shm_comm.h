@@ -52,6 +52,8 @@ class ShmComm {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  /// The communicator's rank of the segment's rank q (failures and messages name those).
+  int communicatorRank(int q) const { return ranks_[q]; }
   size_t chunkBytes() const { return layout_.chunkBytes; }
   const Segment& segment() const { return *segment_; }
 
