@@ -62,13 +62,14 @@ Config Config::load(const Sharing& sharing) {
   // copy it saves is worth more (docs/PERFORMANCE.md, "Lent buffers").
   c.tuning.lendBytes = env::bytes("LOOM_LEND_BYTES", size_t{1} << 20, 0, SIZE_MAX);
   // An all_to_all that copies out of peers' memory pays a system call per block and pins
-  // every page it reads: at 4 and 8 MiB (the whole exchange) it ran 1.4-2.2x faster than
-  // staging at 8 and 16 ranks, at 1 MiB up to 1.8x slower at 4 ranks, and at 64 MiB 5-22%
-  // slower than staging with streaming stores (docs/PERFORMANCE.md, "Peer reads").
-  // LOOM_PEER_READS=0 stages everything through the slots.
+  // every page it reads. Through c10d on 8 and 16 ranks it ran 1.06-1.75x faster than
+  // staging from 256 KiB to 16 MiB (0.94x at one point); on 4 ranks 0.83-1.37x below 8 MiB and
+  // 1.23-1.63x at 8 and 16 MiB; at 64 MiB, staging with streaming stores ran 5-22% faster
+  // (docs/PERFORMANCE.md, "Peer reads"). LOOM_PEER_READS=0 stages everything.
+  const size_t peerReadsFrom = ranks >= 8 ? size_t{256} << 10 : size_t{8} << 20;
   c.tuning.peerReadBytes = env::integer("LOOM_PEER_READS", 1, 0, 1) == 0
                                ? SIZE_MAX
-                               : env::bytes("LOOM_PEER_READ_BYTES", size_t{4} << 20, 0, SIZE_MAX);
+                               : env::bytes("LOOM_PEER_READ_BYTES", peerReadsFrom, 0, SIZE_MAX);
   c.tuning.peerReadMaxBytes = env::bytes("LOOM_PEER_READ_MAX_BYTES", size_t{32} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {

@@ -146,6 +146,25 @@ TEST(Config, ThreadsShareTheMachinesCoresWithEveryRankOnItAndTheNetworkThreads) 
   ::unsetenv("LOOM_THREADS");
 }
 
+TEST(Config, PeerReadsStartSoonerWithMoreRanksAndCanBeTurnedOff) {
+  for (const char* name : {"LOOM_PEER_READS", "LOOM_PEER_READ_BYTES", "LOOM_PEER_READ_MAX_BYTES"}) {
+    ::unsetenv(name);
+  }
+  // From 256 KiB with 8 or more ranks on the host, from 8 MiB with fewer; up to 32 MiB.
+  EXPECT_EQ(Config::load(4).tuning.peerReadBytes, size_t{8} << 20);
+  EXPECT_EQ(Config::load(7).tuning.peerReadBytes, size_t{8} << 20);
+  EXPECT_EQ(Config::load(8).tuning.peerReadBytes, size_t{256} << 10);
+  EXPECT_EQ(Config::load(16).tuning.peerReadMaxBytes, size_t{32} << 20);
+  ::setenv("LOOM_PEER_READ_BYTES", "1M", 1);
+  EXPECT_EQ(Config::load(16).tuning.peerReadBytes, size_t{1} << 20);
+  ::setenv("LOOM_PEER_READS", "0", 1);
+  EXPECT_EQ(Config::load(16).tuning.peerReadBytes, SIZE_MAX);  // off, whatever the size
+  ::setenv("LOOM_PEER_READS", "2", 1);
+  EXPECT_THROW(Config::load(16), Error);
+  ::unsetenv("LOOM_PEER_READS");
+  ::unsetenv("LOOM_PEER_READ_BYTES");
+}
+
 TEST(Config, AChildTakesItsOwnHostLayoutAndTheParentsMachine) {
   ::unsetenv("LOOM_THREADS");
   ::unsetenv("LOOM_CHUNK_BYTES");
