@@ -517,8 +517,8 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
   if (lead) {
     std::printf("#\n# out-of-place bus bandwidth, mean over rows: %.2f GB/s\n# #wrong total: %zu\n",
                 busRows ? busSum / busRows : 0.0, totalWrong);
-    // Whether large all_gathers, reduce_scatters and all_to_alls copied out of peers' memory
-    // (LOOM_PEER_READS; the kernel may refuse it, docs/SECURITY.md).
+    // Whether all_to_alls copied out of peers' memory (LOOM_PEER_READS and its range; the
+    // kernel may refuse it, docs/SECURITY.md).
     std::printf("# collectives that read peers' memory (rank 0): %llu\n",
                 static_cast<unsigned long long>(shm::peerReadCollectives()));
   }

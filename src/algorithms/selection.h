@@ -20,8 +20,8 @@ namespace loom {
 /// then all-gather by chunk, each rank reducing 1/size of the data (bandwidth-optimal).
 /// Lent: all_gather and reduce_scatter of at least LOOM_LEND_BYTES read every rank's input in
 /// place when all ranks lent it (memory from the lending pool), else stage it as usual.
-/// Peer read: all_to_all of at least LOOM_PEER_READ_BYTES copies
-/// straight out of peers' memory (transport/shm/peer_reads.h) where every rank can.
+/// Peer read: an all_to_all from LOOM_PEER_READ_BYTES to LOOM_PEER_READ_MAX_BYTES copies straight
+/// out of peers' memory (transport/shm/peer_reads.h) where every rank can, else stages.
 enum class Algorithm : uint8_t { kOneShot = 1, kTwoShot = 2, kLent = 3, kPeerRead = 4 };
 
 /// "one_shot", "two_shot", "lent", "peer_read".
