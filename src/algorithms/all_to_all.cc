@@ -47,10 +47,12 @@ size_t checkCounts(CollectiveContext& ctx, const CollectiveArgs& args, uint64_t 
   for (int q = 0; q < size; ++q) {
     const uint64_t* theirs = wordsOf(ctx, q, p);
     if (theirs[me] != args.outputCounts[q]) {
-      ctx.failures().fail(ErrorCode::kMismatch, q,
-                          "all_to_all: rank " + std::to_string(q) + " sends " +
+      // Named as the communicator numbers them (across hosts this is a local step).
+      const int sender = ctx.communicatorRank(q);
+      ctx.failures().fail(ErrorCode::kMismatch, sender,
+                          "all_to_all: rank " + std::to_string(sender) + " sends " +
                               std::to_string(theirs[me]) + " elements to rank " +
-                              std::to_string(me) + ", which expects " +
+                              std::to_string(ctx.communicatorRank(me)) + ", which expects " +
                               std::to_string(args.outputCounts[q]) +
                               " from it; input and output split sizes must match pairwise");
       throw ctx.failures().failureError("all_to_all");

@@ -123,6 +123,8 @@ class CollectiveContext {
   Failures& failures() const { return failures_; }
   int rank() const { return shm_.rank(); }
   int size() const { return shm_.size(); }
+  /// The communicator's rank of this step's rank q (errors name those).
+  int communicatorRank(int q) const { return shm_.communicatorRank(q); }
   size_t chunkBytes() const { return shm_.chunkBytes(); }
   const SelectionTable& selection() const { return tuning_.selection; }
   /// True if an output of `bytes` per rank should be written with streaming stores.

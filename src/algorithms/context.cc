@@ -264,8 +264,8 @@ bool CollectiveContext::peersReadable(uint64_t p) {
 }
 
 void CollectiveContext::peerReadFailed(int q, int error) {
-  const int me = shm_.communicatorRank(rank());
-  const int them = shm_.communicatorRank(q);
+  const int me = communicatorRank(rank());
+  const int them = communicatorRank(q);
   // No such process: the peer is gone mid-collective. Marked dead (unless it had departed)
   // and reported as any wait on it would report it.
   if (error == ESRCH) {

@@ -127,6 +127,31 @@ TEST(Errors, MismatchedRootsTypesAndKindsAreCaught) {
   }
 }
 
+TEST(Errors, AllToAllSplitSizesThatDoNotPairUpNameBothRanks) {
+  // Staged and reading peers' memory alike: the counts are checked in the opening.
+  for (const char* readFrom : {"1G", "0"}) {
+    testing::RunOptions options;
+    options.environment = {std::string("LOOM_PEER_READ_BYTES=") + readFrom};
+    const auto outcomes = testing::runRanks(
+        3,
+        [](RankContext& ctx) {
+          auto comm = ctx.connect();
+          // Every rank sends 4 elements to every rank, but rank 2 expects 5 from rank 1.
+          std::vector<float> in(12, 1.0F), out(13);
+          std::vector<const void*> inputs{in.data(), in.data() + 4, in.data() + 8};
+          std::vector<size_t> sends{4, 4, 4}, receives{4, 4, 4};
+          if (ctx.rank == 2) receives[1] = 5;
+          std::vector<void*> outputs{out.data(), out.data() + 4, out.data() + 9};
+          expectError(
+              [&] { comm->allToAllV(inputs, sends, outputs, receives, DataType::kFloat32).wait(); },
+              ErrorCode::kMismatch,
+              {"rank 1 sends 4 elements to rank 2, which expects 5", "split sizes"});
+        },
+        options);
+    EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+  }
+}
+
 TEST(Errors, TimeoutNamesTheRanksThatDidNotArrive) {
   expectOk(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
