@@ -21,7 +21,7 @@ void allGatherLent(CollectiveContext& ctx, const CollectiveArgs& args,
     tasks.push_back({args.outputs[q], inputs[q], args.outputCounts[q] * es});
   }
   ctx.copy(tasks, ctx.streams(total));
-  ctx.closeLent();
+  ctx.closeReads();
 }
 
 }  // namespace

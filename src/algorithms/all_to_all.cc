@@ -114,11 +114,13 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
     // Peers would read blocks that a rank in place overwrites as it receives: setting its
     // input aside first cost more than staging (0.26-0.67x, docs/PERFORMANCE.md), so then
     // every rank stages.
-    bool anyInPlace = false;
-    for (int q = 0; q < size && ctx.readsPeers(); ++q) {
-      anyInPlace = anyInPlace || ctx.peerWords(q, p)[inPlace] != 0;
-    }
-    if (ctx.readsPeers() && !anyInPlace &&
+    auto inPlaceAnywhere = [&] {
+      for (int q = 0; q < size; ++q) {
+        if (ctx.peerWords(q, p)[inPlace] != 0) return true;
+      }
+      return false;
+    };
+    if (ctx.readsPeers() && !inPlaceAnywhere() &&
         (!args.variable || ctx.peerReadsAt(largestExchange(ctx, args, p)))) {
       // Each rank starts with the next rank up, so the ranks read different processes at
       // any moment rather than all reading rank 0 first.
@@ -131,7 +133,7 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
       }
       if (ctx.peersReadable(p)) {
         ctx.readPeers(reads);
-        return ctx.closeLent();
+        return ctx.closeReads();
       }
     }
   }

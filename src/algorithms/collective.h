@@ -144,9 +144,10 @@ class CollectiveContext {
   /// every other's; else an empty vector, on every rank alike, and the caller stages the
   /// data as usual in the phases that follow. All-lent costs a second phase, to agree.
   std::vector<const uint8_t*> openLent(const void* input, std::span<const size_t> bytes);
-  /// Ends a collective that read lent inputs: waits until every rank has read what it needs,
-  /// so no rank returns (and lets its caller overwrite its input) while a peer still reads it.
-  void closeLent();
+  /// Ends a collective whose peers read inputs where they lie (lent, or out of the owner's
+  /// process): waits until every rank has read what it needs, so no rank returns (and lets
+  /// its caller overwrite its input) while a peer still reads it.
+  void closeReads();
 
   /// True if an all_to_all of `bytes` (the whole exchange) copies out of peers' memory
   /// (Algorithm::kPeerRead): from LOOM_PEER_READ_BYTES and below LOOM_PEER_READ_MAX_BYTES,
@@ -162,7 +163,7 @@ class CollectiveContext {
   }
   /// True if this collective runs Algorithm::kPeerRead. Its opening phase then carries this
   /// rank's probe and the addresses its peers read (peerWords), the reads need no further
-  /// phase, and closeLent() ends it.
+  /// phase, and closeReads() ends it.
   bool readsPeers() const { return algorithm_ == Algorithm::kPeerRead; }
   /// The words rank q publishes in the opening phase p of a peer-read collective, after
   /// loom's own (at most chunkBytes / 8 - 2 of them): the algorithm fills this rank's before

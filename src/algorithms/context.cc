@@ -56,6 +56,29 @@ void plainCopy(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+// Calls move(task, lo, hi) for bytes [lo, hi) of every task, the tasks laid end to end and
+// cut into `parts` slices of `total` bytes, one per helper thread (one part: on this thread).
+template <class Task, class Move>
+void spreadOver(std::span<const Task> tasks, size_t total, int parts, const Move& move) {
+  if (parts == 1) {
+    for (const Task& t : tasks) {
+      if (t.bytes != 0) move(t, 0, t.bytes);
+    }
+    return;
+  }
+  HelperPool::instance().run(parts, [&](int part) {
+    const auto [begin, end] = sliceOf(total, part, parts, 64);
+    size_t offset = 0;
+    for (const Task& t : tasks) {
+      const size_t lo = std::max(begin, offset);
+      const size_t hi = std::min(end, offset + t.bytes);
+      if (lo < hi) move(t, lo - offset, hi - offset);
+      offset += t.bytes;
+      if (offset >= end) break;
+    }
+  });
+}
+
 // The fingerprint's top bit says whether the rank's process has lendable memory: not a field
 // that must agree (ranks that differ in it fall back to comparing descriptors, which ignore it).
 constexpr uint64_t kLendsBit = uint64_t{1} << 63;
@@ -234,7 +257,7 @@ std::vector<const uint8_t*> CollectiveContext::openLent(const void* input,
   return inputs;
 }
 
-void CollectiveContext::closeLent() {
+void CollectiveContext::closeReads() {
   const uint64_t p = startPhase(false);
   finishPhase(p, Await::kAll);
 }
@@ -299,25 +322,7 @@ void CollectiveContext::readPeers(std::span<const PeerCopy> tasks) {
     int none = -1;
     if (error != 0 && failedPeer.compare_exchange_strong(none, t.peer)) failedErrno = error;
   };
-  const int parts = partsFor(total);
-  if (parts == 1) {
-    for (const PeerCopy& t : tasks) {
-      if (t.bytes != 0) move(t, 0, t.bytes);
-    }
-  } else {
-    // Part i moves bytes [begin, end) of the tasks laid end to end, as copy() does.
-    HelperPool::instance().run(parts, [&](int part) {
-      const auto [begin, end] = sliceOf(total, part, parts, 64);
-      size_t offset = 0;
-      for (const PeerCopy& t : tasks) {
-        const size_t lo = std::max(begin, offset);
-        const size_t hi = std::min(end, offset + t.bytes);
-        if (lo < hi) move(t, lo - offset, hi - offset);
-        offset += t.bytes;
-        if (offset >= end) break;
-      }
-    });
-  }
+  spreadOver(tasks, total, partsFor(total), move);
   if (failedPeer.load() >= 0) peerReadFailed(failedPeer.load(), failedErrno.load());
 }
 
@@ -339,27 +344,9 @@ void CollectiveContext::copy(std::span<const CopyTask> tasks, bool streaming) {
   size_t total = 0;
   for (const CopyTask& t : tasks) total += t.bytes;
   const trace::Span span("copy", total);
-  const int parts = partsFor(total);
-  if (parts == 1) {
-    for (const CopyTask& t : tasks) {
-      if (t.bytes != 0 && t.dst != t.src) move(t.dst, t.src, t.bytes);
-    }
-    return;
-  }
-  // Part i copies bytes [begin, end) of the tasks laid end to end.
-  HelperPool::instance().run(parts, [&](int part) {
-    const auto [begin, end] = sliceOf(total, part, parts, 64);
-    size_t offset = 0;
-    for (const CopyTask& t : tasks) {
-      const size_t lo = std::max(begin, offset);
-      const size_t hi = std::min(end, offset + t.bytes);
-      if (lo < hi && t.dst != t.src) {
-        move(static_cast<uint8_t*>(t.dst) + (lo - offset),
-             static_cast<const uint8_t*>(t.src) + (lo - offset), hi - lo);
-      }
-      offset += t.bytes;
-      if (offset >= end) break;
-    }
+  spreadOver(tasks, total, partsFor(total), [move](const CopyTask& t, size_t lo, size_t hi) {
+    if (t.dst == t.src) return;  // in place
+    move(static_cast<uint8_t*>(t.dst) + lo, static_cast<const uint8_t*>(t.src) + lo, hi - lo);
   });
 }
 

@@ -47,7 +47,7 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
       // In place, the output is this rank's own input block, a source: the kernel then
       // stores plainly (streaming lines just read was 30% slower, P = 2).
       ctx.reduce(out, srcs, args.inputCounts[me], spec);
-      return ctx.closeLent();
+      return ctx.closeReads();
     }
   }
   size_t longest = 0;
