@@ -162,123 +162,190 @@ void allToAllAcrossHosts(AcrossHostsContext& ctx, const CollectiveArgs& args) {
 // host, 8 B to 32 KiB per rank: 31-49 µs against 104-114 µs direct across 2 namespace
 // hosts x 4 ranks, 78-100 against 142-312 µs across 4 x 2.
 constexpr size_t kCarriedAllToAllBytes = size_t{128} << 10;
+// ... and up to this many, each host pair on as few rails as the rails allow (CarrierPlan).
+// Beyond it the busiest carrier's bytes count more than its partners: at 128 KiB per rank
+// spreading took 1.36x as long on 4 x 2 and 1.12x on 4 x 4 (0.70x on 8 x 2); up to 32 KiB
+// it took 0.43-0.81x on 4 x 2, 4 x 4 and 8 x 2 (docs/PERFORMANCE.md, "Fewer partners per
+// carrier").
+constexpr size_t kSpreadAllToAllBytes = size_t{32} << 10;
 
-// Small all_to_all of equal blocks through carriers. Rail rank s of each host carries the
-// blocks of its host's sources j with j mod R = s: (1) a local all_to_all hands each carrier
-// its sources' blocks for other hosts (beside every rank's blocks for this host); (2) each
-// carrier sends every other host one message (its sources' blocks for that host's ranks) to
-// the same rail's rank there; (3) a local all_to_all hands each rank the blocks the carriers
-// received for it.
+// Which rails carry the traffic between two hosts, and which of a host's ranks each of them
+// carries for it. A carrier's exchange costs about one network round per partner host (on
+// the 16-core host 58-65 µs with three partners where an exchange with one took 20 µs), so
+// small calls spread the partners over the rails rather than every rail meeting every
+// partner. The host pairs are coloured as a round-robin tournament's rounds (every host
+// meets each colour at most once); colour c goes to the (c mod groups)-th group of m
+// consecutive rails, m = R / colours (at least 1); within a pair, rail g m + i carries the
+// sources j with j mod m = i on both hosts. Not spread: m = R, every rail meets every host.
+class CarrierPlan {
+ public:
+  CarrierPlan(const HostLayout& L, bool spread) : L_(L) {
+    const int H = L.hosts();
+    const int colours = H % 2 == 0 ? H - 1 : H;
+    perPair_ = spread ? std::max(1, L.rails / colours) : L.rails;
+    groups_ = L.rails / perPair_;
+  }
+  /// The first of the perPair() rails that carry the pair (this host, B).
+  int firstRail(int B) const { return (colour(L_.host, B) % groups_) * perPair_; }
+  /// True if rail s carries the pair (this host, B).
+  bool carries(int s, int B) const { return s >= firstRail(B) && s < firstRail(B) + perPair_; }
+  /// The local index of the rank that carries source j's blocks for host B.
+  int carrierOf(int j, int B) const { return firstRail(B) + j % perPair_; }
+  /// How many of host `host`'s ranks rail s (which carries the pair (this host, B)) carries.
+  size_t sourceCount(int host, int s, int B) const {
+    const int i = s - firstRail(B);
+    const int ranks = static_cast<int>(L_.ranksOn[host].size());
+    return static_cast<size_t>((ranks - i + perPair_ - 1) / perPair_);
+  }
+  /// The i-th of them (a local index on that host).
+  int source(int s, int B, size_t i) const {
+    return s - firstRail(B) + static_cast<int>(i) * perPair_;
+  }
+
+ private:
+  // The round of a round-robin tournament in which hosts x and y meet.
+  int colour(int x, int y) const {
+    const int H = L_.hosts();
+    if (H % 2 != 0) return (x + y) % H;
+    if (x == H - 1) return (2 * y) % (H - 1);
+    if (y == H - 1) return (2 * x) % (H - 1);
+    return (x + y) % (H - 1);
+  }
+
+  const HostLayout& L_;
+  int perPair_ = 1;
+  int groups_ = 1;
+};
+
+// Small all_to_all of equal blocks through carriers (CarrierPlan): (1) a local all_to_all
+// hands every rank here its block from each rank here and each carrier, behind that block,
+// the blocks its sources have for the hosts it carries for them; (2) each carrier sends
+// each host it carries for one message (its sources' blocks for that host's ranks) to the
+// same rail's rank there; (3) a local all_to_all hands each rank the blocks the carriers
+// received for it. A carrier's own blocks skip the local steps.
 void carriedAllToAll(AcrossHostsContext& ctx, const CollectiveArgs& args) {
   const HostLayout& L = ctx.layout();
+  const size_t es = elementSize(args.type);
+  const size_t b = args.count * es;  // bytes per block
+  const CarrierPlan plan(L, b * static_cast<size_t>(L.size) <= kSpreadAllToAllBytes);
   const int R = L.rails;
   const int me = L.localIndex;
   const int A = L.host;
+  const int H = L.hosts();
+  const int n = L.localSize();
   const std::vector<int>& here = L.ranksOn[A];
-  const size_t b = args.count * elementSize(args.type);               // bytes per block
-  const size_t remote = static_cast<size_t>(L.size - L.localSize());  // ranks elsewhere
-  auto sources = [&](int host, int s) {  // local indices of host's ranks that rail s carries
-    std::vector<int> js;
-    for (int j = s; j < static_cast<int>(L.ranksOn[host].size()); j += R) js.push_back(j);
-    return js;
+  auto hostSize = [&](int B) { return L.ranksOn[B].size(); };
+  // The blocks source j hands local rank t to carry: for every rank of every other host
+  // that t carries j's blocks to (none for itself: a carrier reads its own input).
+  auto carriedBlocks = [&](int j, int t) {
+    size_t blocks = 0;
+    for (int B = 0; B < H && j != t && t < R; ++B) {
+      if (B != A && plan.carrierOf(j, B) == t) blocks += hostSize(B);
+    }
+    return blocks;
   };
-  auto blocksFor = [&](int host, int s) { return sources(host, s).size(); };
-  const int carrier = me % R;
 
-  // This rank's blocks for other hosts, in host order: what its carrier forwards.
-  uint8_t* outbound = ctx.scratch(remote * b);
-  size_t at = 0;
-  for (int B = 0; B < L.hosts(); ++B) {
-    if (B == A) continue;
-    for (int q : L.ranksOn[B]) ctx.copy(outbound + at++ * b, args.inputs[q], b);
-  }
-
-  // 1. Within the host: every rank's block for each rank here, and to its carrier (when it
-  //    is not its own) its blocks for other hosts, behind that block.
-  const auto n = static_cast<size_t>(L.localSize());
+  // 1. Within the host: to each rank t, this rank's block for it and, behind that, this
+  //    rank's blocks for the ranks of every host t carries for it, in host order.
   CollectiveArgs step1 =
       CollectiveArgs::of(CollectiveKind::kAllToAll, args.type, ReduceOp(), 0, 0, nullptr, nullptr);
   step1.variable = true;
-  uint8_t* toCarrier = nullptr;
-  if (carrier != me) {
-    toCarrier = ctx.scratch(b + remote * b);
-    ctx.copy(toCarrier, args.inputs[here[carrier]], b);
-    ctx.copy(toCarrier + b, outbound, remote * b);
-  }
-  std::vector<uint8_t*> fromSource(n, nullptr);  // sources this rank carries, whole
-  for (size_t t = 0; t < n; ++t) {
-    const bool carried = static_cast<int>(t) == carrier && carrier != me;
-    step1.inputs.push_back(carried ? toCarrier : args.inputs[here[t]]);
-    step1.inputCounts.push_back((carried ? b + remote * b : b) / elementSize(args.type));
-    const bool carries = static_cast<int>(t) % R == me && static_cast<int>(t) != me;
-    if (carries) fromSource[t] = ctx.scratch(b + remote * b);
-    step1.outputs.push_back(carries ? fromSource[t] : args.outputs[here[t]]);
-    step1.outputCounts.push_back((carries ? b + remote * b : b) / elementSize(args.type));
+  std::vector<uint8_t*> fromSource(static_cast<size_t>(n), nullptr);  // what j hands this rank
+  for (int t = 0; t < n; ++t) {
+    const size_t out = b + carriedBlocks(me, t) * b;
+    const void* input = args.inputs[here[t]];
+    if (out != b) {
+      uint8_t* staged = ctx.scratch(out);
+      ctx.copy(staged, args.inputs[here[t]], b);
+      size_t at = b;
+      for (int B = 0; B < H; ++B) {
+        if (B == A || plan.carrierOf(me, B) != t) continue;
+        for (int q : L.ranksOn[B]) {
+          ctx.copy(staged + at, args.inputs[q], b);
+          at += b;
+        }
+      }
+      input = staged;
+    }
+    step1.inputs.push_back(input);
+    step1.inputCounts.push_back(out / es);
+    const size_t in = b + carriedBlocks(t, me) * b;
+    if (in != b) fromSource[t] = ctx.scratch(in);
+    step1.outputs.push_back(fromSource[t] ? fromSource[t] : args.outputs[here[t]]);
+    step1.outputCounts.push_back(in / es);
   }
   ctx.runLocal(step1);
-  for (size_t t = 0; t < n; ++t) {
+  for (int t = 0; t < n; ++t) {
     if (fromSource[t]) ctx.copy(args.outputs[here[t]], fromSource[t], b);
   }
 
-  // 2. Carriers: one message to the same rail's rank on every other host.
+  // 2. Carriers: one message to the same rail's rank on every host they carry for.
   std::vector<NetTransfer> sends, receives;
-  std::vector<uint8_t*> arrived(static_cast<size_t>(L.hosts()), nullptr);
-  if (me < R) {
-    const std::vector<int> mine = sources(A, me);
-    size_t offset = 0;  // of host B's ranks among the ranks elsewhere
-    for (int B = 0; B < L.hosts(); ++B) {
-      if (B == A) continue;
-      const size_t lb = L.ranksOn[B].size();
-      uint8_t* message = ctx.scratch(mine.size() * lb * b);
-      for (size_t i = 0; i < mine.size(); ++i) {
-        const uint8_t* from = mine[i] == me ? outbound : fromSource[mine[i]] + b;
-        ctx.copy(message + i * lb * b, from + offset * b, lb * b);
+  std::vector<uint8_t*> arrived(static_cast<size_t>(H), nullptr);
+  std::vector<size_t> offsets(static_cast<size_t>(n), b);  // the next host's blocks from j
+  for (int B = 0; B < H; ++B) {
+    if (B == A || me >= R || !plan.carries(me, B)) continue;
+    const size_t lb = hostSize(B);
+    const size_t mine = plan.sourceCount(A, me, B);
+    uint8_t* message = ctx.scratch(mine * lb * b);
+    for (size_t i = 0; i < mine; ++i) {
+      const int j = plan.source(me, B, i);
+      uint8_t* to = message + i * lb * b;
+      if (j == me) {
+        for (size_t x = 0; x < lb; ++x) ctx.copy(to + x * b, args.inputs[L.ranksOn[B][x]], b);
+      } else {
+        ctx.copy(to, fromSource[j] + offsets[j], lb * b);
+        offsets[j] += lb * b;
       }
-      sends.push_back({L.ranksOn[B][me], message, mine.size() * lb * b, 0});
-      arrived[B] = ctx.scratch(blocksFor(B, me) * n * b);
-      receives.push_back({L.ranksOn[B][me], arrived[B], blocksFor(B, me) * n * b, 0});
-      offset += lb;
     }
+    sends.push_back({L.ranksOn[B][me], message, mine * lb * b, 0});
+    const size_t theirs = plan.sourceCount(B, me, B);
+    arrived[B] = ctx.scratch(theirs * static_cast<size_t>(n) * b);
+    receives.push_back({L.ranksOn[B][me], arrived[B], theirs * n * b, 0});
   }
   ctx.exchange(sends, receives);
 
-  // 3. Within the host: each carrier hands each rank what came for it.
+  // 3. Within the host: each carrier hands each rank what came for it, host by host.
   CollectiveArgs step3 =
       CollectiveArgs::of(CollectiveKind::kAllToAll, args.type, ReduceOp(), 0, 0, nullptr, nullptr);
   step3.variable = true;
-  size_t carried = 0;  // blocks this rank carries in from other hosts
-  for (int B = 0; B < L.hosts(); ++B) {
-    if (B != A && me < R) carried += blocksFor(B, me);
-  }
-  std::vector<uint8_t*> perRank(n, nullptr), fromCarrier(n, nullptr);
-  for (size_t k = 0; k < n; ++k) {
-    if (me < R) {
-      perRank[k] = ctx.scratch(carried * b);
-      size_t i = 0;
-      for (int B = 0; B < L.hosts(); ++B) {
-        if (B == A) continue;
-        for (size_t x = 0; x < blocksFor(B, me); ++x) {
-          ctx.copy(perRank[k] + i++ * b, arrived[B] + (x * n + k) * b, b);
-        }
+  // The blocks rail t brings this host from each other host's ranks.
+  auto brought = [&](int t) {
+    size_t blocks = 0;
+    for (int B = 0; B < H && t < R; ++B) {
+      if (B != A && plan.carries(t, B)) blocks += plan.sourceCount(B, t, B);
+    }
+    return blocks;
+  };
+  const size_t carried = brought(me);
+  std::vector<uint8_t*> fromCarrier(static_cast<size_t>(n), nullptr);
+  for (int k = 0; k < n; ++k) {
+    const size_t give = k == me ? 0 : carried;
+    uint8_t* perRank = give == 0 ? nullptr : ctx.scratch(give * b);
+    size_t i = 0;
+    for (int B = 0; B < H && give != 0; ++B) {
+      if (B == A || !plan.carries(me, B)) continue;
+      for (size_t x = 0; x < plan.sourceCount(B, me, B); ++x) {
+        ctx.copy(perRank + i++ * b, arrived[B] + (x * n + k) * b, b);
       }
     }
-    step3.inputs.push_back(perRank[k] ? perRank[k] : outbound);
-    step3.inputCounts.push_back((me < R ? carried * b : 0) / elementSize(args.type));
-    size_t incoming = 0;  // blocks carrier k brings this rank
-    for (int B = 0; B < L.hosts(); ++B) {
-      if (B != A && static_cast<int>(k) < R) incoming += blocksFor(B, static_cast<int>(k));
-    }
-    fromCarrier[k] = ctx.scratch(incoming * b);
-    step3.outputs.push_back(fromCarrier[k]);
-    step3.outputCounts.push_back(incoming * b / elementSize(args.type));
+    step3.inputs.push_back(perRank ? perRank : args.outputs[here[me]]);
+    step3.inputCounts.push_back(give * b / es);
+    const size_t take = k == me ? 0 : brought(k);
+    if (take != 0) fromCarrier[k] = ctx.scratch(take * b);
+    step3.outputs.push_back(fromCarrier[k] ? fromCarrier[k] : args.outputs[here[me]]);
+    step3.outputCounts.push_back(take * b / es);
   }
   ctx.runLocal(step3);
-  for (int s = 0; s < R; ++s) {
+  for (int t = 0; t < std::min(n, R); ++t) {
     size_t i = 0;
-    for (int B = 0; B < L.hosts(); ++B) {
-      if (B == A) continue;
-      for (int j : sources(B, s)) {
-        ctx.copy(args.outputs[L.ranksOn[B][j]], fromCarrier[s] + i++ * b, b);
+    for (int B = 0; B < H; ++B) {
+      if (B == A || !plan.carries(t, B)) continue;
+      for (size_t x = 0; x < plan.sourceCount(B, t, B); ++x) {
+        const int source = L.ranksOn[B][plan.source(t, B, x)];
+        // What this rank carried in itself comes straight from the message.
+        const uint8_t* from = t == me ? arrived[B] + (x * n + me) * b : fromCarrier[t] + i++ * b;
+        ctx.copy(args.outputs[source], from, b);
       }
     }
   }

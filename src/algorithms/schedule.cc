@@ -80,6 +80,7 @@ void RecordingContext::runLocal(const CollectiveArgs& args) {
   h = mix(h, static_cast<uint64_t>(args.root));
   h = mix(h, args.count);
   h = mix(h, args.countsHash);
+  h = mix(h, args.variable ? 1 : 0);  // the V form has a phase the equal one has not
   const size_t es = elementSize(args.type);
   switch (args.kind) {
     case CollectiveKind::kAllGather:

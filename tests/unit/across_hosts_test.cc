@@ -130,7 +130,8 @@ void checkSameEverywhere(AcrossHostsContext& ctx, const void* data, size_t bytes
 // Layouts that reach every pattern: rings of 2, 3, 5, 6, 7 members (and of 4 and 8 with
 // blocks of 512 KiB or more: LargeAcrossHosts); halving on 4, 8, 16;
 // halving with a fold on 17; one rail and several; hosts of different sizes; ranks not in
-// host order.
+// host order; a small all_to_all's host pairs on one rail each, on several (interleaved(3,
+// 6): two rails per pair) and on all of them, with rails that carry nothing ({4, 4, 4}).
 std::vector<Layout> layouts() {
   return {blocked({1, 1}),
           blocked({2, 2}),
@@ -140,6 +141,9 @@ std::vector<Layout> layouts() {
           blocked({1, 1, 1}),
           blocked({3, 1, 2}),
           blocked({2, 2, 2, 2}),
+          blocked({4, 4, 4}),
+          interleaved(3, 6),
+          blocked({4, 5}),
           interleaved(5, 2),
           blocked({1, 2, 3, 1, 2, 1}),
           blocked(std::vector<int>(7, 1)),
@@ -232,7 +236,9 @@ TEST_P(AcrossHosts, DataMovementMatchesTheReference) {
     uint32_t salt = 100;
     for (DataType type : {DataType::kFloat32, DataType::kUInt8}) {
       const size_t es = elementSize(type);
-      for (size_t count : {size_t{0}, size_t{5}, size_t{40000}}) {
+      // 2000 float32 per block: an all_to_all of 32-128 KiB per rank on 4-10 ranks, carried
+      // with every rail meeting every host (smaller ones spread the hosts over the rails).
+      for (size_t count : {size_t{0}, size_t{5}, size_t{2000}, size_t{40000}}) {
         ++salt;
         const std::string what =
             std::string(dataTypeName(type)) + " count " + std::to_string(count);

@@ -130,7 +130,8 @@ void runLocalReference(const std::vector<const CollectiveArgs*>& ranks) {
   const CollectiveArgs& a0 = *ranks[0];
   for (const CollectiveArgs* a : ranks) {
     if (a->kind != a0.kind || a->type != a0.type || a->op.kind() != a0.op.kind() ||
-        a->root != a0.root || a->count != a0.count || a->countsHash != a0.countsHash) {
+        a->root != a0.root || a->count != a0.count || a->countsHash != a0.countsHash ||
+        a->variable != a0.variable) {
       throw std::runtime_error("local ranks issued different collectives");
     }
   }
@@ -179,6 +180,10 @@ void runLocalReference(const std::vector<const CollectiveArgs*>& ranks) {
         for (int k = 0; k < n; ++k) {
           if (ranks[k]->outputCounts[j] != ranks[j]->inputCounts[k]) {
             throw std::runtime_error("local all_to_all counts disagree");
+          }
+          // The equal form's phases are those of one count: every block must have it.
+          if (!a0.variable && ranks[j]->inputCounts[k] != a0.count) {
+            throw std::runtime_error("local all_to_all of equal blocks with another count");
           }
           writes.emplace_back(ranks[k]->outputs[j],
                               read(ranks[j]->inputs[k], ranks[j]->inputCounts[k] * es));
