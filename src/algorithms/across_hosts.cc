@@ -165,8 +165,8 @@ constexpr size_t kCarriedAllToAllBytes = size_t{128} << 10;
 // ... and up to this many, each host pair on as few rails as the rails allow (CarrierPlan).
 // Beyond it the busiest carrier's bytes count more than its partners: at 128 KiB per rank
 // spreading took 1.36x as long on 4 x 2 and 1.12x on 4 x 4 (0.70x on 8 x 2); up to 32 KiB
-// it took 0.43-0.81x on 4 x 2, 4 x 4 and 8 x 2 (docs/PERFORMANCE.md, "Fewer partners per
-// carrier").
+// it took 0.35-0.84x on 3 x 4, 4 x 2, 4 x 4 and 8 x 2 (docs/PERFORMANCE.md, "Fewer partners
+// per carrier").
 constexpr size_t kSpreadAllToAllBytes = size_t{32} << 10;
 
 // Which rails carry the traffic between two hosts, and which of a host's ranks each of them
