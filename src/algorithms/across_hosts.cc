@@ -239,7 +239,8 @@ void carriedAllToAll(AcrossHostsContext& ctx, const CollectiveArgs& args) {
   // that t carries j's blocks to (none for itself: a carrier reads its own input).
   auto carriedBlocks = [&](int j, int t) {
     size_t blocks = 0;
-    for (int B = 0; B < H && j != t && t < R; ++B) {
+    if (j == t || t >= R) return blocks;
+    for (int B = 0; B < H; ++B) {
       if (B != A && plan.carrierOf(j, B) == t) blocks += hostSize(B);
     }
     return blocks;
@@ -283,8 +284,8 @@ void carriedAllToAll(AcrossHostsContext& ctx, const CollectiveArgs& args) {
   std::vector<NetTransfer> sends, receives;
   std::vector<uint8_t*> arrived(static_cast<size_t>(H), nullptr);
   std::vector<size_t> offsets(static_cast<size_t>(n), b);  // the next host's blocks from j
-  for (int B = 0; B < H; ++B) {
-    if (B == A || me >= R || !plan.carries(me, B)) continue;
+  for (int B = 0; B < H && me < R; ++B) {
+    if (B == A || !plan.carries(me, B)) continue;
     const size_t lb = hostSize(B);
     const size_t mine = plan.sourceCount(A, me, B);
     uint8_t* message = ctx.scratch(mine * lb * b);
@@ -312,7 +313,8 @@ void carriedAllToAll(AcrossHostsContext& ctx, const CollectiveArgs& args) {
   // The blocks rail t brings this host from each other host's ranks.
   auto brought = [&](int t) {
     size_t blocks = 0;
-    for (int B = 0; B < H && t < R; ++B) {
+    if (t >= R) return blocks;
+    for (int B = 0; B < H; ++B) {
       if (B != A && plan.carries(t, B)) blocks += plan.sourceCount(B, t, B);
     }
     return blocks;
@@ -323,7 +325,7 @@ void carriedAllToAll(AcrossHostsContext& ctx, const CollectiveArgs& args) {
     const size_t give = k == me ? 0 : carried;
     uint8_t* perRank = give == 0 ? nullptr : ctx.scratch(give * b);
     size_t i = 0;
-    for (int B = 0; B < H && give != 0; ++B) {
+    for (int B = 0; B < H && perRank; ++B) {
       if (B == A || !plan.carries(me, B)) continue;
       for (size_t x = 0; x < plan.sourceCount(B, me, B); ++x) {
         ctx.copy(perRank + i++ * b, arrived[B] + (x * n + k) * b, b);
