@@ -256,10 +256,13 @@ class RailSlices {
 
 // ---- all_reduce ----
 
+// With `pairIncoming` (a rank alone on one of two hosts, see allReduceAcrossHosts) the rail
+// only exchanges the slices and this thread reduces them in after(), while the rail goes on
+// to the next segment's exchange.
 class AllReduceSegment final : public Segment {
  public:
   AllReduceSegment(const HostLayout& L, const void* input, void* output, size_t count,
-                   DataType type, ReduceOp op, uint64_t countsHash)
+                   DataType type, ReduceOp op, uint64_t countsHash, uint8_t* pairIncoming)
       : L_(L),
         input_(input),
         output_(output),
@@ -268,7 +271,8 @@ class AllReduceSegment final : public Segment {
         op_(op),
         countsHash_(countsHash),
         es_(elementSize(type)),
-        slices_(L, count, type) {}
+        slices_(L, count, type),
+        pairIncoming_(pairIncoming) {}
 
   // Rail rank s gets slice s reduced over this host.
   void before(AcrossHostsContext& ctx) override {
@@ -288,18 +292,25 @@ class AllReduceSegment final : public Segment {
     if (L_.localIndex >= slices_.rails()) return nullptr;
     return [this](AcrossHostsContext& ctx) {
       const int me = L_.localIndex;
-      uint8_t* mine = at(output_, slices_.start(me), es_);
-      const size_t n = slices_.length(me);
-      railAllReduce(ctx, railOf(L_, me), mine, n, type_, betweenHosts(op_));
-      if (op_.kind() == ReduceKind::kAvg) {
-        const void* src = mine;
-        ctx.reduce(mine, {&src, 1}, n, {type_, op_, L_.size});  // divides by every rank
+      if (pairIncoming_ != nullptr) {
+        return pairAllReduceExchange(ctx, railOf(L_, me), at(output_, slices_.start(me), es_),
+                                     pairIncoming_, slices_.length(me) * es_);
       }
+      reduceAcrossHosts(ctx, [&](uint8_t* mine, size_t n) {
+        railAllReduce(ctx, railOf(L_, me), mine, n, type_, betweenHosts(op_));
+      });
     };
   }
 
-  // Every rank of the host gathers the slices.
+  // Every rank of the host gathers the slices (with `pairIncoming`, after reducing the rail's
+  // exchange).
   void after(AcrossHostsContext& ctx) override {
+    if (pairIncoming_ != nullptr && L_.localIndex < slices_.rails()) {
+      reduceAcrossHosts(ctx, [&](uint8_t* mine, size_t n) {
+        pairAllReduceFinish(ctx, railOf(L_, L_.localIndex), mine, pairIncoming_, n, type_,
+                            betweenHosts(op_));
+      });
+    }
     slices_.gatherWithinHost(ctx, output_, countsHash_);
   }
 
@@ -313,6 +324,20 @@ class AllReduceSegment final : public Segment {
   const uint64_t countsHash_;
   const size_t es_;
   const RailSlices slices_;
+  uint8_t* const pairIncoming_;  // where the other host's slice arrives, or null
+
+  // This rank's slice reduced across hosts by `reduce(mine, count)`, then divided by every
+  // rank for AVG.
+  template <class Reduce>
+  void reduceAcrossHosts(AcrossHostsContext& ctx, Reduce&& reduce) {
+    uint8_t* mine = at(output_, slices_.start(L_.localIndex), es_);
+    const size_t n = slices_.length(L_.localIndex);
+    reduce(mine, n);
+    if (op_.kind() == ReduceKind::kAvg) {
+      const void* src = mine;
+      ctx.reduce(mine, {&src, 1}, n, {type_, op_, L_.size});  // divides by every rank
+    }
+  }
 };
 
 // ---- all_gather ----
@@ -578,11 +603,31 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   const size_t es = elementSize(type);
   const int segments = segmentsFor(count * es);
   const Bounds cuts = slices(count, segments, type);
+  // Between two hosts a rail's all_reduce is one exchange and one reduction. Done by the rail
+  // thread, the reduction keeps the network idle until the next segment's exchange, while a
+  // rank alone on its host (no local steps) waits for the rail with nothing else to do; so
+  // such a rank's own thread reduces, in the segment's after(). Where a host has several
+  // ranks their threads have local steps to run, and handing them the reduction as well was
+  // no faster on 2 x 2 and slower on 2 x 4 (docs/PERFORMANCE.md, "The reduction off the rail
+  // between two hosts"). Segment s exchanges into buffer s % 2: segment s - 1's buffer is
+  // reduced before segment s + 1's rail job starts (pipeline()).
+  const HostLayout& L = ctx.layout();
+  uint8_t* pairIncoming[2] = {nullptr, nullptr};
+  if (segments > 1 && L.hosts() == 2 && L.localSize() == 1) {
+    size_t largest = 0;
+    for (int s = 0; s < segments; ++s) {
+      const RailSlices rails(L, cuts[s + 1] - cuts[s], type);
+      largest = std::max(largest, rails.length(L.localIndex));
+    }
+    if (largest > 0) {
+      for (uint8_t*& buffer : pairIncoming) buffer = ctx.scratch(largest * es);
+    }
+  }
   Segments parts;
   for (int s = 0; s < segments; ++s) {
     parts.push_back(std::make_unique<AllReduceSegment>(
-        ctx.layout(), at(input, cuts[s], es), at(output, cuts[s], es), cuts[s + 1] - cuts[s], type,
-        op, countsHash));
+        L, at(input, cuts[s], es), at(output, cuts[s], es), cuts[s + 1] - cuts[s], type, op,
+        countsHash, pairIncoming[s % 2]));
   }
   pipeline(ctx, parts);
 }

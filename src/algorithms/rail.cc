@@ -351,13 +351,32 @@ void railAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, con
   }
 }
 
+void pairAllReduceExchange(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                           uint8_t* incoming, size_t bytes) {
+  if (bytes == 0) return;  // as railAllReduce: nothing to send, no message
+  const int peer = rail.members[1 - rail.position];
+  sendReceive(ctx, {peer, data, bytes, kDoubling}, {peer, incoming, bytes, kDoubling});
+}
+
+void pairAllReduceFinish(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                         const uint8_t* incoming, size_t count, DataType type, ReduceOp op) {
+  const void* lower[2] = {data, incoming};
+  const void* upper[2] = {incoming, data};
+  ctx.reduce(data, rail.position == 0 ? lower : upper, count, {type, op, 1});
+}
+
 void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
                    DataType type, ReduceOp op) {
   const int n = rail.size();
   if (n == 1 || count == 0) return;
   // Two members: one exchange of the whole buffer moves what a reduce-scatter and an
-  // all-gather would, in one step instead of two.
-  if (n == 2 || count * elementSize(type) <= kDoublingBytes) {
+  // all-gather would, in one step instead of two (recursive doubling's one step).
+  if (n == 2) {
+    uint8_t* incoming = ctx.scratch(count * elementSize(type));
+    pairAllReduceExchange(ctx, rail, data, incoming, count * elementSize(type));
+    return pairAllReduceFinish(ctx, rail, data, incoming, count, type, op);
+  }
+  if (count * elementSize(type) <= kDoublingBytes) {
     return doublingAllReduce(ctx, rail, data, count, type, op);
   }
   Bounds bounds(static_cast<size_t>(n) + 1);

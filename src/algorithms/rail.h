@@ -58,6 +58,15 @@ void railAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, con
 /// Every member's `count` elements at `data` reduced over the rail, on every member.
 void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
                    DataType type, ReduceOp op);
+/// Between two members an all_reduce is one exchange of the whole buffer and one reduction;
+/// these are its two halves, for a caller that overlaps the reduction with later network
+/// steps (railAllReduce of two members runs one, then the other). The exchange sends `bytes`
+/// at `data` and receives the other member's buffer into `incoming`; the finish reduces it
+/// into `data` with the lower position's operand first, so both members hold the same bits.
+void pairAllReduceExchange(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                           uint8_t* incoming, size_t bytes);
+void pairAllReduceFinish(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                         const uint8_t* incoming, size_t count, DataType type, ReduceOp op);
 /// The `count` elements at `data` of the member at `root` (a position) to every member.
 void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
                    DataType type, int root);

@@ -199,8 +199,10 @@ void checkMovement(Communicator& comm) {
 }
 
 // Buffers of 4 MiB and more go in segments whose network steps run on the rail thread while
-// the collective's thread runs the local steps of the others (hierarchical.cc); broadcasts
-// from 512 KiB per rail go down a chain of hosts (rail.cc).
+// the collective's thread runs the local steps of the others (hierarchical.cc; a rank alone
+// on one of two hosts has no local steps, and its thread reduces what the rail's all_reduce
+// exchanges, two buffers in turn);
+// broadcasts from 512 KiB per rail go down a chain of hosts (rail.cc).
 void checkLarge(Communicator& comm) {
   const int me = comm.rank();
   const int n = comm.size();
@@ -295,6 +297,14 @@ TEST_F(TwoHosts, ReductionsOfManyFramesMatchTheReferenceInterleaved) {
 }
 TEST_F(TwoHosts, LargeCollectivesGoInSegmentsInterleaved) {
   runPlaced(*hosts_, 4, interleaved, checkLarge);
+}
+// One rank on each host, and a rank alone beside a host of two: ranks whose own thread
+// reduces what their rail exchanges, beside one whose rail thread reduces it.
+TEST_F(TwoHosts, LargeCollectivesGoInSegmentsOneRankEach) {
+  runPlaced(*hosts_, 2, oneEach, checkLarge);
+}
+TEST_F(TwoHosts, LargeCollectivesGoInSegmentsUneven) {
+  runPlaced(*hosts_, 3, unevenly, checkLarge);
 }
 // Split sizes that do not pair up between two ranks of one host (0 and 2 of 0 2 | 1 3, the
 // first and second of their host's step): the error names them as the communicator does.

@@ -368,9 +368,10 @@ TEST(AcrossHostsAverage, NarrowIntegersDoNotWrapOnTheWay) {
   });
 }
 
-// 8 MiB and more go in segments (hierarchical.cc): each is a collective of its own, whose
-// rail part this context runs at once. Up to 8 hosts (every pattern; more threads would only
-// make the buffers slower to check).
+// 4 MiB and more go in segments (hierarchical.cc): each is a collective of its own, whose
+// rail part this context runs at once (a rank alone on one of two hosts reduces its rail's
+// all_reduce exchange in the segment's last step, each segment's in one of two buffers). Up
+// to 8 hosts (every pattern; more threads would only make the buffers slower to check).
 class LargeAcrossHosts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(LargeAcrossHosts, CollectivesGoInSegments) {
@@ -379,7 +380,7 @@ TEST_P(LargeAcrossHosts, CollectivesGoInSegments) {
   hosts.run([&](AcrossHostsContext& ctx) {
     const int me = ctx.layout().rank;
     const DataType type = DataType::kFloat32;
-    const size_t count = size_t{5} << 19;  // 10 MiB: two segments
+    const size_t count = size_t{5} << 19;  // 10 MiB: five segments
     std::vector<float> in(count), out(count);
     fillInput(in.data(), type, count, me, 77);
     const ReduceOp avg(ReduceKind::kAvg);
