@@ -616,8 +616,8 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   if (segments > 1 && L.hosts() == 2 && L.localSize() == 1) {
     size_t largest = 0;
     for (int s = 0; s < segments; ++s) {
-      const RailSlices rails(L, cuts[s + 1] - cuts[s], type);
-      largest = std::max(largest, rails.length(L.localIndex));
+      const RailSlices segment(L, cuts[s + 1] - cuts[s], type);
+      largest = std::max(largest, segment.length(L.localIndex));
     }
     if (largest > 0) {
       for (uint8_t*& buffer : pairIncoming) buffer = ctx.scratch(largest * es);

@@ -201,8 +201,8 @@ void checkMovement(Communicator& comm) {
 // Buffers of 4 MiB and more go in segments whose network steps run on the rail thread while
 // the collective's thread runs the local steps of the others (hierarchical.cc; a rank alone
 // on one of two hosts has no local steps, and its thread reduces what the rail's all_reduce
-// exchanges, two buffers in turn);
-// broadcasts from 512 KiB per rail go down a chain of hosts (rail.cc).
+// exchanges, two buffers in turn); broadcasts from 512 KiB per rail go down a chain of hosts
+// (rail.cc).
 void checkLarge(Communicator& comm) {
   const int me = comm.rank();
   const int n = comm.size();
