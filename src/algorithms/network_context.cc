@@ -260,8 +260,16 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
     }
   } catch (const Error& e) {
     abandonSends(work);
-    if (e.code() == ErrorCode::kPeerFailure && !failures_.failed() && current >= 0) {
-      failures_.peerLost(current, e.detail());  // a link broke: name its peer
+    if (e.code() == ErrorCode::kPeerFailure && current >= 0) {
+      // A link broke (or its peer's listener is gone). A peer that failed (a mismatch it
+      // found, say) leaves at once, and its reason reaches this host over the control plane
+      // within milliseconds, maybe before this link noticed: that reason is the error to
+      // report, not the refused connection it left behind. Without one soon, name the peer.
+      const auto until = Clock::now() + kReasonGrace;
+      while (!failures_.failed() && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (!failures_.failed()) failures_.peerLost(current, e.detail());
       throw failures_.failureError(op);
     }
     throw;
