@@ -256,9 +256,9 @@ class RailSlices {
 
 // ---- all_reduce ----
 
-// With `pairIncoming` (a rank alone on one of two hosts, see allReduceAcrossHosts) the rail
-// only exchanges the slices and this thread reduces them in after(), while the rail goes on
-// to the next segment's exchange.
+// With `pairIncoming` (a rank alone on one of two hosts, so its host's one rail rank; see
+// allReduceAcrossHosts) the rail only exchanges the segment and this thread reduces it in
+// after(), while the rail goes on to the next segment's exchange.
 class AllReduceSegment final : public Segment {
  public:
   AllReduceSegment(const HostLayout& L, const void* input, void* output, size_t count,
@@ -305,7 +305,7 @@ class AllReduceSegment final : public Segment {
   // Every rank of the host gathers the slices (with `pairIncoming`, after reducing the rail's
   // exchange).
   void after(AcrossHostsContext& ctx) override {
-    if (pairIncoming_ != nullptr && L_.localIndex < slices_.rails()) {
+    if (pairIncoming_ != nullptr) {
       reduceAcrossHosts(ctx, [&](uint8_t* mine, size_t n) {
         pairAllReduceFinish(ctx, railOf(L_, L_.localIndex), mine, pairIncoming_, n, type_,
                             betweenHosts(op_));
@@ -614,14 +614,9 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   const HostLayout& L = ctx.layout();
   uint8_t* pairIncoming[2] = {nullptr, nullptr};
   if (segments > 1 && L.hosts() == 2 && L.localSize() == 1) {
-    size_t largest = 0;
-    for (int s = 0; s < segments; ++s) {
-      const RailSlices segment(L, cuts[s + 1] - cuts[s], type);
-      largest = std::max(largest, segment.length(L.localIndex));
-    }
-    if (largest > 0) {
-      for (uint8_t*& buffer : pairIncoming) buffer = ctx.scratch(largest * es);
-    }
+    size_t largest = 0;  // alone on its host, the rank's rail carries each segment whole
+    for (int s = 0; s < segments; ++s) largest = std::max(largest, cuts[s + 1] - cuts[s]);
+    for (uint8_t*& buffer : pairIncoming) buffer = ctx.scratch(largest * es);
   }
   Segments parts;
   for (int s = 0; s < segments; ++s) {
