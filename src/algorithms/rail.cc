@@ -15,8 +15,15 @@ namespace {
 constexpr size_t kDoublingBytes = size_t{64} << 10;
 // A broadcast of at most this many bytes goes down a binomial tree in whole; larger ones go
 // down a chain in pieces where there are enough pieces to fill it, else are scattered and
-// then all-gathered, so no member sends the whole buffer more than once.
-constexpr size_t kTreeBytes = size_t{64} << 10;
+// then all-gathered, so no member sends the whole buffer more than once. The tree takes
+// log2 n rounds of the whole buffer, the scatter and all-gather 2 log2 n rounds and about
+// 2 (n - 1) / n of it, so the tree is faster below about 4 a B bytes on 4 members and 2.4 a B
+// on 8 (a: one round's cost, B: a link's rate); 60 KB to 2 MB for 5-20 µs and 3-25 GB/s.
+// Measured (docs/PERFORMANCE.md, "One rank per host beyond two hosts"): on namespace hosts
+// with open links the tree took 0.28-0.36x the time at 128-256 KiB on 8 hosts of one rank,
+// 0.56-0.72x on 4, and 0.40-0.77x on 4 hosts of two ranks (128-256 KiB per rail); on links
+// shaped to 10 Gb/s, 1.2-1.3x (4 x 1, 128-256 KiB). 256 KiB sits inside the model's range.
+constexpr size_t kTreeBytes = size_t{256} << 10;
 // From blocks of this many bytes a rail of 4 or 8 members goes round a ring rather than
 // halving and doubling: every member then talks to the same two members for the whole
 // pattern, where halving's partners change at every step and each step waits for the
@@ -31,6 +38,11 @@ constexpr size_t kRingBlockBytes = size_t{512} << 10;
 // (docs/PERFORMANCE.md, "A chain for broadcast across hosts").
 constexpr size_t kChainPieceBytes = size_t{128} << 10;
 constexpr size_t kMaxChainPieces = 32;
+
+// The pieces a chain broadcast of `bytes` goes in.
+int chainPieces(size_t bytes) {
+  return static_cast<int>(std::min(bytes / kChainPieceBytes, kMaxChainPieces));
+}
 
 // Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
 enum Tag : int {
@@ -385,6 +397,13 @@ void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   railAllGather(ctx, rail, data, bounds, type);
 }
 
+BroadcastPattern broadcastPatternFor(int members, size_t bytes) {
+  if (members <= 2 || bytes <= kTreeBytes) return BroadcastPattern::kTree;
+  // The chain's n - 2 piece times of filling cost at most a fifth of its time.
+  return chainPieces(bytes) >= 4 * (members - 2) ? BroadcastPattern::kChain
+                                                 : BroadcastPattern::kScatterAllGather;
+}
+
 void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
                    DataType type, int root) {
   const int n = rail.size();
@@ -392,10 +411,12 @@ void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   const Rail fromRoot = rail.rotated(root);
   const size_t es = elementSize(type);
   const size_t bytes = count * es;
-  if (n == 2 || bytes <= kTreeBytes) return treeBroadcast(ctx, fromRoot, data, bytes);
-  // The chain's n - 2 piece times of filling cost at most a fifth of its time.
-  const int pieces = static_cast<int>(std::min(bytes / kChainPieceBytes, kMaxChainPieces));
-  if (pieces >= 4 * (n - 2)) return chainBroadcast(ctx, fromRoot, data, bytes, pieces);
+  switch (broadcastPatternFor(n, bytes)) {
+    case BroadcastPattern::kTree: return treeBroadcast(ctx, fromRoot, data, bytes);
+    case BroadcastPattern::kChain:
+      return chainBroadcast(ctx, fromRoot, data, bytes, chainPieces(bytes));
+    case BroadcastPattern::kScatterAllGather: break;
+  }
   Bounds bounds(static_cast<size_t>(n) + 1);
   for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
   treeScatter(ctx, fromRoot, data, bounds, es);

@@ -48,6 +48,15 @@ enum class RailPattern : uint8_t { kRing, kHalving };
 /// ring's latency); else the ring.
 RailPattern railPatternFor(int members, size_t blockBytes);
 
+/// How a rail broadcasts: down a binomial tree in whole, down a pipelined chain in pieces,
+/// or as a binomial scatter and then an all-gather.
+enum class BroadcastPattern : uint8_t { kTree, kChain, kScatterAllGather };
+
+/// The pattern for a rail of `members` broadcasting `bytes`: the tree for two members and up
+/// to 256 KiB, the chain where it has enough pieces to fill (4 (n - 2) of 128 KiB, at most
+/// 32), else the scatter and all-gather.
+BroadcastPattern broadcastPatternFor(int members, size_t bytes);
+
 /// After this, member i holds block i reduced over every member (its other blocks hold
 /// partial sums).
 void railReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,

@@ -311,6 +311,23 @@ TEST_P(AcrossHosts, DataMovementMatchesTheReference) {
               "scatter " + what);
       }
     }
+    // A broadcast past the tree's bytes on every rail but short of filling a chain: the
+    // binomial scatter and the all-gather (the counts above stay within the tree).
+    const DataType type = DataType::kFloat32;
+    const size_t perRail = (size_t{300} << 10) / elementSize(type);
+    const size_t count = perRail * static_cast<size_t>(ctx.layout().rails);
+    if (ctx.layout().hosts() > 2) {
+      ASSERT_EQ(broadcastPatternFor(ctx.layout().hosts(), perRail * elementSize(type)),
+                BroadcastPattern::kScatterAllGather);
+    }
+    for (int root : {0, n - 1}) {
+      std::vector<float> buffer(count), in(count);
+      fillInput(in.data(), type, count, me, 90 + root);
+      runAcrossHosts(ctx, args(CollectiveKind::kBroadcast, type, ReduceOp(), root, count, in.data(),
+                               buffer.data()));
+      check(buffer.data(), inputBytes(type, count, root, 90 + root), type, count,
+            "broadcast past the tree from " + std::to_string(root));
+    }
     // all_gather with per-rank counts, some zero
     ++salt;
     std::vector<size_t> counts(static_cast<size_t>(n));
@@ -446,6 +463,19 @@ TEST(RailPattern, RingForFewAndLargeBlocksHalvingForSmallPowersOfTwoAndMany) {
   EXPECT_EQ(railPatternFor(16, large), RailPattern::kHalving);
   EXPECT_EQ(railPatternFor(17, small), RailPattern::kHalving);
   EXPECT_EQ(railPatternFor(2048, large), RailPattern::kHalving);
+}
+
+TEST(RailPattern, BroadcastTreeWhileSmallChainWhereItFillsElseScatterAndAllGather) {
+  const size_t tree = 256 << 10, piece = 128 << 10;
+  EXPECT_EQ(broadcastPatternFor(2, size_t{64} << 20), BroadcastPattern::kTree);
+  EXPECT_EQ(broadcastPatternFor(8, tree), BroadcastPattern::kTree);
+  EXPECT_EQ(broadcastPatternFor(3, tree + 1), BroadcastPattern::kScatterAllGather);
+  EXPECT_EQ(broadcastPatternFor(3, 4 * piece), BroadcastPattern::kChain);
+  EXPECT_EQ(broadcastPatternFor(4, 8 * piece - 1), BroadcastPattern::kScatterAllGather);
+  EXPECT_EQ(broadcastPatternFor(4, 8 * piece), BroadcastPattern::kChain);
+  EXPECT_EQ(broadcastPatternFor(8, 24 * piece), BroadcastPattern::kChain);
+  EXPECT_EQ(broadcastPatternFor(10, size_t{1} << 30), BroadcastPattern::kChain);  // 32 pieces
+  EXPECT_EQ(broadcastPatternFor(11, size_t{1} << 30), BroadcastPattern::kScatterAllGather);
 }
 
 }  // namespace
