@@ -17,8 +17,8 @@ constexpr size_t kDoublingBytes = size_t{64} << 10;
 // down a chain in pieces where there are enough pieces to fill it, else are scattered and
 // then all-gathered, so no member sends the whole buffer more than once. The tree takes
 // log2 n rounds of the whole buffer, the scatter and all-gather 2 log2 n rounds and about
-// 2 (n - 1) / n of it, so the tree is faster below about 4 a B bytes on 4 members and 2.4 a B
-// on 8 (a: one round's cost, B: a link's rate); 60 KB to 2 MB for 5-20 µs and 3-25 GB/s.
+// 2 (n - 1) / n of it, so the tree is faster below about 4 α B bytes on 4 members and 2.4 α B
+// on 8 (α: one round's cost, B: a link's rate); 60 KB to 2 MB for 5-20 µs and 3-25 GB/s.
 // Measured (docs/PERFORMANCE.md, "One rank per host beyond two hosts"): on namespace hosts
 // with open links the tree took 0.28-0.36x the time at 128-256 KiB on 8 hosts of one rank,
 // 0.56-0.72x on 4, and 0.40-0.77x on 4 hosts of two ranks (128-256 KiB per rail); on links
