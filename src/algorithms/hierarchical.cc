@@ -601,16 +601,7 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
     return;
   }
   const size_t es = elementSize(type);
-  const HostLayout& L = ctx.layout();
-  // With one rank on every host there are no local steps for segments to overlap, so beyond
-  // two hosts (where the pair below keeps them) segments only multiply the rail's rounds: 8
-  // segments of a 16 MiB all_reduce on 8 hosts are 48 halving steps, one is 14 ring steps.
-  // Measured on 4 and 8 namespace hosts of one rank: 0.78-1.01x the time from 4 MiB in the
-  // engine, 0.75-0.92x through torch (docs/PERFORMANCE.md, "One rank per host beyond two
-  // hosts"). reduce_scatter in one segment gained on 8 hosts but lost up to 1.37x on 4, and
-  // all_gather was level, so they keep their segments.
-  const bool oneRankPerHost = L.size == L.hosts() && L.hosts() > 2;
-  const int segments = oneRankPerHost ? 1 : segmentsFor(count * es);
+  const int segments = segmentsFor(count * es);
   const Bounds cuts = slices(count, segments, type);
   // Between two hosts a rail's all_reduce is one exchange and one reduction. Done by the rail
   // thread, the reduction keeps the network idle until the next segment's exchange, while a
@@ -620,6 +611,7 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   // no faster on 2 x 2 and slower on 2 x 4 (docs/PERFORMANCE.md, "The reduction off the rail
   // between two hosts"). Segment s exchanges into buffer s % 2: segment s - 1's buffer is
   // reduced before segment s + 1's rail job starts (pipeline()).
+  const HostLayout& L = ctx.layout();
   uint8_t* pairIncoming[2] = {nullptr, nullptr};
   if (segments > 1 && L.hosts() == 2 && L.localSize() == 1) {
     size_t largest = 0;  // alone on its host, the rank's rail carries each segment whole

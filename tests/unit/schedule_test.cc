@@ -84,22 +84,6 @@ TEST(Schedules, AllReduceMovesTheBandwidthOptimalBytesUpTo16384Ranks) {
   }
 }
 
-// With one rank on every host, beyond two, an all_reduce goes in one segment (no local steps
-// for segments to overlap): a ring's 2 (H - 1) steps of 16 MiB / H blocks, not a halving's
-// 2 log2 H steps per 2 MiB segment. Hosts of several ranks keep their segments.
-TEST(Schedules, OneRankPerHostAllReducesInOneSegment) {
-  const size_t count = size_t{4} << 20;  // 16 MiB of float32
-  for (int hosts : {4, 8}) {
-    const ScheduleReport report =
-        simulate(hostsOf(hosts, 1), opOf(CollectiveKind::kAllReduce, count));
-    ASSERT_EQ(report.error, "") << hosts << " hosts";
-    EXPECT_EQ(report.maxNetworkSteps, static_cast<size_t>(2 * (hosts - 1))) << hosts << " hosts";
-  }
-  const ScheduleReport segmented = simulate(hostsOf(4, 2), opOf(CollectiveKind::kAllReduce, count));
-  ASSERT_EQ(segmented.error, "");
-  EXPECT_GT(segmented.maxNetworkSteps, 6u);
-}
-
 TEST(Schedules, TwoHostsAllReduceIsOneExchangePerRail) {
   const ScheduleReport report =
       simulate(hostsOf(2, 4), opOf(CollectiveKind::kAllReduce, size_t{1} << 19));  // 2 MiB
