@@ -23,8 +23,9 @@ using Clock = std::chrono::steady_clock;
 // thread: below it, the hand-off costs more than the overlap saves.
 constexpr size_t kOffloadBytes = size_t{256} << 10;
 
-// How long a peer seen leaving mid-collective is given for the reason to arrive (a failure
-// forwarded by its host), before it is reported as having issued fewer collectives.
+// How long a peer seen leaving mid-collective, or whose link broke, is given for the reason to
+// arrive (a failure forwarded by its host), before it is reported as having issued fewer
+// collectives or as lost.
 constexpr auto kReasonGrace = std::chrono::milliseconds(100);
 
 // The transfers of one exchange with one peer, each direction in order.
