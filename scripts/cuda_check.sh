@@ -36,9 +36,9 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   # The fused kernels (the default with a GPU per rank) forced on ranks sharing GPU 0, with
   # the default chunk and with one that cuts calls into many steps.
   LOOM_CUDA_FUSED=1 "$PYTHON" tests/cuda/check_cuda.py --ranks 2 3 \
-    --parts reductions movement mismatch killed 2>&1 | tee "$out/cuda_check_fused.txt"
+    --parts reductions movement p2p mismatch tag_mismatch killed 2>&1 | tee "$out/cuda_check_fused.txt"
   LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
-    --parts reductions movement 2>&1 | tee "$out/cuda_check_fused_small_chunk.txt"
+    --parts reductions movement p2p 2>&1 | tee "$out/cuda_check_fused_small_chunk.txt"
   # The fused two-shot all_reduce (more than two ranks, each with a GPU, large calls) at every
   # size, with both chunks. Ranks sharing a GPU run one at a time, so only a GPU per rank
   # shows races between the ranks' blocks (the nccl mode below).

@@ -292,6 +292,7 @@ void CudaExecutor::barrier() {
 }
 
 void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose) {
+  if (fusable()) return fusedTransfer(transfers, purpose);
   // Each pair's messages form one stream of chunks per direction, in issue order; a round
   // moves the next chunk of every pair, so no peer's progress waits on another's.
   struct Chunk {
@@ -300,11 +301,12 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
   };
   std::vector<std::vector<Chunk>> out(static_cast<size_t>(size_));
   std::vector<std::vector<Chunk>> in(static_cast<size_t>(size_));
+  const size_t mailSlot = lane_->mailSlot;
   size_t rounds = 0;
   for (const Transfer& t : transfers) {
     std::vector<Chunk>& chunks = (t.kind == Transfer::Kind::kSend ? out : in)[t.peer];
     // At least one chunk, even when empty: it carries the descriptor the receiver checks.
-    const uint64_t n = std::max<uint64_t>(1, (t.bytes + mailSlot_ - 1) / mailSlot_);
+    const uint64_t n = std::max<uint64_t>(1, (t.bytes + mailSlot - 1) / mailSlot);
     for (uint64_t c = 0; c < n; ++c) chunks.push_back({&t, c});
     rounds = std::max(rounds, chunks.size());
   }
@@ -341,9 +343,9 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       if (lane_->onDevice || seq > 2) {
         waits[nwaits++] = {pair(q, rank_) + kTaken * kFlagStride, sentBase(q), seq - 2, true};
       }
-      const size_t lo = c.index * mailSlot_;
+      const size_t lo = c.index * mailSlot;
       segments.add(mailbox(q, rank_, seq), at(c.transfer->data, lo),
-                   clipped(c.transfer->bytes, lo, mailSlot_));
+                   clipped(c.transfer->bytes, lo, mailSlot));
       agreement.publish[agreement.npublish++] = {pairDescriptor(rank_, q, seq),
                                                  describeChunk(*c.transfer, purpose, c.index)};
     }
@@ -360,9 +362,9 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       const Chunk& c = in[q][k];
       const uint64_t seq = ++lane_->taken[q];
       waits[nwaits++] = {pair(q, rank_) + kSent * kFlagStride, takenBase(q), seq, true};
-      const size_t lo = c.index * mailSlot_;
+      const size_t lo = c.index * mailSlot;
       segments.add(at(c.transfer->data, lo), mailbox(rank_, q, seq),
-                   clipped(c.transfer->bytes, lo, mailSlot_));
+                   clipped(c.transfer->bytes, lo, mailSlot));
       agreement.expect[agreement.nexpect++] = {pairDescriptor(q, rank_, seq),
                                                describeChunk(*c.transfer, purpose, c.index), q};
     }

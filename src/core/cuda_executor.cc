@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <string>
 #include <vector>
@@ -112,11 +113,16 @@ std::string explain(const cuda::Descriptor& d) {
   if (what == kSendRecv || what == kAllToAllBlock) {
     const uint64_t bytes = w1 & ((uint64_t{1} << kChunkShift) - 1);
     const std::string size = std::to_string(bytes) + " bytes";
-    return what == kAllToAllBlock
-               ? "an all_to_all block of " + size
-               : "a message with tag " + std::to_string(high) + " of " + size +
-                     (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")"
-                                        : "");
+    std::string text =
+        what == kAllToAllBlock
+            ? "an all_to_all block of " + size
+            : "a message with tag " + std::to_string(high) + " of " + size +
+                  (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")" : "");
+    if (w0 & kFusedBit) {
+      text += ", moved by a fused kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
+              " blocks per pair (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_CHUNK_BYTES)";
+    }
+    return text;
   }
   const auto kind = static_cast<CollectiveKind>(what);
   const bool fused = (w0 & kFusedBit) != 0;
@@ -172,12 +178,12 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       rank_(exchange.localRank),
       size_(exchange.localSize),
       failures_(failures),
-      mailSlot_(mailSlotBytes(chunk_)),
-      layout_(workspaceLayout(chunk_, mailSlot_, exchange.localSize)),
+      layout_(workspaceLayout(chunk_, exchange.localSize)),
       eager_(0, kOddFlagsOffset, kDescOffset, layout_.eagerSlots, kPairOffset,
-             layout_.eagerMailboxes, false, exchange.localSize),
+             layout_.eagerMailboxes, layout_.eagerMailSlot, false, exchange.localSize),
       graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset, layout_.graphSlots,
-             kGraphPairOffset, layout_.graphMailboxes, true, exchange.localSize) {
+             kGraphPairOffset, layout_.graphMailboxes, layout_.graphMailSlot, true,
+             exchange.localSize) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
   // until the deadline. Once it has offered, a failure of this rank (a peer gone mid-way, a
@@ -266,6 +272,14 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // GPU's turns between their processes would stretch every wait to a time slice.
       fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
       fusedBlocks_ = tuning.fusedBlocks;
+      // A fused transfer cuts each chunk into slices of at least 32 KiB, one per block (64
+      // of 128 KiB at two ranks by default), and its grid (at most a stream per direction
+      // and peer) stays within the two roles of fusedBlocks_ that fusedFits() vouches for.
+      // From the mailbox slot and the ranks alone, so every rank runs as many per pair.
+      transferBlocks_ = static_cast<int>(std::clamp<size_t>(
+          eager_.mailSlot / (32 << 10), 1,
+          static_cast<size_t>(std::min(cuda::kMaxTransferBlocks,
+                                       std::max(1, fusedBlocks_ / std::max(1, size_ - 1))))));
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
       fusedChainBroadcastBytes_ = tuning.fusedChainBroadcastBytes;
@@ -366,7 +380,7 @@ uint8_t* CudaExecutor::pair(int owner, int peer) const {
 
 uint8_t* CudaExecutor::mailbox(int receiver, int sender, uint64_t chunk) const {
   return bases_[receiver] + lane_->mailboxesAt +
-         (static_cast<size_t>(sender) * 2 + chunk % 2) * mailSlot_;
+         (static_cast<size_t>(sender) * 2 + chunk % 2) * lane_->mailSlot;
 }
 
 uint64_t* CudaExecutor::epochBase() const {
@@ -573,6 +587,68 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   }
 }
 
+void CudaExecutor::fusedTransfer(std::span<const Transfer> transfers, uint8_t purpose) {
+  if (transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
+    throw Error(ErrorCode::kInternal, "cuda", rank_, "a fused transfer of too many messages");
+  }
+  // The table: a stream per direction and peer (sends first, then receives, peers in rank
+  // order), each with its messages in issue order, which is the order of the pair's chunks.
+  std::vector<cuda::TransferStream> streams;
+  std::vector<cuda::TransferMessage> messages;
+  messages.reserve(transfers.size());
+  for (const Transfer::Kind kind : {Transfer::Kind::kSend, Transfer::Kind::kRecv}) {
+    const bool sends = kind == Transfer::Kind::kSend;
+    for (int q = 0; q < size_; ++q) {
+      uint64_t& count = (sends ? lane_->sent : lane_->taken)[static_cast<size_t>(q)];
+      cuda::TransferStream st{q, sends ? 1 : 0, static_cast<int32_t>(messages.size()), 0, count};
+      for (const Transfer& t : transfers) {
+        if (t.kind != kind || t.peer != q) continue;
+        // The blocks per pair go into the descriptor, so ranks whose settings give different
+        // counts get the named mismatch (a block the peer does not run would wait forever).
+        const cuda::Descriptor d = describeChunk(t, purpose, 0);
+        const uint64_t word0 = d.words[0] | kFusedBit |
+                               static_cast<uint64_t>(transferBlocks_ - 1) << kFusedBlocksShift;
+        messages.push_back({static_cast<uint8_t*>(t.data), t.bytes, word0});
+        count += std::max<uint64_t>(1, (t.bytes + lane_->mailSlot - 1) / lane_->mailSlot);
+        ++st.count;
+      }
+      if (st.count > 0) streams.push_back(st);
+    }
+  }
+  if (streams.empty()) return;
+  // Written on the stream before the launch, so it replaces the table of the lane's last
+  // call only after that call's kernel (which queue() orders first) is done with it. The
+  // driver stages a pageable source before it returns.
+  const size_t streamBytes = streams.size() * sizeof(cuda::TransferStream);
+  const size_t messageBytes = messages.size() * sizeof(cuda::TransferMessage);
+  transferTable_.resize(streamBytes + messageBytes);
+  std::memcpy(transferTable_.data(), streams.data(), streamBytes);
+  std::memcpy(transferTable_.data() + streamBytes, messages.data(), messageBytes);
+  uint8_t* table = bases_[rank_] + layout_.transferTable;
+  check(Driver::get().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(table), transferTable_.data(),
+                                        transferTable_.size(), stream_),
+        "cuda", rank_, "cuMemcpyHtoDAsync");
+  cuda::TransferParams p{};
+  p.streams = reinterpret_cast<const cuda::TransferStream*>(table);
+  p.messages = reinterpret_cast<const cuda::TransferMessage*>(table + streamBytes);
+  p.nstreams = static_cast<int32_t>(streams.size());
+  p.blocks = transferBlocks_;
+  p.rank = rank_;
+  p.mailSlot = lane_->mailSlot;
+  for (int q = 0; q < size_; ++q) {
+    uint8_t* flags = bases_[q] + layout_.transferFlags;
+    p.mailboxes[q] = bases_[q] + lane_->mailboxesAt;
+    p.sentFlags[q] = reinterpret_cast<uint64_t*>(flags);
+    p.takenFlags[q] = reinterpret_cast<uint64_t*>(flags + kTransferSentBytes);
+    p.chunkDescriptors[q] = reinterpret_cast<cuda::Descriptor*>(flags + 2 * kTransferSentBytes);
+  }
+  const cuda::Agreement a = noAgreement();
+  p.claim = a.claim;
+  p.report = a.report;
+  p.abort = a.abort;
+  kernels_->fusedTransfer(stream_, p);
+}
+
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {
   cuda::CopyParams params{};
   params.agreement = agreement;
@@ -759,6 +835,16 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
                                     const OpOptions& options, std::chrono::milliseconds timeout) {
   std::string op = "send/recv group";
   if (transfers.size() == 1) op = transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv";
+  // Refused before anything is queued (a call that fails half-queued ends the communicator).
+  if (fused_ && transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
+    throw Error(ErrorCode::kInvalidArgument, op, rank_,
+                "this group has " + std::to_string(transfers.size()) +
+                    " sends and receives on CUDA tensors, and loom moves at most " +
+                    std::to_string(cuda::kMaxTransferMessages) +
+                    " in one group where every rank has a GPU of its own; split it into "
+                    "several groups (batch_isend_irecv calls), keeping each pair's sends and "
+                    "receives in the same order on both ranks");
+  }
   queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
 }
 

@@ -6,8 +6,8 @@
 // Each rank owns a device workspace (cuMem, exported as a file descriptor and mapped by
 // every rank of the host): a page of flags, collective slots of two halves (chunk bytes
 // each; four, of which stepped calls use two), and a mailbox per sending peer (two slots of
-// a quarter chunk); and two slots and the mailboxes again for operations captured in CUDA
-// graphs (below).
+// a chunk); and two slots and mailboxes (of quarter-chunk slots) for operations captured in
+// CUDA graphs (below).
 //
 // A collective runs in steps of at most one chunk per rank; step e uses slot e % 2 and the
 // flags of parity e % 2. In a step each rank copies its share into its slot, raises its
@@ -43,7 +43,11 @@
 // writes chunk k into slot k % 2 once the receiver has taken chunk k - 2, and raises its
 // "sent" flag for that peer; the receiver waits for it, copies out and raises "taken". The
 // transfers of one call advance a chunk per peer per round, so a ring of sends and
-// receives in one call cannot deadlock.
+// receives in one call cannot deadlock. Where every rank has a GPU of its own, an eager
+// call's transfers run as one fused kernel instead (cuda::TransferParams): the same chunks
+// and mailboxes, with a "sent" and a "taken" count per block of each pair, so every slice
+// of a chunk moves as soon as its own slice of the chunk two before is taken, and every
+// pair's traffic flows at once, with no round of stream waits per chunk.
 //
 // Operations captured in a CUDA graph run at every replay, at a point the host never sees,
 // so they cannot carry epochs or chunk numbers counted by the host. They have a lane of their
@@ -141,13 +145,14 @@ class CudaExecutor final : public DeviceExecutor {
   // another).
   struct Lane {
     Lane(size_t flags, size_t oddFlags, size_t descriptors, size_t slots, size_t pairs,
-         size_t mailboxes, bool device, int peers)
+         size_t mailboxes, size_t slot, bool device, int peers)
         : flagsAt(flags),
           oddFlagsAt(oddFlags),
           descriptorsAt(descriptors),
           slotsAt(slots),
           pairsAt(pairs),
           mailboxesAt(mailboxes),
+          mailSlot(slot),
           onDevice(device),
           sent(static_cast<size_t>(peers)),
           taken(static_cast<size_t>(peers)) {}
@@ -157,6 +162,7 @@ class CudaExecutor final : public DeviceExecutor {
     size_t slotsAt;        // slots of two halves, chunk bytes each (cuda_workspace.h)
     size_t pairsAt;        // a pair block per peer
     size_t mailboxesAt;    // two mailbox slots per sending peer
+    size_t mailSlot;       // bytes per mailbox slot
     bool onDevice;
     uint64_t epoch = 0;
     std::vector<uint64_t> sent;   // by peer: chunks sent to it
@@ -253,8 +259,11 @@ class CudaExecutor final : public DeviceExecutor {
   void scatter(const CollectiveArgs& args);
   void barrier();
   /// Queues `transfers`; `purpose` goes into their descriptors (user send/recv, or the
-  /// blocks of an all_to_all).
+  /// blocks of an all_to_all). Fused (one kernel) where fusable(), else in rounds of steps.
   void transfer(std::span<const Transfer> transfers, uint8_t purpose);
+  /// The same as one fused kernel (cuda::TransferParams), at most
+  /// cuda::kMaxTransferMessages transfers.
+  void fusedTransfer(std::span<const Transfer> transfers, uint8_t purpose);
 
   void monitor();
   /// Turns a kernel's mismatch report into the communicator's failure.
@@ -281,10 +290,10 @@ class CudaExecutor final : public DeviceExecutor {
   size_t fusedTwoShotBroadcastBytes_ = 0;    // smallest broadcast fused in two shots
   size_t fusedChainBroadcastBytes_ = 0;      // smallest broadcast fused along a chain
   size_t fusedRingAllReduceBytes_ = 0;       // smallest all_reduce fused around a ring
+  int transferBlocks_ = 1;                   // a fused transfer's blocks per stream
   CUstream side_ = nullptr;                  // the second stream
   CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts
   CUevent joined_ = nullptr;                 // recorded on side_ where it ends
-  size_t mailSlot_ = 0;                      // bytes per mailbox slot
   WorkspaceLayout layout_;                   // where slots, mailboxes and block flags lie
   cuda::MismatchReport* report_ = nullptr;   // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;
@@ -294,11 +303,12 @@ class CudaExecutor final : public DeviceExecutor {
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
   Lane eager_;                 // lanes: under enqueueMutex_
   Lane graph_;
-  Lane* lane_ = &eager_;          // the lane of the call being filled
-  bool graphsCaptured_ = false;   // any call captured: the destructor waits for replays
-  uint64_t firstEpoch_ = 0;       // the first step of the call being filled
-  uint64_t fusedExits_ = 0;       // fused kernel blocks launched, ever (FusedParams::exits)
-  cuda::Descriptor described_{};  // what the collective being filled is (its first step)
+  Lane* lane_ = &eager_;                // the lane of the call being filled
+  bool graphsCaptured_ = false;         // any call captured: the destructor waits for replays
+  uint64_t firstEpoch_ = 0;             // the first step of the call being filled
+  uint64_t fusedExits_ = 0;             // fused kernel blocks launched, ever (FusedParams::exits)
+  cuda::Descriptor described_{};        // what the collective being filled is (its first step)
+  std::vector<uint8_t> transferTable_;  // the fused transfer being filled: its table
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;

@@ -27,10 +27,28 @@ inline constexpr size_t kGraphSlots = 2;
 /// The fused kernels' block flags: arrived, freed, gathered and gather freed, per rank and
 /// block (cuda::FusedParams::blockFlags).
 inline constexpr size_t kBlockFlagsBytes = 4 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
+/// The fused transfers' flags and descriptors (cuda::TransferParams): sent[sender][block],
+/// taken[receiver][block], then a descriptor per sender, chunk parity and block.
+inline constexpr size_t kTransferSentBytes = cuda::kMaxSources * cuda::kMaxTransferBlocks * 8;
+inline constexpr size_t kTransferFlagsBytes =
+    2 * kTransferSentBytes +
+    cuda::kMaxSources * 2 * cuda::kMaxTransferBlocks * sizeof(cuda::Descriptor);
+/// A fused transfer call's table (its streams, then its messages), written before each
+/// launch; only this rank reads its own.
+inline constexpr size_t kTransferTableBytes =
+    2 * cuda::kMaxSources * sizeof(cuda::TransferStream) +
+    cuda::kMaxTransferMessages * sizeof(cuda::TransferMessage);
 
-/// Bytes per mailbox slot for slot halves of `chunk` bytes: a quarter chunk in whole
+/// Bytes per mailbox slot of the eager lane for slot halves of `chunk` bytes: a whole chunk.
+/// A pair's two slots are what a fused transfer keeps in flight between two GPUs: on two
+/// H200s send/recv of 512 MiB-1 GiB read 0.74-0.77x NCCL's bandwidth through slots of 2 MiB
+/// and 0.97-1.00x through slots of 8 MiB (docs/PERFORMANCE.md, "Sends and receives").
+inline size_t eagerMailSlotBytes(size_t chunk) {
+  return chunk;
+}
+/// Bytes per mailbox slot of the graph lane (stepped calls only): a quarter chunk in whole
 /// 16-byte vectors, at least 4 KiB.
-inline size_t mailSlotBytes(size_t chunk) {
+inline size_t graphMailSlotBytes(size_t chunk) {
   return std::max<size_t>(chunk / 4 / 16 * 16, 4096);
 }
 
@@ -38,23 +56,29 @@ inline size_t mailSlotBytes(size_t chunk) {
 struct WorkspaceLayout {
   size_t eagerSlots;      ///< kEagerSlots slots of two chunks
   size_t graphSlots;      ///< kGraphSlots slots of two chunks
+  size_t eagerMailSlot;   ///< eagerMailSlotBytes
+  size_t graphMailSlot;   ///< graphMailSlotBytes
   size_t eagerMailboxes;  ///< two mailbox slots per sending rank
   size_t graphMailboxes;  ///< the same for captured calls
   size_t blockFlags;      ///< kBlockFlagsBytes
+  size_t transferFlags;   ///< kTransferFlagsBytes
+  size_t transferTable;   ///< kTransferTableBytes
   size_t bytes;           ///< the whole workspace
 };
 
-/// The layout for slot halves of `chunk` bytes, mailbox slots of `mailSlot` bytes and
-/// `ranks` ranks.
-inline WorkspaceLayout workspaceLayout(size_t chunk, size_t mailSlot, int ranks) {
-  const size_t mailboxes = static_cast<size_t>(ranks) * 2 * mailSlot;
+/// The layout for slot halves of `chunk` bytes and `ranks` ranks.
+inline WorkspaceLayout workspaceLayout(size_t chunk, int ranks) {
   WorkspaceLayout l{};
+  l.eagerMailSlot = eagerMailSlotBytes(chunk);
+  l.graphMailSlot = graphMailSlotBytes(chunk);
   l.eagerSlots = kDataOffset;
   l.graphSlots = l.eagerSlots + kEagerSlots * 2 * chunk;
   l.eagerMailboxes = l.graphSlots + kGraphSlots * 2 * chunk;
-  l.graphMailboxes = l.eagerMailboxes + mailboxes;
-  l.blockFlags = l.graphMailboxes + mailboxes;
-  l.bytes = l.blockFlags + kBlockFlagsBytes;
+  l.graphMailboxes = l.eagerMailboxes + static_cast<size_t>(ranks) * 2 * l.eagerMailSlot;
+  l.blockFlags = l.graphMailboxes + static_cast<size_t>(ranks) * 2 * l.graphMailSlot;
+  l.transferFlags = l.blockFlags + kBlockFlagsBytes;
+  l.transferTable = l.transferFlags + kTransferFlagsBytes;
+  l.bytes = l.transferTable + kTransferTableBytes;
   return l;
 }
 

@@ -45,6 +45,7 @@ namespace loom::cuda {
   X(cuLaunchCooperativeKernel)                   \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuMemcpyDtoDAsync)                           \
+  X(cuMemcpyHtoDAsync)                           \
   X(cuStreamCreate)                              \
   X(cuStreamDestroy)                             \
   X(cuStreamSynchronize)                         \

@@ -188,6 +188,58 @@ struct FusedParams {
   uint32_t* traceSms;  ///< debug: the SM each block ran on, by blockIdx.x (with trace)
 };
 
+/// Most blocks a fused transfer runs for one direction of traffic with one peer.
+inline constexpr int kMaxTransferBlocks = 64;
+/// Most messages (sends and receives together) one fused transfer call moves: its table
+/// has room for this many in the rank's workspace.
+inline constexpr int kMaxTransferMessages = 4096;
+
+/// One message of a fused transfer call (TransferParams).
+struct TransferMessage {
+  uint8_t* data;  ///< read for a send, written for a receive
+  uint64_t bytes;
+  uint64_t word0;  ///< its chunks' descriptor's first word; the second is bytes | chunk << 40
+};
+
+/// One direction of a call's traffic with one peer: messages [first, first + count) of the
+/// table, in issue order, travelling as the pair's chunks number chunksBefore + 1 onwards
+/// (each message at least one chunk, so an empty one still carries its descriptor).
+struct TransferStream {
+  int32_t peer;
+  int32_t sends;  ///< 1: to the peer; 0: from it
+  int32_t first;
+  int32_t count;
+  uint64_t chunksBefore;  ///< the pair's chunks in this direction before this call
+};
+
+/// The sends and receives of one call in one launch, for ranks that each have a GPU of their
+/// own, where the stepped path pays a round of stream waits and launches per chunk (on two
+/// H200s it moved 52 GB/s against NCCL's 352; docs/PERFORMANCE.md). Each stream has `blocks`
+/// blocks (grid block i serves stream i % nstreams as its block i / nstreams), and block b
+/// moves slice b of every chunk of its stream (fusedSlice of a mailbox slot). A sending block
+/// waits until the receiver's block b has taken its slice of the chunk two before (both
+/// mailbox slots are then free for it), writes its slice into the receiver's mailbox over
+/// NVLink, and raises its "sent" flag for block b in the receiver's workspace to the chunk's
+/// number; the receiving block waits for that flag (polling its own memory), checks the
+/// chunk's descriptor, copies its slice out and raises "taken" in the sender's workspace.
+/// Each block and pair keeps its own count, so no block waits for another block of its own
+/// grid, and every direction of every pair moves at once (no deadlock within a call).
+struct TransferParams {
+  const TransferStream* streams;    ///< device memory: the call's table
+  const TransferMessage* messages;  ///< device memory: the call's table
+  int32_t nstreams;
+  int32_t blocks;  ///< per stream; the same for every pair and call of a communicator
+  int32_t rank;
+  uint64_t mailSlot;                  ///< bytes per mailbox slot
+  uint8_t* mailboxes[kMaxSources];    ///< rank q's: sender s's slot k at (2 s + k) x mailSlot
+  uint64_t* sentFlags[kMaxSources];   ///< rank q's: [sender][block]
+  uint64_t* takenFlags[kMaxSources];  ///< rank q's: [receiver][block]
+  Descriptor* chunkDescriptors[kMaxSources];  ///< rank q's: [sender][chunk parity][block]
+  uint32_t* claim;
+  MismatchReport* report;
+  volatile uint64_t* abort;
+};
+
 #if defined(__CUDACC__)
 #define LOOM_HOST_DEVICE __host__ __device__
 #else

@@ -17,7 +17,7 @@ namespace {
 constexpr unsigned kThreads = 512;
 static_assert(sizeof(ReduceParams) <= 4096 && sizeof(CopyParams) <= 4096 &&
                   sizeof(FusedParams) <= 4096 && sizeof(FlagParams) <= 4096 &&
-                  sizeof(SpreadParams) <= 4096,
+                  sizeof(SpreadParams) <= 4096 && sizeof(TransferParams) <= 4096,
               "kernel parameters must fit the 4 KiB every architecture accepts");
 static_assert(kMaxSources <= kThreads, "one thread per published descriptor");
 
@@ -70,8 +70,11 @@ Kernels::Kernels() {
         "cuDeviceGetAttribute");
   check(d.cuModuleGetFunction(&fusedCopy_, module_, "loom_fused_copy"), "cuda", -1,
         "finding loom_fused_copy");
+  check(d.cuModuleGetFunction(&fusedTransfer_, module_, "loom_fused_transfer"), "cuda", -1,
+        "finding loom_fused_transfer");
   std::vector<CUfunction> fused(fused_.begin(), fused_.end());
   fused.push_back(fusedCopy_);
+  fused.push_back(fusedTransfer_);
   for (CUfunction fn : fused) {
     if (fn == nullptr) continue;
     int perSm = 0;
@@ -124,6 +127,20 @@ void Kernels::launchFused(CUfunction fn, CUstream stream, const FusedParams& par
   check(Driver::get().cuLaunchCooperativeKernel(fn, fusedGridBlocks(params), 1, 1, kThreads, 1, 1,
                                                 0, stream, args),
         "cuda", -1, "launching a fused collective");
+}
+
+void Kernels::fusedTransfer(CUstream stream, const TransferParams& params) const {
+  const int grid = params.nstreams * params.blocks;
+  if (!fusedFits_ || params.nstreams < 1 || params.blocks < 1 ||
+      params.blocks > kMaxTransferBlocks || grid > 2 * kMaxFusedBlocks) {
+    throw Error(ErrorCode::kInternal, "cuda", -1, "no fused transfer for this call");
+  }
+  // Cooperative, as launchFused: a sending block waits for a peer's receiving block, which
+  // waits for the peer's sending block, so every block must be resident at once.
+  void* args[] = {const_cast<TransferParams*>(&params)};
+  check(Driver::get().cuLaunchCooperativeKernel(fusedTransfer_, static_cast<unsigned>(grid), 1, 1,
+                                                kThreads, 1, 1, 0, stream, args),
+        "cuda", -1, "launching a fused transfer");
 }
 
 void Kernels::copy(CUstream stream, const CopyParams& params, uint64_t longest) const {

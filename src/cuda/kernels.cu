@@ -1,7 +1,7 @@
 // loom's CUDA kernels: the stepped and the fused reduction (every dtype x ReduceOp, one
 // kernel each, named loom_reduce_<DataType>_<ReduceKind> and loom_fused_<DataType>_<ReduceKind>
-// by enum value), the fused copy, and copies. 128-bit loads and stores where every pointer
-// is 16-byte aligned, element by element elsewhere.
+// by enum value), the fused copy, the fused transfer, and copies. 128-bit loads and stores
+// where every pointer is 16-byte aligned, element by element elsewhere.
 // Sources are combined in rank order with one rounding per element, and the build turns
 // off FMA contraction, so results are bit-identical across ranks and equal to the CPU
 // kernels' (src/kernels/reduce_impl.h has the same semantics). Before its work every
@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "cuda/fused_collective.cuh"
+#include "cuda/fused_transfer.cuh"
 #include "cuda/kernel_common.cuh"
 #include "cuda/kernel_params.h"
 
@@ -26,6 +27,7 @@ using loom::cuda::FlagParams;
 using loom::cuda::FusedParams;
 using loom::cuda::ReduceParams;
 using loom::cuda::SpreadParams;
+using loom::cuda::TransferParams;
 
 using namespace loom::cuda::device;
 
@@ -162,6 +164,11 @@ LOOM_REDUCE(9, 8, uint8_t, uint8_t)
 // The fused collectives that only move bytes (all_gather, broadcast, all_to_all).
 extern "C" __global__ void __launch_bounds__(512) loom_fused_copy(FusedParams p) {
   fusedCollective<uint8_t, uint8_t, kSum, false>(p);
+}
+
+// A call's sends and receives (TransferParams): every direction of every pair at once.
+extern "C" __global__ void __launch_bounds__(512) loom_fused_transfer(TransferParams p) {
+  fusedTransfer(p);
 }
 
 // Copies segment blockIdx.y of p, 16 bytes at a time where both ends are aligned.

@@ -32,8 +32,12 @@ class Kernels {
                    const FusedParams& params) const;
   /// The same for a collective that only moves bytes (counts in bytes).
   void fusedCopy(CUstream stream, const FusedParams& params) const;
+  /// Queues a call's sends and receives on `stream` as one cooperative launch (see
+  /// TransferParams); only where fusedFits().
+  void fusedTransfer(CUstream stream, const TransferParams& params) const;
   /// Whether every fused kernel can keep kMaxFusedBlocks block pairs resident
-  /// at once on this device, as a cooperative launch needs.
+  /// at once on this device, as a cooperative launch needs (a fused transfer runs at most
+  /// as many blocks).
   bool fusedFits() const { return fusedFits_; }
   /// Queues the pieces' copy on `stream`, one run of params.perBlock bytes per block.
   void copySpread(CUstream stream, const SpreadParams& params, unsigned blocks) const;
@@ -51,6 +55,7 @@ class Kernels {
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> reduce_{};
   std::array<CUfunction, kNumDataTypes * kNumReduceKinds> fused_{};
   CUfunction fusedCopy_ = nullptr;
+  CUfunction fusedTransfer_ = nullptr;
   bool fusedFits_ = true;
   int sms_ = 0;
 };

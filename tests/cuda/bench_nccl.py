@@ -1,5 +1,7 @@
 """loom against NCCL through torch.distributed on CUDA tensors, one GPU per rank: all_reduce,
-all_gather, reduce_scatter, broadcast and all_to_all from 8 B to 1 GiB, timed the same way
+all_gather, reduce_scatter, broadcast and all_to_all from 8 B to 1 GiB (and, asked for with
+`--ops send_recv`, nccl-tests' sendrecv: each rank sends to the next and receives from the one
+before, in one `batch_isend_irecv`, as pipeline stages pass activations), timed the same way
 for both (rank 0's view of a barrier, the call and a stream synchronize), median and p90 per
 point, bus bandwidth with nccl-tests' factors, every point's result checked. Then DDP and
 FSDP2 training steps with each backend, the two taking turns step by step. Both backends
@@ -32,7 +34,7 @@ OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 # nccl-tests' bus bandwidth factors (bytes counted: the larger buffer).
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
           "reduce_scatter": lambda p: (p - 1) / p, "broadcast": lambda p: 1.0,
-          "all_to_all": lambda p: (p - 1) / p}
+          "all_to_all": lambda p: (p - 1) / p, "send_recv": lambda p: 1.0}
 
 
 def keep_nvls_off() -> None:
@@ -83,6 +85,14 @@ class Point:
 
     def call(self, group) -> None:
         op = self.op
+        if op == "send_recv":
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            peer = lambda r: dist.get_global_rank(group, r % world)  # noqa: E731
+            ops = [dist.P2POp(dist.isend, self.inp, peer(rank + 1), group=group),
+                   dist.P2POp(dist.irecv, self.out, peer(rank - 1), group=group)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+            return
         if op == "all_reduce":
             dist.all_reduce(self.inp, group=group)
         elif op == "all_gather":
@@ -104,7 +114,11 @@ class Point:
         # Every element's place within its rank's part, 0..1020.
         where = (torch.arange(part, device=dev) % 1021).to(torch.float32)
         total = world * (world + 1) / 2
-        if op == "all_to_all":
+        if op == "send_recv":
+            # rank r sends 1024 x place + r
+            everywhere = (torch.arange(n, device=dev) % 1021).to(torch.float32) * 1024
+            self.inp.copy_(everywhere + rank)
+        elif op == "all_to_all":
             # block q of rank r holds 1024 x place + r x world + q
             sender = torch.arange(world, device=dev).repeat_interleave(part) + rank * world
             self.inp.copy_(where.repeat(world) * 1024 + sender)
@@ -115,7 +129,9 @@ class Point:
         self.call(group)
         if self.inp.is_cuda:
             torch.cuda.synchronize()
-        if op == "all_reduce":
+        if op == "send_recv":
+            ok = bool(torch.all(self.out == everywhere + (rank - 1) % world))
+        elif op == "all_reduce":
             ok = bool(torch.all(self.inp == where.repeat(world) * world + total))
         elif op == "broadcast":
             ok = bool(torch.all(self.inp == where.repeat(world) + 1))

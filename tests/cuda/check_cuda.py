@@ -278,7 +278,9 @@ def device_bound(rank: int, world: int, dev: torch.device, dtypes) -> int:
 def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """send/recv with tags (small, and large enough to take many mailbox chunks), a ring of
     batched isend/irecv (which deadlocks unless the sends and receives progress together),
-    a non-contiguous receive, and all_to_all_single with uneven split sizes."""
+    a non-contiguous receive, all_to_all_single with uneven split sizes, bytes at odd
+    offsets, many messages to and from every peer in one group, and (fused) the largest
+    group refused by name."""
     checks = 0
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.uint8]:
@@ -324,6 +326,56 @@ def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
         dist.all_to_all_single(out, payload.to(dev), recv_splits, send_splits)
         want = torch.cat([torch.full((recv_splits[q],), float(q * 100 + rank)) for q in range(world)])
         same(out, want, f"uneven all_to_all_single k={k}")
+        checks += 1
+    # Bytes at odd offsets (no 16-byte vectors), in a message of several chunks with a short
+    # last one: ring isend/irecv of 5,000,003 bytes from offset 3 into offset 5.
+    n = 5_000_003
+    src = torch.zeros(n + 3, dtype=torch.uint8, device=dev)
+    src[3:] = data(rank, n, torch.uint8, 4).to(dev)
+    dst = torch.full((n + 5,), 255, dtype=torch.uint8, device=dev)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, src[3:], nxt),
+                                    dist.P2POp(dist.irecv, dst[5:], prv)])
+    for w in works:
+        w.wait()
+    same(dst[5:], data(prv, n, torch.uint8, 4), "unaligned ring isend/irecv")
+    same(dst[:5], torch.full((5,), 255, dtype=torch.uint8), "bytes before an unaligned irecv")
+    checks += 1
+    # Many messages of many sizes to and from every peer in one group, matched in issue order.
+    count = 40
+    sizes = [[(i * 7919 + (r + q) * 104_729) % 300_000 for i in range(count)]
+             for r in range(world) for q in range(world)]  # sizes[r * world + q]: r to q
+    ops, expected = [], []
+    for q in range(world):
+        if q == rank:
+            continue
+        for i in range(count):
+            ops.append(dist.P2POp(dist.isend, data(rank * world + q, sizes[rank * world + q][i],
+                                                   torch.float32, i).to(dev), q))
+            got = torch.empty(sizes[q * world + rank][i], device=dev)
+            ops.append(dist.P2POp(dist.irecv, got, q))
+            expected.append((got, data(q * world + rank, sizes[q * world + rank][i], torch.float32, i),
+                             f"message {i} from {q}"))
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for got, want, what in expected:
+        same(got, want, what)
+    checks += 1
+    # Where every rank has a GPU of its own, one group moves at most 4096 messages: a larger
+    # one is refused on every rank that issues it, before anything is queued.
+    if os.environ.get("LOOM_CHECK_GPU_PER_RANK") or os.environ.get("LOOM_CUDA_FUSED") == "1":
+        empty = torch.empty(0, device=dev)
+        try:
+            dist.batch_isend_irecv([dist.P2POp(dist.isend if i % 2 else dist.irecv, empty, nxt if i % 2 else prv)
+                                    for i in range(4098)])
+            raise AssertionError("a group of 4098 sends and receives was accepted")
+        except RuntimeError as e:
+            assert "split it into several groups" in str(e), e
+        got = torch.empty(1000, device=dev)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, data(rank, 1000, torch.float32, 9).to(dev), nxt),
+                                        dist.P2POp(dist.irecv, got, prv)])
+        for w in works:
+            w.wait()
+        same(got, data(prv, 1000, torch.float32, 9), "ring isend/irecv after a refused group")
         checks += 1
     # recv from any source cannot be queued on the GPU: a clear error.
     try:
