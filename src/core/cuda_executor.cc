@@ -113,16 +113,11 @@ std::string explain(const cuda::Descriptor& d) {
   if (what == kSendRecv || what == kAllToAllBlock) {
     const uint64_t bytes = w1 & ((uint64_t{1} << kChunkShift) - 1);
     const std::string size = std::to_string(bytes) + " bytes";
-    std::string text =
-        what == kAllToAllBlock
-            ? "an all_to_all block of " + size
-            : "a message with tag " + std::to_string(high) + " of " + size +
-                  (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")" : "");
-    if (w0 & kFusedBit) {
-      text += ", moved by a fused kernel of " + std::to_string((w0 >> kFusedBlocksShift & 63) + 1) +
-              " blocks per pair (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_CHUNK_BYTES)";
-    }
-    return text;
+    return what == kAllToAllBlock
+               ? "an all_to_all block of " + size
+               : "a message with tag " + std::to_string(high) + " of " + size +
+                     (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")"
+                                        : "");
   }
   const auto kind = static_cast<CollectiveKind>(what);
   const bool fused = (w0 & kFusedBit) != 0;
@@ -885,6 +880,20 @@ void CudaExecutor::reportMismatch() {
               explain(r.theirs) + ", but " + self + " is receiving " + explain(r.mine) +
               " from it; a pair's sends and receives on CUDA tensors match in the order they "
               "are issued (as with NCCL), so issue them in the same order and sizes on both";
+    // A fused transfer's blocks per pair travel in its descriptors: ranks whose settings
+    // give different counts may disagree on nothing else.
+    const uint64_t fusedBits = kFusedBit | uint64_t{63} << kFusedBlocksShift;
+    if ((r.theirs.words[0] ^ r.mine.words[0]) & fusedBits) {
+      const auto how = [&](const cuda::Descriptor& d) {
+        return d.words[0] & kFusedBit ? std::to_string((d.words[0] >> kFusedBlocksShift & 63) + 1) +
+                                            " blocks per pair of a fused kernel"
+                                      : std::string("the stepped path");
+      };
+      message += "; and " + peer + " moves its messages with " + how(r.theirs) + ", " + self +
+                 " with " + how(r.mine) +
+                 ": LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS and LOOM_CUDA_CHUNK_BYTES must be "
+                 "the same on every rank";
+    }
   } else {
     message = "on CUDA tensors, " + peer + " issued " + explain(r.theirs) + " where " + self +
               " issued " + explain(r.mine) +
