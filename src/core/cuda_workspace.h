@@ -41,8 +41,9 @@ inline constexpr size_t kTransferTableBytes =
 
 /// Bytes per mailbox slot of the eager lane for slot halves of `chunk` bytes: a whole chunk.
 /// A pair's two slots are what a fused transfer keeps in flight between two GPUs: on two
-/// H200s send/recv of 512 MiB-1 GiB read 0.74-0.77x NCCL's bandwidth through slots of 2 MiB
-/// and 0.97-1.00x through slots of 8 MiB (docs/PERFORMANCE.md, "Sends and receives").
+/// H200s send/recv of 512 MiB-1 GiB read 0.76-0.77x NCCL's bandwidth through slots of 2 MiB
+/// and 1.00-1.03x through slots of 8 MiB, 64 blocks per pair both (docs/PERFORMANCE.md,
+/// "Sends and receives").
 inline size_t eagerMailSlotBytes(size_t chunk) {
   return chunk;
 }

@@ -217,8 +217,8 @@ struct TransferStream {
 /// H200s it moved 52 GB/s against NCCL's 352; docs/PERFORMANCE.md). Each stream has `blocks`
 /// blocks (grid block i serves stream i % nstreams as its block i / nstreams), and block b
 /// moves slice b of every chunk of its stream (fusedSlice of a mailbox slot). A sending block
-/// waits until the receiver's block b has taken its slice of the chunk two before (both
-/// mailbox slots are then free for it), writes its slice into the receiver's mailbox over
+/// waits until the receiver's block b has taken its slice of the chunk two before (which
+/// went through the same mailbox slot), writes its slice into the receiver's mailbox over
 /// NVLink, and raises its "sent" flag for block b in the receiver's workspace to the chunk's
 /// number; the receiving block waits for that flag (polling its own memory), checks the
 /// chunk's descriptor, copies its slice out and raises "taken" in the sender's workspace.
