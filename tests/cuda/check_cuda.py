@@ -677,8 +677,8 @@ def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
 
 
 def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank cannot make its CUDA workspace (it asks for 1 GiB chunks, about 9 GiB,
-    with all but 4 GiB of the GPU taken): every rank's first CUDA call fails at once naming
+    """The last rank cannot make its CUDA workspace (it asks for 1 GiB chunks, more than
+    12 GiB, with all but 4 GiB of the GPU taken): every rank's first CUDA call fails at once naming
     it, instead of waiting for its offer until the timeout, and the GPU stays usable."""
     hog = None
     if rank == world - 1:
