@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <new>
 #include <string>
 #include <vector>
@@ -586,16 +585,23 @@ void CudaExecutor::fusedTransfer(std::span<const Transfer> transfers, uint8_t pu
   if (transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
     throw Error(ErrorCode::kInternal, "cuda", rank_, "a fused transfer of too many messages");
   }
-  // The table: a stream per direction and peer (sends first, then receives, peers in rank
-  // order), each with its messages in issue order, which is the order of the pair's chunks.
-  std::vector<cuda::TransferStream> streams;
-  std::vector<cuda::TransferMessage> messages;
-  messages.reserve(transfers.size());
+  // The table, built in place in a buffer kept across calls: every message (their number is
+  // known), then a stream per direction and peer (sends first, then receives, peers in rank
+  // order), each naming its messages, in issue order, which is the order of the pair's chunks.
+  const size_t messageBytes = transfers.size() * sizeof(cuda::TransferMessage);
+  const size_t mostBytes =
+      messageBytes + 2 * static_cast<size_t>(size_) * sizeof(cuda::TransferStream);
+  transferTable_.resize((mostBytes + 7) / 8);  // 64-bit words: aligned for both structs
+  auto* messages = reinterpret_cast<cuda::TransferMessage*>(transferTable_.data());
+  auto* streams = reinterpret_cast<cuda::TransferStream*>(
+      reinterpret_cast<uint8_t*>(transferTable_.data()) + messageBytes);
+  int32_t nmessages = 0;
+  int32_t nstreams = 0;
   for (const Transfer::Kind kind : {Transfer::Kind::kSend, Transfer::Kind::kRecv}) {
     const bool sends = kind == Transfer::Kind::kSend;
     for (int q = 0; q < size_; ++q) {
       uint64_t& count = (sends ? lane_->sent : lane_->taken)[static_cast<size_t>(q)];
-      cuda::TransferStream st{q, sends ? 1 : 0, static_cast<int32_t>(messages.size()), 0, count};
+      cuda::TransferStream st{q, sends ? 1 : 0, nmessages, 0, count};
       for (const Transfer& t : transfers) {
         if (t.kind != kind || t.peer != q) continue;
         // The blocks per pair go into the descriptor, so ranks whose settings give different
@@ -603,30 +609,26 @@ void CudaExecutor::fusedTransfer(std::span<const Transfer> transfers, uint8_t pu
         const cuda::Descriptor d = describeChunk(t, purpose, 0);
         const uint64_t word0 = d.words[0] | kFusedBit |
                                static_cast<uint64_t>(transferBlocks_ - 1) << kFusedBlocksShift;
-        messages.push_back({static_cast<uint8_t*>(t.data), t.bytes, word0});
+        messages[nmessages++] = {static_cast<uint8_t*>(t.data), t.bytes, word0};
         count += std::max<uint64_t>(1, (t.bytes + lane_->mailSlot - 1) / lane_->mailSlot);
         ++st.count;
       }
-      if (st.count > 0) streams.push_back(st);
+      if (st.count > 0) streams[nstreams++] = st;
     }
   }
-  if (streams.empty()) return;
+  if (nstreams == 0) return;
   // Written on the stream before the launch, so it replaces the table of the lane's last
   // call only after that call's kernel (which queue() orders first) is done with it. The
   // driver stages a pageable source before it returns.
-  const size_t streamBytes = streams.size() * sizeof(cuda::TransferStream);
-  const size_t messageBytes = messages.size() * sizeof(cuda::TransferMessage);
-  transferTable_.resize(streamBytes + messageBytes);
-  std::memcpy(transferTable_.data(), streams.data(), streamBytes);
-  std::memcpy(transferTable_.data() + streamBytes, messages.data(), messageBytes);
   uint8_t* table = bases_[rank_] + layout_.transferTable;
   check(Driver::get().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(table), transferTable_.data(),
-                                        transferTable_.size(), stream_),
+                                        messageBytes + nstreams * sizeof(cuda::TransferStream),
+                                        stream_),
         "cuda", rank_, "cuMemcpyHtoDAsync");
   cuda::TransferParams p{};
-  p.streams = reinterpret_cast<const cuda::TransferStream*>(table);
-  p.messages = reinterpret_cast<const cuda::TransferMessage*>(table + streamBytes);
-  p.nstreams = static_cast<int32_t>(streams.size());
+  p.messages = reinterpret_cast<const cuda::TransferMessage*>(table);
+  p.streams = reinterpret_cast<const cuda::TransferStream*>(table + messageBytes);
+  p.nstreams = nstreams;
   p.blocks = transferBlocks_;
   p.rank = rank_;
   p.mailSlot = lane_->mailSlot;

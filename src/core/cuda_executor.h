@@ -303,12 +303,12 @@ class CudaExecutor final : public DeviceExecutor {
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
   Lane eager_;                 // lanes: under enqueueMutex_
   Lane graph_;
-  Lane* lane_ = &eager_;                // the lane of the call being filled
-  bool graphsCaptured_ = false;         // any call captured: the destructor waits for replays
-  uint64_t firstEpoch_ = 0;             // the first step of the call being filled
-  uint64_t fusedExits_ = 0;             // fused kernel blocks launched, ever (FusedParams::exits)
-  cuda::Descriptor described_{};        // what the collective being filled is (its first step)
-  std::vector<uint8_t> transferTable_;  // the fused transfer being filled: its table
+  Lane* lane_ = &eager_;                 // the lane of the call being filled
+  bool graphsCaptured_ = false;          // any call captured: the destructor waits for replays
+  uint64_t firstEpoch_ = 0;              // the first step of the call being filled
+  uint64_t fusedExits_ = 0;              // fused kernel blocks launched, ever (FusedParams::exits)
+  cuda::Descriptor described_{};         // what the collective being filled is (its first step)
+  std::vector<uint64_t> transferTable_;  // the fused transfer being filled: its table
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;

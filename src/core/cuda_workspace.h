@@ -33,7 +33,7 @@ inline constexpr size_t kTransferSentBytes = cuda::kMaxSources * cuda::kMaxTrans
 inline constexpr size_t kTransferFlagsBytes =
     2 * kTransferSentBytes +
     cuda::kMaxSources * 2 * cuda::kMaxTransferBlocks * sizeof(cuda::Descriptor);
-/// A fused transfer call's table (its streams, then its messages), written before each
+/// A fused transfer call's table (its messages, then its streams), written before each
 /// launch; only this rank reads its own.
 inline constexpr size_t kTransferTableBytes =
     2 * cuda::kMaxSources * sizeof(cuda::TransferStream) +

@@ -10,8 +10,7 @@
 namespace loom::cuda::device {
 
 // In `receiver`'s workspace: how many chunks `sender`'s block `block` has put in its mailbox.
-__device__ inline uint64_t* sentFlag(const TransferParams& p, int receiver, int sender,
-                                     int block) {
+__device__ inline uint64_t* sentFlag(const TransferParams& p, int receiver, int sender, int block) {
   return p.sentFlags[receiver] + sender * kMaxTransferBlocks + block;
 }
 // In `sender`'s workspace: how many chunks `receiver`'s block `block` has taken out of its
