@@ -1,16 +1,17 @@
 // CUDA collectives among the ranks of one host: see cuda_executor.h. This file: the
-// workspace, flags, agreement and launches, queueing, failure handling; the collectives
-// and transfers themselves are in cuda_collectives.cc.
+// workspace, flags, agreement and launches, queueing, failure handling; the fused kernels'
+// launches are in cuda_fused.cc, the collectives and transfers as steps in
+// cuda_collectives.cc, and what descriptors say in cuda_descriptors.cc.
 
 #include "core/cuda_executor.h"
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "core/cuda_descriptors.h"
 #include "core/cuda_fused_trace.h"
 #include "core/cuda_steps.h"
 #include "core/cuda_workspace.h"
@@ -28,36 +29,6 @@ using Clock = std::chrono::steady_clock;
 using cuda::check;
 using cuda::Driver;
 
-// The workspace. The flags page: the eager lane's collective flags of even epochs (one
-// 64-byte line each), the abort word, the mismatch claim, the eager lane's descriptors (by
-// epoch parity), the count of fused kernel blocks finished, its collective flags of odd
-// epochs, then per peer a pair block: the "sent"
-// flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
-// the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
-// of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
-// chunks sent to and taken from each peer, and its pair blocks. Then, from kDataOffset, the
-// collective slots, mailboxes and block flags (core/cuda_workspace.h).
-constexpr size_t kAbortOffset = 3 * kFlagStride;
-constexpr size_t kClaimOffset = 4 * kFlagStride;
-constexpr size_t kDescOffset = 5 * kFlagStride;
-constexpr size_t kFusedExitsOffset = 6 * kFlagStride;  // FusedParams::exits
-constexpr size_t kOddFlagsOffset = 8 * kFlagStride;
-constexpr size_t kPairOffset = 16 * kFlagStride;
-constexpr size_t kPairStride = 4 * kFlagStride;
-constexpr size_t kPairDescOffset = 2 * kFlagStride;
-constexpr size_t kGraphOffset = 32 << 10;
-constexpr size_t kDeviceEpochOffset = kGraphOffset + 3 * kFlagStride;
-constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
-constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
-constexpr size_t kGraphCountsOffset = kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
-constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
-static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kFusedExitsOffset &&
-              kFusedExitsOffset + sizeof(uint64_t) <= kOddFlagsOffset &&
-              kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
-static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
-static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
-static_assert(kGraphCountsOffset + cuda::kMaxSources * 16 <= kGraphPairOffset);
-static_assert(kGraphPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
 // A value above any epoch: written into every flag to release waits when the
 // communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
 constexpr uint64_t kReleased = uint64_t{1} << 62;
@@ -70,100 +41,7 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // round of waits and one launch fewer.
 constexpr size_t kOneShotBytes = 256 << 10;
 
-// Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
-// purpose below) | dtype (8) | reduce kind (8) | 1 if per-rank sizes vary (8) | root or
-// tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
-// its bytes (40 bits) and the chunk's index (24).
-constexpr int kChunkShift = 40;
-// In word 0: the call runs as one fused kernel, and with how many block pairs less one (6
-// bits): ranks that disagree on either get the named mismatch, not a hang.
-constexpr uint64_t kFusedBit = uint64_t{1} << 25;
-constexpr int kFusedBlocksShift = 26;
-// A call fused in two shots (all_reduce, broadcast): the top bit of the high half, which
-// holds a root (below 2^31) or nothing for them; only send/recv tags use all 32 bits.
-constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
-// A broadcast fused along a chain, or an all_reduce around a ring: the bit below it (a root,
-// a rank of one host, stays far below 2^30).
-constexpr uint64_t kChainBit = uint64_t{1} << 62;
-
-uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
-  return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
-         uint64_t{static_cast<uint8_t>(kind)} << 16 | uint64_t{variable} << 24 |
-         uint64_t{rootOrTag} << 32;
-}
-
-cuda::Descriptor describe(const CollectiveArgs& args) {
-  const CollectiveKind k = args.kind;
-  const bool reduces = k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduce ||
-                       k == CollectiveKind::kReduceScatter;
-  const bool rooted = k == CollectiveKind::kReduce || k == CollectiveKind::kBroadcast ||
-                      k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
-  return {{word0(static_cast<uint8_t>(k), args.type, reduces ? args.op.kind() : ReduceKind{},
-                 args.variable, rooted ? static_cast<uint32_t>(args.root) : 0),
-           args.variable ? args.countsHash : args.count}};
-}
-
-// A descriptor in words, for the mismatch error.
-std::string explain(const cuda::Descriptor& d) {
-  const uint64_t w0 = d.words[0];
-  const uint64_t w1 = d.words[1];
-  const auto what = static_cast<uint8_t>(w0);
-  const auto high = static_cast<int32_t>(static_cast<uint32_t>(w0 >> 32));
-  if (what == kSendRecv || what == kAllToAllBlock) {
-    const uint64_t bytes = w1 & ((uint64_t{1} << kChunkShift) - 1);
-    const std::string size = std::to_string(bytes) + " bytes";
-    return what == kAllToAllBlock
-               ? "an all_to_all block of " + size
-               : "a message with tag " + std::to_string(high) + " of " + size +
-                     (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")"
-                                        : "");
-  }
-  const auto kind = static_cast<CollectiveKind>(what);
-  const bool fused = (w0 & kFusedBit) != 0;
-  const bool twoShot = fused && (w0 & kTwoShotBit) != 0;
-  const bool chain = fused && (w0 & kChainBit) != 0;
-  const uint64_t fusedBits = fused ? kTwoShotBit | kChainBit : 0;
-  const auto root = static_cast<int32_t>(static_cast<uint32_t>((w0 & ~fusedBits) >> 32));
-  const auto type = static_cast<DataType>(static_cast<uint8_t>(w0 >> 8));
-  std::string text(collectiveName(kind));
-  if (kind == CollectiveKind::kBarrier) return text;
-  text += " of " + std::string(dataTypeName(type)) + ", ";
-  if ((w0 >> 24) & 1) {
-    char hash[32];
-    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(w1));
-    text += std::string("per-rank sizes with hash ") + hash;
-  } else {
-    text += std::to_string(w1) + " elements";
-  }
-  if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
-      kind == CollectiveKind::kReduceScatter) {
-    text += ", " + std::string(reduceKindName(static_cast<ReduceKind>(w0 >> 16 & 0xff)));
-  }
-  if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
-      kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
-    text += ", root " + std::to_string(root);
-  }
-  if (fused) {
-    const std::string blocks = std::to_string((w0 >> kFusedBlocksShift & 63) + 1);
-    text += ", fused into one kernel of " + blocks +
-            (chain && kind == CollectiveKind::kAllReduce ? " blocks, around a ring"
-             : chain                                     ? " blocks, along a chain"
-             : twoShot                                   ? " blocks per role, in two shots"
-                                                         : " block pairs") +
-            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
-            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES, "
-            "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES)";
-  }
-  return text;
-}
-
 }  // namespace
-
-cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk) {
-  const uint64_t bytes = t.bytes & ((uint64_t{1} << kChunkShift) - 1);
-  return {{word0(purpose, DataType{}, ReduceKind{}, false, static_cast<uint32_t>(t.tag)),
-           bytes | chunk << kChunkShift}};
-}
 
 CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exchange,
                            FailureDomain& failures, Clock::time_point deadline)
@@ -497,153 +375,6 @@ bool CudaExecutor::fusable() const {
 uint32_t CudaExecutor::everyPeer() const {
   const uint32_t all = size_ == 32 ? ~0u : (1u << size_) - 1;
   return all & ~(1u << rank_);
-}
-
-void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
-                            const CollectiveArgs* reduction) {
-  // A slot (both halves) holds a region per peer, so a step is as large as that allows;
-  // two-shot keeps the reduce regions in the first half and the gather regions in the
-  // second, a share each.
-  const size_t peers = static_cast<size_t>(size_ - 1);
-  const size_t regionBytes = roundDown((p.twoShot ? 1 : 2) * chunk_ / peers, 16);
-  // A two-shot step is one share per owner, a ring's one per rank (each hop carries one); a
-  // one-shot step is one region.
-  const bool ring = p.chain && p.root < 0;
-  // A chain's step and a ring's hop fill a slot of their own, from the one sender: a chained
-  // broadcast's a chunk in each half of the eager slots (eight in flight, see kEagerSlots), a
-  // ring's a whole slot (four): on four H200s 16 MiB hops read 0.97-1.06x NCCL's bus
-  // bandwidth from 64 MiB where 8 MiB ones read 0.88-1.01x and 4 MiB ones 0.74-0.82x, each
-  // pass paying about 4.4 us besides its bytes (docs/PERFORMANCE.md, "A ring all_reduce").
-  const size_t chainSlot = ring ? 2 * chunk_ : chunk_;
-  const size_t shares = p.twoShot ? static_cast<size_t>(cuda::twoShotShares(size_, p.root))
-                        : ring    ? static_cast<size_t>(size_)
-                                  : 1;
-  if (p.twoShot || ring) {
-    // Equal shares of whole 16-byte vectors, as large as a region (a ring: a slot) holds.
-    const size_t vector = 16 / std::min<size_t>(elementBytes, 16);
-    const size_t even = ((p.count + shares - 1) / shares + vector - 1) / vector * vector;
-    p.share = std::clamp(even, vector, (ring ? chainSlot : regionBytes) / elementBytes);
-    p.perStep = p.share * shares;
-    p.gatherAt = p.twoShot ? chunk_ : 0;
-  } else if (p.chain) {
-    p.perStep = chunk_;  // a copy: counts in bytes
-  } else {
-    p.perStep = regionBytes / elementBytes;
-  }
-  p.steps = p.count == 0 ? 1 : (p.count + p.perStep - 1) / p.perStep;
-  // A ring's step is ringHops epochs, one per hop.
-  const uint64_t epochs = ring ? p.steps * static_cast<uint64_t>(cuda::ringHops(size_)) : p.steps;
-  p.firstEpoch = lane_->epoch + 1;
-  lane_->epoch += epochs;
-  p.lastEpoch = lane_->epoch;
-  // Slices of about 64 KiB per block and step (a ring's: hop), up to fusedBlocks_ blocks per
-  // role; from the call's size alone, so every rank runs as many.
-  const uint64_t stepBytes =
-      std::min<uint64_t>(p.count * elementBytes / shares, p.chain ? chainSlot : regionBytes);
-  const int maxBlocks = p.twoShot ? std::min(fusedBlocks_, cuda::kMaxTwoShotBlocks) : fusedBlocks_;
-  p.blocks =
-      static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
-  described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift |
-                         (p.twoShot ? kTwoShotBit : 0) | (p.chain ? kChainBit : 0);
-  p.rank = rank_;
-  p.size = size_;
-  p.slotBytes = p.chain ? chainSlot : 2 * chunk_;
-  p.regionBytes = p.chain ? 0 : regionBytes;
-  p.depth = static_cast<int32_t>(p.chain ? kEagerSlots * 2 * chunk_ / chainSlot : 2);
-  for (int q = 0; q < size_; ++q) {
-    p.slots[q] = in(q, 0);
-    p.blockFlags[q] = reinterpret_cast<uint64_t*>(bases_[q] + layout_.blockFlags);
-    p.ready[q] = reinterpret_cast<uint64_t*>(flag(q, kReady, p.firstEpoch));
-    p.descriptors[q] = descriptor(q, p.firstEpoch);
-  }
-  p.mine = described_;
-  // The kernel writes into every slot of its peers from its first steps, so it waits first
-  // until every peer is done with the epochs that used them last, and it says when it is
-  // done with its own (FusedParams::toDone): for the calls after it, stepped or fused.
-  p.toDone = (kDone - kReady) * static_cast<int64_t>(kFlagStride);
-  const int64_t oddMinusEven =
-      static_cast<int64_t>(lane_->oddFlagsAt) - static_cast<int64_t>(lane_->flagsAt);
-  p.toOtherParity = p.firstEpoch % 2 ? -oddMinusEven : oddMinusEven;
-  p.exits = reinterpret_cast<uint64_t*>(bases_[rank_] + kFusedExitsOffset);
-  fusedExits_ += cuda::fusedGridBlocks(p);
-  p.exitsWhenDone = fusedExits_;
-  const cuda::Agreement a = noAgreement();
-  p.claim = a.claim;
-  p.report = a.report;
-  p.abort = a.abort;
-  if (trace_) trace_->attach(p, elementBytes);
-  if (reduction != nullptr) {
-    p.factor = reduction->op.factor();
-    p.divisor = size_;
-    kernels_->fusedReduce(stream_, reduction->type, reduction->op.kind(), p);
-  } else {
-    kernels_->fusedCopy(stream_, p);
-  }
-}
-
-void CudaExecutor::fusedTransfer(std::span<const Transfer> transfers, uint8_t purpose) {
-  if (transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
-    throw Error(ErrorCode::kInternal, "cuda", rank_, "a fused transfer of too many messages");
-  }
-  // The table, built in place in a buffer kept across calls: every message (their number is
-  // known), then a stream per direction and peer (sends first, then receives, peers in rank
-  // order), each naming its messages, in issue order, which is the order of the pair's chunks.
-  const size_t messageBytes = transfers.size() * sizeof(cuda::TransferMessage);
-  const size_t mostBytes =
-      messageBytes + 2 * static_cast<size_t>(size_) * sizeof(cuda::TransferStream);
-  transferTable_.resize((mostBytes + 7) / 8);  // 64-bit words: aligned for both structs
-  auto* messages = reinterpret_cast<cuda::TransferMessage*>(transferTable_.data());
-  auto* streams = reinterpret_cast<cuda::TransferStream*>(
-      reinterpret_cast<uint8_t*>(transferTable_.data()) + messageBytes);
-  int32_t nmessages = 0;
-  int32_t nstreams = 0;
-  for (const Transfer::Kind kind : {Transfer::Kind::kSend, Transfer::Kind::kRecv}) {
-    const bool sends = kind == Transfer::Kind::kSend;
-    for (int q = 0; q < size_; ++q) {
-      uint64_t& count = (sends ? lane_->sent : lane_->taken)[static_cast<size_t>(q)];
-      cuda::TransferStream st{q, sends ? 1 : 0, nmessages, 0, count};
-      for (const Transfer& t : transfers) {
-        if (t.kind != kind || t.peer != q) continue;
-        // The blocks per pair go into the descriptor, so ranks whose settings give different
-        // counts get the named mismatch (a block the peer does not run would wait forever).
-        const cuda::Descriptor d = describeChunk(t, purpose, 0);
-        const uint64_t word0 = d.words[0] | kFusedBit |
-                               static_cast<uint64_t>(transferBlocks_ - 1) << kFusedBlocksShift;
-        messages[nmessages++] = {static_cast<uint8_t*>(t.data), t.bytes, word0};
-        count += std::max<uint64_t>(1, (t.bytes + lane_->mailSlot - 1) / lane_->mailSlot);
-        ++st.count;
-      }
-      if (st.count > 0) streams[nstreams++] = st;
-    }
-  }
-  if (nstreams == 0) return;
-  // Written on the stream before the launch, so it replaces the table of the lane's last
-  // call only after that call's kernel (which queue() orders first) is done with it. The
-  // driver stages a pageable source before it returns.
-  uint8_t* table = bases_[rank_] + layout_.transferTable;
-  check(Driver::get().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(table), transferTable_.data(),
-                                        messageBytes + nstreams * sizeof(cuda::TransferStream),
-                                        stream_),
-        "cuda", rank_, "cuMemcpyHtoDAsync");
-  cuda::TransferParams p{};
-  p.messages = reinterpret_cast<const cuda::TransferMessage*>(table);
-  p.streams = reinterpret_cast<const cuda::TransferStream*>(table + messageBytes);
-  p.nstreams = nstreams;
-  p.blocks = transferBlocks_;
-  p.rank = rank_;
-  p.mailSlot = lane_->mailSlot;
-  for (int q = 0; q < size_; ++q) {
-    uint8_t* flags = bases_[q] + layout_.transferFlags;
-    p.mailboxes[q] = bases_[q] + lane_->mailboxesAt;
-    p.sentFlags[q] = reinterpret_cast<uint64_t*>(flags);
-    p.takenFlags[q] = reinterpret_cast<uint64_t*>(flags + kTransferSentBytes);
-    p.chunkDescriptors[q] = reinterpret_cast<cuda::Descriptor*>(flags + 2 * kTransferSentBytes);
-  }
-  const cuda::Agreement a = noAgreement();
-  p.claim = a.claim;
-  p.report = a.report;
-  p.abort = a.abort;
-  kernels_->fusedTransfer(stream_, p);
 }
 
 void CudaExecutor::copy(std::span<const cuda::Segment> segments, const cuda::Agreement& agreement) {

@@ -120,7 +120,7 @@ class CudaExecutor final : public DeviceExecutor {
   int device() const { return device_; }
 
  private:
-  // A rank's flags, each written by that rank only (see the layout in cuda_executor.cc).
+  // A rank's flags, each written by that rank only (see the layout in cuda_workspace.h).
   enum Flag : int { kReady = 0, kReduced = 1, kDone = 2 };
   enum PairFlag : int { kSent = 0, kTaken = 1 };
   struct Pending {

@@ -1,8 +1,8 @@
 #pragma once
 
-// What the two halves of the CUDA executor share: cuda_executor.cc (workspace, flags,
-// agreement, launches, queueing, failures) and cuda_collectives.cc (the collectives and
-// transfers, as steps). Internal to those two files.
+// What the parts of the CUDA executor share: cuda_executor.cc (workspace, flags, agreement,
+// launches, queueing, failures), cuda_fused.cc (the fused kernels' launches) and
+// cuda_collectives.cc (the collectives and transfers, as steps). Internal to those files.
 
 #include <algorithm>
 #include <array>
@@ -10,19 +10,10 @@
 #include <cstdint>
 #include <span>
 
+#include "core/cuda_descriptors.h"
 #include "core/cuda_executor.h"
 
 namespace loom::detail {
-
-/// Every flag and descriptor of a workspace's flags page sits on a line of its own.
-inline constexpr size_t kFlagStride = 64;
-
-/// A transfer's purpose, in its descriptors (beside the CollectiveKinds of collectives).
-inline constexpr uint8_t kSendRecv = 0x40;
-inline constexpr uint8_t kAllToAllBlock = 0x41;
-
-/// The descriptor of chunk number `chunk` of transfer `t`, made for `purpose`.
-cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk);
 
 inline size_t roundDown(size_t v, size_t to) {
   return v / to * to;

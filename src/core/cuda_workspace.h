@@ -1,20 +1,55 @@
 #pragma once
 
-// Where the data parts of a rank's CUDA workspace lie (core/cuda_executor.h says what they
-// hold): offsets from the workspace's start, after the two lanes' flag pages. Every rank
-// computes the same layout from the same chunk, mailbox slot and number of ranks, and maps
-// its peers' workspaces with it.
+// Where the parts of a rank's CUDA workspace lie (core/cuda_executor.h says what they
+// hold): the two lanes' flag pages at fixed offsets, then the data parts, whose offsets every
+// rank computes alike from the same chunk, mailbox slot and number of ranks, and maps its
+// peers' workspaces with.
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda/kernel_params.h"
 
 namespace loom::detail {
 
-/// Where the collective slots start: the flag pages of the eager and the graph lane come
-/// first (core/cuda_executor.cc).
+/// Every flag and descriptor of a flags page sits on a line of its own.
+inline constexpr size_t kFlagStride = 64;
+
+// The flags pages. The eager lane's collective flags of even epochs (one
+// 64-byte line each), the abort word, the mismatch claim, the eager lane's descriptors (by
+// epoch parity), the count of fused kernel blocks finished, its collective flags of odd
+// epochs, then per peer a pair block: the "sent"
+// flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
+// the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
+// of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
+// chunks sent to and taken from each peer, and its pair blocks. Then, from kDataOffset, the
+// data parts (WorkspaceLayout).
+inline constexpr size_t kAbortOffset = 3 * kFlagStride;
+inline constexpr size_t kClaimOffset = 4 * kFlagStride;
+inline constexpr size_t kDescOffset = 5 * kFlagStride;
+inline constexpr size_t kFusedExitsOffset = 6 * kFlagStride;  // FusedParams::exits
+inline constexpr size_t kOddFlagsOffset = 8 * kFlagStride;
+inline constexpr size_t kPairOffset = 16 * kFlagStride;
+inline constexpr size_t kPairStride = 4 * kFlagStride;
+inline constexpr size_t kPairDescOffset = 2 * kFlagStride;
+inline constexpr size_t kGraphOffset = 32 << 10;
+inline constexpr size_t kDeviceEpochOffset = kGraphOffset + 3 * kFlagStride;
+inline constexpr size_t kGraphDescOffset = kGraphOffset + 4 * kFlagStride;
+inline constexpr size_t kGraphOddFlagsOffset = kGraphOffset + 5 * kFlagStride;
+inline constexpr size_t kGraphCountsOffset =
+    kGraphOffset + 8 * kFlagStride;  // sent, taken per peer
+inline constexpr size_t kGraphPairOffset = kGraphOffset + (2 << 10);
+static_assert(kDescOffset + 2 * sizeof(cuda::Descriptor) <= kFusedExitsOffset &&
+              kFusedExitsOffset + sizeof(uint64_t) <= kOddFlagsOffset &&
+              kOddFlagsOffset + 3 * kFlagStride <= kPairOffset);
+static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
+static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
+static_assert(kGraphCountsOffset + cuda::kMaxSources * 16 <= kGraphPairOffset);
+
+/// Where the collective slots start, after both lanes' flag pages.
 inline constexpr size_t kDataOffset = 64 << 10;
+static_assert(kGraphPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
 /// Slots of two chunks in the eager lane. Stepped calls and the one- and two-shot fused
 /// kernels take turns on two; a chained broadcast, whose steps travel the chain one link
 /// after another, keeps a step of a chunk in each of the eight halves: with two slots (four

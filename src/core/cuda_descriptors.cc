@@ -1,0 +1,89 @@
+// Descriptors of CUDA calls: see cuda_descriptors.h.
+
+#include "core/cuda_descriptors.h"
+
+#include <cstdio>
+
+namespace loom::detail {
+
+namespace {
+
+uint64_t word0(uint8_t what, DataType type, ReduceKind kind, bool variable, uint32_t rootOrTag) {
+  return uint64_t{what} | uint64_t{static_cast<uint8_t>(type)} << 8 |
+         uint64_t{static_cast<uint8_t>(kind)} << 16 | uint64_t{variable} << 24 |
+         uint64_t{rootOrTag} << 32;
+}
+
+}  // namespace
+
+cuda::Descriptor describe(const CollectiveArgs& args) {
+  const CollectiveKind k = args.kind;
+  const bool reduces = k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduce ||
+                       k == CollectiveKind::kReduceScatter;
+  const bool rooted = k == CollectiveKind::kReduce || k == CollectiveKind::kBroadcast ||
+                      k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+  return {{word0(static_cast<uint8_t>(k), args.type, reduces ? args.op.kind() : ReduceKind{},
+                 args.variable, rooted ? static_cast<uint32_t>(args.root) : 0),
+           args.variable ? args.countsHash : args.count}};
+}
+
+cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk) {
+  const uint64_t bytes = t.bytes & ((uint64_t{1} << kChunkShift) - 1);
+  return {{word0(purpose, DataType{}, ReduceKind{}, false, static_cast<uint32_t>(t.tag)),
+           bytes | chunk << kChunkShift}};
+}
+
+std::string explain(const cuda::Descriptor& d) {
+  const uint64_t w0 = d.words[0];
+  const uint64_t w1 = d.words[1];
+  const auto what = static_cast<uint8_t>(w0);
+  const auto high = static_cast<int32_t>(static_cast<uint32_t>(w0 >> 32));
+  if (what == kSendRecv || what == kAllToAllBlock) {
+    const uint64_t bytes = w1 & ((uint64_t{1} << kChunkShift) - 1);
+    const std::string size = std::to_string(bytes) + " bytes";
+    return what == kAllToAllBlock
+               ? "an all_to_all block of " + size
+               : "a message with tag " + std::to_string(high) + " of " + size +
+                     (w1 >> kChunkShift ? " (chunk " + std::to_string(w1 >> kChunkShift) + ")"
+                                        : "");
+  }
+  const auto kind = static_cast<CollectiveKind>(what);
+  const bool fused = (w0 & kFusedBit) != 0;
+  const bool twoShot = fused && (w0 & kTwoShotBit) != 0;
+  const bool chain = fused && (w0 & kChainBit) != 0;
+  const uint64_t fusedBits = fused ? kTwoShotBit | kChainBit : 0;
+  const auto root = static_cast<int32_t>(static_cast<uint32_t>((w0 & ~fusedBits) >> 32));
+  const auto type = static_cast<DataType>(static_cast<uint8_t>(w0 >> 8));
+  std::string text(collectiveName(kind));
+  if (kind == CollectiveKind::kBarrier) return text;
+  text += " of " + std::string(dataTypeName(type)) + ", ";
+  if ((w0 >> 24) & 1) {
+    char hash[32];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(w1));
+    text += std::string("per-rank sizes with hash ") + hash;
+  } else {
+    text += std::to_string(w1) + " elements";
+  }
+  if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
+      kind == CollectiveKind::kReduceScatter) {
+    text += ", " + std::string(reduceKindName(static_cast<ReduceKind>(w0 >> 16 & 0xff)));
+  }
+  if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
+      kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
+    text += ", root " + std::to_string(root);
+  }
+  if (fused) {
+    const std::string blocks = std::to_string((w0 >> kFusedBlocksShift & 63) + 1);
+    text += ", fused into one kernel of " + blocks +
+            (chain && kind == CollectiveKind::kAllReduce ? " blocks, around a ring"
+             : chain                                     ? " blocks, along a chain"
+             : twoShot                                   ? " blocks per role, in two shots"
+                                                         : " block pairs") +
+            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
+            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES, "
+            "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES)";
+  }
+  return text;
+}
+
+}  // namespace loom::detail

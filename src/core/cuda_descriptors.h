@@ -1,0 +1,42 @@
+#pragma once
+
+// What a CUDA call's descriptor says (cuda::Descriptor): the words every rank publishes for
+// a collective, or for each chunk of a transfer, so that peers compare them before they move
+// a byte, and how a differing pair reads in the mismatch error. Internal to the CUDA executor.
+
+#include <cstdint>
+#include <string>
+
+#include "core/device_executor.h"
+#include "cuda/kernel_params.h"
+
+namespace loom::detail {
+
+// Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
+// purpose below) | dtype (8) | reduce kind (8) | 1 if per-rank sizes vary (8) | root or
+// tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
+// its bytes (40 bits) and the chunk's index (24).
+inline constexpr int kChunkShift = 40;
+// In word 0: the call runs as one fused kernel, and with how many block pairs less one (6
+// bits): ranks that disagree on either get the named mismatch, not a hang.
+inline constexpr uint64_t kFusedBit = uint64_t{1} << 25;
+inline constexpr int kFusedBlocksShift = 26;
+// A call fused in two shots (all_reduce, broadcast): the top bit of the high half, which
+// holds a root (below 2^31) or nothing for them; only send/recv tags use all 32 bits.
+inline constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
+// A broadcast fused along a chain, or an all_reduce around a ring: the bit below it (a root,
+// a rank of one host, stays far below 2^30).
+inline constexpr uint64_t kChainBit = uint64_t{1} << 62;
+
+/// A transfer's purpose, in its descriptors (beside the CollectiveKinds of collectives).
+inline constexpr uint8_t kSendRecv = 0x40;
+inline constexpr uint8_t kAllToAllBlock = 0x41;
+
+/// The descriptor of collective `args` (its first step; fused calls add their bits).
+cuda::Descriptor describe(const CollectiveArgs& args);
+/// The descriptor of chunk number `chunk` of transfer `t`, made for `purpose`.
+cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk);
+/// A descriptor in words, for the mismatch error.
+std::string explain(const cuda::Descriptor& d);
+
+}  // namespace loom::detail
