@@ -144,14 +144,11 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // GPU's turns between their processes would stretch every wait to a time slice.
       fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
       fusedBlocks_ = tuning.fusedBlocks;
-      // A fused transfer cuts each chunk into slices of at least 32 KiB, one per block (64
-      // of 128 KiB at two ranks by default), and its grid (at most a stream per direction
-      // and peer) stays within the two roles of fusedBlocks_ that fusedFits() vouches for.
-      // From the mailbox slot and the ranks alone, so every rank runs as many per pair.
-      transferBlocks_ = static_cast<int>(std::clamp<size_t>(
-          eager_.mailSlot / (32 << 10), 1,
-          static_cast<size_t>(std::min(cuda::kMaxTransferBlocks,
-                                       std::max(1, fusedBlocks_ / std::max(1, size_ - 1))))));
+      // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
+      // default); how many a call runs per stream is its own (fusedTransfer).
+      size_t most = std::clamp<size_t>(eager_.mailSlot / (32 << 10), 1, cuda::kTransferPieces);
+      while ((most & (most - 1)) != 0) most &= most - 1;  // a power of two
+      transferMostBlocks_ = static_cast<int>(most);
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
       fusedChainBroadcastBytes_ = tuning.fusedChainBroadcastBytes;
@@ -613,19 +610,14 @@ void CudaExecutor::reportMismatch() {
               explain(r.theirs) + ", but " + self + " is receiving " + explain(r.mine) +
               " from it; a pair's sends and receives on CUDA tensors match in the order they "
               "are issued (as with NCCL), so issue them in the same order and sizes on both";
-    // A fused transfer's blocks per pair travel in its descriptors: ranks whose settings
-    // give different counts may disagree on nothing else.
-    const uint64_t fusedBits = kFusedBit | uint64_t{63} << kFusedBlocksShift;
-    if ((r.theirs.words[0] ^ r.mine.words[0]) & fusedBits) {
+    // Fused and stepped transfers cut messages alike but signal differently.
+    if ((r.theirs.words[0] ^ r.mine.words[0]) & kFusedBit) {
       const auto how = [&](const cuda::Descriptor& d) {
-        return d.words[0] & kFusedBit ? std::to_string((d.words[0] >> kFusedBlocksShift & 63) + 1) +
-                                            " blocks per pair of a fused kernel"
-                                      : std::string("the stepped path");
+        return std::string(d.words[0] & kFusedBit ? "a fused kernel" : "the stepped path");
       };
       message += "; and " + peer + " moves its messages with " + how(r.theirs) + ", " + self +
                  " with " + how(r.mine) +
-                 ": LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS and LOOM_CUDA_CHUNK_BYTES must be "
-                 "the same on every rank";
+                 ": LOOM_CUDA_FUSED and LOOM_CUDA_CHUNK_BYTES must be the same on every rank";
     }
   } else {
     message = "on CUDA tensors, " + peer + " issued " + explain(r.theirs) + " where " + self +

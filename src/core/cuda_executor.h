@@ -290,7 +290,7 @@ class CudaExecutor final : public DeviceExecutor {
   size_t fusedTwoShotBroadcastBytes_ = 0;    // smallest broadcast fused in two shots
   size_t fusedChainBroadcastBytes_ = 0;      // smallest broadcast fused along a chain
   size_t fusedRingAllReduceBytes_ = 0;       // smallest all_reduce fused around a ring
-  int transferBlocks_ = 1;                   // a fused transfer's blocks per stream
+  int transferMostBlocks_ = 1;               // a fused transfer's most blocks per stream
   CUstream side_ = nullptr;                  // the second stream
   CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts
   CUevent joined_ = nullptr;                 // recorded on side_ where it ends

@@ -62,12 +62,12 @@ inline constexpr size_t kGraphSlots = 2;
 /// The fused kernels' block flags: arrived, freed, gathered and gather freed, per rank and
 /// block (cuda::FusedParams::blockFlags).
 inline constexpr size_t kBlockFlagsBytes = 4 * cuda::kMaxSources * cuda::kMaxFusedBlocks * 8;
-/// The fused transfers' flags and descriptors (cuda::TransferParams): sent[sender][block],
-/// taken[receiver][block], then a descriptor per sender, chunk parity and block.
-inline constexpr size_t kTransferSentBytes = cuda::kMaxSources * cuda::kMaxTransferBlocks * 8;
-inline constexpr size_t kTransferFlagsBytes =
-    2 * kTransferSentBytes +
-    cuda::kMaxSources * 2 * cuda::kMaxTransferBlocks * sizeof(cuda::Descriptor);
+/// The fused transfers' flags and descriptors (cuda::TransferParams): sent[sender][piece],
+/// taken[receiver][piece], then a descriptor per sender, chunk parity and piece.
+inline constexpr size_t kTransferSentBytes = cuda::kMaxSources * cuda::kTransferPieces * 8;
+inline constexpr size_t kTransferFlagsBytes = 2 * kTransferSentBytes + cuda::kMaxSources * 2 *
+                                                                           cuda::kTransferPieces *
+                                                                           sizeof(cuda::Descriptor);
 /// A fused transfer call's table (its messages, then its streams), written before each
 /// launch; only this rank reads its own.
 inline constexpr size_t kTransferTableBytes =

@@ -9,23 +9,24 @@
 
 namespace loom::cuda::device {
 
-// In `receiver`'s workspace: how many chunks `sender`'s block `block` has put in its mailbox.
-__device__ inline uint64_t* sentFlag(const TransferParams& p, int receiver, int sender, int block) {
-  return p.sentFlags[receiver] + sender * kMaxTransferBlocks + block;
+// In `receiver`'s workspace: how many chunks `sender` has put piece `piece` of in its
+// mailbox.
+__device__ inline uint64_t* sentFlag(const TransferParams& p, int receiver, int sender, int piece) {
+  return p.sentFlags[receiver] + sender * kTransferPieces + piece;
 }
-// In `sender`'s workspace: how many chunks `receiver`'s block `block` has taken out of its
+// In `sender`'s workspace: how many chunks `receiver` has taken piece `piece` of out of its
 // mailbox for `sender`.
 __device__ inline uint64_t* takenFlag(const TransferParams& p, int sender, int receiver,
-                                      int block) {
-  return p.takenFlags[sender] + receiver * kMaxTransferBlocks + block;
+                                      int piece) {
+  return p.takenFlags[sender] + receiver * kTransferPieces + piece;
 }
-// In `receiver`'s workspace: the descriptor `sender`'s block `block` wrote with chunk
-// number `chunk`. A copy per block: a sender's block overwrites it two chunks later once
-// the receiver's same block is done with it, whatever the other blocks are doing.
+// In `receiver`'s workspace: the descriptor `sender` wrote with piece `piece` of chunk
+// number `chunk`. A copy per piece: the sender overwrites it two chunks later once the
+// receiver is done with that piece, whatever happens to the other pieces.
 __device__ inline Descriptor* chunkDescriptor(const TransferParams& p, int receiver, int sender,
-                                              uint64_t chunk, int block) {
+                                              uint64_t chunk, int piece) {
   return p.chunkDescriptors[receiver] +
-         (static_cast<uint64_t>(sender) * 2 + chunk % 2) * kMaxTransferBlocks + block;
+         (static_cast<uint64_t>(sender) * 2 + chunk % 2) * kTransferPieces + piece;
 }
 // Where `sender`'s chunk number `chunk` lies in `receiver`'s mailbox.
 __device__ inline uint8_t* mailboxSlot(const TransferParams& p, int receiver, int sender,
@@ -33,46 +34,64 @@ __device__ inline uint8_t* mailboxSlot(const TransferParams& p, int receiver, in
   return p.mailboxes[receiver] + (static_cast<uint64_t>(sender) * 2 + chunk % 2) * p.mailSlot;
 }
 
-// A sending block's slice [from, to) of chunk `chunk` (of `src`, bytes into its message) to
-// peer q, with the chunk's descriptor `d`. False if the communicator failed first.
-__device__ inline bool sendSlice(const TransferParams& p, int q, int block, uint64_t chunk,
-                                 const uint8_t* src, FusedSlice s, Descriptor d) {
+// A block's share of a stream's chunks: pieces [first, first + count), bytes [from, to) of
+// a chunk of `n` bytes (pieces are fusedSlices of a whole mailbox slot, so they lie in the
+// same place in every chunk). Thread k < count speaks for piece first + k.
+struct Pieces {
+  int first;
+  int count;
+  uint64_t from;
+  uint64_t to;
+};
+__device__ inline Pieces piecesOf(const TransferParams& p, int block, uint64_t n) {
+  const int per = kTransferPieces / p.blocks;
+  const int first = block * per;
+  return {first, per, fusedSlice(p.mailSlot, n, kTransferPieces, first, 16).from,
+          fusedSlice(p.mailSlot, n, kTransferPieces, first + per - 1, 16).to};
+}
+
+// A sending block's pieces of chunk `chunk` (of `src`, bytes into its message) to peer q,
+// with the chunk's descriptor `d`. False if the communicator failed first.
+__device__ inline bool sendPieces(const TransferParams& p, int q, uint64_t chunk,
+                                  const uint8_t* src, const Pieces& s, Descriptor d) {
+  const int k = static_cast<int>(threadIdx.x);
   bool ok = true;
-  if (threadIdx.x == 0 && chunk > 2) {
-    ok = awaitFlag(takenFlag(p, p.rank, q, block), chunk - 2, p.abort);
+  if (k < s.count && chunk > 2) {
+    ok = awaitFlag(takenFlag(p, p.rank, q, s.first + k), chunk - 2, p.abort);
   }
   if (!__syncthreads_and(ok)) return false;
   copyByBlock(mailboxSlot(p, q, p.rank, chunk) + s.from, src + s.from, s.to - s.from);
-  if (threadIdx.x == 0) *chunkDescriptor(p, q, p.rank, chunk, block) = d;
-  // Every thread's writes reach the system before the flag (see raise).
+  if (k < s.count) *chunkDescriptor(p, q, p.rank, chunk, s.first + k) = d;
+  // Every thread's writes reach the system before the flags (see raise).
   __syncthreads();
-  if (threadIdx.x == 0) raise(sentFlag(p, q, p.rank, block), chunk);
+  if (k < s.count) raise(sentFlag(p, q, p.rank, s.first + k), chunk);
   return true;
 }
 
-// A receiving block's slice [from, to) of chunk `chunk` from peer q into `dst` (bytes into
-// its message), once the sender's same block has sent it and its descriptor matches `d`.
+// A receiving block's pieces of chunk `chunk` from peer q into `dst` (bytes into its
+// message), once the sender has sent each of them with a descriptor that matches `d`.
 // False if the communicator failed or the peer sent something else (reported here).
-__device__ inline bool receiveSlice(const TransferParams& p, int q, int block, uint64_t chunk,
-                                    uint8_t* dst, FusedSlice s, Descriptor d) {
+__device__ inline bool receivePieces(const TransferParams& p, int q, uint64_t chunk, uint8_t* dst,
+                                     const Pieces& s, Descriptor d) {
+  const int k = static_cast<int>(threadIdx.x);
   bool ok = true;
-  if (threadIdx.x == 0) {
-    ok = awaitFlag(sentFlag(p, p.rank, q, block), chunk, p.abort);
-    const volatile Descriptor* theirs = chunkDescriptor(p, p.rank, q, chunk, block);
+  if (k < s.count) {
+    ok = awaitFlag(sentFlag(p, p.rank, q, s.first + k), chunk, p.abort);
+    const volatile Descriptor* theirs = chunkDescriptor(p, p.rank, q, chunk, s.first + k);
     const Descriptor got{{theirs->words[0], theirs->words[1]}};
     if (ok && (got.words[0] != d.words[0] || got.words[1] != d.words[1])) {
-      reportMismatch(p.claim, p.report, p.abort, q, d, got);
+      reportMismatch(p.claim, p.report, p.abort, q, d, got);  // the first claim wins
       ok = false;
     }
   }
   if (!__syncthreads_and(ok)) return false;
   copyByBlock(dst + s.from, mailboxSlot(p, p.rank, q, chunk) + s.from, s.to - s.from);
   __syncthreads();  // every thread's loads are done (their values are stored)
-  if (threadIdx.x == 0) raise(takenFlag(p, q, p.rank, block), chunk);
+  if (k < s.count) raise(takenFlag(p, q, p.rank, s.first + k), chunk);
   return true;
 }
 
-// One block of one stream: its slice of every chunk of the stream's messages, in order.
+// One block of one stream: its pieces of every chunk of the stream's messages, in order.
 __device__ inline void fusedTransfer(const TransferParams& p) {
   const int index = static_cast<int>(blockIdx.x);
   const TransferStream st = p.streams[index % p.nstreams];
@@ -85,11 +104,10 @@ __device__ inline void fusedTransfer(const TransferParams& p) {
       ++chunk;
       const uint64_t lo = c * p.mailSlot;
       const uint64_t n = msg.bytes - lo < p.mailSlot ? msg.bytes - lo : p.mailSlot;
-      // Slices of whole 16-byte vectors, in the same place of every chunk (fusedSlice).
-      const FusedSlice s = fusedSlice(p.mailSlot, n, p.blocks, block, 16);
+      const Pieces s = piecesOf(p, block, n);
       const Descriptor d{{msg.word0, (msg.bytes & ((uint64_t{1} << 40) - 1)) | c << 40}};
-      const bool ok = st.sends ? sendSlice(p, st.peer, block, chunk, msg.data + lo, s, d)
-                               : receiveSlice(p, st.peer, block, chunk, msg.data + lo, s, d);
+      const bool ok = st.sends ? sendPieces(p, st.peer, chunk, msg.data + lo, s, d)
+                               : receivePieces(p, st.peer, chunk, msg.data + lo, s, d);
       if (!ok) return;
     }
   }

@@ -188,8 +188,10 @@ struct FusedParams {
   uint32_t* traceSms;  ///< debug: the SM each block ran on, by blockIdx.x (with trace)
 };
 
-/// Most blocks a fused transfer runs for one direction of traffic with one peer.
-inline constexpr int kMaxTransferBlocks = 64;
+/// A fused transfer cuts every chunk into this many pieces, each with its own flags and
+/// descriptor copy, and runs a power of two up to this many blocks per direction of traffic
+/// with one peer, each moving as many whole pieces.
+inline constexpr int kTransferPieces = 64;
 /// Most messages (sends and receives together) one fused transfer call moves: its table
 /// has room for this many in the rank's workspace.
 inline constexpr int kMaxTransferMessages = 4096;
@@ -214,27 +216,30 @@ struct TransferStream {
 
 /// The sends and receives of one call in one launch, for ranks that each have a GPU of their
 /// own, where the stepped path pays a round of stream waits and launches per chunk (on two
-/// H200s it moved 52 GB/s against NCCL's 352; docs/PERFORMANCE.md). Each stream has `blocks`
-/// blocks (grid block i serves stream i % nstreams as its block i / nstreams), and block b
-/// moves slice b of every chunk of its stream (fusedSlice of a mailbox slot). A sending block
-/// waits until the receiver's block b has taken its slice of the chunk two before (which
-/// went through the same mailbox slot), writes its slice into the receiver's mailbox over
-/// NVLink, and raises its "sent" flag for block b in the receiver's workspace to the chunk's
-/// number; the receiving block waits for that flag (polling its own memory), checks the
-/// chunk's descriptor, copies its slice out and raises "taken" in the sender's workspace.
-/// Each block and pair keeps its own count, so no block waits for another block of its own
+/// H200s it moved 52 GB/s against NCCL's 352; docs/PERFORMANCE.md). Each chunk (a mailbox
+/// slot's worth) is cut into kTransferPieces pieces (fusedSlices of a whole slot). Each stream
+/// has `blocks` blocks (grid block i serves stream i % nstreams as its block i / nstreams),
+/// and each block moves kTransferPieces / blocks neighbouring pieces of every chunk of its
+/// stream. For each of its pieces a sending block waits until the receiver has taken that
+/// piece of the chunk two before (which went through the same mailbox slot), writes it into
+/// the receiver's mailbox over NVLink, and raises the piece's "sent" flag in the receiver's
+/// workspace to the chunk's number; the receiving block waits for those flags (polling its
+/// own memory), checks each piece's descriptor, copies its pieces out and raises their
+/// "taken" flags in the sender's workspace. The flags count per piece, not per block, so the
+/// two ends of a pair may run different numbers of blocks: each rank sizes its grid from its
+/// own call (few streams get more blocks each). No block waits for another block of its own
 /// grid, and every direction of every pair moves at once (no deadlock within a call).
 struct TransferParams {
   const TransferStream* streams;    ///< device memory: the call's table
   const TransferMessage* messages;  ///< device memory: the call's table
   int32_t nstreams;
-  int32_t blocks;  ///< per stream; the same for every pair and call of a communicator
+  int32_t blocks;  ///< per stream: a power of two up to kTransferPieces
   int32_t rank;
   uint64_t mailSlot;                  ///< bytes per mailbox slot
   uint8_t* mailboxes[kMaxSources];    ///< rank q's: sender s's slot k at (2 s + k) x mailSlot
-  uint64_t* sentFlags[kMaxSources];   ///< rank q's: [sender][block]
-  uint64_t* takenFlags[kMaxSources];  ///< rank q's: [receiver][block]
-  Descriptor* chunkDescriptors[kMaxSources];  ///< rank q's: [sender][chunk parity][block]
+  uint64_t* sentFlags[kMaxSources];   ///< rank q's: [sender][piece]
+  uint64_t* takenFlags[kMaxSources];  ///< rank q's: [receiver][piece]
+  Descriptor* chunkDescriptors[kMaxSources];  ///< rank q's: [sender][chunk parity][piece]
   uint32_t* claim;
   MismatchReport* report;
   volatile uint64_t* abort;

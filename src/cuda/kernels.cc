@@ -131,8 +131,8 @@ void Kernels::launchFused(CUfunction fn, CUstream stream, const FusedParams& par
 
 void Kernels::fusedTransfer(CUstream stream, const TransferParams& params) const {
   const int grid = params.nstreams * params.blocks;
-  if (!fusedFits_ || params.nstreams < 1 || params.blocks < 1 ||
-      params.blocks > kMaxTransferBlocks || grid > 2 * kMaxFusedBlocks) {
+  if (!fusedFits_ || params.nstreams < 1 || params.blocks < 1 || params.blocks > kTransferPieces ||
+      kTransferPieces % params.blocks != 0 || grid > 2 * kMaxFusedBlocks) {
     throw Error(ErrorCode::kInternal, "cuda", -1, "no fused transfer for this call");
   }
   // Cooperative, as launchFused: a sending block waits for a peer's receiving block, which

@@ -279,7 +279,8 @@ def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """send/recv with tags (small, and large enough to take many mailbox chunks), a ring of
     batched isend/irecv (which deadlocks unless the sends and receives progress together),
     a non-contiguous receive, all_to_all_single with uneven split sizes, bytes at odd
-    offsets, many messages to and from every peer in one group, and (fused) the largest
+    offsets, many messages to and from every peer in one group, a fan-out and fan-in in one
+    group (the fused kernel's two ends of a pair on different grids), and (fused) the largest
     group refused by name."""
     checks = 0
     nxt, prv = (rank + 1) % world, (rank - 1) % world
@@ -360,6 +361,31 @@ def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
     for got, want, what in expected:
         same(got, want, what)
     checks += 1
+    # A fan-out and fan-in in one group: rank 0 trades a message of several chunks with every
+    # peer, each peer with rank 0 only. Where the fused transfer runs, rank 0 runs fewer
+    # blocks per peer than its peers do (its grid has more streams to share), so the two ends
+    # of each pair cut the same chunks among different numbers of blocks.
+    n = 5_000_003
+    if rank == 0:
+        ops, expected = [], []
+        for q in range(1, world):
+            ops.append(dist.P2POp(dist.isend, data(q, n, torch.float32, 10).to(dev), q))
+            got = torch.empty(n, device=dev)
+            ops.append(dist.P2POp(dist.irecv, got, q))
+            expected.append((got, q))
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        for got, q in expected:
+            same(got, data(world + q, n, torch.float32, 10), f"fan-in from {q}")
+        checks += world - 1
+    else:
+        got = torch.empty(n, device=dev)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, 0),
+                                        dist.P2POp(dist.isend, data(world + rank, n, torch.float32, 10).to(dev), 0)])
+        for w in works:
+            w.wait()
+        same(got, data(rank, n, torch.float32, 10), "fan-out from 0")
+        checks += 1
     # Where every rank has a GPU of its own, one group moves at most 4096 messages: a larger
     # one is refused on every rank that issues it, before anything is queued.
     if os.environ.get("LOOM_CHECK_GPU_PER_RANK") or os.environ.get("LOOM_CUDA_FUSED") == "1":
