@@ -59,7 +59,8 @@ if [ "$what" = check ] || [ "$what" = all ]; then
     --parts reductions mismatch killed 2>&1 | tee "$out/cuda_check_fused_ring.txt"
 fi
 if [ "$what" = nccl ]; then
-  "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" 2>&1 \
+  "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" \
+    --ops all_reduce all_gather reduce_scatter broadcast all_to_all send_recv 2>&1 \
     | grep -v " done$" | tee "$out/cuda_vs_nccl.txt"
   for json in "$out"/cuda_vs_nccl_p*.json; do "$PYTHON" tests/cuda/bench_nccl.py --plot "$json"; done
   gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
