@@ -1,7 +1,8 @@
 """loom against NCCL through torch.distributed on CUDA tensors, one GPU per rank: all_reduce,
 all_gather, reduce_scatter, broadcast and all_to_all from 8 B to 1 GiB (and, asked for with
 `--ops send_recv`, nccl-tests' sendrecv: each rank sends to the next and receives from the one
-before, in one `batch_isend_irecv`, as pipeline stages pass activations), timed the same way
+before, in one `batch_isend_irecv`, as pipeline stages pass activations; with `--ops
+all_to_allv`, all_to_all with its split sizes given, which takes the uneven form's path), timed the same way
 for both (rank 0's view of a barrier, the call and a stream synchronize), median and p90 per
 point, bus bandwidth with nccl-tests' factors, every point's result checked. Then DDP and
 FSDP2 training steps with each backend, the two taking turns step by step. Both backends
@@ -34,7 +35,8 @@ OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 # nccl-tests' bus bandwidth factors (bytes counted: the larger buffer).
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
           "reduce_scatter": lambda p: (p - 1) / p, "broadcast": lambda p: 1.0,
-          "all_to_all": lambda p: (p - 1) / p, "send_recv": lambda p: 1.0}
+          "all_to_all": lambda p: (p - 1) / p, "all_to_allv": lambda p: (p - 1) / p,
+          "send_recv": lambda p: 1.0}
 
 
 def keep_nvls_off() -> None:
@@ -101,6 +103,11 @@ class Point:
             dist.reduce_scatter_tensor(self.out, self.inp, group=group)
         elif op == "broadcast":
             dist.broadcast(self.inp, src=0, group=group)
+        elif op == "all_to_allv":
+            # The same blocks, but with split sizes given: the uneven form's path (in loom,
+            # where every rank has a GPU, the fused transfer; in NCCL, grouped sends and receives).
+            splits = [self.count // dist.get_world_size(group)] * dist.get_world_size(group)
+            dist.all_to_all_single(self.out, self.inp, splits, splits, group=group)
         else:
             dist.all_to_all_single(self.out, self.inp, group=group)
 
@@ -118,7 +125,7 @@ class Point:
             # rank r sends 1024 x place + r
             everywhere = (torch.arange(n, device=dev) % 1021).to(torch.float32) * 1024
             self.inp.copy_(everywhere + rank)
-        elif op == "all_to_all":
+        elif op in ("all_to_all", "all_to_allv"):
             # block q of rank r holds 1024 x place + r x world + q
             sender = torch.arange(world, device=dev).repeat_interleave(part) + rank * world
             self.inp.copy_(where.repeat(world) * 1024 + sender)
