@@ -17,8 +17,9 @@ namespace loom::detail {
 // tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
 // its bytes (40 bits) and the chunk's index (24).
 inline constexpr int kChunkShift = 40;
-// In word 0: the call runs as one fused kernel, and with how many block pairs less one (6
-// bits): ranks that disagree on either get the named mismatch, not a hang.
+// In word 0: the call runs as one fused kernel, and for a collective with how many block
+// pairs less one (6 bits): ranks that disagree on either get the named mismatch, not a hang.
+// (A fused transfer's two ends need not run as many blocks: cuda::TransferParams.)
 inline constexpr uint64_t kFusedBit = uint64_t{1} << 25;
 inline constexpr int kFusedBlocksShift = 26;
 // A call fused in two shots (all_reduce, broadcast): the top bit of the high half, which

@@ -16,15 +16,14 @@ namespace loom::detail {
 /// Every flag and descriptor of a flags page sits on a line of its own.
 inline constexpr size_t kFlagStride = 64;
 
-// The flags pages. The eager lane's collective flags of even epochs (one
-// 64-byte line each), the abort word, the mismatch claim, the eager lane's descriptors (by
-// epoch parity), the count of fused kernel blocks finished, its collective flags of odd
-// epochs, then per peer a pair block: the "sent"
-// flag (chunks sent to it), the "taken" flag (chunks taken from it) and the descriptors of
-// the chunks sent to it (by chunk parity). At 32 KiB the graph lane's: its collective flags
-// of even epochs, device epoch, descriptors and flags of odd epochs, its device counts of
-// chunks sent to and taken from each peer, and its pair blocks. Then, from kDataOffset, the
-// data parts (WorkspaceLayout).
+// The flags pages. The eager lane's collective flags of even epochs (one 64-byte line
+// each), the abort word, the mismatch claim, the eager lane's descriptors (by epoch parity),
+// the count of fused kernel blocks finished, its collective flags of odd epochs, then per
+// peer a pair block: the "sent" flag (chunks sent to it), the "taken" flag (chunks taken
+// from it) and the descriptors of the chunks sent to it (by chunk parity). At 32 KiB the
+// graph lane's: its collective flags of even epochs, device epoch, descriptors and flags of
+// odd epochs, its device counts of chunks sent to and taken from each peer, and its pair
+// blocks. Then, from kDataOffset, the data parts (WorkspaceLayout).
 inline constexpr size_t kAbortOffset = 3 * kFlagStride;
 inline constexpr size_t kClaimOffset = 4 * kFlagStride;
 inline constexpr size_t kDescOffset = 5 * kFlagStride;
