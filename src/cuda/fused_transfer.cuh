@@ -34,26 +34,11 @@ __device__ inline uint8_t* mailboxSlot(const TransferParams& p, int receiver, in
   return p.mailboxes[receiver] + (static_cast<uint64_t>(sender) * 2 + chunk % 2) * p.mailSlot;
 }
 
-// A block's share of a stream's chunks: pieces [first, first + count), bytes [from, to) of
-// a chunk of `n` bytes (pieces are fusedSlices of a whole mailbox slot, so they lie in the
-// same place in every chunk). Thread k < count speaks for piece first + k.
-struct Pieces {
-  int first;
-  int count;
-  uint64_t from;
-  uint64_t to;
-};
-__device__ inline Pieces piecesOf(const TransferParams& p, int block, uint64_t n) {
-  const int per = kTransferPieces / p.blocks;
-  const int first = block * per;
-  return {first, per, fusedSlice(p.mailSlot, n, kTransferPieces, first, 16).from,
-          fusedSlice(p.mailSlot, n, kTransferPieces, first + per - 1, 16).to};
-}
-
 // A sending block's pieces of chunk `chunk` (of `src`, bytes into its message) to peer q,
-// with the chunk's descriptor `d`. False if the communicator failed first.
+// with the chunk's descriptor `d`; thread k speaks for piece s.first + k's flags (here and in
+// receivePieces). False if the communicator failed first.
 __device__ inline bool sendPieces(const TransferParams& p, int q, uint64_t chunk,
-                                  const uint8_t* src, const Pieces& s, Descriptor d) {
+                                  const uint8_t* src, const TransferPieces& s, Descriptor d) {
   const int k = static_cast<int>(threadIdx.x);
   bool ok = true;
   if (k < s.count && chunk > 2) {
@@ -72,7 +57,7 @@ __device__ inline bool sendPieces(const TransferParams& p, int q, uint64_t chunk
 // message), once the sender has sent each of them with a descriptor that matches `d`.
 // False if the communicator failed or the peer sent something else (reported here).
 __device__ inline bool receivePieces(const TransferParams& p, int q, uint64_t chunk, uint8_t* dst,
-                                     const Pieces& s, Descriptor d) {
+                                     const TransferPieces& s, Descriptor d) {
   const int k = static_cast<int>(threadIdx.x);
   bool ok = true;
   if (k < s.count) {
@@ -104,7 +89,7 @@ __device__ inline void fusedTransfer(const TransferParams& p) {
       ++chunk;
       const uint64_t lo = c * p.mailSlot;
       const uint64_t n = msg.bytes - lo < p.mailSlot ? msg.bytes - lo : p.mailSlot;
-      const Pieces s = piecesOf(p, block, n);
+      const TransferPieces s = transferPieces(p.mailSlot, p.blocks, block, n);
       const Descriptor d{{msg.word0, (msg.bytes & ((uint64_t{1} << 40) - 1)) | c << 40}};
       const bool ok = st.sends ? sendPieces(p, st.peer, chunk, msg.data + lo, s, d)
                                : receivePieces(p, st.peer, chunk, msg.data + lo, s, d);

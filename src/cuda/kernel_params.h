@@ -302,6 +302,24 @@ LOOM_HOST_DEVICE inline FusedSlice fusedSlice(uint64_t first, uint64_t n, int bl
   return {from, from + per < n ? from + per : n};
 }
 
+/// A fused transfer block's share of a chunk of `n` bytes (TransferParams): pieces [first,
+/// first + count) and their bytes [from, to). Pieces are fusedSlices of a whole mailbox slot,
+/// so a piece lies in the same place in every chunk and for every number of blocks: the two
+/// ends of a pair may run different grids.
+struct TransferPieces {
+  int first;
+  int count;
+  uint64_t from;
+  uint64_t to;
+};
+LOOM_HOST_DEVICE inline TransferPieces transferPieces(uint64_t mailSlot, int blocks, int block,
+                                                      uint64_t n) {
+  const int per = kTransferPieces / blocks;
+  const int first = block * per;
+  return {first, per, fusedSlice(mailSlot, n, kTransferPieces, first, 16).from,
+          fusedSlice(mailSlot, n, kTransferPieces, first + per - 1, 16).to};
+}
+
 /// Two-shot: how many ranks own a share of each step. Broadcast's root owns none, so it
 /// sends every byte once (a share to each owner), as a ring's root does.
 LOOM_HOST_DEVICE inline int twoShotShares(int size, int root) {

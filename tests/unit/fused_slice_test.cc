@@ -3,7 +3,8 @@
 // lies inside the one it has in the call's first step, so a block never writes region bytes
 // that another block of the receiver frees (found on four H200s: a short last step's
 // slices, cut from its own size, corrupted all_gather and reduce_scatter of 3M floats).
-// The chain's links and the ring all_reduce's schedule, the same way.
+// The chain's links, the ring all_reduce's schedule and the fused transfer's pieces, the
+// same way.
 
 #include <gtest/gtest.h>
 
@@ -53,6 +54,37 @@ TEST(FusedSlice, EveryStepIsCoveredOnceAndSlicesStayPut) {
                                5 * perStep + perStep / 3}) {
           checkCall(count, perStep, blocks, vector);
         }
+      }
+    }
+  }
+}
+
+// A fused transfer's pieces: whatever a rank's blocks per stream (a power of two up to
+// kTransferPieces), its blocks take every piece once, in order, and a block's bytes are
+// exactly its pieces' bytes, which tile the chunk and lie where the other end, cutting the
+// same chunk among another number of blocks, looks for them.
+TEST(TransferPieces, EveryGridCutsTheSamePieces) {
+  for (uint64_t slot : {uint64_t{8} << 20, uint64_t{256} << 10, uint64_t{4096}, uint64_t{1008}}) {
+    for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{17}, slot / 3, slot - 1, slot}) {
+      SCOPED_TRACE("slot " + std::to_string(slot) + ", n " + std::to_string(n));
+      for (int blocks = 1; blocks <= kTransferPieces; blocks *= 2) {
+        int nextPiece = 0;
+        uint64_t nextByte = 0;
+        for (int b = 0; b < blocks; ++b) {
+          const TransferPieces s = transferPieces(slot, blocks, b, n);
+          ASSERT_EQ(s.first, nextPiece) << "blocks " << blocks << " block " << b;
+          ASSERT_GT(s.count, 0);
+          ASSERT_EQ(s.from, nextByte) << "blocks " << blocks << " block " << b;
+          for (int k = 0; k < s.count; ++k) {
+            const FusedSlice piece = fusedSlice(slot, n, kTransferPieces, s.first + k, 16);
+            ASSERT_EQ(piece.from, nextByte) << "piece " << s.first + k;
+            nextByte = piece.to;
+          }
+          ASSERT_EQ(s.to, nextByte) << "blocks " << blocks << " block " << b;
+          nextPiece += s.count;
+        }
+        ASSERT_EQ(nextPiece, kTransferPieces) << "blocks " << blocks;
+        ASSERT_EQ(nextByte, n) << "blocks " << blocks;
       }
     }
   }
