@@ -267,24 +267,7 @@ void CudaExecutor::allToAllV(const CollectiveArgs& args) {
   // all_to_all's time on four H200s and 1.18x on two, where the own block is half the bytes;
   // docs/PERFORMANCE.md). The kernel is queued first, so that its blocks are resident
   // before the copy's fill the rest of the GPU.
-  fork();
-  transfer(transfers, kAllToAllBlock);
-  const CUstream caller = stream_;
-  stream_ = side_;
-  try {
-    copy({ownBlock}, noAgreement());
-  } catch (...) {
-    // The call fails, but the caller's stream must still wait for what the second stream
-    // has queued (as in steps()).
-    stream_ = caller;
-    try {
-      join();
-    } catch (...) {  // the driver's own error is the one that matters
-    }
-    throw;
-  }
-  stream_ = caller;
-  join();
+  alongside([&] { transfer(transfers, kAllToAllBlock); }, [&] { copy({ownBlock}, noAgreement()); });
 }
 
 void CudaExecutor::scatter(const CollectiveArgs& args) {

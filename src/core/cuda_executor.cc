@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <new>
 #include <string>
 #include <vector>
@@ -146,9 +147,8 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       fusedBlocks_ = tuning.fusedBlocks;
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).
-      size_t most = std::clamp<size_t>(eager_.mailSlot / (32 << 10), 1, cuda::kTransferPieces);
-      while ((most & (most - 1)) != 0) most &= most - 1;  // a power of two
-      transferMostBlocks_ = static_cast<int>(most);
+      transferMostBlocks_ = static_cast<int>(std::bit_floor(
+          std::clamp<size_t>(eager_.mailSlot / (32 << 10), 1, cuda::kTransferPieces)));
       fusedTwoShotBytes_ = tuning.fusedTwoShotBytes;
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
       fusedChainBroadcastBytes_ = tuning.fusedChainBroadcastBytes;
@@ -233,6 +233,13 @@ void CudaExecutor::join() {
   const Driver& d = Driver::get();
   check(d.cuEventRecord(joined_, side_), "cuda", rank_, "cuEventRecord");
   check(d.cuStreamWaitEvent(stream_, joined_, 0), "cuda", rank_, "cuStreamWaitEvent");
+}
+
+void CudaExecutor::joinAfterFailure() noexcept {
+  try {
+    join();
+  } catch (...) {  // the driver's own error, already failing the call, is the one that matters
+  }
 }
 
 uint8_t* CudaExecutor::in(int q, uint64_t epoch) const {

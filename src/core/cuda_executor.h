@@ -198,6 +198,11 @@ class CudaExecutor final : public DeviceExecutor {
   /// when pipelined_.
   template <class Body>
   void steps(size_t count, size_t perStep, Body&& body);
+  /// Queues `main()` on stream_ and `side()` on the second stream beside it, both after
+  /// what stream_ held before, then makes stream_ wait for both (eager calls only: see
+  /// steps() on streams forked in a capture).
+  template <class Main, class Side>
+  void alongside(Main&& main, Side&& side);
   void signal(Flag which, uint64_t epoch);
   void await(Flag which, uint64_t epoch, int only = -1);  // every peer, or just `only`
   /// Queues flag waits and writes (at most kMaxSources), in order, as one batch: stream
@@ -233,6 +238,10 @@ class CudaExecutor final : public DeviceExecutor {
   /// all the second stream's work (the two ends of a pipelined call).
   void fork();
   void join();
+  /// join() on a call that is failing anyway: the caller's stream must still wait for what
+  /// the second stream has queued before its tensors may be reused, but the driver error
+  /// that failed the call is the one to report.
+  void joinAfterFailure() noexcept;
   // Slot addresses: rank q's input half and reduced half of the slot for `epoch`.
   uint8_t* in(int q, uint64_t epoch) const;
   uint8_t* reduced(int q, uint64_t epoch) const;
@@ -292,7 +301,7 @@ class CudaExecutor final : public DeviceExecutor {
   size_t fusedRingAllReduceBytes_ = 0;       // smallest all_reduce fused around a ring
   int transferMostBlocks_ = 1;               // a fused transfer's most blocks per stream
   CUstream side_ = nullptr;                  // the second stream
-  CUevent forked_ = nullptr;                 // recorded on stream_ where a pipelined call starts
+  CUevent forked_ = nullptr;                 // recorded on stream_ where the second stream starts
   CUevent joined_ = nullptr;                 // recorded on side_ where it ends
   WorkspaceLayout layout_;                   // where slots, mailboxes and block flags lie
   cuda::MismatchReport* report_ = nullptr;   // host memory the kernels write (device view)

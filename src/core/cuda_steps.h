@@ -60,19 +60,30 @@ void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
       signal(kDone, e);
     }
   } catch (...) {
-    // The call fails (and with it the communicator), but the caller's stream must still
-    // wait for what the second stream has queued before its tensors may be reused.
     stream_ = caller;
-    if (twoStreams) {
-      try {
-        join();
-      } catch (...) {  // the driver's own error is the one that matters
-      }
-    }
+    if (twoStreams) joinAfterFailure();
     throw;
   }
   stream_ = caller;
   if (twoStreams) join();
+}
+
+template <class Main, class Side>
+void CudaExecutor::alongside(Main&& main, Side&& side) {
+  // Forked first: the second stream starts where the call does, not after main's work.
+  fork();
+  const CUstream caller = stream_;
+  try {
+    main();
+    stream_ = side_;
+    side();
+  } catch (...) {
+    stream_ = caller;
+    joinAfterFailure();
+    throw;
+  }
+  stream_ = caller;
+  join();
 }
 
 }  // namespace loom::detail
