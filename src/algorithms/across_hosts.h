@@ -89,6 +89,10 @@ class AcrossHostsContext {
   /// in the order given, in each direction. Failures throw the communicator's error.
   virtual void exchange(std::span<const NetTransfer> sends,
                         std::span<const NetTransfer> receives) = 0;
+  /// exchange() of one step of a pipeline that receives from one peer while passing what it
+  /// already has on to another (a chain): the two directions never wait for each other, so
+  /// a context that can should send beside the receiving at any size. Default: exchange().
+  virtual void forward(const NetTransfer& send, const NetTransfer& receive);
 
   /// kernels::reduce of `srcs` (in that order) into `dst`.
   virtual void reduce(void* dst, std::span<const void* const> srcs, size_t count,

@@ -136,6 +136,16 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
   size_t sending = 0;
   for (const NetTransfer& t : sends) sending += t.bytes;
   if (!offload_.sends || receives.empty() || sending < kOffloadBytes) return drive(sends, receives);
+  sendBeside(sends, receives);
+}
+
+void NetworkContext::forward(const NetTransfer& send, const NetTransfer& receive) {
+  if (!offload_.sends) return drive({&send, 1}, {&receive, 1});
+  sendBeside({&send, 1}, {&receive, 1});
+}
+
+void NetworkContext::sendBeside(std::span<const NetTransfer> sends,
+                                std::span<const NetTransfer> receives) {
   // Make every link here first: the send thread must not create them beside this one.
   for (const NetTransfer& t : sends) linkTo_(t.peer);
   for (const NetTransfer& t : receives) linkTo_(t.peer);

@@ -57,6 +57,8 @@ class NetworkContext final : public AcrossHostsContext {
   /// A message of the wrong size or tag is a mismatch; a broken link, a peer that left, a
   /// failure elsewhere or the deadline fails the communicator, and this throws its error.
   void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives) override;
+  /// Sends on the send thread beside the receiving, whatever the size.
+  void forward(const NetTransfer& send, const NetTransfer& receive) override;
   size_t startRail(RailSteps steps) override;
   void finishRail(size_t ticket) override;
 
@@ -70,6 +72,8 @@ class NetworkContext final : public AcrossHostsContext {
   static std::shared_ptr<Job> handOff(Worker& thread, std::function<void()> fn);
   /// Waits for `job` to finish; it always does (it watches failures and the deadline).
   static void await(const Job& job);
+  /// Hands the sends to the send thread and drives the receives on this one.
+  void sendBeside(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
   /// Moves the transfers on this thread until all are done (one direction may be empty).
   void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
   [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
