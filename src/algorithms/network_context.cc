@@ -20,7 +20,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Exchanges that send at least this much (and receive too) hand their sends to the send
-// thread: below it, the hand-off costs more than the overlap saves.
+// thread: below it, the hand-off costs more than the overlap saves (a short round of halving
+// waits for it), except in a pipeline's steps, which forward() hands over at any size.
 constexpr size_t kOffloadBytes = size_t{256} << 10;
 
 // How long a peer seen leaving mid-collective, or whose link broke, is given for the reason to
