@@ -40,6 +40,16 @@ void AcrossHostsContext::forward(const NetTransfer& send, const NetTransfer& rec
   exchange({&send, 1}, {&receive, 1});
 }
 
+void AcrossHostsContext::ring(std::span<const RingStep> steps, const kernels::ReduceSpec& spec) {
+  const size_t es = elementSize(spec.type);
+  for (const RingStep& step : steps) {
+    exchange({&step.send, 1}, {&step.receive, 1});
+    if (step.into == nullptr) continue;
+    const void* srcs[2] = {step.into, step.receive.data};
+    reduce(step.into, srcs, step.receive.bytes / es, spec);
+  }
+}
+
 void AcrossHostsContext::reduce(void* dst, std::span<const void* const> srcs, size_t count,
                                 const kernels::ReduceSpec& spec) {
   if (count != 0) kernels::reduce(dst, srcs.data(), static_cast<int>(srcs.size()), count, spec);

@@ -52,6 +52,15 @@ struct NetTransfer {
   int tag = 0;
 };
 
+/// One step of a ring: `send` goes to the next member while `receive` arrives from the
+/// previous one; then, where `into` is set, `into` = reduce(into, receive) (elementwise, so
+/// reducing it in parts gives the same bits as reducing it whole).
+struct RingStep {
+  NetTransfer send;
+  NetTransfer receive;
+  void* into = nullptr;
+};
+
 /// Scratch buffers kept from one collective to the next: allocating a large buffer and
 /// faulting its pages in anew for every call would cost more than many a network step.
 class ScratchArena {
@@ -93,6 +102,12 @@ class AcrossHostsContext {
   /// already has on to another (a chain): the two directions never wait for each other, so
   /// a context that can should send beside the receiving at any size. Default: exchange().
   virtual void forward(const NetTransfer& send, const NetTransfer& receive);
+  /// Runs the steps of a ring (rail.cc), each an exchange with the same two neighbours
+  /// followed, where `into` is set, by reducing what arrived into it (`into` first). Step
+  /// s + 1 sends exactly the bytes step s produced (its `into`, or its receive where none),
+  /// so a context that can passes each part on as soon as it has arrived and been reduced,
+  /// rather than waiting for whole blocks (cut-through). Default: one step at a time.
+  virtual void ring(std::span<const RingStep> steps, const kernels::ReduceSpec& spec);
 
   /// kernels::reduce of `srcs` (in that order) into `dst`.
   virtual void reduce(void* dst, std::span<const void* const> srcs, size_t count,

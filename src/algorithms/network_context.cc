@@ -4,6 +4,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -23,6 +24,13 @@ using Clock = std::chrono::steady_clock;
 // thread: below it, the hand-off costs more than the overlap saves (a short round of halving
 // waits for it), except in a pipeline's steps, which forward() hands over at any size.
 constexpr size_t kOffloadBytes = size_t{256} << 10;
+
+// A ring step's receive is reduced in parts of at least this many bytes as it lands, each
+// part then free to go on (a frame is 128 KiB).
+constexpr size_t kReducePartBytes = size_t{32} << 10;
+
+// What ring()'s first step may send: all of it.
+constexpr uint64_t kAllThere = ~uint64_t{0};
 
 // How long a peer seen leaving mid-collective, or whose link broke, is given for the reason to
 // arrive (a failure forwarded by its host), before it is reported as having issued fewer
@@ -145,16 +153,72 @@ void NetworkContext::forward(const NetTransfer& send, const NetTransfer& receive
   sendBeside({&send, 1}, {&receive, 1});
 }
 
+void NetworkContext::ring(std::span<const RingStep> steps, const kernels::ReduceSpec& spec) {
+  // Cut through only where a step's block spans frames and exchange() would hand its send to
+  // the send thread: smaller blocks cannot go on before they are whole anyway, and there a
+  // ring that streamed its steps (on one thread or two) was slower than one going a step at
+  // a time (measured, docs/PERFORMANCE.md "A ring that cuts through"). And only a chain of
+  // steps with one pair of neighbours, each sending what the one before produced.
+  size_t largest = 0;
+  for (const RingStep& step : steps) largest = std::max(largest, step.send.bytes);
+  bool chained = offload_.sends != nullptr && largest >= kOffloadBytes && steps.size() >= 2;
+  for (size_t s = 1; chained && s < steps.size(); ++s) {
+    const RingStep& before = steps[s - 1];
+    const void* produced = before.into != nullptr ? before.into : before.receive.data;
+    chained = steps[s].send.data == produced && steps[s].send.bytes == before.receive.bytes &&
+              steps[s].send.peer == steps[0].send.peer &&
+              steps[s].receive.peer == steps[0].receive.peer;
+  }
+  if (!chained) return AcrossHostsContext::ring(steps, spec);
+
+  std::vector<NetTransfer> sends, receives;
+  for (const RingStep& step : steps) {
+    sends.push_back(step.send);
+    receives.push_back(step.receive);
+  }
+  // produced[s]: bytes of step s's result that are final (reduced), published by the
+  // receiving thread for the sending one.
+  std::vector<std::atomic<uint64_t>> produced(steps.size());
+  std::vector<size_t> reduced(steps.size(), 0);  // the receiving thread's own count
+  const size_t es = elementSize(spec.type);
+  std::atomic<bool> abandoned{false};
+  const Streaming streaming{
+      [&](size_t s) {
+        return s == 0 ? kAllThere : produced[s - 1].load(std::memory_order_acquire);
+      },
+      [&](size_t s, size_t landed) {
+        const RingStep& step = steps[s];
+        if (step.into == nullptr) {
+          produced[s].store(landed, std::memory_order_release);
+          return;
+        }
+        // Reduce whole elements, in parts worth a kernel call (the last part whatever is left).
+        const size_t whole = landed / es * es;
+        if (whole - reduced[s] < kReducePartBytes && landed < step.receive.bytes) return;
+        const size_t from = reduced[s];
+        uint8_t* dst = static_cast<uint8_t*>(step.into) + from;
+        const void* srcs[2] = {dst, static_cast<const uint8_t*>(step.receive.data) + from};
+        reduce(dst, srcs, (whole - from) / es, spec);
+        reduced[s] = whole;
+        produced[s].store(whole, std::memory_order_release);
+      },
+      &abandoned};
+  sendBeside(sends, receives, &streaming);
+}
+
 void NetworkContext::sendBeside(std::span<const NetTransfer> sends,
-                                std::span<const NetTransfer> receives) {
+                                std::span<const NetTransfer> receives, const Streaming* streaming) {
   // Make every link here first: the send thread must not create them beside this one.
   for (const NetTransfer& t : sends) linkTo_(t.peer);
   for (const NetTransfer& t : receives) linkTo_(t.peer);
-  auto out = handOff(*offload_.sends, [&] { drive(sends, {}); });
+  auto out = handOff(*offload_.sends, [&] { drive(sends, {}, streaming); });
   try {
-    drive({}, receives);
+    drive({}, receives, streaming);
   } catch (...) {
-    await(*out);  // it ends too: the failure is recorded for every thread
+    // The send thread ends too: every failure here is recorded for every thread, and a
+    // send waiting for bytes this thread would have produced gives up on the flag.
+    if (streaming != nullptr) streaming->abandoned->store(true, std::memory_order_release);
+    await(*out);
     throw;
   }
   await(*out);
@@ -162,7 +226,7 @@ void NetworkContext::sendBeside(std::span<const NetTransfer> sends,
 }
 
 void NetworkContext::drive(std::span<const NetTransfer> sends,
-                           std::span<const NetTransfer> receives) {
+                           std::span<const NetTransfer> receives, const Streaming* streaming) {
   size_t bytes = 0;
   for (const NetTransfer& t : sends) bytes += t.bytes;
   for (const NetTransfer& t : receives) bytes += t.bytes;
@@ -182,7 +246,12 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
     }
     while (left > 0) {
       if (failures_.failed()) throw failures_.failureError(op);
+      if (streaming != nullptr && streaming->abandoned->load(std::memory_order_acquire)) {
+        throw Error(ErrorCode::kInternal, op, layout().rank,
+                    "the ring's receiving side failed before producing what this send needs");
+      }
       bool progressed = false;
+      bool awaitsProduction = false;  // a send waits for bytes this process is producing
       for (PeerWork& w : work) {
         if (w.done()) continue;
         current = w.peer;
@@ -196,8 +265,16 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
         while (w.nextSend < w.sends.size()) {
           const NetTransfer& t = *w.sends[w.nextSend];
           const uint64_t before = w.sent;
-          const bool handedOver =
-              link.writeBorrowed({t.tag, t.bytes}, static_cast<const uint8_t*>(t.data), w.sent);
+          const auto* payload = static_cast<const uint8_t*>(t.data);
+          bool handedOver = false;
+          if (streaming == nullptr) {
+            handedOver = link.writeBorrowed({t.tag, t.bytes}, payload, w.sent);
+          } else {
+            const uint64_t ready =
+                streaming->ready(static_cast<size_t>(w.sends[w.nextSend] - sends.data()));
+            handedOver = link.writeBorrowedPrefix({t.tag, t.bytes}, payload, w.sent, ready);
+            awaitsProduction |= !handedOver && ready < t.bytes;
+          }
           progressed |= w.sent != before || handedOver;
           if (!handedOver) break;
           ++w.nextSend;
@@ -228,6 +305,10 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
               link.read(static_cast<uint8_t*>(t.data) + w.received, t.bytes - w.received);
           w.received += n;
           progressed |= n > 0;
+          if (streaming != nullptr && n > 0) {
+            streaming->landed(static_cast<size_t>(w.receives[w.nextReceive] - receives.data()),
+                              w.received);
+          }
           if (w.received < t.bytes) break;
           ++w.nextReceive;
           w.receiving = false;
@@ -264,7 +345,9 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
                      describe_(current) + " over the network");
       }
       ++idleTurns;
-      if (idleTurns < 64) {
+      // A send that waits for what this process's other thread is receiving and reducing
+      // gets its next bytes within a frame's time: it keeps yielding rather than napping.
+      if (idleTurns < (awaitsProduction ? 4096 : 64)) {
         sched_yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -59,6 +59,10 @@ class NetworkContext final : public AcrossHostsContext {
   void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives) override;
   /// Sends on the send thread beside the receiving, whatever the size.
   void forward(const NetTransfer& send, const NetTransfer& receive) override;
+  /// Cut-through: each part of a step's receive is reduced as it lands, and the next step's
+  /// send takes every whole frame of it as soon as it is there (on the send thread, beside
+  /// the receiving, where the ring sends enough to pay for the hand-off).
+  void ring(std::span<const RingStep> steps, const kernels::ReduceSpec& spec) override;
   size_t startRail(RailSteps steps) override;
   void finishRail(size_t ticket) override;
 
@@ -72,10 +76,20 @@ class NetworkContext final : public AcrossHostsContext {
   static std::shared_ptr<Job> handOff(Worker& thread, std::function<void()> fn);
   /// Waits for `job` to finish; it always does (it watches failures and the deadline).
   static void await(const Job& job);
+  // What a drive() of transfers still being produced needs (ring()): how many bytes of send
+  // i exist yet, what to do once receive i has `landed` bytes, and a flag the other
+  // direction's thread raises when it gave up.
+  struct Streaming {
+    std::function<uint64_t(size_t send)> ready;
+    std::function<void(size_t receive, size_t landed)> landed;
+    std::atomic<bool>* abandoned = nullptr;
+  };
   /// Hands the sends to the send thread and drives the receives on this one.
-  void sendBeside(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
+  void sendBeside(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives,
+                  const Streaming* streaming = nullptr);
   /// Moves the transfers on this thread until all are done (one direction may be empty).
-  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives);
+  void drive(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives,
+             const Streaming* streaming = nullptr);
   [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
 
   RunLocal runLocal_;

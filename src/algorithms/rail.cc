@@ -109,43 +109,55 @@ struct Fold {
 
 // ---- ring ----
 
-// Step s: send block pos - s - 1 to the next member, receive block pos - s - 2 from the
-// previous one and reduce it into ours. After n - 1 steps block pos is complete here.
-void ringReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
-                       const Bounds& bounds, DataType type, ReduceOp op) {
+// The ring's steps, appended to `steps`. Reduce-scatter step s: send block pos - s - 1 to
+// the next member, receive block pos - s - 2 from the previous one into `incoming` and
+// reduce it into ours; after n - 1 steps block pos is complete here. All-gather step s:
+// send block pos - s, receive block pos - s - 1 in place. Each step sends the block the
+// step before produced, and the all-gather's first step sends the block the reduce-scatter
+// completed, so an all_reduce is one ring of 2(n - 1) steps (AcrossHostsContext::ring).
+void ringReduceScatterSteps(std::vector<RingStep>& steps, const Rail& rail, uint8_t* data,
+                            const Bounds& bounds, size_t es, uint8_t* incoming) {
   const int n = rail.size();
   const int pos = rail.position;
-  const size_t es = elementSize(type);
   const int next = rail.members[mod(pos + 1, n)];
   const int prev = rail.members[mod(pos - 1, n)];
-  uint8_t* incoming = ctx.scratch(largestBlock(bounds) * es);
-  const kernels::ReduceSpec spec{type, op, 1};
   for (int step = 0; step < n - 1; ++step) {
     const int out = mod(pos - step - 1, n);
     const int in = mod(pos - step - 2, n);
-    const size_t count = bounds[in + 1] - bounds[in];
-    sendReceive(ctx, blocks(next, data, bounds, out, out + 1, es, kRing + step),
-                {prev, incoming, count * es, kRing + step});
-    uint8_t* mine = data + bounds[in] * es;
-    const void* srcs[2] = {mine, incoming};
-    ctx.reduce(mine, srcs, count, spec);
+    const NetTransfer mine = blocks(prev, data, bounds, in, in + 1, es, kRing + step);
+    steps.push_back({blocks(next, data, bounds, out, out + 1, es, kRing + step),
+                     {prev, incoming, mine.bytes, kRing + step},
+                     mine.data});
   }
 }
 
-// Step s: send block pos - s, receive block pos - s - 1 in place.
-void ringAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
-                   DataType type) {
+void ringAllGatherSteps(std::vector<RingStep>& steps, const Rail& rail, uint8_t* data,
+                        const Bounds& bounds, size_t es) {
   const int n = rail.size();
   const int pos = rail.position;
-  const size_t es = elementSize(type);
   const int next = rail.members[mod(pos + 1, n)];
   const int prev = rail.members[mod(pos - 1, n)];
   for (int step = 0; step < n - 1; ++step) {
     const int out = mod(pos - step, n);
     const int in = mod(pos - step - 1, n);
-    sendReceive(ctx, blocks(next, data, bounds, out, out + 1, es, kRing + n + step),
-                blocks(prev, data, bounds, in, in + 1, es, kRing + n + step));
+    steps.push_back({blocks(next, data, bounds, out, out + 1, es, kRing + n + step),
+                     blocks(prev, data, bounds, in, in + 1, es, kRing + n + step)});
   }
+}
+
+void ringReduceScatter(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data,
+                       const Bounds& bounds, DataType type, ReduceOp op) {
+  const size_t es = elementSize(type);
+  std::vector<RingStep> steps;
+  ringReduceScatterSteps(steps, rail, data, bounds, es, ctx.scratch(largestBlock(bounds) * es));
+  ctx.ring(steps, {type, op, 1});
+}
+
+void ringAllGather(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, const Bounds& bounds,
+                   DataType type) {
+  std::vector<RingStep> steps;
+  ringAllGatherSteps(steps, rail, data, bounds, elementSize(type));
+  ctx.ring(steps, {type, ReduceKind::kSum, 1});  // no step reduces
 }
 
 // ---- recursive halving and doubling ----
@@ -396,6 +408,13 @@ void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   }
   Bounds bounds(static_cast<size_t>(n) + 1);
   for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
+  if (railPatternFor(n, largestBlock(bounds) * elementSize(type)) == RailPattern::kRing) {
+    const size_t es = elementSize(type);
+    std::vector<RingStep> steps;
+    ringReduceScatterSteps(steps, rail, data, bounds, es, ctx.scratch(largestBlock(bounds) * es));
+    ringAllGatherSteps(steps, rail, data, bounds, es);
+    return ctx.ring(steps, {type, op, 1});
+  }
   railReduceScatter(ctx, rail, data, bounds, type, op);
   railAllGather(ctx, rail, data, bounds, type);
 }

@@ -33,6 +33,13 @@ class MessageLink {
   virtual bool writeBorrowed(const Envelope& envelope, const uint8_t* payload, uint64_t& done) {
     return write(envelope, payload, done);
   }
+  /// writeBorrowed() of a message whose payload is still being produced: only its first
+  /// `ready` bytes may be read yet, and nothing beyond them is handed over (a ring that
+  /// passes each part on as it arrives). Default: nothing until all of it is ready.
+  virtual bool writeBorrowedPrefix(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
+                                   uint64_t ready) {
+    return ready >= envelope.bytes && writeBorrowed(envelope, payload, done);
+  }
   /// Before memory lent through writeBorrowed() goes back to its owner undrained (the
   /// caller's collective failed): makes sure nothing reads it any more. A link that cannot
   /// recall queued sends closes its outbound direction, so use this only where the failure

@@ -1,7 +1,7 @@
 // Network channels between processes on different hosts (network namespaces joined by a
 // bridge): authenticated connections, messages intact both ways at every size around a
-// frame boundary (copied or sent from the writer's memory), refusals before any data, a peer
-// that dies mid-message, and borrowed frames given up.
+// frame boundary (copied or sent from the writer's memory, or while still being produced),
+// refusals before any data, a peer that dies mid-message, and borrowed frames given up.
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -139,6 +139,65 @@ TEST_F(TwoHosts, MessagesArriveIntactBothWaysAcrossFrameBoundaries) {
         LOOM_CHECK(out->borrowedFrames() == want, << out->borrowedFrames() << " of " << want);
       }
     }
+  });
+}
+
+// A message whose payload is still being produced (a ring passing each part on as it lands):
+// a frame goes only once all of its bytes exist, so frames stay full, and the reader gets
+// the message intact.
+TEST_F(TwoHosts, APrefixWriteSendsOnlyWholeFramesOfWhatExists) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const int peer = 1 - ctx.rank;
+    const std::string address = exchangeAddresses(ctx, peer);
+    const ChannelShape shape{4096, 3};
+    const size_t room = shape.frameBytes - kFrameHeaderBytes;
+    SendChannel* out = nullptr;
+    auto link = linkWith(ctx.rank, peer, address, shape, 0, &out);
+    const size_t bytes = 3 * room + 5;
+    std::vector<uint8_t> message(bytes);
+    for (size_t j = 0; j < bytes; ++j) message[j] = patternByte(1, 0, j);
+    const auto deadline = Clock::now() + kPatience;
+    if (ctx.rank == 1) {
+      exchange(*link, ctx.rank, peer, {1});  // the window is granted: credits are here
+      uint64_t done = 0;
+      // Writes until `done` reaches `want` (credits may lag), and checks it goes no further.
+      const auto writeUpTo = [&](uint64_t produced, uint64_t want, bool whole) {
+        bool handedOver = false;
+        while (done < want) {
+          LOOM_CHECK(Clock::now() < deadline, << "stuck at " << done << " of " << want);
+          handedOver = link->writeBorrowedPrefix({5, bytes}, message.data(), done, produced);
+        }
+        for (int i = 0; i < 100 && !handedOver; ++i) {
+          handedOver = link->writeBorrowedPrefix({5, bytes}, message.data(), done, produced);
+        }
+        LOOM_CHECK(done == want, << done << " handed over where " << want << " exist as frames");
+        LOOM_CHECK(handedOver == whole);
+      };
+      writeUpTo(room - 1, 0, false);  // not one whole frame yet
+      writeUpTo(room, room, false);
+      writeUpTo(2 * room + 10, 2 * room, false);
+      const auto before = out->borrowedFrames();
+      writeUpTo(bytes, bytes, true);  // the rest, the short last frame included
+      LOOM_CHECK(out->borrowedFrames() == before + 2, << out->borrowedFrames());
+      while (!link->drained()) LOOM_CHECK(Clock::now() < deadline, << "the sends did not drain");
+      return;
+    }
+    exchange(*link, ctx.rank, peer, {1});
+    std::optional<Envelope> envelope;
+    while (!envelope) {
+      LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
+      envelope = link->nextEnvelope();
+    }
+    LOOM_CHECK(envelope->tag == 5 && envelope->bytes == bytes, << envelope->bytes);
+    std::vector<uint8_t> buffer(bytes);
+    size_t filled = 0;
+    while (filled < bytes) {
+      LOOM_CHECK(Clock::now() < deadline, << "stuck at " << filled);
+      filled += link->read(buffer.data() + filled, bytes - filled);
+    }
+    LOOM_CHECK(buffer == message, << "the message arrived changed");
   });
 }
 

@@ -93,18 +93,29 @@ void checkReducedWhileArriving(Communicator& comm) {
   for (DataType type : {DataType::kFloat64, DataType::kBFloat16, DataType::kInt8}) {
     const size_t es = elementSize(type);
     for (ReduceOp op : {ReduceOp(ReduceKind::kSum), ReduceOp(ReduceKind::kMax)}) {
-      const size_t count = 400003;  // rail exchanges of about 100k elements each
-      std::vector<uint8_t> in(count * es), out(count * es);
-      fillInput(in.data(), type, count, me, ++salt);
-      comm.allReduce(in.data(), out.data(), count, type, op).wait();
-      expectSame(out.data(), referenceReduce(type, op, count, n, salt), type, count,
-                 name("all_reduce", type, count));
+      // Rail exchanges of about 100k elements each; on a ring of three hosts, blocks that
+      // go on frame by frame (from 256 KiB), and (120 KB of float64) a step at a time.
+      for (const size_t count : {size_t{400003}, size_t{15001}}) {
+        std::vector<uint8_t> in(count * es), out(count * es);
+        fillInput(in.data(), type, count, me, ++salt);
+        comm.allReduce(in.data(), out.data(), count, type, op).wait();
+        expectSame(out.data(), referenceReduce(type, op, count, n, salt), type, count,
+                   name("all_reduce", type, count));
+      }
       const size_t block = 200001;
       std::vector<uint8_t> blocks(block * es * n), mine(block * es);
       fillInput(blocks.data(), type, block * n, me, ++salt);
       comm.reduceScatter(blocks.data(), mine.data(), block, type, op).wait();
       expectSame(mine.data(), referenceReduce(type, op, block, n, salt, me * block), type, block,
                  name("reduce_scatter", type, block));
+    }
+    const size_t count = 300007;  // an all_gather ring's blocks pass on as they land
+    std::vector<uint8_t> mine(count * es), all(count * es * n);
+    fillInput(mine.data(), type, count, me, ++salt);
+    comm.allGather(mine.data(), all.data(), count, type).wait();
+    for (int q = 0; q < n; ++q) {
+      expectSame(all.data() + q * count * es, inputBytes(type, count, q, salt), type, count,
+                 name("all_gather", type, count) + " block " + std::to_string(q));
     }
   }
 }
@@ -271,6 +282,11 @@ int oneEach(int rank) {
 
 TEST_F(ThreeHosts, ReductionsMatchTheReferenceOneRankEach) {
   runPlaced(*hosts_, 3, oneEach, checkReductions);
+}
+// A ring of three hosts passes each frame on as it lands and is reduced (NetworkContext::
+// ring): odd counts whose elements straddle frames, 1-, 2- and 8-byte types, bit for bit.
+TEST_F(ThreeHosts, RingsPassFramesOnAsTheyArriveOneRankEach) {
+  runPlaced(*hosts_, 3, oneEach, checkReducedWhileArriving);
 }
 TEST_F(ThreeHosts, EveryCollectiveMatchesTheReferenceTwoOneOne) {
   // Ranks 0 and 3 on host 0, rank 1 on host 1, rank 2 on host 2: one rail, uneven hosts.

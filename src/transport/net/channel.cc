@@ -259,7 +259,7 @@ bool SendChannel::postFrame(const FrameHeader& header, const uint8_t* payload, b
 }
 
 bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
-                        Payload mode) {
+                        Payload mode, uint64_t produced) {
   if (peerLeft_) return false;
   if (discarded_) {
     throw Error(ErrorCode::kPeerFailure, "send", mine_.sender,
@@ -283,6 +283,7 @@ bool SendChannel::write(const Envelope& envelope, const uint8_t* payload, uint64
     header.first = !inMessage_;
     header.envelope = envelope;
     header.length = static_cast<uint32_t>(std::min(room, envelope.bytes - done));
+    if (done + header.length > std::min(produced, envelope.bytes)) return false;  // not yet
     if (!postFrame(header, payload + done, borrow && header.length != 0)) return false;
     inMessage_ = true;
     done += header.length;

@@ -37,6 +37,9 @@ struct ChannelShape {
 /// borrowed, sent straight from the caller's memory (saving a copy per byte).
 enum class Payload { kCopied, kBorrowed };
 
+/// SendChannel::write's `produced` for a payload that is all there.
+inline constexpr uint64_t kWholePayload = ~uint64_t{0};
+
 /// The initiator's end: connects, proves, sends.
 class SendChannel {
  public:
@@ -53,9 +56,10 @@ class SendChannel {
   bool ready();
   /// MessageLink::write for this direction (false while not ready(), and for good once the
   /// peer has left). A borrowed payload must stay untouched until flushed() or abandon().
-  /// Throws Error(kPeerFailure) once abandon() has discarded frames.
+  /// Only the payload's first `produced` bytes exist yet: a frame goes once all of its bytes
+  /// do, so frames stay full. Throws Error(kPeerFailure) once abandon() has discarded frames.
   bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
-             Payload mode = Payload::kCopied);
+             Payload mode = Payload::kCopied, uint64_t produced = kWholePayload);
   /// True once the peer said goodbye: it destroyed its communicator normally.
   bool peerLeft() const { return peerLeft_; }
   /// True once every frame handed over has been sent, or will never be (the peer has left,

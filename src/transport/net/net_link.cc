@@ -24,11 +24,16 @@ bool NetLink::writeBorrowed(const Envelope& envelope, const uint8_t* payload, ui
   return writeAs(envelope, payload, done, Payload::kBorrowed);
 }
 
+bool NetLink::writeBorrowedPrefix(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
+                                  uint64_t ready) {
+  return writeAs(envelope, payload, done, Payload::kBorrowed, ready);
+}
+
 bool NetLink::writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
-                      Payload mode) {
+                      Payload mode, uint64_t produced) {
   try {
     if (!out_) out_ = connect_();
-    return out_->write(envelope, payload, done, mode);
+    return out_->write(envelope, payload, done, mode, produced);
   } catch (const Error& e) {
     rethrow(e);
   }

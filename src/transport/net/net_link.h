@@ -39,6 +39,8 @@ class NetLink final : public MessageLink {
 
   bool write(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override;
   bool writeBorrowed(const Envelope& envelope, const uint8_t* payload, uint64_t& done) override;
+  bool writeBorrowedPrefix(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
+                           uint64_t ready) override;
   void abandonSends() noexcept override {
     if (out_) out_->abandon();
   }
@@ -56,7 +58,8 @@ class NetLink final : public MessageLink {
   /// The inbound channel, claimed now if it has arrived.
   ReceiveChannel* inbound();
   [[noreturn]] void rethrow(const Error& e) const;
-  bool writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done, Payload mode);
+  bool writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done, Payload mode,
+               uint64_t produced = kWholePayload);
 
   Connect connect_;
   Claim claim_;
