@@ -177,7 +177,10 @@ void NetworkContext::ring(std::span<const RingStep> steps, const kernels::Reduce
     receives.push_back(step.receive);
   }
   // produced[s]: bytes of step s's result that are final (reduced), published by the
-  // receiving thread for the sending one.
+  // receiving thread for the sending one. Sends are drained only at the end, yet a step may
+  // receive into memory an earlier step sent from (the all-gather into the blocks the
+  // reduce-scatter sent): that is safe because each byte arriving there depends, around the
+  // ring, on the earlier byte at its place having been delivered.
   std::vector<std::atomic<uint64_t>> produced(steps.size());
   std::vector<size_t> reduced(steps.size(), 0);  // the receiving thread's own count
   const size_t es = elementSize(spec.type);

@@ -59,9 +59,9 @@ class NetworkContext final : public AcrossHostsContext {
   void exchange(std::span<const NetTransfer> sends, std::span<const NetTransfer> receives) override;
   /// Sends on the send thread beside the receiving, whatever the size.
   void forward(const NetTransfer& send, const NetTransfer& receive) override;
-  /// Cut-through: each part of a step's receive is reduced as it lands, and the next step's
-  /// send takes every whole frame of it as soon as it is there (on the send thread, beside
-  /// the receiving, where the ring sends enough to pay for the hand-off).
+  /// Cut-through where a step's block reaches 256 KiB: each part of a step's receive is
+  /// reduced as it lands, and the send thread passes every whole frame of it on as soon as
+  /// it is there. Smaller rings go a step at a time.
   void ring(std::span<const RingStep> steps, const kernels::ReduceSpec& spec) override;
   size_t startRail(RailSteps steps) override;
   void finishRail(size_t ticket) override;
