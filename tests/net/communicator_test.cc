@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "expect_error.h"
@@ -20,6 +21,7 @@ namespace {
 using loom::testing::expectError;
 using loom::testing::NetnsHosts;
 using loom::testing::RankContext;
+using net::testing::ThreeHosts;
 using net::testing::TwoHosts;
 
 // Ranks alternate between the hosts (0 and 2 on host 0, 1 and 3 on host 1), so a rank's
@@ -178,6 +180,43 @@ TEST_F(TwoHosts, ADeathOnOneHostFailsEveryRankOnTheOtherNamingTheDead) {
     EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
   }
   EXPECT_FALSE(outcomes[3].exited) << outcomes[3].output;
+}
+
+// A rank killed while a ring of three hosts passes frames on (NetworkContext::ring: blocks of
+// about 680 KiB, each survivor's send thread waiting for what its rail thread reduces, or
+// its rail thread for frames that never come): both survivors fail, naming it, long before
+// the timeout, and neither thread is left waiting.
+TEST_F(ThreeHosts, ARankKilledMidRingFailsBothSurvivorsNamingIt) {
+  const NetnsHosts& hosts = *hosts_;
+  const auto outcomes = loom::testing::runRanks(3, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);  // the failure, not the timeout, must end it
+    auto comm = ctx.connect(options);
+    const size_t count = size_t{3} << 20;  // 12 MiB: six segments, each a ring of 3 hosts
+    std::vector<float> data(count, 1.0F);
+    const auto allReduce = [&] {
+      comm->allReduce(data.data(), data.data(), count, DataType::kFloat32, ReduceKind::kSum).wait();
+    };
+    allReduce();  // every link is up
+    if (ctx.rank == 2) {
+      // Dies a little later, inside one of the collectives below.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        ::raise(SIGKILL);
+      }).detach();
+    }
+    expectError(
+        [&] {
+          for (;;) allReduce();
+        },
+        ErrorCode::kPeerFailure, {"rank 2"});
+  });
+  ASSERT_EQ(outcomes.size(), 3u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+  EXPECT_FALSE(outcomes[2].exited) << "rank 2 was to be killed: " << outcomes[2].output;
 }
 
 TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
