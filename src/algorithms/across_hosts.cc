@@ -8,6 +8,7 @@
 
 #include "algorithms/hierarchical.h"
 #include "loom/error.h"
+#include "util/trace.h"
 
 namespace loom {
 
@@ -52,7 +53,9 @@ void AcrossHostsContext::ring(std::span<const RingStep> steps, const kernels::Re
 
 void AcrossHostsContext::reduce(void* dst, std::span<const void* const> srcs, size_t count,
                                 const kernels::ReduceSpec& spec) {
-  if (count != 0) kernels::reduce(dst, srcs.data(), static_cast<int>(srcs.size()), count, spec);
+  if (count == 0) return;
+  const trace::Span span("reduction", count * elementSize(spec.type));
+  kernels::reduce(dst, srcs.data(), static_cast<int>(srcs.size()), count, spec);
 }
 
 void AcrossHostsContext::copy(void* dst, const void* src, size_t bytes) {

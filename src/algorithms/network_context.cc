@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "algorithms/arriving_reduction.h"
 #include "loom/error.h"
 #include "util/backoff.h"
 #include "util/trace.h"
@@ -182,28 +184,32 @@ void NetworkContext::ring(std::span<const RingStep> steps, const kernels::Reduce
   // reduce-scatter sent): that is safe because each byte arriving there depends, around the
   // ring, on the earlier byte at its place having been delivered.
   std::vector<std::atomic<uint64_t>> produced(steps.size());
-  std::vector<size_t> reduced(steps.size(), 0);  // the receiving thread's own count
-  const size_t es = elementSize(spec.type);
+  // A step that reduces takes its whole elements straight out of the link's frames, sparing
+  // the receiving thread a copy of each (docs/PERFORMANCE.md, "Reduced where it lands").
+  std::vector<std::optional<ArrivingReduction>> reductions(steps.size());
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const RingStep& step = steps[s];
+    if (step.into == nullptr) continue;
+    reductions[s].emplace(step.into, step.receive.data, step.receive.bytes, elementSize(spec.type),
+                          kReducePartBytes,
+                          [this, &spec](void* dst, const void* src, size_t count) {
+                            const void* srcs[2] = {dst, src};
+                            reduce(dst, srcs, count, spec);
+                          });
+  }
   std::atomic<bool> abandoned{false};
   const Streaming streaming{
       [&](size_t s) {
         return s == 0 ? kAllThere : produced[s - 1].load(std::memory_order_acquire);
       },
+      [&](size_t s, size_t at, std::span<const uint8_t> view) {
+        if (reductions[s]) return reductions[s]->take(at, view);
+        const trace::Span span("copy out of a frame", view.size());
+        std::memcpy(static_cast<uint8_t*>(steps[s].receive.data) + at, view.data(), view.size());
+      },
       [&](size_t s, size_t landed) {
-        const RingStep& step = steps[s];
-        if (step.into == nullptr) {
-          produced[s].store(landed, std::memory_order_release);
-          return;
-        }
-        // Reduce whole elements, in parts worth a kernel call (the last part whatever is left).
-        const size_t whole = landed / es * es;
-        if (whole - reduced[s] < kReducePartBytes && landed < step.receive.bytes) return;
-        const size_t from = reduced[s];
-        uint8_t* dst = static_cast<uint8_t*>(step.into) + from;
-        const void* srcs[2] = {dst, static_cast<const uint8_t*>(step.receive.data) + from};
-        reduce(dst, srcs, (whole - from) / es, spec);
-        reduced[s] = whole;
-        produced[s].store(whole, std::memory_order_release);
+        produced[s].store(reductions[s] ? reductions[s]->landed(landed) : landed,
+                          std::memory_order_release);
       },
       &abandoned};
   sendBeside(sends, receives, &streaming);
@@ -304,15 +310,23 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
             w.receiving = true;
             progressed = true;
           }
-          const size_t n =
-              link.read(static_cast<uint8_t*>(t.data) + w.received, t.bytes - w.received);
+          const size_t r = static_cast<size_t>(w.receives[w.nextReceive] - receives.data());
+          std::span<const uint8_t> view;
+          if (streaming != nullptr) view = link.peek(t.bytes - w.received);
+          size_t n = 0;
+          if (!view.empty()) {  // a frame's worth at most: taken, then let go of
+            streaming->take(r, w.received, view);
+            n = link.read(nullptr, view.size());
+          } else {
+            n = link.read(static_cast<uint8_t*>(t.data) + w.received, t.bytes - w.received);
+          }
           w.received += n;
           progressed |= n > 0;
-          if (streaming != nullptr && n > 0) {
-            streaming->landed(static_cast<size_t>(w.receives[w.nextReceive] - receives.data()),
-                              w.received);
+          if (streaming != nullptr && n > 0) streaming->landed(r, w.received);
+          if (w.received < t.bytes) {
+            if (!view.empty()) continue;  // the next frame may be here too
+            break;
           }
-          if (w.received < t.bytes) break;
           ++w.nextReceive;
           w.receiving = false;
           w.received = 0;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,10 +78,13 @@ class NetworkContext final : public AcrossHostsContext {
   /// Waits for `job` to finish; it always does (it watches failures and the deadline).
   static void await(const Job& job);
   // What a drive() of transfers still being produced needs (ring()): how many bytes of send
-  // i exist yet, what to do once receive i has `landed` bytes, and a flag the other
-  // direction's thread raises when it gave up.
+  // i exist yet; receive i's bytes from byte `at` on where they lie in the link's memory, to
+  // take from there (all of `view`; where the link keeps none, they are read into the
+  // receive's memory instead); what to do once receive i has `landed` bytes; and a flag the
+  // other direction's thread raises when it gave up.
   struct Streaming {
     std::function<uint64_t(size_t send)> ready;
+    std::function<void(size_t receive, size_t at, std::span<const uint8_t> view)> take;
     std::function<void(size_t receive, size_t landed)> landed;
     std::atomic<bool>* abandoned = nullptr;
   };

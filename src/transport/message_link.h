@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 
 namespace loom {
 
@@ -53,6 +54,11 @@ class MessageLink {
   /// Inbound: moves up to `n` bytes of the current message's payload to `dst` (nullptr
   /// discards them) and returns how many.
   virtual size_t read(void* dst, size_t n) = 0;
+  /// Inbound: up to `n` of the current message's next bytes where they lie in the link's own
+  /// memory, left in place (empty if none are here, or the link keeps none); valid until
+  /// the next call on this direction, and read(nullptr, k) then lets go of the first k. A
+  /// consumer that reduces what arrives reads it there instead of copying it out first.
+  virtual std::span<const uint8_t> peek(size_t /*n*/) { return {}; }
   /// True if inbound bytes are waiting (a message may be partly here).
   virtual bool readable() = 0;
 

@@ -7,10 +7,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -198,6 +201,70 @@ TEST_F(TwoHosts, APrefixWriteSendsOnlyWholeFramesOfWhatExists) {
       filled += link->read(buffer.data() + filled, bytes - filled);
     }
     LOOM_CHECK(buffer == message, << "the message arrived changed");
+  });
+}
+
+// What a ring's reducing step takes out of the link's own buffers (ArrivingReduction): peek
+// shows the message's next bytes in place, at most a frame's and never past the message, and
+// leaves them there until read() lets go of them; reads and peeks mix in any order.
+TEST_F(TwoHosts, APeekShowsTheNextBytesInPlaceUntilAReadLetsGoOfThem) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const int peer = 1 - ctx.rank;
+    const std::string address = exchangeAddresses(ctx, peer);
+    const ChannelShape shape{4096, 3};
+    const size_t room = shape.frameBytes - kFrameHeaderBytes;
+    auto link = linkWith(ctx.rank, peer, address, shape, 0);
+    const size_t bytes = 5 * room + 7;
+    std::vector<uint8_t> message(bytes);
+    for (size_t j = 0; j < bytes; ++j) message[j] = patternByte(2, 0, j);
+    const auto deadline = Clock::now() + kPatience;
+    exchange(*link, ctx.rank, peer, {1});
+    if (ctx.rank == 1) {
+      uint64_t done = 0;
+      while (!link->write({9, bytes}, message.data(), done)) {
+        LOOM_CHECK(Clock::now() < deadline, << "stuck writing at " << done);
+      }
+      exchange(*link, ctx.rank, peer, {2});  // a message after it: peeks never reach into it
+      while (!link->drained()) LOOM_CHECK(Clock::now() < deadline, << "the sends did not drain");
+      return;
+    }
+    std::optional<Envelope> envelope;
+    while (!envelope) {
+      LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
+      envelope = link->nextEnvelope();
+    }
+    LOOM_CHECK(envelope->tag == 9 && envelope->bytes == bytes, << envelope->bytes);
+    size_t taken = 0;
+    for (int turn = 0; taken < bytes; ++turn) {
+      LOOM_CHECK(Clock::now() < deadline, << "stuck at " << taken);
+      const size_t want = bytes - taken;
+      const std::span<const uint8_t> view = link->peek(want);
+      if (view.empty()) continue;  // the next frame is not here yet
+      LOOM_CHECK(view.size() <= std::min(want, room), << view.size() << " bytes at " << taken);
+      LOOM_CHECK(std::memcmp(view.data(), message.data() + taken, view.size()) == 0,
+                 << "a peek at byte " << taken << " shows other bytes");
+      const std::span<const uint8_t> again = link->peek(want);
+      LOOM_CHECK(again.data() == view.data() && again.size() == view.size(),
+                 << "a second peek moved at byte " << taken);
+      const std::span<const uint8_t> few = link->peek(3);
+      LOOM_CHECK(few.data() == view.data() && few.size() == std::min<size_t>(3, view.size()),
+                 << "a peek of 3 bytes at byte " << taken << " showed " << few.size());
+      if (turn % 3 == 2) {  // a read takes the next bytes out instead
+        std::vector<uint8_t> out(view.size());
+        const size_t n = link->read(out.data(), out.size());
+        LOOM_CHECK(n == out.size() && std::memcmp(out.data(), message.data() + taken, n) == 0,
+                   << "a read after a peek at byte " << taken);
+        taken += n;
+        continue;
+      }
+      const size_t letGo = turn % 3 == 0 ? view.size() : view.size() / 2 + 1;
+      LOOM_CHECK(link->read(nullptr, letGo) == letGo);
+      taken += letGo;
+    }
+    LOOM_CHECK(link->peek(1).empty(), << "a peek past the message's end showed bytes");
+    exchange(*link, ctx.rank, peer, {2});
   });
 }
 

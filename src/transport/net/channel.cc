@@ -466,20 +466,31 @@ std::optional<Envelope> ReceiveChannel::nextEnvelope() {
   return header.envelope;
 }
 
+bool ReceiveChannel::continueMessage() {
+  if (current_.slot >= 0) return true;
+  if (arrived_.empty() || stream_.idle()) return false;  // the message's next frame is not here
+  current_ = arrived_.front();
+  arrived_.pop_front();
+  currentOffset_ = kFrameHeaderBytes;
+  const FrameHeader header = openFrame(current_);  // a goodbye here is a violation
+  if (header.first) violation("began a message inside another");
+  return true;
+}
+
+std::span<const uint8_t> ReceiveChannel::peek(size_t n) {
+  if (!ready()) return {};
+  pump();
+  if (!continueMessage()) return {};
+  return {slot(current_.slot) + currentOffset_, std::min(n, current_.length - currentOffset_)};
+}
+
 size_t ReceiveChannel::read(void* dst, size_t n) {
   if (!ready()) return 0;
   pump();
   auto* out = static_cast<uint8_t*>(dst);
   size_t total = 0;
   while (total < n) {
-    if (current_.slot < 0) {
-      if (arrived_.empty() || stream_.idle()) break;  // the message's next frame is not here
-      current_ = arrived_.front();
-      arrived_.pop_front();
-      currentOffset_ = kFrameHeaderBytes;
-      const FrameHeader header = openFrame(current_);  // a goodbye here is a violation
-      if (header.first) violation("began a message inside another");
-    }
+    if (!continueMessage()) break;
     const size_t m = std::min(n - total, current_.length - currentOffset_);
     if (out != nullptr) std::memcpy(out + total, slot(current_.slot) + currentOffset_, m);
     total += m;

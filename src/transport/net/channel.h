@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,7 @@ class ReceiveChannel {
   /// violations throw Error(kPeerFailure).
   std::optional<Envelope> nextEnvelope();
   size_t read(void* dst, size_t n);
+  std::span<const uint8_t> peek(size_t n);
   bool readable();
   /// True once the initiator's goodbye has been read: everything it sent has been.
   bool peerLeft() const { return peerLeft_; }
@@ -158,6 +160,9 @@ class ReceiveChannel {
   void recycle(int slot);
   void returnCredits();
   FrameHeader openFrame(const Frame& frame);
+  /// Makes the current message's next arrived frame the current one, if there is none and
+  /// one has arrived; false if none is there to read from.
+  bool continueMessage();
   [[noreturn]] void violation(const std::string& what);
 
   enum class Step {

@@ -57,6 +57,15 @@ size_t NetLink::read(void* dst, size_t n) {
   }
 }
 
+std::span<const uint8_t> NetLink::peek(size_t n) {
+  try {
+    ReceiveChannel* in = inbound();
+    return in ? in->peek(n) : std::span<const uint8_t>{};
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
 bool NetLink::drained() {
   try {
     if (!out_) return true;

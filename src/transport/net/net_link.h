@@ -46,6 +46,7 @@ class NetLink final : public MessageLink {
   }
   std::optional<Envelope> nextEnvelope() override;
   size_t read(void* dst, size_t n) override;
+  std::span<const uint8_t> peek(size_t n) override;
   bool readable() override;
   void notifyPeer() override {}
   bool polled() const override { return true; }
