@@ -246,6 +246,9 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
   const std::string op(wait_.op);
   size_t left = work.size();
   size_t idleTurns = 0;
+  // While tracing, each idle stretch is a span: waiting for bytes this process still has to
+  // produce (a ring's send), or for the network (arrivals, credits).
+  std::optional<trace::Span> idle;
   int current = -1;  // the peer being driven, for failure messages
   try {
     for (PeerWork& w : work) {
@@ -351,6 +354,7 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
         }
       }
       if (progressed) {
+        idle.reset();
         idleTurns = 0;
         continue;
       }
@@ -361,10 +365,17 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
                      std::to_string(wait_.timeout.count()) + " ms waiting for " +
                      describe_(current) + " over the network");
       }
-      ++idleTurns;
-      // A send that waits for what this process's other thread is receiving and reducing
-      // gets its next bytes within a frame's time: it keeps yielding rather than napping.
-      if (idleTurns < (awaitsProduction ? 4096 : 64)) {
+      if (idleTurns++ == 0 && trace::enabled()) {
+        idle.emplace(awaitsProduction ? "wait for bytes to send" : "wait on the network");
+      }
+      // A cut-through ring's two threads feed each other within a frame's time: a send
+      // waits for what this process's other thread is receiving and reducing, and that
+      // thread for frames its predecessor's send thread passes on as they are produced. A
+      // nap (50 µs, often twice that with the kernel's timer slack) would stall every hop of
+      // the ring, so both keep yielding (docs/PERFORMANCE.md, "A ring's receiver that does
+      // not nap"); other exchanges nap soon, leaving the cores to threads with work.
+      const bool ringReceiver = streaming != nullptr && !receives.empty();
+      if (idleTurns < ((awaitsProduction || ringReceiver) ? 4096 : 64)) {
         sched_yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
