@@ -8,7 +8,9 @@ rest, "between spans"), for the faster and the slower half of the calls and for 
 ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
 call's start the last helper to join began its first part (a helper asleep joins late), and
 how many of the calls had two busy threads (copying, reducing, a helper's part; of any
-process) on one CPU at once, so that each ran at most half the time. Calls through torch
+process) on one CPU at once, so that each ran at most half the time. Across hosts, what the
+network threads did during the calls (the rail thread's receives, reductions and waits on
+the network, the send thread's sends and waits for bytes to send), per call. Calls through torch
 (the plugin's "c10d call" and "direct op" spans) get a line each per path, collective and
 size: how long they took and how much of it came before and after the engine's collective.
 
@@ -201,6 +203,39 @@ def describe(calls, label):
     return f"    {label} ({len(calls)} calls, mean µs): call {call:.1f} = {text}"
 
 
+def thread_role(spans):
+    """What a thread other than a collective's caller is, by the spans it has."""
+    names = {s.name for s in spans}
+    if "rail job" in names:
+        return "rail thread"
+    if "send" in names:
+        return "send thread"
+    return "helper" if names <= {"helper part"} else "other thread"
+
+
+def describe_others(threads, calls):
+    """One line: what each thread beside the callers (a network thread across hosts) spent
+    inside the given calls, µs per call in each span (nested spans counted each)."""
+    windows = sorted((c.begin, c.end) for c in calls)
+    starts = [b for b, _ in windows]
+    parts = []
+    for tid, spans in sorted(threads.items()):
+        role = thread_role(spans)
+        if role == "helper" or any(x.name in COLLECTIVES for x in spans):
+            continue  # helpers are summed with their calls; callers have their own lines
+        sums = {}
+        for s in spans:
+            i = bisect.bisect_right(starts, s.begin) - 1
+            for b, e in windows[max(0, i):i + 2]:
+                if s.end > b and s.begin < e:  # the part of the span inside a call
+                    sums[s.name] = sums.get(s.name, 0.0) + min(s.end, e) - max(s.begin, b)
+        if sums:
+            text = ", ".join(f"{n} {v / len(calls):.1f}" for n, v in
+                             sorted(sums.items(), key=lambda kv: -kv[1]) if v / len(calls) >= 0.05)
+            parts.append(f"{role} {tid}: {text}")
+    return f"    other threads (µs per call): {'; '.join(parts)}" if parts else None
+
+
 def summary(prefix, slow=1.5):
     """The summary's lines for the files LOOM_TRACE=<prefix> left (FileNotFoundError if none)."""
     paths = sorted(glob.glob(glob.escape(str(prefix)) + ".*.json"))
@@ -226,6 +261,9 @@ def summary(prefix, slow=1.5):
             slowest = [c for c in mine if c.end - c.begin > slow * median]
             if slowest:
                 lines.append(describe(slowest, f"slow, over {slow}x the median"))
+            others = describe_others(threads, mine)
+            if others:
+                lines.append(others)
     return lines
 
 

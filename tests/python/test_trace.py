@@ -60,6 +60,28 @@ def test_summary_groups_calls_and_names_their_parts(tmp_path):
     assert "a CPU shared by two busy threads in 1 of 1" in slower, slower
 
 
+def test_the_network_threads_time_inside_calls_is_summed_per_thread(tmp_path):
+    # Two 1 MiB all_reduces across hosts; the rail thread receives and waits during both, the
+    # send thread sends, and a span of each outside the calls is left out.
+    events = []
+    for t in (0.0, 1000.0):
+        events += [span("all_reduce", t, t + 100, n=1 << 20, tid=1),
+                   span("rail job", t + 10, t + 90, tid=2),
+                   span("receive", t + 10, t + 90, tid=2),
+                   span("wait on the network", t + 20, t + 50, tid=2),
+                   span("send", t + 10, t + 80, tid=3),
+                   span("wait for bytes to send", t + 30, t + 40, tid=3)]
+    events += [span("send", 500, 600, tid=3), span("helper part", 10, 20, tid=4)]
+    (tmp_path / "net.1.json").write_text(json.dumps({"traceEvents": events}))
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "net")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if "other threads" in x)
+    assert "rail thread 2: rail job 80.0, receive 80.0, wait on the network 30.0" in line, line
+    assert "send thread 3: send 70.0, wait for bytes to send 10.0" in line, line
+    assert "helper" not in line, line
+
+
 def test_cuda_calls_are_split_around_their_enqueue(tmp_path):
     # A CUDA all_reduce (c10d OpType 1): the plugin's call holds the executor's enqueue.
     events = []
