@@ -133,6 +133,26 @@ int segmentsFor(size_t bytes, size_t segmentBytes = kSegmentBytes) {
   return static_cast<int>(std::clamp<size_t>(bytes / segmentBytes, 1, kMaxSegments));
 }
 
+// Where every host has one rank and 2 MiB segments would make the rails halve (8 hosts:
+// blocks of 256 KiB), an all_reduce goes in segments of this much per host, so its rail goes
+// round a ring of such blocks. Halving's partners start each step apart and a late one holds
+// up the next (48 exchanges per 16 MiB call on 8 hosts, each receive ending 150-230 µs after
+// its own send), where a ring streams (traced, docs/PERFORMANCE.md "Where 8 x 1's time
+// goes"); 8 x 1 took 0.69-0.76x main's time from 4 to 16 MiB (0.62-0.70x through torch), as
+// one segment did in two earlier calls. Not for 3-5 hosts, whose rails ring already: there
+// larger segments lost by leaving the copy of the input unoverlapped.
+constexpr size_t kLoneRingBlockBytes = size_t{2} << 20;
+
+// The segment size of an all_reduce across hosts: a property of the layout, so every rank
+// cuts the buffer alike.
+size_t allReduceSegmentBytes(const HostLayout& L) {
+  const int hosts = L.hosts();
+  if (L.size != hosts) return kSegmentBytes;
+  const bool halves = railPatternFor(hosts, kSegmentBytes / hosts) == RailPattern::kHalving;
+  const bool rings = railPatternFor(hosts, kLoneRingBlockBytes) == RailPattern::kRing;
+  return halves && rings ? hosts * kLoneRingBlockBytes : kSegmentBytes;
+}
+
 // One segment of a hierarchical collective: local steps before the network, the rail part
 // (on the rail thread when there are several segments), local steps after. Every rank of a
 // host runs the same local steps in the same order.
@@ -601,7 +621,7 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
     return;
   }
   const size_t es = elementSize(type);
-  const int segments = segmentsFor(count * es);
+  const int segments = segmentsFor(count * es, allReduceSegmentBytes(ctx.layout()));
   const Bounds cuts = slices(count, segments, type);
   // Between two hosts a rail's all_reduce is one exchange and one reduction. Done by the rail
   // thread, the reduction keeps the network idle until the next segment's exchange, while a
