@@ -10,8 +10,9 @@
 namespace loom {
 
 void ArrivingReduction::reduceWaiting(size_t upto) {
-  if (upto > reduced_) reduce_(into_ + reduced_, waiting_ + reduced_, (upto - reduced_) / es_);
-  reduced_ = std::max(reduced_, upto);
+  if (upto <= reduced_) return;
+  reduce_(into_ + reduced_, waiting_ + reduced_, (upto - reduced_) / es_);
+  reduced_ = upto;
 }
 
 void ArrivingReduction::take(size_t at, std::span<const uint8_t> view) {

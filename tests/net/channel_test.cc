@@ -58,6 +58,23 @@ uint8_t patternByte(int sender, size_t message, size_t j) {
                               (j >> 9));
 }
 
+// `bytes` of `sender`'s pattern, as one message.
+std::vector<uint8_t> patterned(int sender, size_t bytes) {
+  std::vector<uint8_t> message(bytes);
+  for (size_t j = 0; j < bytes; ++j) message[j] = patternByte(sender, 0, j);
+  return message;
+}
+
+// The next message's envelope, once it has arrived (before `deadline`).
+Envelope awaitEnvelope(MessageLink& link, Clock::time_point deadline) {
+  std::optional<Envelope> envelope;
+  while (!envelope) {
+    LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
+    envelope = link.nextEnvelope();
+  }
+  return *envelope;
+}
+
 // Sends `sizes` to the peer while receiving the peer's same list, and checks every byte;
 // `mode` says whether the link may send from the messages' own memory (kept until drained).
 void exchange(MessageLink& link, int me, int peer, const std::vector<size_t>& sizes,
@@ -159,8 +176,7 @@ TEST_F(TwoHosts, APrefixWriteSendsOnlyWholeFramesOfWhatExists) {
     SendChannel* out = nullptr;
     auto link = linkWith(ctx.rank, peer, address, shape, 0, &out);
     const size_t bytes = 3 * room + 5;
-    std::vector<uint8_t> message(bytes);
-    for (size_t j = 0; j < bytes; ++j) message[j] = patternByte(1, 0, j);
+    const std::vector<uint8_t> message = patterned(1, bytes);
     const auto deadline = Clock::now() + kPatience;
     if (ctx.rank == 1) {
       exchange(*link, ctx.rank, peer, {1});  // the window is granted: credits are here
@@ -188,12 +204,8 @@ TEST_F(TwoHosts, APrefixWriteSendsOnlyWholeFramesOfWhatExists) {
       return;
     }
     exchange(*link, ctx.rank, peer, {1});
-    std::optional<Envelope> envelope;
-    while (!envelope) {
-      LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
-      envelope = link->nextEnvelope();
-    }
-    LOOM_CHECK(envelope->tag == 5 && envelope->bytes == bytes, << envelope->bytes);
+    const Envelope envelope = awaitEnvelope(*link, deadline);
+    LOOM_CHECK(envelope.tag == 5 && envelope.bytes == bytes, << envelope.bytes);
     std::vector<uint8_t> buffer(bytes);
     size_t filled = 0;
     while (filled < bytes) {
@@ -217,8 +229,7 @@ TEST_F(TwoHosts, APeekShowsTheNextBytesInPlaceUntilAReadLetsGoOfThem) {
     const size_t room = shape.frameBytes - kFrameHeaderBytes;
     auto link = linkWith(ctx.rank, peer, address, shape, 0);
     const size_t bytes = 5 * room + 7;
-    std::vector<uint8_t> message(bytes);
-    for (size_t j = 0; j < bytes; ++j) message[j] = patternByte(2, 0, j);
+    const std::vector<uint8_t> message = patterned(2, bytes);
     const auto deadline = Clock::now() + kPatience;
     exchange(*link, ctx.rank, peer, {1});
     if (ctx.rank == 1) {
@@ -230,12 +241,8 @@ TEST_F(TwoHosts, APeekShowsTheNextBytesInPlaceUntilAReadLetsGoOfThem) {
       while (!link->drained()) LOOM_CHECK(Clock::now() < deadline, << "the sends did not drain");
       return;
     }
-    std::optional<Envelope> envelope;
-    while (!envelope) {
-      LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
-      envelope = link->nextEnvelope();
-    }
-    LOOM_CHECK(envelope->tag == 9 && envelope->bytes == bytes, << envelope->bytes);
+    const Envelope envelope = awaitEnvelope(*link, deadline);
+    LOOM_CHECK(envelope.tag == 9 && envelope.bytes == bytes, << envelope.bytes);
     size_t taken = 0;
     for (int turn = 0; taken < bytes; ++turn) {
       LOOM_CHECK(Clock::now() < deadline, << "stuck at " << taken);
@@ -314,11 +321,7 @@ TEST_F(TwoHosts, AbandonedBorrowedFramesAreNeverReadAndThePeerSeesTheLinkClose) 
     const auto deadline = Clock::now() + kPatience;
     expectError(
         [&] {
-          std::optional<Envelope> envelope;
-          while (!envelope) {
-            LOOM_CHECK(Clock::now() < deadline, << "nothing arrived");
-            envelope = link->nextEnvelope();
-          }
+          awaitEnvelope(*link, deadline);
           for (;;) {
             LOOM_CHECK(Clock::now() < deadline, << "the reader was not told");
             filled += link->read(buffer.data() + filled, buffer.size() - filled);
