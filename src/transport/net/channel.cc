@@ -468,6 +468,9 @@ std::optional<Envelope> ReceiveChannel::nextEnvelope() {
 
 bool ReceiveChannel::continueMessage() {
   if (current_.slot >= 0) return true;
+  // Look at the network only once what has arrived is read: a consumer taking a frame at a
+  // time (peek, then read) polls once per frame, not once per call.
+  if (arrived_.empty()) pump();
   if (arrived_.empty() || stream_.idle()) return false;  // the message's next frame is not here
   current_ = arrived_.front();
   arrived_.pop_front();
@@ -479,14 +482,12 @@ bool ReceiveChannel::continueMessage() {
 
 std::span<const uint8_t> ReceiveChannel::peek(size_t n) {
   if (!ready()) return {};
-  pump();
   if (!continueMessage()) return {};
   return {slot(current_.slot) + currentOffset_, std::min(n, current_.length - currentOffset_)};
 }
 
 size_t ReceiveChannel::read(void* dst, size_t n) {
   if (!ready()) return 0;
-  pump();
   auto* out = static_cast<uint8_t*>(dst);
   size_t total = 0;
   while (total < n) {

@@ -160,8 +160,8 @@ class ReceiveChannel {
   void recycle(int slot);
   void returnCredits();
   FrameHeader openFrame(const Frame& frame);
-  /// Makes the current message's next arrived frame the current one, if there is none and
-  /// one has arrived; false if none is there to read from.
+  /// Makes the current message's next arrived frame the current one, if there is none
+  /// (polling the network if nothing has arrived); false if none is there to read from.
   bool continueMessage();
   [[noreturn]] void violation(const std::string& what);
 
