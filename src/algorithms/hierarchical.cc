@@ -134,18 +134,20 @@ int segmentsFor(size_t bytes, size_t segmentBytes = kSegmentBytes) {
 }
 
 // Where every host has one rank and 2 MiB segments would make the rails halve (8 hosts:
-// blocks of 256 KiB), an all_reduce goes in segments of this much per host, so its rail goes
-// round a ring of such blocks. Halving's partners start each step apart and a late one holds
-// up the next (48 exchanges per 16 MiB call on 8 hosts, each receive ending 150-230 µs after
-// its own send), where a ring streams (traced, docs/PERFORMANCE.md "Where 8 x 1's time
-// goes"); 8 x 1 took 0.69-0.76x main's time from 4 to 16 MiB (0.62-0.70x through torch), as
-// one segment did in two earlier calls. Not for 3-5 hosts, whose rails ring already: there
-// larger segments lost by leaving the copy of the input unoverlapped.
+// blocks of 256 KiB), an all_reduce, a reduce_scatter and a small enough all_gather go in
+// segments of this much per host, so their rails go round a ring of such blocks. Halving's
+// partners start each step apart and a late one holds up the next (48 exchanges per 16 MiB
+// all_reduce on 8 hosts, each receive ending 150-230 µs after its own send), where a ring
+// streams (traced, docs/PERFORMANCE.md "Where 8 x 1's time goes"). 8 x 1 took 0.69-0.76x
+// main's time from 4 to 16 MiB for all_reduce (0.62-0.70x through torch), as one segment did
+// in two earlier calls, and 0.54-0.95x from 4 to 64 MiB for reduce_scatter (two calls;
+// "Lone ranks' rings for all_gather and reduce_scatter"). Not for 3-5 hosts, whose rails
+// ring already: there larger segments lost by leaving the copy of the input unoverlapped.
 constexpr size_t kLoneRingBlockBytes = size_t{2} << 20;
 
-// The segment size of an all_reduce across hosts: a property of the layout, so every rank
-// cuts the buffer alike.
-size_t allReduceSegmentBytes(const HostLayout& L) {
+// The segment size of an all_reduce, all_gather or reduce_scatter across hosts: a property
+// of the layout, so every rank cuts the buffer alike.
+size_t segmentBytesFor(const HostLayout& L) {
   const int hosts = L.hosts();
   if (L.size != hosts) return kSegmentBytes;
   const bool halves = railPatternFor(hosts, kSegmentBytes / hosts) == RailPattern::kHalving;
@@ -621,7 +623,7 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
     return;
   }
   const size_t es = elementSize(type);
-  const int segments = segmentsFor(count * es, allReduceSegmentBytes(ctx.layout()));
+  const int segments = segmentsFor(count * es, segmentBytesFor(ctx.layout()));
   const Bounds cuts = slices(count, segments, type);
   // Between two hosts a rail's all_reduce is one exchange and one reduction. Done by the rail
   // thread, the reduction keeps the network idle until the next segment's exchange, while a
@@ -655,7 +657,12 @@ void allGatherAcrossHosts(AcrossHostsContext& ctx, const void* input,
   size_t total = 0;
   for (size_t n : counts) total += n;
   const int rails = railsFor(L, total * es);
-  const int segments = segmentsFor(total * es);
+  // One rank per host: a ring of 2 MiB blocks while the buffer is one such segment (8 x 1:
+  // 0.72-0.91x the time of doubling 256 KiB blocks from 4 to 16 MiB); beyond, 2 MiB
+  // segments, up to 16 in flight, were faster (the ring's 1.03-1.16x at 32-64 MiB, two calls).
+  const size_t ringSegment = segmentBytesFor(L);
+  const int segments =
+      segmentsFor(total * es, total * es <= ringSegment ? ringSegment : kSegmentBytes);
   Segments parts;
   for (int s = 0; s < segments; ++s) {
     BlockSlices slice = sliceBlocks(counts, s, segments, type);
@@ -691,7 +698,7 @@ void reduceScatterAcrossHosts(AcrossHostsContext& ctx, const std::vector<const v
   }
   const size_t es = elementSize(type);
   const int rails = railsFor(L, total * es);
-  const int segments = segmentsFor(total * es);
+  const int segments = segmentsFor(total * es, segmentBytesFor(L));
   Segments parts;
   for (int s = 0; s < segments; ++s) {
     BlockSlices slice = sliceBlocks(counts, s, segments, type);
