@@ -378,6 +378,7 @@ class AllGatherSegment final : public Segment {
         rails_(rails),
         ranges_(L, std::move(counts), rails, type) {
     for (int s = 0; s < rails_; ++s) railBounds_.push_back(ranges_.railBounds(s));
+    gathersInPlace_ = outputsAreTheRailBuffer();
   }
 
   // Every rank of this host gets the host's blocks; a rail rank stages its piece of them.
@@ -389,6 +390,10 @@ class AllGatherSegment final : public Segment {
       local.outputCounts.push_back(counts_[q]);
     }
     ctx.runLocal(local);
+    if (gathersInPlace_) {
+      staged_ = static_cast<uint8_t*>(outputs_[L_.ranksOn[0][0]]);
+      return;
+    }
     const int me = L_.localIndex;
     if (me >= rails_) return;
     const Bounds& bounds = railBounds_[me];
@@ -411,6 +416,7 @@ class AllGatherSegment final : public Segment {
   // Every rank of this host gathers what the rails brought, then puts the other hosts'
   // pieces in place.
   void after(AcrossHostsContext& ctx) override {
+    if (gathersInPlace_) return;  // the rail brought them there
     const int me = L_.localIndex;
     CollectiveArgs spread = localV(CollectiveKind::kAllGather, type_, ReduceOp(), countsHash_);
     size_t received = 0;
@@ -452,6 +458,25 @@ class AllGatherSegment final : public Segment {
   const HostRanges ranges_;
   std::vector<Bounds> railBounds_;
   uint8_t* staged_ = nullptr;  // this rail's pieces of every host (rail ranks)
+  bool gathersInPlace_ = false;
+
+  // Where every host has one rank and the outputs lie back to back in host order (one
+  // segment of an all_gather into one tensor), they are laid out as the rail's buffer
+  // already: the rail gathers straight into them, where staging copied the rank's own block
+  // in and every other block out afterwards (unoverlapped in a single segment: 3.5-6.6 ms of
+  // a 16 MiB call on 8 x 1, traced; docs/PERFORMANCE.md "Gathered in place").
+  bool outputsAreTheRailBuffer() const {
+    if (L_.size != L_.hosts() || rails_ != 1) return false;
+    const Bounds& bounds = railBounds_[0];
+    const auto* base = static_cast<const uint8_t*>(outputs_[L_.ranksOn[0][0]]);
+    for (int h = 0; h < L_.hosts(); ++h) {
+      const int q = L_.ranksOn[h][0];
+      if (outputs_[q] != at(base, bounds[h], es_) || bounds[h + 1] - bounds[h] != counts_[q]) {
+        return false;
+      }
+    }
+    return true;
+  }
 };
 
 // ---- reduce_scatter ----

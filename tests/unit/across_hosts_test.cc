@@ -448,6 +448,51 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LargeAcrossHosts, ::testing::ValuesIn(layoutsU
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AcrossHosts, ::testing::ValuesIn(layouts()), layoutName);
 
+// One rank per host: outputs back to back in host order are the rail's buffer itself (the
+// rail gathers straight into them); outputs anywhere else go through the staging. Both with
+// uneven blocks, the ring (3 hosts) and doubling (8 hosts), out of place and in place.
+TEST(LoneRanksAllGather, IntoOneTensorOrScatteredOutputs) {
+  for (int hosts : {3, 8}) {
+    MemoryHosts lone(blocked(std::vector<int>(static_cast<size_t>(hosts), 1)));
+    lone.run([&](AcrossHostsContext& ctx) {
+      const int me = ctx.layout().rank, n = ctx.layout().size;
+      const DataType type = DataType::kFloat32;
+      std::vector<size_t> counts;
+      for (int q = 0; q < n; ++q) counts.push_back(1000 + 37 * static_cast<size_t>(q));
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+      std::vector<float> in(counts[me]);
+      fillInput(in.data(), type, counts[me], me, 91);
+      std::vector<float> tensor(total);  // rank q's block at the sum of the counts before it
+      std::vector<std::vector<float>> apart(static_cast<size_t>(n));
+      for (const bool oneTensor : {true, false}) {
+        for (const bool inPlace : {false, true}) {
+          auto ag =
+              args(CollectiveKind::kAllGather, type, ReduceOp(), 0, counts[me], in.data(), nullptr);
+          size_t offset = 0;
+          for (int q = 0; q < n; ++q) {
+            apart[q].assign(counts[q], 0.0f);
+            // Scattered: each block on its own, so no two lie back to back.
+            ag.outputs.push_back(oneTensor ? tensor.data() + offset : apart[q].data());
+            offset += counts[q];
+          }
+          std::fill(tensor.begin(), tensor.end(), 0.0f);
+          if (inPlace) {
+            std::copy(in.begin(), in.end(), static_cast<float*>(ag.outputs[me]));
+            ag.input = ag.outputs[me];
+          }
+          ag.outputCounts = counts;
+          runAcrossHosts(ctx, ag);
+          for (int q = 0; q < n; ++q) {
+            check(ag.outputs[q], inputBytes(type, counts[q], q, 91), type, counts[q],
+                  std::string(oneTensor ? "one tensor" : "scattered") +
+                      (inPlace ? ", in place" : "") + ": block " + std::to_string(q));
+          }
+        }
+      }
+    });
+  }
+}
+
 TEST(RailPattern, RingForFewAndLargeBlocksHalvingForSmallPowersOfTwoAndMany) {
   const size_t small = 64 << 10;
   const size_t large = 512 << 10;
