@@ -38,10 +38,29 @@ constexpr size_t kRingBlockBytes = size_t{512} << 10;
 // (docs/PERFORMANCE.md, "A chain for broadcast across hosts").
 constexpr size_t kChainPieceBytes = size_t{128} << 10;
 constexpr size_t kMaxChainPieces = 32;
+// Where pieces of kChainPieceBytes are too few to fill the chain, it goes in just enough
+// smaller pieces, of at least this many bytes. On the 16-core host's namespace links, 4-8
+// lone hosts and 4 x 2 took 0.56-0.95x the time of the scatter and all-gather from 512 KiB to
+// 2 MiB with pieces of 21-87 KiB, open links and 10 Gb/s ones alike (docs/PERFORMANCE.md,
+// "Smaller pieces fill a chain"); 16 KiB pieces and 32 KiB ones did alike where both fill.
+constexpr size_t kMinChainPieceBytes = size_t{16} << 10;
 
-// The pieces a chain broadcast of `bytes` goes in.
-int chainPieces(size_t bytes) {
-  return static_cast<int>(std::min(bytes / kChainPieceBytes, kMaxChainPieces));
+// The pieces whose n - 2 piece times of filling cost at most a fifth of a chain's time.
+size_t chainFill(int members) {
+  return 4 * static_cast<size_t>(members - 2);
+}
+
+// The pieces a chain broadcast of `bytes` over `members` goes in: of kChainPieceBytes, at most
+// kMaxChainPieces; or, where those do not fill the chain, the fill in smaller pieces, if they
+// keep kMinChainPieceBytes and the fill is at most kMaxChainPieces (a longer rail fills in
+// more piece times than halving's log2 n rounds cost).
+int chainPieces(size_t bytes, int members) {
+  const size_t whole = std::min(bytes / kChainPieceBytes, kMaxChainPieces);
+  const size_t fill = chainFill(members);
+  if (whole >= fill || fill > kMaxChainPieces || bytes / fill < kMinChainPieceBytes) {
+    return static_cast<int>(whole);
+  }
+  return static_cast<int>(fill);
 }
 
 // Tags name the step of a pattern in mismatch messages; both ends of a pair compute them.
@@ -421,9 +440,9 @@ void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
 
 BroadcastPattern broadcastPatternFor(int members, size_t bytes) {
   if (members <= 2 || bytes <= kTreeBytes) return BroadcastPattern::kTree;
-  // The chain's n - 2 piece times of filling cost at most a fifth of its time.
-  return chainPieces(bytes) >= 4 * (members - 2) ? BroadcastPattern::kChain
-                                                 : BroadcastPattern::kScatterAllGather;
+  return static_cast<size_t>(chainPieces(bytes, members)) >= chainFill(members)
+             ? BroadcastPattern::kChain
+             : BroadcastPattern::kScatterAllGather;
 }
 
 void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, size_t count,
@@ -436,7 +455,7 @@ void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   switch (broadcastPatternFor(n, bytes)) {
     case BroadcastPattern::kTree: return treeBroadcast(ctx, fromRoot, data, bytes);
     case BroadcastPattern::kChain:
-      return chainBroadcast(ctx, fromRoot, data, bytes, chainPieces(bytes));
+      return chainBroadcast(ctx, fromRoot, data, bytes, chainPieces(bytes, n));
     case BroadcastPattern::kScatterAllGather: break;
   }
   Bounds bounds(static_cast<size_t>(n) + 1);

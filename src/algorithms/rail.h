@@ -53,8 +53,8 @@ RailPattern railPatternFor(int members, size_t blockBytes);
 enum class BroadcastPattern : uint8_t { kTree, kChain, kScatterAllGather };
 
 /// The pattern for a rail of `members` broadcasting `bytes`: the tree for two members and up
-/// to 256 KiB, the chain where it has enough pieces to fill (4 (n - 2) of 128 KiB, at most
-/// 32), else the scatter and all-gather.
+/// to 256 KiB, the chain where it has enough pieces to fill (4 (n - 2) of 128 KiB, or of at
+/// least 16 KiB; at most 32), else the scatter and all-gather.
 BroadcastPattern broadcastPatternFor(int members, size_t bytes);
 
 /// After this, member i holds block i reduced over every member (its other blocks hold

@@ -311,14 +311,16 @@ TEST_P(AcrossHosts, DataMovementMatchesTheReference) {
               "scatter " + what);
       }
     }
-    // A broadcast past the tree's bytes on every rail but short of filling a chain: the
-    // binomial scatter and the all-gather (the counts above stay within the tree).
+    // A broadcast just past the tree's bytes on every rail (the counts above stay within
+    // the tree): a chain of small pieces on 3-6 hosts, too few to fill it on 7 and 8, so
+    // the binomial scatter and the all-gather there.
     const DataType type = DataType::kFloat32;
     const size_t perRail = (size_t{300} << 10) / elementSize(type);
     const size_t count = perRail * static_cast<size_t>(ctx.layout().rails);
-    if (ctx.layout().hosts() > 2) {
-      ASSERT_EQ(broadcastPatternFor(ctx.layout().hosts(), perRail * elementSize(type)),
-                BroadcastPattern::kScatterAllGather);
+    const int hostCount = ctx.layout().hosts();
+    if (hostCount > 2) {
+      ASSERT_EQ(broadcastPatternFor(hostCount, perRail * elementSize(type)),
+                hostCount >= 7 ? BroadcastPattern::kScatterAllGather : BroadcastPattern::kChain);
     }
     for (int root : {0, n - 1}) {
       std::vector<float> buffer(count), in(count);
@@ -511,15 +513,18 @@ TEST(RailPattern, RingForFewAndLargeBlocksHalvingForSmallPowersOfTwoAndMany) {
 }
 
 TEST(RailPattern, BroadcastTreeWhileSmallChainWhereItFillsElseScatterAndAllGather) {
-  const size_t tree = 256 << 10, piece = 128 << 10;
+  const size_t tree = 256 << 10, piece = 128 << 10, small = 16 << 10;
   EXPECT_EQ(broadcastPatternFor(2, size_t{64} << 20), BroadcastPattern::kTree);
   EXPECT_EQ(broadcastPatternFor(8, tree), BroadcastPattern::kTree);
-  EXPECT_EQ(broadcastPatternFor(3, tree + 1), BroadcastPattern::kScatterAllGather);
-  EXPECT_EQ(broadcastPatternFor(3, 4 * piece), BroadcastPattern::kChain);
-  EXPECT_EQ(broadcastPatternFor(4, 8 * piece - 1), BroadcastPattern::kScatterAllGather);
-  EXPECT_EQ(broadcastPatternFor(4, 8 * piece), BroadcastPattern::kChain);
+  // Past the tree 3-6 members always fill a chain, in pieces of 16 KiB or more.
+  EXPECT_EQ(broadcastPatternFor(3, tree + 1), BroadcastPattern::kChain);
+  EXPECT_EQ(broadcastPatternFor(6, tree + 1), BroadcastPattern::kChain);
+  EXPECT_EQ(broadcastPatternFor(8, 24 * small - 1), BroadcastPattern::kScatterAllGather);
+  EXPECT_EQ(broadcastPatternFor(8, 24 * small), BroadcastPattern::kChain);
   EXPECT_EQ(broadcastPatternFor(8, 24 * piece), BroadcastPattern::kChain);
+  EXPECT_EQ(broadcastPatternFor(10, 32 * small), BroadcastPattern::kChain);
   EXPECT_EQ(broadcastPatternFor(10, size_t{1} << 30), BroadcastPattern::kChain);  // 32 pieces
+  // From 11 members the fill is more than 32 pieces: never a chain.
   EXPECT_EQ(broadcastPatternFor(11, size_t{1} << 30), BroadcastPattern::kScatterAllGather);
 }
 

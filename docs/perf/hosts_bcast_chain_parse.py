@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""A/B of one call's loom-bench runs in turns (hosts_bcast_chain_h200host.txt): each variant's
+median time (out of place and in place, every run) per layout, link, op and size over the
+baseline variant's, and where the variants choose the same pattern, the same ratio as a
+measure of the runs' swing.
+
+    python3 hosts_bcast_chain_parse.py CALL_LOG [--base B] VARIANT...
+    (call 1: base A, variants C16 C32 C64 T; call 2: base O, variant N)
+"""
+import collections
+import re
+import statistics as st
+import sys
+
+args = sys.argv[2:]
+base_variant = "A"
+if args[:1] == ["--base"]:
+    base_variant, args = args[1], args[2:]
+runs = collections.defaultdict(list)
+variant = op = None
+for line in open(sys.argv[1]):
+    m = re.match(r"--- at \d+ s: variant (\w+) hosts (\d+) ranks (\d+)", line)
+    if m:
+        link = " 10G" if "--link-gbit 10" in line else ""
+        layout = f"{m.group(2)}x{int(m.group(3)) // int(m.group(2))}{link}"
+        variant = (m.group(1), layout)
+        continue
+    if line.startswith("---"):
+        variant = None
+    m = re.match(r"# (all_reduce|all_gather|reduce_scatter|broadcast|all_to_all)\s", line)
+    if m:
+        op = m.group(1)
+        continue
+    if variant and re.match(r"\s+\d+\s+\d+\s+[\d.]+", line):
+        f = line.split()
+        runs[(variant[1], op, int(f[0]), variant[0])] += [float(f[2]), float(f[7])]
+ratios = {v: [] for v in args}
+for layout, op, size in sorted({k[:3] for k in runs}):
+    base = runs.get((layout, op, size, base_variant))
+    if not base:
+        continue
+    row = f"{layout:8s} {op:10s} {size / 2**20:5.2f} MiB  {base_variant} {st.median(base):8.0f} us"
+    for v in ratios:
+        if runs.get((layout, op, size, v)):
+            r = st.median(runs[(layout, op, size, v)]) / st.median(base)
+            ratios[v].append(r)
+            row += f"  {v} {r:.2f}"
+    print(row)
+for v, r in ratios.items():
+    r.sort()
+    print(f"{v}: median {st.median(r):.2f}, faster at {sum(x < 1 for x in r)} of {len(r)}, {r[0]:.2f}-{r[-1]:.2f}")
