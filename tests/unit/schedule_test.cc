@@ -107,6 +107,43 @@ TEST(Schedules, LargeBroadcastSendsTheBufferOncePerHost) {
   }
 }
 
+// A small broadcast spreads the other hosts over the rails, each rail taking the whole
+// buffer to its group: no rank sends more than a binomial tree over its group asks, and
+// with as many rails as other hosts every host has it after one network round.
+TEST(Schedules, SmallBroadcastSpreadsTheHostsOverTheRails) {
+  struct Case {
+    int hosts, perHost;
+    size_t steps;  // the most exchanges any rank takes: log2 of its group's size + 1
+  };
+  for (const Case c : {Case{4, 2, 2}, Case{4, 4, 1}, Case{3, 2, 1}, Case{9, 2, 3}, Case{16, 8, 2},
+                       Case{8, 1, 3}}) {
+    const size_t count = 1000;  // 4000 bytes of float32: one rail's worth
+    for (int root : {0, c.hosts * c.perHost - 1}) {
+      const ScheduleReport report =
+          simulate(hostsOf(c.hosts, c.perHost), opOf(CollectiveKind::kBroadcast, count, root));
+      ASSERT_EQ(report.error, "") << c.hosts << " x " << c.perHost;
+      EXPECT_EQ(report.maxNetworkSteps, c.steps) << c.hosts << " x " << c.perHost;
+      // Every non-root host receives the buffer once.
+      EXPECT_EQ(report.messages, static_cast<size_t>(c.hosts - 1)) << c.hosts << " x " << c.perHost;
+    }
+  }
+  // The root's own rail takes the shortest group: on 4 hosts of 2 ranks the root sends once
+  // (its neighbour on the root's host feeds a tree over the other two hosts), on 3 of 4 never.
+  struct Sends {
+    int hosts, perHost, root;
+    size_t sends;
+  };
+  for (const Sends c : {Sends{4, 2, 0, 1}, Sends{4, 2, 1, 1}, Sends{3, 4, 3, 0}}) {
+    const auto schedules = recordSchedules(hostsOf(c.hosts, c.perHost),
+                                           opOf(CollectiveKind::kBroadcast, 1000, c.root));
+    size_t sends = 0;
+    for (const ScheduleStep& step : schedules[static_cast<size_t>(c.root)]) {
+      sends += step.sends.size();
+    }
+    EXPECT_EQ(sends, c.sends) << c.hosts << " x " << c.perHost << " from " << c.root;
+  }
+}
+
 TEST(Schedules, AllGatherAndReduceScatterSendTheirShareOnce) {
   const int hosts = 8, perHost = 4;
   const size_t perRank = 1 << 16;  // float32 elements
