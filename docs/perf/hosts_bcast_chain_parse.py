@@ -5,7 +5,8 @@ baseline variant's, and where the variants choose the same pattern, the same rat
 measure of the runs' swing.
 
     python3 hosts_bcast_chain_parse.py CALL_LOG [--base B] VARIANT...
-    (call 1: base A, variants C16 C32 C64 T; call 2: base O, variant N)
+    (hosts_bcast_chain_h200host.txt call 1: base A, variants C16 C32 C64 T; call 2: base O,
+    variant N; hosts_bcast_spread_h200host.txt call 4: base O, variant S)
 """
 import collections
 import re
@@ -39,7 +40,9 @@ for layout, op, size in sorted({k[:3] for k in runs}):
     base = runs.get((layout, op, size, base_variant))
     if not base:
         continue
-    row = f"{layout:8s} {op:10s} {size / 2**20:5.2f} MiB  {base_variant} {st.median(base):8.0f} us"
+    shown = (f"{size / 2**20:5.2f} MiB" if size >= 2**20 else
+             f"{size / 2**10:5.0f} KiB" if size >= 2**10 else f"{size:5d} B  ")
+    row = f"{layout:8s} {op:10s} {shown}  {base_variant} {st.median(base):8.0f} us"
     for v in ratios:
         if runs.get((layout, op, size, v)):
             r = st.median(runs[(layout, op, size, v)]) / st.median(base)
