@@ -12,7 +12,8 @@ namespace loom {
 namespace {
 
 // Below this many bytes a collective uses one rail: fewer local steps beat spreading a few
-// kilobytes over several network connections.
+// kilobytes over several network connections. (A broadcast there sends whole copies over
+// several rails instead, to different hosts: SpreadHosts below.)
 constexpr size_t kOneRailBytes = size_t{64} << 10;
 
 int railsFor(const HostLayout& L, size_t bytes) {
@@ -596,10 +597,10 @@ class ReduceScatterSegment final : public Segment {
 // root's, cut into min(rails, H - 1) runs as even as can be, the longer first, and the
 // root's own rail takes the last (shortest) one, or none. So the root's host sends from
 // several ranks at once where the root rank sent one round after another, the root itself
-// least, and the rounds shrink from log2 H to log2 of the largest group's size plus one
-// (4 hosts of 2 ranks: the root sends once, not twice; 4 of 4: one round, not two). Through
-// torch the root's call took 0.58-0.65x the time on 4 x 2 up to 32 KiB, 0.61-0.79x on 4 x 4
-// (docs/PERFORMANCE.md, "A small broadcast over every rail").
+// least, and the rounds shrink from ceil(log2 H) to ceil(log2(g + 1)) for the largest
+// group's g hosts (4 hosts of 2 ranks: the root sends once, not twice; 4 of 4: one round,
+// not two). Through torch the root's call took 0.58-0.65x the time on 4 x 2 up to 32 KiB,
+// 0.61-0.79x on 4 x 4 (docs/PERFORMANCE.md, "A small broadcast over every rail").
 class SpreadHosts {
  public:
   SpreadHosts(const HostLayout& L, int rootHost, int rootIndex)

@@ -113,7 +113,7 @@ TEST(Schedules, LargeBroadcastSendsTheBufferOncePerHost) {
 TEST(Schedules, SmallBroadcastSpreadsTheHostsOverTheRails) {
   struct Case {
     int hosts, perHost;
-    size_t steps;  // the most exchanges any rank takes: log2 of its group's size + 1
+    size_t steps;  // the most exchanges any rank takes: ceil(log2(g + 1)), g the largest group
   };
   for (const Case c : {Case{4, 2, 2}, Case{4, 4, 1}, Case{3, 2, 1}, Case{9, 2, 3}, Case{16, 8, 2},
                        Case{8, 1, 3}}) {
