@@ -36,9 +36,12 @@ SimulatedOp opOf(CollectiveKind kind, size_t count, int root = 0) {
 }
 
 TEST(Schedules, EveryCollectiveFinishesOnManyLayouts) {
+  // Hosts of two or three ranks: two rails, so a small broadcast spreads over them.
+  const Layout uneven = {{0, 1}, {2, 3, 4}, {5, 6}, {7, 8, 9}};
   const std::vector<Layout> layouts = {
       hostsOf(2, 1), hostsOf(2, 4),  hostsOf(3, 2),  hostsOf(4, 3),  hostsOf(6, 2),
-      hostsOf(9, 1), hostsOf(12, 2), hostsOf(16, 2), hostsOf(33, 1), {{0, 3}, {1}, {2, 4, 5}}};
+      hostsOf(9, 1), hostsOf(12, 2), hostsOf(16, 2), hostsOf(33, 1), {{0, 3}, {1}, {2, 4, 5}},
+      uneven};
   for (const Layout& layout : layouts) {
     const int size = [&] {
       int n = 0;
