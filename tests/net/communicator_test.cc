@@ -199,7 +199,13 @@ TEST_F(ThreeHosts, ARankKilledMidRingFailsBothSurvivorsNamingIt) {
       comm->allReduce(data.data(), data.data(), count, DataType::kFloat32, ReduceKind::kSum).wait();
     };
     allReduce();  // every link is up
+    // Rank 2 arms its death only once the others have finished that first call too: it may
+    // leave the call first, and a death then would fail a survivor's first call, outside the
+    // expectation below (seen once in CI on the loaded 2-core machine).
+    ctx.store->set("first call done " + std::to_string(ctx.rank), {1});
     if (ctx.rank == 2) {
+      for (int q : {0, 1})
+        ctx.store->get("first call done " + std::to_string(q), std::chrono::seconds(60));
       // Dies a little later, inside one of the collectives below.
       std::thread([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(30));
