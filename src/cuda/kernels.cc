@@ -41,7 +41,7 @@ ReduceKind boolKind(ReduceKind kind) {
 
 Kernels::Kernels() {
   const Driver& d = Driver::get();
-  check(d.cuModuleLoadData(&module_, kKernelImage), "cuda", -1,
+  check(d.cuModuleLoadData(&module_, loom_kernel_image), "cuda", -1,
         "loading loom's kernels (cuModuleLoadData; does this build's image cover this GPU?)");
   check(d.cuModuleGetFunction(&copy_, module_, "loom_copy"), "cuda", -1, "finding loom_copy");
   check(d.cuModuleGetFunction(&flags_, module_, "loom_flags"), "cuda", -1, "finding loom_flags");
