@@ -54,27 +54,17 @@ Error P2pEngine::opError(ErrorCode code, const Op& op, bool isSend, const std::s
 
 Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
                         std::chrono::milliseconds timeout, uint64_t flightId) {
-  auto op = std::make_shared<Op>();
-  op->state = std::make_shared<detail::OpState>(++nextSeq_);
-  op->state->flightId = flightId;
-  op->state->sink = sink_;
-  op->data = static_cast<uint8_t*>(const_cast<void*>(data));
-  op->bytes = bytes;
-  op->peer = peer;
-  op->tag = tag;
-  op->timeout = timeout;
-  op->deadline = deadlineAfter(timeout);
-  Request request(op->state);
-  {
-    std::lock_guard<std::mutex> lock(inboxMutex_);
-    newSends_.push_back(std::move(op));
-  }
-  shm_.ringDoorbell(shm_.rank());
-  return request;
+  // The engine only reads a send's data; Op keeps one pointer type for both directions.
+  return post(newSends_, const_cast<void*>(data), bytes, peer, tag, timeout, flightId);
 }
 
 Request P2pEngine::recv(void* data, size_t bytes, int peer, int tag,
                         std::chrono::milliseconds timeout, uint64_t flightId) {
+  return post(newRecvs_, data, bytes, peer, tag, timeout, flightId);
+}
+
+Request P2pEngine::post(std::vector<std::shared_ptr<Op>>& queue, void* data, size_t bytes, int peer,
+                        int tag, std::chrono::milliseconds timeout, uint64_t flightId) {
   auto op = std::make_shared<Op>();
   op->state = std::make_shared<detail::OpState>(++nextSeq_);
   op->state->flightId = flightId;
@@ -88,7 +78,7 @@ Request P2pEngine::recv(void* data, size_t bytes, int peer, int tag,
   Request request(op->state);
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);
-    newRecvs_.push_back(std::move(op));
+    queue.push_back(std::move(op));
   }
   shm_.ringDoorbell(shm_.rank());
   return request;

@@ -80,6 +80,9 @@ class P2pEngine {
     std::shared_ptr<Unexpected> unexpected;  ///< or the buffer being filled
   };
 
+  /// Queues a new send or receive (`queue`: newSends_ or newRecvs_) and wakes the engine.
+  Request post(std::vector<std::shared_ptr<Op>>& queue, void* data, size_t bytes, int peer, int tag,
+               std::chrono::milliseconds timeout, uint64_t flightId);
   void run();
   /// Waits for a doorbell ring after `seen` (spinning first if `spin`); true if one came,
   /// false if the sleep slice ran out.
