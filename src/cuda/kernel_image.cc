@@ -1,7 +1,7 @@
 // The kernels' fatbinary, embedded in the library by the assembler (.incbin of the file
 // nvcc wrote, LOOM_KERNEL_FATBIN): written out as a C array of its 16 MB, the image cost
 // the compiler about a minute of every build.
-#include "cuda/kernels.h"
+#include "cuda/kernel_image.h"
 
 #ifndef LOOM_KERNEL_FATBIN
 #error "LOOM_KERNEL_FATBIN names the fatbinary to embed; CMakeLists.txt sets it"

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/driver.h"
+#include "cuda/kernel_image.h"
 #include "loom/error.h"
 
 namespace loom::cuda {

@@ -60,7 +60,4 @@ class Kernels {
   int sms_ = 0;
 };
 
-/// The image compiled from kernels.cu (a fatbinary; kernel_image.cc embeds it).
-extern "C" const unsigned char loom_kernel_image[];
-
 }  // namespace loom::cuda
