@@ -4,7 +4,7 @@
 #include "cuda/kernel_image.h"
 
 #ifndef LOOM_KERNEL_FATBIN
-#error "LOOM_KERNEL_FATBIN names the fatbinary to embed; CMakeLists.txt sets it"
+#error "the fatbinary to embed is not named: CMakeLists.txt defines its path for this file"
 #endif
 
 // In a read-only section of its own, aligned for the CUDA driver, which reads it in place.
