@@ -26,7 +26,12 @@ HERE = Path(__file__).resolve().parent
 def body_kill_then_shrink(rank: int, world: int):
     x = torch.ones(8)
     dist.all_reduce(x)
+    # Rank 2 dies only once every rank has left that first call: it may leave first, and a
+    # death then could fail a peer's first call, outside the expectation below.
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"first call done {rank}", "1")
     if rank == 2:
+        store.wait([f"first call done {r}" for r in range(world)])
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         for _ in range(3):
