@@ -137,14 +137,25 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       std::vector<int> sorted = devices;
       std::sort(sorted.begin(), sorted.end());
       const bool ownGpus = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      int crowd = 0;  // the most ranks on one GPU
+      for (auto at = sorted.begin(); at != sorted.end();) {
+        const auto end = std::upper_bound(at, sorted.end(), *at);
+        crowd = std::max(crowd, static_cast<int>(end - at));
+        at = end;
+      }
       oneShotBytes_ =
           tuning.oneShotBytes.value_or(sharedGpu || size_ == 2 ? SIZE_MAX : kOneShotBytes);
       // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
       pipelined_ = tuning.pipelined.value_or(!sharedGpu);
       // A fused call's blocks spin on their peers' flags: where ranks share a GPU, the
       // GPU's turns between their processes would stretch every wait to a time slice.
-      fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits();
-      fusedBlocks_ = tuning.fusedBlocks;
+      // Forced there (LOOM_CUDA_FUSED=1) under MPS, where the ranks' kernels run side by
+      // side, each rank's grids take their share of the blocks the GPU keeps resident, so
+      // that the grids of all the ranks on it fit at once: a block still waiting for room
+      // would hold up the peers' blocks that spin waiting for it.
+      gridShare_ = cuda::fusedGridShare(kernels_->residentFusedBlocks(), crowd);
+      fusedBlocks_ = cuda::fusedBlocksWithin(gridShare_, tuning.fusedBlocks);
+      fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits() && gridShare_ >= 3;
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).
       transferMostBlocks_ = static_cast<int>(std::bit_floor(

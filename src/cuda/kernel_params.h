@@ -4,6 +4,7 @@
 // the host code that launches them. Plain structs passed by value as the kernel's one
 // parameter (under the 4 KiB every architecture takes); no CUDA header needed.
 
+#include <algorithm>
 #include <cstdint>
 
 namespace loom::cuda {
@@ -97,6 +98,23 @@ inline constexpr int kMaxFusedBlocks = 64;
 /// Two-shot's three roles in the room that two roles of kMaxFusedBlocks are known to fit
 /// (Kernels::fusedFits): the same bound on every rank, whatever its GPU.
 inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
+
+/// The most blocks one rank's fused grid may take where `crowd` ranks spin on one GPU that
+/// keeps `resident` fused blocks at once: an equal share each, so that every rank's grid is
+/// placed together (a block still waiting for room would hold up the peers' blocks that wait
+/// for it), and never more than two roles of kMaxFusedBlocks. Below 3 no fused call fits.
+inline int fusedGridShare(int resident, int crowd) {
+  return crowd < 1 ? 0 : std::min(2 * kMaxFusedBlocks, resident / crowd);
+}
+/// The most block pairs of a fused call of one or two roles within `share` (and `blocks`,
+/// the configured most).
+inline int fusedBlocksWithin(int share, int blocks) {
+  return std::min(blocks, share / 2);
+}
+/// The most blocks per role of a two-shot call (three roles) within `share`.
+inline int twoShotBlocksWithin(int share, int blocks) {
+  return std::min({blocks, kMaxTwoShotBlocks, share / 3});
+}
 
 /// A whole collective in one launch, for ranks that each have a GPU of their own
 /// (loom_fused_<type>_<op> reduces, loom_fused_copy copies; cooperative, 2 x blocks blocks,

@@ -3,6 +3,7 @@
 #include "cuda/kernels.h"
 
 #include <algorithm>
+#include <climits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,13 +77,15 @@ Kernels::Kernels() {
   std::vector<CUfunction> fused(fused_.begin(), fused_.end());
   fused.push_back(fusedCopy_);
   fused.push_back(fusedTransfer_);
+  residentFusedBlocks_ = INT_MAX;
   for (CUfunction fn : fused) {
     if (fn == nullptr) continue;
     int perSm = 0;
     check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, kThreads, 0), "cuda", -1,
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    fusedFits_ &= perSm * sms_ >= 2 * kMaxFusedBlocks;
+    residentFusedBlocks_ = std::min(residentFusedBlocks_, perSm * sms_);
   }
+  fusedFits_ = residentFusedBlocks_ >= 2 * kMaxFusedBlocks;
 }
 
 Kernels::~Kernels() {

@@ -39,6 +39,9 @@ class Kernels {
   /// at once on this device, as a cooperative launch needs (a fused transfer runs at most
   /// as many blocks).
   bool fusedFits() const { return fusedFits_; }
+  /// Blocks of the fused kernels this device keeps resident at once (the least over them):
+  /// what the grids of all the ranks that spin on it together must fit in.
+  int residentFusedBlocks() const { return residentFusedBlocks_; }
   /// Queues the pieces' copy on `stream`, one run of params.perBlock bytes per block.
   void copySpread(CUstream stream, const SpreadParams& params, unsigned blocks) const;
   /// The device's streaming multiprocessors.
@@ -57,6 +60,7 @@ class Kernels {
   CUfunction fusedCopy_ = nullptr;
   CUfunction fusedTransfer_ = nullptr;
   bool fusedFits_ = true;
+  int residentFusedBlocks_ = 0;
   int sms_ = 0;
 };
 

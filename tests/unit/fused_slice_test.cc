@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -281,6 +282,36 @@ TEST(RingAllReduce, EachPassTakesWhatTheRankBeforeSent) {
       }
     }
   }
+}
+
+// Ranks that spin together on one GPU (forced fused kernels under MPS) take a share each of
+// the blocks it keeps resident, so that all their grids are placed at once; with a GPU per
+// rank the limits are the configured ones, as before shares existed.
+TEST(FusedGridShare, EveryRanksGridsFitOnTheirGpuTogether) {
+  for (int resident : {66, 132, 264, 528, 1056, 4224}) {
+    for (int crowd = 1; crowd <= kMaxSources; ++crowd) {
+      const int share = fusedGridShare(resident, crowd);
+      EXPECT_LE(share, 2 * kMaxFusedBlocks);
+      if (share < 3) continue;  // no fused call there
+      for (int configured : {1, 7, 16, 64}) {
+        const int pairs = fusedBlocksWithin(share, configured);
+        const int twoShot = twoShotBlocksWithin(share, pairs);
+        SCOPED_TRACE(std::to_string(resident) + " resident, " + std::to_string(crowd) + " ranks, " +
+                     std::to_string(configured) + " configured");
+        EXPECT_GE(pairs, 1);
+        EXPECT_GE(twoShot, 1);
+        EXPECT_LE(pairs, configured);
+        EXPECT_LE(crowd * 2 * pairs, resident);    // one-shot, copies, transfers
+        EXPECT_LE(crowd * 3 * twoShot, resident);  // two shots: three roles
+        if (crowd == 1 && resident >= 2 * kMaxFusedBlocks) {
+          EXPECT_EQ(pairs, configured);
+          EXPECT_EQ(twoShot, std::min(configured, kMaxTwoShotBlocks));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(fusedGridShare(264, 4), 66);
+  EXPECT_EQ(fusedGridShare(132, 64), 2);  // too few for any fused call
 }
 
 }  // namespace
