@@ -136,13 +136,13 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // Every rank sees every workspace's device, so all reach the same answer.
       std::vector<int> sorted = devices;
       std::sort(sorted.begin(), sorted.end());
-      const bool ownGpus = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
       int crowd = 0;  // the most ranks on one GPU
       for (auto at = sorted.begin(); at != sorted.end();) {
         const auto end = std::upper_bound(at, sorted.end(), *at);
         crowd = std::max(crowd, static_cast<int>(end - at));
         at = end;
       }
+      const bool ownGpus = crowd == 1;
       oneShotBytes_ =
           tuning.oneShotBytes.value_or(sharedGpu || size_ == 2 ? SIZE_MAX : kOneShotBytes);
       // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
@@ -153,9 +153,10 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // side, each rank's grids take their share of the blocks the GPU keeps resident, so
       // that the grids of all the ranks on it fit at once: a block still waiting for room
       // would hold up the peers' blocks that spin waiting for it.
-      gridShare_ = cuda::fusedGridShare(kernels_->residentFusedBlocks(), crowd);
-      fusedBlocks_ = cuda::fusedBlocksWithin(gridShare_, tuning.fusedBlocks);
-      fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits() && gridShare_ >= 3;
+      const int gridShare = cuda::fusedGridShare(kernels_->residentFusedBlocks(), crowd);
+      fusedBlocks_ = cuda::fusedBlocksWithin(gridShare, tuning.fusedBlocks);
+      twoShotBlocks_ = cuda::twoShotBlocksWithin(gridShare, fusedBlocks_);
+      fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits() && gridShare >= 3;
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).
       transferMostBlocks_ = static_cast<int>(std::bit_floor(

@@ -295,17 +295,17 @@ class CudaExecutor final : public DeviceExecutor {
   bool pipelined_ = false;                   // several steps take turns on two streams (see above)
   bool fused_ = false;                       // eager collectives as one kernel each (see above)
   int fusedBlocks_ = cuda::kMaxFusedBlocks;  // most block pairs per fused kernel
-  int gridShare_ = 2 * cuda::kMaxFusedBlocks;  // most blocks of any fused grid of this rank
-  size_t fusedTwoShotBytes_ = 0;               // smallest all_reduce fused in two shots
-  size_t fusedTwoShotBroadcastBytes_ = 0;      // smallest broadcast fused in two shots
-  size_t fusedChainBroadcastBytes_ = 0;        // smallest broadcast fused along a chain
-  size_t fusedRingAllReduceBytes_ = 0;         // smallest all_reduce fused around a ring
-  int transferMostBlocks_ = 1;                 // a fused transfer's most blocks per stream
-  CUstream side_ = nullptr;                    // the second stream
-  CUevent forked_ = nullptr;                   // recorded on stream_ where the second stream starts
-  CUevent joined_ = nullptr;                   // recorded on side_ where it ends
-  WorkspaceLayout layout_;                     // where slots, mailboxes and block flags lie
-  cuda::MismatchReport* report_ = nullptr;     // host memory the kernels write (device view)
+  int twoShotBlocks_ = cuda::kMaxTwoShotBlocks;  // most blocks per role of a two-shot call
+  size_t fusedTwoShotBytes_ = 0;                 // smallest all_reduce fused in two shots
+  size_t fusedTwoShotBroadcastBytes_ = 0;        // smallest broadcast fused in two shots
+  size_t fusedChainBroadcastBytes_ = 0;          // smallest broadcast fused along a chain
+  size_t fusedRingAllReduceBytes_ = 0;           // smallest all_reduce fused around a ring
+  int transferMostBlocks_ = 1;                   // a fused transfer's most blocks per stream
+  CUstream side_ = nullptr;                      // the second stream
+  CUevent forked_ = nullptr;                // recorded on stream_ where the second stream starts
+  CUevent joined_ = nullptr;                // recorded on side_ where it ends
+  WorkspaceLayout layout_;                  // where slots, mailboxes and block flags lie
+  cuda::MismatchReport* report_ = nullptr;  // host memory the kernels write (device view)
   cuda::MismatchReport* reportHost_ = nullptr;
   std::unique_ptr<CudaFusedTrace> trace_;  // LOOM_CUDA_FUSED_TRACE's record, if set
 

@@ -56,8 +56,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   // role; from the call's size alone, so every rank runs as many.
   const uint64_t stepBytes =
       std::min<uint64_t>(p.count * elementBytes / shares, p.chain ? chainSlot : regionBytes);
-  const int maxBlocks =
-      p.twoShot ? cuda::twoShotBlocksWithin(gridShare_, fusedBlocks_) : fusedBlocks_;
+  const int maxBlocks = p.twoShot ? twoShotBlocks_ : fusedBlocks_;
   p.blocks =
       static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
   described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift |
