@@ -44,6 +44,8 @@ Config Config::load(const Sharing& sharing) {
   if (env::text("LOOM_CUDA_FUSED")) {
     c.cuda.fused = env::integer("LOOM_CUDA_FUSED", 0, 0, 1) == 1;
   }
+  c.cuda.fusedSharedGpuBytes =
+      env::bytes("LOOM_CUDA_FUSED_SHARED_GPU_BYTES", c.cuda.fusedSharedGpuBytes, 0, SIZE_MAX);
   c.cuda.fusedTwoShotBytes =
       env::bytes("LOOM_CUDA_FUSED_TWO_SHOT_BYTES", c.cuda.fusedTwoShotBytes, 0, SIZE_MAX);
   c.cuda.fusedTwoShotBroadcastBytes = env::bytes("LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES",

@@ -26,8 +26,12 @@ struct CudaTuning {
   /// (LOOM_CUDA_PIPELINE); unset: when every rank has a GPU of its own.
   std::optional<bool> pipelined;
   /// Whether an eager all_reduce that every rank reduces whole runs as one fused kernel
-  /// (LOOM_CUDA_FUSED); unset: when every rank has a GPU of its own.
+  /// (LOOM_CUDA_FUSED); unset: when every rank has a GPU of its own, or every rank that
+  /// shares one is an MPS client (then up to fusedSharedGpuBytes).
   std::optional<bool> fused;
+  /// Where the fused path is on by default for ranks that share a GPU under MPS: the largest
+  /// collective (a rank's largest buffer of the call) it runs (LOOM_CUDA_FUSED_SHARED_GPU_BYTES).
+  size_t fusedSharedGpuBytes = 512 << 10;
   /// The most block pairs a fused kernel runs, 1-64 (LOOM_CUDA_FUSED_BLOCKS).
   int fusedBlocks = 64;
   /// The smallest all_reduce (above oneShotBytes) that a fused kernel runs in two shots, for

@@ -25,7 +25,7 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   // Fused two-shot pays three roles of flag waits per step: from fusedTwoShotBytes_ its
   // overlap wins (four H200s: 68-76 us against the stepped path's 116-123 at 4 MiB), below
   // it the two are alike (docs/PERFORMANCE.md, "Where two shots start").
-  if (fusable() && (oneShot || bytes >= fusedTwoShotBytes_)) {
+  if (fusable(bytes) && (oneShot || bytes >= fusedTwoShotBytes_)) {
     cuda::FusedParams p{};
     // Large ones around a ring: one sender and one receiver per GPU (docs/PERFORMANCE.md,
     // "A ring all_reduce").
@@ -86,7 +86,7 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
 void CudaExecutor::broadcast(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t bytes = args.count * es;
-  if (fusable() && size_ > 2 && bytes >= fusedTwoShotBroadcastBytes_) {
+  if (fusable(bytes) && size_ > 2 && bytes >= fusedTwoShotBroadcastBytes_) {
     // The root scatters a share to every other rank and each passes its share on (an
     // all_gather), so the root's link carries the message once instead of once per peer:
     // from 2 MiB that wins (four GPUs: 38.5 and 41.9 us against 53.5 and 51.0 in one shot).
@@ -103,7 +103,7 @@ void CudaExecutor::broadcast(const CollectiveArgs& args) {
     p.count = args.count * es;
     return runFused(p, 1, nullptr);
   }
-  if (fusable()) {
+  if (fusable(bytes)) {
     cuda::FusedParams p{};
     if (rank_ == args.root) {
       for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
@@ -142,7 +142,7 @@ void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
   const bool receives = !onlyRoot || rank_ == args.root;
   bool equal = true;
   for (int q = 0; q < size_; ++q) equal &= countOf(q) == longest;
-  if (!onlyRoot && equal && fusable()) {
+  if (!onlyRoot && equal && fusable(longest * es * size_)) {
     cuda::FusedParams p{};
     for (int q = 0; q < size_; ++q) {
       p.sources[q] = args.input;
@@ -177,7 +177,7 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
   size_t longest = 0;
   for (int q = 0; q < size_; ++q) longest = std::max(longest, countOf(q));
   if (size_ == 1) return reduceAlone(args.inputs[0], args.output, countOf(0), args);
-  if (!args.variable && fusable()) {
+  if (!args.variable && fusable(args.count * es * size_)) {
     cuda::FusedParams p{};
     for (int q = 0; q < size_; ++q) p.sources[q] = args.inputs[q];
     p.pushesTo = p.receivesFrom = everyPeer();
@@ -212,7 +212,7 @@ void CudaExecutor::reduceScatter(const CollectiveArgs& args) {
 
 void CudaExecutor::allToAll(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
-  if (fusable()) {
+  if (fusable(args.count * es * size_)) {
     cuda::FusedParams p{};
     for (int q = 0; q < size_; ++q) {
       p.sources[q] = args.inputs[q];

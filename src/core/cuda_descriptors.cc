@@ -79,7 +79,8 @@ std::string explain(const cuda::Descriptor& d) {
              : chain                                     ? " blocks, along a chain"
              : twoShot                                   ? " blocks per role, in two shots"
                                                          : " block pairs") +
-            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_BLOCKS, LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
+            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_SHARED_GPU_BYTES, LOOM_CUDA_FUSED_BLOCKS, "
+            "LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
             "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES, "
             "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES)";
   }

@@ -42,6 +42,9 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // round of waits and one launch fewer.
 constexpr size_t kOneShotBytes = 256 << 10;
 
+// The note a rank offers with its workspace when its process is an MPS client.
+constexpr const char* kMpsNote = "mps";
+
 }  // namespace
 
 CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exchange,
@@ -113,7 +116,16 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       mine_ = cuda::SharedMemory::allocate(dev, layout_.bytes);
       posix::Fd exported = mine_->exportFd();
       offered = true;
-      std::vector<posix::Fd> fds = exchangeFds(exchange, exported.get(), deadline);
+      // Whether this process's contexts go through NVIDIA's MPS, whose clients' kernels run
+      // side by side on a GPU they share instead of taking turns: told with the workspace, so
+      // every rank reads the same answer for all.
+      int mpsClient = 0;
+      check(d.cuDeviceGetAttribute(&mpsClient, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev), op,
+            exchange.rank, "cuDeviceGetAttribute");
+      const std::vector<FdOffer> offers =
+          exchangeFds(exchange, exported.get(), mpsClient != 0 ? kMpsNote : "", deadline);
+      const bool everyRankUnderMps = std::all_of(
+          offers.begin(), offers.end(), [](const FdOffer& o) { return o.note == kMpsNote; });
       bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
       std::vector<int> devices(static_cast<size_t>(size_), device);  // by rank
       peers_.resize(static_cast<size_t>(size_));
@@ -123,7 +135,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
           bases_[q] = reinterpret_cast<uint8_t*>(mine_->address());
           continue;
         }
-        peers_[q] = cuda::SharedMemory::open(fds[q].get(), mine_->bytes(), dev);
+        peers_[q] = cuda::SharedMemory::open(offers[q].fd.get(), mine_->bytes(), dev);
         bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
         int ordinal = -1;
         if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
@@ -148,15 +160,20 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
       pipelined_ = tuning.pipelined.value_or(!sharedGpu);
       // A fused call's blocks spin on their peers' flags: where ranks share a GPU, the
-      // GPU's turns between their processes would stretch every wait to a time slice.
-      // Forced there (LOOM_CUDA_FUSED=1) under MPS, where the ranks' kernels run side by
-      // side, each rank's grids take their share of the blocks the GPU keeps resident, so
-      // that the grids of all the ranks on it fit at once: a block still waiting for room
-      // would hold up the peers' blocks that spin waiting for it.
+      // GPU's turns between their processes would stretch every wait to a time slice. Under
+      // MPS the ranks' kernels run side by side, and each rank's grids take their share of
+      // the blocks the GPU keeps resident, so that the grids of all the ranks on it fit at
+      // once: a block still waiting for room would hold up the peers' blocks that spin
+      // waiting for it.
       const int gridShare = cuda::fusedGridShare(kernels_->residentFusedBlocks(), crowd);
       fusedBlocks_ = cuda::fusedBlocksWithin(gridShare, tuning.fusedBlocks);
       twoShotBlocks_ = cuda::twoShotBlocksWithin(gridShare, fusedBlocks_);
-      fused_ = tuning.fused.value_or(ownGpus) && kernels_->fusedFits() && gridShare >= 3;
+      fused_ = tuning.fused.value_or(ownGpus || everyRankUnderMps) && kernels_->fusedFits() &&
+               gridShare >= 3;
+      // There, the stepped path's kernels may take the whole GPU where a fused grid has its
+      // share: from 2 MiB at P = 3 and 4 on one H200 the stepped path was the faster
+      // (docs/PERFORMANCE.md, "Ranks side by side on one GPU: MPS"). Forced on, every size.
+      fusedMostBytes_ = ownGpus || tuning.fused ? SIZE_MAX : tuning.fusedSharedGpuBytes;
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).
       transferMostBlocks_ = static_cast<int>(std::bit_floor(
@@ -386,6 +403,10 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
 
 bool CudaExecutor::fusable() const {
   return fused_ && size_ > 1 && !lane_->onDevice;
+}
+
+bool CudaExecutor::fusable(size_t largest) const {
+  return fusable() && largest <= fusedMostBytes_;
 }
 
 uint32_t CudaExecutor::everyPeer() const {

@@ -220,8 +220,10 @@ class CudaExecutor final : public DeviceExecutor {
   cuda::Agreement publishing(uint64_t epoch);
   cuda::Agreement expecting(uint64_t epoch, int only = -1);
   cuda::Agreement noAgreement();
-  /// Whether the call being filled may run as one fused kernel (cuda::FusedParams).
+  /// Whether the call being filled may run as one fused kernel (cuda::FusedParams): sends
+  /// and receives, and a collective whose largest buffer on this rank is `largest` bytes.
   bool fusable() const;
+  bool fusable(size_t largest) const;
   /// Every rank but this one, as bits.
   uint32_t everyPeer() const;
   /// Runs the call as one fused kernel: `p` has what moves (parts, bits, count in units of
@@ -294,6 +296,7 @@ class CudaExecutor final : public DeviceExecutor {
   size_t oneShotBytes_ = 0;
   bool pipelined_ = false;                   // several steps take turns on two streams (see above)
   bool fused_ = false;                       // eager collectives as one kernel each (see above)
+  size_t fusedMostBytes_ = SIZE_MAX;         // a fused collective's largest buffer
   int fusedBlocks_ = cuda::kMaxFusedBlocks;  // most block pairs per fused kernel
   int twoShotBlocks_ = cuda::kMaxTwoShotBlocks;  // most blocks per role of a two-shot call
   size_t fusedTwoShotBytes_ = 0;                 // smallest all_reduce fused in two shots

@@ -62,10 +62,10 @@ std::optional<std::pair<int32_t, std::string>> receiveWelcome(int socket, posix:
 }
 
 // The leader's side. `mine` < 0: the leader itself refuses, for `refusal`; it then returns
-// an empty vector once the members know.
-std::vector<posix::Fd> lead(const FdExchange& x, int mine, const std::string& refusal,
-                            Clock::time_point deadline) {
-  std::vector<posix::Fd> all(static_cast<size_t>(x.localSize));
+// an empty vector once the members know. Otherwise `note` goes with `mine`.
+std::vector<FdOffer> lead(const FdExchange& x, int mine, const std::string& note,
+                          const std::string& refusal, Clock::time_point deadline) {
+  std::vector<FdOffer> all(static_cast<size_t>(x.localSize));
   std::vector<Arrival> members = ProcessService::instance().acceptMembers(
       x.id, x.secret, x.localSize - 1, x.localSize, deadline);
   const auto welcome = handshake::encodeWelcome(0, "");
@@ -78,7 +78,7 @@ std::vector<posix::Fd> lead(const FdExchange& x, int mine, const std::string& re
   std::string refusals = mine < 0 ? refusalOf(x, refusal) : "";
   int refusing = mine < 0 ? 1 : 0;
   std::string gone;  // a member that sent no usable offer
-  if (mine >= 0) all[0] = duplicate(mine, x);
+  if (mine >= 0) all[0] = {duplicate(mine, x), note};
   for (Arrival& member : members) {
     posix::Fd fd;
     const auto offer = receiveWelcome(member.socket.get(), &fd, deadline);
@@ -87,7 +87,7 @@ std::vector<posix::Fd> lead(const FdExchange& x, int mine, const std::string& re
     } else if (offer->first != 0) {
       if (refusing++ == 0) refusals = offer->second;
     } else {
-      all[static_cast<size_t>(member.hello.rank)] = std::move(fd);
+      all[static_cast<size_t>(member.hello.rank)] = {std::move(fd), offer->second};
     }
   }
   if (!gone.empty() || refusing > 0) {
@@ -105,8 +105,10 @@ std::vector<posix::Fd> lead(const FdExchange& x, int mine, const std::string& re
     refused(x, refusals);
   }
   for (Arrival& member : members) {
-    for (const posix::Fd& fd : all) {
-      if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(), fd.get())) {
+    for (const FdOffer& offer : all) {
+      const auto reply = handshake::encodeWelcome(0, offer.note);
+      if (!unix_socket::sendWithFd(member.socket.get(), reply.data(), reply.size(),
+                                   offer.fd.get())) {
         lost(x, localRank(member), deadline);
       }
     }
@@ -115,8 +117,8 @@ std::vector<posix::Fd> lead(const FdExchange& x, int mine, const std::string& re
 }
 
 // A member's side; `mine` < 0 as for lead().
-std::vector<posix::Fd> join(const FdExchange& x, int mine, const std::string& refusal,
-                            Clock::time_point deadline) {
+std::vector<FdOffer> join(const FdExchange& x, int mine, const std::string& note,
+                          const std::string& refusal, Clock::time_point deadline) {
   handshake::Hello hello;
   hello.comm = x.id;
   hello.secret = x.secret;
@@ -130,37 +132,44 @@ std::vector<posix::Fd> join(const FdExchange& x, int mine, const std::string& re
     throw Error(ErrorCode::kInternal, x.op, x.rank,
                 "the host's leader refused this rank's device memory: " + accepted->second);
   }
-  const auto offer = mine >= 0 ? handshake::encodeWelcome(0, "")
+  const auto offer = mine >= 0 ? handshake::encodeWelcome(0, note)
                                : handshake::encodeWelcome(kRefused, refusalOf(x, refusal));
   if (!unix_socket::sendWithFd(socket.get(), offer.data(), offer.size(), mine)) {
     lost(x, "the leader", deadline);
   }
-  std::vector<posix::Fd> all(static_cast<size_t>(x.localSize));
-  for (posix::Fd& fd : all) {
-    const auto reply = receiveWelcome(socket.get(), &fd, deadline);
+  std::vector<FdOffer> all(static_cast<size_t>(x.localSize));
+  for (FdOffer& each : all) {
+    const auto reply = receiveWelcome(socket.get(), &each.fd, deadline);
     if (!reply) lost(x, "the leader", deadline);
     if (reply->first == kGone) lost(x, reply->second, deadline);
     if (reply->first != 0) {
       if (mine < 0) return {};
       refused(x, reply->second);
     }
-    if (!fd) lost(x, "the leader", deadline);
+    if (!each.fd) lost(x, "the leader", deadline);
+    each.note = reply->second;
   }
   return all;
 }
 
 }  // namespace
 
-std::vector<posix::Fd> exchangeFds(const FdExchange& x, int mine, Clock::time_point deadline) {
-  return x.localRank == 0 ? lead(x, mine, "", deadline) : join(x, mine, "", deadline);
+std::vector<FdOffer> exchangeFds(const FdExchange& x, int mine, const std::string& note,
+                                 Clock::time_point deadline) {
+  if (note.size() > kMaxFdNote) {
+    throw Error(ErrorCode::kInternal, x.op, x.rank,
+                "a descriptor's note of " + std::to_string(note.size()) + " characters; at most " +
+                    std::to_string(kMaxFdNote) + " travel");
+  }
+  return x.localRank == 0 ? lead(x, mine, note, "", deadline) : join(x, mine, note, "", deadline);
 }
 
 void refuseFds(const FdExchange& x, const std::string& why, Clock::time_point deadline) noexcept {
   try {
     if (x.localRank == 0) {
-      lead(x, -1, why, deadline);
+      lead(x, -1, "", why, deadline);
     } else {
-      join(x, -1, why, deadline);
+      join(x, -1, "", why, deadline);
     }
   } catch (...) {
     // The others are gone or late: they learn of this rank from their own wait. Its caller

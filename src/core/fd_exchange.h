@@ -4,9 +4,9 @@
 // each rank, for instance) through the host's leader, over its process service socket, with
 // the same uid and job-secret checks as the segment hand-off:
 //   member -> leader: Hello;  leader -> member: Welcome
-//   member -> leader: its offer, a Welcome: status 0 with its descriptor (SCM_RIGHTS), or a
-//                     refusal saying why it has none
-//   leader -> member: every rank's descriptor, in local rank order, one Welcome each; or,
+//   member -> leader: its offer, a Welcome: status 0 with its descriptor (SCM_RIGHTS) and a
+//                     short note in the text, or a refusal saying why it has none
+//   leader -> member: every rank's descriptor and note, in local rank order, one Welcome each; or,
 //                     if any rank refused or was lost before it offered, one Welcome
 //                     saying so
 // A rank that cannot make its descriptor still takes part, so every rank of the host fails
@@ -41,11 +41,21 @@ class ExchangeRefused : public Error {
   using Error::Error;
 };
 
-/// Returns the descriptors of every local rank, by local index (this rank's is a copy of
-/// `mine`). Throws ExchangeRefused (kPeerFailure) naming a rank that refused and why,
-/// Error(kPeerFailure) naming a rank that disconnected, and Error(kTimeout) at `deadline`.
-std::vector<posix::Fd> exchangeFds(const FdExchange& exchange, int mine,
-                                   std::chrono::steady_clock::time_point deadline);
+/// One local rank's offer as every rank receives it.
+struct FdOffer {
+  posix::Fd fd;      ///< its descriptor
+  std::string note;  ///< what it said about it (a few words every rank must agree on)
+};
+
+/// The longest note an offer carries.
+inline constexpr size_t kMaxFdNote = 64;
+
+/// Returns every local rank's offer, by local index (this rank's holds a copy of `mine` and
+/// `note`, at most kMaxFdNote characters). Throws ExchangeRefused (kPeerFailure) naming a
+/// rank that refused and why, Error(kPeerFailure) naming a rank that disconnected, and
+/// Error(kTimeout) at `deadline`.
+std::vector<FdOffer> exchangeFds(const FdExchange& exchange, int mine, const std::string& note,
+                                 std::chrono::steady_clock::time_point deadline);
 
 /// This rank's part in an exchange when it has no descriptor to offer: tells the host's
 /// other ranks `why` (their exchangeFds throws it, naming this rank) and returns once they

@@ -57,14 +57,37 @@ int valueIn(int fd) {
   return value;
 }
 
-TEST(FdExchange, EveryRankGetsEveryRanksDescriptorInLocalRankOrder) {
+TEST(FdExchange, EveryRankGetsEveryRanksDescriptorAndNoteInLocalRankOrder) {
   LOOM_RUN_RANKS(3, [](RankContext& ctx) {
     const detail::FdExchange x = exchangeFor(ctx);
     const posix::Fd mine = memfdHolding(100 + ctx.rank);
-    const auto all = detail::exchangeFds(x, mine.get(), Clock::now() + std::chrono::seconds(60));
+    // Rank 1 says nothing; the others a note of their own, rank 2's as long as one may be.
+    const std::string note = ctx.rank == 1   ? ""
+                             : ctx.rank == 2 ? std::string(detail::kMaxFdNote, 'n')
+                                             : "rank 0's";
+    const auto all =
+        detail::exchangeFds(x, mine.get(), note, Clock::now() + std::chrono::seconds(60));
     LOOM_CHECK(all.size() == 3u);
-    for (int q = 0; q < 3; ++q) LOOM_CHECK(valueIn(all[q].get()) == 100 + q, << "rank " << q);
+    for (int q = 0; q < 3; ++q) LOOM_CHECK(valueIn(all[q].fd.get()) == 100 + q, << "rank " << q);
+    LOOM_CHECK(all[0].note == "rank 0's", << all[0].note);
+    LOOM_CHECK(all[1].note.empty(), << all[1].note);
+    LOOM_CHECK(all[2].note == std::string(detail::kMaxFdNote, 'n'), << all[2].note);
   });
+}
+
+TEST(FdExchange, ANoteTooLongToTravelIsRefusedBeforeAnythingIsSent) {
+  detail::FdExchange x;
+  x.op = "fd exchange test";
+  x.localSize = 2;
+  const posix::Fd mine = memfdHolding(1);
+  try {
+    detail::exchangeFds(x, mine.get(), std::string(detail::kMaxFdNote + 1, 'n'),
+                        Clock::now() + std::chrono::seconds(60));
+    FAIL() << "a note of " << detail::kMaxFdNote + 1 << " characters was sent";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find("at most 64"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FdExchange, RanksWithNothingToOfferFailEveryRankAtOnceWithTheirReason) {
@@ -82,7 +105,7 @@ TEST(FdExchange, RanksWithNothingToOfferFailEveryRankAtOnceWithTheirReason) {
       } else {
         const posix::Fd mine = memfdHolding(ctx.rank);
         try {
-          detail::exchangeFds(x, mine.get(), deadline);
+          detail::exchangeFds(x, mine.get(), "", deadline);
           LOOM_CHECK(false, << "the exchange succeeded without rank " << refusing[0]);
         } catch (const detail::ExchangeRefused& e) {
           const std::string what = e.what();
@@ -121,7 +144,7 @@ TEST(FdExchange, AMemberThatLeavesBeforeOfferingFailsTheOthersAtOnce) {
     const auto start = Clock::now();
     const posix::Fd mine = memfdHolding(ctx.rank);
     try {
-      detail::exchangeFds(x, mine.get(), deadline);
+      detail::exchangeFds(x, mine.get(), "", deadline);
       LOOM_CHECK(false, << "the exchange succeeded without rank 2");
     } catch (const detail::ExchangeRefused& e) {
       LOOM_CHECK(false, << "a rank that left was reported as a refusal: " << e.what());
