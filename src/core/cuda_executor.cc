@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdio>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -37,13 +39,29 @@ constexpr uint64_t kReleased = uint64_t{1} << 62;
 // synchronisation); larger ones reduce a share each and gather the shares (two-shot).
 // Ranks that share one GPU always go one-shot: they take turns on it, and a second round of
 // waits costs a switch between processes (about 135 us on an H100, docs/PERFORMANCE.md)
-// while re-reading every input costs little. So do two ranks: each reads its peer's whole
-// piece one-shot, as many bytes as a share and the peer's reduced share two-shot, with one
-// round of waits and one launch fewer.
+// while re-reading every input costs little; under MPS, which runs them side by side,
+// two-shot from 256 KiB still took 1.1-1.9x one-shot's time on one H200. So do two ranks: each
+// reads its peer's whole piece one-shot, as many bytes as a share and the peer's reduced share
+// two-shot, with one round of waits and one launch fewer.
 constexpr size_t kOneShotBytes = 256 << 10;
 
 // The note a rank offers with its workspace when its process is an MPS client.
 constexpr const char* kMpsNote = "mps";
+
+// Tells the user, once per process and from the host's first rank, that ranks sharing a GPU
+// without MPS take turns on it: every CUDA call then costs a switch between processes, which
+// a user can remove without changing the job.
+void hintMps(int crowd) {
+  static std::once_flag once;
+  std::call_once(once, [crowd] {
+    std::fprintf(stderr,
+                 "loom: %d ranks share one GPU without NVIDIA's MPS, so the GPU runs their "
+                 "processes in turns and a CUDA collective of up to 2 MiB takes 150-560 us "
+                 "(one H200, 2-4 ranks); MPS, started before the job, runs them side by side, "
+                 "3-13x faster (README.md, \"Using loom from PyTorch\")\n",
+                 crowd);
+  });
+}
 
 }  // namespace
 
@@ -158,7 +176,10 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       oneShotBytes_ =
           tuning.oneShotBytes.value_or(sharedGpu || size_ == 2 ? SIZE_MAX : kOneShotBytes);
       // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
-      pipelined_ = tuning.pipelined.value_or(!sharedGpu);
+      // Under MPS they do not, and at 32 MiB two streams took 0.71-0.86x one's time at P = 2
+      // and 0.90-1.01x at P = 4 (broadcast 1.12-1.21x and 1.02-1.04x; docs/PERFORMANCE.md,
+      // "Ranks side by side on one GPU: MPS").
+      pipelined_ = tuning.pipelined.value_or(!sharedGpu || everyRankUnderMps);
       // A fused call's blocks spin on their peers' flags: where ranks share a GPU, the
       // GPU's turns between their processes would stretch every wait to a time slice. Under
       // MPS the ranks' kernels run side by side, and each rank's grids take their share of
@@ -168,6 +189,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       const int gridShare = cuda::fusedGridShare(kernels_->residentFusedBlocks(), crowd);
       fusedBlocks_ = cuda::fusedBlocksWithin(gridShare, tuning.fusedBlocks);
       twoShotBlocks_ = cuda::twoShotBlocksWithin(gridShare, fusedBlocks_);
+      if (!ownGpus && !everyRankUnderMps && exchange.localRank == 0) hintMps(crowd);
       fused_ = tuning.fused.value_or(ownGpus || everyRankUnderMps) && kernels_->fusedFits() &&
                gridShare >= 3;
       // There, the stepped path's kernels may take the whole GPU where a fused grid has its
