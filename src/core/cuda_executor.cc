@@ -16,6 +16,7 @@
 
 #include "core/cuda_descriptors.h"
 #include "core/cuda_fused_trace.h"
+#include "core/cuda_paths.h"
 #include "core/cuda_steps.h"
 #include "core/cuda_workspace.h"
 #include "core/flight_recorder.h"
@@ -35,16 +36,6 @@ using cuda::Driver;
 // A value above any epoch: written into every flag to release waits when the
 // communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
 constexpr uint64_t kReleased = uint64_t{1} << 62;
-// All reductions up to this many bytes read every peer's whole slot (one-shot: one
-// synchronisation); larger ones reduce a share each and gather the shares (two-shot).
-// Ranks that share one GPU always go one-shot: they take turns on it, and a second round of
-// waits costs a switch between processes (about 135 us on an H100, docs/PERFORMANCE.md)
-// while re-reading every input costs little; under MPS, which runs them side by side,
-// two-shot from 256 KiB still took 1.1-1.9x one-shot's time on one H200. So do two ranks: each
-// reads its peer's whole piece one-shot, as many bytes as a share and the peer's reduced share
-// two-shot, with one round of waits and one launch fewer.
-constexpr size_t kOneShotBytes = 256 << 10;
-
 // The note a rank offers with its workspace when its process is an MPS client.
 constexpr const char* kMpsNote = "mps";
 
@@ -144,7 +135,6 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
           exchangeFds(exchange, exported.get(), mpsClient != 0 ? kMpsNote : "", deadline);
       const bool everyRankUnderMps = std::all_of(
           offers.begin(), offers.end(), [](const FdOffer& o) { return o.note == kMpsNote; });
-      bool sharedGpu = true;  // every workspace on this rank's GPU: the ranks share it
       std::vector<int> devices(static_cast<size_t>(size_), device);  // by rank
       peers_.resize(static_cast<size_t>(size_));
       bases_.resize(static_cast<size_t>(size_));
@@ -155,47 +145,22 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
         }
         peers_[q] = cuda::SharedMemory::open(offers[q].fd.get(), mine_->bytes(), dev);
         bases_[q] = reinterpret_cast<uint8_t*>(peers_[q]->address());
-        int ordinal = -1;
-        if (d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                    peers_[q]->address()) != CUDA_SUCCESS ||
-            ordinal != device) {
-          sharedGpu = false;
-        }
-        devices[q] = ordinal;
+        check(d.cuPointerGetAttribute(&devices[q], CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      peers_[q]->address()),
+              op, exchange.rank, "cuPointerGetAttribute");
       }
-      // Every rank sees every workspace's device, so all reach the same answer.
-      std::vector<int> sorted = devices;
-      std::sort(sorted.begin(), sorted.end());
-      int crowd = 0;  // the most ranks on one GPU
-      for (auto at = sorted.begin(); at != sorted.end();) {
-        const auto end = std::upper_bound(at, sorted.end(), *at);
-        crowd = std::max(crowd, static_cast<int>(end - at));
-        at = end;
-      }
-      const bool ownGpus = crowd == 1;
-      oneShotBytes_ =
-          tuning.oneShotBytes.value_or(sharedGpu || size_ == 2 ? SIZE_MAX : kOneShotBytes);
-      // Ranks that share a GPU take turns on it: a second stream has nobody's waits to fill.
-      // Under MPS they do not, and at 32 MiB two streams took 0.71-0.86x one's time at P = 2
-      // and 0.90-1.01x at P = 4 (broadcast 1.12-1.21x and 1.02-1.04x; docs/PERFORMANCE.md,
-      // "Ranks side by side on one GPU: MPS").
-      pipelined_ = tuning.pipelined.value_or(!sharedGpu || everyRankUnderMps);
-      // A fused call's blocks spin on their peers' flags: where ranks share a GPU, the
-      // GPU's turns between their processes would stretch every wait to a time slice. Under
-      // MPS the ranks' kernels run side by side, and each rank's grids take their share of
-      // the blocks the GPU keeps resident, so that the grids of all the ranks on it fit at
-      // once: a block still waiting for room would hold up the peers' blocks that spin
-      // waiting for it.
-      const int gridShare = cuda::fusedGridShare(kernels_->residentFusedBlocks(), crowd);
-      fusedBlocks_ = cuda::fusedBlocksWithin(gridShare, tuning.fusedBlocks);
-      twoShotBlocks_ = cuda::twoShotBlocksWithin(gridShare, fusedBlocks_);
-      if (!ownGpus && !everyRankUnderMps && exchange.localRank == 0) hintMps(crowd);
-      fused_ = tuning.fused.value_or(ownGpus || everyRankUnderMps) && kernels_->fusedFits() &&
-               gridShare >= 3;
-      // There, the stepped path's kernels may take the whole GPU where a fused grid has its
-      // share: from 2 MiB at P = 3 and 4 on one H200 the stepped path was the faster
-      // (docs/PERFORMANCE.md, "Ranks side by side on one GPU: MPS"). Forced on, every size.
-      fusedMostBytes_ = ownGpus || tuning.fused ? SIZE_MAX : tuning.fusedSharedGpuBytes;
+      // Every rank sees every workspace's device and every rank's MPS state, so all reach
+      // the same paths.
+      const CudaPaths paths =
+          chooseCudaPaths(tuning, devices, everyRankUnderMps, kernels_->residentFusedBlocks(),
+                          kernels_->fusedFits());
+      oneShotBytes_ = paths.oneShotBytes;
+      pipelined_ = paths.pipelined;
+      fused_ = paths.fused;
+      fusedMostBytes_ = paths.fusedMostBytes;
+      fusedBlocks_ = paths.fusedBlocks;
+      twoShotBlocks_ = paths.twoShotBlocks;
+      if (paths.takingTurns && exchange.localRank == 0) hintMps(paths.crowd);
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).
       transferMostBlocks_ = static_cast<int>(std::bit_floor(
