@@ -127,10 +127,13 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       offered = true;
       // Whether this process's contexts go through NVIDIA's MPS, whose clients' kernels run
       // side by side on a GPU they share instead of taking turns: told with the workspace, so
-      // every rank reads the same answer for all.
+      // every rank reads the same answer for all. A driver too old to know the attribute
+      // answers with an error: taken as no MPS, the paths chosen before loom asked.
       int mpsClient = 0;
-      check(d.cuDeviceGetAttribute(&mpsClient, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev), op,
-            exchange.rank, "cuDeviceGetAttribute");
+      if (d.cuDeviceGetAttribute(&mpsClient, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev) !=
+          CUDA_SUCCESS) {
+        mpsClient = 0;
+      }
       const std::vector<FdOffer> offers =
           exchangeFds(exchange, exported.get(), mpsClient != 0 ? kMpsNote : "", deadline);
       const bool everyRankUnderMps = std::all_of(
