@@ -6,20 +6,22 @@
 # Gloo on the same CUDA tensors, and writes what they print to OUTDIR. docs/PERFORMANCE.md
 # ("CUDA tensors") and tests/README.md quote these files. On a host of several GPUs, `nccl`
 # runs loom against NCCL with one GPU per rank (P = 2 and 4, as many as there are GPUs) and
-# the suite with a GPU per rank.
+# the suite with a GPU per rank. `mps` runs the suite and the benchmark with the ranks sharing
+# GPU 0 under NVIDIA's MPS, through a daemon of its own (private pipe and log folders, quit at
+# the end; no GPU setting changes), where loom fuses small collectives.
 #
-#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|all]   (default all; nccl builds too,
-#   but is not part of all)
+#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|all]   (default all; nccl and
+#   mps build too, but are not part of all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|all]}
+out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|all]}
 what=${2:-all}
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
 # NVLink SHARP and multicast stay off on the shared GPU hosts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ]; then
+if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ] || [ "$what" = mps ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) SKBUILD_CMAKE_DEFINE="LOOM_CUDA=ON;LOOM_WITH_NET=OFF" \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 fi
@@ -84,4 +86,16 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" --out "$out" 2>&1 \
     | tail -80
+fi
+if [ "$what" = mps ]; then
+  command -v nvidia-cuda-mps-control > /dev/null || { echo "no nvidia-cuda-mps-control here" >&2; exit 1; }
+  # A short private folder: the daemon's pipes are sockets, whose paths must stay short.
+  mps=$(mktemp -d /tmp/loom-mps.XXXXXX)
+  export CUDA_MPS_PIPE_DIRECTORY="$mps" CUDA_MPS_LOG_DIRECTORY="$mps/log"
+  mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+  trap 'echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps"' EXIT
+  "$PYTHON" tests/cuda/check_cuda.py --ranks ${RANKS:-2 3 4} 2>&1 | tee "$out/cuda_check_mps.txt"
+  "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" 2>&1 \
+    | tee "$out/cuda_bench_mps.txt" | tail -80
 fi
