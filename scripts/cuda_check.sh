@@ -6,9 +6,9 @@
 # Gloo on the same CUDA tensors, and writes what they print to OUTDIR. docs/PERFORMANCE.md
 # ("CUDA tensors") and tests/README.md quote these files. On a host of several GPUs, `nccl`
 # runs loom against NCCL with one GPU per rank (P = 2 and 4, as many as there are GPUs) and
-# the suite with a GPU per rank. `mps` runs the suite and the benchmark with the ranks sharing
-# GPU 0 under NVIDIA's MPS, through a daemon of its own (private pipe and log folders, quit at
-# the end; no GPU setting changes), where loom fuses small collectives.
+# the suite with a GPU per rank. `mps` runs the suite, the benchmark and the graph bench with
+# the ranks sharing GPU 0 under NVIDIA's MPS, through a daemon of its own (private pipe and
+# log folders, quit at the end; no GPU setting changes), where loom fuses small collectives.
 #
 #   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|all]   (default all; nccl and
 #   mps build too, but are not part of all)
@@ -98,4 +98,7 @@ if [ "$what" = mps ]; then
   "$PYTHON" tests/cuda/check_cuda.py --ranks ${RANKS:-2 3 4} 2>&1 | tee "$out/cuda_check_mps.txt"
   "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" 2>&1 \
     | tee "$out/cuda_bench_mps.txt" | tail -80
+  # Replayed graphs wait for their peers with spinning kernels: without MPS each wait costs
+  # a time slice (docs/PERFORMANCE.md, "CUDA graphs"); under MPS not yet measured.
+  "$PYTHON" tests/cuda/bench_graphs.py --ranks 2 4 2>&1 | tee "$out/cuda_graphs_mps.txt"
 fi
