@@ -12,6 +12,7 @@ the device with scripts/cuda_check.sh, which records its output.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import socket
 import sys
@@ -39,6 +40,28 @@ import loom  # noqa: E402,F401  (registers the backend)
 # forces two-shot with LOOM_CUDA_ONE_SHOT_BYTES=0)
 SIZES = [0, 1, 7, 1000, 70_000]
 LARGE = 3_000_000  # float32: more than one step of the default 8 MiB chunk
+
+
+def mps_client() -> bool:
+    """Whether this process's CUDA contexts go through NVIDIA's MPS, as the driver says
+    (CU_DEVICE_ATTRIBUTE_MPS_ENABLED); False where it cannot say."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    device, value = ctypes.c_int(), ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
+        return False
+    return cuda.cuDeviceGetAttribute(ctypes.byref(value), 133, device) == 0 and value.value == 1
+
+
+def fused_transfers() -> bool:
+    """Whether loom moves this job's sends and receives with its fused kernels: a GPU per rank,
+    LOOM_CUDA_FUSED=1, or (unset) every rank an MPS client, as every rank here is alike."""
+    fused = os.environ.get("LOOM_CUDA_FUSED")
+    if fused is not None:
+        return fused == "1"
+    return bool(os.environ.get("LOOM_CHECK_GPU_PER_RANK")) or mps_client()
 
 
 def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -386,9 +409,9 @@ def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
             w.wait()
         same(got, data(rank, n, torch.float32, 10), "fan-out from 0")
         checks += 1
-    # Where every rank has a GPU of its own, one group moves at most 4096 messages: a larger
-    # one is refused on every rank that issues it, before anything is queued.
-    if os.environ.get("LOOM_CHECK_GPU_PER_RANK") or os.environ.get("LOOM_CUDA_FUSED") == "1":
+    # Where sends and receives run as fused kernels, one group moves at most 4096 messages: a
+    # larger one is refused on every rank that issues it, before anything is queued.
+    if fused_transfers():
         empty = torch.empty(0, device=dev)
         try:
             dist.batch_isend_irecv([dist.P2POp(dist.isend if i % 2 else dist.irecv, empty, nxt if i % 2 else prv)
