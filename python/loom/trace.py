@@ -36,6 +36,14 @@ WRAPPERS = ("c10d call", "direct op")
 # What a CUDA call does inside that span in place of a collective: queue its work on the GPU
 # (cuda_executor.cc); its number is 0, so the call's own (the c10d OpType) names it.
 CUDA_ENQUEUE = "cuda enqueue"
+# c10d's OpType values (torch/csrc/distributed/c10d/Work.hpp), as a CUDA call's line names them.
+C10D_OP_TYPES = {
+    0: "broadcast", 1: "all_reduce", 2: "all_reduce_coalesced", 3: "reduce", 4: "all_gather",
+    5: "all_gather_into_tensor", 6: "all_gather_coalesced", 7: "gather", 8: "scatter",
+    9: "reduce_scatter", 10: "all_to_all_single", 11: "all_to_all", 12: "send", 13: "recv",
+    14: "recv_anysource", 15: "barrier", 16: "reduce_scatter_tensor", 17: "coalesced",
+    19: "reduce_scatter_tensor_coalesced",
+}
 # Spans during which a thread keeps its CPU busy.
 BUSY = ("copy", "reduction", "helper part")
 
@@ -172,7 +180,8 @@ def describe_torch(calls):
         mine = sorted((c for c in calls if c[0] == key), key=lambda c: c[1])
         half = len(mine) // 2
         path, name, size = key
-        what = f"CUDA call of op type {size}" if name == CUDA_ENQUEUE else f"{name} of {size} B"
+        op = C10D_OP_TYPES.get(size, f"call of op type {size}")
+        what = f"CUDA {op}" if name == CUDA_ENQUEUE else f"{name} of {size} B"
         inner = "the enqueue" if name == CUDA_ENQUEUE else "the collective"
         text = (f"  {path} {what}: {len(mine)} calls, "
                 f"median {statistics.median(c[1] for c in mine):.1f} µs, "

@@ -89,13 +89,16 @@ def test_cuda_calls_are_split_around_their_enqueue(tmp_path):
         t = 100.0 * i
         events += [span("c10d call", t, t + length + 3, n=1),
                    span("cuda enqueue", t + 2, t + 2 + length)]
+    # An OpType this version of loom.trace does not know is shown by its number.
+    events += [span("c10d call", 1000, 1010, n=99), span("cuda enqueue", 1001, 1009)]
     (tmp_path / "gpu.1.json").write_text(json.dumps({"traceEvents": events}))
     done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "gpu")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert ("c10d call CUDA call of op type 1: 3 calls, median 9.0 µs, the enqueue 6.0"
+    assert ("c10d call CUDA all_reduce: 3 calls, median 9.0 µs, the enqueue 6.0"
             in done.stdout), done.stdout
     assert "before the enqueue 2.0, after it 1.0" in done.stdout, done.stdout
+    assert "c10d call CUDA call of op type 99: 1 calls" in done.stdout, done.stdout
 
 
 def test_no_files_is_a_clear_error(tmp_path):
