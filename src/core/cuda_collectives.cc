@@ -21,7 +21,7 @@ void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t perStep = chunk_ / es;
   if (size_ == 1) return reduceAlone(args.input, args.output, args.count, args);
   const size_t bytes = args.count * es;
-  const bool oneShot = bytes <= oneShotBytes_;
+  const bool oneShot = bytes <= paths_.oneShotBytes;
   // Fused two-shot pays three roles of flag waits per step: from fusedTwoShotBytes_ its
   // overlap wins (four H200s: 68-76 us against the stepped path's 116-123 at 4 MiB), below
   // it the two are alike (docs/PERFORMANCE.md, "Where two shots start").

@@ -16,7 +16,6 @@
 
 #include "core/cuda_descriptors.h"
 #include "core/cuda_fused_trace.h"
-#include "core/cuda_paths.h"
 #include "core/cuda_steps.h"
 #include "core/cuda_workspace.h"
 #include "core/flight_recorder.h"
@@ -154,16 +153,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       }
       // Every rank sees every workspace's device and every rank's MPS state, so all reach
       // the same paths.
-      const CudaPaths paths =
-          chooseCudaPaths(tuning, devices, everyRankUnderMps, kernels_->residentFusedBlocks(),
-                          kernels_->fusedFits());
-      oneShotBytes_ = paths.oneShotBytes;
-      pipelined_ = paths.pipelined;
-      fused_ = paths.fused;
-      fusedMostBytes_ = paths.fusedMostBytes;
-      fusedBlocks_ = paths.fusedBlocks;
-      twoShotBlocks_ = paths.twoShotBlocks;
-      if (paths.takingTurns && exchange.localRank == 0) hintMps(paths.crowd);
+      paths_ = chooseCudaPaths(tuning, devices, everyRankUnderMps, kernels_->residentFusedBlocks(),
+                               kernels_->fusedFits());
+      if (paths_.takingTurns && exchange.localRank == 0) hintMps(paths_.crowd);
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).
       transferMostBlocks_ = static_cast<int>(std::bit_floor(
@@ -172,7 +164,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       fusedTwoShotBroadcastBytes_ = tuning.fusedTwoShotBroadcastBytes;
       fusedChainBroadcastBytes_ = tuning.fusedChainBroadcastBytes;
       fusedRingAllReduceBytes_ = tuning.fusedRingAllReduceBytes;
-      if (!tuning.fusedTrace.empty() && fused_) {
+      if (!tuning.fusedTrace.empty() && paths_.fused) {
         trace_ = std::make_unique<CudaFusedTrace>(tuning.fusedTrace, exchange.rank);
       }
     } catch (...) {
@@ -392,11 +384,11 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
 }
 
 bool CudaExecutor::fusable() const {
-  return fused_ && size_ > 1 && !lane_->onDevice;
+  return paths_.fused && size_ > 1 && !lane_->onDevice;
 }
 
 bool CudaExecutor::fusable(size_t largest) const {
-  return fusable() && largest <= fusedMostBytes_;
+  return fusable() && largest <= paths_.fusedMostBytes;
 }
 
 uint32_t CudaExecutor::everyPeer() const {
@@ -591,7 +583,7 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
   std::string op = "send/recv group";
   if (transfers.size() == 1) op = transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv";
   // Refused before anything is queued (a call that fails half-queued ends the communicator).
-  if (fused_ && transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
+  if (paths_.fused && transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
     throw Error(ErrorCode::kInvalidArgument, op, rank_,
                 "this group has " + std::to_string(transfers.size()) +
                     " sends and receives on CUDA tensors, and loom moves at most " +

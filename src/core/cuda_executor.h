@@ -93,6 +93,7 @@
 
 #include "core/config.h"
 #include "core/cuda_fused_trace.h"
+#include "core/cuda_paths.h"
 #include "core/cuda_workspace.h"
 #include "core/device_executor.h"
 #include "core/failure_domain.h"
@@ -195,7 +196,7 @@ class CudaExecutor final : public DeviceExecutor {
   uint64_t beginStep();
   /// Runs `body(lo, e)` for each step of `perStep` elements of `count` (at least one step,
   /// so every call is checked), each in its own epoch e; odd steps on the second stream
-  /// when pipelined_.
+  /// when paths_.pipelined.
   template <class Body>
   void steps(size_t count, size_t perStep, Body&& body);
   /// Queues `main()` on stream_ and `side()` on the second stream beside it, both after
@@ -293,18 +294,13 @@ class CudaExecutor final : public DeviceExecutor {
   std::unique_ptr<cuda::SharedMemory> mine_;
   std::vector<std::unique_ptr<cuda::SharedMemory>> peers_;  // by rank; [rank_] is empty
   std::vector<uint8_t*> bases_;                             // every rank's workspace here
-  size_t oneShotBytes_ = 0;
-  bool pipelined_ = false;                   // several steps take turns on two streams (see above)
-  bool fused_ = false;                       // eager collectives as one kernel each (see above)
-  size_t fusedMostBytes_ = SIZE_MAX;         // a fused collective's largest buffer
-  int fusedBlocks_ = cuda::kMaxFusedBlocks;  // most block pairs per fused kernel
-  int twoShotBlocks_ = cuda::kMaxTwoShotBlocks;  // most blocks per role of a two-shot call
-  size_t fusedTwoShotBytes_ = 0;                 // smallest all_reduce fused in two shots
-  size_t fusedTwoShotBroadcastBytes_ = 0;        // smallest broadcast fused in two shots
-  size_t fusedChainBroadcastBytes_ = 0;          // smallest broadcast fused along a chain
-  size_t fusedRingAllReduceBytes_ = 0;           // smallest all_reduce fused around a ring
-  int transferMostBlocks_ = 1;                   // a fused transfer's most blocks per stream
-  CUstream side_ = nullptr;                      // the second stream
+  CudaPaths paths_;  // one-shot bytes, streams, fused or stepped (chosen once, at set-up)
+  size_t fusedTwoShotBytes_ = 0;            // smallest all_reduce fused in two shots
+  size_t fusedTwoShotBroadcastBytes_ = 0;   // smallest broadcast fused in two shots
+  size_t fusedChainBroadcastBytes_ = 0;     // smallest broadcast fused along a chain
+  size_t fusedRingAllReduceBytes_ = 0;      // smallest all_reduce fused around a ring
+  int transferMostBlocks_ = 1;              // a fused transfer's most blocks per stream
+  CUstream side_ = nullptr;                 // the second stream
   CUevent forked_ = nullptr;                // recorded on stream_ where the second stream starts
   CUevent joined_ = nullptr;                // recorded on side_ where it ends
   WorkspaceLayout layout_;                  // where slots, mailboxes and block flags lie

@@ -52,11 +52,11 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   p.firstEpoch = lane_->epoch + 1;
   lane_->epoch += epochs;
   p.lastEpoch = lane_->epoch;
-  // Slices of about 64 KiB per block and step (a ring's: hop), up to fusedBlocks_ blocks per
+  // Slices of about 64 KiB per block and step (a ring's: hop), up to paths_.fusedBlocks blocks per
   // role; from the call's size alone, so every rank runs as many.
   const uint64_t stepBytes =
       std::min<uint64_t>(p.count * elementBytes / shares, p.chain ? chainSlot : regionBytes);
-  const int maxBlocks = p.twoShot ? twoShotBlocks_ : fusedBlocks_;
+  const int maxBlocks = p.twoShot ? paths_.twoShotBlocks : paths_.fusedBlocks;
   p.blocks =
       static_cast<int32_t>(std::clamp<uint64_t>((stepBytes + (64 << 10) - 1) >> 16, 1, maxBlocks));
   described_.words[0] |= kFusedBit | uint64_t(p.blocks - 1) << kFusedBlocksShift |
@@ -139,14 +139,14 @@ void CudaExecutor::fusedTransfer(std::span<const Transfer> transfers, uint8_t pu
                                         messageBytes + nstreams * sizeof(cuda::TransferStream),
                                         stream_),
         "cuda", rank_, "cuMemcpyHtoDAsync");
-  // The grid's blocks per stream: as many as the fused kernels' two roles of fusedBlocks_
+  // The grid's blocks per stream: as many as the fused kernels' two roles of paths_.fusedBlocks
   // allow (what fusedFits() vouches for), a power of two so that each moves as many pieces.
   // The peers need not agree (the flags count per piece): a ring's two streams get 64 each,
   // all of four ranks' six streams 16; on four H200s send_recv's bus bandwidth at 512 MiB-1 GiB
   // read 0.85-0.90x NCCL's with 21 blocks per stream, 0.93x with 42, 1.00x with 64
   // (docs/PERFORMANCE.md, "Sends and receives").
   int blocks = transferMostBlocks_;
-  while (blocks > 1 && nstreams * blocks > 2 * fusedBlocks_) blocks /= 2;
+  while (blocks > 1 && nstreams * blocks > 2 * paths_.fusedBlocks) blocks /= 2;
   cuda::TransferParams p{};
   p.messages = reinterpret_cast<const cuda::TransferMessage*>(table);
   p.streams = reinterpret_cast<const cuda::TransferStream*>(table + messageBytes);

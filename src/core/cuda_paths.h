@@ -46,14 +46,14 @@ inline CudaPaths chooseCudaPaths(const CudaTuning& tuning, std::span<const int> 
                                  bool everyRankUnderMps, int residentFusedBlocks, bool fusedFits) {
   std::vector<int> sorted(devices.begin(), devices.end());
   std::sort(sorted.begin(), sorted.end());
-  CudaPaths p;
-  p.crowd = 0;
+  int crowd = 0;
   for (auto at = sorted.begin(); at != sorted.end();) {
     const auto end = std::upper_bound(at, sorted.end(), *at);
-    p.crowd = std::max(p.crowd, static_cast<int>(end - at));
+    crowd = std::max(crowd, static_cast<int>(end - at));
     at = end;
   }
-  const int crowd = p.crowd;
+  CudaPaths p;
+  p.crowd = crowd;
   const int ranks = static_cast<int>(devices.size());
   const bool oneGpu = crowd == ranks;  // every rank on the same GPU
   const bool ownGpus = crowd == 1;

@@ -48,7 +48,7 @@ void CudaExecutor::steps(size_t count, size_t perStep, Body&& body) {
   const size_t n = count == 0 ? 1 : (count + perStep - 1) / perStep;
   // Not in a capture: a stream forked into one stays in it until the capture ends, so
   // the second stream could not serve the eager calls that may come meanwhile.
-  const bool twoStreams = pipelined_ && !lane_->onDevice && n > 1;
+  const bool twoStreams = paths_.pipelined && !lane_->onDevice && n > 1;
   const CUstream caller = stream_;
   if (twoStreams) fork();
   try {
