@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <array>
+#include <vector>
+
 #include "core/process_service.h"
 #include "util/unix_socket.h"
 
@@ -104,11 +107,12 @@ std::vector<FdOffer> lead(const FdExchange& x, int mine, const std::string& note
     if (mine < 0) return {};
     refused(x, refusals);
   }
+  std::vector<std::array<uint8_t, handshake::kWelcomeBytes>> replies;  // one per offer
+  for (const FdOffer& offer : all) replies.push_back(handshake::encodeWelcome(0, offer.note));
   for (Arrival& member : members) {
-    for (const FdOffer& offer : all) {
-      const auto reply = handshake::encodeWelcome(0, offer.note);
-      if (!unix_socket::sendWithFd(member.socket.get(), reply.data(), reply.size(),
-                                   offer.fd.get())) {
+    for (size_t q = 0; q < all.size(); ++q) {
+      if (!unix_socket::sendWithFd(member.socket.get(), replies[q].data(), replies[q].size(),
+                                   all[q].fd.get())) {
         lost(x, localRank(member), deadline);
       }
     }
