@@ -8,20 +8,22 @@
 # runs loom against NCCL with one GPU per rank (P = 2 and 4, as many as there are GPUs) and
 # the suite with a GPU per rank. `mps` runs the suite, the benchmark and the graph bench with
 # the ranks sharing GPU 0 under NVIDIA's MPS, through a daemon of its own (private pipe and
-# log folders, quit at the end; no GPU setting changes), where loom fuses small collectives.
+# log folders, quit at the end; no GPU setting changes), where loom fuses small collectives;
+# `mps-check` and `mps-bench` run its halves (the suite at P = 4 and 2 alone takes about
+# 400 s on an H200, more than a device call of 10 minutes has beside the build).
 #
-#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|all]   (default all; nccl and
-#   mps build too, but are not part of all)
+#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|all]
+#   (default all; nccl and the mps modes build too, but are not part of all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|all]}
+out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|all]}
 what=${2:-all}
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
 # NVLink SHARP and multicast stay off on the shared GPU hosts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ] || [ "$what" = mps ]; then
+if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ] || [[ "$what" = mps* ]]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) SKBUILD_CMAKE_DEFINE="LOOM_CUDA=ON;LOOM_WITH_NET=OFF" \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 fi
@@ -87,7 +89,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" --out "$out" 2>&1 \
     | tail -80
 fi
-if [ "$what" = mps ]; then
+if [[ "$what" = mps* ]]; then
   command -v nvidia-cuda-mps-control > /dev/null || { echo "no nvidia-cuda-mps-control here" >&2; exit 1; }
   # A short private folder: the daemon's pipes are sockets, whose paths must stay short.
   mps=$(mktemp -d /tmp/loom-mps.XXXXXX)
@@ -95,10 +97,16 @@ if [ "$what" = mps ]; then
   mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d
   trap 'echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps"' EXIT
-  "$PYTHON" tests/cuda/check_cuda.py --ranks ${RANKS:-2 3 4} 2>&1 | tee "$out/cuda_check_mps.txt"
-  "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" 2>&1 \
-    | tee "$out/cuda_bench_mps.txt" | tail -80
-  # Replayed graphs wait for their peers with spinning kernels: without MPS each wait costs
-  # a time slice (docs/PERFORMANCE.md, "CUDA graphs"); under MPS not yet measured.
-  "$PYTHON" tests/cuda/bench_graphs.py --ranks 2 4 2>&1 | tee "$out/cuda_graphs_mps.txt"
+  if [ "$what" != mps-bench ]; then
+    # shellcheck disable=SC2086  # the ranks split into words on purpose
+    "$PYTHON" tests/cuda/check_cuda.py --ranks ${RANKS:-4 2} 2>&1 | tee "$out/cuda_check_mps.txt"
+  fi
+  if [ "$what" != mps-check ]; then
+    "$PYTHON" tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes "${MAX_BYTES:-64M}" 2>&1 \
+      | tee "$out/cuda_bench_mps.txt" | tail -80
+    # Replayed graphs wait for their peers with spinning kernels: without MPS each wait
+    # costs a time slice (docs/PERFORMANCE.md, "CUDA graphs"); under MPS the ranks run side
+    # by side.
+    "$PYTHON" tests/cuda/bench_graphs.py --ranks 2 4 2>&1 | tee "$out/cuda_graphs_mps.txt"
+  fi
 fi

@@ -171,6 +171,10 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     side.synchronize()
     want = 2.0 * world * (world + 1) / 2
     assert torch.all(y == want).item(), f"stream order: got {y[:4].tolist()}, want {want}"
+    # The CUDA path's monitor (it settles Works and releases waits on failure) is named, so
+    # a user reading top -H or a debugger's thread list can tell it from torch's threads.
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    assert "loom-cuda-mon" in names, f"no thread named loom-cuda-mon among {sorted(set(names))}"
     # synchronize() blocks the host until the GPU has run the collective.
     z = torch.ones(1 << 20, device=dev)
     torch.cuda._sleep(20_000_000)
@@ -742,6 +746,16 @@ def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
         assert f"rank {world - 1}" in str(e), f"the error does not name rank {world - 1}: {e}"
     took = time.time() - start
     assert took < 30, f"the failure took {took:.1f} s to reach rank {rank} (timeout is 60 s)"
+    # The communicator keeps the failure: a later CUDA call (another operation) fails at once
+    # with it, naming that call, instead of trying the set-up again and waiting on peers.
+    start = time.time()
+    try:
+        dist.broadcast(torch.ones(8, device=dev), src=0)
+        raise AssertionError("a later CUDA call succeeded though the set-up had failed")
+    except RuntimeError as e:
+        for part in ("broadcast", "failed earlier", f"rank {world - 1}"):
+            assert part in str(e), f"the later call's error lacks {part!r}: {e}"
+    assert time.time() - start < 5, "the later call waited instead of failing at once"
     del hog
     assert torch.ones(4, device=dev).sum().item() == 4.0
     return 1
