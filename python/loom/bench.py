@@ -43,6 +43,10 @@ from datetime import timedelta
 from pathlib import Path
 
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single"]
+# Asked for by name only (not in the default sweep): rank r sends its buffer to rank r ^ 1
+# and receives that rank's in one batch_isend_irecv (an odd last rank idles), as pipeline
+# stages pass activations; timed through c10d only (the direct entry has no send/recv).
+P2P_OPS = ["send_recv"]
 
 # busbw = algbw x factor (nccl-tests); size conventions follow nccl-tests as well.
 BUS_FACTOR = {
@@ -51,6 +55,7 @@ BUS_FACTOR = {
     "reduce_scatter_tensor": lambda p: (p - 1) / p,
     "all_to_all_single": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
+    "send_recv": lambda p: 1.0,
 }
 
 
@@ -133,6 +138,9 @@ def make_case(op: str, nbytes: int, world: int, rank: int, backend: str = "loom"
         if direct:
             return lambda g: ops.broadcast_(t, 0, g.group_name)
         return lambda g: dist.broadcast(t, src=0, group=g)
+    if op == "send_recv":
+        mine, theirs = torch.ones(elems), torch.empty(elems)
+        return lambda g: exchange(mine, theirs, g)
     per = max(1, elems // world)
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(per * world), torch.ones(per)
@@ -154,9 +162,23 @@ def make_case(op: str, nbytes: int, world: int, rank: int, backend: str = "loom"
     raise ValueError(op)
 
 
+def exchange(mine, theirs, group) -> None:
+    """Sends `mine` to this rank's partner (rank ^ 1 within `group`) and receives the
+    partner's into `theirs`, in one batch_isend_irecv; a last rank without one returns."""
+    import torch.distributed as dist
+
+    me = dist.get_rank(group)
+    if me ^ 1 >= dist.get_world_size(group):
+        return
+    peer = dist.get_global_rank(group, me ^ 1)
+    ops = [dist.P2POp(dist.isend, mine, peer, group), dist.P2POp(dist.irecv, theirs, peer, group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
 def case_bytes(op: str, nbytes: int, world: int) -> int:
     elems = max(1, nbytes // 4)
-    if op in ("all_reduce", "broadcast"):
+    if op in ("all_reduce", "broadcast", "send_recv"):
         return elems * 4
     return max(1, elems // world) * world * 4
 
@@ -508,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=2, help="ranks to run on this host (default 2)")
     parser.add_argument("--min-bytes", type=parse_size, default=8, help="smallest size (default 8)")
     parser.add_argument("--max-bytes", type=parse_size, default=256 << 20, help="largest size (default 256M)")
-    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)}")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)} (the default), or send_recv")
     parser.add_argument("--backends", default="loom,gloo",
                         help="comma-separated: loom, gloo, direct (loom's torch.ops.loom operators), "
                              "eager (the same through loom.ops, without torch's dispatcher), "
@@ -552,8 +574,11 @@ def main(argv: list[str] | None = None) -> int:
     args.ops = [o for o in args.ops.split(",") if o]
     args.backends = [b for b in args.backends.split(",") if b]
     for op in args.ops:
-        if op not in OPS:
-            parser.error(f"unknown op '{op}'; choose from {', '.join(OPS)}")
+        if op not in OPS + P2P_OPS:
+            parser.error(f"unknown op '{op}'; choose from {', '.join(OPS + P2P_OPS)}")
+        if op in P2P_OPS and {"direct", "eager"} & set(args.backends):
+            parser.error(f"{op} is timed through torch.distributed only; leave direct and eager "
+                         "out of --backends for it")
     for b in args.backends:
         if b not in ("loom", "gloo", "direct", "eager", "fake"):
             parser.error(f"unknown backend '{b}'")

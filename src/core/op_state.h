@@ -45,6 +45,10 @@ struct OpState {
   std::mutex mutex;
   std::condition_variable done;
   std::vector<std::function<void(std::exception_ptr)>> callbacks;  ///< guarded by mutex
+  /// Set (before the operation is queued) where a waiter may move the operation on itself
+  /// instead of waiting for the thread that runs it: one turn of that engine, true if it
+  /// did anything (false if another thread is in one). Sends and receives on CPU tensors.
+  std::function<bool()> progress;
 };
 
 }  // namespace loom::detail

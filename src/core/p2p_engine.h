@@ -11,6 +11,12 @@
 // (an "unexpected" message) that a later receive takes. Matching follows MPI: messages from
 // one sender with one tag are received in send order. The engine thread starts with the
 // communicator's first send or receive and sleeps on the rank's doorbell futex when idle.
+//
+// The caller's thread moves its operations on too: a new send or receive gets one turn of
+// the engine at once (a send that fits the ring completes before `send` returns), and a
+// thread waiting on one takes turns while it spins (OpState::progress). Whoever holds the
+// gate's mutex takes the turn; operations it ends complete after the mutex is released, so
+// a completion callback may queue the next send.
 
 #include <atomic>
 #include <chrono>
@@ -80,13 +86,32 @@ class P2pEngine {
     std::shared_ptr<Unexpected> unexpected;  ///< or the buffer being filled
   };
 
-  /// Queues a new send or receive (`queue`: newSends_ or newRecvs_) and wakes the engine.
+  /// Who may take a turn of the engine: the engine's thread, or a caller's thread (while
+  /// posting or waiting) holding `mutex`. `engine` is cleared when the engine goes, so a
+  /// waiter holding an operation of a gone engine finds nothing to drive.
+  struct Gate {
+    std::mutex mutex;
+    P2pEngine* engine = nullptr;  ///< guarded by mutex
+    /// One turn on the caller's thread if no other thread is in one; true if it did anything.
+    bool progress();
+  };
+  struct Finished {  // an operation ended in a turn, completed once the gate is released
+    std::shared_ptr<detail::OpState> state;
+    std::exception_ptr error;
+  };
+
+  /// Queues a new send or receive (`queue`: newSends_ or newRecvs_), takes a turn for it here
+  /// and wakes the engine if that did not end it.
   Request post(std::vector<std::shared_ptr<Op>>& queue, void* data, size_t bytes, int peer, int tag,
                std::chrono::milliseconds timeout, uint64_t flightId);
   void run();
-  /// Waits for a doorbell ring after `seen` (spinning first if `spin`); true if one came,
-  /// false if the sleep slice ran out.
-  bool sleepUntilRung(uint32_t seen, bool spin);
+  /// One pass over new operations, sends and receives (the gate held); true if it did anything.
+  bool turn();
+  /// Completes what the turns ended (the gate released).
+  static void complete(std::vector<Finished>& finished);
+  /// Waits for a doorbell ring after `seen` (spinning first if `spin`), or a slice if links
+  /// must be polled or operations' `deadlines` watched; true if a ring came.
+  bool sleepUntilRung(uint32_t seen, bool spin, bool deadlines);
   /// Whether any send or receive is pending (something whose deadline must be watched).
   bool hasDeadlines() const;
   bool acceptNewOps();
@@ -115,8 +140,10 @@ class P2pEngine {
   std::vector<std::shared_ptr<Op>> newRecvs_;  // guarded by inboxMutex_
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> nextSeq_{0};
+  const std::shared_ptr<Gate> gate_;
 
-  // Engine-thread state.
+  // The engine's state, guarded by gate_->mutex (held by whichever thread takes a turn).
+  std::vector<Finished> finished_;                         // ended in the current turn
   std::vector<std::deque<std::shared_ptr<Op>>> outbound_;  // per destination, FIFO
   std::vector<std::unique_ptr<MessageLink>> links_;        // per peer
   std::vector<Inbound> inbound_;

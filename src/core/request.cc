@@ -4,6 +4,8 @@
 
 #include <sched.h>
 
+#include <optional>
+
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "util/backoff.h"
@@ -48,9 +50,17 @@ const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::micr
                                 std::chrono::milliseconds(100)};
 
 bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
-  Backoff backoff(kWaitPolicy);
+  std::optional<Backoff> backoff(std::in_place, kWaitPolicy);
   while (!state.finished()) {
-    switch (backoff.next()) {
+    // Where the operation lets its waiter drive it (sends and receives), doing so saves
+    // handing each step to the engine's thread and back: two wake-ups a message, each a
+    // scheduler turn on a machine whose cores the ranks fill. The backoff restarts whenever
+    // the turn did something, so a long transfer is driven here to its end.
+    if (state.progress && state.progress()) {
+      backoff.emplace(kWaitPolicy);
+      continue;
+    }
+    switch (backoff->next()) {
       case Backoff::Stage::kSpin: cpuRelax(); break;
       case Backoff::Stage::kYield: sched_yield(); break;
       case Backoff::Stage::kSleep: {

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -192,6 +195,78 @@ TEST(SendRecv, ReceiveTimesOutWithAClearError) {
         LOOM_CHECK(std::string(e.what()).find("tag 42") != std::string::npos, << e.what());
       }
     }
+    comm->barrier().wait();
+  });
+}
+
+TEST(SendRecv, ACompletionCallbackMaySendTheNextMessage) {
+  // A turn of the engine, on its thread or a caller's, completes what it ended only after
+  // letting go of the engine: a callback that queues the next send (as a pipeline stage's
+  // does) must neither deadlock nor reorder the messages. Each message is 12 KB against a
+  // 16 KiB ring, so most complete on the engine's thread as the receiver drains.
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    constexpr int kMessages = 100;
+    constexpr size_t kCount = 3000;
+    if (ctx.rank == 0) {
+      std::vector<std::vector<uint8_t>> messages(kMessages);
+      std::mutex mutex;
+      std::condition_variable done;
+      bool finished = false;
+      std::function<void(int)> sendFrom = [&](int i) {
+        messages[i] = inputBytes(DataType::kFloat32, kCount, 0, static_cast<uint32_t>(i));
+        comm->send(messages[i].data(), kCount, DataType::kFloat32, 1, 5)
+            .onComplete([&, i](const std::exception_ptr& error) {
+              LOOM_CHECK(!error);
+              if (i + 1 < kMessages) {
+                sendFrom(i + 1);
+                return;
+              }
+              std::lock_guard<std::mutex> lock(mutex);
+              finished = true;
+              done.notify_all();
+            });
+      };
+      sendFrom(0);
+      std::unique_lock<std::mutex> lock(mutex);
+      LOOM_CHECK(done.wait_for(lock, std::chrono::seconds(30), [&] { return finished; }),
+                 << "the chain of sends stopped");
+    } else {
+      std::vector<uint8_t> in(kCount * 4);
+      for (int i = 0; i < kMessages; ++i) {
+        comm->recv(in.data(), kCount, DataType::kFloat32, 0, 5).wait();
+        LOOM_CHECK(in == inputBytes(DataType::kFloat32, kCount, 0, static_cast<uint32_t>(i)),
+                   << "message " << i);
+      }
+    }
+    comm->barrier().wait();
+  });
+}
+
+TEST(SendRecv, ThreadsSendingAndReceivingAtOnceEachGetTheirOwnMessages) {
+  // Callers drive their own sends and receives (a turn of the engine on their thread) while
+  // the engine's thread drives the rest: four threads per rank at once, each with its own
+  // tag, both directions, messages from one byte to past the ring, every one in order.
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const int peer = 1 - ctx.rank;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (uint32_t i = 0; i < 60; ++i) {
+          const size_t count = (i % 3 == 0) ? 1 : (i % 3 == 1) ? 700 : 9000;  // 9000: > 16 KiB
+          const auto mine = inputBytes(DataType::kFloat32, count, ctx.rank, i * 8 + t);
+          std::vector<uint8_t> theirs(mine.size());
+          const Request s = comm->send(mine.data(), count, DataType::kFloat32, peer, t);
+          const Request r = comm->recv(theirs.data(), count, DataType::kFloat32, peer, t);
+          s.wait();
+          r.wait();
+          LOOM_CHECK(theirs == inputBytes(DataType::kFloat32, count, peer, i * 8 + t),
+                     << "thread " << t << ", message " << i);
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
     comm->barrier().wait();
   });
 }
