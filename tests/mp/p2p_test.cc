@@ -212,25 +212,22 @@ TEST(SendRecv, ACompletionCallbackMaySendTheNextMessage) {
       std::vector<std::vector<uint8_t>> messages(kMessages);
       std::mutex mutex;
       std::condition_variable done;
-      bool finished = false;
+      int ended = 0;  // callbacks that have returned from everything they do here
       std::function<void(int)> sendFrom = [&](int i) {
         messages[i] = inputBytes(DataType::kFloat32, kCount, 0, static_cast<uint32_t>(i));
         comm->send(messages[i].data(), kCount, DataType::kFloat32, 1, 5)
             .onComplete([&, i](const std::exception_ptr& error) {
               LOOM_CHECK(!error);
-              if (i + 1 < kMessages) {
-                sendFrom(i + 1);
-                return;
-              }
+              if (i + 1 < kMessages) sendFrom(i + 1);
               std::lock_guard<std::mutex> lock(mutex);
-              finished = true;
+              ++ended;
               done.notify_all();
             });
       };
       sendFrom(0);
       std::unique_lock<std::mutex> lock(mutex);
-      LOOM_CHECK(done.wait_for(lock, std::chrono::seconds(30), [&] { return finished; }),
-                 << "the chain of sends stopped");
+      LOOM_CHECK(done.wait_for(lock, std::chrono::seconds(30), [&] { return ended == kMessages; }),
+                 << "the chain of sends stopped after " << ended);
     } else {
       std::vector<uint8_t> in(kCount * 4);
       for (int i = 0; i < kMessages; ++i) {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -83,6 +85,73 @@ TEST(Threads, CollectivesAcrossThreadRanks) {
   });
   ::unsetenv("LOOM_CHUNK_BYTES");
   ::unsetenv("LOOM_THREADS");
+  EXPECT_EQ(failure, "");
+}
+
+// Callers drive their own sends and receives (a turn of the point-to-point engine on their
+// thread while posting and while waiting) as the engine's thread drives the rest; under the
+// race detector, three threads per rank exchange messages from one byte to past the ring,
+// each thread with its own tag, and one rank's completion callbacks queue more sends.
+TEST(Threads, SendRecvDrivenByCallersAndTheEngineAtOnce) {
+  ::setenv("LOOM_P2P_RING_BYTES", "16K", 1);
+  const std::string failure = runThreads(2, [](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::create(rank, 2, store);
+    const int peer = 1 - rank;
+    std::vector<std::thread> callers;
+    std::vector<std::string> errors(3);
+    for (int t = 0; t < 3; ++t) {
+      callers.emplace_back([&, t] {
+        try {
+          for (uint32_t i = 0; i < 20; ++i) {
+            const size_t count = i % 2 == 0 ? 1 : 6000;  // 24 KB: more than the ring holds
+            const auto mine = inputBytes(DataType::kFloat32, count, rank, i * 4 + t);
+            std::vector<uint8_t> theirs(mine.size());
+            Request s = comm->send(mine.data(), count, DataType::kFloat32, peer, t);
+            Request r = comm->recv(theirs.data(), count, DataType::kFloat32, peer, t);
+            s.wait();
+            r.wait();
+            require(theirs == inputBytes(DataType::kFloat32, count, peer, i * 4 + t),
+                    "thread " + std::to_string(t) + ", message " + std::to_string(i));
+          }
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+        }
+      });
+    }
+    for (auto& caller : callers) caller.join();
+    for (const auto& e : errors) require(e.empty(), e);
+    // Sends queued from completion callbacks (on whichever thread ended the last one).
+    constexpr int kChained = 10;
+    std::vector<std::vector<uint8_t>> messages(kChained);
+    if (rank == 0) {
+      std::atomic<int> sent{0};
+      std::function<void(int)> sendFrom = [&](int i) {
+        messages[i] = inputBytes(DataType::kFloat32, 6000, 0, 1000 + i);
+        comm->send(messages[i].data(), 6000, DataType::kFloat32, 1, 9)
+            .onComplete([&, i](const std::exception_ptr&) {
+              if (i + 1 < kChained) sendFrom(i + 1);
+              sent.fetch_add(1);  // last: after it the callback touches nothing here
+            });
+      };
+      sendFrom(0);
+      // The last callback runs once its send ends, which may be just after rank 1 has the
+      // bytes; the callbacks touch this scope, so it stays until all have run.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (sent.load() < kChained && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      require(sent.load() == kChained, "the chain of sends stopped");
+      comm->barrier().wait();
+    } else {
+      std::vector<uint8_t> in(6000 * 4);
+      for (int i = 0; i < kChained; ++i) {
+        comm->recv(in.data(), 6000, DataType::kFloat32, 0, 9).wait();
+        require(in == inputBytes(DataType::kFloat32, 6000, 0, 1000 + i), "chained message");
+      }
+      comm->barrier().wait();
+    }
+  });
+  ::unsetenv("LOOM_P2P_RING_BYTES");
   EXPECT_EQ(failure, "");
 }
 
