@@ -12,14 +12,15 @@
 // one sender with one tag are received in send order. The engine thread starts with the
 // communicator's first send or receive and sleeps on the rank's doorbell futex when idle.
 //
-// The caller's thread moves its operations on too: a new send or receive gets one turn of
-// the engine at once (a send that fits the ring completes before `send` returns), and a
-// thread waiting on one takes turns while it spins (OpState::progress). Whoever holds the
+// The caller's thread moves its small operations on too (up to kCallerDrivenBytes): a new
+// one gets one turn of the engine at once (a small send completes before `send` returns),
+// and a thread waiting on one takes turns while it spins (OpState::progress). Whoever holds the
 // gate's mutex takes the turn; operations it ends complete after the mutex is released, so
 // a completion callback may queue the next send.
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -40,6 +41,8 @@ namespace loom {
 class P2pEngine {
  public:
   using Clock = std::chrono::steady_clock;
+  /// The largest send or receive its caller's thread drives (larger: the engine's thread).
+  static constexpr size_t kCallerDrivenBytes = size_t{32} << 10;
 
   /// The engine of communicator rank `rank` of `links.size()`: `links[q]` carries messages
   /// to and from rank q (the engine's own rank included); `shm` gives this rank's doorbell,
