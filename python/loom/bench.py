@@ -530,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=2, help="ranks to run on this host (default 2)")
     parser.add_argument("--min-bytes", type=parse_size, default=8, help="smallest size (default 8)")
     parser.add_argument("--max-bytes", type=parse_size, default=256 << 20, help="largest size (default 256M)")
-    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)} (the default), or send_recv")
+    parser.add_argument("--ops", default=",".join(OPS),
+                        help=f"comma-separated subset of {', '.join(OPS)} (the default), or send_recv")
     parser.add_argument("--backends", default="loom,gloo",
                         help="comma-separated: loom, gloo, direct (loom's torch.ops.loom operators), "
                              "eager (the same through loom.ops, without torch's dispatcher), "

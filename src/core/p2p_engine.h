@@ -14,9 +14,9 @@
 //
 // The caller's thread moves its small operations on too (up to kCallerDrivenBytes): a new
 // one gets one turn of the engine at once (a small send completes before `send` returns),
-// and a thread waiting on one takes turns while it spins (OpState::progress). Whoever holds the
-// gate's mutex takes the turn; operations it ends complete after the mutex is released, so
-// a completion callback may queue the next send.
+// and a thread waiting on one takes turns while it spins (OpState::progress). Whoever holds
+// the gate's mutex takes the turn; operations it ends complete after the mutex is released,
+// so a completion callback may queue the next send.
 
 #include <atomic>
 #include <chrono>

@@ -55,7 +55,7 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
     // Where the operation lets its waiter drive it (sends and receives), doing so saves
     // handing each step to the engine's thread and back: two wake-ups a message, each a
     // scheduler turn on a machine whose cores the ranks fill. The backoff restarts whenever
-    // the turn did something, so a long transfer is driven here to its end.
+    // the turn did something, so a transfer is driven here to its end.
     if (state.progress && state.progress()) {
       backoff.emplace(kWaitPolicy);
       continue;

@@ -36,6 +36,24 @@ def test_bench_runs_outside_the_checkout_without_deprecated_api(tmp_path):
     assert "## steadiness" in table and "loom: the 2 sweeps' medians agree within 25% at " in table
 
 
+def test_bench_times_send_recv_when_asked(tmp_path):
+    """--ops send_recv: pairs of ranks exchanging with batch_isend_irecv (an odd last rank
+    idles), loom and Gloo side by side; the direct entry has no send/recv, so asking for it
+    with send_recv is refused by name."""
+    cmd = [sys.executable, "-m", "loom.bench", "--ranks", "3", "--max-bytes", "1K", "--ops", "send_recv",
+           "--quiet", "--out", "out"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [row["bytes"] for row in results["results"]] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    for row in results["results"]:
+        assert row["op"] == "send_recv" and row["loom"] > 0 and row["gloo"] > 0, row
+    refused = subprocess.run([sys.executable, "-m", "loom.bench", "--ops", "send_recv", "--backends", "loom,direct"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "send_recv is timed through torch.distributed only" in refused.stderr
+
+
 def test_steadiness_names_the_points_whose_sweeps_disagree_and_the_cliffs():
     """The report behind the CPU issue's bars: sweeps that disagree by more than 25%, and a
     median over 1.2x the next larger size's, each named with its numbers."""
