@@ -143,7 +143,7 @@ void P2pEngine::run() {
       std::lock_guard<std::mutex> lock(gate_->mutex);
       progressed = turn();
       expire(Clock::now());
-      deadlines = hasDeadlines();
+      deadlines = !progressed && hasDeadlines();  // read only by the sleep after an idle turn
       finished.swap(finished_);
     }
     complete(finished);
