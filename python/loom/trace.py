@@ -8,7 +8,8 @@ rest, "between spans"), for the faster and the slower half of the calls and for 
 ones (over 1.5x the median). The helpers' parts are summed too, with how long after the
 call's start the last helper to join began its first part (a helper asleep joins late), and
 how many of the calls had two busy threads (copying, reducing, a helper's part; of any
-process) on one CPU at once, so that each ran at most half the time. Across hosts, what the
+process) on one CPU at once, so that each ran at most half the time, and how many had a wait
+that fell asleep (its wake-up then the scheduler's). Across hosts, what the
 network threads did during the calls (the rail thread's receives, reductions and waits on
 the network, the send thread's sends and waits for bytes to send), per call. Calls through
 torch (the plugin's "c10d call" and "direct op" spans) get a line each per path, collective and
@@ -46,6 +47,9 @@ C10D_OP_TYPES = {
 }
 # Spans during which a thread keeps its CPU busy.
 BUSY = ("copy", "reduction", "helper part")
+# Spans that lie inside other parts of a call (a local step holds its waits and copies; a
+# wait that fell asleep is part of its phase or slot wait), so not added to what is covered.
+NESTED = ("local step", "asleep")
 
 
 class Span(NamedTuple):
@@ -136,7 +140,7 @@ def calls_of(threads, busy):
                 if s.name in COLLECTIVES or s.name in WRAPPERS:
                     continue
                 parts[s.name] = parts.get(s.name, 0.0) + (s.end - s.begin)
-                if s.name != "local step":
+                if s.name not in NESTED:
                     covered += s.end - s.begin
             parts["between spans"] = max(0.0, (call.end - call.begin) - covered)
             helper_us, joins = 0.0, []
@@ -208,6 +212,8 @@ def describe(calls, label):
             text += f", the last helper joins {statistics.fmean(joins):.1f} after the call starts"
     shared = sum(c.shared_cpu for c in calls)
     text += f"; a CPU shared by two busy threads in {shared} of {len(calls)}"
+    slept = sum(c.parts.get("asleep", 0.0) > 0 for c in calls)
+    text += f"; a wait fell asleep in {slept}"
     call = statistics.fmean(c.end - c.begin for c in calls)
     return f"    {label} ({len(calls)} calls, mean µs): call {call:.1f} = {text}"
 

@@ -60,6 +60,29 @@ def test_summary_groups_calls_and_names_their_parts(tmp_path):
     assert "a CPU shared by two busy threads in 1 of 1" in slower, slower
 
 
+def test_waits_that_fell_asleep_are_counted_and_not_added_to_the_call_twice(tmp_path):
+    # Four 8-byte all_reduces of 10, 12, 100 and 300 µs; the two slow ones waited for a peer
+    # and fell asleep inside that wait (the "asleep" span lies inside the "phase wait").
+    events = []
+    for i, (length, asleep) in enumerate([(10, 0), (12, 0), (100, 60), (300, 250)]):
+        t = 1000.0 * i
+        events += [span("all_reduce", t, t + length, n=8),
+                   span("phase wait", t + 2, t + length - 1, n=8)]
+        if asleep:
+            events.append(span("asleep", t + 5, t + 5 + asleep, n=8))
+    (tmp_path / "run.1.json").write_text(json.dumps({"traceEvents": events}))
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    faster = next(line for line in lines if "faster half" in line)
+    slower = next(line for line in lines if "slower half" in line)
+    assert "a wait fell asleep in 0" in faster, faster
+    assert "a wait fell asleep in 2" in slower, slower
+    # The sleep is part of the phase wait: the rest of the call is 3 µs either way.
+    assert "asleep 155.0" in slower and "between spans 3.0" in slower, slower
+
+
 def test_the_network_threads_time_inside_calls_is_summed_per_thread(tmp_path):
     # Two 1 MiB all_reduces across hosts; the rail thread receives and waits during both, the
     # send thread sends, and a span of each outside the calls is left out.

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "util/futex.h"
+#include "util/trace.h"
 
 namespace loom::shm {
 
@@ -88,6 +89,9 @@ void ShmComm::slowWait(int q, uint64_t phase, const WaitSpec& spec) {
         if (seen < phase && !failed()) {
           const auto slice =
               std::min<std::chrono::nanoseconds>(backoff_.sleepSlice, spec.deadline - now);
+          // LOOM_TRACE: a wait that outlasted spinning and yielding; its wake-up is the
+          // scheduler's, so python -m loom.trace counts the calls that had one.
+          const trace::Span asleep("asleep", phase);
           futexWait(lowWord(&line.posted), static_cast<uint32_t>(seen), slice);
         }
         line.sleepers.fetch_sub(1, std::memory_order_relaxed);
