@@ -9,9 +9,9 @@ ones (over 1.5x the median). The helpers' parts are summed too, with how long af
 call's start the last helper to join began its first part (a helper asleep joins late), and
 how many of the calls had two busy threads (copying, reducing, a helper's part; of any
 process) on one CPU at once, so that each ran at most half the time, and how many had a wait
-that fell asleep (its wake-up then the scheduler's). Across hosts, what the
-network threads did during the calls (the rail thread's receives, reductions and waits on
-the network, the send thread's sends and waits for bytes to send), per call. Calls through
+that fell asleep (its wake-up then the scheduler's). Across hosts, what the network threads
+did during the calls (the rail thread's receives, reductions and waits on the network, the
+send thread's sends and waits for bytes to send), per call. Calls through
 torch (the plugin's "c10d call" and "direct op" spans) get a line each per path, collective and
 size: how long they took and how much of it came before and after the engine's collective.
 
