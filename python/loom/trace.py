@@ -23,6 +23,7 @@ import argparse
 import bisect
 import glob
 import json
+import os
 import statistics
 import sys
 from typing import NamedTuple, Optional
@@ -251,12 +252,28 @@ def describe_others(threads, calls):
     return f"    other threads (µs per call): {'; '.join(parts)}" if parts else None
 
 
-def summary(prefix, slow=1.5):
-    """The summary's lines for the files LOOM_TRACE=<prefix> left (FileNotFoundError if none)."""
+# Timelines past this many bytes in all take minutes to read: main() then says which file
+# it is reading (a P = 16 run of tiny calls, a million spans per rank, is gigabytes).
+LARGE_BYTES = 100 << 20
+
+
+def trace_files(prefix):
+    """The files LOOM_TRACE=<prefix> left, by name (FileNotFoundError if none)."""
     paths = sorted(glob.glob(glob.escape(str(prefix)) + ".*.json"))
     if not paths:
         raise FileNotFoundError(f"no {prefix}.<pid>.json files (was LOOM_TRACE={prefix} set?)")
-    processes = [load(path) for path in paths]
+    return paths
+
+
+def summary(prefix, slow=1.5, reading=None):
+    """The summary's lines for the files LOOM_TRACE=<prefix> left (FileNotFoundError if none);
+    `reading(i, n, path)`, if given, is called before each file is read."""
+    paths = trace_files(prefix)
+    processes = []
+    for i, path in enumerate(paths):
+        if reading:
+            reading(i, len(paths), path)
+        processes.append(load(path))
     busy = BusyCpus(processes)
     lines = []
     for path, threads in zip(paths, processes):
@@ -288,8 +305,14 @@ def main():
     parser.add_argument("--slow", type=float, default=1.5,
                         help="a call is slow above this multiple of its median (default 1.5)")
     args = parser.parse_args()
+
+    def reading(i, n, path):
+        print(f"loom.trace: reading {path} ({i + 1} of {n}, {os.path.getsize(path) >> 20} MiB)",
+              file=sys.stderr, flush=True)
+
     try:
-        lines = summary(args.prefix, args.slow)
+        large = sum(os.path.getsize(p) for p in trace_files(args.prefix)) > LARGE_BYTES
+        lines = summary(args.prefix, args.slow, reading if large else None)
     except FileNotFoundError as e:
         sys.exit(f"loom.trace: {e}")
     print("\n".join(lines))

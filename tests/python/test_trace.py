@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from loom.trace import BusyCpus, Span
+from loom.trace import BusyCpus, Span, summary
 
 
 def span(name, begin, end, n=0, cpu=0, tid=1):
@@ -122,6 +122,16 @@ def test_cuda_calls_are_split_around_their_enqueue(tmp_path):
             in done.stdout), done.stdout
     assert "before the enqueue 2.0, after it 1.0" in done.stdout, done.stdout
     assert "c10d call CUDA call of op type 99: 1 calls" in done.stdout, done.stdout
+
+
+def test_each_file_is_announced_before_it_is_read_when_asked(tmp_path):
+    for pid in (7, 8):
+        events = [span("all_reduce", 0, 10, n=8, tid=pid)]
+        (tmp_path / f"run.{pid}.json").write_text(json.dumps({"traceEvents": events}))
+    seen = []
+    lines = summary(tmp_path / "run", reading=lambda i, n, path: seen.append((i, n, path)))
+    assert seen == [(0, 2, str(tmp_path / "run.7.json")), (1, 2, str(tmp_path / "run.8.json"))]
+    assert sum("all_reduce of 8 B: 1 calls" in line for line in lines) == 2, lines
 
 
 def test_no_files_is_a_clear_error(tmp_path):
