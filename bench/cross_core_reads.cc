@@ -10,9 +10,10 @@
 //
 //   cross-core-reads [-t T] [-s BYTES] [-r ROUNDS] [-d LINES]
 //
-// Prints, per variant, the median and p90 over rounds of each phase in µs: "plain" is
-// loom's kernels (a 512-element block loop source by source; memcpy for the gather);
-// "prefetch D" the same loops with a prefetch D lines ahead in every source they read.
+// Prints, per variant, the median and p90 over rounds of each phase in µs: "plain" runs
+// loops shaped like loom's (kernels/reduce_impl.h's 512-element blocks, source by source;
+// memcpy for the gather), written here rather than called so that "prefetch D", the same
+// loops with a prefetch D lines ahead in every source they read, differs by the prefetch.
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -193,14 +194,34 @@ int main(int argc, char** argv) {
   size_t bytes = size_t{1} << 20;
   int rounds = 200;
   std::vector<size_t> aheads = {0, 4, 8, 16, 32};
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const auto usage = [](const char* why) {
+    std::fprintf(stderr,
+                 "cross-core-reads: %s\nusage: cross-core-reads [-t THREADS (1 to the CPUs)] "
+                 "[-s BYTES (at least 64 per thread)] [-r ROUNDS (1 or more)] [-d LINES]\n",
+                 why);
+    return 2;
+  };
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "-t") threads = std::atoi(argv[i + 1]);
-    if (flag == "-s") bytes = std::strtoull(argv[i + 1], nullptr, 10);
-    if (flag == "-r") rounds = std::atoi(argv[i + 1]);
-    if (flag == "-d") aheads = {0, std::strtoull(argv[i + 1], nullptr, 10)};
+    if (i + 1 >= argc) return usage(("no value after " + flag).c_str());
+    const char* value = argv[i + 1];
+    if (flag == "-t") {
+      threads = std::atoi(value);
+    } else if (flag == "-s") {
+      bytes = std::strtoull(value, nullptr, 10);
+    } else if (flag == "-r") {
+      rounds = std::atoi(value);
+    } else if (flag == "-d") {
+      aheads = {0, std::strtoull(value, nullptr, 10)};
+    } else {
+      return usage(("unknown option " + flag).c_str());
+    }
   }
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads < 1 || threads > cpus) return usage("-t: one thread per CPU, so 1 to the CPUs");
+  if (rounds < 1) return usage("-r: at least one round");
   bytes = bytes / (kLine * threads) * (kLine * threads);
+  if (bytes == 0) return usage("-s: at least one 64-byte line per thread");
   std::printf(
       "# %d threads, %zu bytes per slot, %d rounds; µs per phase, median / p90 of the slowest "
       "thread\n",
