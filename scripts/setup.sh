@@ -15,7 +15,7 @@ trap 'rm -rf "$outside"' EXIT
 ask_python() { (cd "$outside" && "$PYTHON" "$@"); }
 
 need_apt=()
-for tool in cmake ninja g++ clang clang-format; do command -v "$tool" >/dev/null || need_apt+=("$tool"); done
+for tool in cmake ninja g++ clang clang-format ccache; do command -v "$tool" >/dev/null || need_apt+=("$tool"); done
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(gtest)
 # The network transport: libfabric, OpenSSL's libcrypto; iproute2 for the multi-host tests.
 command -v pkg-config >/dev/null && pkg-config --exists libfabric || need_apt+=(libfabric)
@@ -26,7 +26,7 @@ if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    cmake ninja-build g++ clang clang-format libclang-rt-14-dev libgtest-dev libgmock-dev \
+    cmake ninja-build g++ clang clang-format ccache libclang-rt-14-dev libgtest-dev libgmock-dev \
     pkg-config libfabric-dev libfabric-bin libssl-dev iproute2 >/dev/null
 fi
 
