@@ -6,12 +6,14 @@
 # with CMake, as CI and scripts/test.sh do; a pip reinstall after a Python-only change). The
 # key is everything the fatbinary depends on: nvcc's version, the host compiler, the flags
 # and the contents of every source file (kernels.cu includes only files of src/cuda, all
-# listed in SOURCES), so a hit is the same bytes a compile would write.
+# listed in SOURCES), so a hit stands for what a compile of the same inputs writes. The
+# folder keeps the kKeep most recently used fatbinaries (15 MB each), older ones are removed.
 #
 # In: NVCC, FLAGS (a list, without -I and -o), INCLUDE_DIR, MAIN (kernels.cu), SOURCES (a
 # list), SOURCE_ROOT (SOURCES are keyed by their path below it), HOST_COMPILER, OUTPUT,
 # CACHE_DIR (empty: no cache).
 cmake_minimum_required(VERSION 3.22)
+set(kKeep 8)
 
 execute_process(COMMAND ${NVCC} --version OUTPUT_VARIABLE nvcc_version RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -29,6 +31,7 @@ set(cached "${CACHE_DIR}/${key_digest}.fatbin")
 
 if(CACHE_DIR AND EXISTS "${cached}")
   file(COPY_FILE "${cached}" "${OUTPUT}")
+  file(TOUCH_NOCREATE "${cached}")  # recently used: kept longest
   message(STATUS "loom's CUDA kernels: sources and flags unchanged, reused ${cached}")
   return()
 endif()
@@ -57,5 +60,22 @@ if(CACHE_DIR)
     message(WARNING "loom's CUDA kernels were compiled, but could not be kept in ${CACHE_DIR} "
       "for the next build (set LOOM_CUDA_KERNEL_CACHE to a writable folder, or to an empty "
       "value to keep none)")
+    return()
+  endif()
+  # The least recently used beyond kKeep go (each edit of a kernel source adds one).
+  file(GLOB entries "${CACHE_DIR}/*.fatbin")
+  set(stamped "")
+  foreach(entry IN LISTS entries)
+    file(TIMESTAMP "${entry}" used "%s")
+    list(APPEND stamped "${used}|${entry}")
+  endforeach()
+  list(SORT stamped COMPARE NATURAL ORDER DESCENDING)
+  list(LENGTH stamped count)
+  if(count GREATER kKeep)
+    list(SUBLIST stamped ${kKeep} -1 stale)
+    foreach(item IN LISTS stale)
+      string(REGEX REPLACE "^[0-9]+\\|" "" path "${item}")
+      file(REMOVE "${path}")
+    endforeach()
   endif()
 endif()

@@ -84,8 +84,8 @@ TEST(Schedules, AllReduceMovesTheBandwidthOptimalBytesUpTo16384Ranks) {
     int hosts, perHost;
   };
   for (const Case c : {Case{4, 4}, Case{8, 8}, Case{64, 8}, Case{2048, 8}}) {
-    // The 16,384-rank layout runs the same code as the 512-rank one, 32 times over: 150 s
-    // of CI's 2-core machine under AddressSanitizer (10 s in the release build, which runs it).
+    // The 16,384-rank layout runs the 512-rank one's code at 32 times the scale: 150 s of
+    // CI's 2-core machine under AddressSanitizer (10 s in the release build, which runs it).
     if (kUnderAddressSanitizer && c.hosts * c.perHost > 512) continue;
     const size_t count = size_t{1} << 19;  // 2 MiB of float32: one segment
     const size_t bytes = count * 4;
