@@ -83,6 +83,7 @@ if [ "${LOOM_TEST_QUICK:-0}" = 1 ]; then export LOOM_SKIP_TORCH_SUITE=1; fi
 # Every framework test runs: a missing framework is a failure here, not a skip. DeepSpeed
 # compiles its CPU op into the build tree, not the user's cache.
 export LOOM_REQUIRE_FRAMEWORKS=1 TORCH_EXTENSIONS_DIR="$PWD/build/torch_extensions"
-(cd tests/python && OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs -p no:cacheprovider)
+# --durations: the log names the slowest tests, where CI's time goes (tests/README.md).
+(cd tests/python && OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15)
 
 section "all tests passed"
