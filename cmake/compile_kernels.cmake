@@ -30,10 +30,15 @@ string(SHA256 key_digest "${key}")
 set(cached "${CACHE_DIR}/${key_digest}.fatbin")
 
 if(CACHE_DIR AND EXISTS "${cached}")
-  file(COPY_FILE "${cached}" "${OUTPUT}")
-  file(TOUCH_NOCREATE "${cached}")  # recently used: kept longest
-  message(STATUS "loom's CUDA kernels: sources and flags unchanged, reused ${cached}")
-  return()
+  # A build beside this one may prune the entry between the check and the copy: then this
+  # build compiles, as on a miss.
+  file(COPY_FILE "${cached}" "${OUTPUT}" RESULT copied)
+  if(copied STREQUAL "0")
+    file(TOUCH_NOCREATE "${cached}")  # recently used: kept longest
+    message(STATUS "loom's CUDA kernels: sources and flags unchanged, reused ${cached}")
+    return()
+  endif()
+  message(STATUS "loom's CUDA kernels: ${cached} could not be copied (${copied}); compiling")
 endif()
 
 execute_process(COMMAND ${NVCC} ${FLAGS} -I${INCLUDE_DIR} -o ${OUTPUT} ${MAIN}
