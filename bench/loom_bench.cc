@@ -60,6 +60,7 @@ struct Options {
   bool lent = false;
   bool pin = false;
   bool census = false;
+  bool afterBarrier = false;  // each timed call alone after a barrier, rank 0's times
   std::string json;
   // Across hosts: namespace hosts on this machine, or this node of a job over machines.
   int hosts = 1;
@@ -98,6 +99,10 @@ const char* kUsage =
                        processes on the machine used meanwhile (times each call)
       --lent           buffers from the lending pool (as torch's allocate_tensor gives):
                        all_gather and reduce_scatter from LOOM_LEND_BYTES read them in place
+      --after-barrier  time every call alone, right after a barrier, as rank 0 sees it (as
+                       python -m loom.bench times calls through torch): time and p90 are
+                       rank 0's median and 90th percentile single call, the latency of one
+                       call with the barrier's exit skew, not a mean of back-to-back calls
   -J, --json FILE      also write one JSON object per row to FILE
   -h, --help           this text
 
@@ -208,6 +213,8 @@ Options parse(int argc, char** argv) {
       o.census = true;
     } else if (a == "--lent") {
       o.lent = true;
+    } else if (a == "--after-barrier") {
+      o.afterBarrier = true;
     } else if (a == "-J" || a == "--json") {
       o.json = value();
     } else if (a == "--hosts") {
@@ -347,6 +354,10 @@ void printCensus(const char* label, const Census& c, bool oneMachine) {
 
 Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) {
   for (int i = 0; i < o.warmup; ++i) c.launch().wait();
+  // With --after-barrier every timed call follows a barrier of its own.
+  auto settle = [&] {
+    if (o.afterBarrier) comm.barrier(blocking()).wait();
+  };
   // Agree on the iterations per repetition from runs of 1, 8, 64, ... calls, until one lasts
   // 2 ms: a single call after a barrier pays the barrier's exit skew too, and estimating from
   // it alone once made a row's repetitions a few calls long, their means mostly that skew.
@@ -354,7 +365,10 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
   for (int calls = 1;; calls *= 8) {
     comm.barrier(blocking()).wait();
     const auto start = Clock::now();
-    for (int i = 0; i < calls; ++i) c.launch().wait();
+    for (int i = 0; i < calls; ++i) {
+      settle();
+      c.launch().wait();
+    }
     const double seconds =
         maxOverRanks(comm, std::chrono::duration<double>(Clock::now() - start).count());
     estimate = seconds / calls;
@@ -376,6 +390,15 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
   }
   for (int rep = 0; rep < o.reps; ++rep) {
     comm.barrier(blocking()).wait();
+    if (o.afterBarrier) {
+      for (int i = 0; i < iters; ++i) {
+        comm.barrier(blocking()).wait();
+        const auto t0 = Clock::now();
+        c.launch().wait();
+        calls.push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e6);
+      }
+      continue;
+    }
     // One clock read per call (a call ends where the next begins), so timing single calls
     // adds about 20 ns to each.
     const auto t0 = Clock::now();
@@ -406,8 +429,14 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
         std::count_if(calls.begin(), calls.end(), [&](double us) { return us > 5 * typical; }));
     reduceCensus(comm, census);
   }
-  t.us = median(samples) * 1e6;
-  t.p90Us = maxOverRanks(comm, percentile90(calls));
+  if (o.afterBarrier) {
+    // Rank 0's single calls, as python -m loom.bench reports them (only rank 0 prints).
+    t.us = median(calls);
+    t.p90Us = percentile90(calls);
+  } else {
+    t.us = median(samples) * 1e6;
+    t.p90Us = maxOverRanks(comm, percentile90(calls));
+  }
   if (o.check) {
     c.refill(salt);
     c.launch().wait();
@@ -431,12 +460,13 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
   if (lead) {
     std::printf(
         "# loom-bench: %d ranks on %d host(s) (%s%s), %d cores available, %d thread(s)/rank, "
-        "kernels %s, chunk %zu KiB%s\n",
+        "kernels %s, chunk %zu KiB%s%s\n",
         world, o.hostCount(), o.hosts > 1 ? "network namespaces" : localHost().hostname.c_str(),
         o.linkGbit > 0 ? (", links shaped to " + std::to_string(o.linkGbit) + " Gb/s").c_str() : "",
         availableCores(), config.tuning.threads,
         std::string(kernels::isaName(kernels::activeIsa())).c_str(), config.chunkBytes >> 10,
-        o.lent ? ", buffers lent" : "");
+        o.lent ? ", buffers lent" : "",
+        o.afterBarrier ? ", each call timed alone after a barrier (rank 0's times)" : "");
   }
   double copyBw = 0;
   if (o.copyBandwidth) {

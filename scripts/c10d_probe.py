@@ -4,7 +4,9 @@ all_reduce through each path after each kind of barrier (c10d's, the op's one-el
 all_reduce, none), in interleaved rounds, and reports per combination the median of rank 0's
 call time (what `python -m loom.bench` reports), of the slowest rank's, and how far apart
 the ranks left the barrier and the call (CLOCK_MONOTONIC is one clock for every process of
-a host).
+a host), and how long after rank 0 the last rank began its call (what rank 0's call must
+wait for at least, whatever the backend: torch's no-op backend, which waits for no one,
+never pays it).
 
     python3 scripts/c10d_probe.py --ranks 4 --bytes 512K 1M --rounds 3 --calls 30
 """
@@ -59,19 +61,23 @@ def rank_main(rank: int, args, init: str) -> None:
                     s = torch.stack(everyone)  # rank, call, (start, end)
                     took = s[:, :, 1] - s[:, :, 0]
                     spread = s.max(0).values - s.min(0).values  # call, (start, end)
-                    row = rows.setdefault((call, barrier), {"rank0": [], "slowest": [], "enter": [], "leave": []})
+                    lag = s[:, :, 0].max(0).values - s[0, :, 0]  # the last start after rank 0's
+                    row = rows.setdefault((call, barrier), {"rank0": [], "slowest": [], "enter": [],
+                                                            "leave": [], "lag": []})
                     row["rank0"] += took[0].tolist()
                     row["slowest"] += took.max(0).values.tolist()
                     row["enter"] += spread[:, 0].tolist()
                     row["leave"] += spread[:, 1].tolist()
+                    row["lag"] += lag.tolist()
         if rank == 0:
             print(f"\n## all_reduce of {nbytes} B, P = {args.ranks}, {args.rounds} rounds x {args.calls} calls "
                   "(medians, µs)")
-            print(f"{'call':>7} {'after barrier':>14} {'rank 0':>9} {'slowest':>9} {'start skew':>11} {'end skew':>9}")
+            print(f"{'call':>7} {'after barrier':>14} {'rank 0':>9} {'slowest':>9} {'start skew':>11} "
+                  f"{'end skew':>9} {'last start after rank 0':>24}")
             for (call, barrier), row in rows.items():
                 med = {k: statistics.median(v) for k, v in row.items()}
                 print(f"{call:>7} {barrier:>14} {med['rank0']:9.1f} {med['slowest']:9.1f} "
-                      f"{med['enter']:11.1f} {med['leave']:9.1f}")
+                      f"{med['enter']:11.1f} {med['leave']:9.1f} {med['lag']:24.1f}")
             sys.stdout.flush()
     dist.destroy_process_group()
 
