@@ -22,11 +22,6 @@ void copyTruncated(char (&dst)[N], std::string_view text) {
   dst[n] = '\0';
 }
 
-double millisBetween(std::chrono::steady_clock::time_point a,
-                     std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 }  // namespace
 
 const char* flightStateName(FlightRecord::State state) {
@@ -89,58 +84,73 @@ FlightRecorder::FlightRecorder(size_t capacity)
 
 uint64_t FlightRecorder::issued(const Subject& subject) {
   if (ring_.empty()) return 0;
-  const auto now = Clock::now();
+  const Ticks now = Clock::now().time_since_epoch().count();
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_++;
   Entry& e = ring_[id % ring_.size()];
-  e.id = id;
+  // The tag goes first: a late mark of the operation this entry held no longer matches.
+  e.tag.store(tagOf(id, FlightRecord::State::kQueued), std::memory_order_relaxed);
   copyTruncated(e.communicator, subject.communicator);
   e.subject = subject;
   e.subject.communicator = {};
-  e.state = FlightRecord::State::kQueued;
-  e.issuedAt = e.startedAt = e.endedAt = now;
+  e.issuedAt.store(now, std::memory_order_relaxed);
+  e.startedAt.store(now, std::memory_order_relaxed);
+  e.endedAt.store(now, std::memory_order_relaxed);
   e.error[0] = '\0';
   return id;
 }
 
-FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  if (id == 0) return nullptr;
-  Entry& e = ring_[id % ring_.size()];
-  return e.id == id ? &e : nullptr;
+bool FlightRecorder::advance(Entry& e, uint64_t id, FlightRecord::State from,
+                             FlightRecord::State to) {
+  uint64_t expected = tagOf(id, from);
+  return e.tag.compare_exchange_strong(expected, tagOf(id, to), std::memory_order_relaxed);
 }
 
 void FlightRecorder::started(uint64_t id) {
   if (id == 0) return;
-  const auto now = Clock::now();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
-    e->state = FlightRecord::State::kRunning;
-    e->startedAt = now;
+  const Ticks now = Clock::now().time_since_epoch().count();
+  Entry& e = ring_[id % ring_.size()];
+  if (advance(e, id, FlightRecord::State::kQueued, FlightRecord::State::kRunning)) {
+    e.startedAt.store(now, std::memory_order_relaxed);
   }
 }
 
 void FlightRecorder::ended(uint64_t id, std::string_view error) {
   if (id == 0) return;
-  const auto now = Clock::now();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
-    // Send/recv are never marked started: they run from the moment they are issued.
-    if (e->state == FlightRecord::State::kQueued) e->startedAt = e->issuedAt;
-    e->state = error.empty() ? FlightRecord::State::kCompleted : FlightRecord::State::kFailed;
-    e->endedAt = now;
-    copyTruncated(e->error, error);
+  const Ticks now = Clock::now().time_since_epoch().count();
+  Entry& e = ring_[id % ring_.size()];
+  const auto to = error.empty() ? FlightRecord::State::kCompleted : FlightRecord::State::kFailed;
+  // The error text is read under the mutex, so a failure writes it under the mutex too.
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  if (!error.empty()) lock.lock();
+  // From running, or from queued (send/recv are never marked started: they run from the
+  // moment they are issued), whichever it is when the swap lands.
+  uint64_t tag = e.tag.load(std::memory_order_relaxed);
+  do {
+    const auto state = static_cast<FlightRecord::State>(tag & 0xff);
+    if (tag >> 8 != id) return;  // overwritten by a newer operation
+    if (state != FlightRecord::State::kQueued && state != FlightRecord::State::kRunning) return;
+  } while (!e.tag.compare_exchange_weak(tag, tagOf(id, to), std::memory_order_relaxed));
+  if (static_cast<FlightRecord::State>(tag & 0xff) == FlightRecord::State::kQueued) {
+    e.startedAt.store(e.issuedAt.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
+  e.endedAt.store(now, std::memory_order_relaxed);
+  if (!error.empty()) copyTruncated(e.error, error);
 }
 
 std::vector<FlightRecord> FlightRecorder::snapshot() const {
-  const auto now = Clock::now();
+  const Ticks now = Clock::now().time_since_epoch().count();
+  auto millis = [](Ticks from, Ticks to) {
+    return std::chrono::duration<double, std::milli>(Clock::duration(to - from)).count();
+  };
   std::vector<FlightRecord> out;
   std::lock_guard<std::mutex> lock(mutex_);
   out.reserve(ring_.size());
   const uint64_t first = next_ > ring_.size() ? next_ - ring_.size() : 1;
   for (uint64_t id = first; id < next_; ++id) {
     const Entry& e = ring_[id % ring_.size()];
-    if (e.id != id) continue;
+    const uint64_t tag = e.tag.load(std::memory_order_relaxed);
+    if (tag >> 8 != id) continue;
     FlightRecord r;
     r.id = id;
     r.communicator = e.communicator;
@@ -160,14 +170,21 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
       }
       if (s.peer >= 0) r.arguments += ", root " + std::to_string(s.peer);
     }
-    r.state = e.state;
+    r.state = static_cast<FlightRecord::State>(tag & 0xff);
+    // A mark lands its time just after its state, so a state read a moment before its time
+    // may come with the time before (the issue time). (A mark that lost the race with a
+    // newer operation taking over its entry, 1024 operations later, can leave its time
+    // there: a debugging record's imprecision, never a crash.)
+    const Ticks issuedAt = e.issuedAt.load(std::memory_order_relaxed);
+    const Ticks startedAt = e.startedAt.load(std::memory_order_relaxed);
+    const Ticks endedAt = e.endedAt.load(std::memory_order_relaxed);
     r.issued = wallAtStart_ + std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                  e.issuedAt - steadyAtStart_);
-    const bool running = e.state == FlightRecord::State::kRunning;
-    const bool queued = e.state == FlightRecord::State::kQueued;
-    r.queuedMs = millisBetween(e.issuedAt, queued ? now : e.startedAt);
-    r.ranMs = queued ? 0 : millisBetween(e.startedAt, running ? now : e.endedAt);
-    r.error = e.error;
+                                  Clock::time_point(Clock::duration(issuedAt)) - steadyAtStart_);
+    const bool running = r.state == FlightRecord::State::kRunning;
+    const bool queued = r.state == FlightRecord::State::kQueued;
+    r.queuedMs = millis(issuedAt, queued ? now : startedAt);
+    r.ranMs = queued ? 0 : millis(startedAt, running ? now : endedAt);
+    r.error = r.state == FlightRecord::State::kFailed ? e.error : "";
     out.push_back(std::move(r));
   }
   return out;

@@ -118,6 +118,14 @@ TEST(FlightRecorder, TimeoutSaysWhereEachLaggardIsAndPrintsTheRecord) {
           LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
           LOOM_CHECK(contains(e.what(), "rank 2 last started #1 and finished it"), << e.what());
         }
+        // The failed call's entry says so, with its message; the one before it completed.
+        const auto records = flightRecord();
+        LOOM_CHECK(records.size() == 2, << formatFlightRecord(records));
+        LOOM_CHECK(records[0].state == FlightRecord::State::kCompleted,
+                   << formatFlightRecord(records));
+        LOOM_CHECK(records[1].state == FlightRecord::State::kFailed &&
+                       contains(records[1].error, "timeout"),
+                   << formatFlightRecord(records));
         const std::string progress = comm->progressReport();
         LOOM_CHECK(contains(progress, "all_reduce #1"), << progress);
         if (ctx.store->add("gave up", 1) == 2) ctx.store->set("given up", {1});
