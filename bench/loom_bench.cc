@@ -392,7 +392,7 @@ Timing timeCase(Communicator& comm, OpCase& c, const Options& o, uint32_t salt) 
     comm.barrier(blocking()).wait();
     if (o.afterBarrier) {
       for (int i = 0; i < iters; ++i) {
-        comm.barrier(blocking()).wait();
+        settle();
         const auto t0 = Clock::now();
         c.launch().wait();
         calls.push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e6);

@@ -127,11 +127,13 @@ void FlightRecorder::ended(uint64_t id, std::string_view error) {
   // moment they are issued), whichever it is when the swap lands.
   uint64_t tag = e.tag.load(std::memory_order_relaxed);
   do {
-    const auto state = static_cast<FlightRecord::State>(tag & 0xff);
-    if (tag >> 8 != id) return;  // overwritten by a newer operation
-    if (state != FlightRecord::State::kQueued && state != FlightRecord::State::kRunning) return;
+    if (idOf(tag) != id) return;  // overwritten by a newer operation
+    if (stateOf(tag) != FlightRecord::State::kQueued &&
+        stateOf(tag) != FlightRecord::State::kRunning) {
+      return;
+    }
   } while (!e.tag.compare_exchange_weak(tag, tagOf(id, to), std::memory_order_relaxed));
-  if (static_cast<FlightRecord::State>(tag & 0xff) == FlightRecord::State::kQueued) {
+  if (stateOf(tag) == FlightRecord::State::kQueued) {
     e.startedAt.store(e.issuedAt.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
   e.endedAt.store(now, std::memory_order_relaxed);
@@ -150,7 +152,7 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
   for (uint64_t id = first; id < next_; ++id) {
     const Entry& e = ring_[id % ring_.size()];
     const uint64_t tag = e.tag.load(std::memory_order_relaxed);
-    if (tag >> 8 != id) continue;
+    if (idOf(tag) != id) continue;
     FlightRecord r;
     r.id = id;
     r.communicator = e.communicator;
@@ -170,7 +172,7 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
       }
       if (s.peer >= 0) r.arguments += ", root " + std::to_string(s.peer);
     }
-    r.state = static_cast<FlightRecord::State>(tag & 0xff);
+    r.state = stateOf(tag);
     // A mark lands its time just after its state, so a state read a moment before its time
     // may come with the time before (the issue time). (A mark that lost the race with a
     // newer operation taking over its entry, 1024 operations later, can leave its time

@@ -65,6 +65,10 @@ class FlightRecorder {
   static uint64_t tagOf(uint64_t id, FlightRecord::State state) {
     return id << 8 | static_cast<uint64_t>(state);
   }
+  static uint64_t idOf(uint64_t tag) { return tag >> 8; }
+  static FlightRecord::State stateOf(uint64_t tag) {
+    return static_cast<FlightRecord::State>(tag & 0xff);
+  }
   /// Moves entry `id` from state `from` to `to` if it is still that operation's and in that
   /// state; true if it did.
   bool advance(Entry& e, uint64_t id, FlightRecord::State from, FlightRecord::State to);
