@@ -23,8 +23,22 @@ enum class DataType : uint8_t {
 /// Number of data types, for tables and sweeps.
 inline constexpr int kNumDataTypes = 10;
 
-/// Size in bytes of one element of `type`.
-size_t elementSize(DataType type);
+/// Size in bytes of one element of `type` (inline: every call asks, several times).
+constexpr size_t elementSize(DataType type) {
+  switch (type) {
+    case DataType::kFloat64:
+    case DataType::kInt64: return 8;
+    case DataType::kFloat32:
+    case DataType::kInt32: return 4;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+    case DataType::kInt16: return 2;
+    case DataType::kInt8:
+    case DataType::kUInt8:
+    case DataType::kBool: return 1;
+  }
+  return 0;
+}
 
 /// Lower-case name ("float32", "bfloat16", ...) for messages.
 std::string_view dataTypeName(DataType type);

@@ -34,8 +34,7 @@ void allGather(CollectiveContext& ctx, const CollectiveArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.input);
   size_t longest = 0;
   for (size_t n : args.outputCounts) longest = std::max(longest, n);
-  std::vector<CopyTask> tasks;
-  tasks.reserve(static_cast<size_t>(size));
+  PerRank<CopyTask> tasks(static_cast<size_t>(size));
   size_t total = 0;
   for (size_t n : args.outputCounts) total += n;
   const bool stream = ctx.streams(total * es);
@@ -54,13 +53,13 @@ void allGather(CollectiveContext& ctx, const CollectiveArgs& args) {
     const uint64_t p = ctx.startPhase(true);
     ctx.copy(ctx.slot(me, p), in + begin * es, partOf(me, begin) * es);
     ctx.finishPhase(p, CollectiveContext::Await::kAll);
-    tasks.clear();
+    size_t used = 0;
     for (int q = 0; q < size; ++q) {
       auto* dst = static_cast<uint8_t*>(args.outputs[q]) + begin * es;
       if (q == me && args.outputs[q] == args.input) continue;  // in place
-      tasks.push_back({dst, ctx.slot(q, p), partOf(q, begin) * es});
+      tasks[used++] = {dst, ctx.slot(q, p), partOf(q, begin) * es};
     }
-    ctx.copy(tasks, stream);
+    ctx.copy(tasks.first(used), stream);
   }
 }
 

@@ -151,7 +151,7 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
       ownFromInput = false;
     }
   }
-  std::vector<CopyTask> tasks(static_cast<size_t>(size));
+  PerRank<CopyTask> tasks(static_cast<size_t>(size));
   size_t received = 0;
   for (size_t n : args.outputCounts) received += n;
   const bool stream = ctx.streams(received * es);

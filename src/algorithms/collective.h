@@ -22,6 +22,7 @@
 #include "loom/types.h"
 #include "transport/shm/shm_comm.h"
 #include "util/helper_pool.h"
+#include "util/per_rank.h"
 
 namespace loom {
 
@@ -37,8 +38,21 @@ enum class CollectiveKind : uint8_t {
   kBarrier,
 };
 
-/// "all_reduce", "broadcast", ...
-std::string_view collectiveName(CollectiveKind kind);
+/// "all_reduce", "broadcast", ... (inline: a call names itself several times)
+constexpr std::string_view collectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "collective";
+}
 
 /// True for the collectives that apply a reduction (all_reduce, reduce, reduce_scatter).
 constexpr bool reduces(CollectiveKind kind) {

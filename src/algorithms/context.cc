@@ -115,21 +115,6 @@ bool sameOp(const shm::OpDesc& a, const shm::OpDesc& b) {
 
 }  // namespace
 
-std::string_view collectiveName(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kReduce: return "reduce";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllToAll: return "all_to_all";
-    case CollectiveKind::kGather: return "gather";
-    case CollectiveKind::kScatter: return "scatter";
-    case CollectiveKind::kBarrier: return "barrier";
-  }
-  return "collective";
-}
-
 uint64_t CollectiveContext::startPhase(bool writes) {
   const uint64_t p = ++phase_;
   if (opening_ == 0) {

@@ -33,7 +33,7 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   // first (kernels/copy.h says why).
   const kernels::ReduceSpec spec{args.type, args.op, size, ctx.streams(args.inputCounts[me] * es)};
   auto* out = static_cast<uint8_t*>(args.output);
-  std::vector<const void*> srcs(static_cast<size_t>(size));
+  PerRank<const void*> srcs(static_cast<size_t>(size));
   if (ctx.lends()) {
     size_t whole = 0, mine = 0;
     for (int q = 0; q < size; ++q) {
@@ -62,7 +62,7 @@ void reduceScatter(CollectiveContext& ctx, const CollectiveArgs& args) {
   const auto* own = static_cast<const uint8_t*>(args.inputs[me]);
   const size_t ownBytes = args.inputCounts[me] * es;
   const bool ownFromInput = own == out || !rangesOverlap(own, ownBytes, out, ownBytes);
-  std::vector<CopyTask> tasks(static_cast<size_t>(size));
+  PerRank<CopyTask> tasks(static_cast<size_t>(size));
   for (size_t c = 0, chunks = chunksOf(longest, region); c < chunks; ++c) {
     const size_t begin = c * region;
     const uint64_t p = ctx.startPhase(true);

@@ -29,7 +29,7 @@ void reduceOneShot(CollectiveContext& ctx, const CollectiveArgs& args, bool rece
   const kernels::ReduceSpec spec{args.type, args.op, ctx.size()};
   const auto* in = static_cast<const uint8_t*>(args.input);
   auto* out = static_cast<uint8_t*>(args.output);
-  std::vector<const void*> srcs(static_cast<size_t>(ctx.size()));
+  PerRank<const void*> srcs(static_cast<size_t>(ctx.size()));
   for (size_t c = 0, chunks = chunksOf(args.count, perChunk); c < chunks; ++c) {
     const size_t begin = c * perChunk;
     const size_t n = std::min(perChunk, args.count - begin);
@@ -51,8 +51,8 @@ void reduceTwoShot(CollectiveContext& ctx, const CollectiveArgs& args, bool rece
   const kernels::ReduceSpec spec{args.type, args.op, size};
   const auto* in = static_cast<const uint8_t*>(args.input);
   auto* out = static_cast<uint8_t*>(args.output);
-  std::vector<const void*> srcs(static_cast<size_t>(size));
-  std::vector<CopyTask> gatherTasks(static_cast<size_t>(size));
+  PerRank<const void*> srcs(static_cast<size_t>(size));
+  PerRank<CopyTask> gatherTasks(static_cast<size_t>(size));
   const bool stream = ctx.streams(args.count * es);
   // The reduction reads this rank's own slice from the input, unless the output straddles
   // it (a partial overlap; in place is fine: each chunk's slice is read before the gather

@@ -4,22 +4,6 @@
 
 namespace loom {
 
-size_t elementSize(DataType type) {
-  switch (type) {
-    case DataType::kFloat64:
-    case DataType::kInt64: return 8;
-    case DataType::kFloat32:
-    case DataType::kInt32: return 4;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-    case DataType::kInt16: return 2;
-    case DataType::kInt8:
-    case DataType::kUInt8:
-    case DataType::kBool: return 1;
-  }
-  return 0;
-}
-
 std::string_view dataTypeName(DataType type) {
   switch (type) {
     case DataType::kFloat32: return "float32";

@@ -35,9 +35,13 @@ struct OpState {
   /// Finishes the operation, wakes waiters and runs completion callbacks (on this thread).
   void complete(std::exception_ptr failure);
   bool finished() const { return status.load(std::memory_order_acquire) != kPending; }
+  /// For a waiter about to sleep or a callback about to be added: marks the state watched
+  /// (complete() then wakes and calls back) and returns whether it has finished.
+  bool finishedForWatcher();
 
   std::atomic<int> status{kPending};
-  std::exception_ptr error;  ///< set before status leaves kPending
+  std::atomic<bool> watched{false};  ///< someone sleeps on `done` or added a callback
+  std::exception_ptr error;          ///< set before status leaves kPending
   uint64_t seq;
   std::atomic<int> source{-1};  ///< receives: the rank the message came from
   uint64_t flightId = 0;        ///< its entry in the flight record, or 0

@@ -30,15 +30,24 @@ void OpState::complete(std::exception_ptr failure) {
   if (flightId != 0)
     FlightRecorder::instance().ended(flightId, failure ? failureMessage(failure) : "");
   if (failure && sink != nullptr) sink->operationFailed(failure);
+  error = failure;  // read only by those who see the status below
+  status.store(failure ? kFailed : kDone);
+  // Nobody asleep and no callbacks (the common case, a waiter that spins): no lock. Both
+  // sides are sequentially consistent, so either this thread sees `watched` or the watcher,
+  // who sets it before looking, sees the status.
+  if (!watched.load()) return;
   std::vector<std::function<void(std::exception_ptr)>> run;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    error = failure;
-    status.store(failure ? kFailed : kDone, std::memory_order_release);
     run.swap(callbacks);
   }
   done.notify_all();
   for (auto& callback : run) callback(failure);
+}
+
+bool OpState::finishedForWatcher() {
+  watched.store(true);
+  return status.load() != kPending;
 }
 
 }  // namespace detail
@@ -64,10 +73,12 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
       case Backoff::Stage::kSpin: cpuRelax(); break;
       case Backoff::Stage::kYield: sched_yield(); break;
       case Backoff::Stage::kSleep: {
+        if (state.finishedForWatcher()) break;
         std::unique_lock<std::mutex> lock(state.mutex);
+        auto finished = [&] { return state.status.load() != detail::OpState::kPending; };
         if (deadline == std::chrono::steady_clock::time_point::max()) {
-          state.done.wait(lock, [&] { return state.finished(); });
-        } else if (!state.done.wait_until(lock, deadline, [&] { return state.finished(); })) {
+          state.done.wait(lock, finished);
+        } else if (!state.done.wait_until(lock, deadline, finished)) {
           return false;
         }
         break;
@@ -121,9 +132,10 @@ void Request::onComplete(std::function<void(std::exception_ptr)> callback) const
     callback(nullptr);
     return;
   }
-  {
+  if (!state_->finishedForWatcher()) {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    if (!state_->finished()) {
+    // Checked again under the mutex: complete() takes it to collect the callbacks.
+    if (state_->status.load() == detail::OpState::kPending) {
       state_->callbacks.push_back(std::move(callback));
       return;
     }

@@ -26,9 +26,20 @@ Worker::~Worker() {
 void Worker::submit(Job job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Counted first: a caller about to run a job of its own (runHereIfIdle) must see it
+    // before the worker can take it.
+    submitted_.fetch_add(1);
     queue_.push_back(std::move(job));
   }
-  submitted_.fetch_add(1, std::memory_order_release);
+  wake_.notify_one();
+}
+
+void Worker::release() {
+  here_.store(false);
+  if (submitted_.load() == finished_.load()) return;
+  // The worker may have seen the claim and be about to sleep: taking the mutex orders this
+  // wake-up after its check.
+  { std::lock_guard<std::mutex> lock(mutex_); }
   wake_.notify_one();
 }
 
@@ -55,17 +66,15 @@ void Worker::run() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // A caller may be running a job of its own (runHereIfIdle): wait until it is done.
-      wake_.wait(lock, [&] { return (stopping_ || !queue_.empty()) && !running_; });
+      wake_.wait(lock, [&] { return (stopping_ || !queue_.empty()) && !here_.load(); });
       if (queue_.empty()) return;  // stopping, nothing left
       job = std::move(queue_.front());
       queue_.pop_front();
-      running_ = true;
     }
     job();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      running_ = false;
-      finished_.fetch_add(1, std::memory_order_release);
+      finished_.fetch_add(1);
     }
     idle_.notify_all();
   }

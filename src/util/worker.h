@@ -34,21 +34,19 @@ class Worker {
   /// holds) and returns true; returns false, running nothing, otherwise.
   template <class F>
   bool runHereIfIdle(F&& job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!queue_.empty() || running_) return false;
-      running_ = true;
+    // Without the mutex (two lock pairs were a tenth of a small call's instructions): claim
+    // the worker, then make sure nothing was queued. submit() counts a job before queueing
+    // it, and the worker checks here_ before taking one; with both sequentially consistent,
+    // either this thread sees the count or the worker sees the claim.
+    if (submitted_.load() != finished_.load()) return false;  // queued or running
+    bool idle = false;
+    if (!here_.compare_exchange_strong(idle, true)) return false;  // another caller's job
+    if (submitted_.load() != finished_.load()) {
+      release();
+      return false;
     }
     job();
-    bool wake;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      running_ = false;
-      wake = !queue_.empty() || stopping_;
-    }
-    // Only jobs queued meanwhile need the worker; waking it for nothing would cost two
-    // context switches per blocking collective.
-    if (wake) wake_.notify_one();
+    release();
     return true;
   }
   /// Blocks until every job submitted so far has run.
@@ -56,15 +54,18 @@ class Worker {
 
  private:
   void run();
+  // Ends a claim of runHereIfIdle and wakes the worker if jobs were queued meanwhile (only
+  // then: waking it for nothing would cost two context switches per blocking collective).
+  void release();
   BackoffPolicy backoff_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<Job> queue_;  // guarded by mutex_
-  bool running_ = false;   // a job is running (here or on a caller); mutex_
-  bool stopping_ = false;  // guarded by mutex_
-  std::atomic<uint64_t> submitted_{0};
-  std::atomic<uint64_t> finished_{0};
+  std::deque<Job> queue_;               // guarded by mutex_
+  bool stopping_ = false;               // guarded by mutex_
+  std::atomic<bool> here_{false};       // a caller runs a job (runHereIfIdle)
+  std::atomic<uint64_t> submitted_{0};  // jobs queued so far, counted before queueing
+  std::atomic<uint64_t> finished_{0};   // jobs the worker has run
   std::thread thread_;
 };
 

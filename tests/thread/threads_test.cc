@@ -174,6 +174,45 @@ TEST(Threads, RandomCollectivesOnTwoCommunicatorsAtOnce) {
   EXPECT_EQ(failure, "");
 }
 
+// A blocking call runs on its caller's thread only when the worker is idle, and an
+// operation's completion takes no lock unless someone sleeps on it or added a callback
+// (worker.h, request.cc). Under the race detector: queued calls with callbacks, blocking
+// calls right behind them, and waits long enough to sleep (rank 1 comes late now and then);
+// every result and every callback is checked, and a blocking call must find the call queued
+// ahead of it finished.
+TEST(Threads, BlockingCallsBesideQueuedOnesKeepIssueOrder) {
+  const std::string failure = runThreads(2, [](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::create(rank, 2, store);
+    OpOptions blocking;
+    blocking.blocking = true;
+    std::atomic<int> calledBack{0};
+    constexpr int kRounds = 60;
+    for (int i = 0; i < kRounds; ++i) {
+      if (rank == 1 && i % 10 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      float queued[3] = {float(i), float(rank), 1};
+      Request q = comm->allReduce(queued, queued, 3, DataType::kFloat32, ReduceKind::kSum);
+      q.onComplete([&](const std::exception_ptr& e) {
+        if (!e) calledBack.fetch_add(1);
+      });
+      float now = float(i + rank);
+      comm->allReduce(&now, &now, 1, DataType::kFloat32, ReduceKind::kSum, blocking).wait();
+      require(now == float(2 * i + 1), "blocking call " + std::to_string(i));
+      // Operations on one communicator finish in issue order.
+      require(q.test(), "blocking call " + std::to_string(i) +
+                            " finished before the call queued ahead of it");
+      q.wait();
+      require(queued[0] == float(2 * i) && queued[1] == 1 && queued[2] == 2,
+              "queued call " + std::to_string(i));
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (calledBack.load() < kRounds && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    require(calledBack.load() == kRounds, "callbacks: " + std::to_string(calledBack.load()));
+  });
+  EXPECT_EQ(failure, "");
+}
+
 TEST(Threads, AbortFromAnotherThreadReleasesWaiters) {
   const std::string failure = runThreads(2, [](int rank, std::shared_ptr<Store> store) {
     auto comm = Communicator::create(rank, 2, store);
