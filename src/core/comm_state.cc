@@ -246,13 +246,14 @@ void CommState::requireUsable(std::string_view op) {
 }
 
 void CommState::execute(const CollectiveArgs& args, OpState& state,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, Clock::time_point start) {
   std::exception_ptr error;
   const trace::Span span(collectiveName(args.kind).data(), args.count * elementSize(args.type));
-  FlightRecorder::instance().started(state.flightId);
+  FlightRecorder::instance().started(state.flightId, start);
   shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
   try {
-    const WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout), timeout};
+    const WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout, start),
+                        timeout};
     if (failures_->failed()) throw failures_->failureError(wait.op);
     if (spansHosts()) {
       executeAcrossHosts(args, wait, state.seq);
@@ -299,7 +300,9 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   subject.communicator = name_;
   subject.rank = rank_;
   subject.size = size_;
-  state->flightId = FlightRecorder::instance().issued(subject);
+  // One clock read for the issue mark and, when the call runs here at once, its start.
+  const auto issuedAt = Clock::now();
+  state->flightId = FlightRecorder::instance().issued(subject, issuedAt);
   state->sink = this;
   const auto timeout = timeoutFor(options);
   Request request(state);
@@ -313,11 +316,13 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
     if (options.blocking) settle(request);
     return request;
   }
-  if (options.blocking && worker_->runHereIfIdle([&] { execute(args, *state, timeout); })) {
+  if (options.blocking &&
+      worker_->runHereIfIdle([&] { execute(args, *state, timeout, issuedAt); })) {
     return request;
   }
-  worker_->submit(
-      [this, args = std::move(args), state, timeout] { execute(args, *state, timeout); });
+  worker_->submit([this, args = std::move(args), state, timeout] {
+    execute(args, *state, timeout, Clock::now());
+  });
   if (options.blocking) settle(request);
   return request;
 }

@@ -101,8 +101,10 @@ class CommState final : public FailureSink {
   /// The executor of collectives on `options.device` memory, made on first use (a
   /// collective step over this host's ranks).
   DeviceExecutor& deviceExecutor(const OpOptions& options, std::string_view op);
-  /// Runs one collective to completion on this thread (the worker's, or a blocking caller's).
-  void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout);
+  /// Runs one collective to completion on this thread (the worker's, or a blocking caller's),
+  /// starting at `start` (its deadline runs from there).
+  void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout,
+               std::chrono::steady_clock::time_point start);
   /// A send or receive of device memory: queued now, or held until the group ends.
   Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId);
   /// Queues the held transfers (under groupMutex_), or fails their requests.

@@ -82,9 +82,9 @@ FlightRecorder::FlightRecorder(size_t capacity)
       steadyAtStart_(Clock::now()),
       ring_(capacity) {}
 
-uint64_t FlightRecorder::issued(const Subject& subject) {
+uint64_t FlightRecorder::issued(const Subject& subject, Clock::time_point at) {
   if (ring_.empty()) return 0;
-  const Ticks now = Clock::now().time_since_epoch().count();
+  const Ticks now = at.time_since_epoch().count();
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_++;
   Entry& e = ring_[id % ring_.size()];
@@ -106,9 +106,9 @@ bool FlightRecorder::advance(Entry& e, uint64_t id, FlightRecord::State from,
   return e.tag.compare_exchange_strong(expected, tagOf(id, to), std::memory_order_relaxed);
 }
 
-void FlightRecorder::started(uint64_t id) {
+void FlightRecorder::started(uint64_t id, Clock::time_point at) {
   if (id == 0) return;
-  const Ticks now = Clock::now().time_since_epoch().count();
+  const Ticks now = at.time_since_epoch().count();
   Entry& e = ring_[id % ring_.size()];
   if (advance(e, id, FlightRecord::State::kQueued, FlightRecord::State::kRunning)) {
     e.startedAt.store(now, std::memory_order_relaxed);

@@ -41,9 +41,14 @@ class FlightRecorder {
   };
 
   /// Records an issued operation; returns its id (0 when recording is off).
-  uint64_t issued(const Subject& subject);
+  uint64_t issued(const Subject& subject) { return issued(subject, Clock::now()); }
+  /// ... issued at `at` (a time the caller has read anyway: a clock read costs as much as
+  /// a tenth of a small call's own work).
+  uint64_t issued(const Subject& subject, std::chrono::steady_clock::time_point at);
   /// Marks operation `id` running.
-  void started(uint64_t id);
+  void started(uint64_t id) { started(id, Clock::now()); }
+  /// ... since `at`.
+  void started(uint64_t id, std::chrono::steady_clock::time_point at);
   /// Marks operation `id` ended, with its failure message if `error` is not empty.
   void ended(uint64_t id, std::string_view error);
 

@@ -7,14 +7,19 @@
 
 namespace loom {
 
+/// `from` + timeout, saturating at the clock's last time point.
+inline std::chrono::steady_clock::time_point deadlineAfter(
+    std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point from) {
+  using Clock = std::chrono::steady_clock;
+  if (timeout.count() <= 0) return from;
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - from);
+  return timeout >= room ? Clock::time_point::max() : from + timeout;
+}
+
 /// steady_clock::now() + timeout, saturating at the clock's last time point.
 inline std::chrono::steady_clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const auto now = Clock::now();
-  if (timeout.count() <= 0) return now;
-  const auto room =
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
-  return timeout >= room ? Clock::time_point::max() : now + timeout;
+  return deadlineAfter(timeout, std::chrono::steady_clock::now());
 }
 
 }  // namespace loom
