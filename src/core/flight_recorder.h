@@ -42,8 +42,7 @@ class FlightRecorder {
 
   /// Records an issued operation; returns its id (0 when recording is off).
   uint64_t issued(const Subject& subject) { return issued(subject, Clock::now()); }
-  /// ... issued at `at` (a time the caller has read anyway: a clock read costs as much as
-  /// a tenth of a small call's own work).
+  /// ... issued at `at` (a time the caller has read anyway: one clock read fewer per call).
   uint64_t issued(const Subject& subject, std::chrono::steady_clock::time_point at);
   /// Marks operation `id` running.
   void started(uint64_t id) { started(id, Clock::now()); }
