@@ -48,7 +48,6 @@ def main():
         for op in dict.fromkeys(k[0] for k in base[0]):
             keys = [k for k in base[0] if k[0] == op]
             row = {}
-            ratios = []
             for name, build in (("B", base), ("C", new)):
                 loom = [statistics.median(r[k][0] for r in build) for k in keys]
                 excess = [statistics.median(r[k][0] - r[k][1] for r in build) for k in keys]

@@ -74,11 +74,12 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
       case Backoff::Stage::kYield: sched_yield(); break;
       case Backoff::Stage::kSleep: {
         if (state.finishedForWatcher()) break;
+        // Watched now: complete() takes the mutex before notifying, so the checks under it
+        // see the status.
         std::unique_lock<std::mutex> lock(state.mutex);
-        auto finished = [&] { return state.status.load() != detail::OpState::kPending; };
         if (deadline == std::chrono::steady_clock::time_point::max()) {
-          state.done.wait(lock, finished);
-        } else if (!state.done.wait_until(lock, deadline, finished)) {
+          state.done.wait(lock, [&] { return state.finished(); });
+        } else if (!state.done.wait_until(lock, deadline, [&] { return state.finished(); })) {
           return false;
         }
         break;
@@ -135,7 +136,7 @@ void Request::onComplete(std::function<void(std::exception_ptr)> callback) const
   if (!state_->finishedForWatcher()) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     // Checked again under the mutex: complete() takes it to collect the callbacks.
-    if (state_->status.load() == detail::OpState::kPending) {
+    if (!state_->finished()) {
       state_->callbacks.push_back(std::move(callback));
       return;
     }

@@ -33,17 +33,9 @@ class PerRank {
   PerRank& operator=(const PerRank&) = delete;
 
   T& operator[](size_t i) { return data_[i]; }
-  const T& operator[](size_t i) const { return data_[i]; }
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  size_t size() const { return size_; }
-  T* begin() { return data_; }
-  T* end() { return data_ + size_; }
-  const T* begin() const { return data_; }
-  const T* end() const { return data_ + size_; }
   /// The first `n` values (a table filled only in part).
   std::span<const T> first(size_t n) const { return {data_, n}; }
-  operator std::span<T>() { return {data_, size_}; }
+  /// All of them, as the copy and reduction helpers take them.
   operator std::span<const T>() const { return {data_, size_}; }
 
  private:
