@@ -7,6 +7,7 @@
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "finished_work.h"
 #include "kernels/reduce.h"
 #include "loom/flight_recorder.h"
 #include "process_group_loom.h"
@@ -36,6 +37,8 @@ PYBIND11_MODULE(_C, m) {
   // rather than after a failed lookup of it and a fall back to the base (every call pays it).
   py::class_<loom::torch_plugin::WorkLoom, c10d::Work,
              c10::intrusive_ptr<loom::torch_plugin::WorkLoom>>(m, "WorkLoom");
+  py::class_<loom::torch_plugin::FinishedWork, c10d::Work,
+             c10::intrusive_ptr<loom::torch_plugin::FinishedWork>>(m, "FinishedWork");
 
   py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(
       m, "ProcessGroupLoom")

@@ -75,7 +75,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   Outputs outputs;
   outputs.inOut(flat);
   return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors,
-                copyBack(std::move(outputs)), [&](std::vector<Request>& r) {
+                copyBack(std::move(outputs)), [&](Requests& r) {
                   r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
                                                static_cast<int>(opts.rootRank),
                                                opOptions(opts.timeout, !opts.asyncOp)));
@@ -94,7 +94,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   Outputs outputs;
   outputs.inOut(flat);
   return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors,
-                copyBack(std::move(outputs)), [&](std::vector<Request>& r) {
+                copyBack(std::move(outputs)), [&](Requests& r) {
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                                opOptions(opts.timeout, !opts.asyncOp)));
                 });
@@ -148,8 +148,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
     output.copy_(summed);
   };
   return launch(
-      s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher,
-      [&](std::vector<Request>& r) {
+      s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher, [&](Requests& r) {
         r.push_back(comm_->allGatherV(rowsIn.data_ptr(), indexTargets, indexBytes, DataType::kUInt8,
                                       opOptions(opts.timeout, !opts.asyncOp)));
         r.push_back(comm_->allGatherV(values.data_ptr(), valueTargets, valueBytes, DataType::kUInt8,
@@ -184,7 +183,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     }
   };
   return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce", tensors, tensors, finisher,
-                [&](std::vector<Request>& r) {
+                [&](Requests& r) {
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                                opOptions(opts.timeout, !opts.asyncOp)));
                 });
@@ -201,7 +200,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   Outputs outputs;
   outputs.inOut(flat);
   return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, copyBack(std::move(outputs)),
-                [&](std::vector<Request>& r) {
+                [&](Requests& r) {
                   r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                             static_cast<int>(opts.rootRank),
                                             opOptions(opts.timeout, !opts.asyncOp)));
@@ -218,7 +217,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
   return launch(
       s, OpType::ALLGATHER, "loom:all_gather", inputs, outputs[0],
       [plan] { plan->staged.finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         r.push_back(comm_->allGatherV(plan->in.ptr(), pointers(plan->targets), plan->counts,
                                       plan->in.type, opOptions(opts.timeout, !opts.asyncOp)));
       });
@@ -232,7 +231,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
   const at::Tensor target = outputs.target(output);
   const Flat in = movementView(input);
   return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
-                copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                copyBack(std::move(outputs), in), [&](Requests& r) {
                   r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
                                                opOptions(opts.timeout, !opts.asyncOp)));
                 });
@@ -260,7 +259,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
       [plans] {
         for (auto& p : *plans) p.staged.finish();
       },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         for (auto& p : *plans) {
           r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts, p.in.type,
                                         opOptions(opts.timeout, !opts.asyncOp)));
@@ -285,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
   return launch(
       s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
       [staged, ins, targets] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         for (size_t i = 0; i < ins.size(); ++i) {
           r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
                                        ins[i].type, opOptions(opts.timeout, !opts.asyncOp)));
@@ -317,7 +316,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   return launch(
       s, OpType::GATHER, "loom:gather", inputs, results,
       [staged, targets, in] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         r.push_back(comm_->gather(in.ptr(), pointers(targets), in.count, in.type,
                                   static_cast<int>(opts.rootRank),
                                   opOptions(opts.timeout, !opts.asyncOp)));
@@ -351,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   return launch(
       s, OpType::SCATTER, "loom:scatter", root ? inputs[0] : std::vector<at::Tensor>{}, outputs,
       [staged, ins, target] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         r.push_back(comm_->scatter(sources, target.data_ptr(), elementsOf(target, type), type,
                                    static_cast<int>(opts.rootRank),
                                    opOptions(opts.timeout, !opts.asyncOp)));
@@ -388,7 +387,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   return launch(
       s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", inputs[0], outputs,
       [staged, ins, out] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         r.push_back(comm_->reduceScatterV(sources, out.ptr(), counts, out.type, op,
                                           opOptions(opts.timeout, !opts.asyncOp)));
       });
@@ -404,7 +403,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
   Outputs outputs;
   outputs.inOut(out);
   return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
-                copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                copyBack(std::move(outputs), in), [&](Requests& r) {
                   r.push_back(comm_->reduceScatter(in.ptr(), out.ptr(), out.count, out.type, op,
                                                    opOptions(opts.timeout, !opts.asyncOp)));
                 });
@@ -429,7 +428,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
   return launch(
       s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
       [staged, ins, outs] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         for (size_t i = 0; i < ins.size(); ++i) {
           r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count, outs[i].type,
                                            ops[i], opOptions(opts.timeout, !opts.asyncOp)));
@@ -468,7 +467,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     requireEvenRows(output, "output");
     const size_t count = in.count / static_cast<size_t>(size_);
     return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
-                  copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                  copyBack(std::move(outputs), in), [&](Requests& r) {
                     r.push_back(comm_->allToAll(in.ptr(), target.data_ptr(), count, in.type,
                                                 opOptions(opts.timeout, !opts.asyncOp)));
                   });
@@ -520,7 +519,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     offOut += recvBytes[q];
   }
   return launch(s, OpType::ALLTOALL_BASE, "loom:all_to_all", {input}, {output},
-                copyBack(std::move(outputs), in), [&](std::vector<Request>& r) {
+                copyBack(std::move(outputs), in), [&](Requests& r) {
                   r.push_back(comm_->allToAllV(sources, sendCounts, targets, recvCounts, in.type,
                                                opOptions(opts.timeout, !opts.asyncOp)));
                 });
@@ -554,7 +553,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   return launch(
       s, OpType::ALLTOALL, "loom:all_to_all", inputs, outputs,
       [staged, ins, targets] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         r.push_back(comm_->allToAllV(sources, sendCounts, pointers(targets), recvCounts, type,
                                      opOptions(opts.timeout, !opts.asyncOp)));
       });
@@ -568,7 +567,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   const Flat in = movementView(tensors[0]);
   return launch(
       s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         r.push_back(comm_->send(in.ptr(), in.count, in.type, dstRank, tag, opOptions({})));
       });
 }
@@ -595,7 +594,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>
   return launch(
       s, srcRank == kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, title, tensors, tensors,
       [staged, target] { staged->finish(); },
-      [&](std::vector<Request>& r) {
+      [&](Requests& r) {
         const DataType type = movementView(target).type;
         r.push_back(comm_->recv(target.data_ptr(), elementsOf(target, type), type, srcRank, tag,
                                 opOptions({})));
@@ -609,7 +608,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
   const CallSite s = site("barrier", !opts.asyncOp);
-  return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr, [&](std::vector<Request>& r) {
+  return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr, [&](Requests& r) {
     r.push_back(comm_->barrier(opOptions(opts.timeout, !opts.asyncOp)));
   });
 }

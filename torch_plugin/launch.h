@@ -8,6 +8,7 @@
 
 #include <optional>
 
+#include "finished_work.h"
 #include "loom/error.h"
 #include "process_group_loom.h"
 #include "util/trace.h"
@@ -43,17 +44,25 @@ inline thread_local std::string tLaunchSignature;
 /// the group's loom stream for that device. Unset for CPU calls.
 inline thread_local std::optional<c10::Stream> tLaunchStream;
 
-template <class Issue>
+/// Whether every one of `requests` has ended.
+inline bool allEnded(c10::ArrayRef<Request> requests) {
+  for (const Request& r : requests) {
+    if (!r.test()) return false;
+  }
+  return true;
+}
+
+template <class OutputList, class Issue>
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c10d::OpType type,
                                                         const char* title,
                                                         const std::vector<at::Tensor>& inputs,
-                                                        std::vector<at::Tensor> outputs,
+                                                        OutputList&& outputs,
                                                         std::function<void()> finisher,
                                                         Issue&& issue) {
   // LOOM_TRACE: the whole c10d call as this backend sees it, around the engine's collective
   // span(s), so a timeline shows what the call costs outside the engine.
   const trace::Span span("c10d call", static_cast<uint64_t>(type));
-  std::vector<Request> requests;
+  Requests requests;
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.
   const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
@@ -90,7 +99,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   const bool pointToPoint = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                             type == c10d::OpType::RECVANYSOURCE;
   bool held = false;
-  {
+  // Outside a block (nearly every call) no lock: the flag changes only in start/
+  // endCoalescing, which a caller orders with its own calls.
+  if (coalescing_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) {
       coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
@@ -103,12 +114,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     if (!held) finishOnStream(*stream, inputs, outputs, finisher, requests);
     finisher = nullptr;
   }
+  // A CPU call over by now (a blocking one ran right here): a work with nothing to track.
+  if (!stream && allEnded(requests)) {
+    return c10::make_intrusive<FinishedWork>(rank_, type, title, inputs, outputs, finisher,
+                                             requests);
+  }
   // A held call's work waits on the host: no stream semantics, so no end event either.
   const std::optional<c10::Stream> workStream = held ? std::nullopt : stream;
-  auto work = c10::make_intrusive<WorkLoom>(rank_, type, title, site.op, inputs, std::move(outputs),
-                                            std::move(finisher), workStream,
-                                            workStream ? events_ : nullptr);
-  work->track(std::move(requests), inputs);
+  auto work = c10::make_intrusive<WorkLoom>(
+      rank_, type, title, site.op, inputs,
+      std::vector<at::Tensor>(std::forward<OutputList>(outputs)), std::move(finisher), workStream,
+      workStream ? events_ : nullptr);
+  work->track(requests, inputs);
   return work;
 }
 

@@ -116,7 +116,7 @@ OpOptions ProcessGroupLoom::opOptions(std::chrono::milliseconds timeout, bool bl
   // A synchronous call (async_op=False): run it on this thread, as loom's blocking form;
   // launch() releases the GIL meanwhile.
   o.blocking = blocking;
-  o.signature = tLaunchSignature;
+  if (desyncDebug_) o.signature = tLaunchSignature;  // launch() sets it only then
   if (tLaunchStream) {
     // The loom stream orders the call; the host never waits for a CUDA collective (as NCCL,
     // async_op=False makes the current stream wait, in Work.wait()).
@@ -186,7 +186,7 @@ void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
                                       const std::vector<at::Tensor>& inputs,
                                       const std::vector<at::Tensor>& outputs,
                                       const std::function<void()>& finisher,
-                                      std::vector<Request>& requests) {
+                                      c10::ArrayRef<Request> requests) {
   const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   if (finisher) {
     c10::StreamGuard guard(stream);
@@ -292,10 +292,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   for (HeldFinish& h : held) finishOnStream(h.stream, h.inputs, h.outputs, h.finisher, h.requests);
   // The operations were queued as they were called (CUDA transfers just now); this work
   // completes with the last, and on CUDA follows the stream semantics of its calls.
+  if (!stream && allEnded(requests)) {
+    return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
+                                             std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
+                                             nullptr, requests);
+  }
   auto work = c10::make_intrusive<WorkLoom>(
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
       std::vector<at::Tensor>{}, nullptr, stream, stream ? events_ : nullptr);
-  work->track(std::move(requests));
+  work->track(requests);
   return work;
 }
 

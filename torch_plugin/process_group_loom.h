@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -119,18 +120,16 @@ class ProcessGroupLoom : public c10d::Backend {
   /// The communicator underneath (tests, the Python side and torch.ops.loom use it).
   Communicator& communicator() { return *comm_; }
   /// Whether a coalescing block is open (startCoalescing without its endCoalescing).
-  bool isCoalescing() {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    return coalescing_;
-  }
+  bool isCoalescing() const { return coalescing_.load(std::memory_order_acquire); }
 
  private:
   /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom;
   /// loom's argument errors become RuntimeError, its other errors DistBackendError.
-  template <class Issue>
+  /// `outputs` (a std::vector<at::Tensor>, moved or copied; braced lists make one) are what
+  /// the work returns.
+  template <class OutputList = std::vector<at::Tensor>, class Issue>
   c10::intrusive_ptr<c10d::Work> launch(const CallSite& site, c10d::OpType type, const char* title,
-                                        const std::vector<at::Tensor>& inputs,
-                                        std::vector<at::Tensor> outputs,
+                                        const std::vector<at::Tensor>& inputs, OutputList&& outputs,
                                         std::function<void()> finisher, Issue&& issue);
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
@@ -156,7 +155,8 @@ class ProcessGroupLoom : public c10d::Backend {
   /// holds (staged tensors) alive until the GPU has run the call's last request.
   static void finishOnStream(const c10::Stream& stream, const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs,
-                             const std::function<void()>& finisher, std::vector<Request>& requests);
+                             const std::function<void()>& finisher,
+                             c10::ArrayRef<Request> requests);
   /// Desync debug: the tensor shapes of a call that must agree across ranks, or "".
   std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) const;
@@ -175,10 +175,10 @@ class ProcessGroupLoom : public c10d::Backend {
     std::vector<at::Tensor> inputs;
     std::vector<at::Tensor> outputs;
     std::function<void()> finisher;
-    std::vector<Request> requests;
+    Requests requests;
   };
   std::mutex coalesceMutex_;
-  bool coalescing_ = false;
+  std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; launch() peeks
   std::vector<Request> coalesced_;
   std::vector<HeldFinish> held_;                // guarded by coalesceMutex_
   std::optional<c10::Stream> coalescedStream_;  // a CUDA call's, if any; coalesceMutex_

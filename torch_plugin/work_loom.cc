@@ -9,8 +9,6 @@
 #include <c10/util/Exception.h>
 #include <sched.h>
 
-#include <algorithm>
-
 #include "loom/error.h"
 #include "util/trace.h"
 
@@ -32,13 +30,18 @@ std::exception_ptr asDistBackendError(std::exception_ptr error) {
   return error;
 }
 
-namespace {
+bool profilerListens() {
+  // Asked as the RecordFunction that c10d::Work makes for a title would ask (user scope,
+  // the dispatcher's fast path): at::hasCallbacks() takes a lock, a few hundred
+  // instructions on every call.
+  return at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value();
+}
 
-// What the profiler records as the operation's inputs: complex tensors as their real views,
-// which is what travels (and what Gloo reports). Nothing while no profiler listens: torch's
-// Work would build a RecordFunction only to find it inactive, a cost on every small call.
-std::optional<std::vector<at::Tensor>> profiled(bool profiling,
-                                                const std::vector<at::Tensor>& inputs) {
+std::optional<std::vector<at::Tensor>> profiledInputs(bool profiling,
+                                                      const std::vector<at::Tensor>& inputs) {
+  // Complex tensors as their real views, which is what travels (and what Gloo reports).
+  // Nothing while no profiler listens: torch's Work would build a RecordFunction only to
+  // find it inactive, a cost on every small call.
   if (!profiling) return std::nullopt;
   std::vector<at::Tensor> shown;
   for (const auto& t : inputs)
@@ -46,24 +49,19 @@ std::optional<std::vector<at::Tensor>> profiled(bool profiling,
   return shown;
 }
 
-}  // namespace
-
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                    std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
                    std::shared_ptr<EventPool> events)
-    // Whether a profiler listens, asked as the RecordFunction that c10d::Work makes for a
-    // title would ask (user scope, the dispatcher's fast path): at::hasCallbacks() takes a
-    // lock, a few hundred instructions on every call.
     : WorkLoom(rank, type, profilingTitle, std::move(what), inputs, std::move(outputs),
-               std::move(finisher), cudaStream, std::move(events),
-               at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value()) {}
+               std::move(finisher), cudaStream, std::move(events), profilerListens()) {}
 
 WorkLoom::WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                    std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
                    std::shared_ptr<EventPool> events, bool profiling)
-    : c10d::Work(rank, type, profiling ? profilingTitle : nullptr, profiled(profiling, inputs)),
+    : c10d::Work(rank, type, profiling ? profilingTitle : nullptr,
+                 profiledInputs(profiling, inputs)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
@@ -80,20 +78,8 @@ WorkLoom::~WorkLoom() {
   if (cudaEnd_) events_->give(std::move(*cudaEnd_));
 }
 
-void WorkLoom::track(std::vector<Request> requests, const std::vector<at::Tensor>& reads) {
+void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tensor>& reads) {
   if (!requests.empty()) seq_ = requests.back().sequence();
-  const bool allEnded =
-      std::all_of(requests.begin(), requests.end(), [](const Request& r) { return r.test(); });
-  if (!cudaStream_ && allEnded) {
-    // Complete from birth, on this thread: no callbacks, and no future until one is asked for.
-    std::exception_ptr failure;
-    for (const Request& r : requests) {
-      if (r.sourceRank() >= 0) source_.store(r.sourceRank(), std::memory_order_relaxed);
-      if (!failure) failure = r.error();
-    }
-    complete(failure);
-    return;
-  }
   if (!cudaStream_) {
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
     reads_ = reads;
@@ -106,7 +92,7 @@ void WorkLoom::track(std::vector<Request> requests, const std::vector<at::Tensor
   // Each callback holds a reference, so the work outlives its requests even if the caller
   // drops it. A request already finished (a blocking call ran on this thread) is counted
   // here: no callback to allocate and run.
-  for (Request& r : requests) {
+  for (const Request& r : requests) {
     if (r.test()) {
       requestDone(r.error(), r.sourceRank());
       continue;
@@ -143,7 +129,7 @@ void WorkLoom::complete(std::exception_ptr failure) {
   failure = asDistBackendError(failure);
   finisher_ = nullptr;  // releases staged tensors
   reads_.clear();
-  // CUDA work: the future completed at launch. CPU work complete from birth: none yet.
+  // CUDA work: the future completed at launch.
   if (!cudaStream_ && future_) {
     if (failure) {
       future_->setError(failure);
@@ -243,19 +229,6 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
       future_ = std::move(future);
     });
     return future_;
-  }
-  if (done_.load(std::memory_order_acquire)) {
-    // Complete from birth (track() made no future) or completed since (it made one).
-    std::call_once(futureOnce_, [&] {
-      if (future_) return;
-      auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-      if (std::exception_ptr failure = exception()) {
-        future->setError(failure);
-      } else {
-        future->markCompleted(c10::IValue(outputs_));
-      }
-      future_ = std::move(future);
-    });
   }
   return future_;
 }

@@ -6,11 +6,8 @@
 // the last request (the communicator's worker), so DDP comm hooks and functional collectives
 // chained on get_future() run there, as they do on Gloo's worker threads.
 //
-// A CPU call whose requests all ended before track() (a blocking collective runs on the
-// caller's thread) is complete from birth: its finisher runs in track(), and its future is
-// made only if someone asks for one. Most blocking callers never do, and building and
-// completing a future was a fifth of what a small blocking call cost loom beyond torch's
-// no-op backend (docs/PERFORMANCE.md, "What a small call costs").
+// A CPU call whose requests had all ended when it returned (a blocking collective runs on
+// the caller's thread) gets a FinishedWork instead (finished_work.h).
 //
 // CUDA work (made with the loom stream its collectives were queued on) follows NCCL's
 // semantics instead: wait() makes the caller's current stream wait for the collectives (no
@@ -24,6 +21,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
@@ -57,7 +56,7 @@ class WorkLoom : public c10d::Work {
   /// have all ended (an empty list included), the work completes here, on this thread.
   /// Otherwise CPU work holds `reads`, the caller's tensors its collectives read, until it
   /// completes (the caller may drop them, and the work, before then).
-  void track(std::vector<Request> requests, const std::vector<at::Tensor>& reads = {});
+  void track(c10::ArrayRef<Request> requests, const std::vector<at::Tensor>& reads = {});
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -69,8 +68,7 @@ class WorkLoom : public c10d::Work {
   /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
   /// the collectives, and the host blocks until the GPU has run them.
   void synchronize() override;
-  /// The future of the outputs; for CUDA work and work complete from birth, made on the
-  /// first call.
+  /// The future of the outputs; for CUDA work, made on the first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
 
@@ -89,10 +87,10 @@ class WorkLoom : public c10d::Work {
 
   std::string what_;
   std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> reads_;  // CPU work not done at birth, until complete()
+  std::vector<at::Tensor> reads_;  // CPU work, until complete()
   std::function<void()> finisher_;
-  // CUDA work and CPU work complete from birth: null until getFuture() makes it (once, under
-  // futureOnce_); other CPU work: set in track(), before the work is shared.
+  // CUDA work: null until getFuture() makes it (once, under futureOnce_); CPU work: set in
+  // track(), before the work is shared.
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::once_flag futureOnce_;
   std::atomic<int> pending_{0};
@@ -108,5 +106,15 @@ class WorkLoom : public c10d::Work {
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).
 std::exception_ptr asDistBackendError(std::exception_ptr error);
+
+/// Whether a profiler listens (a work then records the call as an event with its inputs).
+bool profilerListens();
+
+/// What the profiler records as a call's inputs; nullopt unless `profiling`.
+std::optional<std::vector<at::Tensor>> profiledInputs(bool profiling,
+                                                      const std::vector<at::Tensor>& inputs);
+
+/// The loom requests of one c10d call: most calls issue one, kept inline.
+using Requests = c10::SmallVector<Request, 1>;
 
 }  // namespace loom::torch_plugin

@@ -1,0 +1,57 @@
+#pragma once
+
+// FinishedWork: the c10d::Work of a CPU call whose loom operations had all ended before the
+// call returned (a blocking collective runs on its caller's thread, and a fast one queued
+// may be done too). Nothing is left to wait for or to call back: the finisher has run, the
+// outcome is fixed at construction, and the object is read-only from then on, so wait()
+// takes no lock and nothing is allocated beyond the object itself for one output tensor.
+// WorkLoom covers everything else (calls still running, CUDA calls with stream semantics).
+// Making and destroying a WorkLoom was a third of the plugin's cost of a small blocking
+// call (docs/PERFORMANCE.md, "What is left of loom's own part through c10d").
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <exception>
+#include <functional>
+#include <vector>
+
+#include "loom/request.h"
+
+namespace loom::torch_plugin {
+
+class FinishedWork : public c10d::Work {
+ public:
+  /// `requests` have all ended. Unless one failed, runs `finisher` (copy-backs) here; a
+  /// failure (a request's or the finisher's) becomes the work's DistBackendError. `title`
+  /// and `inputs` are for the profiler, `outputs` are what result() and the future return.
+  FinishedWork(int rank, c10d::OpType type, const char* title,
+               const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
+               const std::function<void()>& finisher, c10::ArrayRef<Request> requests);
+
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return !exception_; }
+  std::exception_ptr exception() const override { return exception_; }
+  int sourceRank() const override { return source_; }
+  std::vector<at::Tensor> result() override { return {outputs_.begin(), outputs_.end()}; }
+  /// Returns at once, raising the call's error if it failed.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  /// A completed future of the outputs (or of the error), made on the first call.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  FinishedWork(int rank, c10d::OpType type, const char* title,
+               const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
+               const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
+               bool profiling);
+
+  c10::SmallVector<at::Tensor, 1> outputs_;         // one output is the common case: kept inline
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // made by getFuture(), under mutex_
+  int source_ = -1;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace loom::torch_plugin
