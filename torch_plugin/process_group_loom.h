@@ -2,12 +2,13 @@
 
 // ProcessGroupLoom: the c10d::Backend named "loom", over a loom::Communicator. Every call
 // checks its tensors and options (bad input is a RuntimeError before anything is sent),
-// stages what loom cannot use directly, queues the operation on the communicator (so it runs
-// off the caller's thread, in issue order) and returns a WorkLoom. Failures while running
+// stages what loom cannot use directly, issues the operation on the communicator (a
+// blocking CPU call runs on the caller's thread, others off it, in issue order) and returns
+// a WorkLoom, or a FinishedWork for a CPU call that is over by then. Failures while running
 // surface from Work.wait() and the future as DistBackendError.
 //
-// Device handling lives in tensor_args (CPU today); a CUDA path slots in there and in the
-// engine without changing this class's shape.
+// CUDA tensors take the same entries: cudaStreamFor() picks the stream a call runs on, and
+// WorkLoom gives its work NCCL's stream semantics.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -123,8 +124,9 @@ class ProcessGroupLoom : public c10d::Backend {
   bool isCoalescing() const { return coalescing_.load(std::memory_order_acquire); }
 
  private:
-  /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom;
-  /// loom's argument errors become RuntimeError, its other errors DistBackendError.
+  /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom (a
+  /// FinishedWork for a CPU call whose requests have all ended by then); loom's argument
+  /// errors become RuntimeError, its other errors DistBackendError.
   /// `outputs` (a std::vector<at::Tensor>, moved or copied; braced lists make one) are what
   /// the work returns.
   template <class OutputList = std::vector<at::Tensor>, class Issue>
