@@ -25,14 +25,7 @@ FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
     if (!failure) failure = r.error();
   }
   if (!requests.empty()) seq_ = requests.back().sequence();
-  if (!failure && finisher) {
-    try {
-      finisher();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  failure = asDistBackendError(failure);
+  failure = finishCall(failure, finisher);
   if (profiling) {
     finish(failure);  // also ends the profiler's event for this call
     return;

@@ -30,6 +30,17 @@ std::exception_ptr asDistBackendError(std::exception_ptr error) {
   return error;
 }
 
+std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher) {
+  if (!failure && finisher) {
+    try {
+      finisher();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  return asDistBackendError(failure);
+}
+
 bool profilerListens() {
   // Asked as the RecordFunction that c10d::Work makes for a title would ask (user scope,
   // the dispatcher's fast path): at::hasCallbacks() takes a lock, a few hundred
@@ -119,14 +130,7 @@ void WorkLoom::requestDone(std::exception_ptr error, int source) {
 }
 
 void WorkLoom::complete(std::exception_ptr failure) {
-  if (!failure && finisher_) {
-    try {
-      finisher_();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  failure = asDistBackendError(failure);
+  failure = finishCall(failure, finisher_);
   finisher_ = nullptr;  // releases staged tensors
   reads_.clear();
   // CUDA work: the future completed at launch.

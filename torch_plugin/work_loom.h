@@ -107,6 +107,11 @@ class WorkLoom : public c10d::Work {
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).
 std::exception_ptr asDistBackendError(std::exception_ptr error);
 
+/// A call's outcome once its requests have ended with `failure` (null: all succeeded): runs
+/// `finisher` (copy-backs) unless the call failed, and returns the failure, the finisher's
+/// included, as DistBackendError (null on success).
+std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher);
+
 /// Whether a profiler listens (a work then records the call as an event with its inputs).
 bool profilerListens();
 
