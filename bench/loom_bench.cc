@@ -285,7 +285,7 @@ double copyBandwidth(Communicator& comm, size_t bytes, int threads) {
   for (int rep = 0; rep < 6; ++rep) {
     comm.barrier(blocking()).wait();
     const auto t0 = Clock::now();
-    HelperPool::instance().run(threads, [&](int part) {
+    HelperPool::instance().run(threads, threads, [&](int part) {
       const size_t begin = bytes * part / threads;
       const size_t end = bytes * (part + 1) / threads;
       std::memcpy(dst.data() + begin, src.data() + begin, end - begin);

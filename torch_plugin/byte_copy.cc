@@ -122,7 +122,7 @@ void bindByteCopy(py::module_& m) {
             total / kBytesPerThread, 1, static_cast<size_t>(std::max(1, at::get_num_threads()))));
         const size_t share = (total / threads + kShareAlign - 1) / kShareAlign * kShareAlign;
         py::gil_scoped_release unlocked;
-        HelperPool::instance().run(threads, [&](int i) {
+        HelperPool::instance().run(threads, threads, [&](int i) {
           const size_t begin = std::min(total, static_cast<size_t>(i) * share);
           copyRange(spans, begin, std::min(total, begin + share), streaming);
         });

@@ -21,6 +21,11 @@ namespace {
 // sleeping helper alone can take tens of microseconds).
 constexpr size_t kMinBytesPerPart = 256 << 10;
 
+// Each thread's part is cut into this many pieces, which it runs in order unless a thread
+// done with its own part takes some: a helper that wakes late (tens to hundreds of
+// microseconds where the CPUs idle between calls) then holds up no one.
+constexpr int kPiecesPerPart = 4;
+
 // FNV-1a of a byte string; never 0 (0 means "no signature").
 uint64_t hashText(std::string_view text) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -66,8 +71,9 @@ void spreadOver(std::span<const Task> tasks, size_t total, int parts, const Move
     }
     return;
   }
-  HelperPool::instance().run(parts, [&](int part) {
-    const auto [begin, end] = sliceOf(total, part, parts, 64);
+  const int pieces = parts * kPiecesPerPart;
+  HelperPool::instance().run(parts, pieces, [&](int piece) {
+    const auto [begin, end] = sliceOf(total, piece, pieces, 64);
     size_t offset = 0;
     for (const Task& t : tasks) {
       const size_t lo = std::max(begin, offset);
@@ -347,8 +353,9 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
     kernels::reduce(dst, srcs.data(), nsrc, count, spec);
     return;
   }
-  HelperPool::instance().run(parts, [&](int part) {
-    const auto [begin, end] = sliceOf(count, part, parts, lineElements(spec.type));
+  const int pieces = parts * kPiecesPerPart;
+  HelperPool::instance().run(parts, pieces, [&](int piece) {
+    const auto [begin, end] = sliceOf(count, piece, pieces, lineElements(spec.type));
     if (begin == end) return;
     kernels::SourcesAt sources(srcs.data(), nsrc);
     kernels::reduce(static_cast<uint8_t*>(dst) + begin * esize, sources.at(begin * esize), nsrc,
@@ -356,8 +363,15 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
   });
 }
 
+void CollectiveContext::wakeHelpersFor(size_t bytes) const {
+  if (partsFor(bytes) > 1) HelperPool::instance().wakeAhead();
+}
+
 void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elementSize(args.type);
+  // A rank's copies and reductions move up to P times its own bytes (a one-shot all_reduce
+  // reduces P inputs, an all_gather writes P blocks).
+  ctx.wakeHelpersFor(bytes * static_cast<size_t>(ctx.size()));
   Algorithm algorithm{};  // all_reduce and reduce by size; all_gather, reduce_scatter: lent
   if (args.kind == CollectiveKind::kAllReduce) algorithm = ctx.selection().allReduce(bytes);
   if (args.kind == CollectiveKind::kReduce) algorithm = ctx.selection().reduce(bytes);

@@ -234,52 +234,86 @@ TEST(Threads, AbortFromAnotherThreadReleasesWaiters) {
   EXPECT_EQ(failure, "");
 }
 
-// ---- The helper pool on its own: every part once, its writes visible to the caller ----
+// ---- The helper pool on its own: every piece once, its writes visible to the caller ----
 
-TEST(Threads, HelperPoolRunsEveryPartOnceAndTheCallerSeesTheirWrites) {
+TEST(Threads, HelperPoolRunsEveryPieceOnceAndTheCallerSeesTheirWrites) {
   HelperPool& pool = HelperPool::instance();
-  for (int parts : {1, 2, 3, 8}) {
-    for (int region = 0; region < 200; ++region) {
-      std::vector<int> ran(static_cast<size_t>(parts), 0);  // plain ints: TSan checks the order
-      pool.run(parts, [&](int i) { ran[static_cast<size_t>(i)] += region + 1; });
-      for (int i = 0; i < parts; ++i) {
-        ASSERT_EQ(ran[static_cast<size_t>(i)], region + 1) << parts << " parts, region " << region;
+  for (int threads : {1, 2, 3, 8}) {
+    for (int pieces : {0, 1, 2, 5, 32}) {
+      for (int region = 0; region < 100; ++region) {
+        // Plain ints: ThreadSanitizer checks that the caller sees the helpers' writes.
+        std::vector<int> ran(static_cast<size_t>(pieces), 0);
+        pool.run(threads, pieces, [&](int i) { ran[static_cast<size_t>(i)] += region + 1; });
+        for (int i = 0; i < pieces; ++i) {
+          ASSERT_EQ(ran[static_cast<size_t>(i)], region + 1)
+              << threads << " threads, " << pieces << " pieces, region " << region;
+        }
       }
     }
   }
 }
 
+TEST(Threads, HelperPoolLetsAThreadDoneWithItsShareTakeAnothersPieces) {
+  // Two threads, four pieces: the helper's share is pieces 2 and 3, in that order. Piece 2
+  // waits until piece 3 has run, so the region ends only if a thread other than the one in
+  // piece 2 takes piece 3 (with shares fixed per thread it would never end). The wait is
+  // bounded so that a pool without stealing fails instead of hanging.
+  HelperPool& pool = HelperPool::instance();
+  for (int region = 0; region < 50; ++region) {
+    std::atomic<bool> thirdRan{false};
+    std::atomic<bool> stuck{false};
+    std::vector<int> ran(4, 0);
+    pool.run(2, 4, [&](int i) {
+      if (i == 2) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!thirdRan.load()) {
+          if (std::chrono::steady_clock::now() > deadline) {
+            stuck = true;
+            break;
+          }
+          std::this_thread::yield();
+        }
+      }
+      ran[static_cast<size_t>(i)] = 1;
+      if (i == 3) thirdRan = true;
+    });
+    ASSERT_FALSE(stuck.load()) << "region " << region << ": piece 3 waited for piece 2's thread";
+    ASSERT_EQ(ran, std::vector<int>(4, 1)) << "region " << region;
+  }
+}
+
 TEST(Threads, HelperPoolWakesHelpersThatFellAsleep) {
   // Idle helpers sleep after about 100 us; a region after a longer pause must still run every
-  // part (the helpers woken, or the parts run anyway) and return.
+  // piece (the helpers woken, ahead of it or by it, or the pieces run anyway) and return.
   HelperPool& pool = HelperPool::instance();
-  for (int round = 0; round < 5; ++round) {
+  for (int round = 0; round < 6; ++round) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
-    std::vector<int> ran(4, 0);
-    pool.run(4, [&](int i) { ran[static_cast<size_t>(i)] = 1; });
-    EXPECT_EQ(ran, std::vector<int>(4, 1)) << "round " << round;
+    if (round % 2 == 1) pool.wakeAhead();
+    std::vector<int> ran(8, 0);
+    pool.run(4, 8, [&](int i) { ran[static_cast<size_t>(i)] = 1; });
+    EXPECT_EQ(ran, std::vector<int>(8, 1)) << "round " << round;
   }
 }
 
 TEST(Threads, HelperPoolServesCallersOnSeveralThreadsAtOnce) {
-  // One region at a time: a caller that finds the pool busy runs its parts itself. Either way
-  // every caller's parts run once and only its own.
+  // One region at a time: a caller that finds the pool busy runs its pieces itself. Either
+  // way every caller's pieces run once and only its own.
   HelperPool& pool = HelperPool::instance();
   constexpr int kCallers = 4;
-  constexpr int kParts = 3;
-  std::vector<std::vector<int>> sums(kCallers, std::vector<int>(kParts, 0));
+  constexpr int kPieces = 6;
+  std::vector<std::vector<int>> sums(kCallers, std::vector<int>(kPieces, 0));
   std::vector<std::thread> callers;
   for (int c = 0; c < kCallers; ++c) {
     callers.emplace_back([&, c] {
       for (int region = 0; region < 300; ++region) {
-        pool.run(kParts,
+        pool.run(3, kPieces,
                  [&](int i) { sums[static_cast<size_t>(c)][static_cast<size_t>(i)] += c + 1; });
       }
     });
   }
   for (auto& t : callers) t.join();
   for (int c = 0; c < kCallers; ++c) {
-    EXPECT_EQ(sums[static_cast<size_t>(c)], std::vector<int>(kParts, 300 * (c + 1)))
+    EXPECT_EQ(sums[static_cast<size_t>(c)], std::vector<int>(kPieces, 300 * (c + 1)))
         << "caller " << c;
   }
 }
