@@ -228,9 +228,6 @@ class CollectiveContext {
   /// kernels::reduce over `count` elements, split across helper threads when large.
   void reduce(void* dst, std::span<const void* const> srcs, size_t count,
               const kernels::ReduceSpec& spec);
-  /// Wakes this process's sleeping helpers if copies or reductions of `bytes` would use
-  /// them, so that they wake while the opening waits for the other ranks, not after.
-  void wakeHelpersFor(size_t bytes) const;
 
  private:
   // The words of a peer-read opening before the algorithm's: this rank's ReadProbe.

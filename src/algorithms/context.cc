@@ -363,15 +363,8 @@ void CollectiveContext::reduce(void* dst, std::span<const void* const> srcs, siz
   });
 }
 
-void CollectiveContext::wakeHelpersFor(size_t bytes) const {
-  if (partsFor(bytes) > 1) HelperPool::instance().wakeAhead();
-}
-
 void runCollective(CollectiveContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elementSize(args.type);
-  // A rank's copies and reductions move up to P times its own bytes (a one-shot all_reduce
-  // reduces P inputs, an all_gather writes P blocks).
-  ctx.wakeHelpersFor(bytes * static_cast<size_t>(ctx.size()));
   Algorithm algorithm{};  // all_reduce and reduce by size; all_gather, reduce_scatter: lent
   if (args.kind == CollectiveKind::kAllReduce) algorithm = ctx.selection().allReduce(bytes);
   if (args.kind == CollectiveKind::kReduce) algorithm = ctx.selection().reduce(bytes);

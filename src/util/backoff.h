@@ -50,12 +50,6 @@ class Backoff {
     return stage_;
   }
 
-  /// Starts over from the spin stage, as if the wait had just begun.
-  void restart() {
-    stage_ = Stage::kSpin;
-    polls_ = 0;
-  }
-
  private:
   const BackoffPolicy& policy_;
   Stage stage_ = Stage::kSpin;

@@ -64,12 +64,6 @@ void HelperPool::bindTo(const cpu_set_t& cpus) {
   for (pthread_t helper : threads_) ::pthread_setaffinity_np(helper, sizeof cpus, &cpus);
 }
 
-void HelperPool::wakeAhead() {
-  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
-  nudges_.fetch_add(1, std::memory_order_seq_cst);
-  futexWakeAll(&generation_);
-}
-
 void HelperPool::runErased(int threads, int pieces, Thunk thunk, void* fn) {
   std::unique_lock<std::mutex> region(regionMutex_, std::try_to_lock);
   if (!region.owns_lock() || pieces > kMaxPieces) {
@@ -102,55 +96,47 @@ void HelperPool::runErased(int threads, int pieces, Thunk thunk, void* fn) {
   }
 }
 
-int HelperPool::drain(Share& share, uint32_t generation) {
-  int ran = 0;
+void HelperPool::drain(Share& share, uint32_t generation) {
   uint64_t word = share.word.load(std::memory_order_acquire);
   for (;;) {
     const auto next = static_cast<int>(word >> 16 & 0xffff);
     if (static_cast<uint32_t>(word >> 32) != generation || next >= static_cast<int>(word & 0xffff))
-      return ran;
+      return;
     if (!share.word.compare_exchange_weak(word, word + (uint64_t{1} << 16),
                                           std::memory_order_acquire)) {
       continue;  // `word` now holds what another thread left
     }
     // The claimed piece keeps the region open, so thunk_ and fn_ are this region's.
     thunk_(fn_, next);
-    ++ran;
     // Last touch of the region: once every piece is counted, the caller may return.
     done_.fetch_add(1, std::memory_order_release);
     word = share.word.load(std::memory_order_acquire);
   }
 }
 
-int HelperPool::work(int own, uint32_t generation) {
+void HelperPool::work(int own, uint32_t generation) {
   // Read without ordering: a value from another region only makes the loop look at shares
   // whose generation then does not match.
   const int threads = regionThreads_.load(std::memory_order_relaxed);
-  int ran = drain(shares_[own], generation);
-  for (int k = 1; k < threads; ++k) ran += drain(shares_[(own + k) % threads], generation);
-  return ran;
+  drain(shares_[own], generation);
+  for (int k = 1; k < threads; ++k) drain(shares_[(own + k) % threads], generation);
 }
 
 void HelperPool::helperLoop(int index, uint32_t seen) {
   for (;;) {
-    uint32_t now;
     Backoff backoff(backoff_);
+    uint32_t now;
     while ((now = generation_.load(std::memory_order_acquire)) == seen) {
       switch (backoff.next()) {
         case Backoff::Stage::kSpin: cpuRelax(); break;
         case Backoff::Stage::kYield: sched_yield(); break;
-        case Backoff::Stage::kSleep: {
-          const uint32_t nudged = nudges_.load(std::memory_order_seq_cst);
+        case Backoff::Stage::kSleep:
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
           if (generation_.load(std::memory_order_seq_cst) == seen) {
             futexWait(&generation_, seen, backoff_.sleepSlice);
           }
           sleepers_.fetch_sub(1, std::memory_order_relaxed);
-          // Woken ahead of a region: spin and yield again rather than sleep through its
-          // publication.
-          if (nudges_.load(std::memory_order_relaxed) != nudged) backoff.restart();
           break;
-        }
       }
     }
     seen = now;

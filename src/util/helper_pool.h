@@ -40,10 +40,6 @@ class HelperPool {
     runErased(threads, pieces, thunk, static_cast<void*>(&fn));
   }
 
-  /// Wakes sleeping helpers for a region the caller is about to start, so that their wake-up
-  /// overlaps the caller's work before it (one load when none sleeps).
-  void wakeAhead();
-
   /// Keeps every helper, those running and those started later, to the CPUs of `cpus`.
   void bindTo(const cpu_set_t& cpus);
 
@@ -60,10 +56,10 @@ class HelperPool {
   void runErased(int threads, int pieces, Thunk thunk, void* fn);
   void ensureThreads(int helpers);
   void helperLoop(int index, uint32_t seen);
-  /// Runs pieces of `share` of region `generation` until none is left; how many ran.
-  int drain(Share& share, uint32_t generation);
+  /// Runs pieces of `share` of region `generation` until none is left.
+  void drain(Share& share, uint32_t generation);
   /// Drains the region's shares, own share first, then the others from the next one on.
-  int work(int own, uint32_t generation);
+  void work(int own, uint32_t generation);
 
   std::mutex regionMutex_;  // one region at a time
   std::mutex growMutex_;
@@ -77,7 +73,6 @@ class HelperPool {
   alignas(64) std::atomic<uint32_t> generation_{0};  // bumped to publish a region
   alignas(64) std::atomic<int> done_{0};             // pieces of the region finished
   alignas(64) std::atomic<int> sleepers_{0};
-  std::atomic<uint32_t> nudges_{0};  // wakeAhead calls that found sleepers
   std::array<Share, kMaxThreads> shares_{};
   BackoffPolicy backoff_{std::chrono::microseconds(50), std::chrono::microseconds(50),
                          std::chrono::milliseconds(100)};
