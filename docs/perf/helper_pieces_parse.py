@@ -8,7 +8,7 @@ import re
 import statistics
 import sys
 
-SIZES = ["128 KiB", "256 KiB", "512 KiB", "1 MiB", "2 MiB", "4 MiB"]
+SIZES = ["64 KiB", "128 KiB", "256 KiB", "512 KiB", "1 MiB", "2 MiB", "4 MiB"]
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
        "broadcast"]
 
@@ -81,7 +81,7 @@ def main(path):
         builds = sorted({k[4] for k in tab})
         for P in sorted({k[0] for k in tab}):
             for mode in ("back to back", "after a barrier"):
-                for op in ("all_reduce", "all_gather", "reduce_scatter"):
+                for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
                     sizes = sorted({k[3] for k in tab if k[:3] == (P, mode, op)})
                     if not sizes:
                         continue

@@ -17,9 +17,12 @@ namespace loom {
 
 namespace {
 
-// Below this many bytes per part, helper threads cost more than they save (waking a
-// sleeping helper alone can take tens of microseconds).
-constexpr size_t kMinBytesPerPart = 256 << 10;
+// Below this many bytes per part, a helper costs more than it saves. A helper that wakes
+// late no longer holds up a call (the pieces below), so parts can be small: 64 KiB parts
+// ran P = 4's calls of 128 KiB-2 MiB through torch in 0.24-0.80x of the time with 256 KiB
+// parts, the engine's too, and P = 8's within its runs' spread (PERFORMANCE.md, "Pieces a
+// helper has not begun").
+constexpr size_t kMinBytesPerPart = 64 << 10;
 
 // Each thread's part is cut into this many pieces, which it runs in order unless a thread
 // done with its own part takes some: a helper that wakes late (tens to hundreds of
