@@ -20,8 +20,8 @@ namespace {
 // Below this many bytes per part, a helper costs more than it saves. A helper that wakes
 // late no longer holds up a call (the pieces below), so parts can be small: 64 KiB parts
 // ran P = 4's calls of 256 KiB-2 MiB through torch in 0.24-0.80x of the time with 256 KiB
-// parts, at 64-128 KiB as before, and P = 8's within its runs' spread (PERFORMANCE.md,
-// "Pieces a helper has not begun").
+// parts, at 64-128 KiB as before, and P = 8's 128-512 KiB, where the two differ, in
+// 0.64-1.11x (PERFORMANCE.md, "Pieces a helper has not begun" and "Parts of 64 KiB at P = 8").
 constexpr size_t kMinBytesPerPart = 64 << 10;
 
 // Each thread's part is cut into this many pieces, which it runs in order unless a thread
