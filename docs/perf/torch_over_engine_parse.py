@@ -1,6 +1,7 @@
-"""Tables of torch_over_engine_h200.txt and torch_over_engine_eager_h200.txt: main through
+"""Tables of torch_over_engine_h200.txt, torch_over_engine_eager_h200.txt and
+torch_over_engine_p16_h200.txt (P = 16 twice, P = 4 and 8 once): main through
 c10d ("loom"), torch.ops.loom ("direct") and, in the second file, loom.ops ("eager"), each
-over the engine's out-of-place median (loom-bench run just before it), two turns per P; the
+over the engine's out-of-place median (loom-bench run just before it), per P and turn; the
 criterion is at most 1.3x from 64 KiB through any entry.
 
     python3 docs/perf/torch_over_engine_parse.py docs/perf/torch_over_engine_h200.txt
@@ -58,8 +59,9 @@ def size(b):
 
 def main(path):
     tabs = read(path)
-    for P in (4, 8):
-        turns = [t for t in (1, 2) if f"ratio_torch_P{P}_t{t}.txt" in tabs]
+    found = {re.match(r"ratio_torch_P(\d+)_t(\d+)", n).groups() for n in tabs if n.startswith("ratio_torch")}
+    for P in sorted({int(p) for p, _ in found}):
+        turns = sorted(int(t) for p, t in found if int(p) == P)
         names = list(next(iter(tabs[f"ratio_torch_P{P}_t1.txt"].values())))
         print(f"\nP = {P}: per turn, engine µs | " + " | ".join(f"{n} µs [p90]" for n in names) +
               " | the fastest entry over the engine")
