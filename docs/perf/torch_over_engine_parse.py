@@ -1,6 +1,6 @@
 """Tables of torch_over_engine_h200.txt, torch_over_engine_eager_h200.txt and
 torch_over_engine_p16_h200.txt (P = 16 twice, P = 4 and 8 once): main through
-c10d ("loom"), torch.ops.loom ("direct") and, in the second file, loom.ops ("eager"), each
+c10d ("loom"), torch.ops.loom ("direct") and, in the other two files, loom.ops ("eager"), each
 over the engine's out-of-place median (loom-bench run just before it), per P and turn; the
 criterion is at most 1.3x from 64 KiB through any entry.
 
