@@ -4,41 +4,23 @@ and torch.ops.loom through loom.bench, with the direct entry over each engine ti
 
     python3 docs/perf/after_barrier_direct_parse.py docs/perf/after_barrier_direct_h200.txt
 """
-import collections
-import re
 import sys
+
+from bench_text import engine_runs, files, torch_table
 
 TORCH_OP = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
             "all_to_all_single": "all_to_all"}
 
 
 def read(path):
-    """{file: {(op, bytes): median µs}}."""
-    tabs = collections.defaultdict(dict)
-    name = op = None
-    for line in open(path):
-        m = re.match(r"==> (\S+) <==", line)
-        if m:
-            name, op = m[1], None
-            continue
-        if name is None:
-            continue
+    """{file: {(op, bytes): median µs}}, ops by the engine's names."""
+    tabs = {}
+    for name, lines in files(path).items():
         if name.startswith("engine"):
-            h = re.match(r"# (\w+)\s+float32", line)
-            if h:
-                op = h[1]
-                continue
-            r = re.match(r"\s+(\d+)\s+\d+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", line)
-            if r:
-                assert r[3] == "0", f"{name}: wrong results at {op} {r[1]}"
-                tabs[name][(op, int(r[1]))] = float(r[2])
-            continue
-        if line.startswith("## "):
-            op = TORCH_OP.get(line[3:].strip())
-            continue
-        r = re.match(r"\s+(\d+) ([KM]iB)\s+([\d.]+)", line)
-        if r and op:
-            tabs[name][(op, int(r[1]) << (10 if r[2] == "KiB" else 20))] = float(r[3])
+            tabs[name] = engine_runs(name, lines)[0][1]
+        else:
+            tabs[name] = {(TORCH_OP[op], b): v["direct"][0]
+                          for (op, b), v in torch_table(lines).items() if op in TORCH_OP}
     return tabs
 
 

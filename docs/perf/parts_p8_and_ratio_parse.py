@@ -10,50 +10,22 @@ import re
 import statistics
 import sys
 
-ENGINE_OP = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-             "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-             "all_to_all_single": "all_to_all"}
-UNIT = {"KiB": 1 << 10, "MiB": 1 << 20}
-
+from bench_text import ENGINE_OP, engine_runs, files, size, torch_table
 
 def read(path):
-    """{file name: {(op, bytes): (median, p90)}} for loom.bench files, and
-    {file name: {(build, op, bytes): [oop median]}} for loom-bench files."""
-    torch, engine = collections.defaultdict(dict), collections.defaultdict(
-        lambda: collections.defaultdict(list))
-    name = op = build = None
-    for line in open(path):
-        m = re.match(r"==> (\S+) <==", line)
-        if m:
-            name, op, build = m[1], None, None
-            continue
-        if name is None or name == "host.txt":
-            continue
+    """{file name: {(op, bytes): (median, p90)}} for loom.bench files (c10d's column), and
+    {file name: {(build, op, bytes): [oop median per run]}} for loom-bench files."""
+    torch, engine = {}, {}
+    for name, lines in files(path).items():
         if "engine" in name:
-            h = re.match(r"# loom-bench .*\(build (\w)\)", line)
-            if h:
-                build = h[1]
-                continue
-            h = re.match(r"# (\w+)\s+float32", line)
-            if h:
-                op = h[1]
-                continue
-            r = re.match(r"\s+(\d+)\s+\d+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", line)
-            if r:
-                assert r[3] == "0", f"{name}: wrong results at {op} {r[1]}"
-                engine[name][(build, op, int(r[1]))].append(float(r[2]))
-            continue
-        if line.startswith("## "):
-            op = line[3:].strip()
-            continue
-        r = re.match(r"\s+(\d+) ([KM]iB)\s+([\d.]+)\s+([\d.]+)", line)
-        if r and op:
-            torch[name][(op, int(r[1]) * UNIT[r[2]])] = (float(r[3]), float(r[4]))
+            engine[name] = collections.defaultdict(list)
+            for header, table in engine_runs(name, lines):
+                build = re.search(r"\(build (\w)\)", header)[1]
+                for (op, b), median in table.items():
+                    engine[name][(build, op, b)].append(median)
+        elif name != "host.txt":
+            torch[name] = {k: v["loom"] for k, v in torch_table(lines).items()}
     return torch, engine
-
-
-def size(b):
-    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 
 def med(values):

@@ -10,31 +10,24 @@ import re
 import statistics
 import sys
 
+from bench_text import files, size, torch_table
+
 
 def main(path):
-    runs = collections.defaultdict(list)  # (P, build, entry, size) -> medians in run order
-    name = None
-    entries = []
-    for line in open(path):
-        m = re.match(r"==> a2a_P(\d+)_r\d+_(\w)\.txt <==", line)
-        if m:
-            name = (int(m[1]), m[2])
-            continue
-        if line.strip().startswith("size "):
-            entries = re.findall(r"(\w+) us", line)
-            continue
-        r = re.match(r"\s+(\d+ [KM]iB)((?:\s+[\d.]+)+)", line)
-        if r and name:
-            v = [float(x) for x in r[2].split()]
-            for i, e in enumerate(entries):
-                runs[(name[0], name[1], e, r[1])].append(v[3 * i])
+    runs = collections.defaultdict(list)  # (P, build, entry, bytes) -> medians in run order
+    for name, lines in files(path).items():
+        P, build = re.match(r"a2a_P(\d+)_r\d+_(\w)\.txt", name).groups()
+        for (_, b), entries in torch_table(lines).items():
+            for e, (median, _) in entries.items():
+                runs[(int(P), build, e, b)].append(median)
     for P in sorted({k[0] for k in runs}):
         for e in ("loom", "eager"):
             print(f"\nP = {P}, all_to_all through {e}: A (default) runs | B (1M) runs | B/A")
-            for size in dict.fromkeys(k[3] for k in runs if k[0] == P and k[2] == e):
-                a, b = runs[(P, "A", e, size)], runs[(P, "B", e, size)]
-                print(f"  {size:>8} | {' '.join(f'{x:.0f}' for x in a)} | "
-                      f"{' '.join(f'{x:.0f}' for x in b)} | {statistics.median(b) / statistics.median(a):.2f}")
+            for b in sorted({k[3] for k in runs if k[0] == P and k[2] == e}):
+                a, bb = runs[(P, "A", e, b)], runs[(P, "B", e, b)]
+                print(f"  {size(b):>8} | {' '.join(f'{x:.0f}' for x in a)} | "
+                      f"{' '.join(f'{x:.0f}' for x in bb)} | "
+                      f"{statistics.median(bb) / statistics.median(a):.2f}")
 
 
 if __name__ == "__main__":

@@ -6,60 +6,27 @@ criterion is at most 1.3x from 64 KiB through any entry.
 
     python3 docs/perf/torch_over_engine_parse.py docs/perf/torch_over_engine_h200.txt
 """
-import collections
 import re
 import sys
 
-ENGINE_OP = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-             "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-             "all_to_all_single": "all_to_all"}
-UNIT = {"KiB": 1 << 10, "MiB": 1 << 20}
-
+from bench_text import ENGINE_OP, engine_runs, files, size, torch_table
 
 def read(path):
-    """{file: {(op, bytes): values}}: loom.bench files give {entry: (median, p90)},
-    loom-bench files the out-of-place median."""
-    tabs = collections.defaultdict(dict)
-    name = op = None
-    entries = []
-    for line in open(path):
-        m = re.match(r"==> (\S+) <==", line)
-        if m:
-            name, op = m[1], None
-            continue
-        if name is None:
-            continue
-        if "engine" in name:
-            h = re.match(r"# (\w+)\s+float32", line)
-            if h:
-                op = h[1]
-                continue
-            r = re.match(r"\s+(\d+)\s+\d+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", line)
-            if r:
-                assert r[3] == "0", f"{name}: wrong results at {op} {r[1]}"
-                tabs[name][(op, int(r[1]))] = float(r[2])
-            continue
-        if line.startswith("## "):
-            op = line[3:].strip()
-            continue
-        if line.strip().startswith("size "):
-            entries = re.findall(r"(\w+) us", line)
-            continue
-        r = re.match(r"\s+(\d+) ([KM]iB)((?:\s+[\d.]+)+)", line)
-        if r and op:
-            v = [float(x) for x in r[3].split()]
-            tabs[name][(op, int(r[1]) * UNIT[r[2]])] = {
-                e: (v[3 * i], v[3 * i + 1]) for i, e in enumerate(entries)}
+    """{file: table}: loom.bench files give {(op, bytes): {entry: (median, p90)}},
+    loom-bench files {(op, bytes): out-of-place median}."""
+    tabs = {}
+    for name, lines in files(path).items():
+        if name.startswith("ratio_engine"):
+            tabs[name] = engine_runs(name, lines)[0][1]
+        elif name.startswith("ratio_torch"):
+            tabs[name] = torch_table(lines)
     return tabs
-
-
-def size(b):
-    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 
 def main(path):
     tabs = read(path)
-    found = {re.match(r"ratio_torch_P(\d+)_t(\d+)", n).groups() for n in tabs if n.startswith("ratio_torch")}
+    found = {re.match(r"ratio_torch_P(\d+)_t(\d+)", n).groups()
+             for n in tabs if n.startswith("ratio_torch")}
     for P in sorted({int(p) for p, _ in found}):
         turns = sorted(int(t) for p, t in found if int(p) == P)
         names = list(next(iter(tabs[f"ratio_torch_P{P}_t1.txt"].values())))
