@@ -37,7 +37,8 @@ if ! ask_python -c "import torch; torch.__version__" 2>/dev/null; then
   echo "no torch in this Python: installing torch==2.13.0 (the CPU build)"
   ask_python -m pip install -q torch==2.13.0
 fi
-ask_python -m pip install -q "scikit-build-core>=0.10" pybind11 pytest expecttest numpy tqdm matplotlib
+ask_python -m pip install -q "scikit-build-core>=0.10" pybind11 pytest pytest-xdist expecttest numpy \
+  tqdm matplotlib
 
 echo "== building and installing loom for $(ask_python -c 'import torch; print("torch", torch.__version__)')"
 "$PYTHON" -m pip install -q --no-build-isolation --no-deps .
