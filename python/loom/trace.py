@@ -96,30 +96,52 @@ class BusyCpus:
     """Every process's busy spans, to ask whether two threads shared a CPU in a window."""
 
     def __init__(self, processes):
-        self.spans = sorted((s.begin, s.end, s.cpu, tid) for threads in processes
-                            for tid, spans in threads.items() for s in spans
-                            if s.name in BUSY and s.cpu >= 0)
-        self.starts = [s[0] for s in self.spans]
-        self.longest = max((e - b for b, e, _, _ in self.spans), default=0.0)
+        per_cpu = {}
+        for threads in processes:
+            for tid, spans in threads.items():
+                for s in spans:
+                    if s.name in BUSY and s.cpu >= 0 and s.end > s.begin:
+                        per_cpu.setdefault(s.cpu, []).append((s.begin, s.end, tid))
+        # The times when two threads were busy on one CPU, merged over the CPUs into sorted,
+        # disjoint [begin, end) intervals, so each window asks a bisection, not a scan (a
+        # scan back by the longest span made a sweep's million small calls quadratic).
+        shared = sorted(interval for spans in per_cpu.values() for interval in _crowded(spans))
+        self.intervals = []
+        for b, e in shared:
+            if self.intervals and b <= self.intervals[-1][1]:
+                self.intervals[-1][1] = max(self.intervals[-1][1], e)
+            else:
+                self.intervals.append([b, e])
+        self.starts = [b for b, _ in self.intervals]
 
     def shared(self, begin, end):
         """True if busy spans of two threads overlapped on one CPU within [begin, end)."""
-        per_cpu = {}
-        i = bisect.bisect_left(self.starts, begin - self.longest)
-        while i < len(self.spans) and self.spans[i][0] < end:
-            b, e, cpu, tid = self.spans[i]
-            if e > begin:
-                per_cpu.setdefault(cpu, []).append((max(b, begin), min(e, end), tid))
-            i += 1
-        for spans in per_cpu.values():
-            spans.sort()
-            reach, owner = float("-inf"), None  # the furthest end so far, and whose
-            for b, e, tid in spans:
-                if b < reach and tid != owner:
-                    return True
-                if e > reach:
-                    reach, owner = e, tid
-        return False
+        i = bisect.bisect_right(self.starts, begin) - 1  # the last interval starting by begin
+        if i >= 0 and self.intervals[i][1] > begin and begin < end:
+            return True
+        return i + 1 < len(self.intervals) and self.intervals[i + 1][0] < end
+
+
+def _crowded(spans):
+    """The [begin, end) intervals in which spans (begin, end, tid) of at least two threads
+    overlap; a sweep over their ends (an end before a begin at the same time: the spans are
+    half open)."""
+    events = sorted([(b, 1, tid) for b, _, tid in spans] + [(e, 0, tid) for _, e, tid in spans])
+    active, threads, since = {}, 0, None
+    for t, opens, tid in events:
+        before = threads
+        count = active.get(tid, 0) + (1 if opens else -1)
+        active[tid] = count
+        if opens and count == 1:
+            threads += 1
+        elif not opens and count == 0:
+            threads -= 1
+        if before < 2 <= threads:
+            since = t
+        elif threads < 2 <= before:
+            if t > since:
+                yield since, t
+            since = None
 
 
 def calls_of(threads, busy):

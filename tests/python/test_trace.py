@@ -33,6 +33,37 @@ def test_two_threads_busy_on_one_cpu_at_once_are_found_and_apart_they_are_not():
     assert busy((1, 0, 100, 0), (1, 101, 102, 0), (2, 50, 60, 0)).shared(0, 200)
 
 
+def test_shared_cpu_windows_agree_with_a_scan_of_every_pair_of_spans():
+    """The bisection over precomputed crowded intervals answers as checking every pair of
+    different threads' spans on each CPU for an overlap inside the window does."""
+    import random
+
+    rng = random.Random(7)
+    threads, flat = {}, []
+    for _ in range(400):
+        tid, cpu = rng.randrange(5), rng.randrange(3)
+        begin = rng.uniform(0, 1000)
+        end = begin + rng.choice([rng.uniform(0, 2), rng.uniform(0, 30), rng.uniform(0, 300)])
+        threads.setdefault(tid, []).append(Span(begin, end, "copy", 0, cpu))
+        flat.append((begin, end, tid, cpu))
+    busy = BusyCpus([threads])
+
+    def scanned(begin, end):
+        for b1, e1, t1, c1 in flat:
+            for b2, e2, t2, c2 in flat:
+                if c1 == c2 and t1 != t2 and max(b1, b2, begin) < min(e1, e2, end):
+                    return True
+        return False
+
+    answers = []
+    for _ in range(300):
+        begin = rng.uniform(-50, 1050)
+        end = begin + rng.choice([rng.uniform(0, 1), rng.uniform(0, 20), rng.uniform(0, 400)])
+        answers.append(busy.shared(begin, end))
+        assert answers[-1] == scanned(begin, end), (begin, end)
+    assert 0 < sum(answers) < len(answers)  # both answers were checked
+
+
 def test_summary_groups_calls_and_names_their_parts(tmp_path):
     events = []
     for i, (size, length) in enumerate([(4096, 10), (4096, 12), (1 << 20, 100), (1 << 20, 300)]):
