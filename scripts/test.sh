@@ -97,7 +97,7 @@ export LOOM_REQUIRE_FRAMEWORKS=1 TORCH_EXTENSIONS_DIR="$PWD/build/torch_extensio
 # --durations: the log names the slowest tests, where CI's time goes (tests/README.md).
 # Two pytest workers (pytest-xdist), each test on whichever is free: one alone left the
 # 2-core CI machine a third idle (its tests' ranks wait on each other and on start-up), two
-# took the suites 535 s instead of 935 (tests/README.md).
+# took the suites 703 s instead of 935 (tests/README.md).
 (cd tests/python && OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15 \
   -n 2 --dist worksteal)
 
