@@ -60,12 +60,17 @@ def main(path):
                       f"{ratios[-1]:.2f}x | {ip['A']:8.1f} {ip['B']:8.1f}")
             print(f"    B / A from {min(ratios):.2f}x to {max(ratios):.2f}x, "
                   f"median {statistics.median(ratios):.2f}x")
-        excess = {}
-        for X in "AB":
-            excess[X] = " ".join(
-                f"{statistics.median(t[('broadcast', b)][0] for x, t in rs if x == X) / statistics.median(t[('broadcast', b)][1] for x, t in rs if x == X):.2f}"
-                for b in (4 << 20, 8 << 20, 16 << 20, 32 << 20))
-        print(f"  broadcast out of place over in place, 4/8/16/32 MiB: A {excess['A']}; B {excess['B']}")
+        def excess(X):  # out of place over in place, 4-32 MiB
+            return " ".join(f"{median(rs, X, b, 0) / median(rs, X, b, 1):.2f}"
+                            for b in (4 << 20, 8 << 20, 16 << 20, 32 << 20))
+        print(f"  broadcast out of place over in place, 4/8/16/32 MiB: A {excess('A')}; "
+              f"B {excess('B')}")
+
+
+def median(rs, X, b, column):
+    """Build X's median broadcast of b bytes over its runs: out of place (0) or in place (1)."""
+    return statistics.median(t[("broadcast", b)][column] for x, t in rs if x == X)
+
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "docs/perf/rooted_own_copy_h200.txt")

@@ -47,13 +47,12 @@ def test_shared_cpu_windows_agree_with_a_scan_of_every_pair_of_spans():
         threads.setdefault(tid, []).append(Span(begin, end, "copy", 0, cpu))
         flat.append((begin, end, tid, cpu))
     busy = BusyCpus([threads])
+    # Every pair of different threads' spans on one CPU, as the time they overlap.
+    overlaps = [(max(b1, b2), min(e1, e2)) for i, (b1, e1, t1, c1) in enumerate(flat)
+                for b2, e2, t2, c2 in flat[i + 1:] if c1 == c2 and t1 != t2]
 
     def scanned(begin, end):
-        for b1, e1, t1, c1 in flat:
-            for b2, e2, t2, c2 in flat:
-                if c1 == c2 and t1 != t2 and max(b1, b2, begin) < min(e1, e2, end):
-                    return True
-        return False
+        return any(max(b, begin) < min(e, end) for b, e in overlaps)
 
     answers = []
     for _ in range(300):
