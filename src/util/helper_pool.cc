@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "util/futex.h"
 #include "util/posix.h"
@@ -75,6 +76,8 @@ void HelperPool::runErased(int threads, int pieces, Thunk thunk, void* fn) {
   // No thread of the last region holds a piece (all were done), so none reads these now.
   thunk_ = thunk;
   fn_ = fn;
+  failed_.store(false, std::memory_order_relaxed);
+  failure_ = nullptr;
   done_.store(0, std::memory_order_relaxed);
   regionThreads_.store(threads, std::memory_order_relaxed);
   const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
@@ -94,6 +97,8 @@ void HelperPool::runErased(int threads, int pieces, Thunk thunk, void* fn) {
     else
       sched_yield();
   }
+  // Every piece is counted: no thread holds one, so the region's failure is this caller's.
+  if (failed_.load(std::memory_order_relaxed)) std::rethrow_exception(std::exchange(failure_, {}));
 }
 
 void HelperPool::drain(Share& share, uint32_t generation) {
@@ -106,8 +111,14 @@ void HelperPool::drain(Share& share, uint32_t generation) {
                                           std::memory_order_acquire)) {
       continue;  // `word` now holds what another thread left
     }
-    // The claimed piece keeps the region open, so thunk_ and fn_ are this region's.
-    thunk_(fn_, next);
+    // The claimed piece keeps the region open, so thunk_ and fn_ are this region's. A piece
+    // that throws is still counted (the caller must not return while another runs), and its
+    // exception waits for the caller.
+    try {
+      thunk_(fn_, next);
+    } catch (...) {
+      if (!failed_.exchange(true, std::memory_order_relaxed)) failure_ = std::current_exception();
+    }
     // Last touch of the region: once every piece is counted, the caller may return.
     done_.fetch_add(1, std::memory_order_release);
     word = share.word.load(std::memory_order_acquire);

@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -29,7 +30,9 @@ class HelperPool {
   /// Calls fn(i) for every i in [0, pieces), on up to `threads` threads including the caller,
   /// and returns when all calls have returned. Thread t begins with its own share of the
   /// pieces (a contiguous run, in order); a thread done with its share takes pieces no thread
-  /// has begun, so a helper that wakes late holds up no one. fn must not throw.
+  /// has begun, so a helper that wakes late holds up no one. If a call throws, the first
+  /// exception is rethrown here once no call of the region is running (other pieces may or
+  /// may not have run).
   template <class F>
   void run(int threads, int pieces, F&& fn) {
     if (threads <= 1 || pieces <= 1) {
@@ -69,6 +72,10 @@ class HelperPool {
   // which keeps the region (and them) alive until the piece is done.
   Thunk thunk_ = nullptr;
   void* fn_ = nullptr;
+  // The region's first exception: set by the thread whose claim of `failed_` succeeds,
+  // before it counts its piece, so the caller reads it after seeing every piece counted.
+  std::atomic<bool> failed_{false};
+  std::exception_ptr failure_;
   alignas(64) std::atomic<int> regionThreads_{0};    // shares in the current region
   alignas(64) std::atomic<uint32_t> generation_{0};  // bumped to publish a region
   alignas(64) std::atomic<int> done_{0};             // pieces of the region finished

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -279,6 +281,39 @@ TEST(Threads, HelperPoolLetsAThreadDoneWithItsShareTakeAnothersPieces) {
     });
     ASSERT_FALSE(stuck.load()) << "region " << region << ": piece 3 waited for piece 2's thread";
     ASSERT_EQ(ran, std::vector<int>(4, 1)) << "region " << region;
+  }
+}
+
+TEST(Threads, HelperPoolHandsAThrownExceptionToTheCallerAfterEveryPieceItBegan) {
+  // A piece that throws, on the caller or on a helper: the caller gets the exception, but
+  // only once no piece is running (a piece still running would outlive the caller's frame),
+  // and the pool then serves the next region whole (every piece counted once).
+  HelperPool& pool = HelperPool::instance();
+  for (int threads : {2, 3, 8}) {
+    for (int thrower : {0, 7}) {  // piece 0 is the caller's; the last piece is a helper's
+      std::atomic<int> running{0};
+      std::atomic<bool> overlapped{false};
+      std::vector<int> ran(8, 0);
+      try {
+        pool.run(threads, 8, [&](int i) {
+          running.fetch_add(1);
+          // A slow piece beside the throwing one: the caller must wait for it.
+          if (i != thrower) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          ran[static_cast<size_t>(i)] = 1;
+          running.fetch_sub(1);
+          if (i == thrower) throw std::runtime_error("piece " + std::to_string(i));
+        });
+        ADD_FAILURE() << threads << " threads: the exception of piece " << thrower << " was lost";
+      } catch (const std::runtime_error& e) {
+        EXPECT_EQ(std::string(e.what()), "piece " + std::to_string(thrower));
+        overlapped = running.load() != 0;
+      }
+      EXPECT_FALSE(overlapped.load()) << threads << " threads: a piece still ran at the throw";
+      EXPECT_EQ(ran[static_cast<size_t>(thrower)], 1);
+      std::vector<int> next(16, 0);
+      pool.run(threads, 16, [&](int i) { next[static_cast<size_t>(i)] += 1; });
+      EXPECT_EQ(next, std::vector<int>(16, 1)) << threads << " threads: the region after";
+    }
   }
 }
 
