@@ -290,7 +290,7 @@ TEST(Threads, HelperPoolHandsAThrownExceptionToTheCallerAfterEveryPieceItBegan) 
   // and the pool then serves the next region whole (every piece counted once).
   HelperPool& pool = HelperPool::instance();
   for (int threads : {2, 3, 8}) {
-    for (int thrower : {0, 7}) {  // piece 0 is the caller's; the last piece is a helper's
+    for (int thrower : {0, 7}) {  // piece 0 begins the caller's share, piece 7 ends a helper's
       std::atomic<int> running{0};
       std::atomic<bool> overlapped{false};
       std::vector<int> ran(8, 0);
