@@ -254,6 +254,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     plans->push_back(planAllgather(s, perRank, inputs[i]));
   }
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+  // The future holds one list per rank, as Gloo's does (a flat list with one rank).
+  const size_t futureLists = outputs.size() > 1 ? outputs.size() : 0;
   return launch(
       s, OpType::ALLGATHER_COALESCED, "loom:all_gather", inputs, all,
       [plans] {
@@ -264,7 +266,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
           r.push_back(comm_->allGatherV(p.in.ptr(), pointers(p.targets), p.counts, p.in.type,
                                         opOptions(opts.timeout, !opts.asyncOp)));
         }
-      });
+      },
+      futureLists);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(

@@ -43,11 +43,11 @@ bool FinishedWork::wait(std::chrono::milliseconds /*timeout*/) {
 c10::intrusive_ptr<c10::ivalue::Future> FinishedWork::getFuture() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!future_) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    future_ = c10::make_intrusive<c10::ivalue::Future>(futureTypeOf(futureLists_));
     if (exception_) {
       future_->setError(exception_);
     } else {
-      future_->markCompleted(c10::IValue(result()));
+      future_->markCompleted(futureValueOf(outputs_, futureLists_));
     }
   }
   return future_;

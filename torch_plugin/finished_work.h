@@ -41,6 +41,9 @@ class FinishedWork : public c10d::Work {
   /// A completed future of the outputs (or of the error), made on the first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  /// Makes the future hold the outputs as `lists` equal lists (0, the default: one list);
+  /// call before the work is shared.
+  void setFutureLists(size_t lists) { futureLists_ = lists; }
 
  private:
   FinishedWork(int rank, c10d::OpType type, const char* title,
@@ -50,6 +53,7 @@ class FinishedWork : public c10d::Work {
 
   c10::SmallVector<at::Tensor, 1> outputs_;         // one output is the common case: kept inline
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // made by getFuture(), under mutex_
+  size_t futureLists_ = 0;
   int source_ = -1;
   uint64_t seq_ = 0;
 };

@@ -58,7 +58,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
                                                         const std::vector<at::Tensor>& inputs,
                                                         OutputList&& outputs,
                                                         std::function<void()> finisher,
-                                                        Issue&& issue) {
+                                                        Issue&& issue, size_t futureLists) {
   // LOOM_TRACE: the whole c10d call as this backend sees it, around the engine's collective
   // span(s), so a timeline shows what the call costs outside the engine.
   const trace::Span span("c10d call", static_cast<uint64_t>(type));
@@ -79,7 +79,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     try {
       // Blocking calls (async_op=False) run the collective right here: no GIL meanwhile.
       releasingGil([&] { issue(requests); });
-    } catch (const Error& e) {
+    } catch (...) {
+      // A call of several operations refused at its second or later: those issued before
+      // still run, on staged copies the finisher owns and on the caller's tensors.
+      abandonIssued(stream, inputs, outputs, std::move(finisher), requests);
       // The loom stream was made to follow the caller's: join it back, so a refused call
       // inside a CUDA graph capture leaves a capture that can still end (and its error is
       // the one the caller sees).
@@ -90,7 +93,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
           // An invalidated capture refuses the join too; the loom error is the one to report.
         }
       }
-      rethrowForTorch(e);
+      try {
+        throw;
+      } catch (const Error& e) {
+        rethrowForTorch(e);
+      }
     }
   }
   // A CUDA send or receive inside a coalescing block is held by loom until the block ends
@@ -116,8 +123,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   }
   // A CPU call over by now (a blocking one ran right here): a work with nothing to track.
   if (!stream && allEnded(requests)) {
-    return c10::make_intrusive<FinishedWork>(rank_, type, title, inputs, outputs, finisher,
-                                             requests);
+    auto work =
+        c10::make_intrusive<FinishedWork>(rank_, type, title, inputs, outputs, finisher, requests);
+    work->setFutureLists(futureLists);
+    return work;
   }
   // A held call's work waits on the host: no stream semantics, so no end event either.
   const std::optional<c10::Stream> workStream = held ? std::nullopt : stream;
@@ -125,6 +134,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       rank_, type, title, site.op, inputs,
       std::vector<at::Tensor>(std::forward<OutputList>(outputs)), std::move(finisher), workStream,
       workStream ? events_ : nullptr);
+  work->setFutureLists(futureLists);
   work->track(requests, inputs);
   return work;
 }

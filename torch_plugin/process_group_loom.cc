@@ -203,6 +203,31 @@ void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
   }
 }
 
+void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
+                                     const std::vector<at::Tensor>& inputs,
+                                     const std::vector<at::Tensor>& outputs,
+                                     std::function<void()> finisher,
+                                     c10::ArrayRef<Request> requests) {
+  if (requests.empty()) return;
+  if (stream) {
+    const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    for (const auto* list : {&inputs, &outputs}) {
+      for (const auto& t : *list) {
+        if (t.defined() && t.has_storage())
+          impl.recordDataPtrOnStream(t.storage().data_ptr(), *stream);
+      }
+    }
+  }
+  struct Kept {
+    std::function<void()> finisher;
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> outputs;
+  };
+  auto kept = std::make_shared<const Kept>(Kept{std::move(finisher), inputs, outputs});
+  // Released with the last of them to end, on the thread that ends it.
+  for (const Request& r : requests) r.onComplete([kept](std::exception_ptr) {});
+}
+
 std::string ProcessGroupLoom::signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                                           const std::vector<at::Tensor>& outputs) const {
   // Only what every rank must pass alike: e.g. all_gather's input may differ in size

@@ -128,11 +128,12 @@ class ProcessGroupLoom : public c10d::Backend {
   /// FinishedWork for a CPU call whose requests have all ended by then); loom's argument
   /// errors become RuntimeError, its other errors DistBackendError.
   /// `outputs` (a std::vector<at::Tensor>, moved or copied; braced lists make one) are what
-  /// the work returns.
+  /// the work returns; its future holds them as `futureLists` equal lists (0: one list).
   template <class OutputList = std::vector<at::Tensor>, class Issue>
   c10::intrusive_ptr<c10d::Work> launch(const CallSite& site, c10d::OpType type, const char* title,
                                         const std::vector<at::Tensor>& inputs, OutputList&& outputs,
-                                        std::function<void()> finisher, Issue&& issue);
+                                        std::function<void()> finisher, Issue&& issue,
+                                        size_t futureLists = 0);
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
   /// Issues one loom operation and waits for it here (for steps whose results decide what
@@ -152,6 +153,14 @@ class ProcessGroupLoom : public c10d::Backend {
   /// Makes the caller's current stream wait for `stream` (the loom stream of a call that
   /// queued nothing after all); nothing if `stream` is the current stream.
   static void rejoin(const c10::Stream& stream);
+  /// After a call was refused part way (an operation after the first failed to issue):
+  /// keeps what the operations issued so far use (the caller's tensors, what `finisher`
+  /// holds) alive until they end, without running `finisher`; CUDA tensors are also marked
+  /// in use on `stream` for the caching allocator. The refused call's outputs are undefined.
+  static void abandonIssued(const std::optional<c10::Stream>& stream,
+                            const std::vector<at::Tensor>& inputs,
+                            const std::vector<at::Tensor>& outputs, std::function<void()> finisher,
+                            c10::ArrayRef<Request> requests);
   /// After a CUDA call's collectives are queued: runs `finisher` (copy-backs) on `stream`,
   /// tells the caching allocator the tensors are in use there, and keeps what `finisher`
   /// holds (staged tensors) alive until the GPU has run the call's last request.

@@ -41,6 +41,20 @@ std::exception_ptr finishCall(std::exception_ptr failure, const std::function<vo
   return asDistBackendError(failure);
 }
 
+c10::TypePtr futureTypeOf(size_t lists) {
+  return lists == 0 ? c10::ListType::ofTensors()
+                    : c10::ListType::create(c10::ListType::ofTensors());
+}
+
+c10::IValue futureValueOf(c10::ArrayRef<at::Tensor> outputs, size_t lists) {
+  if (lists == 0) return c10::IValue(outputs.vec());
+  const size_t each = outputs.size() / lists;
+  std::vector<std::vector<at::Tensor>> nested;
+  nested.reserve(lists);
+  for (size_t i = 0; i < lists; ++i) nested.push_back(outputs.slice(i * each, each).vec());
+  return c10::IValue(nested);
+}
+
 bool profilerListens() {
   // Asked as the RecordFunction that c10d::Work makes for a title would ask (user scope,
   // the dispatcher's fast path): at::hasCallbacks() takes a lock, a few hundred
@@ -92,7 +106,7 @@ WorkLoom::~WorkLoom() {
 void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tensor>& reads) {
   if (!requests.empty()) seq_ = requests.back().sequence();
   if (!cudaStream_) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    future_ = c10::make_intrusive<c10::ivalue::Future>(futureTypeOf(futureLists_));
     reads_ = reads;
   }
   if (requests.empty()) {
@@ -133,24 +147,24 @@ void WorkLoom::complete(std::exception_ptr failure) {
   failure = finishCall(failure, finisher_);
   finisher_ = nullptr;  // releases staged tensors
   reads_.clear();
+  // Callbacks chained on the future run while it is marked, before finish(): the outcome is
+  // published first, so code they wake sees a completed work with its success or error.
+  outcome_ = failure;
+  done_.store(true, std::memory_order_release);
   // CUDA work: the future completed at launch.
   if (!cudaStream_ && future_) {
     if (failure) {
       future_->setError(failure);
     } else {
-      future_->markCompleted(c10::IValue(outputs_));
+      future_->markCompleted(futureValueOf(outputs_, futureLists_));
     }
   }
-  done_.store(true, std::memory_order_release);
   finish(failure);
 }
 
-// The future is marked before the work finishes, and callbacks chained on the future run
-// during the marking: report completion as soon as the future has it, so code woken by a
-// chained future sees a completed work.
 bool WorkLoom::isCompleted() {
-  if (cudaStream_) return done_.load(std::memory_order_acquire) || cudaEnd_->query();
-  return done_.load(std::memory_order_acquire) || future_->completed();
+  if (done_.load(std::memory_order_acquire)) return true;
+  return cudaStream_ && cudaEnd_->query();
 }
 
 std::exception_ptr WorkLoom::failureSoFar() {
@@ -165,6 +179,10 @@ void WorkLoom::synchronize() {
 }
 
 void WorkLoom::blockCurrentStream() {
+  if (!cudaStream_) {
+    c10d::Work::blockCurrentStream();
+    return;
+  }
   const c10::impl::VirtualGuardImpl impl(cudaStream_->device_type());
   const c10::Stream current = impl.getStream(cudaStream_->device());
   // A blocking call ran on the current stream itself: its order is already the stream's.
@@ -172,13 +190,11 @@ void WorkLoom::blockCurrentStream() {
 }
 
 bool WorkLoom::isSuccess() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_ && !exception_;
+  return done_.load(std::memory_order_acquire) && !outcome_;
 }
 
 std::exception_ptr WorkLoom::exception() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return exception_;
+  return done_.load(std::memory_order_acquire) ? outcome_ : nullptr;
 }
 
 int WorkLoom::sourceRank() const {

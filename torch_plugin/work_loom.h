@@ -57,6 +57,9 @@ class WorkLoom : public c10d::Work {
   /// Otherwise CPU work holds `reads`, the caller's tensors its collectives read, until it
   /// completes (the caller may drop them, and the work, before then).
   void track(c10::ArrayRef<Request> requests, const std::vector<at::Tensor>& reads = {});
+  /// Makes the future hold the outputs as `lists` equal lists (0, the default: one list);
+  /// call before track().
+  void setFutureLists(size_t lists) { futureLists_ = lists; }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -68,6 +71,9 @@ class WorkLoom : public c10d::Work {
   /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
   /// the collectives, and the host blocks until the GPU has run them.
   void synchronize() override;
+  /// CUDA work: the caller's current stream waits for the collectives. CPU work: torch's
+  /// way (the current CUDA stream spins until the future completes).
+  void blockCurrentStream() override;
   /// The future of the outputs; for CUDA work, made on the first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
@@ -80,8 +86,6 @@ class WorkLoom : public c10d::Work {
   void requestDone(std::exception_ptr error, int source);
   /// Runs the finisher (unless `failure`), fulfils the future if there is one, and finishes.
   void complete(std::exception_ptr failure);
-  /// CUDA work: makes the caller's current stream wait for the end of this work.
-  void blockCurrentStream();
   /// CUDA work: the first failure so far, as DistBackendError (nullptr if none).
   std::exception_ptr failureSoFar();
 
@@ -94,7 +98,9 @@ class WorkLoom : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::once_flag futureOnce_;
   std::atomic<int> pending_{0};
-  std::atomic<bool> done_{false};
+  std::atomic<bool> done_{false};  // set once outcome_ is, before the future is marked
+  std::exception_ptr outcome_;     // written once, before done_ is set
+  size_t futureLists_ = 0;
   std::atomic<int> source_{-1};
   uint64_t seq_ = 0;
   std::mutex errorMutex_;
@@ -111,6 +117,11 @@ std::exception_ptr asDistBackendError(std::exception_ptr error);
 /// `finisher` (copy-backs) unless the call failed, and returns the failure, the finisher's
 /// included, as DistBackendError (null on success).
 std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher);
+
+/// What a work's future holds: `outputs` as one list, or (`lists` > 0) as that many lists of
+/// equal length, in order (Gloo's all_gather_coalesced future: one list per rank).
+c10::TypePtr futureTypeOf(size_t lists);
+c10::IValue futureValueOf(c10::ArrayRef<at::Tensor> outputs, size_t lists);
 
 /// Whether a profiler listens (a work then records the call as an event with its inputs).
 bool profilerListens();

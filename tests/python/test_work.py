@@ -1,0 +1,160 @@
+"""What a loom call's c10d Work reports and keeps alive: its future's value, its state while
+callbacks chained on its future run, the parts of the Work API loom does not specialise,
+and a call of several operations refused after the first was issued. Each is checked
+against Gloo where Gloo answers the same question."""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+
+
+def structure(value):
+    """A future's value as nested lists of (shape, values), comparable across backends."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.tolist())
+    return [structure(v) for v in value]
+
+
+def body_all_gather_coalesced_future(rank: int, world: int, backend: str):
+    group = dist.new_group(backend=backend)
+    inputs = [torch.full((2,), float(rank)), torch.arange(3, dtype=torch.float32) + 10 * rank]
+    outputs = [[torch.empty(2), torch.empty(3)] for _ in range(world)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_gather_coalesced is deprecated, not gone
+        # async_op=True returns the work's future itself
+        future = dist.all_gather_coalesced(outputs, inputs, group=group, async_op=True)
+    return structure(future.wait())
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_all_gather_coalesced_future_holds_what_gloos_does(world):
+    # One list per rank of that rank's tensors (with one rank, Gloo's flat list of them).
+    loom = run_ranks(world, body_all_gather_coalesced_future, "loom")
+    gloo = run_ranks(world, body_all_gather_coalesced_future, "gloo")
+    assert loom == gloo, (loom, gloo)
+    if world > 1:
+        assert len(loom[0]) == world and all(isinstance(per_rank, list) for per_rank in loom[0])
+
+
+def state_of(work) -> tuple:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # is_success and exception are deprecated
+        return work.is_completed(), work.is_success(), work.exception()
+
+
+def body_state_seen_by_callbacks(rank: int, world: int):
+    """A callback chained on a work's future looks at the work: whenever it reads completed,
+    it reads the outcome too (loom reports completion as soon as the future has it)."""
+    # Rank 1 comes late, so rank 0's call is still running when its callback is chained.
+    if rank == 1:
+        time.sleep(0.3)
+    seen = []
+    work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    done = work.get_future().then(lambda fut: seen.append(state_of(work)))
+    done.wait()
+    work.wait()
+    completed, success, error = seen[0]
+    assert not completed or (success and error is None), seen
+    return seen[0][:2]
+
+
+def body_failure_seen_by_callbacks(rank: int, world: int):
+    """The same for a call that fails (rank 1 never joins it: it times out on rank 0)."""
+    gloo = dist.new_group(backend="gloo")
+    quick = dist.new_group(backend="loom", timeout=timedelta(milliseconds=300))
+    result = None
+    if rank == 0:
+        seen = []
+        work = dist.all_reduce(torch.ones(4), group=quick, async_op=True)
+        work.get_future().then(lambda fut: seen.append(state_of(work))).wait()
+        completed, success, error = seen[0]
+        assert completed and not success and error is not None, seen
+        assert "timeout" in str(error) and state_of(work)[:2] == (True, False)
+        result = completed
+    dist.barrier(group=gloo)
+    return result
+
+
+def test_callbacks_see_a_completed_work_with_its_outcome():
+    assert run_ranks(2, body_state_seen_by_callbacks)[0] == (True, True)
+    assert run_ranks(2, body_failure_seen_by_callbacks, finalize=False)[0] is True
+
+
+def body_block_current_stream(rank: int, world: int, backend: str):
+    """Work.block_current_stream() on a CPU call: torch's own implementation (it needs a CUDA
+    stream), reached for a call still running and for one already over."""
+    group = dist.new_group(backend=backend)
+    if rank == 1:
+        time.sleep(0.3)
+    outcomes = []
+    for size in (1 << 18, 4):  # rank 0's first call is still running; its second is over
+        work = dist.all_reduce(torch.ones(size), group=group, async_op=True)
+        try:
+            work.block_current_stream()
+            outcomes.append("returned")
+        except RuntimeError as e:
+            outcomes.append(f"RuntimeError: {e}".splitlines()[0])
+        work.wait()
+        dist.barrier(group=group)
+    return outcomes
+
+
+def test_block_current_stream_on_cpu_work_is_torchs():
+    # It used to reach a loom helper for CUDA work and read a stream the CPU work lacks.
+    loom = run_ranks(2, body_block_current_stream, "loom")
+    gloo = run_ranks(2, body_block_current_stream, "gloo")
+    assert loom == gloo, (loom, gloo)
+
+
+def body_refused_after_the_first(rank: int, world: int, op: str):
+    """A coalesced call of two operations whose second loom refuses when issuing it (its
+    input overlaps its output) while its first, on a staged copy of a non-contiguous input,
+    is already running: the call raises, and the first still ends right with its staged
+    copy alive though the call's objects are gone and freed memory is reused meanwhile."""
+    n = 1 << 20
+    from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+
+    group = dist.group.WORLD
+    strided = torch.full((2 * n * world,), float(rank + 1))[::2]  # staged: not contiguous
+    assert not strided.is_contiguous()
+    scratch = torch.zeros(8)
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's first operation waits for rank 1 meanwhile
+    if op == "all_gather":
+        opts = AllgatherOptions()
+        opts.asyncOp = True
+        first_out = torch.zeros(n * world * world)
+        call = lambda: group.allgather_into_tensor_coalesced(  # noqa: E731
+            [first_out, scratch], [strided, scratch[1:5]], opts)
+        want = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(n * world)
+    else:
+        opts = ReduceScatterOptions()
+        opts.asyncOp = True
+        first_out = torch.zeros(n)
+        call = lambda: group.reduce_scatter_tensor_coalesced(  # noqa: E731
+            [first_out, scratch[2:6]], [strided, scratch], opts)
+        want = torch.full((n,), float(world * (world + 1) // 2))
+    with pytest.raises(RuntimeError, match="overlap"):
+        call()
+    del strided, call
+    gc.collect()
+    garbage = [torch.full((n * world,), -7.0) for _ in range(8)]  # may take the freed memory
+    # Operations on a communicator end in the order they were issued: once a later blocking
+    # one has, so has the first operation of the refused call.
+    dist.barrier()
+    del garbage
+    assert torch.equal(first_out, want), (op, first_out.unique())
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_a_call_refused_after_its_first_operation_keeps_that_operation_whole(op):
+    run_ranks(2, body_refused_after_the_first, op)
