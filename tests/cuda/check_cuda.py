@@ -214,13 +214,44 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     dist.all_reduce(torch.ones(8, device=dev), async_op=True)
     got = late.get_future().then(lambda fut: fut.value()[0][-4:] * 1).wait()
     same(got, torch.full((4,), world * (world + 1) / 2), "a future asked for after a later call")
+    # Work.block_current_stream() makes the caller's current stream wait for the collective
+    # (queued behind a busy current stream, so a missed wait shows).
+    d = torch.full((LARGE,), float(rank + 1), device=dev)
+    torch.cuda._sleep(20_000_000)
+    w = dist.all_reduce(d, async_op=True)
+    w.block_current_stream()
+    d2 = d * 2
+    torch.cuda.synchronize()
+    same(d2[-4:], torch.full((4,), float(world * (world + 1))), "after block_current_stream()")
+    # A coalesced call refused at its second operation (its input overlaps its output) while
+    # its first runs on a staged copy of a non-contiguous input: the call raises, and the first
+    # still ends right, its staged copy kept from the caching allocator until the GPU is past it.
+    n = 1 << 18
+    strided = torch.full((2 * n,), float(rank + 1), device=dev)[::2]
+    scratch = torch.zeros(4 * world, device=dev)
+    first = torch.zeros(n * world, device=dev)
+    opts = torch._C._distributed_c10d.AllgatherOptions()
+    opts.asyncOp = True
+    torch.cuda._sleep(20_000_000)
+    try:
+        dist.group.WORLD.allgather_into_tensor_coalesced([first, scratch], [strided, scratch[1:5]],
+                                                         opts)
+        raise AssertionError("an overlapping second pair was accepted")
+    except RuntimeError as e:
+        assert "overlap" in str(e), e
+    del strided
+    junk = [torch.full((2 * n,), -7.0, device=dev) for _ in range(4)]  # may reuse freed blocks
+    torch.cuda.synchronize()
+    del junk
+    same(first, torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(n),
+         "the first operation of a refused coalesced call")
     # Mixed CPU and CUDA tensors are refused with a clear error.
     try:
         dist.all_gather([torch.empty(4) for _ in range(world)], torch.ones(4, device=dev))
         raise AssertionError("mixing devices was accepted")
     except (RuntimeError, ValueError) as e:
         assert "one device" in str(e), e
-    return 8
+    return 10
 
 
 def small_model(dev=None) -> torch.nn.Module:
