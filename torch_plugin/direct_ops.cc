@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <cctype>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "launch.h"
@@ -54,10 +56,11 @@ std::string opName(const char* op) {
   return std::string(tEntry) + op;
 }
 
-/// The loom backend of the group named `groupName` for tensors on `device`, with a message
-/// that says what to pass when the name is unknown or the group is not loom's there.
-ProcessGroupLoom& loomGroup(const char* op, const std::string& groupName,
-                            const at::Device& device) {
+/// The loom backend of the group named `groupName` for tensors on `device` (a
+/// ProcessGroupLoom), with a message that says what to pass when the name is unknown or the
+/// group is not loom's there.
+c10::intrusive_ptr<c10d::Backend> loomGroup(const char* op, const std::string& groupName,
+                                            const at::Device& device) {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     group = c10d::resolve_process_group(groupName);
@@ -73,14 +76,13 @@ ProcessGroupLoom& loomGroup(const char* op, const std::string& groupName,
     TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' has no backend for " +
                            device.str() + " tensors; make it with the loom backend for them");
   }
-  auto* pg = dynamic_cast<ProcessGroupLoom*>(backend.get());
-  if (pg == nullptr) {
+  if (dynamic_cast<ProcessGroupLoom*>(backend.get()) == nullptr) {
     TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' runs " + device.str() +
                            " tensors on '" + backend->getBackendName() + "', not loom; " + tEntry +
                            "* need a group made with the loom backend "
                            "(init_process_group(\"loom\") or new_group(backend=\"loom\"))");
   }
-  return *pg;
+  return backend;
 }
 
 c10d::ReduceOp reduceOpNamed(const CallSite& site, const std::string& name) {
@@ -144,6 +146,9 @@ void waitFor(const c10::intrusive_ptr<c10d::Work>& work) {
 struct DirectCall {
   ProcessGroupLoom& pg;
   CallSite site;
+  // Keeps the backend alive for the call: a thread may destroy the group meanwhile, whose
+  // communicator's teardown would otherwise wait on this call's operation forever.
+  c10::intrusive_ptr<c10d::Backend> alive;
 };
 
 /// The checks every operator starts with: the group is loom's for `tensor`'s device, no
@@ -151,7 +156,8 @@ struct DirectCall {
 /// `tensor` (named `what`) is dense.
 DirectCall startCall(const char* op, const std::string& group, const at::Tensor& tensor,
                      const char* what) {
-  ProcessGroupLoom& pg = loomGroup(op, group, tensor.device());
+  c10::intrusive_ptr<c10d::Backend> backend = loomGroup(op, group, tensor.device());
+  auto& pg = static_cast<ProcessGroupLoom&>(*backend);
   const CallSite site{op, pg.getRank(), pg.getSize(), true};
   if (pg.isCoalescing()) {
     invalid(site,
@@ -160,7 +166,7 @@ DirectCall startCall(const char* op, const std::string& group, const at::Tensor&
                 std::string(tEntry) + "* run alone: call them outside it");
   }
   requireDense(site, what, tensor);
-  return {pg, site};
+  return {pg, site, std::move(backend)};
 }
 
 void requireGroupSize(const CallSite& site, int64_t groupSize) {
@@ -182,7 +188,7 @@ void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
 }
 
 void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std::string& group) {
-  auto [pg, s] = startCall("all_reduce_", group, tensor, "tensor");
+  auto [pg, s, alive] = startCall("all_reduce_", group, tensor, "tensor");
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&tensor})) {
     allReduceDirect(pg, s, op, tensor, tensor.data_ptr());
@@ -197,7 +203,7 @@ void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std
 
 at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
                      const std::string& group) {
-  auto [pg, s] = startCall("all_reduce", group, input, "input");
+  auto [pg, s, alive] = startCall("all_reduce", group, input, "input");
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
   if (direct({&input})) {
@@ -210,7 +216,7 @@ at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
 }
 
 void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group) {
-  auto [pg, s] = startCall("broadcast_", group, tensor, "tensor");
+  auto [pg, s, alive] = startCall("broadcast_", group, tensor, "tensor");
   if (src < 0 || src >= s.size) {
     invalid(s, "src " + std::to_string(src) + " is not a rank of the group (0 to " +
                    std::to_string(s.size - 1) + ")");
@@ -258,7 +264,7 @@ void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& in
 
 at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
                                const std::string& group) {
-  auto [pg, s] = startCall("all_gather_into_tensor", group, input, "input");
+  auto [pg, s, alive] = startCall("all_gather_into_tensor", group, input, "input");
   requireGroupSize(s, groupSize);
   at::Tensor output = at::empty(scaledRows(input, groupSize), input.options());
   allGatherInto(pg, s, input, output);
@@ -267,7 +273,7 @@ at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
 
 void allGatherIntoTensorOut(const at::Tensor& input, int64_t groupSize, const std::string& group,
                             at::Tensor& out) {
-  auto [pg, s] = startCall("all_gather_into_tensor_out", group, input, "input");
+  auto [pg, s, alive] = startCall("all_gather_into_tensor_out", group, input, "input");
   requireGroupSize(s, groupSize);
   requireWholeOfParts(s, "out", out, "input", input);
   allGatherInto(pg, s, input, out);
@@ -307,7 +313,7 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
 
 at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduceOp,
                                int64_t groupSize, const std::string& group) {
-  auto [pg, s] = startCall("reduce_scatter_tensor", group, input, "input");
+  auto [pg, s, alive] = startCall("reduce_scatter_tensor", group, input, "input");
   requireScatterable(s, input, groupSize);
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] /= groupSize;
@@ -318,7 +324,7 @@ at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduc
 
 void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp, int64_t groupSize,
                             const std::string& group, at::Tensor& out) {
-  auto [pg, s] = startCall("reduce_scatter_tensor_out", group, input, "input");
+  auto [pg, s, alive] = startCall("reduce_scatter_tensor_out", group, input, "input");
   requireScatterable(s, input, groupSize);
   requireWholeOfParts(s, "input", input, "out", out);
   reduceScatterInto(pg, s, input, reduceOp, out);
@@ -353,7 +359,7 @@ void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& inp
 
 at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
                           at::IntArrayRef inputSplitSizes, const std::string& group) {
-  auto [pg, s] = startCall("all_to_all_single", group, input, "input");
+  auto [pg, s, alive] = startCall("all_to_all_single", group, input, "input");
   int64_t rows = input.dim() ? input.size(0) : 1;
   if (!outputSplitSizes.empty()) {
     rows = 0;
@@ -368,7 +374,7 @@ at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSi
 
 void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
                        at::IntArrayRef inputSplitSizes, const std::string& group, at::Tensor& out) {
-  auto [pg, s] = startCall("all_to_all_single_out", group, input, "input");
+  auto [pg, s, alive] = startCall("all_to_all_single_out", group, input, "input");
   requireDense(s, "out", out);
   if (out.scalar_type() != input.scalar_type()) {
     invalid(s, "out has dtype " + std::string(c10::toString(out.scalar_type())) +
@@ -378,6 +384,61 @@ void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes
   allToAllInto(pg, s, input, outputSplitSizes, inputSplitSizes, out);
 }
 
+/// An argument of an eager call as its kernel gets it. Negative views (whose memory holds
+/// the values unnegated) are what torch's dispatcher resolves before an operator's kernel
+/// runs, and the eager entry skips the dispatcher: a tensor read is passed as a resolved
+/// copy, a tensor written (at::Tensor&) as one written back through the view afterwards.
+template <class A>
+struct EagerArg {
+  explicit EagerArg(A a) : value(std::forward<A>(a)) {}
+  A get() { return std::forward<A>(value); }
+  void writeBack() {}
+  A value;
+};
+template <>
+struct EagerArg<const at::Tensor&> {
+  explicit EagerArg(const at::Tensor& t) : resolved(t.resolve_neg()) {}
+  const at::Tensor& get() { return resolved; }
+  void writeBack() {}
+  at::Tensor resolved;
+};
+template <>
+struct EagerArg<at::Tensor&> {
+  explicit EagerArg(at::Tensor& t) : view(t), resolved(t.resolve_neg()) {}
+  at::Tensor& get() { return resolved; }
+  void writeBack() {
+    if (view.is_neg()) view.copy_(resolved);
+  }
+  at::Tensor& view;
+  at::Tensor resolved;
+};
+
+inline bool negativeView(const at::Tensor& t) {
+  return t.is_neg();
+}
+template <class T>
+bool negativeView(const T& /*notATensor*/) {
+  return false;
+}
+
+/// Runs `kernel` on `args` with negative views resolved (EagerArg).
+template <class R, class... Args>
+R runResolvingNegativeViews(R (*kernel)(Args...), std::type_identity_t<Args>... args) {
+  std::tuple<EagerArg<Args>...> resolved{EagerArg<Args>(std::forward<Args>(args))...};
+  const auto run = [&] {
+    return std::apply([&](auto&... a) { return kernel(a.get()...); }, resolved);
+  };
+  const auto writeBack = [&] { std::apply([](auto&... a) { (a.writeBack(), ...); }, resolved); };
+  if constexpr (std::is_void_v<R>) {
+    run();
+    writeBack();
+  } else {
+    R result = run();
+    writeBack();
+    return result;
+  }
+}
+
 /// An eager Python function over `kernel`: torch's error translation, as for the operator,
 /// and messages that name loom.ops.
 template <class R, class... Args>
@@ -385,6 +446,9 @@ auto eager(R (*kernel)(Args...)) {
   return [kernel](Args... args) -> R {
     HANDLE_TH_ERRORS
     const EagerEntry entry;
+    if ((negativeView(args) || ...)) {
+      return runResolvingNegativeViews(kernel, std::forward<Args>(args)...);
+    }
     return kernel(std::forward<Args>(args)...);
     END_HANDLE_TH_ERRORS_PYBIND
   };
@@ -429,7 +493,7 @@ TORCH_LIBRARY(loom, m) {
       "reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> "
       "Tensor");
   m.def(
-      "all_to_all_single(Tensor input, int[] output_split_sizes, int[] input_split_sizes, "
+      "all_to_all_single(Tensor input, SymInt[] output_split_sizes, SymInt[] input_split_sizes, "
       "str group_name) -> Tensor");
   // Into the caller's tensor, as torch's *_out functional collectives: no output to allocate,
   // which for CPU tensors of tens of MiB is fresh memory the kernel must fault in and zero on
@@ -442,7 +506,8 @@ TORCH_LIBRARY(loom, m) {
       "reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, "
       "*, Tensor(a!) out) -> ()");
   m.def(
-      "all_to_all_single_out(Tensor input, int[] output_split_sizes, int[] input_split_sizes, "
+      "all_to_all_single_out(Tensor input, SymInt[] output_split_sizes, SymInt[] "
+      "input_split_sizes, "
       "str group_name, *, Tensor(a!) out) -> ()");
 }
 

@@ -219,7 +219,8 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     sched_yield();
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout == kNoTimeout) {
+  // A timeout of centuries is none: now() + timeout would overflow the clock's count.
+  if (timeout == kNoTimeout || timeout > std::chrono::hours(24 * 365 * 100)) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
     C10_THROW_ERROR(DistBackendError,

@@ -40,6 +40,10 @@ import torch
 from . import _C  # defines the operators and their eager functions
 
 _is_compiling = torch.compiler.is_compiling
+# A torch dispatch mode is active while make_fx traces (its proxy mode, with fake tensors
+# their mode too) and under FakeTensorMode: the operator must be called then so that the
+# trace records it and fake tensors reach its fake kernel, not the communicator.
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 # The nine wrappers below are written out rather than made by one helper taking *args: the
 # helper (argument packing and a lookup by name) cost 851 more instructions per call, 12% of
@@ -48,28 +52,28 @@ _is_compiling = torch.compiler.is_compiling
 
 def all_reduce_(tensor: torch.Tensor, reduce_op: str, group_name: str) -> None:
     """Reduces `tensor` across the group in place (torch.ops.loom.all_reduce_)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_reduce_(tensor, reduce_op, group_name)
     return _C.eager_all_reduce_(tensor, reduce_op, group_name)
 
 
 def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
     """The reduction of `input` across the group, in a new tensor (torch.ops.loom.all_reduce)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_reduce(input, reduce_op, group_name)
     return _C.eager_all_reduce(input, reduce_op, group_name)
 
 
 def broadcast_(tensor: torch.Tensor, src: int, group_name: str) -> None:
     """Overwrites `tensor` with rank `src`'s (torch.ops.loom.broadcast_)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.broadcast_(tensor, src, group_name)
     return _C.eager_broadcast_(tensor, src, group_name)
 
 
 def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
     """Every rank's `input`, rows in rank order (torch.ops.loom.all_gather_into_tensor)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_gather_into_tensor(input, group_size, group_name)
     return _C.eager_all_gather_into_tensor(input, group_size, group_name)
 
@@ -77,7 +81,7 @@ def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str
 def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
                           group_name: str) -> torch.Tensor:
     """This rank's block of rows of the reduction (torch.ops.loom.reduce_scatter_tensor)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.reduce_scatter_tensor(input, reduce_op, group_size, group_name)
     return _C.eager_reduce_scatter_tensor(input, reduce_op, group_size, group_name)
 
@@ -85,7 +89,7 @@ def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
 def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int],
                       group_name: str) -> torch.Tensor:
     """Rows exchanged with every rank ([] for equal splits; torch.ops.loom.all_to_all_single)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
     return _C.eager_all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
 
@@ -94,7 +98,7 @@ def all_gather_into_tensor_out(input: torch.Tensor, group_size: int, group_name:
                                out: torch.Tensor) -> torch.Tensor:
     """all_gather_into_tensor into `out` (group_size x input's elements), which it returns
     (torch.ops.loom.all_gather_into_tensor_out)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
     else:
         _C.eager_all_gather_into_tensor_out(input, group_size, group_name, out)
@@ -105,7 +109,7 @@ def reduce_scatter_tensor_out(input: torch.Tensor, reduce_op: str, group_size: i
                               *, out: torch.Tensor) -> torch.Tensor:
     """reduce_scatter_tensor into `out` (input's elements / group_size), which it returns
     (torch.ops.loom.reduce_scatter_tensor_out)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
     else:
         _C.eager_reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out)
@@ -115,7 +119,7 @@ def reduce_scatter_tensor_out(input: torch.Tensor, reduce_op: str, group_size: i
 def all_to_all_single_out(input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int],
                           group_name: str, *, out: torch.Tensor) -> torch.Tensor:
     """all_to_all_single into `out`, which it returns (torch.ops.loom.all_to_all_single_out)."""
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name,
                                              out=out)
     else:

@@ -223,3 +223,121 @@ def errors_body(rank: int, world: int, entry: str) -> None:
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_bad_arguments_are_named_errors(entry):
     run_ranks(WORLD, errors_body, entry)
+
+
+def negative_views_body(rank: int, world: int) -> None:
+    """Tensors carrying torch's lazy negation bit (their memory holds the values unnegated):
+    both entries read and write them as the values they stand for, as torch.distributed
+    does (the eager entry skips the dispatcher, which resolves them for the operator)."""
+    name = dist.group.WORLD.group_name
+    base = torch.tensor([1.0, 2.0, 3.0]) * (rank + 1)
+
+    def negative():  # contiguous, values -(rank+1) * [1, 2, 3], stored as +(rank+1) * [1, 2, 3]
+        t = torch._neg_view(base)
+        assert t.is_neg() and t.is_contiguous()
+        return t
+
+    want_max = -torch.tensor([1.0, 2.0, 3.0])
+    want_gather = torch.cat([-torch.tensor([1.0, 2.0, 3.0]) * (r + 1) for r in range(world)])
+    for entry in ENTRIES:
+        ops = entry_ops(entry)
+        torch.testing.assert_close(ops.all_reduce(negative(), "max", name), want_max)
+        torch.testing.assert_close(ops.all_gather_into_tensor(negative(), world, name), want_gather)
+        into = negative()
+        ops.all_reduce_(into, "max", name)  # written back through the view
+        torch.testing.assert_close(into.clone(), want_max)
+        torch.testing.assert_close(base, -want_max)  # the memory under the view
+        base = torch.tensor([1.0, 2.0, 3.0]) * (rank + 1)
+
+
+def test_negative_views_are_read_and_written_as_their_values():
+    run_ranks(2, negative_views_body)
+
+
+def make_fx_body(rank: int, world: int) -> None:
+    """make_fx records loom.ops's functions as the operators (it sets no compiling flag,
+    but runs under a dispatch mode), and the traced graph replays the collective."""
+    import loom.ops
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    name = dist.group.WORLD.group_name
+
+    def step(x):
+        return loom.ops.all_reduce(x * 2, "sum", name) + 1
+
+    for mode in ("real", "fake", "symbolic"):
+        graph = make_fx(step, tracing_mode=mode)(torch.ones(4))
+        targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+        assert "loom.all_reduce.default" in targets, (mode, targets)
+        got = graph(torch.full((4,), float(rank + 1)))
+        torch.testing.assert_close(got, torch.full((4,), 2.0 * world * (world + 1) / 2 + 1))
+
+
+def test_make_fx_records_the_eager_functions_as_operators():
+    run_ranks(2, make_fx_body)
+
+
+def data_dependent_splits_body(rank: int, world: int) -> None:
+    """all_to_all_single with split sizes read from a tensor inside torch.compile (unbacked
+    SymInts, as a mixture-of-experts layer makes them): the schema takes SymInt[], as torch's
+    functional all_to_all_single does, and the compiled call equals the eager one."""
+    import loom.ops
+    import torch._dynamo
+
+    torch._dynamo.config.capture_scalar_outputs = True
+    name = dist.group.WORLD.group_name
+    x = torch.arange(4, dtype=torch.float32) + 10 * rank
+    splits = torch.tensor([1, 3] if rank == 0 else [3, 1])
+
+    def exchange(x, splits):
+        sizes = splits.tolist()
+        return loom.ops.all_to_all_single(x, sizes, sizes, name)
+
+    eager = exchange(x, splits)
+    compiled = torch.compile(exchange, fullgraph=True)(x, splits)
+    torch.testing.assert_close(compiled, eager)
+    want = torch.tensor([0.0, 10.0, 11.0, 12.0]) if rank == 0 else torch.tensor([1.0, 2.0, 3.0, 13.0])
+    torch.testing.assert_close(eager, want)
+
+
+def test_split_sizes_read_from_tensors_compile():
+    run_ranks(2, data_dependent_splits_body)
+
+
+def destroyed_meanwhile_body(rank: int, world: int, entry: str) -> str | None:
+    """A thread's direct call is waiting (rank 1 never joins it) while the main thread
+    destroys the group and drops it: the call still ends with the group's timeout error and
+    the process goes on (it used to hang in the communicator's teardown, which the call's
+    operation kept waiting)."""
+    import gc
+    import threading
+    import time
+    from datetime import timedelta
+
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=2))
+    name = group.group_name
+    if rank == 1:
+        return None
+    outcome = []
+
+    def call():
+        try:
+            entry_ops(entry).all_reduce_(torch.ones(4), "sum", name)
+            outcome.append("returned")
+        except RuntimeError as e:
+            outcome.append(str(e))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.5)  # the call is waiting by then (nothing checks it: a later call fails alike)
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    thread.join()
+    return outcome[0]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_group_destroyed_during_a_call_waits_for_it(entry):
+    outcome = run_ranks(2, destroyed_meanwhile_body, entry, timeout=60)[0]
+    assert "all_reduce" in outcome and "rank 1" in outcome, outcome

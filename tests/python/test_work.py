@@ -158,3 +158,17 @@ def body_refused_after_the_first(rank: int, world: int, op: str):
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
 def test_a_call_refused_after_its_first_operation_keeps_that_operation_whole(op):
     run_ranks(2, body_refused_after_the_first, op)
+
+
+def body_wait_for_centuries(rank: int, world: int):
+    """work.wait() with a timeout too large for the clock's arithmetic waits without one
+    (it used to time out at once)."""
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's call is still running when it waits
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x, async_op=True).wait(timeout=timedelta(days=120_000))
+    assert torch.equal(x, torch.full_like(x, float(world)))
+
+
+def test_wait_with_a_timeout_of_centuries():
+    run_ranks(2, body_wait_for_centuries)
