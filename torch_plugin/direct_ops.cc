@@ -506,9 +506,8 @@ TORCH_LIBRARY(loom, m) {
       "reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, "
       "*, Tensor(a!) out) -> ()");
   m.def(
-      "all_to_all_single_out(Tensor input, SymInt[] output_split_sizes, SymInt[] "
-      "input_split_sizes, "
-      "str group_name, *, Tensor(a!) out) -> ()");
+      "all_to_all_single_out(Tensor input, SymInt[] output_split_sizes, "
+      "SymInt[] input_split_sizes, str group_name, *, Tensor(a!) out) -> ()");
 }
 
 // The same kernels for CPU and CUDA tensors: each picks its path by the tensors.
