@@ -218,7 +218,6 @@ void CommState::watchPeers() {
 CommState::~CommState() {
   shutdown();
   for (uint64_t id : watches_) ProcessService::instance().unwatch(id);
-  if (shm_) shm_->depart();
 #ifdef LOOM_HAVE_NET
   if (spansHosts()) net::NetService::instance().forget(roster_.id);
 #endif
@@ -563,6 +562,10 @@ void CommState::shutdown() {
     std::lock_guard<std::mutex> lock(p2pMutex_);
     p2p_.reset();
   }
+  // Nothing of this rank's runs any more: peers waiting for it fail now, naming a rank that
+  // left, instead of at their timeout (torch's destroy_process_group shuts a group down while
+  // Python may hold it, and its communicator is destroyed only with the last reference).
+  if (shm_) shm_->depart();
   control_.reset();  // last: a failure while draining still reaches the other hosts
 }
 

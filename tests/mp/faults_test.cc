@@ -282,5 +282,31 @@ TEST(Faults, AnExceptionOutOfARankLeavesNoWaitersBehind) {
   EXPECT_TRUE(outcomes[1].exited && outcomes[1].status != 0) << outcomes[1].output;
 }
 
+TEST(Faults, APeerThatShutsDownIsNamedWhileItsHandleLives) {
+  // Rank 1 shuts its communicator down (torch's destroy_process_group) but keeps the handle,
+  // as Python code holding the group does, while rank 0 waits in a collective rank 1 never
+  // issues: rank 0 learns that rank 1 left, not that it had not arrived by the timeout.
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    auto comm = ctx.connect(patientOptions());
+    comm->barrier().wait();
+    if (ctx.rank == 1) {
+      comm->shutdown();
+      ctx.store->get("rank 0 failed", std::chrono::seconds(120));
+      return;
+    }
+    float x = 1;
+    try {
+      comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+      LOOM_CHECK(false, << "an all_reduce without rank 1 succeeded");
+    } catch (const Error& e) {
+      LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("destroyed its communicator") != std::string::npos,
+                 << e.what());
+    }
+    ctx.store->set("rank 0 failed", {1});
+  });
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
 }  // namespace
 }  // namespace loom

@@ -94,6 +94,23 @@ def body_op_timeout(rank: int, world: int) -> None:
     dist.barrier(group=gloo)
 
 
+def body_destroyed_peer(rank: int, world: int) -> None:
+    """Rank 1 destroys a group it still holds (destroy_process_group shuts the backend down;
+    the object lives on in Python) while rank 0 waits in a call on it that rank 1 never
+    makes: rank 0's call fails naming rank 1 as gone, not as late once the timeout passes."""
+    gloo = dist.new_group(backend="gloo")
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+        dist.barrier(group=gloo)  # the call is issued
+        expect(dist.DistBackendError, r"rank 1 .*destroyed its communicator", work.wait)
+    else:
+        dist.barrier(group=gloo)
+        dist.destroy_process_group(group)
+    dist.barrier(group=gloo)
+    del group
+
+
 def test_bad_input_is_refused_before_sending():
     run_ranks(2, body_bad_input)
 
@@ -113,6 +130,10 @@ def test_work_wait_timeout():
 
 def test_group_timeout_names_missing_rank():
     run_ranks(2, body_op_timeout)
+
+
+def test_a_peer_that_destroyed_the_group_is_named():
+    run_ranks(2, body_destroyed_peer)
 
 
 def body_default(rank: int, world: int) -> str:
