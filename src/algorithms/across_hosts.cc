@@ -105,7 +105,7 @@ uint8_t* AcrossHostsContext::scratch(size_t bytes) {
   return arena_.take(bytes);
 }
 
-size_t AcrossHostsContext::startRail(RailSteps steps) {
+size_t AcrossHostsContext::startRail(RailSteps steps, int /*lane*/) {
   std::exception_ptr outcome;
   try {
     steps(*this);

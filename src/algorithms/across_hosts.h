@@ -125,11 +125,16 @@ class AcrossHostsContext {
   /// A rail's part of a collective (exchanges, reductions, copies; never runLocal), run on
   /// a context of its own.
   using RailSteps = std::function<void(AcrossHostsContext& ctx)>;
-  /// Starts `steps` and returns a ticket at once. Where the context can, they run on another
-  /// thread while this one goes on with local steps (the network context's rail thread),
-  /// so a collective can overlap the network with shared memory; jobs run one at a time,
-  /// in the order started. This default runs them here and now.
-  virtual size_t startRail(RailSteps steps);
+  /// How many rail jobs may run side by side: each lane has connections and threads of its
+  /// own (network_context.h says why). The same on every rank of a communicator, since it
+  /// sets the order of the local steps of pipelined collectives. This default: one.
+  virtual int lanes() const { return 1; }
+  /// Starts `steps` on lane `lane` (0 to lanes() - 1) and returns a ticket at once. Where the
+  /// context can, they run on another thread while this one goes on with local steps (the
+  /// network context's rail threads), so a collective can overlap the network with shared
+  /// memory; the jobs of one lane run one at a time, in the order started, and both ends of
+  /// a connection put a job on the same lane. This default runs them here and now.
+  virtual size_t startRail(RailSteps steps, int lane);
   /// Waits for the job of `ticket` and rethrows its failure.
   virtual void finishRail(size_t ticket);
 

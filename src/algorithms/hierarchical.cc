@@ -190,8 +190,8 @@ class RailJobs {
   RailJobs(const RailJobs&) = delete;
   RailJobs& operator=(const RailJobs&) = delete;
 
-  size_t start(AcrossHostsContext::RailSteps steps) {
-    pending_.push_back(ctx_.startRail(std::move(steps)));
+  size_t start(AcrossHostsContext::RailSteps steps, int lane) {
+    pending_.push_back(ctx_.startRail(std::move(steps), lane));
     return pending_.back();
   }
   void finish(size_t ticket) {
@@ -204,9 +204,17 @@ class RailJobs {
   std::vector<size_t> pending_;
 };
 
-// Segment s: `before`, then its rail part is started; then segment s - 1's rail part is
-// finished and its `after` runs. A single segment runs on this thread alone (a hand-off to
-// the rail thread would only add its latency).
+// How many segments' rail parts a pipeline has started and not finished, at most: one per
+// lane running, and one more waiting on its lane while this thread runs local steps.
+size_t inFlight(const AcrossHostsContext& ctx) {
+  return static_cast<size_t>(ctx.lanes()) + 1;
+}
+
+// Segment s: `before`, then its rail part is started on lane s mod lanes; then segment
+// s - lanes's rail part is finished and its `after` runs. With one lane, segment s's network
+// steps overlap segment s - 1's local steps; with more, segments' network steps also run
+// side by side, each lane over its own connections. A single segment runs on this thread
+// alone (a hand-off to a rail thread would only add its latency).
 void pipeline(AcrossHostsContext& ctx, Segments& parts) {
   if (parts.size() == 1) {
     parts[0]->before(ctx);
@@ -215,6 +223,7 @@ void pipeline(AcrossHostsContext& ctx, Segments& parts) {
     return;
   }
   RailJobs jobs(ctx);
+  const size_t lanes = static_cast<size_t>(ctx.lanes());
   std::vector<size_t> tickets(parts.size(), SIZE_MAX);
   auto complete = [&](size_t s) {
     if (tickets[s] != SIZE_MAX) jobs.finish(tickets[s]);
@@ -222,10 +231,14 @@ void pipeline(AcrossHostsContext& ctx, Segments& parts) {
   };
   for (size_t s = 0; s < parts.size(); ++s) {
     parts[s]->before(ctx);
-    if (auto steps = parts[s]->acrossHosts()) tickets[s] = jobs.start(std::move(steps));
-    if (s > 0) complete(s - 1);
+    if (auto steps = parts[s]->acrossHosts()) {
+      tickets[s] = jobs.start(std::move(steps), static_cast<int>(s % lanes));
+    }
+    if (s >= lanes) complete(s - lanes);
   }
-  complete(parts.size() - 1);
+  for (size_t s = parts.size() > lanes ? parts.size() - lanes : 0; s < parts.size(); ++s) {
+    complete(s);
+  }
 }
 
 // Slice s of `segments` of each block: its start and count per rank.
@@ -728,10 +741,10 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   // such a rank's own thread reduces, in the segment's after(). Where a host has several
   // ranks their threads have local steps to run, and handing them the reduction as well was
   // no faster on 2 x 2 and slower on 2 x 4 (docs/PERFORMANCE.md, "The reduction off the rail
-  // between two hosts"). Segment s exchanges into buffer s % 2: segment s - 1's buffer is
-  // reduced before segment s + 1's rail job starts (pipeline()).
+  // between two hosts"). Segment s exchanges into buffer s mod inFlight(ctx): a segment's
+  // buffer is reduced before the rail job of the segment that reuses it starts (pipeline()).
   const HostLayout& L = ctx.layout();
-  uint8_t* pairIncoming[2] = {nullptr, nullptr};
+  std::vector<uint8_t*> pairIncoming(inFlight(ctx), nullptr);
   if (segments > 1 && L.hosts() == 2 && L.localSize() == 1) {
     size_t largest = 0;  // alone on its host, the rank's rail carries each segment whole
     for (int s = 0; s < segments; ++s) largest = std::max(largest, cuts[s + 1] - cuts[s]);
@@ -741,7 +754,7 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   for (int s = 0; s < segments; ++s) {
     parts.push_back(std::make_unique<AllReduceSegment>(
         L, at(input, cuts[s], es), at(output, cuts[s], es), cuts[s + 1] - cuts[s], type, op,
-        countsHash, pairIncoming[s % 2]));
+        countsHash, pairIncoming[static_cast<size_t>(s) % pairIncoming.size()]));
   }
   pipeline(ctx, parts);
 }

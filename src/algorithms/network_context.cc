@@ -75,7 +75,9 @@ void abandonSends(std::vector<PeerWork>& work) noexcept {
 }  // namespace
 
 NetworkContext::~NetworkContext() {
-  for (const auto& job : railJobs_) await(*job);
+  for (const auto& job : railJobs_) {
+    if (job) await(*job);
+  }
 }
 
 void NetworkContext::runLocal(const CollectiveArgs& args) {
@@ -116,25 +118,31 @@ void NetworkContext::await(const Job& job) {
   }
 }
 
-size_t NetworkContext::startRail(RailSteps steps) {
-  if (!offload_.rail || !offload_.railScratch)
-    return AcrossHostsContext::startRail(std::move(steps));
-  // The job's own context: its scratch, and no local collectives (those are this thread's).
-  auto job = handOff(*offload_.rail, [this, steps = std::move(steps), n = railJobs_.size()] {
+size_t NetworkContext::startRail(RailSteps steps, int lane) {
+  const NetLane& on = lanes_.at(static_cast<size_t>(lane));
+  if (!on.rail || !on.railScratch) {
+    railJobs_.push_back(nullptr);  // run here: AcrossHostsContext keeps its outcome
+    ranHere_.push_back(AcrossHostsContext::startRail(std::move(steps), lane));
+    return railJobs_.size() - 1;
+  }
+  // The job's own context: its lane's links, send thread and scratch, and no local
+  // collectives (those are this thread's).
+  auto job = handOff(*on.rail, [this, &on, steps = std::move(steps), n = railJobs_.size()] {
     const trace::Span span("rail job", n);
-    NetworkContext own(layout(), *offload_.railScratch, nullptr, linkTo_, describe_, failures_,
-                       wait_, NetOffload{offload_.sends, nullptr, nullptr});
+    NetworkContext own(layout(), *on.railScratch, nullptr, describe_, failures_, wait_,
+                       {NetLane{on.linkTo, on.sends, nullptr, nullptr}});
     steps(own);
   });
   railJobs_.push_back(std::move(job));
+  ranHere_.push_back(0);
   return railJobs_.size() - 1;
 }
 
 void NetworkContext::finishRail(size_t ticket) {
-  if (!offload_.rail || !offload_.railScratch) return AcrossHostsContext::finishRail(ticket);
-  const Job& job = *railJobs_.at(ticket);
-  await(job);
-  if (job.error) std::rethrow_exception(job.error);
+  const std::shared_ptr<Job>& job = railJobs_.at(ticket);
+  if (!job) return AcrossHostsContext::finishRail(ranHere_[ticket]);
+  await(*job);
+  if (job->error) std::rethrow_exception(job->error);
 }
 
 void NetworkContext::failWith(ErrorCode code, int q, const std::string& message) {
@@ -146,12 +154,12 @@ void NetworkContext::exchange(std::span<const NetTransfer> sends,
                               std::span<const NetTransfer> receives) {
   size_t sending = 0;
   for (const NetTransfer& t : sends) sending += t.bytes;
-  if (!offload_.sends || receives.empty() || sending < kOffloadBytes) return drive(sends, receives);
+  if (!sends_ || receives.empty() || sending < kOffloadBytes) return drive(sends, receives);
   sendBeside(sends, receives);
 }
 
 void NetworkContext::forward(const NetTransfer& send, const NetTransfer& receive) {
-  if (!offload_.sends) return drive({&send, 1}, {&receive, 1});
+  if (!sends_) return drive({&send, 1}, {&receive, 1});
   sendBeside({&send, 1}, {&receive, 1});
 }
 
@@ -163,7 +171,7 @@ void NetworkContext::ring(std::span<const RingStep> steps, const kernels::Reduce
   // steps with one pair of neighbours, each sending what the one before produced.
   size_t largest = 0;
   for (const RingStep& step : steps) largest = std::max(largest, step.send.bytes);
-  bool chained = offload_.sends != nullptr && largest >= kOffloadBytes && steps.size() >= 2;
+  bool chained = sends_ != nullptr && largest >= kOffloadBytes && steps.size() >= 2;
   for (size_t s = 1; chained && s < steps.size(); ++s) {
     const RingStep& before = steps[s - 1];
     const void* produced = before.into != nullptr ? before.into : before.receive.data;
@@ -220,7 +228,7 @@ void NetworkContext::sendBeside(std::span<const NetTransfer> sends,
   // Make every link here first: the send thread must not create them beside this one.
   for (const NetTransfer& t : sends) linkTo_(t.peer);
   for (const NetTransfer& t : receives) linkTo_(t.peer);
-  auto out = handOff(*offload_.sends, [&] { drive(sends, {}, streaming); });
+  auto out = handOff(*sends_, [&] { drive(sends, {}, streaming); });
   try {
     drive({}, receives, streaming);
   } catch (...) {

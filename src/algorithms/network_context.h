@@ -3,12 +3,15 @@
 // The AcrossHostsContext that runs collectives: local steps on this host's segment (through
 // the communicator), network steps over each pair's collective link.
 //
-// Two threads of the communicator's may share the work (Offload). A large exchange hands its
-// sends to the send thread and drives its receives itself: a link's two directions are
-// separate connections, and over TCP each byte costs kernel time on the thread that moves
-// it, so one thread per direction moves both at once. Rail jobs (startRail) run on the rail
-// thread, each on a context of its own, while the collective's thread goes on with local
-// steps: the network and shared memory overlap.
+// Threads of the communicator's share the work. A large exchange hands its sends to a send
+// thread and drives its receives itself: a link's two directions are separate connections,
+// and over TCP each byte costs kernel time on the thread that moves it, so one thread per
+// direction moves both at once. Rail jobs (startRail) run on a rail thread, each on a
+// context of its own, while the collective's thread goes on with local steps: the network
+// and shared memory overlap. For the same reason a communicator may have several lanes:
+// each its own collective connection to every peer, its own rail and send threads and its
+// own scratch, so that several segments' rail jobs move bytes at once (one TCP connection
+// moves about a core's worth).
 
 #include <atomic>
 #include <functional>
@@ -24,33 +27,36 @@
 
 namespace loom {
 
-/// The communicator's threads a NetworkContext may hand work to, and the rail jobs' scratch
-/// (any may be null: that work is then done on the calling thread).
-struct NetOffload {
-  Worker* sends = nullptr;
-  Worker* rail = nullptr;
-  ScratchArena* railScratch = nullptr;
+/// One lane of a communicator's network work: its links and the threads and scratch of its
+/// rail jobs (any thread may be null: that work is then done on the calling thread).
+struct NetLane {
+  /// This lane's collective link to communicator rank q (on another host).
+  std::function<MessageLink&(int q)> linkTo;
+  Worker* sends = nullptr;              ///< sends beside the receives of large exchanges
+  Worker* rail = nullptr;               ///< runs the lane's rail jobs, in order
+  ScratchArena* railScratch = nullptr;  ///< the rail jobs' scratch
 };
 
 class NetworkContext final : public AcrossHostsContext {
  public:
   /// Runs a collective among this host's ranks (local ranks and roots).
   using RunLocal = std::function<void(const CollectiveArgs&)>;
-  /// This rank's collective link to communicator rank q (on another host).
-  using LinkTo = std::function<MessageLink&(int q)>;
   /// How messages name rank q ("rank 3 (host 'b', 10.0.0.2:4242)").
   using Describe = std::function<std::string(int q)>;
 
-  NetworkContext(const HostLayout& layout, ScratchArena& arena, RunLocal runLocal, LinkTo linkTo,
+  /// `lanes` (at least one): this thread's own network steps use lane 0's links and send
+  /// thread, which its rail jobs share (they never run at the same time).
+  NetworkContext(const HostLayout& layout, ScratchArena& arena, RunLocal runLocal,
                  Describe describe, Failures& failures, const WaitSpec& wait,
-                 NetOffload offload = {})
+                 std::vector<NetLane> lanes)
       : AcrossHostsContext(layout, arena),
         runLocal_(std::move(runLocal)),
-        linkTo_(std::move(linkTo)),
         describe_(std::move(describe)),
         failures_(failures),
         wait_(wait),
-        offload_(offload) {}
+        lanes_(std::move(lanes)),
+        linkTo_(lanes_.at(0).linkTo),
+        sends_(lanes_[0].sends) {}
   /// Waits for rail jobs still running (a collective that failed part-way).
   ~NetworkContext() override;
 
@@ -64,7 +70,8 @@ class NetworkContext final : public AcrossHostsContext {
   /// reduced as it lands, and the send thread passes every whole frame of it on as soon as
   /// it is there. Smaller rings go a step at a time.
   void ring(std::span<const RingStep> steps, const kernels::ReduceSpec& spec) override;
-  size_t startRail(RailSteps steps) override;
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
+  size_t startRail(RailSteps steps, int lane) override;
   void finishRail(size_t ticket) override;
 
  private:
@@ -97,12 +104,14 @@ class NetworkContext final : public AcrossHostsContext {
   [[noreturn]] void failWith(ErrorCode code, int q, const std::string& message);
 
   RunLocal runLocal_;
-  LinkTo linkTo_;
   Describe describe_;
   Failures& failures_;
   const WaitSpec& wait_;
-  NetOffload offload_;
-  std::vector<std::shared_ptr<Job>> railJobs_;
+  const std::vector<NetLane> lanes_;
+  const std::function<MessageLink&(int q)>& linkTo_;  // lane 0's
+  Worker* const sends_;                               // lane 0's
+  std::vector<std::shared_ptr<Job>> railJobs_;        // by ticket; null for a job run here
+  std::vector<size_t> ranHere_;                       // by ticket: such a job's ticket of the base
 };
 
 }  // namespace loom

@@ -41,7 +41,7 @@ ScheduleStep& RecordingContext::push(ScheduleStep step) {
   return steps_.back();
 }
 
-size_t RecordingContext::startRail(RailSteps steps) {
+size_t RecordingContext::startRail(RailSteps steps, int /*lane*/) {
   const size_t job = jobs_++;
   ScheduleStep start;
   start.marker = ScheduleStep::Marker::kRailStart;

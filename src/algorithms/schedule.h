@@ -62,8 +62,9 @@ class RecordingContext final : public AcrossHostsContext {
   void zero(void* dst, size_t bytes) override;
   void convert(void* dst, DataType to, const void* src, DataType from, size_t count) override;
   uint8_t* scratch(size_t bytes) override;
-  /// Records the job's steps at once, marked as the rail thread's.
-  size_t startRail(RailSteps steps) override;
+  /// Records the job's steps at once, marked as the rail thread's (one lane: the cost model
+  /// has one rail thread per rank).
+  size_t startRail(RailSteps steps, int lane) override;
   void finishRail(size_t ticket) override;
 
   /// The steps so far (the memory work after the last step becomes a step of its own).

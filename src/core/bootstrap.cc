@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include "core/config.h"
 #include "core/placement.h"
 #include "core/process_service.h"
 #include "loom/error.h"
@@ -31,6 +32,8 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.string(peer.address);
   w.string(peer.netAddress);
   w.integer(peer.cpus);
+  w.integer(peer.cores);
+  w.integer(peer.netLanes);
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
@@ -38,7 +41,7 @@ bool readPeer(ByteReader& r, PeerInfo* peer) {
          r.raw(peer->machine.data(), peer->machine.size()) && r.integer(&peer->pidNamespace) &&
          r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
          r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName) &&
-         r.integer(&peer->cpus);
+         r.integer(&peer->cpus) && r.integer(&peer->cores) && r.integer(&peer->netLanes);
 }
 
 }  // namespace
@@ -53,6 +56,8 @@ PeerInfo localPeer() {
   peer.hostname = host.hostname;
   peer.address = ProcessService::instance().address();
   peer.cpus = cpuFingerprint(processCpus());
+  peer.cores = static_cast<uint32_t>(availableCores());
+  peer.netLanes = static_cast<uint32_t>(netLanesRequested());
   return peer;
 }
 

@@ -30,6 +30,8 @@ struct PeerInfo {
   std::string address;     ///< its process service's socket name
   std::string netAddress;  ///< where it listens for other hosts ("ip:port"), if it does
   uint64_t cpus = 0;       ///< a fingerprint of the CPUs it may run on (processCpus())
+  uint32_t cores = 0;      ///< how many CPUs it may run on (availableCores())
+  uint32_t netLanes = 0;   ///< the LOOM_NET_LANES it asks for, 0 where unset
 };
 
 /// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.

@@ -3,6 +3,7 @@
 #include "core/comm_state.h"
 
 #include <unistd.h>
+#include <climits>
 
 #include "algorithms/network_context.h"
 
@@ -34,6 +35,13 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kPointToPoint = 0;
 constexpr uint32_t kCollectives = 1;
 constexpr uint32_t kControl = 2;
+// Lane 0 of the collectives is kCollectives; lane l > 0, kControl + l.
+uint32_t laneChannel(int lane) {
+  return lane == 0 ? kCollectives : kControl + static_cast<uint32_t>(lane);
+}
+bool carriesCollectives(uint32_t channel) {
+  return channel == kCollectives || channel > kControl;
+}
 
 #ifdef LOOM_HAVE_NET
 // Collective links carry the bulk of the bytes: a window of 32 frames (4 MiB) keeps a fast
@@ -42,7 +50,7 @@ constexpr uint32_t kControl = 2;
 // with 8 frames, 20 ms with 32). Point-to-point and control links keep 8.
 net::ChannelShape shapeOf(uint32_t channel) {
   net::ChannelShape shape;
-  if (channel == kCollectives) shape.frames = 32;
+  if (carriesCollectives(channel)) shape.frames = 32;
   return shape;
 }
 #endif
@@ -73,6 +81,34 @@ std::string listenFor(const Roster& roster) {
 #endif
 }
 
+// Both ends of a connection must put a segment on the same lane (network_context.h), so the
+// ranks of a communicator across hosts agree on their number from the roster, which every
+// rank sees alike: what LOOM_NET_LANES asks for if any rank sets it (then every rank must,
+// to the same value, or every rank refuses), else the default for the rank with the fewest
+// cores to itself (its machine's cores over the ranks that share them).
+int agreedNetLanes(const Roster& roster, int rank) {
+  const auto said = [](uint32_t lanes) {
+    return lanes == 0 ? std::string("unset") : std::to_string(lanes);
+  };
+  const uint32_t first = roster.peers[0].netLanes;
+  int fewestCores = INT_MAX;
+  for (size_t q = 0; q < roster.peers.size(); ++q) {
+    const PeerInfo& peer = roster.peers[q];
+    if (peer.netLanes != first) {
+      throw Error(ErrorCode::kInvalidArgument, "create", rank,
+                  "LOOM_NET_LANES is " + said(peer.netLanes) + " on rank " + std::to_string(q) +
+                      " but " + said(first) +
+                      " on rank 0; set the same value on every rank, or on none");
+    }
+    int sharing = 0;
+    for (const PeerInfo& other : roster.peers) {
+      sharing += other.machine == peer.machine && other.cpus == peer.cpus ? 1 : 0;
+    }
+    fewestCores = std::min(fewestCores, static_cast<int>(peer.cores) / std::max(1, sharing));
+  }
+  return first != 0 ? static_cast<int>(first) : defaultNetLanes(fewestCores);
+}
+
 }  // namespace
 
 std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store& store,
@@ -90,6 +126,7 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
     sharing.machineRanks += peer.machine == me.machine && peer.cpus == me.cpus ? 1 : 0;
   }
   sharing.machineRanks = std::max(sharing.machineRanks, sharing.localRanks);
+  if (sharing.spansHosts) sharing.netLanes = agreedNetLanes(roster, rank);
   Config config = Config::load(sharing);
   // Before join: the threads the communicator starts inherit the block.
   if (config.bindRanks) placeThisRank(roster, hosts, rank, config.tuning.threads);
@@ -268,26 +305,41 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
 }
 
 void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& wait, uint64_t seq) {
-  if (collectiveLinks_.empty()) collectiveLinks_.resize(static_cast<size_t>(size_));
   auto runLocal = [&](const CollectiveArgs& local) {
     const trace::Span span("local step", static_cast<uint64_t>(local.kind));
     CollectiveContext ctx(*shm_, *failures_, wait, seq, phase_, config_.tuning);
     runCollective(ctx, local);
   };
-  auto linkTo = [this](int q) -> MessageLink& {
-    auto& link = collectiveLinks_[static_cast<size_t>(q)];
-    if (!link) link = this->linkTo(q, kCollectives);
-    return *link;
-  };
   auto describe = [this](int q) { return describeRemote(roster_, q); };
-  // The threads that share the network work, made on first use (the send thread: every
-  // rank exchanges with other hosts; the rail thread: rail ranks only).
-  if (!sendThread_) sendThread_ = std::make_unique<Worker>("loom-net-send", config_.backoff);
-  if (!railThread_ && layout_.localIndex < layout_.rails) {
-    railThread_ = std::make_unique<Worker>("loom-rail", config_.backoff);
+  // The lanes and their threads, made on first use (the send threads: every rank exchanges
+  // with other hosts; the rail threads: rail ranks only).
+  const int lanes = netLanes();
+  std::vector<NetLane> net;
+  for (int l = 0; l < lanes; ++l) {
+    if (lanes_.size() <= static_cast<size_t>(l)) {
+      auto lane = std::make_unique<Lane>();
+      lane->links.resize(static_cast<size_t>(size_));
+      // Thread names outlive this call (Worker keeps the pointer).
+      static constexpr const char* kSendNames[] = {"loom-net-send", "loom-net-send-1",
+                                                   "loom-net-send-2", "loom-net-send-3"};
+      static constexpr const char* kRailNames[] = {"loom-rail", "loom-rail-1", "loom-rail-2",
+                                                   "loom-rail-3"};
+      static_assert(std::size(kSendNames) == Config::kMaxNetLanes);
+      lane->sends = std::make_unique<Worker>(kSendNames[l], config_.backoff);
+      if (layout_.localIndex < layout_.rails) {
+        lane->rail = std::make_unique<Worker>(kRailNames[l], config_.backoff);
+      }
+      lanes_.push_back(std::move(lane));
+    }
+    Lane& lane = *lanes_[static_cast<size_t>(l)];
+    auto linkTo = [this, &lane, l](int q) -> MessageLink& {
+      auto& link = lane.links[static_cast<size_t>(q)];
+      if (!link) link = this->linkTo(q, laneChannel(l));
+      return *link;
+    };
+    net.push_back({linkTo, lane.sends.get(), lane.rail.get(), &lane.railScratch});
   }
-  NetworkContext ctx(layout_, scratch_, runLocal, linkTo, describe, *failures_, wait,
-                     {sendThread_.get(), railThread_.get(), &railScratch_});
+  NetworkContext ctx(layout_, scratch_, runLocal, describe, *failures_, wait, std::move(net));
   runAcrossHosts(ctx, args);
 }
 
@@ -395,9 +447,9 @@ std::unique_ptr<MessageLink> CommState::linkTo(int q, uint32_t channel) {
   auto claim = [id = roster_.id, me, q, channel] {
     return net::NetService::instance().claim(id, q, me, channel);
   };
-  // Collective links (channel 1) may have their directions driven by two threads.
+  // Collective links may have their directions driven by two threads.
   const auto drivers =
-      channel == kCollectives ? net::NetLink::Drivers::kTwo : net::NetLink::Drivers::kOne;
+      carriesCollectives(channel) ? net::NetLink::Drivers::kTwo : net::NetLink::Drivers::kOne;
   return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q), drivers);
 #else
   throw Error(ErrorCode::kInternal, "send/recv", rank_, "no network transport in this build");

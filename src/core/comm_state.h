@@ -117,6 +117,8 @@ class CommState final : public FailureSink {
   /// Runs a collective whose ranks span hosts (on the worker thread).
   void executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& wait, uint64_t seq);
   bool spansHosts() const { return hosts_.hosts() > 1; }
+  /// The lanes of this communicator's collectives across hosts.
+  int netLanes() const { return config_.netLanes; }
 
   const int rank_;
   const int size_;
@@ -141,15 +143,17 @@ class CommState final : public FailureSink {
 
   HostLayout layout_;                      // where the ranks run, for collectives across hosts
   std::unique_ptr<ControlPlane> control_;  // rail ranks of a communicator spanning hosts
-  // Made lazily by the collective's thread; driven by it and, during its collectives, by the
-  // rail and send threads.
-  std::vector<std::unique_ptr<MessageLink>> collectiveLinks_;
-  ScratchArena scratch_;      // worker thread only: collectives across hosts
-  ScratchArena railScratch_;  // the rail thread's
-  // Threads a collective across hosts hands network work to (algorithms/network_context.h);
-  // idle between collectives. Destroyed before the links they drive.
-  std::unique_ptr<Worker> sendThread_;
-  std::unique_ptr<Worker> railThread_;
+  ScratchArena scratch_;                   // worker thread only: collectives across hosts
+  // The lanes of collectives across hosts (algorithms/network_context.h): each one's links,
+  // made lazily by the collective's thread and driven by it and, during its collectives, by
+  // the lane's rail and send threads, which are idle between collectives.
+  struct Lane {
+    std::vector<std::unique_ptr<MessageLink>> links;  // by rank; lane 0's also the worker's
+    ScratchArena railScratch;
+    std::unique_ptr<Worker> sends;  // threads: destroyed before the links they drive
+    std::unique_ptr<Worker> rail;
+  };
+  std::vector<std::unique_ptr<Lane>> lanes_;  // worker thread only
 
   std::mutex deviceMutex_;
   std::unique_ptr<DeviceExecutor> cuda_;  // CUDA collectives; guarded by deviceMutex_

@@ -13,6 +13,14 @@
 
 namespace loom {
 
+int netLanesRequested() {
+  return static_cast<int>(env::integer("LOOM_NET_LANES", 0, 1, Config::kMaxNetLanes));
+}
+
+int defaultNetLanes(int coresPerRank) {
+  return coresPerRank >= 8 ? 2 : 1;
+}
+
 Config Config::load(const Sharing& sharing) {
   Config c;
   c.sharing = sharing;
@@ -86,9 +94,10 @@ Config Config::load(const Sharing& sharing) {
   // well, the network threads waited for cores (a 16 MiB all_reduce on 2 namespace hosts x
   // 4 ranks 1.3x slower; docs/PERFORMANCE.md, "Sending from the caller's memory, and
   // helpers across hosts").
-  constexpr int kNetworkThreads = 2;
+  c.netLanes = std::clamp(sharing.netLanes, 1, kMaxNetLanes);
+  const int networkThreads = 2 * c.netLanes;  // a send and a rail thread per lane
   const int perRank = availableCores() / std::max(1, sharing.machineRanks);
-  const int share = std::max(1, perRank - (sharing.spansHosts ? kNetworkThreads : 0));
+  const int share = std::max(1, perRank - (sharing.spansHosts ? networkThreads : 0));
   c.tuning.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
   c.bindRanks = env::integer("LOOM_BIND", 0, 0, 1) == 1;
   c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));

@@ -68,6 +68,11 @@ struct Config {
   /// Whether the first communicator of a process keeps each rank of the host to CPUs of its
   /// own (LOOM_BIND=1; core/placement.h says when it does, and why it is off by default).
   bool bindRanks = false;
+  /// Lanes of collectives across hosts (LOOM_NET_LANES): each a connection to every peer
+  /// with a send and a rail thread of its own (algorithms/network_context.h); the same on
+  /// every rank (agreed when the ranks meet, Sharing::netLanes).
+  int netLanes = 1;
+  static constexpr int kMaxNetLanes = 4;
   /// How long a rank of another host may stay silent before the communicator fails
   /// (LOOM_NET_SILENCE_MS); heartbeats go out at a tenth of it.
   std::chrono::milliseconds netSilence{10'000};
@@ -84,11 +89,12 @@ struct Config {
     int localRanks = 1;       ///< ranks of this host (shared memory): chunk sizes, algorithms
     int machineRanks = 1;     ///< ranks on this machine's cores, other network namespaces included
     bool spansHosts = false;  ///< every rank also runs threads that move network traffic
+    int netLanes = 1;         ///< the lanes of that traffic, two threads each
     /// A child communicator's (split, new_group), with `childLocalRanks` members on this
     /// rank's host and members on other hosts or not: the machine's ranks stay this
     /// communicator's, since the processes outside the child still run on the same cores.
     Sharing child(int childLocalRanks, bool childSpansHosts) const {
-      return {childLocalRanks, std::max(machineRanks, childLocalRanks), childSpansHosts};
+      return {childLocalRanks, std::max(machineRanks, childLocalRanks), childSpansHosts, netLanes};
     }
   };
   /// What the defaults were shared out by (load's argument).
@@ -98,5 +104,14 @@ struct Config {
   /// Reads the environment for a rank that shares as `sharing` says.
   static Config load(const Sharing& sharing);
 };
+
+/// LOOM_NET_LANES as this rank asks for it: 1 to Config::kMaxNetLanes, or 0 where it is
+/// unset. The ranks of a communicator exchange it when they meet (bootstrap.h), since they
+/// must all use the same number of lanes.
+int netLanesRequested();
+/// The lanes where no rank asked for a number: two where the rank with the fewest cores to
+/// itself has `coresPerRank` of at least 8 (room for a second lane's send and rail threads
+/// beside the first's, the collective's thread and some helpers), else one.
+int defaultNetLanes(int coresPerRank);
 
 }  // namespace loom

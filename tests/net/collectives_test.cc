@@ -5,8 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -343,6 +348,58 @@ TEST_F(TwoHosts, UnpairedSplitSizesAreNamedAsTheCommunicatorNumbersRanks) {
           comm->allToAllV(inputs, sends, outputs, receives, DataType::kFloat32).wait();
         },
         ErrorCode::kMismatch, {"rank 0 sends 4 elements to rank 2, which expects 5"});
+  });
+}
+
+// CPU time (clock ticks, user and system) that this process's threads named `name` have
+// run: the kernel's TCP work counts on the thread that sends or receives.
+long ticksOfThreads(const std::string& name) {
+  long ticks = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string threadName;
+    std::getline(comm, threadName);
+    if (threadName != name) continue;
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    // Fields after the ")" that ends the name: state is the 3rd field, utime the 14th.
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::vector<std::string> fields(std::istream_iterator<std::string>(rest), {});
+    ticks += std::stol(fields.at(11)) + std::stol(fields.at(12));
+  }
+  return ticks;
+}
+
+// LOOM_NET_LANES=2: segments alternate between two connections to each peer, each with a
+// rail and a send thread of its own; results as with one lane, and the second lane's
+// threads did move bytes.
+TEST_F(TwoHosts, LargeCollectivesGoInSegmentsOnTwoLanes) {
+  for (auto place : {oneEach, interleaved}) {
+    LOOM_RUN_RANKS(place == oneEach ? 2 : 4, [&](RankContext& ctx) {
+      hosts_->enter(place(ctx.rank));
+      ::setenv("LOOM_NET_LANES", "2", 1);
+      auto comm = ctx.connect();
+      checkLarge(*comm);
+      const size_t count = size_t{4} << 20;  // 16 MiB: eight segments, four on lane 1
+      std::vector<float> data(count, 1.0f);
+      for (int i = 0; i < 8; ++i)
+        comm->allReduce(data.data(), data.data(), count, DataType::kFloat32, ReduceOp()).wait();
+      LOOM_CHECK(ticksOfThreads("loom-rail-1") + ticksOfThreads("loom-net-send-1") > 0,
+                 << "lane 1's threads never ran");
+    });
+  }
+}
+
+// Ranks that disagree on the lanes could not pair their connections: every rank refuses
+// to make the communicator, naming the setting and the ranks.
+TEST_F(TwoHosts, RanksWithDifferentLanesAreRefusedWhenTheyMeet) {
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts_->enter(ctx.rank);
+    ::setenv("LOOM_NET_LANES", ctx.rank == 1 ? "2" : "1", 1);
+    testing::expectError(
+        [&] { ctx.connect(); }, ErrorCode::kInvalidArgument,
+        {"LOOM_NET_LANES is 2 on rank 1 but 1 on rank 0", "same value on every rank"});
   });
 }
 

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "algorithms/across_hosts.h"
@@ -389,12 +390,14 @@ TEST(AcrossHostsAverage, NarrowIntegersDoNotWrapOnTheWay) {
 
 // 4 MiB and more go in segments (hierarchical.cc): each is a collective of its own, whose
 // rail part this context runs at once (a rank alone on one of two hosts reduces its rail's
-// all_reduce exchange in the segment's last step, each segment's in one of two buffers). Up
-// to 8 hosts (every pattern; more threads would only make the buffers slower to check).
-class LargeAcrossHosts : public ::testing::TestWithParam<Layout> {};
+// all_reduce exchange in the segment's last step, each segment's in one of lanes + 1
+// buffers). With one lane and with three (segments finish lanes after they start, in the
+// same order on every rank). Up to 8 hosts (every pattern; more threads would only make the
+// buffers slower to check).
+class LargeAcrossHosts : public ::testing::TestWithParam<std::tuple<Layout, int>> {};
 
 TEST_P(LargeAcrossHosts, CollectivesGoInSegments) {
-  MemoryHosts hosts(GetParam());
+  MemoryHosts hosts(std::get<0>(GetParam()), std::get<1>(GetParam()));
   const int n = hosts.size();
   hosts.run([&](AcrossHostsContext& ctx) {
     const int me = ctx.layout().rank;
@@ -437,6 +440,11 @@ std::string layoutName(const ::testing::TestParamInfo<Layout>& info) {
   return name.substr(0, 60) + "_" + std::to_string(info.index);
 }
 
+std::string layoutAndLanesName(const ::testing::TestParamInfo<std::tuple<Layout, int>>& info) {
+  return layoutName({std::get<0>(info.param), info.index / 2}) + "_lanes" +
+         std::to_string(std::get<1>(info.param));
+}
+
 std::vector<Layout> layoutsUpTo8Hosts() {
   std::vector<Layout> some;
   for (const Layout& l : layouts()) {
@@ -445,8 +453,10 @@ std::vector<Layout> layoutsUpTo8Hosts() {
   return some;
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, LargeAcrossHosts, ::testing::ValuesIn(layoutsUpTo8Hosts()),
-                         layoutName);
+INSTANTIATE_TEST_SUITE_P(Layouts, LargeAcrossHosts,
+                         ::testing::Combine(::testing::ValuesIn(layoutsUpTo8Hosts()),
+                                            ::testing::Values(1, 3)),
+                         layoutAndLanesName);
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AcrossHosts, ::testing::ValuesIn(layouts()), layoutName);
 

@@ -108,6 +108,7 @@ TEST(Bootstrap, RosterRoundTripsAndRejectsWrongSizes) {
     peer.pid = 100 + q;
     peer.hostname = "host";
     peer.address = "loom.addr." + std::to_string(q);
+    peer.netLanes = static_cast<uint32_t>(q + 1);
     roster.peers.push_back(peer);
   }
   const Bytes bytes = encodeRoster(roster);
@@ -115,6 +116,7 @@ TEST(Bootstrap, RosterRoundTripsAndRejectsWrongSizes) {
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->peers[2].address, "loom.addr.2");
   EXPECT_EQ(parsed->peers[1].pid, 101);
+  EXPECT_EQ(parsed->peers[2].netLanes, 3u);
   EXPECT_FALSE(parseRoster(bytes, 4).has_value());
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(parseRoster(std::span<const uint8_t>(bytes).first(n), 3).has_value());

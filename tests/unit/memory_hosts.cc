@@ -32,6 +32,8 @@ class MemoryContext final : public AcrossHostsContext {
   MemoryContext(MemoryHosts& hosts, const HostLayout& layout, ScratchArena& arena)
       : AcrossHostsContext(layout, arena), hosts_(hosts) {}
 
+  int lanes() const override { return hosts_.lanes_; }
+
   void runLocal(const CollectiveArgs& args) override {
     hosts_.meet(layout().host, layout().localIndex, args);
   }
@@ -55,7 +57,8 @@ class MemoryContext final : public AcrossHostsContext {
   MemoryHosts& hosts_;
 };
 
-MemoryHosts::MemoryHosts(std::vector<std::vector<int>> ranksOn) : ranksOn_(std::move(ranksOn)) {
+MemoryHosts::MemoryHosts(std::vector<std::vector<int>> ranksOn, int lanes)
+    : ranksOn_(std::move(ranksOn)), lanes_(lanes) {
   for (const auto& ranks : ranksOn_) {
     size_ += static_cast<int>(ranks.size());
     hosts_.push_back(Host{std::vector<const CollectiveArgs*>(ranks.size(), nullptr)});

@@ -22,7 +22,9 @@ namespace loom::testing {
 /// The queues and local meeting points of one simulated job.
 class MemoryHosts {
  public:
-  explicit MemoryHosts(std::vector<std::vector<int>> ranksOn);
+  /// `lanes`: what every context's lanes() says (their rail jobs still run at once: only the
+  /// order of a pipeline's steps and its buffers change).
+  explicit MemoryHosts(std::vector<std::vector<int>> ranksOn, int lanes = 1);
 
   const std::vector<std::vector<int>>& ranksOn() const { return ranksOn_; }
   int size() const { return size_; }
@@ -48,6 +50,7 @@ class MemoryHosts {
   void meet(int host, int localIndex, const CollectiveArgs& args);
 
   std::vector<std::vector<int>> ranksOn_;
+  int lanes_ = 1;
   int size_ = 0;
   std::mutex mutex_;
   std::vector<std::condition_variable> arrivals_;  // per rank: a message or a local result
