@@ -431,6 +431,16 @@ TEST_P(LargeAcrossHosts, CollectivesGoInSegments) {
     runAcrossHosts(ctx, args(CollectiveKind::kBroadcast, type, ReduceOp(), n / 2, count, in.data(),
                              out.data()));
     check(out.data(), inputBytes(type, count, n / 2, 80), type, count, "broadcast");
+    // 3 MiB and a bit: one segment, or with three lanes one per lane (segmentsOverLanes).
+    const size_t small = (size_t{3} << 18) + 5;
+    fillInput(in.data(), type, small, me, 81);
+    runAcrossHosts(ctx,
+                   args(CollectiveKind::kAllReduce, type, avg, 0, small, in.data(), out.data()));
+    check(out.data(), referenceReduce(type, avg, small, n, 81), type, small, "small all_reduce");
+    fillInput(in.data(), type, small, me, 82);
+    runAcrossHosts(ctx, args(CollectiveKind::kBroadcast, type, ReduceOp(), n - 1, small, in.data(),
+                             out.data()));
+    check(out.data(), inputBytes(type, small, n - 1, 82), type, small, "small broadcast");
   });
 }
 
