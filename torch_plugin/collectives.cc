@@ -593,7 +593,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
   auto staged = std::make_shared<Outputs>();
-  const at::Tensor target = staged->target(tensors[0]);
+  // A message shorter than the tensor fills its front and leaves the rest as it was.
+  const at::Tensor target = staged->target(tensors[0], /*keep=*/true);
   return launch(
       s, srcRank == kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, title, tensors, tensors,
       [staged, target] { staged->finish(); },

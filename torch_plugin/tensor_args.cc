@@ -171,9 +171,10 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType typ
   return result;
 }
 
-at::Tensor Outputs::target(const at::Tensor& t) {
+at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
   if (t.is_contiguous() && !t.is_conj()) return t;
   at::Tensor scratch = at::empty_like(t, at::MemoryFormat::Contiguous);
+  if (keep) scratch.copy_(t);  // t's values (a conjugate view's resolved)
   staged_.emplace_back(scratch, t);
   return scratch;
 }

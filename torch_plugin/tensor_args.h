@@ -79,8 +79,9 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType typ
 /// tensors copied back by finish().
 class Outputs {
  public:
-  /// A tensor loom can write into that ends up in `t` once finish() runs.
-  at::Tensor target(const at::Tensor& t);
+  /// A tensor loom can write into that ends up in `t` once finish() runs; with `keep`, one
+  /// that starts with `t`'s values, for a call that may write only part of it (a recv).
+  at::Tensor target(const at::Tensor& t, bool keep = false);
   /// Registers `flat` (an in-out buffer, as for all_reduce) for copy-back if it is staged.
   void inOut(const Flat& flat);
   /// Copies scratch tensors back into their originals.

@@ -305,7 +305,9 @@ void P2pEngine::startMessage(int source, Inbound& in, const Envelope& envelope) 
     in.recv = *it;
     posted_.erase(it);
     op.state->source.store(source);
-    in.target = op.bytes == bytes ? op.data : nullptr;  // a size mismatch discards the payload
+    // A message that fits goes to the front of the buffer (the rest keeps its bytes, as Gloo
+    // and MPI leave it); a larger one is discarded and fails the receive.
+    in.target = bytes <= op.bytes ? op.data : nullptr;
     return;
   }
   auto message = std::make_shared<Unexpected>();
@@ -317,18 +319,19 @@ void P2pEngine::startMessage(int source, Inbound& in, const Envelope& envelope) 
   unexpected_.push_back(std::move(message));
 }
 
+std::exception_ptr P2pEngine::tooLarge(const Op& op, int source, uint64_t bytes) const {
+  return std::make_exception_ptr(opError(
+      ErrorCode::kInvalidArgument, op, false,
+      "the matching message from rank " + std::to_string(source) + " has " + std::to_string(bytes) +
+          " bytes, more than this recv's buffer holds; receive into a "
+          "buffer at least as large as what is sent"));
+}
+
 void P2pEngine::finishMessage(int source, Inbound& in) {
   const uint64_t bytes = in.bytes;
   if (in.recv) {
     Op& op = *in.recv;
-    if (op.bytes == bytes) {
-      finish(op, nullptr);
-    } else {
-      finish(op, std::make_exception_ptr(opError(
-                     ErrorCode::kInvalidArgument, op, false,
-                     "the matching message from rank " + std::to_string(source) + " has " +
-                         std::to_string(bytes) + " bytes; send and recv sizes must match")));
-    }
+    finish(op, bytes <= op.bytes ? nullptr : tooLarge(op, source, bytes));
   } else if (in.unexpected && in.unexpected->claimedBy) {
     deliver(*in.unexpected, *in.unexpected->claimedBy);
     unexpected_.remove(in.unexpected);
@@ -338,15 +341,11 @@ void P2pEngine::finishMessage(int source, Inbound& in) {
 
 void P2pEngine::deliver(Unexpected& message, Op& op) {
   op.state->source.store(message.source);
-  if (op.bytes != message.data.size()) {
-    finish(op, std::make_exception_ptr(opError(ErrorCode::kInvalidArgument, op, false,
-                                               "the matching message from rank " +
-                                                   std::to_string(message.source) + " has " +
-                                                   std::to_string(message.data.size()) +
-                                                   " bytes; send and recv sizes must match")));
+  if (message.data.size() > op.bytes) {
+    finish(op, tooLarge(op, message.source, message.data.size()));
     return;
   }
-  if (op.bytes != 0) std::memcpy(op.data, message.data.data(), op.bytes);
+  if (!message.data.empty()) std::memcpy(op.data, message.data.data(), message.data.size());
   finish(op, nullptr);
 }
 

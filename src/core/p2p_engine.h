@@ -130,6 +130,8 @@ class P2pEngine {
   void failAll(const std::exception_ptr& error);
   void finish(Op& op, std::exception_ptr error);
   Error opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const;
+  /// The failure of a receive whose matching message (`bytes` from `source`) does not fit.
+  std::exception_ptr tooLarge(const Op& op, int source, uint64_t bytes) const;
 
   shm::ShmComm& shm_;
   Failures& failures_;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -150,11 +151,51 @@ TEST(SendRecv, SizeMismatchFailsThatReceiveOnly) {
         LOOM_CHECK(false, << "a size mismatch must fail");
       } catch (const Error& e) {
         LOOM_CHECK(e.code() == ErrorCode::kInvalidArgument, << e.what());
-        LOOM_CHECK(std::string(e.what()).find("400 bytes") != std::string::npos, << e.what());
+        LOOM_CHECK(std::string(e.what()).find("400 bytes, more than this recv's buffer holds") !=
+                       std::string::npos,
+                   << e.what());
       }
       std::vector<float> next(3);
       comm->recv(next.data(), 3, DataType::kFloat32, 0, 1).wait();
       LOOM_CHECK(next[0] == 2.0f && next[2] == 2.0f);
+    }
+  });
+}
+
+// A message smaller than the receive's buffer fills its front and leaves the rest as it was,
+// as Gloo and MPI do: received before its receive is posted and after, within the ring and
+// streamed through it (16 KiB rings here), and from any source.
+TEST(SendRecv, ASmallerMessageFillsTheFrontOfTheBuffer) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const size_t sizes[] = {1, 1000, 50000};
+    if (ctx.rank == 0) {
+      for (size_t count : sizes) {
+        const auto out = inputBytes(DataType::kFloat32, count, 0, static_cast<uint32_t>(count));
+        comm->send(out.data(), count, DataType::kFloat32, 1, 5).wait();  // received unposted
+        comm->barrier().wait();
+        comm->send(out.data(), count, DataType::kFloat32, 1, 6).wait();  // into a posted one
+      }
+    } else {
+      for (size_t count : sizes) {
+        const auto want = inputBytes(DataType::kFloat32, count, 0, static_cast<uint32_t>(count));
+        for (int tag : {5, 6}) {
+          std::vector<uint8_t> buffer((count + 7) * 4, 0xAB);
+          Request r =
+              tag == 6 ? comm->recv(buffer.data(), count + 7, DataType::kFloat32, kAnySource, tag)
+                       : Request();
+          if (tag == 5) {
+            comm->barrier().wait();  // the message has arrived unexpected by now or soon
+            r = comm->recv(buffer.data(), count + 7, DataType::kFloat32, 0, tag);
+          }
+          r.wait();
+          LOOM_CHECK(r.sourceRank() == 0);
+          LOOM_CHECK(std::equal(want.begin(), want.end(), buffer.begin()), << count);
+          LOOM_CHECK(std::all_of(buffer.begin() + want.size(), buffer.end(),
+                                 [](uint8_t b) { return b == 0xAB; }),
+                     << "the tail after " << count << " elements was written");
+        }
+      }
     }
   });
 }

@@ -216,6 +216,20 @@ def body_point_to_point(rank: int, world: int) -> None:
         w2 = dist.isend(torch.full((3,), 2.0), dst=0, tag=2)
         w1.wait()
         w2.wait()
+    # A receive into a larger tensor (as Gloo and MPI allow): the message fills its front and
+    # the rest keeps its values, also where the tensor is a non-contiguous view.
+    if rank == 0:
+        flat = torch.full((6,), -1.0)
+        dist.recv(flat, src=1, tag=3)
+        assert flat.tolist() == [7, 8, 9, -1, -1, -1], flat
+        grid = torch.full((4, 3), -1.0)
+        column = grid[:, 1]
+        dist.recv(column, src=1, tag=4)
+        assert column.tolist() == [5, 6, -1, -1], grid
+        assert (grid[:, 0] == -1).all() and (grid[:, 2] == -1).all(), grid
+    elif rank == 1:
+        dist.send(torch.tensor([7.0, 8.0, 9.0]), dst=0, tag=3)
+        dist.send(torch.tensor([5.0, 6.0]), dst=0, tag=4)
 
 
 def body_layouts(rank: int, world: int) -> None:
