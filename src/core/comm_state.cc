@@ -169,7 +169,12 @@ CommState::CommState(int rank, const Roster& roster, const CommOptions& options,
       roster_(roster),
       hosts_(hostMapOf(roster)),
       config_(std::move(config)),
+      owner_(::getpid()),
       timeoutMs_(options.timeout.count()) {}
+
+bool CommState::forkedAway() const {
+  return ::getpid() != owner_;
+}
 
 void CommState::join(Clock::time_point deadline) {
   if (spansHosts()) listenFor(roster_);  // children register here; top-level ones already did
@@ -253,6 +258,18 @@ void CommState::watchPeers() {
 }
 
 CommState::~CommState() {
+  if (forkedAway()) {
+    // In a fork, the threads these own do not exist (joining them would wait forever) and
+    // the segment and connections are the parent's: leave them all as they are, unfreed.
+    (void)shm_.release();
+    (void)failures_.release();
+    (void)p2p_.release();
+    (void)control_.release();
+    for (auto& lane : lanes_) (void)lane.release();
+    (void)cuda_.release();
+    (void)worker_.release();
+    return;
+  }
   shutdown();
   for (uint64_t id : watches_) ProcessService::instance().unwatch(id);
 #ifdef LOOM_HAVE_NET
@@ -269,6 +286,13 @@ std::chrono::milliseconds CommState::timeoutFor(const OpOptions& options) const 
 }
 
 void CommState::requireUsable(std::string_view op) {
+  if (forkedAway()) {
+    throw Error(ErrorCode::kUnsupported, op, rank_,
+                "communicator '" + name_ + "' belongs to process " + std::to_string(owner_) +
+                    ", and this process (pid " + std::to_string(::getpid()) +
+                    ") is a fork of it: a forked process cannot use its parent's communicator; "
+                    "make one of its own (init_process_group in the child)");
+  }
   if (shutDown_.load(std::memory_order_acquire)) {
     throw Error(ErrorCode::kAborted, op, rank_,
                 "communicator '" + name_ + "' has been shut down; create a new one");
@@ -584,11 +608,11 @@ int CommState::nextChildNumber(const std::string& key) {
 }
 
 void CommState::abort() {
-  if (failures_) failures_->abort();
+  if (failures_ && !forkedAway()) failures_->abort();
 }
 
 void CommState::shutdown() {
-  if (shutDown_.exchange(true)) return;
+  if (shutDown_.exchange(true) || forkedAway()) return;
   if (worker_) worker_->drain();
   {
     // Device transfers of a group never ended were never queued: they fail.

@@ -77,7 +77,8 @@ class CommState final : public FailureSink {
   void abort();
   void shutdown();
 
-  /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed.
+  /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed;
+  /// Error(kUnsupported) in a process forked from the one that made this communicator.
   void requireUsable(std::string_view op);
 
   /// A table of what every rank of this communicator last started and finished, read from
@@ -126,6 +127,12 @@ class CommState final : public FailureSink {
   const Roster roster_;
   const HostMap hosts_;
   const Config config_;
+  // The process that made this communicator. A fork of it inherits the memory but not the
+  // threads, and shares the segment and the connections with it: there, the communicator
+  // refuses every call, and abort, shutdown and destruction touch nothing peers can see and
+  // join no thread (forkedAway()).
+  const pid_t owner_;
+  bool forkedAway() const;
   std::atomic<int64_t> timeoutMs_;
 
   std::unique_ptr<shm::ShmComm> shm_;

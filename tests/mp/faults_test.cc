@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <functional>
@@ -304,6 +306,47 @@ TEST(Faults, APeerThatShutsDownIsNamedWhileItsHandleLives) {
                  << e.what());
     }
     ctx.store->set("rank 0 failed", {1});
+  });
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+// Rank 0 forks a child after making its communicator (as a Python helper that daemonises,
+// or os.fork, would). The child's calls on the inherited communicator fail at once, saying
+// why; its shutdown, abort and destruction leave the parent's communicator alone, and it
+// exits at once (the parent's threads do not exist in it, so nothing may wait for them);
+// then both ranks go on together.
+TEST(Faults, AForkedChildCannotUseNorTearDownItsParentsCommunicator) {
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    auto comm = ctx.connect(patientOptions());
+    float x = 1;
+    comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    if (ctx.rank == 0) {
+      const pid_t child = ::fork();
+      if (child == 0) {
+        int status = 0;
+        try {
+          comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+          status = 2;  // the child's call must not run
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          if (e.code() != ErrorCode::kUnsupported || what.find("is a fork of it") == what.npos)
+            status = 3;
+        }
+        comm->abort();
+        comm->shutdown();
+        comm.reset();
+        std::exit(status);  // runs destructors and atexit handlers, as Python's exit does
+      }
+      int status = -1;
+      LOOM_CHECK(::waitpid(child, &status, 0) == child);
+      LOOM_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, << "child status " << status);
+    }
+    comm->barrier().wait();  // rank 1 waits here while rank 0's child comes and goes
+    for (int i = 0; i < 3; ++i) {
+      float y = static_cast<float>(ctx.rank + 1);
+      comm->allReduce(&y, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+      LOOM_CHECK(y == 3.0f, << y);
+    }
   });
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
 }

@@ -6,6 +6,7 @@ left in /dev/shm."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -108,3 +109,35 @@ def body_flight_record(rank: int, world: int):
 
 def test_flight_record_and_progress_report():
     run_ranks(2, body_flight_record)
+
+
+def body_forked_child(rank: int, world: int):
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    if rank == 0:
+        pid = os.fork()
+        if pid == 0:  # the child: its parent's group refuses it, and tearing it down is harmless
+            code = 0
+            try:
+                dist.all_reduce(torch.ones(4))
+                code = 2
+            except Exception as e:  # noqa: BLE001
+                code = 0 if "is a fork of it" in str(e) else 3
+            try:
+                dist.destroy_process_group()
+                gc.collect()
+            except Exception:  # noqa: BLE001
+                code = 4
+            os._exit(code)  # not through the harness, which would report as rank 0
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+    dist.barrier()
+    y = torch.full((4,), float(rank + 1))
+    dist.all_reduce(y)
+    assert torch.equal(y, torch.full((4,), 3.0)), y
+
+
+def test_a_forked_child_leaves_its_parents_group_alone():
+    """A process forked from a rank (a helper that daemonises, os.fork) cannot use the rank's
+    group, and its teardown of it neither hangs nor ends the group for the rank's peers."""
+    run_ranks(2, body_forked_child, timeout=120)
