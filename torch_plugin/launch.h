@@ -135,6 +135,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       std::vector<at::Tensor>(std::forward<OutputList>(outputs)), std::move(finisher), workStream,
       workStream ? events_ : nullptr);
   work->setFutureLists(futureLists);
+  work->countGivingUpIn(givenUp_);
   work->track(requests, inputs);
   return work;
 }

@@ -15,6 +15,7 @@
 #include "launch.h"
 #include "store_adapter.h"
 #include "transport/shm/lending.h"
+#include "util/env.h"
 
 namespace loom::torch_plugin {
 
@@ -42,9 +43,8 @@ auto translated(F&& f) {
 
 // LOOM_DESYNC_DEBUG=1, or torch's own switch for the same checks.
 bool desyncDebugRequested() {
-  const char* loom = std::getenv("LOOM_DESYNC_DEBUG");
   const char* torch = std::getenv("TORCH_DISTRIBUTED_DEBUG");
-  return (loom != nullptr && std::string(loom) != "" && std::string(loom) != "0") ||
+  return translated([] { return env::flag("LOOM_DESYNC_DEBUG"); }) ||
          (torch != nullptr && std::string(torch) == "DETAIL");
 }
 
@@ -325,6 +325,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   auto work = c10::make_intrusive<WorkLoom>(
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
       std::vector<at::Tensor>{}, nullptr, stream, stream ? events_ : nullptr);
+  work->countGivingUpIn(givenUp_);
   work->track(requests);
   return work;
 }
@@ -390,6 +391,11 @@ void ProcessGroupLoom::abort() {
 }
 
 void ProcessGroupLoom::shutdown() {
+  // Shutting down waits for the group's calls (as NCCL's does). A call whose work.wait(timeout)
+  // expired, and that is still not done, would hold it until the call's own timeout (torch's
+  // default: 30 minutes): the caller has given up on it, so it is aborted instead, and its
+  // peers fail at once, naming this rank.
+  if (givenUp_->load() > 0) comm_->abort();
   releasingGil([&] { comm_->shutdown(); });
 }
 

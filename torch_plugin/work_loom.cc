@@ -160,6 +160,11 @@ void WorkLoom::complete(std::exception_ptr failure) {
     }
   }
   finish(failure);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (countedAsGivenUp_) {
+    countedAsGivenUp_ = false;
+    givenUp_->fetch_sub(1);
+  }
 }
 
 bool WorkLoom::isCompleted() {
@@ -223,11 +228,16 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout || timeout > std::chrono::hours(24 * 365 * 100)) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    if (givenUp_ && !countedAsGivenUp_) {
+      countedAsGivenUp_ = true;
+      givenUp_->fetch_add(1);
+    }
     C10_THROW_ERROR(DistBackendError,
                     "loom " + what_ + " #" + std::to_string(seq_) + " (rank " +
                         std::to_string(rank_) + "): work.wait() timed out after " +
                         std::to_string(timeout.count()) +
-                        " ms; the operation itself goes on until its own timeout");
+                        " ms; the operation itself goes on until its own timeout (or until "
+                        "the group is destroyed, which aborts it)");
   }
   if (exception_) std::rethrow_exception(exception_);
   return true;

@@ -60,6 +60,9 @@ class WorkLoom : public c10d::Work {
   /// Makes the future hold the outputs as `lists` equal lists (0, the default: one list);
   /// call before track().
   void setFutureLists(size_t lists) { futureLists_ = lists; }
+  /// Counts this work in `givenUp` while a wait(timeout) on it has expired and it has not
+  /// finished (its group's shutdown aborts such work); call before track().
+  void countGivingUpIn(std::shared_ptr<std::atomic<int>> givenUp) { givenUp_ = std::move(givenUp); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -104,10 +107,12 @@ class WorkLoom : public c10d::Work {
   std::atomic<int> source_{-1};
   uint64_t seq_ = 0;
   std::mutex errorMutex_;
-  std::exception_ptr firstError_;          // guarded by errorMutex_
-  std::optional<c10::Stream> cudaStream_;  // CUDA work: the loom stream
-  std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
-  std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
+  std::exception_ptr firstError_;              // guarded by errorMutex_
+  std::optional<c10::Stream> cudaStream_;      // CUDA work: the loom stream
+  std::optional<c10::Event> cudaEnd_;          // CUDA work: recorded after everything it queued
+  std::shared_ptr<EventPool> events_;          // CUDA work: where cudaEnd_ goes back to
+  std::shared_ptr<std::atomic<int>> givenUp_;  // see countGivingUpIn()
+  bool countedAsGivenUp_ = false;              // guarded by mutex_ (c10d::Work's)
 };
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).

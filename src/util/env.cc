@@ -2,6 +2,7 @@
 
 #include "util/env.h"
 
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 
@@ -26,6 +27,18 @@ int64_t integer(const char* name, int64_t fallback, int64_t min, int64_t max) {
                     ", " + std::to_string(max) + "]; fix or unset it");
   }
   return value;
+}
+
+bool flag(const char* name) {
+  const auto v = text(name);
+  if (!v) return false;
+  std::string lower;
+  for (char c : *v) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  throw Error(
+      ErrorCode::kInvalidArgument, "config", -1,
+      std::string(name) + "=" + *v + " is not a switch: set it to 1 (on) or 0 (off), or unset it");
 }
 
 std::optional<uint64_t> parseBytes(const std::string& s) {

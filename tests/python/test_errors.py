@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -111,6 +112,30 @@ def body_destroyed_peer(rank: int, world: int) -> None:
     del group
 
 
+def body_destroy_after_giving_up(rank: int, world: int) -> None:
+    """Rank 0 gives up waiting for a call rank 1 never makes (work.wait(timeout) expires) and
+    destroys the group: that aborts the call at once instead of waiting out its 60-second
+    timeout, and rank 1 learns that rank 0 aborted."""
+    gloo = dist.new_group(backend="gloo")
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+        expect(dist.DistBackendError, r"timed out after 1000 ms",
+               lambda: work.wait(timeout=timedelta(seconds=1)))
+        start = time.monotonic()
+        dist.destroy_process_group(group)
+        took = time.monotonic() - start
+        assert took < 20, f"destroying the group took {took:.1f} s"
+        assert work.is_completed() and not work.is_success()
+        dist.barrier(group=gloo)
+    else:
+        dist.barrier(group=gloo)  # rank 0 has destroyed the group
+        expect(dist.DistBackendError, r"rank 0 aborted",
+               lambda: dist.all_reduce(torch.ones(4), group=group))
+        dist.destroy_process_group(group)
+    dist.barrier(group=gloo)
+
+
 def test_bad_input_is_refused_before_sending():
     run_ranks(2, body_bad_input)
 
@@ -130,6 +155,10 @@ def test_work_wait_timeout():
 
 def test_group_timeout_names_missing_rank():
     run_ranks(2, body_op_timeout)
+
+
+def test_destroying_a_group_aborts_the_calls_its_caller_gave_up_on():
+    run_ranks(2, body_destroy_after_giving_up)
 
 
 def test_a_peer_that_destroyed_the_group_is_named():

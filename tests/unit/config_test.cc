@@ -43,6 +43,27 @@ TEST(Env, RejectsMalformedValuesByName) {
   EXPECT_EQ(env::integer("LOOM_TEST_INT", 1, 0, 10), 1);
 }
 
+TEST(Env, SwitchesTakeTheUsualSpellingsAndRejectTheRest) {
+  for (const char* on : {"1", "true", "YES", "On"}) {
+    ::setenv("LOOM_TEST_FLAG", on, 1);
+    EXPECT_TRUE(env::flag("LOOM_TEST_FLAG")) << on;
+  }
+  for (const char* off : {"0", "false", "no", "OFF"}) {
+    ::setenv("LOOM_TEST_FLAG", off, 1);
+    EXPECT_FALSE(env::flag("LOOM_TEST_FLAG")) << off;
+  }
+  ::setenv("LOOM_TEST_FLAG", "maybe", 1);
+  try {
+    env::flag("LOOM_TEST_FLAG");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_TEST_FLAG=maybe is not a switch"),
+              std::string::npos);
+  }
+  ::unsetenv("LOOM_TEST_FLAG");
+  EXPECT_FALSE(env::flag("LOOM_TEST_FLAG"));
+}
+
 TEST(SelectionTable, DefaultsSwitchBySize) {
   const SelectionTable table;
   EXPECT_EQ(table.allReduce(8), Algorithm::kOneShot);
@@ -138,9 +159,11 @@ TEST(Config, ThreadsShareTheMachinesCoresWithEveryRankOnItAndTheNetworkThreads) 
   auto threads = [](Config::Sharing sharing) { return Config::load(sharing).tuning.threads; };
   EXPECT_EQ(threads({1, 1, false}), std::min(cores, 8));
   EXPECT_EQ(threads({4, 4, false}), std::clamp(cores / 4, 1, 8));  // four ranks of one host
-  // Across hosts each rank leaves two cores' worth to its send and rail threads; and two
-  // ranks here with two in another network namespace of this kernel share its cores by four.
+  // Across hosts each rank leaves two cores' worth per lane to its send and rail threads;
+  // and two ranks here with two in another network namespace of this kernel share its
+  // cores by four.
   EXPECT_EQ(threads({1, 1, true}), std::clamp(cores - 2, 1, 8));
+  EXPECT_EQ(threads({1, 1, true, 2}), std::clamp(cores - 4, 1, 8));
   EXPECT_EQ(threads({2, 4, true}), std::clamp(cores / 4 - 2, 1, 8));
   EXPECT_EQ(threads({64, 64, true}), 1);
   ::setenv("LOOM_THREADS", "3", 1);
