@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 #include <climits>
+#include <map>
 
 #include "algorithms/network_context.h"
 
@@ -91,7 +92,7 @@ int agreedNetLanes(const Roster& roster, int rank) {
     return lanes == 0 ? std::string("unset") : std::to_string(lanes);
   };
   const uint32_t first = roster.peers[0].netLanes;
-  int fewestCores = INT_MAX;
+  std::map<std::pair<HostId, uint64_t>, int> sharing;  // ranks per machine and CPU set
   for (size_t q = 0; q < roster.peers.size(); ++q) {
     const PeerInfo& peer = roster.peers[q];
     if (peer.netLanes != first) {
@@ -100,13 +101,15 @@ int agreedNetLanes(const Roster& roster, int rank) {
                       " but " + said(first) +
                       " on rank 0; set the same value on every rank, or on none");
     }
-    int sharing = 0;
-    for (const PeerInfo& other : roster.peers) {
-      sharing += other.machine == peer.machine && other.cpus == peer.cpus ? 1 : 0;
-    }
-    fewestCores = std::min(fewestCores, static_cast<int>(peer.cores) / std::max(1, sharing));
+    ++sharing[{peer.machine, peer.cpus}];
   }
-  return first != 0 ? static_cast<int>(first) : defaultNetLanes(fewestCores);
+  if (first != 0) return static_cast<int>(first);
+  int fewestCores = INT_MAX;
+  for (const PeerInfo& peer : roster.peers) {
+    fewestCores =
+        std::min(fewestCores, static_cast<int>(peer.cores) / sharing[{peer.machine, peer.cpus}]);
+  }
+  return defaultNetLanes(fewestCores);
 }
 
 }  // namespace
