@@ -10,13 +10,15 @@ namespace loom::torch_plugin {
 
 FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
                            const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
-                           const std::function<void()>& finisher, c10::ArrayRef<Request> requests)
-    : FinishedWork(rank, type, title, inputs, outputs, finisher, requests, profilerListens()) {}
+                           const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
+                           const std::string& legend)
+    : FinishedWork(rank, type, title, inputs, outputs, finisher, requests, legend,
+                   profilerListens()) {}
 
 FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
                            const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                            const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-                           bool profiling)
+                           const std::string& legend, bool profiling)
     : c10d::Work(rank, type, profiling ? title : nullptr, profiledInputs(profiling, inputs)),
       outputs_(outputs.begin(), outputs.end()) {
   std::exception_ptr failure;
@@ -25,7 +27,7 @@ FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
     if (!failure) failure = r.error();
   }
   if (!requests.empty()) seq_ = requests.back().sequence();
-  failure = finishCall(failure, finisher);
+  failure = finishCall(failure, finisher, legend);
   if (profiling) {
     finish(failure);  // also ends the profiler's event for this call
     return;

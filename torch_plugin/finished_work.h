@@ -25,11 +25,13 @@ namespace loom::torch_plugin {
 class FinishedWork : public c10d::Work {
  public:
   /// `requests` have all ended. Unless one failed, runs `finisher` (copy-backs) here; a
-  /// failure (a request's or the finisher's) becomes the work's DistBackendError. `title`
-  /// and `inputs` are for the profiler, `outputs` are what result() and the future return.
+  /// failure (a request's or the finisher's) becomes the work's DistBackendError, its
+  /// message followed by `legend` (GroupTies). `title` and `inputs` are for the profiler,
+  /// `outputs` are what result() and the future return.
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
-               const std::function<void()>& finisher, c10::ArrayRef<Request> requests);
+               const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
+               const std::string& legend);
 
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return !exception_; }
@@ -49,7 +51,7 @@ class FinishedWork : public c10d::Work {
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-               bool profiling);
+               const std::string& legend, bool profiling);
 
   c10::SmallVector<at::Tensor, 1> outputs_;         // one output is the common case: kept inline
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // made by getFuture(), under mutex_

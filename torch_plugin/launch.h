@@ -31,9 +31,10 @@ void releasingGil(F&& f) {
 /// Rethrows a loom error as the torch error Python users expect: bad arguments are the
 /// caller's to fix (RuntimeError, like Gloo's checks); anything else (a failed, timed-out or
 /// shut-down communicator) is a DistBackendError.
-[[noreturn]] inline void rethrowForTorch(const Error& e) {
-  if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what());
-  C10_THROW_ERROR(DistBackendError, e.what());
+/// `legend` follows the message (GroupTies).
+[[noreturn]] inline void rethrowForTorch(const Error& e, const std::string& legend = {}) {
+  if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what() + legend);
+  C10_THROW_ERROR(DistBackendError, e.what() + legend);
 }
 
 /// Desync debug: the signature of the call being launched on this thread; opOptions() puts
@@ -96,7 +97,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       try {
         throw;
       } catch (const Error& e) {
-        rethrowForTorch(e);
+        rethrowForTorch(e, ties_->legend);
       }
     }
   }
@@ -123,8 +124,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   }
   // A CPU call over by now (a blocking one ran right here): a work with nothing to track.
   if (!stream && allEnded(requests)) {
-    auto work =
-        c10::make_intrusive<FinishedWork>(rank_, type, title, inputs, outputs, finisher, requests);
+    auto work = c10::make_intrusive<FinishedWork>(rank_, type, title, inputs, outputs, finisher,
+                                                  requests, ties_->legend);
     work->setFutureLists(futureLists);
     return work;
   }
@@ -135,7 +136,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       std::vector<at::Tensor>(std::forward<OutputList>(outputs)), std::move(finisher), workStream,
       workStream ? events_ : nullptr);
   work->setFutureLists(futureLists);
-  work->countGivingUpIn(givenUp_);
+  work->tieTo(ties_);
   work->track(requests, inputs);
   return work;
 }
@@ -145,7 +146,7 @@ void ProcessGroupLoom::translatedWait(Issue&& issue) {
   try {
     releasingGil([&] { issue().wait(); });
   } catch (const Error& e) {
-    rethrowForTorch(e);
+    rethrowForTorch(e, ties_->legend);
   }
 }
 

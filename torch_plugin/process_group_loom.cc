@@ -31,13 +31,14 @@ CommOptions commOptions(const c10d::Backend::Options& options) {
   return c;
 }
 
-// Runs `f`, turning loom errors into torch errors for Python.
+// Runs `f`, turning loom errors into torch errors for Python (their messages followed by
+// `legend`, GroupTies).
 template <class F>
-auto translated(F&& f) {
+auto translated(F&& f, const std::string& legend = {}) {
   try {
     return f();
   } catch (const Error& e) {
-    rethrowForTorch(e);
+    rethrowForTorch(e, legend);
   }
 }
 
@@ -73,6 +74,8 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     : c10d::Backend(rank, size),
       options_(std::move(options)),
       desyncDebug_(desyncDebugRequested()) {
+  ties_->legend =
+      legendOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group);
   const auto& global = options_->global_ranks_in_group;
   std::shared_ptr<Communicator> world;
   {
@@ -84,13 +87,16 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     // the members only, which is exactly what subset() needs.
     std::vector<int> members(global.begin(), global.end());
     const std::string tag = options_->group_name.empty() ? "group" : options_->group_name;
-    comm_ = translated([&] { return world->subset(members, tag, commOptions(*options_)); });
+    comm_ = translated([&] { return world->subset(members, tag, commOptions(*options_)); },
+                       ties_->legend);
     return;
   }
-  comm_ = translated([&] {
-    return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
-                                commOptions(*options_));
-  });
+  comm_ = translated(
+      [&] {
+        return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
+                                    commOptions(*options_));
+      },
+      ties_->legend);
   if (global.empty()) {
     std::lock_guard<std::mutex> lock(gWorldMutex);
     gWorld = comm_;
@@ -102,7 +108,10 @@ ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
     : c10d::Backend(comm->rank(), comm->size()),
       comm_(std::move(comm)),
       options_(std::move(options)),
-      desyncDebug_(desyncDebugRequested()) {}
+      desyncDebug_(desyncDebugRequested()) {
+  ties_->legend =
+      legendOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group);
+}
 
 ProcessGroupLoom::~ProcessGroupLoom() {
   // Tearing the communicator down waits for its queued operations, whose completion may run
@@ -281,10 +290,12 @@ at::Tensor ProcessGroupLoom::allocateTensor(long size, at::TensorOptions options
 
 void ProcessGroupLoom::eagerConnectSingleDevice(at::Device device) {
   if (!device.is_cuda()) return;
-  translated([&] {
-    releasingGil([&] { comm_->connectDevice(DeviceKind::kCuda, device.index()); });
-    return 0;
-  });
+  translated(
+      [&] {
+        releasingGil([&] { comm_->connectDevice(DeviceKind::kCuda, device.index()); });
+        return 0;
+      },
+      ties_->legend);
 }
 
 void ProcessGroupLoom::startCoalescing() {
@@ -310,22 +321,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     stream.swap(coalescedStream_);
   }
   // CUDA sends and receives are queued now, together; then their copy-backs.
-  translated([&] {
-    releasingGil([&] { comm_->endGroup(); });
-    return 0;
-  });
+  translated(
+      [&] {
+        releasingGil([&] { comm_->endGroup(); });
+        return 0;
+      },
+      ties_->legend);
   for (HeldFinish& h : held) finishOnStream(h.stream, h.inputs, h.outputs, h.finisher, h.requests);
   // The operations were queued as they were called (CUDA transfers just now); this work
   // completes with the last, and on CUDA follows the stream semantics of its calls.
   if (!stream && allEnded(requests)) {
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
                                              std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
-                                             nullptr, requests);
+                                             nullptr, requests, ties_->legend);
   }
   auto work = c10::make_intrusive<WorkLoom>(
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
       std::vector<at::Tensor>{}, nullptr, stream, stream ? events_ : nullptr);
-  work->countGivingUpIn(givenUp_);
+  work->tieTo(ties_);
   work->track(requests);
   return work;
 }
@@ -395,7 +408,7 @@ void ProcessGroupLoom::shutdown() {
   // expired, and that is still not done, would hold it until the call's own timeout (torch's
   // default: 30 minutes): the caller has given up on it, so it is aborted instead, and its
   // peers fail at once, naming this rank.
-  if (givenUp_->load() > 0) comm_->abort();
+  if (ties_->givenUp.load() > 0) comm_->abort();
   releasingGil([&] { comm_->shutdown(); });
 }
 

@@ -197,9 +197,8 @@ class ProcessGroupLoom : public c10d::Backend {
   std::mutex streamMutex_;
   std::optional<c10::Stream> loomStream_;  // CUDA calls' stream (one GPU per rank); streamMutex_
   const std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();  // CUDA works' ends
-  // Works of this group whose wait(timeout) expired and that have not finished since: the
-  // caller gave up on them, so shutdown() aborts them rather than wait out their timeout.
-  const std::shared_ptr<std::atomic<int>> givenUp_ = std::make_shared<std::atomic<int>>(0);
+  // What this group's works share with it (its legend is set once, in the constructor).
+  const std::shared_ptr<GroupTies> ties_ = std::make_shared<GroupTies>();
 };
 
 }  // namespace loom::torch_plugin

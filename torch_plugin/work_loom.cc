@@ -14,7 +14,23 @@
 
 namespace loom::torch_plugin {
 
-std::exception_ptr asDistBackendError(std::exception_ptr error) {
+std::string legendOf(const std::string& name, const std::string& desc,
+                     const std::vector<uint64_t>& global) {
+  bool world = true;
+  for (size_t i = 0; i < global.size(); ++i) world = world && global[i] == i;
+  if (world) return {};
+  constexpr size_t kListed = 64;
+  std::string s = " (ranks in this message are ranks of process group '" + name + "'";
+  if (!desc.empty() && desc != "undefined") s += " (" + desc + ")";
+  s += "; its ranks 0 to " + std::to_string(global.size() - 1) + " are global ranks ";
+  for (size_t i = 0; i < global.size() && i < kListed; ++i) {
+    s += (i > 0 ? ", " : "") + std::to_string(global[i]);
+  }
+  if (global.size() > kListed) s += ", ... (" + std::to_string(global.size()) + " in all)";
+  return s + ")";
+}
+
+std::exception_ptr asDistBackendError(std::exception_ptr error, const std::string& legend) {
   if (!error) return nullptr;
   try {
     std::rethrow_exception(error);
@@ -22,7 +38,7 @@ std::exception_ptr asDistBackendError(std::exception_ptr error) {
     return error;  // already a torch error (DistBackendError or a check)
   } catch (const std::exception& e) {
     try {
-      C10_THROW_ERROR(DistBackendError, e.what());
+      C10_THROW_ERROR(DistBackendError, e.what() + legend);
     } catch (...) {
       return std::current_exception();
     }
@@ -30,7 +46,8 @@ std::exception_ptr asDistBackendError(std::exception_ptr error) {
   return error;
 }
 
-std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher) {
+std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher,
+                              const std::string& legend) {
   if (!failure && finisher) {
     try {
       finisher();
@@ -38,7 +55,7 @@ std::exception_ptr finishCall(std::exception_ptr failure, const std::function<vo
       failure = std::current_exception();
     }
   }
-  return asDistBackendError(failure);
+  return asDistBackendError(failure, legend);
 }
 
 c10::TypePtr futureTypeOf(size_t lists) {
@@ -144,7 +161,7 @@ void WorkLoom::requestDone(std::exception_ptr error, int source) {
 }
 
 void WorkLoom::complete(std::exception_ptr failure) {
-  failure = finishCall(failure, finisher_);
+  failure = finishCall(failure, finisher_, ties_ ? ties_->legend : std::string());
   finisher_ = nullptr;  // releases staged tensors
   reads_.clear();
   // Callbacks chained on the future run while it is marked, before finish(): the outcome is
@@ -163,7 +180,7 @@ void WorkLoom::complete(std::exception_ptr failure) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (countedAsGivenUp_) {
     countedAsGivenUp_ = false;
-    givenUp_->fetch_sub(1);
+    ties_->givenUp.fetch_sub(1);
   }
 }
 
@@ -174,7 +191,7 @@ bool WorkLoom::isCompleted() {
 
 std::exception_ptr WorkLoom::failureSoFar() {
   std::lock_guard<std::mutex> lock(errorMutex_);
-  return asDistBackendError(firstError_);
+  return asDistBackendError(firstError_, ties_ ? ties_->legend : std::string());
 }
 
 void WorkLoom::synchronize() {
@@ -228,16 +245,17 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout || timeout > std::chrono::hours(24 * 365 * 100)) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
-    if (givenUp_ && !countedAsGivenUp_) {
+    if (ties_ && !countedAsGivenUp_) {
       countedAsGivenUp_ = true;
-      givenUp_->fetch_add(1);
+      ties_->givenUp.fetch_add(1);
     }
     C10_THROW_ERROR(DistBackendError,
                     "loom " + what_ + " #" + std::to_string(seq_) + " (rank " +
                         std::to_string(rank_) + "): work.wait() timed out after " +
                         std::to_string(timeout.count()) +
                         " ms; the operation itself goes on until its own timeout (or until "
-                        "the group is destroyed, which aborts it)");
+                        "the group is destroyed, which aborts it)" +
+                        (ties_ ? ties_->legend : std::string()));
   }
   if (exception_) std::rethrow_exception(exception_);
   return true;

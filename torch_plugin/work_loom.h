@@ -38,6 +38,21 @@
 
 namespace loom::torch_plugin {
 
+/// What a group's works share with it.
+struct GroupTies {
+  /// Works whose wait(timeout) expired and that have not finished since: their caller gave
+  /// up on them, so the group's shutdown aborts them rather than wait out their timeout.
+  std::atomic<int> givenUp{0};
+  /// Where the group's ranks are not the global ranks (a new_group, a DeviceMesh dimension),
+  /// what its error messages end with: which global rank each of its ranks is (legendOf()).
+  std::string legend;
+};
+
+/// The legend of a group whose ranks are the global ranks `global` (empty: the world, or a
+/// group numbered as the world is).
+std::string legendOf(const std::string& name, const std::string& desc,
+                     const std::vector<uint64_t>& global);
+
 class WorkLoom : public c10d::Work {
  public:
   /// `what` names the operation for messages ("all_reduce"); `inputs` give the profiler
@@ -60,9 +75,10 @@ class WorkLoom : public c10d::Work {
   /// Makes the future hold the outputs as `lists` equal lists (0, the default: one list);
   /// call before track().
   void setFutureLists(size_t lists) { futureLists_ = lists; }
-  /// Counts this work in `givenUp` while a wait(timeout) on it has expired and it has not
-  /// finished (its group's shutdown aborts such work); call before track().
-  void countGivingUpIn(std::shared_ptr<std::atomic<int>> givenUp) { givenUp_ = std::move(givenUp); }
+  /// Ties this work to its group (GroupTies): its errors end with the group's legend, and it
+  /// counts in the group's givenUp while a wait(timeout) on it has expired and it has not
+  /// finished; call before track().
+  void tieTo(std::shared_ptr<GroupTies> ties) { ties_ = std::move(ties); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -107,21 +123,23 @@ class WorkLoom : public c10d::Work {
   std::atomic<int> source_{-1};
   uint64_t seq_ = 0;
   std::mutex errorMutex_;
-  std::exception_ptr firstError_;              // guarded by errorMutex_
-  std::optional<c10::Stream> cudaStream_;      // CUDA work: the loom stream
-  std::optional<c10::Event> cudaEnd_;          // CUDA work: recorded after everything it queued
-  std::shared_ptr<EventPool> events_;          // CUDA work: where cudaEnd_ goes back to
-  std::shared_ptr<std::atomic<int>> givenUp_;  // see countGivingUpIn()
-  bool countedAsGivenUp_ = false;              // guarded by mutex_ (c10d::Work's)
+  std::exception_ptr firstError_;          // guarded by errorMutex_
+  std::optional<c10::Stream> cudaStream_;  // CUDA work: the loom stream
+  std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
+  std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
+  std::shared_ptr<GroupTies> ties_;        // see tieTo()
+  bool countedAsGivenUp_ = false;          // guarded by mutex_ (c10d::Work's)
 };
 
-/// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError).
-std::exception_ptr asDistBackendError(std::exception_ptr error);
+/// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError), its
+/// message followed by `legend` (GroupTies).
+std::exception_ptr asDistBackendError(std::exception_ptr error, const std::string& legend = {});
 
 /// A call's outcome once its requests have ended with `failure` (null: all succeeded): runs
 /// `finisher` (copy-backs) unless the call failed, and returns the failure, the finisher's
 /// included, as DistBackendError (null on success).
-std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher);
+std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher,
+                              const std::string& legend = {});
 
 /// What a work's future holds: `outputs` as one list, or (`lists` > 0) as that many lists of
 /// equal length, in order (Gloo's all_gather_coalesced future: one list per rank).

@@ -67,6 +67,20 @@ def body_mismatch(rank: int, world: int) -> None:
            lambda: dist.all_reduce(t))
 
 
+def body_subgroup_mismatch(rank: int, world: int) -> None:
+    """In a group of global ranks 1 and 2 the message numbers them 0 and 1, as the group
+    does, and says which global rank each is."""
+    group = dist.new_group([1, 2], backend="loom")
+    if rank == 0:
+        return
+    t = torch.ones(2 if rank == 1 else 3)
+    expect(dist.DistBackendError,
+           r"rank 0 issued all_reduce #\d+ \(count 2.*rank 1 issued all_reduce #\d+ \(count 3"
+           r".*ranks in this message are ranks of process group '[^']+'.*its ranks 0 to 1 are "
+           r"global ranks 1, 2\)",
+           lambda: dist.all_reduce(t, group=group))
+
+
 def body_collective_mismatch(rank: int, world: int) -> None:
     t = torch.ones(8)
     call = (lambda: dist.all_reduce(t)) if rank == 0 else (lambda: dist.broadcast(t, src=0))
@@ -143,6 +157,10 @@ def test_bad_input_is_refused_before_sending():
 def test_mismatched_sizes_name_both_sides():
     # The group is failed afterwards (as after any collective error), so no closing barrier.
     run_ranks(2, body_mismatch, finalize=False)
+
+
+def test_errors_in_a_subgroup_say_which_global_rank_each_rank_is():
+    run_ranks(3, body_subgroup_mismatch, finalize=False)
 
 
 def test_mismatched_collectives_name_both_sides():
