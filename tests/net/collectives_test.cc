@@ -381,9 +381,11 @@ TEST_F(TwoHosts, LargeCollectivesGoInSegmentsOnTwoLanes) {
       ::setenv("LOOM_NET_LANES", "2", 1);
       auto comm = ctx.connect();
       checkLarge(*comm);
-      const size_t count = size_t{4} << 20;  // 16 MiB: eight segments, four on lane 1
+      // 16 MiB: eight segments, four on lane 1. Sixteen calls keep lane 1's threads busy for
+      // tens of milliseconds even on a fast machine, where a tick is 10.
+      const size_t count = size_t{4} << 20;
       std::vector<float> data(count, 1.0f);
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < 16; ++i)
         comm->allReduce(data.data(), data.data(), count, DataType::kFloat32, ReduceOp()).wait();
       LOOM_CHECK(ticksOfThreads("loom-rail-1") + ticksOfThreads("loom-net-send-1") > 0,
                  << "lane 1's threads never ran");
