@@ -564,27 +564,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank,
                                                       int tag) {
-  const CallSite s = site("send");
-  requireCount(s, "tensors", tensors.size(), 1);
-  requireDense(s, "tensor", tensors[0]);
-  const Flat in = movementView(tensors[0]);
-  return launch(
-      s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
-      [&](Requests& r) {
-        r.push_back(comm_->send(in.ptr(), in.count, in.type, dstRank, tag, opOptions({})));
-      });
+  return heldInBlock(OpType::SEND, [&] {
+    const CallSite s = site("send");
+    requireCount(s, "tensors", tensors.size(), 1);
+    requireDense(s, "tensor", tensors[0]);
+    const Flat in = movementView(tensors[0]);
+    return launch(
+        s, OpType::SEND, "loom:send", tensors, tensors, [in] {},
+        [&](Requests& r) {
+          r.push_back(comm_->send(in.ptr(), in.count, in.type, dstRank, tag, opOptions({})));
+        });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
                                                       int tag) {
   // -1 is loom's kAnySource: here it would silently turn a bad source into a receive from
   // anyone (c10d has recvAnysource for that).
-  if (srcRank < 0 || srcRank >= size_) {
-    invalid(site("recv"), "argument 'src' is " + std::to_string(srcRank) + ", outside [0, " +
-                              std::to_string(size_) +
-                              "); use recv_anysource to receive from any rank");
-  }
-  return receive(tensors, srcRank, tag, "loom:recv");
+  return heldInBlock(OpType::RECV, [&] {
+    if (srcRank < 0 || srcRank >= size_) {
+      invalid(site("recv"), "argument 'src' is " + std::to_string(srcRank) + ", outside [0, " +
+                                std::to_string(size_) +
+                                "); use recv_anysource to receive from any rank");
+    }
+    return receive(tensors, srcRank, tag, "loom:recv");
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>& tensors,
@@ -607,7 +611,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                int tag) {
-  return receive(tensors, kAnySource, tag, "loom:recvAnySource");
+  return heldInBlock(OpType::RECVANYSOURCE,
+                     [&] { return receive(tensors, kAnySource, tag, "loom:recvAnySource"); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {

@@ -141,6 +141,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   return work;
 }
 
+template <class F>
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::heldInBlock(c10d::OpType type, F&& f) {
+  if (!coalescing_.load(std::memory_order_acquire)) return f();
+  try {
+    return f();
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lock(coalesceMutex_);
+      if (!coalescing_) throw;  // the block ended meanwhile: not its error
+      if (!blockError_) blockError_ = error;
+    }
+    // The work of the refused operation fails with its error (its finisher raises it).
+    return c10::make_intrusive<FinishedWork>(
+        rank_, type, "loom:refused", std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
+        [error] { std::rethrow_exception(error); }, c10::ArrayRef<Request>{}, ties_->legend);
+  }
+}
+
 template <class Issue>
 void ProcessGroupLoom::translatedWait(Issue&& issue) {
   try {

@@ -304,6 +304,7 @@ void ProcessGroupLoom::startCoalescing() {
   coalescing_ = true;
   coalesced_.clear();
   held_.clear();
+  blockError_ = nullptr;
   coalescedStream_.reset();
   comm_->startGroup();
 }
@@ -312,6 +313,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   std::vector<Request> requests;
   std::vector<HeldFinish> held;
   std::optional<c10::Stream> stream;
+  std::exception_ptr refused;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     TORCH_CHECK(coalescing_, "loom: endCoalescing called without startCoalescing");
@@ -319,6 +321,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     requests.swap(coalesced_);
     held.swap(held_);
     stream.swap(coalescedStream_);
+    refused = std::exchange(blockError_, nullptr);
   }
   // CUDA sends and receives are queued now, together; then their copy-backs.
   translated(
@@ -328,6 +331,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       },
       ties_->legend);
   for (HeldFinish& h : held) finishOnStream(h.stream, h.inputs, h.outputs, h.finisher, h.requests);
+  // An operation of the block was refused (heldInBlock): the ones issued run on, and the
+  // caller learns why now, once torch's coalescing manager has closed its block.
+  if (refused) std::rethrow_exception(refused);
   // The operations were queued as they were called (CUDA transfers just now); this work
   // completes with the last, and on CUDA follows the stream semantics of its calls.
   if (!stream && allEnded(requests)) {

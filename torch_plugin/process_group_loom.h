@@ -115,6 +115,12 @@ class ProcessGroupLoom : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  /// Runs the send or receive `f`; inside a coalescing block (batch_isend_irecv) its error
+  /// is held for endCoalescing to raise, and its work fails with it. Raised at once, it would
+  /// leave torch's coalescing manager open (it ends the block only when its body returns),
+  /// and torch would then queue every later collective of the group and never run it.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> heldInBlock(c10d::OpType type, F&& f);
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
@@ -191,7 +197,10 @@ class ProcessGroupLoom : public c10d::Backend {
   std::mutex coalesceMutex_;
   std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; launch() peeks
   std::vector<Request> coalesced_;
-  std::vector<HeldFinish> held_;                // guarded by coalesceMutex_
+  std::vector<HeldFinish> held_;  // guarded by coalesceMutex_
+  // The first error of a send or receive inside the block, which endCoalescing raises
+  // (heldInBlock()); guarded by coalesceMutex_.
+  std::exception_ptr blockError_;
   std::optional<c10::Stream> coalescedStream_;  // a CUDA call's, if any; coalesceMutex_
 
   std::mutex streamMutex_;

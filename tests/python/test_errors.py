@@ -150,6 +150,35 @@ def body_destroy_after_giving_up(rank: int, world: int) -> None:
     dist.barrier(group=gloo)
 
 
+def body_refused_batch(rank: int, world: int) -> None:
+    """A batch_isend_irecv whose third operation is refused raises its error when the batch
+    ends, after torch's coalescing manager has closed its block: had it raised inside the
+    block, torch would leave the group coalescing and quietly queue every later all_reduce
+    (the result below would stay [rank + 1] * 2). The operations issued before run on."""
+    peer = 1 - rank
+    got = torch.zeros(2)
+    ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank)), peer),
+           dist.P2POp(dist.irecv, got, peer),
+           dist.P2POp(dist.isend, torch.ones(2), 5)]
+    expect(RuntimeError, r"argument 'peer' is 5, outside \[0, 2\)", lambda: dist.batch_isend_irecv(ops))
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0, 3.0], t
+    deadline = time.monotonic() + 30  # the refused batch's receive has no work to wait on
+    while got.tolist() != [float(peer)] * 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got.tolist() == [float(peer)] * 2, got
+    again = torch.zeros(2)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), 7.0), peer),
+                                     dist.P2POp(dist.irecv, again, peer)]):
+        w.wait()
+    assert again.tolist() == [7.0, 7.0], again
+
+
+def test_a_refused_operation_of_a_batch_leaves_the_group_usable():
+    run_ranks(2, body_refused_batch)
+
+
 def test_bad_input_is_refused_before_sending():
     run_ranks(2, body_bad_input)
 
