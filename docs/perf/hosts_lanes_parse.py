@@ -10,94 +10,98 @@ import re
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_text import size as sized, torch_table  # noqa: E402
 
 ENGINE_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
+med = statistics.median
 
 
-def parse(path):
-    engine = defaultdict(list)  # (layout, op, bytes, lanes) -> [us]
-    torch = defaultdict(list)  # (op, size, backend) -> [us]; backend "1", "2" or "gloo"
-    split = defaultdict(list)  # call 6: (op, bytes, "A" or "B") -> [us]
-    after = defaultdict(list)  # call 7: (op, size, "loom" or "gloo") -> [us]
-    part = None
+def calls(path):
+    """{call number: [lines]} of the raw file, each call begun by "######## call N"."""
+    out, call = {}, None
     for line in open(path, encoding="utf-8"):
-        if line.startswith("######## call"):
-            part = line.split()[2]
-            continue
-        if part == "3":
-            m = re.search(r"layout (\S+) lanes (\d)", line)
-            if m:
-                layout, lanes, row = m.group(1), int(m.group(2)), 0
-                continue
-            f = line.split()
-            if len(f) == 5 and f[0].isdigit():
-                op = ENGINE_OPS[row // 3]
-                row += 1
-                engine[(layout, op, int(f[0]), lanes)].append(float(f[1]))
-        elif part == "6":
-            m = re.search(r"2x1 ([AB])$", line.strip())
-            if m:
-                side, row = m.group(1), 0
-                continue
-            f = line.split()
-            if len(f) == 5 and f[0].isdigit():
-                split[(ENGINE_OPS[row // 4], int(f[0]), side)].append(float(f[1]))
-                row += 1
-        elif part == "7":
-            m = re.search(r"\] (loom|gloo)$", line.strip())
-            if m:
-                backend = m.group(1)
-                continue
-            m = re.match(r"## (\S+)", line)
-            if m:
-                op = m.group(1)
-                continue
-            f = line.split()
-            if len(f) >= 4 and f[1] in ("KiB", "MiB"):
-                after[(op, f[0] + " " + f[1], backend)].append(float(f[2]))
-        elif part == "4":
-            m = re.search(r"\] (loom lanes (\d)|gloo)$", line.strip())
-            if m:
-                backend = m.group(2) or "gloo"
-                continue
-            m = re.match(r"## (\S+)", line)
-            if m:
-                op = m.group(1)
-                continue
-            f = line.split()
-            if len(f) >= 4 and f[1] in ("KiB", "MiB"):
-                torch[(op, f[0] + " " + f[1], backend)].append(float(f[2]))
-    return engine, torch, split, after
+        m = re.match(r"######## call (\d+)", line)
+        if m:
+            call = m[1]
+            out[call] = []
+        elif line.startswith("########"):
+            call = None
+        elif call is not None:
+            out[call].append(line)
+    return out
+
+
+def runs(lines, label):
+    """The runs of one call, each begun by a "[N s] ..." line that `label` (a regex) matches:
+    [(its match, [the run's lines])]."""
+    out = []
+    for line in lines:
+        m = re.search(r"\[\d+ s\] " + label + "$", line.strip())
+        if m:
+            out.append((m, []))
+        elif out:
+            out[-1][1].append(line)
+    return out
+
+
+def engine_rows(lines, per_op):
+    """A loom-bench run's rows as kept by the scripts (bytes, time, p90, busbw, #wrong), in
+    the order of ENGINE_OPS, `per_op` sizes each: {(op, bytes): µs}. Fails on wrong results."""
+    rows = [line.split() for line in lines if len(line.split()) == 5 and line.split()[0].isdigit()]
+    assert all(r[4] == "0" for r in rows), "a run had wrong results"
+    return {(ENGINE_OPS[i // per_op], int(r[0])): float(r[1]) for i, r in enumerate(rows)}
+
+
+def collect(pairs):
+    """{key + (tag,): [values]} from (tag, {key: value}) pairs."""
+    out = defaultdict(list)
+    for tag, table in pairs:
+        for key, value in table.items():
+            out[key + (tag,)].append(value)
+    return out
+
+
+def torch_runs(lines, label, tag, entry):
+    """(tag(match), {(op, bytes): median µs of column entry(tag)}) per loom.bench run."""
+    for m, run in runs(lines, label):
+        t = tag(m)
+        yield t, {k: v[entry(t)][0] for k, v in torch_table(run).items()}
 
 
 def main():
-    engine, torch, split, after = parse(sys.argv[1])
-    med = statistics.median
+    raw = calls(sys.argv[1])
+    # (op, bytes, (layout, lanes)) -> [µs]
+    engine = collect(((m[1], int(m[2])), engine_rows(run, 3))
+                     for m, run in runs(raw["3"], r"layout (\S+) lanes (\d)"))
     print("engine (loom-bench, out-of-place us per call): layout, op, size, 1 lane, 2 lanes, 2/1")
-    for layout, op, size in sorted({k[:3] for k in engine}, key=lambda k: (k[0], ENGINE_OPS.index(k[1]), k[2])):
-        one, two = engine[(layout, op, size, 1)], engine[(layout, op, size, 2)]
-        print(f"  {layout} {op:15s} {size >> 20:3d} MiB  {med(one):9.0f}  {med(two):9.0f}  {med(two) / med(one):.2f}")
+    for layout, op, b in sorted({(k[2][0], k[0], k[1]) for k in engine},
+                                key=lambda k: (k[0], ENGINE_OPS.index(k[1]), k[2])):
+        one, two = engine[(op, b, (layout, 1))], engine[(op, b, (layout, 2))]
+        print(f"  {layout} {op:15s} {b >> 20:3d} MiB  {med(one):9.0f}  {med(two):9.0f}  {med(two) / med(one):.2f}")
+
+    # (op, bytes, "1" | "2" | "gloo") -> [µs]
+    torch = collect(torch_runs(raw["4"], r"(loom lanes (\d)|gloo)", lambda m: m[2] or "gloo",
+                               lambda t: "gloo" if t == "gloo" else "loom"))
     print("through torch, 2 x 1 (loom.bench us per call): op, size, 1 lane, 2 lanes, 2/1, Gloo/1 lane, Gloo/2 lanes")
-    seen = []
-    for op, size, _ in torch:
-        if (op, size) not in seen:
-            seen.append((op, size))
-    for op, size in seen:
-        one, two, gloo = torch[(op, size, "1")], torch[(op, size, "2")], torch[(op, size, "gloo")]
-        print(f"  {op:22s} {size:7s} {med(one):8.0f}  {med(two):8.0f}  {med(two) / med(one):.2f}"
+    for op, b in dict.fromkeys(k[:2] for k in torch):
+        one, two, gloo = torch[(op, b, "1")], torch[(op, b, "2")], torch[(op, b, "gloo")]
+        print(f"  {op:22s} {sized(b):7s} {med(one):8.0f}  {med(two):8.0f}  {med(two) / med(one):.2f}"
               f"  {med(gloo) / med(one):.2f}x  {med(gloo) / med(two):.2f}x")
+
+    split = collect((m[1], engine_rows(run, 4)) for m, run in runs(raw["6"], r"2x1 ([AB])"))
     print("call 6, 2 x 1, two lanes: op, size, usual segments (A), one per lane (B), B/A (engine us)")
-    for op, size in sorted({k[:2] for k in split}, key=lambda k: (ENGINE_OPS.index(k[0]), k[1])):
-        a, b = split[(op, size, "A")], split[(op, size, "B")]
-        print(f"  {op:15s} {size >> 20} MiB  {med(a):7.0f}  {med(b):7.0f}  {med(b) / med(a):.2f}")
+    for op, b in sorted({k[:2] for k in split}, key=lambda k: (ENGINE_OPS.index(k[0]), k[1])):
+        usual, per_lane = split[(op, b, "A")], split[(op, b, "B")]
+        print(f"  {op:15s} {b >> 20} MiB  {med(usual):7.0f}  {med(per_lane):7.0f}  {med(per_lane) / med(usual):.2f}")
+
+    after = collect(torch_runs(raw["7"], r"(loom|gloo)", lambda m: m[1], lambda t: t))
     print("call 7, through torch, 2 x 1 as committed: op, size, loom, Gloo, Gloo/loom (us)")
-    seen = []
-    for op, size, _ in after:
-        if (op, size) not in seen:
-            seen.append((op, size))
-    for op, size in seen:
-        loom, gloo = after[(op, size, "loom")], after[(op, size, "gloo")]
-        print(f"  {op:22s} {size:7s} {med(loom):7.0f}  {med(gloo):7.0f}  {med(gloo) / med(loom):.2f}x")
+    for op, b in dict.fromkeys(k[:2] for k in after):
+        loom, gloo = after[(op, b, "loom")], after[(op, b, "gloo")]
+        print(f"  {op:22s} {sized(b):7s} {med(loom):7.0f}  {med(gloo):7.0f}  {med(gloo) / med(loom):.2f}x")
 
 
 if __name__ == "__main__":
