@@ -10,10 +10,8 @@ import re
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_text import size as sized, torch_table  # noqa: E402
+from bench_text import size as sized, torch_table
 
 ENGINE_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
 med = statistics.median
