@@ -75,9 +75,7 @@ void abandonSends(std::vector<PeerWork>& work) noexcept {
 }  // namespace
 
 NetworkContext::~NetworkContext() {
-  for (const auto& job : railJobs_) {
-    if (job) await(*job);
-  }
+  for (const auto& job : railJobs_) await(*job);
 }
 
 void NetworkContext::runLocal(const CollectiveArgs& args) {
@@ -121,8 +119,15 @@ void NetworkContext::await(const Job& job) {
 size_t NetworkContext::startRail(RailSteps steps, int lane) {
   const NetLane& on = lanes_.at(static_cast<size_t>(lane));
   if (!on.rail || !on.railScratch) {
-    railJobs_.push_back(nullptr);  // run here: AcrossHostsContext keeps its outcome
-    ranHere_.push_back(AcrossHostsContext::startRail(std::move(steps), lane));
+    // No rail thread here: the job runs now, on this thread, and is over.
+    auto job = std::make_shared<Job>();
+    try {
+      steps(*this);
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+    job->done.store(true, std::memory_order_release);
+    railJobs_.push_back(std::move(job));
     return railJobs_.size() - 1;
   }
   // The job's own context: its lane's links, send thread and scratch, and no local
@@ -134,15 +139,13 @@ size_t NetworkContext::startRail(RailSteps steps, int lane) {
     steps(own);
   });
   railJobs_.push_back(std::move(job));
-  ranHere_.push_back(0);
   return railJobs_.size() - 1;
 }
 
 void NetworkContext::finishRail(size_t ticket) {
-  const std::shared_ptr<Job>& job = railJobs_.at(ticket);
-  if (!job) return AcrossHostsContext::finishRail(ranHere_[ticket]);
-  await(*job);
-  if (job->error) std::rethrow_exception(job->error);
+  const Job& job = *railJobs_.at(ticket);
+  await(job);
+  if (job.error) std::rethrow_exception(job.error);
 }
 
 void NetworkContext::failWith(ErrorCode code, int q, const std::string& message) {

@@ -110,8 +110,7 @@ class NetworkContext final : public AcrossHostsContext {
   const std::vector<NetLane> lanes_;
   const std::function<MessageLink&(int q)>& linkTo_;  // lane 0's
   Worker* const sends_;                               // lane 0's
-  std::vector<std::shared_ptr<Job>> railJobs_;        // by ticket; null for a job run here
-  std::vector<size_t> ranHere_;                       // by ticket: such a job's ticket of the base
+  std::vector<std::shared_ptr<Job>> railJobs_;        // by ticket
 };
 
 }  // namespace loom
