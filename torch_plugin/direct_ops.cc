@@ -118,15 +118,15 @@ bool direct(std::initializer_list<const at::Tensor*> tensors) {
   return true;
 }
 
-/// Runs one blocking loom operation issued by `issue` on this thread, without the GIL,
-/// translating loom's errors as the c10d path does.
+/// Runs one blocking loom operation of `pg` issued by `issue` on this thread, without the
+/// GIL, translating loom's errors as the c10d path does (with the group's legend).
 template <class Issue>
-void runBlocking(Issue&& issue) {
+void runBlocking(const ProcessGroupLoom& pg, Issue&& issue) {
   const trace::Span span("direct op");  // LOOM_TRACE: as "c10d call" on the c10d path
   try {
     releasingGil([&] { issue().wait(); });
   } catch (const Error& e) {
-    rethrowForTorch(e);
+    rethrowForTorch(e, pg.legend());
   }
 }
 
@@ -181,7 +181,7 @@ void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
                      const at::Tensor& input, void* output) {
   const Flat in = reductionView(s, input, op);
   const ReduceOp loomOp = reduceOpOf(s, op, in.type);
-  runBlocking([&] {
+  runBlocking(pg, [&] {
     return pg.communicator().allReduce(in.ptr(), output, in.count, in.type, loomOp,
                                        blockingOptions());
   });
@@ -223,7 +223,7 @@ void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group)
   }
   if (direct({&tensor})) {
     const Flat flat = movementView(tensor);
-    runBlocking([&] {
+    runBlocking(pg, [&] {
       return pg.communicator().broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
                                          static_cast<int>(src), blockingOptions());
     });
@@ -250,7 +250,7 @@ void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& in
                    at::Tensor& output) {
   if (direct({&input, &output})) {
     const Flat in = movementView(input);
-    runBlocking([&] {
+    runBlocking(pg, [&] {
       return pg.communicator().allGather(in.ptr(), output.data_ptr(), in.count, in.type,
                                          blockingOptions());
     });
@@ -298,7 +298,7 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
   if (direct({&input, &output})) {
     const Flat in = reductionView(s, input, op);
     const ReduceOp loomOp = reduceOpOf(s, op, in.type);
-    runBlocking([&] {
+    runBlocking(pg, [&] {
       return pg.communicator().reduceScatter(in.ptr(), output.data_ptr(), in.count / s.size,
                                              in.type, loomOp, blockingOptions());
     });
@@ -342,7 +342,7 @@ void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& inp
   if (outputSplitSizes.empty() && inputSplitSizes.empty() && evenRows(input) && evenRows(output) &&
       output.nbytes() == input.nbytes() && direct({&input, &output})) {
     const Flat in = movementView(input);
-    runBlocking([&] {
+    runBlocking(pg, [&] {
       return pg.communicator().allToAll(in.ptr(), output.data_ptr(),
                                         in.count / static_cast<size_t>(s.size), in.type,
                                         blockingOptions());

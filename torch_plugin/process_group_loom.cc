@@ -28,6 +28,7 @@ CommOptions commOptions(const c10d::Backend::Options& options) {
   CommOptions c;
   c.timeout = options.timeout;
   c.name = options.group_name.empty() ? "loom" : options.group_name;
+  c.rankLegend = ranksOf(options.group_name, options.group_desc, options.global_ranks_in_group);
   return c;
 }
 
@@ -74,8 +75,8 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     : c10d::Backend(rank, size),
       options_(std::move(options)),
       desyncDebug_(desyncDebugRequested()) {
-  ties_->legend =
-      legendOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group);
+  ties_->legend = legendOf(
+      ranksOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group));
   const auto& global = options_->global_ranks_in_group;
   std::shared_ptr<Communicator> world;
   {
@@ -109,8 +110,8 @@ ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
       comm_(std::move(comm)),
       options_(std::move(options)),
       desyncDebug_(desyncDebugRequested()) {
-  ties_->legend =
-      legendOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group);
+  ties_->legend = legendOf(
+      ranksOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group));
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() {

@@ -14,20 +14,24 @@
 
 namespace loom::torch_plugin {
 
-std::string legendOf(const std::string& name, const std::string& desc,
-                     const std::vector<uint64_t>& global) {
+std::string ranksOf(const std::string& name, const std::string& desc,
+                    const std::vector<uint64_t>& global) {
   bool world = true;
   for (size_t i = 0; i < global.size(); ++i) world = world && global[i] == i;
   if (world) return {};
   constexpr size_t kListed = 64;
-  std::string s = " (ranks in this message are ranks of process group '" + name + "'";
+  std::string s = "ranks of process group '" + name + "'";
   if (!desc.empty() && desc != "undefined") s += " (" + desc + ")";
   s += "; its ranks 0 to " + std::to_string(global.size() - 1) + " are global ranks ";
   for (size_t i = 0; i < global.size() && i < kListed; ++i) {
     s += (i > 0 ? ", " : "") + std::to_string(global[i]);
   }
   if (global.size() > kListed) s += ", ... (" + std::to_string(global.size()) + " in all)";
-  return s + ")";
+  return s;
+}
+
+std::string legendOf(const std::string& ranks) {
+  return ranks.empty() ? std::string() : " (ranks in this message are " + ranks + ")";
 }
 
 std::exception_ptr asDistBackendError(std::exception_ptr error, const std::string& legend) {

@@ -48,10 +48,14 @@ struct GroupTies {
   std::string legend;
 };
 
-/// The legend of a group whose ranks are the global ranks `global` (empty: the world, or a
-/// group numbered as the world is).
-std::string legendOf(const std::string& name, const std::string& desc,
-                     const std::vector<uint64_t>& global);
+/// What the ranks of group `name` are when they are the global ranks `global`: "ranks of
+/// process group 'tp'; its ranks 0 to 1 are global ranks 4, 5" (CommOptions::rankLegend).
+/// Empty for the world, or a group numbered as the world is.
+std::string ranksOf(const std::string& name, const std::string& desc,
+                    const std::vector<uint64_t>& global);
+
+/// The legend the group's messages end with (GroupTies::legend), from ranksOf's sentence.
+std::string legendOf(const std::string& ranks);
 
 class WorkLoom : public c10d::Work {
  public:

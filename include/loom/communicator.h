@@ -23,6 +23,10 @@ struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   /// A label for messages and the operation record ("default_pg", "tp", ...).
   std::string name = "world";
+  /// What this communicator's rank numbers are in the caller's terms, where they differ
+  /// ("ranks of process group 'tp'; its ranks 0 to 1 are global ranks 4, 5"); the failure
+  /// report on stderr quotes it. Empty: the caller numbers ranks as the communicator does.
+  std::string rankLegend;
 };
 
 /// Per-call options.

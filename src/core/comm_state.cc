@@ -169,6 +169,7 @@ CommState::CommState(int rank, const Roster& roster, const CommOptions& options,
     : rank_(rank),
       size_(static_cast<int>(roster.peers.size())),
       name_(options.name),
+      rankLegend_(options.rankLegend),
       roster_(roster),
       hosts_(hostMapOf(roster)),
       config_(std::move(config)),
@@ -185,7 +186,7 @@ void CommState::join(Clock::time_point deadline) {
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
   shm_ = std::make_unique<shm::ShmComm>(joinSegment(deadline), localRank, config_.backoff, here);
   layout_ = layoutOf(hosts_, rank_);
-  failures_ = std::make_unique<FailureDomain>(*shm_, name_, rank_, roster_, hosts_);
+  failures_ = std::make_unique<FailureDomain>(*shm_, name_, rankLegend_, rank_, roster_, hosts_);
   shm_->setFailures(*failures_);
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);

@@ -124,6 +124,7 @@ class CommState final : public FailureSink {
   const int rank_;
   const int size_;
   const std::string name_;
+  const std::string rankLegend_;  // CommOptions::rankLegend
   const Roster roster_;
   const HostMap hosts_;
   const Config config_;

@@ -56,10 +56,11 @@ constexpr size_t kReportedEntries = 20;
 
 }  // namespace
 
-FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name, int rank, const Roster& roster,
-                             const HostMap& hosts)
+FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name, std::string rankLegend, int rank,
+                             const Roster& roster, const HostMap& hosts)
     : shm_(shm),
       name_(std::move(name)),
+      rankLegend_(std::move(rankLegend)),
       rank_(rank),
       roster_(roster),
       hosts_(hosts),
@@ -212,8 +213,9 @@ void FailureDomain::report(const std::exception_ptr& failure) {
   std::string report = "loom: communicator '" + name_ + "' failed on rank " +
                        std::to_string(rank_) + " of " + std::to_string(roster_.peers.size()) +
                        " (pid " + std::to_string(::getpid()) + "): " + failureMessage(failure) +
-                       "\n" + "loom: what each rank of '" + name_ + "' was doing:\n" +
-                       progressReport();
+                       "\n";
+  if (!rankLegend_.empty()) report += "loom: the ranks in this report are " + rankLegend_ + "\n";
+  report += "loom: what each rank of '" + name_ + "' was doing:\n" + progressReport();
   const std::optional<std::string> dumpPrefix = env::text("LOOM_FLIGHT_RECORDER_DUMP");
   if (dumpPrefix) {
     // The whole record goes to a file per communicator and rank; stderr gets a pointer.

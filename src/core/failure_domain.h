@@ -27,8 +27,9 @@ class FailureDomain final : public Failures {
  public:
   /// The domain of the communicator `name` (whose ranks `roster` lists, placed by `hosts`),
   /// seen from rank `rank`, whose host's segment is `shm`. Keeps references to all three.
-  FailureDomain(shm::ShmComm& shm, std::string name, int rank, const Roster& roster,
-                const HostMap& hosts);
+  /// `rankLegend` is CommOptions::rankLegend, for the failure report.
+  FailureDomain(shm::ShmComm& shm, std::string name, std::string rankLegend, int rank,
+                const Roster& roster, const HostMap& hosts);
 
   void fail(ErrorCode code, int culprit, std::string_view message) override;
   bool failed() const override { return shm_.failed(); }
@@ -60,6 +61,7 @@ class FailureDomain final : public Failures {
 
   shm::ShmComm& shm_;
   const std::string name_;
+  const std::string rankLegend_;
   const int rank_;
   const Roster& roster_;
   const HostMap& hosts_;

@@ -3,9 +3,11 @@ naming both sides instead of a hang; failures surface as DistBackendError."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 
@@ -69,16 +71,36 @@ def body_mismatch(rank: int, world: int) -> None:
 
 def body_subgroup_mismatch(rank: int, world: int) -> None:
     """In a group of global ranks 1 and 2 the message numbers them 0 and 1, as the group
-    does, and says which global rank each is."""
+    does, and says which global rank each is: through c10d, through the direct entry, and in
+    the failure report the engine prints on stderr."""
+    import loom.ops  # noqa: F401  (registers torch.ops.loom)
+
     group = dist.new_group([1, 2], backend="loom")
+    direct = dist.new_group([1, 2], backend="loom")
     if rank == 0:
         return
+    legend = r"ranks of process group '[^']+'.*its ranks 0 to 1 are global ranks 1, 2"
     t = torch.ones(2 if rank == 1 else 3)
+    with tempfile.TemporaryFile() as err:
+        # The report goes to the process's stderr: catch it in a file for the call.
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            expect(dist.DistBackendError,
+                   r"rank 0 issued all_reduce #\d+ \(count 2.*rank 1 issued all_reduce #\d+ "
+                   r"\(count 3.*\(ranks in this message are " + legend + r"\)",
+                   lambda: dist.all_reduce(t, group=group))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        report = err.read().decode(errors="replace")
+    assert re.search(r"loom: communicator '[^']+' failed on rank \d of 2", report), report
+    assert re.search(r"loom: the ranks in this report are " + legend + "\n", report), report
     expect(dist.DistBackendError,
-           r"rank 0 issued all_reduce #\d+ \(count 2.*rank 1 issued all_reduce #\d+ \(count 3"
-           r".*ranks in this message are ranks of process group '[^']+'.*its ranks 0 to 1 are "
-           r"global ranks 1, 2\)",
-           lambda: dist.all_reduce(t, group=group))
+           r"rank 0 issued all_reduce #\d+ \(count 2.*\(ranks in this message are " + legend,
+           lambda: torch.ops.loom.all_reduce_(t, "sum", direct.group_name))
 
 
 def body_collective_mismatch(rank: int, world: int) -> None:
