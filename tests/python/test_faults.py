@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,55 @@ def test_a_forked_child_leaves_its_parents_group_alone():
     """A process forked from a rank (a helper that daemonises, os.fork) cannot use the rank's
     group, and its teardown of it neither hangs nor ends the group for the rank's peers."""
     run_ranks(2, body_forked_child, timeout=120)
+
+
+def _footprint() -> tuple[int, int, int]:
+    """This process's threads, open fds and memory mappings."""
+    with open("/proc/self/maps") as maps:
+        mappings = sum(1 for _ in maps)
+    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd")), mappings
+
+
+def _settled_footprint(expected: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The footprint once it equals `expected`, or the last sample after 5 s: a thread just
+    joined can still be listed for a moment on a loaded host, one that stays is still seen."""
+    deadline = time.monotonic() + 5
+    sample = _footprint()
+    while sample != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+        sample = _footprint()
+    return sample
+
+
+def body_groups_come_and_go(rank: int, world: int, store_dir: str):
+    def cycle(i: int) -> None:
+        # A whole job's group (a store rendezvous, the shared segment, loom's threads) ...
+        store = dist.FileStore(os.path.join(store_dir, f"cycle{i}"), world)
+        dist.init_process_group("loom", store=store, rank=rank, world_size=world)
+        # ... and a group over the world's ranks (DeviceMesh's and new_group's way).
+        sub = dist.new_group([0, 1], backend="loom")
+        x = torch.ones(1 << 14)
+        dist.all_reduce(x)
+        dist.all_reduce(x, group=sub)
+        assert torch.equal(x, torch.full((1 << 14,), float(world * world))), x
+        dist.destroy_process_group()
+        del store
+        gc.collect()
+
+    dist.destroy_process_group()  # the harness's group; the cycles make their own
+    for i in range(3):  # what the first groups leave for good (torch's and loom's process state)
+        cycle(i)
+    before = _footprint()
+    for i in range(3, 33):
+        cycle(i)
+    after = _settled_footprint(before)
+    assert after == before, f"threads, fds, mappings: {before} before 30 groups, {after} after"
+    dist.init_process_group("loom", store=dist.FileStore(os.path.join(store_dir, "end"), world),
+                            rank=rank, world_size=world)  # for the harness's closing barrier
+
+
+def test_groups_made_and_destroyed_leave_no_thread_fd_or_mapping(tmp_path):
+    """30 groups made, used and destroyed in a row leave the process holding exactly the
+    threads, fds and mappings it held before (no loom shared memory or thread outlives its
+    group)."""
+    run_ranks(2, body_groups_come_and_go, str(tmp_path), timeout=240)
