@@ -56,6 +56,54 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
   return plan;
 }
 
+// What a rank's sparse all_reduce exchanges before its gather: its entry count, and what every
+// rank's tensor must share (dtype, sparse and dense dimensions, shape), so that ranks that
+// disagree all refuse instead of gathering rows of different widths into tensors that do
+// not hold them.
+struct SparseRecord {
+  static constexpr size_t kShown = 8;  // sizes carried as they are (more: only the hash)
+  int64_t nnz = 0;
+  int64_t dtype = 0;
+  int64_t sparseDim = 0;
+  int64_t denseDim = 0;
+  int64_t dims = 0;
+  int64_t shapeHash = 0;  // FNV-1a over every size
+  int64_t sizes[kShown] = {};
+
+  static SparseRecord of(const at::Tensor& coalesced) {
+    SparseRecord r;
+    r.nnz = coalesced._nnz();
+    r.dtype = static_cast<int64_t>(coalesced.scalar_type());
+    r.sparseDim = coalesced.sparse_dim();
+    r.denseDim = coalesced.dense_dim();
+    r.dims = coalesced.dim();
+    uint64_t hash = 1469598103934665603ull;
+    for (int64_t d = 0; d < r.dims; ++d) {
+      const int64_t size = coalesced.size(d);
+      if (static_cast<size_t>(d) < kShown) r.sizes[d] = size;
+      hash = (hash ^ static_cast<uint64_t>(size)) * 1099511628211ull;
+    }
+    r.shapeHash = static_cast<int64_t>(hash);
+    return r;
+  }
+  bool agreesWith(const SparseRecord& o) const {
+    return dtype == o.dtype && sparseDim == o.sparseDim && denseDim == o.denseDim &&
+           dims == o.dims && shapeHash == o.shapeHash;
+  }
+  // "float32 of shape [3, 4] (2 sparse dimensions, 0 dense)".
+  std::string describe() const {
+    std::string shape = "[";
+    for (int64_t d = 0; d < dims && static_cast<size_t>(d) < kShown; ++d) {
+      shape += (d > 0 ? ", " : "") + std::to_string(sizes[d]);
+    }
+    if (static_cast<size_t>(dims) > kShown) shape += ", ...";
+    return std::string(c10::toString(static_cast<at::ScalarType>(dtype))) + " of shape " + shape +
+           "] (" + std::to_string(sparseDim) + " sparse dimensions, " + std::to_string(denseDim) +
+           " dense)";
+  }
+};
+static_assert(sizeof(SparseRecord) % sizeof(int64_t) == 0);
+
 void requireRoot(const CallSite& site, int64_t root) {
   if (root < 0 || root >= site.size) {
     invalid(site,
@@ -115,12 +163,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
   const at::Tensor local = t.coalesce();
   const at::Tensor indices = local.indices().contiguous();
   const at::Tensor values = local.values().contiguous();
-  const int64_t nnz = local._nnz();
-  std::vector<int64_t> nnzs(static_cast<size_t>(size_));
+  // Every rank learns every rank's entry count and tensor before anything is gathered; all
+  // of them see the same records, so a disagreement fails every rank alike.
+  const SparseRecord mine = SparseRecord::of(local);
+  std::vector<SparseRecord> records(static_cast<size_t>(size_));
   translatedWait([&] {
-    return comm_->allGather(&nnz, nnzs.data(), 1, DataType::kInt64,
-                            opOptions(opts.timeout, !opts.asyncOp));
+    return comm_->allGather(&mine, records.data(), sizeof(SparseRecord) / sizeof(int64_t),
+                            DataType::kInt64, opOptions(opts.timeout, !opts.asyncOp));
   });
+  std::vector<int64_t> nnzs;
+  for (size_t q = 0; q < records.size(); ++q) {
+    if (!records[q].agreesWith(records[0])) {
+      invalid(s, "rank " + std::to_string(q) + " passed a sparse tensor " + records[q].describe() +
+                     " where rank 0 passed " + records[0].describe() +
+                     "; every rank must pass the same dtype and shape" + ties_->legend);
+    }
+    nnzs.push_back(records[q].nnz);
+  }
   const int64_t total = std::accumulate(nnzs.begin(), nnzs.end(), int64_t{0});
   std::vector<int64_t> valueShape = values.sizes().vec();
   valueShape[0] = total;
@@ -229,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
   requireWholeOfParts(s, "output", output, "input", input);
   Outputs outputs;
   const at::Tensor target = outputs.target(output);
-  const Flat in = movementView(input);
+  const Flat in = gatherReadApart(s, movementView(input), target);
   return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
                 copyBack(std::move(outputs), in), [&](Requests& r) {
                   r.push_back(comm_->allGather(in.ptr(), target.data_ptr(), in.count, in.type,
@@ -281,8 +340,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string n = "[" + std::to_string(i) + "]";
     requireWholeOfParts(s, "outputs" + n, outputs[i], "inputs" + n, inputs[i]);
-    ins.push_back(movementView(inputs[i]));
     targets.push_back(staged->target(outputs[i]));
+    ins.push_back(gatherReadApart(s, movementView(inputs[i]), targets.back()));
   }
   return launch(
       s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
@@ -400,8 +459,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const CallSite s = site("reduce_scatter_tensor", !opts.asyncOp);
   requireWholeOfParts(s, "input", input, "output", output);
-  const Flat in = reductionView(s, input, opts.reduceOp);
   const Flat out = reductionView(s, output, opts.reduceOp);
+  const Flat in = scatterReadApart(s, reductionView(s, input, opts.reduceOp), out.data);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
   Outputs outputs;
   outputs.inOut(out);
@@ -423,8 +482,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string n = "[" + std::to_string(i) + "]";
     requireWholeOfParts(s, "inputs" + n, inputs[i], "outputs" + n, outputs[i]);
-    ins.push_back(reductionView(s, inputs[i], opts.reduceOp));
     outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
+    ins.push_back(
+        scatterReadApart(s, reductionView(s, inputs[i], opts.reduceOp), outs.back().data));
     ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
     staged->inOut(outs.back());
   }

@@ -249,7 +249,7 @@ std::vector<int64_t> scaledRows(const at::Tensor& input, int64_t factor) {
 void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& input,
                    at::Tensor& output) {
   if (direct({&input, &output})) {
-    const Flat in = movementView(input);
+    const Flat in = gatherReadApart(s, movementView(input), output);
     runBlocking(pg, [&] {
       return pg.communicator().allGather(in.ptr(), output.data_ptr(), in.count, in.type,
                                          blockingOptions());
@@ -296,7 +296,7 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
                        const std::string& reduceOp, at::Tensor& output) {
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&input, &output})) {
-    const Flat in = reductionView(s, input, op);
+    const Flat in = scatterReadApart(s, reductionView(s, input, op), output);
     const ReduceOp loomOp = reduceOpOf(s, op, in.type);
     runBlocking(pg, [&] {
       return pg.communicator().reduceScatter(in.ptr(), output.data_ptr(), in.count / s.size,

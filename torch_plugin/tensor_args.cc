@@ -129,6 +129,32 @@ Flat movementView(const at::Tensor& t) {
   return Flat{data, view, type, elementsOf(data, type)};
 }
 
+namespace {
+
+// `in`, or a copy of it where it overlaps the `outBytes` at `out` and is not in place.
+Flat readApart(const Flat& in, const void* out, size_t outBytes, bool inPlace) {
+  const auto* x = static_cast<const uint8_t*>(in.ptr());
+  const auto* y = static_cast<const uint8_t*>(out);
+  const size_t n = in.data.nbytes();
+  const bool overlaps = n > 0 && outBytes > 0 && x < y + outBytes && y < x + n;
+  if (!overlaps || inPlace) return in;
+  return Flat{in.data.clone(), in.view, in.type, in.count};
+}
+
+}  // namespace
+
+Flat gatherReadApart(const CallSite& site, const Flat& in, const at::Tensor& output) {
+  const auto* own = static_cast<const uint8_t*>(output.data_ptr()) +
+                    static_cast<size_t>(site.rank) * in.data.nbytes();
+  return readApart(in, output.data_ptr(), output.nbytes(), in.ptr() == own);
+}
+
+Flat scatterReadApart(const CallSite& site, const Flat& in, const at::Tensor& output) {
+  const auto* own =
+      static_cast<const uint8_t*>(in.ptr()) + static_cast<size_t>(site.rank) * output.nbytes();
+  return readApart(in, output.data_ptr(), output.nbytes(), output.data_ptr() == own);
+}
+
 void copyBackInto(const at::Tensor& original, const at::Tensor& scratch) {
   if (original.is_complex() && !scratch.is_complex()) {
     original.copy_(at::view_as_complex(scratch));  // a conjugate view's resolved copy
@@ -156,6 +182,14 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType typ
       const auto* supplement =
           dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       if (supplement == nullptr) invalid(site, "PREMUL_SUM came without its factor");
+      if (supplement->tensor_factor.defined() && supplement->tensor_factor.is_complex()) {
+        // Taking its real part (what .to(kDouble) does, with only a warning) would be a
+        // wrong answer: the real pairs of a complex tensor cannot be scaled by i.
+        invalid(site, "PREMUL_SUM's factor is complex (" +
+                          std::string(c10::toString(supplement->tensor_factor.scalar_type())) +
+                          "); loom scales by a real factor: pass a real one, or multiply the "
+                          "tensor before an all_reduce with SUM");
+      }
       const double factor = supplement->tensor_factor.defined()
                                 ? supplement->tensor_factor.to(at::kDouble).item<double>()
                                 : supplement->double_factor;

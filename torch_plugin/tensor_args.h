@@ -66,6 +66,16 @@ Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::Reduce
 /// care, and a known type makes mismatches across ranks readable and detectable.
 Flat movementView(const at::Tensor& t);
 
+/// `in` (an all_gather's input) as the engine may read it beside `output`: a copy where it
+/// overlaps `output` other than as this rank's own block (in place). The engine refuses
+/// overlapping buffers only on the ranks where they overlap, which would leave the other
+/// ranks waiting in the collective; Gloo reads such an input as it was.
+Flat gatherReadApart(const CallSite& site, const Flat& in, const at::Tensor& output);
+
+/// The same for a reduce_scatter's input beside its `output` (in place: `output` is this
+/// rank's block of the input).
+Flat scatterReadApart(const CallSite& site, const Flat& in, const at::Tensor& output);
+
 /// original.copy_(scratch), where `scratch` may be the real pairs of a complex `original`.
 void copyBackInto(const at::Tensor& original, const at::Tensor& scratch);
 

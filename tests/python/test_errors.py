@@ -51,6 +51,10 @@ def body_bad_input(rank: int, world: int) -> None:
            lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64), op=dist.ReduceOp.MAX))
     expect(RuntimeError, r"complex tensors can be reduced with SUM, AVG or PREMUL_SUM",
            lambda: backend.allreduce([torch.ones(2, dtype=torch.complex64)], _max_opts()))
+    # A complex PREMUL_SUM factor: refused (its real part alone would be a wrong answer).
+    expect(RuntimeError, r"all_reduce \(rank \d\): PREMUL_SUM's factor is complex",
+           lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64),
+                                   op=dist._make_nccl_premul_sum(torch.tensor([1j]))))
     # Nothing was sent: the group still works.
     x = torch.ones(3)
     dist.all_reduce(x)
