@@ -34,6 +34,7 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.integer(peer.cpus);
   w.integer(peer.cores);
   w.integer(peer.netLanes);
+  w.string(peer.refusal);
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
@@ -41,7 +42,8 @@ bool readPeer(ByteReader& r, PeerInfo* peer) {
          r.raw(peer->machine.data(), peer->machine.size()) && r.integer(&peer->pidNamespace) &&
          r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
          r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName) &&
-         r.integer(&peer->cpus) && r.integer(&peer->cores) && r.integer(&peer->netLanes);
+         r.integer(&peer->cpus) && r.integer(&peer->cores) && r.integer(&peer->netLanes) &&
+         r.string(&peer->refusal, kMaxName);
 }
 
 }  // namespace
@@ -78,6 +80,7 @@ Bytes encodeRoster(const Roster& roster) {
   ByteWriter w;
   w.raw(roster.id.data(), roster.id.size());
   w.raw(roster.secret.data(), roster.secret.size());
+  w.string(roster.refusal);
   w.integer(static_cast<uint32_t>(roster.peers.size()));
   for (const PeerInfo& peer : roster.peers) writePeer(w, peer);
   return std::move(w.bytes());
@@ -88,8 +91,8 @@ std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size) {
   Roster roster;
   uint32_t count = 0;
   if (!r.raw(roster.id.data(), roster.id.size()) ||
-      !r.raw(roster.secret.data(), roster.secret.size()) || !r.integer(&count) ||
-      count != static_cast<uint32_t>(size)) {
+      !r.raw(roster.secret.data(), roster.secret.size()) || !r.string(&roster.refusal, kMaxName) ||
+      !r.integer(&count) || count != (roster.refusal.empty() ? static_cast<uint32_t>(size) : 0)) {
     return std::nullopt;
   }
   roster.peers.resize(count);
@@ -180,8 +183,28 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
   // counts its own creations, and the n-th creation of every rank uses round n's keys.
   const int64_t round = store.add("loom/rounds/" + std::to_string(rank), 1);
   const std::string prefix = "loom/" + std::to_string(round) + "/";
-  store.set(prefix + "peer/" + std::to_string(rank), encodePeer(localPeer()));
+  // A rank whose own settings are bad still publishes its record, saying why, and then
+  // fails; rank 0 passes the reason on in place of the roster. Every rank then refuses at
+  // once, naming it, instead of waiting out the timeout for a rank that never joins.
+  PeerInfo me;
+  try {
+    me = localPeer();
+    Config::load(Config::Sharing{});  // the LOOM_* variables' checks, before anyone waits
+  } catch (const Error& e) {
+    me.refusal = std::string(e.what()).substr(0, kMaxName / 2);  // fits the roster's string
+  }
+  store.set(prefix + "peer/" + std::to_string(rank), encodePeer(me));
+  const auto refuse = [&](int q, const std::string& why) {
+    Roster refused;
+    refused.refusal = "rank " + std::to_string(q) + " cannot join: " + why;
+    store.set(prefix + "roster", encodeRoster(refused));
+    throw Error(ErrorCode::kInvalidArgument, "create", rank, refused.refusal);
+  };
+  if (!me.refusal.empty() && rank != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "create", rank, me.refusal);
+  }
   if (rank == 0) {
+    if (!me.refusal.empty()) refuse(0, me.refusal);
     Roster roster;
     posix::randomBytes(roster.id.data(), roster.id.size());
     posix::randomBytes(roster.secret.data(), roster.secret.size());
@@ -203,6 +226,7 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
                         " published a malformed record (mixed loom "
                         "versions?)");
       }
+      if (!peer->refusal.empty()) refuse(q, peer->refusal);
       roster.peers.push_back(std::move(*peer));
     }
     store.set(prefix + "roster", encodeRoster(roster));
@@ -227,6 +251,9 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
     throw Error(ErrorCode::kInvalidArgument, "create", rank,
                 "the roster rank 0 published does not describe " + std::to_string(size) +
                     " ranks; do all ranks pass the same size?");
+  }
+  if (!roster->refusal.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "create", rank, roster->refusal);
   }
   roster->storePrefix = prefix;
   return std::move(*roster);

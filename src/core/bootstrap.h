@@ -32,6 +32,7 @@ struct PeerInfo {
   uint64_t cpus = 0;       ///< a fingerprint of the CPUs it may run on (processCpus())
   uint32_t cores = 0;      ///< how many CPUs it may run on (availableCores())
   uint32_t netLanes = 0;   ///< the LOOM_NET_LANES it asks for, 0 where unset
+  std::string refusal;     ///< why it cannot join (its own settings are bad); empty if it can
 };
 
 /// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.
@@ -39,6 +40,9 @@ struct Roster {
   CommId id{};
   handshake::Secret secret{};
   std::vector<PeerInfo> peers;
+  /// Set instead of the peers where a rank cannot join: why ("rank 1 cannot join: ..."),
+  /// so that every rank refuses at once rather than wait out the timeout for it.
+  std::string refusal;
   std::string storePrefix;  ///< the store keys of this exchange (not sent)
 };
 
@@ -48,7 +52,7 @@ PeerInfo localPeer();
 Bytes encodePeer(const PeerInfo& peer);
 std::optional<PeerInfo> parsePeer(std::span<const uint8_t> bytes);
 Bytes encodeRoster(const Roster& roster);
-/// Decodes a roster of exactly `size` peers; nullopt if malformed.
+/// Decodes a roster of exactly `size` peers (or none, with a refusal); nullopt if malformed.
 std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size);
 
 /// Opens this process to other hosts for the communicator of `roster` and returns the

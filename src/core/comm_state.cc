@@ -117,7 +117,21 @@ int agreedNetLanes(const Roster& roster, int rank) {
 std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store& store,
                                                       const CommOptions& options) {
   const auto deadline = deadlineAfter(options.timeout);
-  const Roster roster = exchangeRoster(rank, size, store, deadline, listenFor);
+  // Until the state below owns it (its destructor forgets it), a creation that fails must
+  // take back what listenFor registered with the process's network service.
+  struct Registration {
+    std::optional<CommId> id;
+    ~Registration() {
+#ifdef LOOM_HAVE_NET
+      if (id) net::NetService::instance().forget(*id);
+#endif
+    }
+  } registration;
+  const Roster roster =
+      exchangeRoster(rank, size, store, deadline, [&registration](const Roster& r) {
+        registration.id = r.id;
+        return listenFor(r);
+      });
   const HostMap hosts = hostMapOf(roster);
   requireSupportedLinks(roster, hosts, rank);
   // Tunables that share out the host count this host's ranks (chunk sizes) or, for the
@@ -134,6 +148,7 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   // Before join: the threads the communicator starts inherit the block.
   if (config.bindRanks) placeThisRank(roster, hosts, rank, config.tuning.threads);
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
+  registration.id.reset();
   state->join(deadline);
   return state;
 }

@@ -86,6 +86,28 @@ TEST(Errors, CreateRejectsBadRanksAndSizes) {
   EXPECT_THROW(Communicator::create(0, 1, nullptr), Error);
 }
 
+// A rank whose own settings are bad fails at creation; the others must learn it from the
+// store at once, naming it and the setting, not wait out the timeout for it to join.
+void expectBadSettingOfOneRankRefusedEverywhere(int badRank, const char* name, const char* value) {
+  expectOk(3, [&](RankContext& ctx) {
+    if (ctx.rank == badRank) ::setenv(name, value, 1);  // a forked rank: its own environment
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string who = "rank " + std::to_string(badRank) + " cannot join";
+    expectError([&] { ctx.connect(options); }, ErrorCode::kInvalidArgument,
+                {ctx.rank == badRank ? name : who.c_str(), name});
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+               << "the refusal took the timeout");
+  });
+}
+
+TEST(Errors, ABadSettingOnOneRankFailsEveryRankAtCreation) {
+  expectBadSettingOfOneRankRefusedEverywhere(1, "LOOM_NET_LANES", "8");       // its record
+  expectBadSettingOfOneRankRefusedEverywhere(2, "LOOM_CHUNK_BYTES", "5000");  // Config::load
+  expectBadSettingOfOneRankRefusedEverywhere(0, "LOOM_SPIN_US", "many");      // rank 0's own
+}
+
 TEST(Errors, MismatchedCollectivesNameBothSides) {
   expectOk(3, [](RankContext& ctx) {
     auto comm = ctx.connect();

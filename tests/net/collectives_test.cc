@@ -18,6 +18,7 @@
 #include "expect_error.h"
 #include "net_helpers.h"
 #include "reference.h"
+#include "transport/net/net_service.h"
 
 namespace loom {
 namespace {
@@ -399,9 +400,14 @@ TEST_F(TwoHosts, RanksWithDifferentLanesAreRefusedWhenTheyMeet) {
   LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
     hosts_->enter(ctx.rank);
     ::setenv("LOOM_NET_LANES", ctx.rank == 1 ? "2" : "1", 1);
+    const size_t expecting = net::NetService::instance().expecting();
     testing::expectError(
         [&] { ctx.connect(); }, ErrorCode::kInvalidArgument,
         {"LOOM_NET_LANES is 2 on rank 1 but 1 on rank 0", "same value on every rank"});
+    // The refused creation took back its registration with the process's network service.
+    LOOM_CHECK(net::NetService::instance().expecting() == expecting,
+               << net::NetService::instance().expecting() << " communicators expected, "
+               << expecting << " before");
   });
 }
 

@@ -142,6 +142,20 @@ TEST(Bootstrap, RosterRoundTripsAndRejectsWrongSizes) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_FALSE(parseRoster(std::span<const uint8_t>(bytes).first(n), 3).has_value());
   }
+  // A refusal travels in place of the peers, for any size; a peer's own refusal with it.
+  Roster refused;
+  refused.refusal = "rank 1 cannot join: LOOM_NET_LANES=8";
+  const auto parsedRefusal = parseRoster(encodeRoster(refused), 3);
+  ASSERT_TRUE(parsedRefusal.has_value());
+  EXPECT_EQ(parsedRefusal->refusal, refused.refusal);
+  EXPECT_TRUE(parsedRefusal->peers.empty());
+  roster.refusal = "peers and a refusal at once";
+  EXPECT_FALSE(parseRoster(encodeRoster(roster), 3).has_value());
+  PeerInfo refusing;
+  refusing.refusal = "LOOM_CHUNK_BYTES must be a multiple of 4096";
+  const auto peer = parsePeer(encodePeer(refusing));
+  ASSERT_TRUE(peer.has_value());
+  EXPECT_EQ(peer->refusal, refusing.refusal);
 }
 
 TEST(Config, DefaultChunkIsWholePagesForEveryRankCount) {

@@ -64,6 +64,11 @@ class NetService {
 
   /// Connections refused or dropped so far (for tests and reports).
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  /// How many communicators it accepts connections for now (for tests).
+  size_t expecting() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return expected_.size();
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
