@@ -448,8 +448,12 @@ def _errors(rank, world):
         ts.get("obj", inplace_tensor=torch.zeros(2))
     with pytest.raises(ValueError, match="keys are non-empty strings"):
         ts.put("", torch.zeros(1))
-    with pytest.raises(KeyError, match=r"get_state_dict\('f32'\)|names differ"):
+    with pytest.raises(ValueError, match=r"'f32' version 1 is a tensor, not a state dict: use get"):
         ts.get_state_dict("f32", {"other": torch.zeros(4, 4)})
+    with pytest.raises(ValueError, match=r"'f32' version 1 is a tensor, not a state dict: use get"):
+        ts.get_state_dict("f32")
+    with pytest.raises(ValueError, match=r"'obj' version 1 is an object, not a state dict: use get"):
+        ts.get_state_dict("obj", {"other": torch.zeros(4, 4)}, strict=False)
     with pytest.raises(KeyError, match=r"delete\('missing'\): no such key"):
         ts.delete("missing")
     real = _store._available_memory
@@ -859,3 +863,248 @@ def _broadcast_mode(rank, world):
 
 def test_broadcast_mode_delivers_the_writers_state_dict_to_every_member():
     assert run_ranks(3, _broadcast_mode) == [[1, 2, 3]] * 3
+
+
+def _lazy_views(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    c = _sample(torch.complex64, (4, 3), 5)
+    x = torch.arange(1.0, 9.0)
+    # Values as the user sees them: a conjugate and a negative view, alone and back to back
+    # with a plain tensor in one state dict (where copies of neighbours are joined).
+    sd = {"conj": c.conj(), "neg": torch._neg_view(x), "plain": torch.ones(3)}
+    want = {name: t.resolve_conj().resolve_neg() for name, t in sd.items()}
+    if rank == 0:
+        ts.put("conj", c.conj())
+        ts.put("neg", torch._neg_view(x))
+        ts.put_state_dict(sd, "sd")
+    dist.barrier()
+    if rank == 1:
+        assert torch.equal(ts.get("conj"), want["conj"]) and torch.equal(ts.get("neg"), want["neg"])
+        got = ts.get_state_dict("sd")
+        assert all(torch.equal(got[name], want[name]) for name in want)
+        # Into the reader's own conjugate and negative views: they show the stored values.
+        into = {"conj": torch.zeros(4, 3, dtype=torch.complex64).conj(), "neg": torch._neg_view(torch.zeros(8)),
+                "plain": torch.zeros(3)}
+        ts.get_state_dict("sd", into)
+        assert all(torch.equal(into[name].resolve_conj().resolve_neg(), want[name]) for name in want)
+    dist.barrier()
+    return True
+
+
+def test_conjugate_and_negative_views_are_stored_by_value():
+    assert run_ranks(2, _lazy_views) == [True, True]
+
+
+def _changed_in_place(rank, world):
+    from loom.tensor_store import TensorStore
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:  # the writer: its tensors change dtype under the same objects, as module.to() does
+        sd = {"w": torch.arange(8, dtype=torch.float32), "b": torch.full((8,), 7.0)}
+        ts.put_state_dict(sd, "sd")
+        for t in sd.values():
+            t.data = t.data.to(torch.float64)
+        sd["w"].data += 100
+        ts.put_state_dict(sd, "sd")
+        store.set("put2", "1")
+        for v in (3, 4):
+            _sync(store, f"ask{v}")
+            ts.put_state_dict({"w": torch.full((8,), float(v)), "b": torch.full((8,), float(v))}, "sd")
+            store.set(f"put{v}", "1")
+        dist.barrier()
+        return None
+    _sync(store, "put2")
+    got = ts.get_state_dict("sd")
+    assert got["w"].dtype == got["b"].dtype == torch.float64
+    assert got["w"].tolist() == [100.0 + i for i in range(8)] and got["b"].tolist() == [7.0] * 8
+    # The reader's tensors, back to back in one buffer, read once, then moved to new memory
+    # and then resized under the same objects: its next reads follow them.
+    flat = torch.zeros(16, dtype=torch.float64)
+    mine = {"w": flat[:8], "b": flat[8:]}
+    ts.get_state_dict("sd", mine)
+    moved = torch.zeros(16, dtype=torch.float64)
+    mine["w"].data, mine["b"].data = moved[:8], moved[8:]
+    store.set("ask3", "1")
+    _sync(store, "put3")
+    with pytest.raises(ValueError, match="is stored as torch.float32"):  # the writer changed dtype back
+        ts.get_state_dict("sd", mine)
+    mine["w"].data, mine["b"].data = moved[:8].float(), moved[8:].float()
+    ts.get_state_dict("sd", mine)
+    assert mine["w"].tolist() == mine["b"].tolist() == [3.0] * 8
+    assert flat.tolist() == [100.0 + i for i in range(8)] + [7.0] * 8  # the old memory untouched
+    mine["w"].resize_(4)
+    store.set("ask4", "1")
+    _sync(store, "put4")
+    with pytest.raises(ValueError, match=r"'w': the tensor to fill has shape \[4\]; the stored block is \[8\]"):
+        ts.get_state_dict("sd", mine)
+    dist.barrier()
+    return None
+
+
+def test_plans_follow_tensors_changed_in_place():
+    run_ranks(2, _changed_in_place)
+
+
+def _failed_puts(rank, world):
+    from loom.tensor_store import TensorStore
+    from loom.tensor_store import _parts
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((1024,), 1.0))
+        ts.put("w", torch.full((1024,), 2.0))
+        copies = _parts.run_copies
+
+        def interrupted(*args):
+            raise KeyboardInterrupt("injected: the put is interrupted midway")
+
+        _parts.run_copies = interrupted
+        for step in (3, 4):  # two puts in a row fail: neither may retire version 2
+            with pytest.raises(KeyboardInterrupt):
+                ts.put("w", torch.full((1024,), float(step)))
+        _parts.run_copies = copies
+    dist.barrier()
+    out = (ts.latest_version("w"), float(ts.get("w")[0]))
+    dist.barrier()
+    if rank == 0:  # the writer goes on after them, its latest version kept
+        assert ts.put("w", torch.full((1024,), 5.0)) == 5
+    dist.barrier()
+    out = out, float(ts.get("w", version=2)[0]), float(ts.get("w")[0])
+    dist.barrier()  # the writer's buffers live as long as its store
+    return out
+
+
+def test_failed_puts_leave_the_latest_version_readable():
+    assert run_ranks(2, _failed_puts) == [((2, 2.0), 2.0, 5.0)] * 2
+
+
+def _retired_while_opened(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    # Sizes too different for one version's buffer to be reused by the next: a put that
+    # retires a version (the one before the one before it) frees its buffer.
+    sizes = {1: 1 << 10, 2: 1 << 16, 3: 1 << 19, 4: 1 << 10, 5: 1 << 16}
+    if rank == 0:
+        ts.put("w", torch.full((sizes[1],), 1.0))
+        store.set("put1", "1")
+        for v in (2, 3, 4, 5):
+            _sync(store, f"go{v}")
+            ts.put("w", torch.full((sizes[v],), float(v)))
+            store.set(f"put{v}", "1")
+        _sync(store, "read")
+        return None
+
+    def racing(reader, puts):
+        """Between looking the version up and opening its buffer, the writer puts `puts`."""
+        looked_up = reader._parts
+
+        def parts(*args):
+            reader._parts = looked_up
+            found = looked_up(*args)
+            for v in puts:
+                store.set(f"go{v}", "1")
+            _sync(store, f"put{puts[-1]}")
+            return found
+
+        reader._parts = parts
+
+    _sync(store, "put1")
+    racing(ts, (2, 3))
+    got = ts.get("w")  # looked up version 1, whose buffer is gone when opened: read again
+    out = [float(got.min()), float(got.max()), got.numel()]
+    other = TensorStore()  # a reader that never mapped version 3
+    racing(other, (4, 5))
+    with pytest.raises(TensorStoreError, match=r"'w' version 3: cannot open the buffer of rank 0"):
+        other.get("w", version=3)  # a version asked for by number is not swapped for a newer one
+    store.set("read", "1")
+    return out
+
+
+def test_read_of_the_latest_that_races_its_buffer_release_is_retried():
+    assert run_ranks(2, _retired_while_opened)[1] == [3.0, 3.0, 1 << 19]
+
+
+def _in_place_gets(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((4,), 5.0))
+        ts.put_state_dict({"w": torch.full((4,), 5.0)}, "sd")
+    dist.barrier()
+    out = {}
+    if rank == 1:
+        # A tensor saved for backward and then refreshed: backward refuses, as after copy_.
+        for read in (lambda w: ts.get("w", inplace_tensor=w), lambda w: ts.get_state_dict("sd", {"w": w})):
+            x = torch.ones(4, requires_grad=True)
+            w = torch.full((4,), 2.0)
+            y = (x * w).sum()
+            read(w)
+            assert w._version > 0 and w.tolist() == [5.0] * 4
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.backward()
+        # get fills a Parameter (contiguous, or a strided view of one) as copy_ does: refused
+        # while grad mode is on, filled under torch.no_grad().
+        for make in (lambda: torch.nn.Parameter(torch.zeros(4)), lambda: torch.nn.Parameter(torch.zeros(8))[::2]):
+            p = make()
+            with pytest.raises(RuntimeError, match="requires grad.*torch.no_grad"):
+                ts.get("w", inplace_tensor=p)
+            assert p.tolist() == [0.0] * 4
+            with torch.no_grad():
+                ts.get("w", inplace_tensor=p)
+            assert p.tolist() == [5.0] * 4 and p.requires_grad
+        # get_state_dict fills them as load_state_dict does, whatever the grad mode.
+        model = torch.nn.Linear(4, 1, bias=False)
+        before = model.weight._version
+        ts.get_state_dict("sd", {"w": model.weight.view(4)})
+        assert model.weight._version > before and model.weight.requires_grad
+        out["param"] = model.weight.tolist()
+    dist.barrier()
+    return out
+
+
+def test_in_place_gets_follow_copy_semantics():
+    assert run_ranks(2, _in_place_gets)[1] == {"param": [[5.0] * 4]}
+
+
+def _two_writers(rank, world):
+    from loom.tensor_store import TensorStore
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        assert ts.put("k", torch.full((4,), 1.0)) == 1
+    dist.barrier()
+    out = []
+    if rank == 1:  # another writer of the same key would number its versions 1, 2... too
+        with pytest.raises(ValueError, match=r"put\('k'\): that key is written by rank\(s\) 0.*delete it first"):
+            ts.put("k", torch.full((4,), 2.0))
+        ts.make_lendable({"t": (lent := torch.full((4,), 3.0))})
+        with pytest.raises(ValueError, match=r"lend\('k'\): that key is written by rank\(s\) 0"):
+            ts.lend("k", lent)
+        out.append(ts.latest_version("k"))
+    dist.barrier()
+    if rank == 0:
+        assert ts.put("k", torch.full((4,), 4.0)) == 2  # the writer goes on
+    dist.barrier()
+    out.append(float(ts.get("k")[0]))
+    dist.barrier()
+    if rank == 0:
+        ts.delete("k")  # deleted: any rank may write it anew
+    dist.barrier()
+    if rank == 1:
+        ts.put("k", torch.full((4,), 6.0))
+        store.set("put", "1")
+    _sync(store, "put")
+    out.append(float(ts.get("k")[0]))
+    dist.barrier()
+    return out
+
+
+def test_a_second_writer_of_a_key_is_refused():
+    assert run_ranks(2, _two_writers) == [[4.0, 6.0], [1, 4.0, 6.0]]

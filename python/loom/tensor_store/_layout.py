@@ -123,3 +123,11 @@ def leaf_signature(leaves: list[tuple[tuple, Any]]) -> tuple:
     tensors = [v for _, v in leaves if isinstance(v, torch.Tensor)]
     others = tuple(i for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor))
     return tuple(path for path, _ in leaves), _C.tensors_signature(tensors), others
+
+
+def shards_signature(tensors: list[torch.Tensor]) -> bytes:
+    """leaf_signature's bytes for the tensors a plan copies from or into (a DTensor's shard,
+    not its wrapper): they change with any tensor's address, dtype, shape or strides, as
+    `.data =` (module.to(dtype)) or resize_ change them under the same tensor object."""
+    with torch.no_grad():  # to_local() is then the shard itself, not an autograd view of it
+        return _C.tensors_signature([t.to_local() if is_dtensor(t) else t for t in tensors])

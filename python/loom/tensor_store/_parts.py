@@ -265,8 +265,14 @@ def copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[Copy
     buffer and often in a reader's) joined into one copy of bytes: what run_copies takes
     (plans make it once and run it every read)."""
     groups: dict[tuple, tuple[list, list]] = {}
+    lazy: list[CopyGroup] = []
     for dst, src in zip(dsts, srcs):
         if dst.numel() == 0:
+            continue
+        if _lazy(dst) or _lazy(src):
+            # A conjugate or negative view's bytes are not its values: a plain copy_ resolves
+            # them (loom's copies and joins move bytes; torch's batched copy refuses such a dst).
+            lazy.append(CopyGroup("alone", [dst], [src]))
             continue
         into, out_of = groups.setdefault((dst.device, src.device, _loom_copies(dst, src)), ([], []))
         if into and _continues(into[-1], dst) and _continues(out_of[-1], src) and dst.dtype == src.dtype:
@@ -274,7 +280,7 @@ def copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[Copy
         else:
             into.append(dst)
             out_of.append(src)
-    out = []
+    out = lazy
     for (_, _, loom), (into, out_of) in groups.items():
         if loom is not None:
             out.append(CopyGroup(loom, into, out_of))
@@ -285,6 +291,11 @@ def copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[Copy
         if rest:
             out.append(CopyGroup("batched", [d for d, _ in rest], [s for _, s in rest]))
     return out
+
+
+def _lazy(tensor: torch.Tensor) -> bool:
+    """True for a conjugate or negative view (torch resolves the bit only when it reads values)."""
+    return tensor.is_conj() or tensor.is_neg()
 
 
 def _continues(before: torch.Tensor, after: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._layout import flatten
+from ._layout import flatten, shards_signature
 from ._parts import MappedBuffer, PartMeta, TensorMeta, copy_groups, run_copies, unpickled
 
 if TYPE_CHECKING:
@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 class TensorStoreError(RuntimeError):
     """A version cannot be read: its writer exited or replaced it, or it was never complete."""
+
+
+class Released(TensorStoreError):
+    """A writer's buffer cannot be opened: the writer freed it (a newer put retired its version,
+    or the writer closed its store) or exited."""
 
 
 class Stale(Exception):
@@ -47,6 +52,9 @@ class ReadPlan:
         self.spans: dict[tuple[int, int], list[tuple[int, int]]] = {}  # per buffer: (offset, bytes) it reads
         self.ranges: dict[tuple[int, int], list[tuple[int, int]]] | None = None  # spans merged, on first run
         self.leaf_refs: list = []
+        self.signature = b""  # shards_signature of the reader's tensors the plan was made for
+        self.targets: list[torch.Tensor] = []  # the reader's own tensors this plan writes into
+        self.guarded: list[torch.Tensor] = []  # those filled as copy_ fills (get's inplace_tensor)
         self.wait_limit = store._timeout  # for bytes still being written (set per read)
 
     def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
@@ -70,12 +78,22 @@ class ReadPlan:
         if meta.nbytes:
             self.spans.setdefault(slot, []).append((meta.offset, meta.nbytes))
 
+    def fill(self, target: torch.Tensor, into: torch.Tensor, like_copy: bool) -> None:
+        """Notes that the copies write into the reader's own tensor `target` (through `into`,
+        a DTensor's shard): each run bumps its version, as copy_ does; with `like_copy` it is
+        also refused, as copy_ refuses it, if it requires grad while grad mode is on (a
+        state dict's tensors are filled as load_state_dict fills them, under no_grad)."""
+        self.targets.extend([target] if into is target else [target, into])
+        if like_copy:
+            self.guarded.append(target)
+
     def add_object(self, path: tuple, piece: tuple[PartMeta, TensorMeta]) -> None:
         self.objects.append((path, self._source(*piece)))
         self._need(self.needs_for_objects, *piece)
 
     def run(self, parts: list[PartMeta]) -> Any:
         """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
+        self._check_writable()
         checks = []
         writing = {}  # the buffers still being written, by (part, buffer)
         if self.ranges is None:
@@ -96,6 +114,9 @@ class ReadPlan:
             run_copies(self.groups)
         else:
             self._run_as_written(writing)
+        # loom's copies write memory behind autograd's back: a tensor saved for backward
+        # must be seen as changed, as after copy_ (its backward then refuses to run).
+        torch.autograd.graph.increment_version(self.targets)
         for slot, end in self.needs_for_objects:
             if slot in writing:
                 self._await(writing[slot], end)
@@ -106,6 +127,19 @@ class ReadPlan:
             if not mapped.check(generation, written):
                 raise Stale()
         return self.result({path: unpickled(data) for path, data in raw.items()})
+
+    def _check_writable(self) -> None:
+        """Refuses, as copy_ does, to fill get's tensor if it requires grad while grad mode is
+        on (torch.no_grad() around the read allows it)."""
+        if not torch.is_grad_enabled():
+            return
+        for target in self.guarded:
+            if target.requires_grad:
+                raise RuntimeError(self.store._message(
+                    f"'{self.parts[0].key}': the tensor to fill requires grad (a Parameter?) and grad "
+                    f"mode is on; the store writes it in place, outside autograd, which copy_ "
+                    f"refuses too: read under torch.no_grad(), or fill a state dict with "
+                    f"get_state_dict, which fills as load_state_dict does"))
 
     def _run_as_written(self, writing: dict) -> None:
         """The copies in the order their bytes are written, each bucket once it is there."""
@@ -157,17 +191,20 @@ class ReadPlan:
             time.sleep(20e-6)
 
     def remember_leaves(self, leaves: dict[tuple, Any]) -> None:
+        """Notes the reader's state dict this plan fills, for still_fits."""
         self.leaf_refs = [(path, weakref.ref(v) if isinstance(v, torch.Tensor) else None) for path, v in leaves.items()]
+        self.signature = shards_signature([v for v in leaves.values() if isinstance(v, torch.Tensor)])
 
     def still_fits(self, user: dict) -> bool:
-        """True if `user` holds the same tensors at the same names as when this was made."""
+        """True if `user` holds the same tensors at the same names as when this was made, with
+        the same memory, dtypes, shapes and strides (the copies hold views of that memory)."""
         leaves = list(flatten(user))
         if len(leaves) != len(self.leaf_refs):
             return False
         for (path, value), (known, ref) in zip(leaves, self.leaf_refs):
             if path != known or (ref() is not value if ref is not None else isinstance(value, torch.Tensor)):
                 return False
-        return True
+        return shards_signature([v for _, v in leaves if isinstance(v, torch.Tensor)]) == self.signature
 
 
 def merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -8,6 +8,8 @@ Keys in the job's Store (under loom_ts/<namespace>/), all small:
     k/<key>/v<V>/done        how many parts of V are written (Store.add; several writers only)
     k/<key>/v<V>/complete    the number of parts, set by the writer that completed V
     k/<key>/mode             "put" or "lent", set before the key's first version
+    k/<key>/writers          the ranks that write the key (one, or a DTensor's mesh), set by
+                             its first put or lend: other ranks are refused
     index                    every key ever put, one per line (the Store cannot list keys)
 
 Readers of the latest see a version once it is complete; a reader that asks for a version
@@ -41,7 +43,7 @@ from ._broadcast import Broadcaster
 from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text, unflatten,
                       whole)
 from ._lending import Lent, lendable_tensors, lent_metas, move_into, take_back
-from ._read_plan import ReadPlan, Stale, TensorStoreError, pieces_by_path
+from ._read_plan import ReadPlan, Released, Stale, TensorStoreError, pieces_by_path
 from ._remote import RemoteBuffer, serve
 from ._write_plan import Kept, WritePlan
 from ._parts import (
@@ -59,6 +61,9 @@ from ._parts import (
 
 # A value no key of the store ever holds (see TensorStore._get_now).
 _ABSENT = b"\x00loom-tensor-store: absent\x00"
+
+# A part's kind, for messages.
+_KINDS = {"tensor": "a tensor", "object": "an object", "state_dict": "a state dict"}
 
 
 class TensorStore:
@@ -98,6 +103,7 @@ class TensorStore:
         self._owned: dict[str, collections.deque[Kept]] = {}
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
+        self._claimed: set[str] = set()  # keys this writer may write (see _claim)
         self._latest_seen: dict[str, bytes] = {}  # the latest value this writer set, per key
         self._write_plans: dict[str, WritePlan] = {}
         self._read_plans: dict[str, dict[tuple, ReadPlan]] = {}
@@ -123,7 +129,8 @@ class TensorStore:
         """The value of `key` at `version` (default: the latest). A tensor is assembled from
         every stored shard: the whole tensor, or into `inplace_tensor` (a tensor of the whole
         shape, or a DTensor, which receives its own shard), or the block `tensor_slice_spec`
-        names (offsets and local_shape). A version not yet put is waited for up to `timeout`."""
+        names (offsets and local_shape). A version not yet put is waited for up to `timeout`.
+        `inplace_tensor` is filled as copy_ would: under torch.no_grad() if it requires grad."""
         self._check_key(key)
         with self._lock:
             return self._read(key, version, timeout,
@@ -141,7 +148,8 @@ class TensorStore:
         """The state dict stored under `key`. With `user_state_dict`, its tensors are filled in
         place (a DTensor receives its own shard, resharded from however the writers held it)
         and it is returned with its other leaves replaced; `strict` refuses names that only
-        one side has, as load_state_dict does."""
+        one side has, as load_state_dict does. Its tensors are filled as load_state_dict fills
+        a module's (parameters too, whatever the grad mode), each one's version bumped."""
         self._check_key(key)
         with self._lock:
             return self._read(key, version, timeout,
@@ -234,9 +242,7 @@ class TensorStore:
             latest = self._latest(key)
             if latest is None and key not in self._owned and key not in self._lent:
                 raise KeyError(self._message(f"delete('{key}'): no such key"))
-            self._store.delete_key(f"k/{key}/latest")
-            self._store.delete_key(f"k/{key}/mode")
-            self._indexed.discard(key)
+            self._forget(key)
             for kept in self._owned.pop(key, ()):
                 self._unpublish(key, kept)
             lent = self._lent.pop(key, None)
@@ -296,10 +302,6 @@ class TensorStore:
         plan = self._write_plan(key, kind, index, leaves)
         with torch.no_grad():
             sources = plan.sources(leaves)
-        for meta, tensor in zip(plan.metas, sources):
-            if tuple(tensor.shape) != meta.box.shape:  # resized in place since the plan was made
-                self._write_plans.pop(key, None)
-                return self._put_leaves(key, kind, leaves, version)
         with self._lock:
             if self._closed:
                 raise RuntimeError(self._message(f"put('{key}'): this TensorStore is closed"))
@@ -307,12 +309,13 @@ class TensorStore:
                 raise ValueError(self._message(f"put('{key}'): this rank lends that key; a key is either "
                                                f"put or lent (delete it first, or use another key)"))
             version = self._next_version(key, version)
-            return self._publish(key, kind, version, index, len(writers), plan, sources)
+            return self._publish(key, kind, version, index, writers, plan, sources)
 
     def _write_plan(self, key: str, kind: str, index: int, leaves: list[tuple[tuple, Any]]) -> "WritePlan":
         """Where each leaf goes in this writer's buffers. Made once for a state dict whose
-        tensors are the same objects put after put (a model's parameters); objects are pickled
-        anew each time, so a state dict holding any is planned every put."""
+        tensors are the same objects put after put (a model's parameters), and again when one
+        of them changed in place (a new dtype, shape or memory); objects are pickled anew each
+        time, so a state dict holding any is planned every put."""
         identity = (kind, index, tuple(id(v) for _, v in leaves))
         plan = self._write_plans.get(key)
         if plan is not None and plan.identity == identity and plan.alive(leaves):
@@ -351,9 +354,24 @@ class TensorStore:
             raise ValueError(self._message(f"put('{key}'): this rank is not in its DTensors' mesh {writers}"))
         return writers, writers.index(self._rank)
 
+    def _claim(self, key: str, writers: list[int], verb: str) -> None:
+        """Once per key: records its writers (one rank, or a DTensor's mesh) in the Store, or
+        refuses if other ranks write it. Each writer numbers its versions itself, so two would
+        put the same version numbers and readers would lose one of each pair."""
+        if key in self._claimed:
+            return
+        mine = ",".join(map(str, sorted(writers))).encode()
+        owner = self._store.compare_set(f"k/{key}/writers", b"", mine)
+        if owner != mine:
+            raise ValueError(self._message(
+                f"{verb}('{key}'): that key is written by rank(s) {owner.decode()}, and only they may "
+                f"write it (one rank, or the ranks of one DTensor mesh, so that its versions are one "
+                f"sequence): use a key per writer, or delete it first"))
+        self._claimed.add(key)
+
     def _next_version(self, key: str, version: int | None) -> int:
         last = self._last_version.get(key)
-        if last is None and key not in self._owned:
+        if last is None:  # this writer's first version of the key (or its first puts failed)
             latest = self._latest(key)
             last = latest[0] if latest else 0
         if version is None:
@@ -364,10 +382,10 @@ class TensorStore:
                 f"version of this key is {last}"))
         return version
 
-    def _publish(self, key: str, kind: str, version: int, index: int, parts: int, plan: "WritePlan",
+    def _publish(self, key: str, kind: str, version: int, index: int, writers: list[int], plan: "WritePlan",
                  sources: list[torch.Tensor]) -> int:
-        self._announce(key, b"put")
-        kept = self._owned.setdefault(key, collections.deque())
+        parts = len(writers)
+        kept = self._owned.get(key, collections.deque())  # this rank owns the key once it keeps a version
         spare: list[OwnedBuffer] = []
         while len(kept) >= self._keep:  # the oldest version goes; its buffers may be reused
             oldest = kept.popleft()
@@ -375,6 +393,8 @@ class TensorStore:
             spare.extend(oldest.buffers)
         buffers = [self._buffer(f"put('{key}')", device, capacity, spare) for device, capacity in zip(plan.devices, plan.capacity)]
         del spare  # buffers not reused are freed here
+        self._claim(key, writers, "put")
+        self._announce(key, b"put")
         regions = tuple(b.region.id for b in buffers)
         layout = plan.layouts.get(regions)
         if layout is None:
@@ -390,6 +410,7 @@ class TensorStore:
         generations = tuple(buffer.next_generation() for buffer in buffers)
         self._store.set(f"{base}/p{index}", encode_part(layout, generations))
         kept.append(Kept(version, index, parts, buffers))
+        self._owned[key] = kept
         self._last_version[key] = version
         try:
             with torch.no_grad():
@@ -397,6 +418,9 @@ class TensorStore:
                     buffer.write([(sources[i], plan.metas[i].offset) for i in on_device], self._bucket_bytes)
         except BaseException:
             self._store.delete_key(f"{base}/p{index}")  # never complete: readers of it are told
+            # Nor kept: it must not take one of the `keep` places, or the next put would
+            # retire the latest readable version to make room.
+            kept.pop()
             raise
         if parts == 1:
             self._store.set(f"{base}/complete", b"1")
@@ -445,6 +469,7 @@ class TensorStore:
                     raise ValueError(f"{what}: its tensors share a buffer with key '{other}', lent by "
                                      f"this rank; a buffer is lent under one key (make_lendable each "
                                      f"model separately)")
+            self._claim(key, [self._rank], "lend")
             version = self._next_version(key, version)
             self._announce(key, b"lent")
             for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
@@ -476,9 +501,16 @@ class TensorStore:
         """Ends lending `key`: its buffers stay the writer's tensors' memory, marked as being
         changed, and the key is gone (one writer lends a key: its version is the latest)."""
         take_back(lent.plan.buffers)
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        """Removes what says `key` exists and who writes it: readers find no such key, and
+        any rank may write it anew."""
         self._store.delete_key(f"k/{key}/latest")
         self._store.delete_key(f"k/{key}/mode")
+        self._store.delete_key(f"k/{key}/writers")
         self._indexed.discard(key)
+        self._claimed.discard(key)
 
     def _lends(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` already lives in one of this store's lendable buffers."""
@@ -536,10 +568,18 @@ class TensorStore:
         retries = 0
         while retries < self._RETRIES:
             v, parts = self._parts(key, version, timeout)
-            plan = plan_for(v, parts)
-            plan.wait_limit = wait
             try:
+                plan = plan_for(v, parts)
+                plan.wait_limit = wait
                 return plan.run(parts)
+            except Released:
+                # A put that retired the version just looked up frees its buffer unless it
+                # reuses it: that read of the latest is retried on the newer version. With no
+                # newer one the writer closed or exited, and the error says so.
+                latest = self._latest(key)
+                if version is not None or latest is None or latest[0] <= v:
+                    raise
+                retries += 1
             except Stale:
                 if version is not None and parts[0].lent:
                     raise TensorStoreError(self._message(
@@ -686,7 +726,7 @@ class TensorStore:
             try:
                 mapped = MappedBuffer(meta)
             except RuntimeError as error:
-                raise TensorStoreError(self._message(
+                raise Released(self._message(
                     f"'{part.key}' version {part.version}: cannot open the buffer of rank "
                     f"{part.rank} (pid {meta.pid}): {error}")) from error
             self._mapped[meta.region_id] = mapped
@@ -716,6 +756,8 @@ class TensorStore:
             return plan
         want, dst = self._target(key, version, (), pieces, inplace, slice_spec)
         self._assemble(key, version, (), pieces, want, dst, plan)
+        if inplace is not None:
+            plan.fill(inplace, dst, like_copy=True)
         plan.result = lambda objects: inplace if inplace is not None else dst
         return plan
 
@@ -723,6 +765,9 @@ class TensorStore:
                          strict: bool) -> "ReadPlan":
         """The copies that fill `user` (or new tensors) from `parts`; for a user's state dict,
         made once and reused while the layout and the user's tensors stay the same."""
+        if parts[0].kind != "state_dict":
+            raise ValueError(self._message(f"'{key}' version {version} is {_KINDS[parts[0].kind]}, not a "
+                                           f"state dict: use get"))
         # A part's tensor list is shared by every version decoded from the same layout bytes.
         cache_key = (key, tuple(id(p.tensors) for p in parts), id(user)) if user is not None else None
         if cache_key is not None:
@@ -765,6 +810,8 @@ class TensorStore:
             self._assemble(key, version, path, pieces, want, into, plan)
             if dst is None:
                 replaced[path] = into
+            else:
+                plan.fill(dst, into, like_copy=False)
 
         def result(objects: dict) -> dict:
             for path, value in {**replaced, **objects}.items():  # the leaves that are not tensors

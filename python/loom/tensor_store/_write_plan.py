@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._layout import is_dtensor
+from ._layout import is_dtensor, shards_signature
 from ._parts import OwnedBuffer, TensorMeta, aligned
 
 
@@ -28,6 +28,7 @@ class WritePlan:
     def __init__(self, identity: tuple, leaves: list[tuple[tuple, Any]], pieces: list[tuple[TensorMeta, int, Any]]):
         self.identity = identity
         self.refs = [weakref.ref(v) if isinstance(v, torch.Tensor) else None for _, v in leaves]
+        self.signature = shards_signature([v for _, v in leaves if isinstance(v, torch.Tensor)])
         self.leaf_of = [i for _, i, _ in pieces]
         self.pickled = {n: data for n, (_, _, data) in enumerate(pieces) if data is not None}
         self.cacheable = not self.pickled and all(r is not None for r in self.refs)
@@ -48,8 +49,10 @@ class WritePlan:
         self.layouts: dict[tuple, bytes] = {}  # encoded part layout, by the buffers' region ids
 
     def alive(self, leaves: list[tuple[tuple, Any]]) -> bool:
-        """True if the leaves are still the tensors this plan was made for."""
-        return all(ref is not None and ref() is value for ref, (_, value) in zip(self.refs, leaves))
+        """True if the leaves are still the tensors this plan was made for, with the dtypes,
+        shapes, strides and memory they had then."""
+        return (all(ref is not None and ref() is value for ref, (_, value) in zip(self.refs, leaves))
+                and shards_signature([value for _, value in leaves]) == self.signature)
 
     def sources(self, leaves: list[tuple[tuple, Any]]) -> list[torch.Tensor]:
         """The tensor each piece copies from, this put."""
