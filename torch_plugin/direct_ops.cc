@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -151,9 +152,26 @@ struct DirectCall {
   c10::intrusive_ptr<c10d::Backend> alive;
 };
 
+/// Refuses a tensor autograd would differentiate through the call: these operators have no
+/// gradient, and torch would otherwise hand back outputs that require grad and get none.
+void requireNoGradient(const CallSite& site, const char* what, const at::Tensor& t) {
+  if (t.requires_grad() && at::GradMode::is_enabled()) {
+    invalid(site, std::string(what) + " requires grad and grad mode is on, but " + tEntry +
+                      "* have no gradient: call them under torch.no_grad() or "
+                      "torch.inference_mode(), or use torch.distributed._functional_collectives, "
+                      "whose collectives have one");
+  }
+}
+
+/// Tells autograd that the call wrote `t` in place, as copy_ would: a backward that saved
+/// `t` then refuses to run instead of using the new values.
+void written(const at::Tensor& t) {
+  torch::autograd::impl::bump_version(t);
+}
+
 /// The checks every operator starts with: the group is loom's for `tensor`'s device, no
 /// coalescing block is open on it (a direct call cannot join the block's work), and
-/// `tensor` (named `what`) is dense.
+/// `tensor` (named `what`) is dense and not differentiated through.
 DirectCall startCall(const char* op, const std::string& group, const at::Tensor& tensor,
                      const char* what) {
   c10::intrusive_ptr<c10d::Backend> backend = loomGroup(op, group, tensor.device());
@@ -166,6 +184,7 @@ DirectCall startCall(const char* op, const std::string& group, const at::Tensor&
                 std::string(tEntry) + "* run alone: call them outside it");
   }
   requireDense(site, what, tensor);
+  requireNoGradient(site, what, tensor);
   return {pg, site, std::move(backend)};
 }
 
@@ -192,13 +211,14 @@ void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&tensor})) {
     allReduceDirect(pg, s, op, tensor, tensor.data_ptr());
-    return;
+  } else {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = op;
+    opts.asyncOp = false;
+    waitFor(pg.allreduce(tensors, opts));
   }
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = op;
-  opts.asyncOp = false;
-  waitFor(pg.allreduce(tensors, opts));
+  written(tensor);
 }
 
 at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
@@ -227,13 +247,14 @@ void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group)
       return pg.communicator().broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
                                          static_cast<int>(src), blockingOptions());
     });
-    return;
+  } else {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    opts.asyncOp = false;
+    waitFor(pg.broadcast(tensors, opts));
   }
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = src;
-  opts.asyncOp = false;
-  waitFor(pg.broadcast(tensors, opts));
+  written(tensor);
 }
 
 /// `input`'s shape with dim 0 multiplied by `factor` (a 0-d input counts as one row).
@@ -274,9 +295,11 @@ at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
 void allGatherIntoTensorOut(const at::Tensor& input, int64_t groupSize, const std::string& group,
                             at::Tensor& out) {
   auto [pg, s, alive] = startCall("all_gather_into_tensor_out", group, input, "input");
+  requireNoGradient(s, "out", out);
   requireGroupSize(s, groupSize);
   requireWholeOfParts(s, "out", out, "input", input);
   allGatherInto(pg, s, input, out);
+  written(out);
 }
 
 /// The checks of both reduce_scatter_tensor forms, after startCall: the group size and rows
@@ -325,9 +348,11 @@ at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduc
 void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp, int64_t groupSize,
                             const std::string& group, at::Tensor& out) {
   auto [pg, s, alive] = startCall("reduce_scatter_tensor_out", group, input, "input");
+  requireNoGradient(s, "out", out);
   requireScatterable(s, input, groupSize);
   requireWholeOfParts(s, "input", input, "out", out);
   reduceScatterInto(pg, s, input, reduceOp, out);
+  written(out);
 }
 
 /// Rows of `input` exchanged with every rank into `output` (of the input's dtype: both
@@ -376,12 +401,14 @@ void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes
                        at::IntArrayRef inputSplitSizes, const std::string& group, at::Tensor& out) {
   auto [pg, s, alive] = startCall("all_to_all_single_out", group, input, "input");
   requireDense(s, "out", out);
+  requireNoGradient(s, "out", out);
   if (out.scalar_type() != input.scalar_type()) {
     invalid(s, "out has dtype " + std::string(c10::toString(out.scalar_type())) +
                    " but input has " + c10::toString(input.scalar_type()) +
                    "; pass an out of the input's dtype");
   }
   allToAllInto(pg, s, input, outputSplitSizes, inputSplitSizes, out);
+  written(out);
 }
 
 /// An argument of an eager call as its kernel gets it. Negative views (whose memory holds

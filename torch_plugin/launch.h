@@ -107,11 +107,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   const bool pointToPoint = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                             type == c10d::OpType::RECVANYSOURCE;
   bool held = false;
+  bool inBlock = false;
   // Outside a block (nearly every call) no lock: the flag changes only in start/
   // endCoalescing, which a caller orders with its own calls.
   if (coalescing_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) {
+      inBlock = true;
       coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
       if (stream) coalescedStream_ = stream;
       held = stream && pointToPoint;
@@ -131,6 +133,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   }
   // A held call's work waits on the host: no stream semantics, so no end event either.
   const std::optional<c10::Stream> workStream = held ? std::nullopt : stream;
+  const bool copiesBack = static_cast<bool>(finisher);
   auto work = c10::make_intrusive<WorkLoom>(
       rank_, type, title, site.op, inputs,
       std::vector<at::Tensor>(std::forward<OutputList>(outputs)), std::move(finisher), workStream,
@@ -138,6 +141,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   work->setFutureLists(futureLists);
   work->tieTo(ties_);
   work->track(requests, inputs);
+  if (inBlock && copiesBack) {
+    // Its requests end before its finisher has copied the results back (their callbacks
+    // run after they are marked done): the block's work must wait for this work itself.
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    copyingBack_.push_back(work);
+  }
   return work;
 }
 

@@ -305,6 +305,7 @@ void ProcessGroupLoom::startCoalescing() {
   coalescing_ = true;
   coalesced_.clear();
   held_.clear();
+  copyingBack_.clear();
   blockError_ = nullptr;
   coalescedStream_.reset();
   comm_->startGroup();
@@ -313,6 +314,7 @@ void ProcessGroupLoom::startCoalescing() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   std::vector<Request> requests;
   std::vector<HeldFinish> held;
+  std::vector<c10::intrusive_ptr<WorkLoom>> copyingBack;
   std::optional<c10::Stream> stream;
   std::exception_ptr refused;
   {
@@ -321,6 +323,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     coalescing_ = false;
     requests.swap(coalesced_);
     held.swap(held_);
+    copyingBack.swap(copyingBack_);
     stream.swap(coalescedStream_);
     refused = std::exchange(blockError_, nullptr);
   }
@@ -336,15 +339,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   // caller learns why now, once torch's coalescing manager has closed its block.
   if (refused) std::rethrow_exception(refused);
   // The operations were queued as they were called (CUDA transfers just now); this work
-  // completes with the last, and on CUDA follows the stream semantics of its calls.
+  // completes with the last, and on CUDA follows the stream semantics of its calls. A CPU
+  // call's copy-back runs in its own work's completion, after its requests are marked done:
+  // this work's finisher waits for those works (their errors become this work's). Where it
+  // runs on the thread that ends the block's last request, every call's completion
+  // callbacks for that request have already run there (they were registered first).
+  std::function<void()> finisher;
+  if (!copyingBack.empty()) {
+    finisher = [copyingBack = std::move(copyingBack)] {
+      for (const auto& work : copyingBack) work->wait();
+    };
+    if (stream) {  // CPU calls in a block of CUDA ones: a CUDA work has no host finisher
+      releasingGil(finisher);
+      finisher = nullptr;
+    }
+  }
   if (!stream && allEnded(requests)) {
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
                                              std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
-                                             nullptr, requests, ties_->legend);
+                                             finisher, requests, ties_->legend);
   }
   auto work = c10::make_intrusive<WorkLoom>(
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
-      std::vector<at::Tensor>{}, nullptr, stream, stream ? events_ : nullptr);
+      std::vector<at::Tensor>{}, std::move(finisher), stream, stream ? events_ : nullptr);
   work->tieTo(ties_);
   work->track(requests);
   return work;

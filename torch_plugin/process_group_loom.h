@@ -200,6 +200,9 @@ class ProcessGroupLoom : public c10d::Backend {
   std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; launch() peeks
   std::vector<Request> coalesced_;
   std::vector<HeldFinish> held_;  // guarded by coalesceMutex_
+  // The block's CPU calls that copy results back when they end (staged or packed tensors):
+  // the block's work ends after them, not with their requests. Guarded by coalesceMutex_.
+  std::vector<c10::intrusive_ptr<WorkLoom>> copyingBack_;
   // The first error of a send or receive inside the block, which endCoalescing raises
   // (heldInBlock()); guarded by coalesceMutex_.
   std::exception_ptr blockError_;

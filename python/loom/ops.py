@@ -152,6 +152,11 @@ def _all_gather_fake(input, group_size, group_name):
 
 @torch.library.register_fake("loom::reduce_scatter_tensor")
 def _reduce_scatter_fake(input, reduce_op, group_size, group_name):
+    # The eager kernel's check, so that a traced call fails with its message, not an IndexError.
+    rows = input.shape[0] if input.dim() else 1
+    if input.dim() == 0 or rows % group_size != 0:
+        raise RuntimeError(f"loom reduce_scatter_tensor: input has {rows} rows, which do not divide "
+                           f"evenly among {group_size} ranks")
     shape = list(input.shape)
     shape[0] //= group_size
     return input.new_empty(shape)

@@ -184,6 +184,21 @@ def test_torch_compile_traces_the_operators(entry):
     run_ranks(WORLD, compiled_body, entry)
 
 
+def compiled_bad_rows_body(rank: int, world: int) -> None:
+    """A traced reduce_scatter_tensor whose rows do not divide among the ranks fails with the
+    eager call's message (its fake kernel checks them), not an IndexError of the tracer."""
+    name = dist.group.WORLD.group_name
+    compiled = torch.compile(lambda x: torch.ops.loom.reduce_scatter_tensor(x, "sum", world, name),
+                             fullgraph=True)
+    for bad in (torch.tensor(1.0), torch.ones(world + 1)):
+        with pytest.raises(Exception, match="do not divide evenly among"):
+            compiled(bad)
+
+
+def test_a_traced_call_with_rows_that_do_not_divide_gets_the_eager_message():
+    run_ranks(WORLD, compiled_bad_rows_body)
+
+
 def errors_body(rank: int, world: int, entry: str) -> None:
     ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
@@ -223,6 +238,44 @@ def errors_body(rank: int, world: int, entry: str) -> None:
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_bad_arguments_are_named_errors(entry):
     run_ranks(WORLD, errors_body, entry)
+
+
+def autograd_body(rank: int, world: int, entry: str) -> None:
+    """The operators have no gradient: a tensor autograd would differentiate through one is
+    refused, naming what to use instead (under no_grad they run); and a tensor one writes in
+    place is seen by autograd as written, as after copy_, so a backward that saved it refuses
+    to run instead of using the new values."""
+    ops = entry_ops(entry)
+    name = dist.group.WORLD.group_name
+    leaf = torch.ones(4, requires_grad=True)
+    for call in (lambda: ops.all_reduce(leaf, "sum", name), lambda: ops.all_reduce_(leaf * 1, "sum", name),
+                 lambda: ops.all_gather_into_tensor(leaf, world, name),
+                 lambda: ops.all_gather_into_tensor_out(torch.ones(4), world, name,
+                                                        out=torch.zeros(4 * world, requires_grad=True) * 1)):
+        with pytest.raises(RuntimeError, match=r"requires grad and grad mode is on.*no gradient.*"
+                                               r"torch.no_grad\(\).*_functional_collectives"):
+            call()
+    with torch.no_grad():
+        assert torch.equal(ops.all_reduce(leaf, "sum", name), torch.full((4,), float(world)))
+    # Saved for backward, then written in place by each in-place form.
+    writes = (lambda w: ops.all_reduce_(w, "sum", name), lambda w: ops.broadcast_(w, 0, name),
+              lambda w: ops.all_gather_into_tensor_out(torch.ones(1), world, name, out=w[:world]),
+              lambda w: ops.reduce_scatter_tensor_out(torch.ones(world), "sum", world, name, out=w[:1]),
+              lambda w: ops.all_to_all_single_out(torch.ones(world), [], [], name, out=w[:world]))
+    for write in writes:
+        x = torch.ones(4, requires_grad=True)
+        w = torch.full((4,), 2.0)
+        y = (x * w).sum()
+        before = w._version
+        write(w)
+        assert w._version > before, "the write did not bump the version"
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_the_operators_refuse_gradients_and_mark_what_they_write(entry):
+    run_ranks(WORLD, autograd_body, entry)
 
 
 def negative_views_body(rank: int, world: int) -> None:

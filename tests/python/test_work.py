@@ -172,3 +172,34 @@ def body_wait_for_centuries(rank: int, world: int):
 
 def test_wait_with_a_timeout_of_centuries():
     run_ranks(2, body_wait_for_centuries)
+
+
+def body_coalescing_block_work_covers_copy_backs(rank: int, world: int):
+    """A CPU coalescing block whose calls copy results back (all_reduce_coalesced packs its
+    tensors): the block's work, once waited on, has every result in place. Rank 1 comes late
+    and rank 0 ends the block late, so the calls often finish before the block ends."""
+    group = dist.group.WORLD
+    cpu = torch.device("cpu")
+    wrong = []
+    for attempt in range(10):
+        tensors = [torch.ones(4) for _ in range(4000)]
+        dist.barrier()
+        if rank == 1:
+            time.sleep(0.001)
+        group._start_coalescing(cpu)
+        opts = dist.AllreduceCoalescedOptions()
+        opts.asyncOp = True
+        group.allreduce_coalesced(tensors, opts)
+        if rank == 0:
+            time.sleep(0.0015)
+        work = group._end_coalescing(cpu)
+        work.wait()
+        assert work.is_completed()
+        missing = sum(1 for t in tensors if t[0].item() != world)
+        if missing:
+            wrong.append(f"attempt {attempt}: {missing} of {len(tensors)} not reduced yet")
+    assert not wrong, wrong
+
+
+def test_a_coalescing_blocks_work_includes_its_calls_copy_backs():
+    run_ranks(2, body_coalescing_block_work_covers_copy_backs)
