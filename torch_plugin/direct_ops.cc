@@ -152,8 +152,9 @@ struct DirectCall {
   c10::intrusive_ptr<c10d::Backend> alive;
 };
 
-/// Refuses a tensor autograd would differentiate through the call: these operators have no
-/// gradient, and torch would otherwise hand back outputs that require grad and get none.
+/// Refuses an input of an operator that returns a new tensor while autograd would
+/// differentiate through it: the operators have no gradient, and torch would hand back an
+/// output that requires grad and never gets one.
 void requireNoGradient(const CallSite& site, const char* what, const at::Tensor& t) {
   if (t.requires_grad() && at::GradMode::is_enabled()) {
     invalid(site, std::string(what) + " requires grad and grad mode is on, but " + tEntry +
@@ -163,15 +164,30 @@ void requireNoGradient(const CallSite& site, const char* what, const at::Tensor&
   }
 }
 
+/// Refuses, as copy_ does, to write in place a leaf that requires grad (a Parameter) or a
+/// view of one while grad mode is on. Other tensors that require grad (gradients made with
+/// create_graph=True, averaged in a hook) are written as c10d's collectives write them.
+void requireWritable(const CallSite& site, const char* what, const at::Tensor& t) {
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return;
+  const bool leaf = t.is_leaf() || (t.is_view() && t._base().is_leaf());
+  if (leaf) {
+    invalid(site, std::string(what) +
+                      " is a leaf that requires grad (a Parameter?), or a view of one, and grad "
+                      "mode is on; writing it in place is what copy_ refuses too: write it under "
+                      "torch.no_grad()");
+  }
+}
+
 /// Tells autograd that the call wrote `t` in place, as copy_ would: a backward that saved
-/// `t` then refuses to run instead of using the new values.
+/// `t` then refuses to run instead of using the new values. (An inference tensor has no
+/// version to bump.)
 void written(const at::Tensor& t) {
-  torch::autograd::impl::bump_version(t);
+  if (!t.is_inference()) torch::autograd::impl::bump_version(t);
 }
 
 /// The checks every operator starts with: the group is loom's for `tensor`'s device, no
 /// coalescing block is open on it (a direct call cannot join the block's work), and
-/// `tensor` (named `what`) is dense and not differentiated through.
+/// `tensor` (named `what`) is dense.
 DirectCall startCall(const char* op, const std::string& group, const at::Tensor& tensor,
                      const char* what) {
   c10::intrusive_ptr<c10d::Backend> backend = loomGroup(op, group, tensor.device());
@@ -184,7 +200,6 @@ DirectCall startCall(const char* op, const std::string& group, const at::Tensor&
                 std::string(tEntry) + "* run alone: call them outside it");
   }
   requireDense(site, what, tensor);
-  requireNoGradient(site, what, tensor);
   return {pg, site, std::move(backend)};
 }
 
@@ -208,6 +223,7 @@ void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
 
 void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std::string& group) {
   auto [pg, s, alive] = startCall("all_reduce_", group, tensor, "tensor");
+  requireWritable(s, "tensor", tensor);
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&tensor})) {
     allReduceDirect(pg, s, op, tensor, tensor.data_ptr());
@@ -224,6 +240,7 @@ void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std
 at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
                      const std::string& group) {
   auto [pg, s, alive] = startCall("all_reduce", group, input, "input");
+  requireNoGradient(s, "input", input);
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
   if (direct({&input})) {
@@ -237,6 +254,7 @@ at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
 
 void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group) {
   auto [pg, s, alive] = startCall("broadcast_", group, tensor, "tensor");
+  requireWritable(s, "tensor", tensor);
   if (src < 0 || src >= s.size) {
     invalid(s, "src " + std::to_string(src) + " is not a rank of the group (0 to " +
                    std::to_string(s.size - 1) + ")");
@@ -286,6 +304,7 @@ void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& in
 at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
                                const std::string& group) {
   auto [pg, s, alive] = startCall("all_gather_into_tensor", group, input, "input");
+  requireNoGradient(s, "input", input);
   requireGroupSize(s, groupSize);
   at::Tensor output = at::empty(scaledRows(input, groupSize), input.options());
   allGatherInto(pg, s, input, output);
@@ -295,7 +314,7 @@ at::Tensor allGatherIntoTensor(const at::Tensor& input, int64_t groupSize,
 void allGatherIntoTensorOut(const at::Tensor& input, int64_t groupSize, const std::string& group,
                             at::Tensor& out) {
   auto [pg, s, alive] = startCall("all_gather_into_tensor_out", group, input, "input");
-  requireNoGradient(s, "out", out);
+  requireWritable(s, "out", out);
   requireGroupSize(s, groupSize);
   requireWholeOfParts(s, "out", out, "input", input);
   allGatherInto(pg, s, input, out);
@@ -337,6 +356,7 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
 at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduceOp,
                                int64_t groupSize, const std::string& group) {
   auto [pg, s, alive] = startCall("reduce_scatter_tensor", group, input, "input");
+  requireNoGradient(s, "input", input);
   requireScatterable(s, input, groupSize);
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] /= groupSize;
@@ -348,7 +368,7 @@ at::Tensor reduceScatterTensor(const at::Tensor& input, const std::string& reduc
 void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp, int64_t groupSize,
                             const std::string& group, at::Tensor& out) {
   auto [pg, s, alive] = startCall("reduce_scatter_tensor_out", group, input, "input");
-  requireNoGradient(s, "out", out);
+  requireWritable(s, "out", out);
   requireScatterable(s, input, groupSize);
   requireWholeOfParts(s, "input", input, "out", out);
   reduceScatterInto(pg, s, input, reduceOp, out);
@@ -385,6 +405,7 @@ void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& inp
 at::Tensor allToAllSingle(const at::Tensor& input, at::IntArrayRef outputSplitSizes,
                           at::IntArrayRef inputSplitSizes, const std::string& group) {
   auto [pg, s, alive] = startCall("all_to_all_single", group, input, "input");
+  requireNoGradient(s, "input", input);
   int64_t rows = input.dim() ? input.size(0) : 1;
   if (!outputSplitSizes.empty()) {
     rows = 0;
@@ -401,7 +422,7 @@ void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes
                        at::IntArrayRef inputSplitSizes, const std::string& group, at::Tensor& out) {
   auto [pg, s, alive] = startCall("all_to_all_single_out", group, input, "input");
   requireDense(s, "out", out);
-  requireNoGradient(s, "out", out);
+  requireWritable(s, "out", out);
   if (out.scalar_type() != input.scalar_type()) {
     invalid(s, "out has dtype " + std::string(c10::toString(out.scalar_type())) +
                    " but input has " + c10::toString(input.scalar_type()) +

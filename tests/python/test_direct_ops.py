@@ -241,22 +241,40 @@ def test_bad_arguments_are_named_errors(entry):
 
 
 def autograd_body(rank: int, world: int, entry: str) -> None:
-    """The operators have no gradient: a tensor autograd would differentiate through one is
-    refused, naming what to use instead (under no_grad they run); and a tensor one writes in
-    place is seen by autograd as written, as after copy_, so a backward that saved it refuses
-    to run instead of using the new values."""
+    """The operators have no gradient: an input autograd would differentiate through one that
+    returns a new tensor is refused, naming what to use instead (under no_grad it runs); a
+    leaf that requires grad is not written in place, as copy_ refuses; other tensors that
+    require grad (gradients of create_graph=True, averaged in a hook) and inference tensors
+    are written; and a tensor written in place is seen by autograd as written, as after
+    copy_, so a backward that saved it refuses to run instead of using the new values."""
     ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
     leaf = torch.ones(4, requires_grad=True)
-    for call in (lambda: ops.all_reduce(leaf, "sum", name), lambda: ops.all_reduce_(leaf * 1, "sum", name),
+    for call in (lambda: ops.all_reduce(leaf, "sum", name),
                  lambda: ops.all_gather_into_tensor(leaf, world, name),
-                 lambda: ops.all_gather_into_tensor_out(torch.ones(4), world, name,
-                                                        out=torch.zeros(4 * world, requires_grad=True) * 1)):
+                 lambda: ops.reduce_scatter_tensor(torch.ones(world, requires_grad=True), "sum", world, name),
+                 lambda: ops.all_to_all_single(torch.ones(world, requires_grad=True), [], [], name)):
         with pytest.raises(RuntimeError, match=r"requires grad and grad mode is on.*no gradient.*"
                                                r"torch.no_grad\(\).*_functional_collectives"):
             call()
+    for call in (lambda: ops.all_reduce_(leaf, "sum", name), lambda: ops.broadcast_(leaf[:2], 0, name),
+                 lambda: ops.all_gather_into_tensor_out(torch.ones(4), world, name,
+                                                        out=torch.zeros(4 * world, requires_grad=True))):
+        with pytest.raises(RuntimeError, match=r"is a leaf that requires grad.*torch.no_grad\(\)"):
+            call()
     with torch.no_grad():
         assert torch.equal(ops.all_reduce(leaf, "sum", name), torch.full((4,), float(world)))
+        ops.all_reduce_(leaf, "sum", name)
+    assert torch.equal(leaf.detach(), torch.full((4,), float(world))) and leaf.requires_grad
+    # A gradient made with create_graph=True (it requires grad, grad mode on) is averaged.
+    g = torch.ones(4, requires_grad=True) * (rank + 1)
+    ops.all_reduce_(g, "avg", name)
+    assert torch.equal(g.detach(), torch.full((4,), (world + 1) / 2))
+    # An inference tensor, written outside inference mode (it has no version to bump).
+    with torch.inference_mode():
+        frozen = torch.ones(4)
+    ops.all_reduce_(frozen, "sum", name)
+    assert torch.equal(frozen, torch.full((4,), float(world)))
     # Saved for backward, then written in place by each in-place form.
     writes = (lambda w: ops.all_reduce_(w, "sum", name), lambda w: ops.broadcast_(w, 0, name),
               lambda w: ops.all_gather_into_tensor_out(torch.ones(1), world, name, out=w[:world]),

@@ -1080,31 +1080,37 @@ def _two_writers(rank, world):
     if rank == 0:
         assert ts.put("k", torch.full((4,), 1.0)) == 1
     dist.barrier()
-    out = []
-    if rank == 1:  # another writer of the same key would number its versions 1, 2... too
-        with pytest.raises(ValueError, match=r"put\('k'\): that key is written by rank\(s\) 0.*delete it first"):
-            ts.put("k", torch.full((4,), 2.0))
-        ts.make_lendable({"t": (lent := torch.full((4,), 3.0))})
-        with pytest.raises(ValueError, match=r"lend\('k'\): that key is written by rank\(s\) 0"):
-            ts.lend("k", lent)
-        out.append(ts.latest_version("k"))
+    if rank == 1:  # another rank goes on with the key: it numbers from the latest
+        assert ts.put("k", torch.full((4,), 2.0)) == 2
     dist.barrier()
-    if rank == 0:
-        assert ts.put("k", torch.full((4,), 4.0)) == 2  # the writer goes on
+    out = [float(ts.get("k")[0])]
+    dist.barrier()
+    if rank == 0:  # its own count says 2, which rank 1 has put: refused, nothing lost
+        with pytest.raises(ValueError, match=r"put\('k'\): version 2 of that key was put by rank\(s\) 1"
+                                             r".*the latest is 2.*version= above it"):
+            ts.put("k", torch.full((4,), 3.0))
+        assert ts.put("k", torch.full((4,), 4.0), version=3) == 3
     dist.barrier()
     out.append(float(ts.get("k")[0]))
     dist.barrier()
+    # Lends are numbered the same way: rank 0 lends "m" (1), rank 1 goes on (2), and rank 0's
+    # lend again, numbered 2 by its own count, is refused.
+    ts.make_lendable({"t": (lent := torch.full((4,), 5.0 + rank))})
     if rank == 0:
-        ts.delete("k")  # deleted: any rank may write it anew
+        assert ts.lend("m", lent) == 1
     dist.barrier()
     if rank == 1:
-        ts.put("k", torch.full((4,), 6.0))
-        store.set("put", "1")
-    _sync(store, "put")
-    out.append(float(ts.get("k")[0]))
+        assert ts.lend("m", lent) == 2
+    dist.barrier()
+    if rank == 0:
+        with pytest.raises(ValueError, match=r"lend\('m'\): version 2 of that key was put by rank\(s\) 1"):
+            ts.lend("m", lent)
+        store.set("refused", "1")
+    _sync(store, "refused")
+    out.append(float(ts.get("m")[0]))  # rank 1's lend is the latest, whole
     dist.barrier()
     return out
 
 
-def test_a_second_writer_of_a_key_is_refused():
-    assert run_ranks(2, _two_writers) == [[4.0, 6.0], [1, 4.0, 6.0]]
+def test_two_writers_of_a_key_never_publish_the_same_version():
+    assert run_ranks(2, _two_writers) == [[2.0, 4.0, 6.0], [2.0, 4.0, 6.0]]

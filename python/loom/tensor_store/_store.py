@@ -8,8 +8,8 @@ Keys in the job's Store (under loom_ts/<namespace>/), all small:
     k/<key>/v<V>/done        how many parts of V are written (Store.add; several writers only)
     k/<key>/v<V>/complete    the number of parts, set by the writer that completed V
     k/<key>/mode             "put" or "lent", set before the key's first version
-    k/<key>/writers          the ranks that write the key (one, or a DTensor's mesh), set by
-                             its first put or lend: other ranks are refused
+    k/<key>/v<V>/writers     the ranks that put V (one, or a DTensor's mesh), set first by
+                             compare-and-set: a second writer of the same number is refused
     index                    every key ever put, one per line (the Store cannot list keys)
 
 Readers of the latest see a version once it is complete; a reader that asks for a version
@@ -103,7 +103,6 @@ class TensorStore:
         self._owned: dict[str, collections.deque[Kept]] = {}
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
-        self._claimed: set[str] = set()  # keys this writer may write (see _claim)
         self._latest_seen: dict[str, bytes] = {}  # the latest value this writer set, per key
         self._write_plans: dict[str, WritePlan] = {}
         self._read_plans: dict[str, dict[tuple, ReadPlan]] = {}
@@ -354,20 +353,20 @@ class TensorStore:
             raise ValueError(self._message(f"put('{key}'): this rank is not in its DTensors' mesh {writers}"))
         return writers, writers.index(self._rank)
 
-    def _claim(self, key: str, writers: list[int], verb: str) -> None:
-        """Once per key: records its writers (one rank, or a DTensor's mesh) in the Store, or
-        refuses if other ranks write it. Each writer numbers its versions itself, so two would
-        put the same version numbers and readers would lose one of each pair."""
-        if key in self._claimed:
-            return
+    def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> None:
+        """Takes version number `version` of `key` for `writers` (one rank, or a DTensor's mesh,
+        which put one version together), or refuses it: a key's versions are one sequence, and
+        two writers that numbered a put alike would each publish one, and readers would lose
+        one of the pair. Another rank may go on with a key (it numbers from the latest)."""
         mine = ",".join(map(str, sorted(writers))).encode()
-        owner = self._store.compare_set(f"k/{key}/writers", b"", mine)
+        owner = self._store.compare_set(f"k/{key}/v{version}/writers", b"", mine)
         if owner != mine:
+            latest = self._latest(key)
             raise ValueError(self._message(
-                f"{verb}('{key}'): that key is written by rank(s) {owner.decode()}, and only they may "
-                f"write it (one rank, or the ranks of one DTensor mesh, so that its versions are one "
-                f"sequence): use a key per writer, or delete it first"))
-        self._claimed.add(key)
+                f"{verb}('{key}'): version {version} of that key was put by rank(s) {owner.decode()}; a "
+                f"key's versions are one sequence, each put once (the latest is "
+                f"{latest[0] if latest else 'not complete yet'}): pass version= above it, or put a key "
+                f"per writer"))
 
     def _next_version(self, key: str, version: int | None) -> int:
         last = self._last_version.get(key)
@@ -385,6 +384,8 @@ class TensorStore:
     def _publish(self, key: str, kind: str, version: int, index: int, writers: list[int], plan: "WritePlan",
                  sources: list[torch.Tensor]) -> int:
         parts = len(writers)
+        # First, before an old version is retired to make room: a refused number changes nothing.
+        self._take_version(key, version, writers, "put")
         kept = self._owned.get(key, collections.deque())  # this rank owns the key once it keeps a version
         spare: list[OwnedBuffer] = []
         while len(kept) >= self._keep:  # the oldest version goes; its buffers may be reused
@@ -393,7 +394,6 @@ class TensorStore:
             spare.extend(oldest.buffers)
         buffers = [self._buffer(f"put('{key}')", device, capacity, spare) for device, capacity in zip(plan.devices, plan.capacity)]
         del spare  # buffers not reused are freed here
-        self._claim(key, writers, "put")
         self._announce(key, b"put")
         regions = tuple(b.region.id for b in buffers)
         layout = plan.layouts.get(regions)
@@ -418,6 +418,8 @@ class TensorStore:
                     buffer.write([(sources[i], plan.metas[i].offset) for i in on_device], self._bucket_bytes)
         except BaseException:
             self._store.delete_key(f"{base}/p{index}")  # never complete: readers of it are told
+            if parts == 1:  # its number stays skipped; nobody else's part needs the record
+                self._store.delete_key(f"{base}/writers")
             # Nor kept: it must not take one of the `keep` places, or the next put would
             # retire the latest readable version to make room.
             kept.pop()
@@ -469,8 +471,8 @@ class TensorStore:
                     raise ValueError(f"{what}: its tensors share a buffer with key '{other}', lent by "
                                      f"this rank; a buffer is lent under one key (make_lendable each "
                                      f"model separately)")
-            self._claim(key, [self._rank], "lend")
             version = self._next_version(key, version)
+            self._take_version(key, version, [self._rank], "lend")
             self._announce(key, b"lent")
             for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
                 torch.cuda.synchronize(device)  # the writer's queued updates land before readers copy
@@ -483,6 +485,8 @@ class TensorStore:
             # One round trip: the lent part travels inside `latest` (one writer lends a key, and
             # keeps one version), so a reader of the latest has it in one round trip too.
             self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, generations))
+            if lent is not None:  # the version lent before is gone: so is its number's record
+                self._store.delete_key(f"k/{key}/v{self._last_version[key]}/writers")
             if lent is not None and lent.plan is not plan:  # other tensors now: the old ones are not guarded
                 take_back([b for b in lent.plan.buffers if b not in plan.buffers])
             self._lent[key] = Lent(kind, leaves, plan)
@@ -501,6 +505,7 @@ class TensorStore:
         """Ends lending `key`: its buffers stay the writer's tensors' memory, marked as being
         changed, and the key is gone (one writer lends a key: its version is the latest)."""
         take_back(lent.plan.buffers)
+        self._store.delete_key(f"k/{key}/v{self._last_version[key]}/writers")
         self._forget(key)
 
     def _forget(self, key: str) -> None:
@@ -508,9 +513,7 @@ class TensorStore:
         any rank may write it anew."""
         self._store.delete_key(f"k/{key}/latest")
         self._store.delete_key(f"k/{key}/mode")
-        self._store.delete_key(f"k/{key}/writers")
         self._indexed.discard(key)
-        self._claimed.discard(key)
 
     def _lends(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` already lives in one of this store's lendable buffers."""
@@ -539,6 +542,7 @@ class TensorStore:
         self._store.delete_key(f"{base}/p{kept.index}")
         if kept.index == 0:
             self._store.delete_key(f"{base}/complete")
+            self._store.delete_key(f"{base}/writers")
             if kept.parts > 1:  # a single writer never counts its parts
                 self._store.delete_key(f"{base}/done")
 
