@@ -24,6 +24,22 @@ namespace {
 using testing::RankContext;
 using testing::sampleProcess;
 
+// The process's footprint once its thread count has held for three samples 10 ms apart (at
+// most 2 s): threads of a communicator just destroyed are joined, but the kernel can list
+// one in /proc/self/task for a moment after, more so on a loaded host, and a baseline that
+// counts it would read as a thread gone missing later.
+testing::ProcessStats settledSample() {
+  auto sample = sampleProcess();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (int same = 0; same < 3 && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto next = sampleProcess();
+    same = next.threads == sample.threads ? same + 1 : 0;
+    sample = next;
+  }
+  return sample;
+}
+
 constexpr int kVictim = 2;
 constexpr int kRanks = 4;
 
@@ -111,7 +127,7 @@ TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
         // Warm up the per-process parts (process service, helper pool) so the baseline
         // below counts only what a communicator holds.
         ctx.connect()->barrier().wait();
-        const auto baseline = sampleProcess();
+        const auto baseline = settledSample();
         const auto shmBefore = testing::sharedMemoryFootprint();
         if (ctx.rank == kVictim && point.killAt != nullptr) {
           ::setenv("LOOM_FAULT_KILL_AT", point.killAt, 1);
@@ -153,7 +169,7 @@ TEST_P(KilledRank, SurvivorsFailNamingItThenRebuildAndLeakNothing) {
         expectWorks(*rebuilt);
         rebuilt.reset();
         comm.reset();
-        const auto after = sampleProcess();
+        const auto after = settledSample();
         LOOM_CHECK(after.fds == baseline.fds,
                    << "before: " << describe(baseline) << "; after: " << describe(after));
         LOOM_CHECK(after.loomMappings == baseline.loomMappings,
