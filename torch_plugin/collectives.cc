@@ -343,6 +343,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
     targets.push_back(staged->target(outputs[i]));
     ins.push_back(gatherReadApart(s, movementView(inputs[i]), targets.back()));
   }
+  readApartAcrossPairs(ins, targets);
   return launch(
       s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
       [staged, ins, targets] { staged->finish(); },
@@ -488,6 +489,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
     ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
     staged->inOut(outs.back());
   }
+  std::vector<at::Tensor> written;
+  for (const Flat& out : outs) written.push_back(out.data);
+  readApartAcrossPairs(ins, written);
   return launch(
       s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
       [staged, ins, outs] { staged->finish(); },

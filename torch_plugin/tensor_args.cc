@@ -143,6 +143,19 @@ Flat readApart(const Flat& in, const void* out, size_t outBytes, bool inPlace) {
 
 }  // namespace
 
+void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
+  for (size_t i = 0; i < ins.size(); ++i) {
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      if (j == i) continue;  // its own output: gatherReadApart / scatterReadApart
+      const Flat apart = readApart(ins[i], outputs[j].data_ptr(), outputs[j].nbytes(), false);
+      if (apart.data.data_ptr() != ins[i].data.data_ptr()) {
+        ins[i] = apart;
+        break;
+      }
+    }
+  }
+}
+
 Flat gatherReadApart(const CallSite& site, const Flat& in, const at::Tensor& output) {
   const auto* own = static_cast<const uint8_t*>(output.data_ptr()) +
                     static_cast<size_t>(site.rank) * in.data.nbytes();

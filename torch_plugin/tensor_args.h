@@ -76,6 +76,11 @@ Flat gatherReadApart(const CallSite& site, const Flat& in, const at::Tensor& out
 /// rank's block of the input).
 Flat scatterReadApart(const CallSite& site, const Flat& in, const at::Tensor& output);
 
+/// A coalesced call's inputs, each a copy where it overlaps another pair's output: the
+/// engine runs the pairs one after another, so such an input would be read after an earlier
+/// pair wrote it (Gloo reads every input first).
+void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs);
+
 /// original.copy_(scratch), where `scratch` may be the real pairs of a complex `original`.
 void copyBackInto(const at::Tensor& original, const at::Tensor& scratch);
 

@@ -265,6 +265,29 @@ def body_overlapping_into_tensor(rank: int, world: int) -> None:
     out.narrow(0, 0, 3).fill_(rank + 1.0)
     torch.ops.loom.all_gather_into_tensor_out(out.narrow(0, 0, 3), world, group, out=out)
     assert out.tolist() == [float(q + 1) for q in range(world) for _ in range(3)], out
+    # Across the pairs of a coalesced call: the second pair's input lies in the first pair's
+    # output, which the engine writes first; it is read as it was before the call.
+    first_out = torch.full((world * 2,), -1.0)
+    second_in = first_out.narrow(0, 0, 2)
+    second_in.fill_(10.0 + rank)
+    second_out = torch.empty(world * 2)
+    first_in = torch.full((2,), float(rank))
+    opts = torch._C._distributed_c10d.AllgatherOptions()
+    dist.group.WORLD.allgather_into_tensor_coalesced([first_out, second_out], [first_in, second_in],
+                                                      opts).wait()
+    assert first_out.tolist() == [float(q) for q in range(world) for _ in range(2)], first_out
+    assert second_out.tolist() == [10.0 + q for q in range(world) for _ in range(2)], second_out
+    rs_first_out = torch.empty(2)
+    rs_first_in = torch.ones(world * 2)
+    rs_second_in = torch.full((world * 2,), float(rank + 1))
+    rs_first_out_view = rs_second_in.narrow(0, 0, 2)  # the second input holds the first output
+    rs_second_out = torch.empty(2)
+    ropts = torch._C._distributed_c10d.ReduceScatterOptions()
+    dist.group.WORLD.reduce_scatter_tensor_coalesced([rs_first_out_view, rs_second_out],
+                                                     [rs_first_in, rs_second_in], ropts).wait()
+    assert rs_first_out_view.tolist() == [float(world)] * 2, rs_first_out_view
+    assert rs_second_out.tolist() == [float(world * (world + 1) // 2)] * 2, rs_second_out
+    del rs_first_out
     still_works(world)
 
 
