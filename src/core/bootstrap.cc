@@ -250,7 +250,7 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
   if (!roster) {
     throw Error(ErrorCode::kInvalidArgument, "create", rank,
                 "the roster rank 0 published does not describe " + std::to_string(size) +
-                    " ranks; do all ranks pass the same size?");
+                    " ranks; do all ranks pass the same size (and run the same loom version)?");
   }
   if (!roster->refusal.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "create", rank, roster->refusal);
