@@ -31,10 +31,14 @@ if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
 fi
 
 echo "== installing Python packages into $(ask_python -c 'import sys; print(sys.prefix)')"
-# torch: keep an installed one (the GPU hosts ship their own CUDA build); otherwise the CPU
-# wheel this project is tested with. `torch.__version__` proves it is the real package.
+# torch: keep an installed one (the GPU hosts ship their own CUDA build); otherwise the version
+# this project is tested with, from pip's index: PyPI's default torch on Linux x86-64 is the
+# CUDA build (gigabytes); this project's machines serve the CPU wheel, and elsewhere
+# PIP_INDEX_URL=https://download.pytorch.org/whl/cpu asks for it. `torch.__version__` proves
+# it is the real package.
 if ! ask_python -c "import torch; torch.__version__" 2>/dev/null; then
-  echo "no torch in this Python: installing torch==2.13.0 (the CPU build)"
+  echo "no torch in this Python: installing torch==2.13.0 from pip's index (for the CPU build set" \
+    "PIP_INDEX_URL=https://download.pytorch.org/whl/cpu; PyPI's default is the CUDA build)"
   ask_python -m pip install -q torch==2.13.0
 fi
 ask_python -m pip install -q "scikit-build-core>=0.10" pybind11 pytest pytest-xdist expecttest numpy \

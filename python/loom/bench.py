@@ -15,7 +15,7 @@ size, the backends run the same call (`direct`: loom's torch.ops.loom operator o
 group, skipping c10d, with a one-element all_reduce of that operator as its barrier; `eager`:
 the same through loom.ops's eager functions, which also skip torch's dispatcher; `fake`:
 torch's no-op backend, the floor of any c10d call): a barrier, then the timed call, as seen
-from Python on rank 0 (the way ../shared/BASELINES.md measured Gloo and NCCL); the median and
+from Python on rank 0 (as tests/cuda/bench_nccl.py times NCCL, docs/PERFORMANCE.md); the median and
 the 90th percentile of several calls after warm-ups are reported (with --repeats N, the
 whole sweep runs N times back to back and each point reports the median of the sweeps'
 medians and p90s). Every table ends with a steadiness report: the points whose sweeps'
@@ -34,6 +34,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue as queue_module
 import statistics
 import sys
 import tempfile
@@ -200,7 +201,8 @@ def time_calls(call, group, barrier, n: int, warmup: int = 3) -> tuple[float, fl
 def barrier_for(backend: str, group):
     """The barrier before each timed call: the backend's own. For torch.ops.loom that is a
     one-element all_reduce through the same operator, as DeepSpeed's benchmark uses its own
-    shm all_reduce (../shared/anchors): a c10d barrier would add its exit skew to the call."""
+    shm all_reduce (scripts/anchors/run.sh runs it): a c10d barrier would add its exit skew
+    to the call."""
     import torch
     import torch.distributed as dist
 
@@ -583,8 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.backends:
         if b not in ("loom", "gloo", "direct", "eager", "fake"):
             parser.error(f"unknown backend '{b}'")
-    if args.ranks < 1 or args.min_bytes > args.max_bytes:
-        parser.error("need --ranks >= 1 and --min-bytes <= --max-bytes")
+    if args.ranks < 1 or args.min_bytes < 1 or args.min_bytes > args.max_bytes:
+        parser.error("need --ranks >= 1 and 1 <= --min-bytes <= --max-bytes")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.hosts < 1 or args.ranks % args.hosts != 0:
@@ -640,9 +642,19 @@ def run_forked(args, hosts) -> dict | None:
         for p in procs:
             p.start()
         outcome = {}
-        for _ in procs:
-            rank, status, payload = queue.get()
-            outcome[rank] = (status, payload)
+        while len(outcome) < len(procs):
+            try:
+                rank, status, payload = queue.get(timeout=1.0)
+                outcome[rank] = (status, payload)
+            except queue_module.Empty:
+                # A rank that died (SIGKILL, the OOM killer, a crash) never reports: say so
+                # once its peers have reported, instead of waiting for it forever.
+                dead = [r for r, p in enumerate(procs) if r not in outcome and p.exitcode is not None]
+                if dead and all(r in outcome or r in dead for r in range(len(procs))):
+                    for r in dead:
+                        outcome[r] = ("failed", f"rank {r} exited with code {procs[r].exitcode} "
+                                                f"before reporting (a negative code is the signal "
+                                                f"that ended it)")
         for p in procs:
             p.join()
     failed = {r: p for r, (s, p) in outcome.items() if s != "ok"}
@@ -699,6 +711,9 @@ def report(data: dict, args, world: int, hosts: int) -> None:
     (args.out / "results.json").write_text(json.dumps({**meta, **data}, indent=1))
     if plot(data["results"], args.backends, world, args.out / "busbw.png", hosts):
         print(f"\nplot: {args.out / 'busbw.png'}; numbers: {args.out / 'results.json'}")
+    else:
+        print(f"\nnumbers: {args.out / 'results.json'} (no plot: matplotlib is not installed; "
+              f"pip install matplotlib, or loom's 'bench' extra, draws one)")
 
 
 if __name__ == "__main__":

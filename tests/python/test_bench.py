@@ -169,3 +169,42 @@ def test_ddp_step_with_bucket_view_runs_on_both_backends(tmp_path):
     assert "embedding table and one layer" in table and "gradient_as_bucket_view" in table
     ddp = json.loads((tmp_path / "out" / "results.json").read_text())["ddp"]["4"]
     assert ddp["loom"]["median"] > 0 and ddp["gloo"]["median"] > 0
+
+
+def test_a_rank_that_dies_is_reported_and_the_bench_ends(tmp_path):
+    """A rank killed mid-run (SIGKILL: it never reports) fails the run with both ranks'
+    stories within seconds; the bench does not wait for its report forever."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "loom.bench", "--ranks", "2", "--min-bytes", "1M", "--max-bytes", "64M",
+           "--backends", "loom", "--repeats", "20", "--quiet", "--out", "out"]
+    bench = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    children: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(children) < 2 and time.monotonic() < deadline:  # the forked ranks
+        time.sleep(0.2)
+        children = sorted(int(d) for d in os.listdir("/proc") if d.isdigit()
+                          and _parent_of(int(d)) == bench.pid)
+    time.sleep(2)  # inside the sweep
+    os.kill(children[-1], signal.SIGKILL)
+    out, _ = bench.communicate(timeout=120)
+    assert bench.returncode != 0, out[-2000:]
+    assert "exited with code -9 before reporting" in out, out[-2000:]
+    assert "exited without leaving the communicator" in out, out[-2000:]
+
+
+def _parent_of(pid: int) -> int:
+    """The parent pid of `pid`, or -1 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_sizes_from_zero_are_refused():
+    done = subprocess.run([sys.executable, "-m", "loom.bench", "--min-bytes", "0"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "1 <= --min-bytes <= --max-bytes" in done.stderr, done.stderr

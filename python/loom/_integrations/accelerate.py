@@ -6,9 +6,10 @@ list: for a CPU run it picks "mpi" or "gloo" and rejects any other name ("Your a
 loom is not available, please use gloo"), and a launch without ``cpu=True`` on a host with no
 accelerator becomes a not-distributed run, in which every rank silently trains a model of its own.
 loom wraps that one method: when the backend asked for runs on loom, a CPU run of several
-processes becomes accelerate's multi-CPU kind (DDP) on that backend, and what cannot work (a
-single process, GPU tensors loom does not carry) is an error that says what to change. Any other
-backend goes to accelerate untouched.
+processes becomes accelerate's multi-CPU kind (DDP) on that backend, a GPU run keeps its kind
+on it (loom carries CUDA tensors too), and what cannot work (a single process, tensors of a
+device the backend asked for does not carry, such as "cpu:loom" alone on a GPU run) is an
+error that says what to change. Any other backend goes to accelerate untouched.
 """
 
 from __future__ import annotations
