@@ -459,8 +459,10 @@ def _errors(rank, world):
     real = _store._available_memory
     _store._available_memory = lambda: 1 << 20  # as if the host had 1 MiB free
     try:
-        with pytest.raises(MemoryError, match=r"put\('big'\) needs 4194304 bytes of shared memory"):
-            ts.put("big", torch.zeros(1 << 20))
+        with pytest.raises(MemoryError, match=rf"put\('big{rank}'\) needs 4194304 bytes of shared memory"):
+            ts.put(f"big{rank}", torch.zeros(1 << 20))  # a key per writer (see _two_writers)
+        # The refused put gave its number back: the key can be put once memory allows.
+        assert ts.put(f"big{rank}", torch.zeros(4)) == 1
     finally:
         _store._available_memory = real
     mesh = init_device_mesh("cpu", (world,))

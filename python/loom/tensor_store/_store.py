@@ -392,7 +392,13 @@ class TensorStore:
             oldest = kept.popleft()
             self._unpublish(key, oldest)
             spare.extend(oldest.buffers)
-        buffers = [self._buffer(f"put('{key}')", device, capacity, spare) for device, capacity in zip(plan.devices, plan.capacity)]
+        try:
+            buffers = [self._buffer(f"put('{key}')", device, capacity, spare)
+                       for device, capacity in zip(plan.devices, plan.capacity)]
+        except BaseException:
+            if parts == 1:  # nothing of it was published: its number is free again
+                self._store.delete_key(f"k/{key}/v{version}/writers")
+            raise
         del spare  # buffers not reused are freed here
         self._announce(key, b"put")
         regions = tuple(b.region.id for b in buffers)
