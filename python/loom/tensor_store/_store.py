@@ -515,8 +515,8 @@ class TensorStore:
         self._forget(key)
 
     def _forget(self, key: str) -> None:
-        """Removes what says `key` exists and who writes it: readers find no such key, and
-        any rank may write it anew."""
+        """Removes what says `key` exists: readers find no such key, and its next put starts
+        its versions anew."""
         self._store.delete_key(f"k/{key}/latest")
         self._store.delete_key(f"k/{key}/mode")
         self._indexed.discard(key)
