@@ -277,7 +277,6 @@ def body_overlapping_into_tensor(rank: int, world: int) -> None:
                                                       opts).wait()
     assert first_out.tolist() == [float(q) for q in range(world) for _ in range(2)], first_out
     assert second_out.tolist() == [10.0 + q for q in range(world) for _ in range(2)], second_out
-    rs_first_out = torch.empty(2)
     rs_first_in = torch.ones(world * 2)
     rs_second_in = torch.full((world * 2,), float(rank + 1))
     rs_first_out_view = rs_second_in.narrow(0, 0, 2)  # the second input holds the first output
@@ -287,7 +286,6 @@ def body_overlapping_into_tensor(rank: int, world: int) -> None:
                                                      [rs_first_in, rs_second_in], ropts).wait()
     assert rs_first_out_view.tolist() == [float(world)] * 2, rs_first_out_view
     assert rs_second_out.tolist() == [float(world * (world + 1) // 2)] * 2, rs_second_out
-    del rs_first_out
     still_works(world)
 
 
