@@ -1,5 +1,5 @@
 """A soak of the tensor store's broadcast mode (run by hand; CI runs the test in
-test_tensor_store.py): 3 ranks, rank 0 writing a new fill into every tensor before each
+test_tensor_store_lending.py): 3 ranks, rank 0 writing a new fill into every tensor before each
 broadcast, every element of every tensor checked on the receivers after each one. Prints,
 per rank, the broadcasts that left a tensor wrong (an empty list each when all is well).
 

@@ -40,10 +40,10 @@ import torch
 import torch.distributed as dist
 
 from ._broadcast import Broadcaster
-from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text, unflatten,
-                      whole)
+from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text, whole
 from ._lending import Lent, lendable_tensors, lent_metas, move_into, take_back
-from ._read_plan import ReadPlan, Released, Stale, TensorStoreError, pieces_by_path
+from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
+from ._read_planning import ReadPlanning
 from ._remote import RemoteBuffer, serve
 from ._write_plan import Kept, WritePlan
 from ._parts import (
@@ -62,11 +62,7 @@ from ._parts import (
 # A value no key of the store ever holds (see TensorStore._get_now).
 _ABSENT = b"\x00loom-tensor-store: absent\x00"
 
-# A part's kind, for messages.
-_KINDS = {"tensor": "a tensor", "object": "an object", "state_dict": "a state dict"}
-
-
-class TensorStore:
+class TensorStore(ReadPlanning):
     """Put/get of tensors, DTensors, objects and state dicts, bytes moving straight from the
     writer's memory to the reader's (see docs/STORE.md).
 
@@ -750,145 +746,6 @@ class TensorStore:
             self._mapped.pop(recent.pop(), None)
         return mapped
 
-    def _value_plan(self, key: str, version: int, parts: list[PartMeta], inplace: Any, slice_spec: Any) -> "ReadPlan":
-        entries = pieces_by_path(parts)
-        pieces = entries.get(())
-        if pieces is None:
-            if inplace is not None or slice_spec is not None:
-                raise ValueError(self._message(f"'{key}' version {version} is a state dict: use get_state_dict"))
-            return self._state_dict_plan(key, version, parts, None, True)
-        plan = ReadPlan(self, parts)
-        if pieces[0][1].pickled:
-            if inplace is not None:
-                raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without inplace_tensor"))
-            plan.add_object((), pieces[0])
-            plan.result = lambda objects: objects[()]
-            return plan
-        want, dst = self._target(key, version, (), pieces, inplace, slice_spec)
-        self._assemble(key, version, (), pieces, want, dst, plan)
-        if inplace is not None:
-            plan.fill(inplace, dst, like_copy=True)
-        plan.result = lambda objects: inplace if inplace is not None else dst
-        return plan
-
-    def _state_dict_plan(self, key: str, version: int, parts: list[PartMeta], user: dict | None,
-                         strict: bool) -> "ReadPlan":
-        """The copies that fill `user` (or new tensors) from `parts`; for a user's state dict,
-        made once and reused while the layout and the user's tensors stay the same."""
-        if parts[0].kind != "state_dict":
-            raise ValueError(self._message(f"'{key}' version {version} is {_KINDS[parts[0].kind]}, not a "
-                                           f"state dict: use get"))
-        # A part's tensor list is shared by every version decoded from the same layout bytes.
-        cache_key = (key, tuple(id(p.tensors) for p in parts), id(user)) if user is not None else None
-        if cache_key is not None:
-            plan = self._read_plans.get(key, {}).get(cache_key)
-            if plan is not None and plan.still_fits(user):
-                plan.parts = parts
-                return plan
-        entries = pieces_by_path(parts)
-        plan = ReadPlan(self, parts)
-        if user is None:
-            leaves: dict[tuple, Any] = {}
-            for path, pieces in entries.items():
-                if pieces[0][1].pickled:
-                    plan.add_object(path, pieces[0])
-                else:
-                    want, dst = self._target(key, version, path, pieces, None, None)
-                    self._assemble(key, version, path, pieces, want, dst, plan)
-                    leaves[path] = dst
-            plan.result = lambda objects: unflatten({**leaves, **objects})
-            return plan
-        leaves = dict(flatten(user))
-        if strict:
-            missing = [self._name(p) for p in leaves if p not in entries]
-            unexpected = [self._name(p) for p in entries if p not in leaves]
-            if missing or unexpected:
-                raise KeyError(self._message(
-                    f"get_state_dict('{key}') version {version}: names differ (strict=True): "
-                    f"not stored: {missing[:8]}{'...' if len(missing) > 8 else ''}; stored but "
-                    f"not asked for: {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}"))
-        replaced: dict[tuple, torch.Tensor] = {}
-        for path, value in leaves.items():
-            pieces = entries.get(path)
-            if pieces is None:
-                continue
-            if pieces[0][1].pickled:
-                plan.add_object(path, pieces[0])
-                continue
-            dst = value if isinstance(value, torch.Tensor) else None
-            want, into = self._target(key, version, path, pieces, dst, None)
-            self._assemble(key, version, path, pieces, want, into, plan)
-            if dst is None:
-                replaced[path] = into
-            else:
-                plan.fill(dst, into, like_copy=False)
-
-        def result(objects: dict) -> dict:
-            for path, value in {**replaced, **objects}.items():  # the leaves that are not tensors
-                node = user
-                for name in path[:-1]:
-                    node = node[name]
-                node[path[-1]] = value
-            return user
-
-        plan.result = result
-        if not replaced:  # tensors filled in place: the same copies serve the next version
-            plan.remember_leaves(leaves)
-            # One plan per layout the writer rotates through (its `keep` buffers), for one
-            # state dict of the reader's: a new one replaces them all.
-            plans = self._read_plans.setdefault(key, {})
-            if any(k[2] != cache_key[2] for k in plans) or len(plans) > 2 * self._keep:
-                plans.clear()
-            plans[cache_key] = plan
-        return plan
-
-    def _assemble(self, key: str, version: int, path: tuple, pieces, want: Box, dst: torch.Tensor, plan) -> None:
-        """Plans copying block `want` of the tensor at `path` into `dst` from every piece over it."""
-        if len(pieces) == 1 and pieces[0][1].box == want:  # the common case: no resharding
-            plan.copy(dst, *pieces[0])
-            return
-        covered = 0
-        for part, meta in pieces:
-            block = want.overlap(meta.box)
-            if block is None:
-                continue
-            plan.copy(block.view_of(dst, want), part, meta, lambda src, block=block, meta=meta: block.view_of(src, meta.box))
-            covered += block.numel
-        if covered != want.numel:
-            raise TensorStoreError(self._message(
-                f"'{key}' version {version}: the stored shards of {self._name(path)} cover {covered} of the "
-                f"{want.numel} elements asked for (writers put overlapping or missing shards)"))
-
-    def _target(self, key: str, version: int, path: tuple, pieces, dst: Any, slice_spec: Any) -> tuple[Box, torch.Tensor]:
-        """The block to read and the tensor receiving it, after checking dtype and shape."""
-        stored = pieces[0][1]
-        what = f"'{key}' version {version}, {self._name(path)}"
-        if stored.pickled:
-            raise ValueError(self._message(f"{what} is an object, not a tensor: get it without a tensor to fill"))
-        if dst is not None and dst.dtype != stored.dtype:
-            raise ValueError(self._message(f"{what} is stored as {stored.dtype}; the tensor to fill is {dst.dtype}"))
-        if dst is not None and is_dtensor(dst):
-            want, global_shape = self._dtensor_box(dst, what)
-            if global_shape != stored.global_shape:
-                raise ValueError(self._message(f"{what} has global shape {list(stored.global_shape)}; the DTensor to fill has {list(global_shape)}"))
-            return want, dst.to_local()
-        if slice_spec is not None:
-            offsets, shape = _slice_of(slice_spec)
-            want = Box(offsets, shape)
-            if len(shape) != len(stored.global_shape) or any(
-                    o < 0 or o + n > g for o, n, g in zip(offsets, shape, stored.global_shape)):
-                raise ValueError(self._message(f"{what}: the slice at {list(offsets)} of shape {list(shape)} is not within its shape {list(stored.global_shape)}"))
-        else:
-            want = whole(stored.global_shape)
-        if dst is None:
-            device = pieces[0][0].buffers[stored.buffer].device
-            if device == "cuda" and not torch.cuda.is_available():
-                device = "cpu"
-            return want, torch.empty(want.shape, dtype=stored.dtype, device=device)
-        if tuple(dst.shape) != want.shape:
-            raise ValueError(self._message(f"{what}: the tensor to fill has shape {list(dst.shape)}; the stored block is {list(want.shape)}"))
-        return want, dst
-
     # ---- messages -------------------------------------------------------------------------
 
     def _check_key(self, key: Any) -> None:
@@ -917,15 +774,6 @@ def _served(buffers: list[OwnedBuffer]) -> dict:
     if not buffers:
         return {}
     return {"server": buffers[0].server, "unserved": buffers[0].unserved}
-
-
-def _slice_of(spec: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(offsets, shape) from a slice spec: torchstore's TensorSlice (offsets, local_shape) or
-    a pair."""
-    if hasattr(spec, "offsets") and hasattr(spec, "local_shape"):
-        return tuple(int(o) for o in spec.offsets), tuple(int(n) for n in spec.local_shape)
-    offsets, shape = spec
-    return tuple(int(o) for o in offsets), tuple(int(n) for n in shape)
 
 
 def _available_memory() -> int | None:

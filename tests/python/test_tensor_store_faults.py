@@ -1,0 +1,310 @@
+"""loom.tensor_store when things go wrong: torn-read protection under a writer putting as fast as
+it can, writers and readers killed mid-transfer, puts that fail midway, a read racing the
+release of its buffer, and two writers of one key."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+from store_samples import refresh_until, store_buffers, sync
+
+
+def _rl_loop(rank, world, steps):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    seen = []
+    if rank == 0:  # the trainer: a new version as fast as it can, each filled with its step
+        weights = {"w": torch.zeros(1 << 16), "b": torch.zeros(1 << 10, dtype=torch.bfloat16)}
+        for step in range(1, steps + 1):
+            for t in weights.values():
+                t.fill_(step)
+            ts.put_state_dict(weights, "policy")
+        dist.barrier()  # the writer's buffers live as long as its TensorStore: hold it
+    else:  # generators: refresh whenever they can; every read must be one whole version
+        mine = {"w": torch.empty(1 << 16), "b": torch.empty(1 << 10, dtype=torch.bfloat16)}
+        seen = refresh_until(ts, mine, steps, "")
+        # The final version waited for by number, as a generator that wants step N does.
+        ts.get_state_dict("policy", mine, version=steps)
+        assert float(mine["w"][0]) == steps
+        dist.barrier()
+    return seen
+
+
+def test_rl_loop_never_reads_a_torn_version():
+    results = run_ranks(3, _rl_loop, 60)
+    for seen in results[1:]:
+        assert seen == sorted(seen) and seen[-1] == 60
+
+
+def _writer_dies(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+    from loom.tensor_store import _parts
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((1 << 16,), 1.0))
+        ts.put("w", torch.full((1 << 16,), 2.0))
+        store.set("v2", "1")
+        sync(store, "read")
+
+        def write_then_die(self, pieces, bucket_bytes):  # v3 dies half-written, in v1's region
+            self.region.begin_write()
+            _parts.typed_view(self.data, pieces[0][1], pieces[0][0].dtype, (100,)).copy_(pieces[0][0][:100])
+            self.region.set_progress(400)
+            store.set("dying", "1")
+            sync(store, "mapped3")  # a reader is waiting for the rest of v3
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        _parts.OwnedBuffer.write = write_then_die
+        ts.put("w", torch.full((1 << 16,), 3.0))
+        raise AssertionError("the writer should have died")
+    sync(store, "v2")
+    pid = ts._parts("w", None, None)[1][0].buffers[0].pid
+    if rank == 1:  # reads v2 while the writer lives (and so maps it)
+        assert float(ts.get("w")[0]) == 2.0
+    if store.add("readers", 1) == 2:
+        store.set("read", "1")
+    if rank == 1:
+        while os.path.exists(f"/proc/{pid}"):  # the writer dies mid-put
+            time.sleep(0.01)
+        got = ts.get("w")  # v3 never completed: v2 is the latest, and whole
+        return ts.latest_version("w"), float(got.min()), float(got.max())
+    # Rank 2 waits for v3 as it is written (its part is published before its bytes), and is
+    # told when the writer dies; it never mapped v2, so reading that is refused with a reason.
+    sync(store, "dying")
+    version, parts = ts._parts("w", 3, None)
+    ts._mapped_buffer(parts[0], 0)
+    store.set("mapped3", "1")
+    with pytest.raises(TensorStoreError, match=r"version 3: rank 0 \(pid \d+\) died while writing it"):
+        ts.get("w", version=3)
+    with pytest.raises(TensorStoreError, match="rank 0.*(exited|released)"):
+        ts.get("w")
+    return "told"
+
+
+def test_writer_killed_mid_put_leaves_previous_version():
+    results = run_ranks(3, _writer_dies, killed=(0,), finalize=False)
+    assert results == ["killed", (2, 2.0, 2.0), "told"]
+
+
+def _reader_dies(rank, world):
+    from loom.tensor_store import TensorStore
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((1 << 18,), 1.0))
+        store.set("v1", "1")
+        while os.path.exists(f"/proc/{int(store.get('reader_pid'))}"):
+            time.sleep(0.01)
+        for step in (2, 3, 4):  # the writer goes on; its buffers stay bounded
+            ts.put("w", torch.full((1 << 18,), float(step)))
+        store.set("v4", "1")
+        sync(store, "read4")  # its buffers live as long as its TensorStore
+        return store_buffers()[0]
+    sync(store, "v1")
+    if rank == 1:  # killed in the middle of copying a version out
+        store.set("reader_pid", str(os.getpid()))
+        import loom.tensor_store._read_plan as read_plan
+
+        read_plan.run_copies = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+        ts.get("w")
+        raise AssertionError("the reader should have died")
+    sync(store, "v4")
+    got = float(ts.get("w")[0])
+    store.set("read4", "1")
+    return got
+
+
+def test_reader_killed_mid_get_leaves_writer_and_others_unharmed():
+    results = run_ranks(3, _reader_dies, killed=(1,), finalize=False)
+    assert results == [2, "killed", 4.0]
+
+
+def _filled(value: float) -> dict:
+    """Eight 4 KiB tensors: eight buckets of 4 KiB."""
+    return {f"t{i}": torch.full((1024,), value) for i in range(8)}
+
+
+def _failed_put(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+    from loom.tensor_store import _parts
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore(bucket_bytes=4096)
+    if rank == 0:
+        ts.put_state_dict(_filled(1.0), "w")
+        sync(store, "asking2")
+        copies, calls = _parts.run_copies, []
+
+        def fail_second_bucket(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                sync(store, "reading2")  # the reader has the first bucket of version 2
+                raise RuntimeError("injected: a copy failed")
+            copies(*args)
+
+        _parts.run_copies = fail_second_bucket
+        with pytest.raises(RuntimeError, match="injected"):
+            ts.put_state_dict(_filled(2.0), "w")
+        _parts.run_copies = copies
+        store.set("failed2", "1")
+        sync(store, "checked")
+        return ts.put_state_dict(_filled(3.0), "w")
+    # The reader waits for version 2 and starts copying it as it is written; the write fails.
+    store.set("asking2", "1")
+    run = _parts.MappedBuffer.state
+
+    def signal_once_writing(self, generation):
+        state = run(self, generation)
+        if state == "writing" and not store.check(["reading2"]):
+            store.set("reading2", "1")
+        return state
+
+    _parts.MappedBuffer.state = signal_once_writing
+    with pytest.raises(TensorStoreError, match="version=2"):
+        ts.get_state_dict("w", version=2)
+    sync(store, "failed2")
+    latest = ts.latest_version("w")
+    value = {float(t.max()) for t in ts.get_state_dict("w").values()} | {float(t.min()) for t in ts.get_state_dict("w").values()}
+    store.set("checked", "1")
+    return latest, value
+
+
+def test_a_put_that_fails_midway_is_never_read():
+    results = run_ranks(2, _failed_put)
+    assert results == [3, (1, {1.0})]
+
+
+def _failed_puts(rank, world):
+    from loom.tensor_store import TensorStore
+    from loom.tensor_store import _parts
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((1024,), 1.0))
+        ts.put("w", torch.full((1024,), 2.0))
+        copies = _parts.run_copies
+
+        def interrupted(*args):
+            raise KeyboardInterrupt("injected: the put is interrupted midway")
+
+        _parts.run_copies = interrupted
+        for step in (3, 4):  # two puts in a row fail: neither may retire version 2
+            with pytest.raises(KeyboardInterrupt):
+                ts.put("w", torch.full((1024,), float(step)))
+        _parts.run_copies = copies
+    dist.barrier()
+    out = (ts.latest_version("w"), float(ts.get("w")[0]))
+    dist.barrier()
+    if rank == 0:  # the writer goes on after them, its latest version kept
+        assert ts.put("w", torch.full((1024,), 5.0)) == 5
+    dist.barrier()
+    out = out, float(ts.get("w", version=2)[0]), float(ts.get("w")[0])
+    dist.barrier()  # the writer's buffers live as long as its store
+    return out
+
+
+def test_failed_puts_leave_the_latest_version_readable():
+    assert run_ranks(2, _failed_puts) == [((2, 2.0), 2.0, 5.0)] * 2
+
+
+def _retired_while_opened(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    # Sizes too different for one version's buffer to be reused by the next: a put that
+    # retires a version (the one before the one before it) frees its buffer.
+    sizes = {1: 1 << 10, 2: 1 << 16, 3: 1 << 19, 4: 1 << 10, 5: 1 << 16}
+    if rank == 0:
+        ts.put("w", torch.full((sizes[1],), 1.0))
+        store.set("put1", "1")
+        for v in (2, 3, 4, 5):
+            sync(store, f"go{v}")
+            ts.put("w", torch.full((sizes[v],), float(v)))
+            store.set(f"put{v}", "1")
+        sync(store, "read")
+        return None
+
+    def racing(reader, puts):
+        """Between looking the version up and opening its buffer, the writer puts `puts`."""
+        looked_up = reader._parts
+
+        def parts(*args):
+            reader._parts = looked_up
+            found = looked_up(*args)
+            for v in puts:
+                store.set(f"go{v}", "1")
+            sync(store, f"put{puts[-1]}")
+            return found
+
+        reader._parts = parts
+
+    sync(store, "put1")
+    racing(ts, (2, 3))
+    got = ts.get("w")  # looked up version 1, whose buffer is gone when opened: read again
+    out = [float(got.min()), float(got.max()), got.numel()]
+    other = TensorStore()  # a reader that never mapped version 3
+    racing(other, (4, 5))
+    with pytest.raises(TensorStoreError, match=r"'w' version 3: cannot open the buffer of rank 0"):
+        other.get("w", version=3)  # a version asked for by number is not swapped for a newer one
+    store.set("read", "1")
+    return out
+
+
+def test_read_of_the_latest_that_races_its_buffer_release_is_retried():
+    assert run_ranks(2, _retired_while_opened)[1] == [3.0, 3.0, 1 << 19]
+
+
+def _two_writers(rank, world):
+    from loom.tensor_store import TensorStore
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        assert ts.put("k", torch.full((4,), 1.0)) == 1
+    dist.barrier()
+    if rank == 1:  # another rank goes on with the key: it numbers from the latest
+        assert ts.put("k", torch.full((4,), 2.0)) == 2
+    dist.barrier()
+    out = [float(ts.get("k")[0])]
+    dist.barrier()
+    if rank == 0:  # its own count says 2, which rank 1 has put: refused, nothing lost
+        with pytest.raises(ValueError, match=r"put\('k'\): version 2 of that key was put by rank\(s\) 1"
+                                             r".*the latest is 2.*version= above it"):
+            ts.put("k", torch.full((4,), 3.0))
+        assert ts.put("k", torch.full((4,), 4.0), version=3) == 3
+    dist.barrier()
+    out.append(float(ts.get("k")[0]))
+    dist.barrier()
+    # Lends are numbered the same way: rank 0 lends "m" (1), rank 1 goes on (2), and rank 0's
+    # lend again, numbered 2 by its own count, is refused.
+    ts.make_lendable({"t": (lent := torch.full((4,), 5.0 + rank))})
+    if rank == 0:
+        assert ts.lend("m", lent) == 1
+    dist.barrier()
+    if rank == 1:
+        assert ts.lend("m", lent) == 2
+    dist.barrier()
+    if rank == 0:
+        with pytest.raises(ValueError, match=r"lend\('m'\): version 2 of that key was put by rank\(s\) 1"):
+            ts.lend("m", lent)
+        store.set("refused", "1")
+    sync(store, "refused")
+    out.append(float(ts.get("m")[0]))  # rank 1's lend is the latest, whole
+    dist.barrier()
+    return out
+
+
+def test_two_writers_of_a_key_never_publish_the_same_version():
+    assert run_ranks(2, _two_writers) == [[2.0, 4.0, 6.0], [2.0, 4.0, 6.0]]

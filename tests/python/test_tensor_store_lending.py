@@ -1,0 +1,240 @@
+"""loom.tensor_store lending a writer's own tensors (bit-exact, reclaimed before changes, never
+read torn, what cannot be lent safely refused) and broadcast mode."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+from store_samples import DTYPES, refresh_until, sample
+
+
+class _Policy(torch.nn.Module):
+    """A small model with what lending must keep working: a tied weight (one tensor under
+    two names), a buffer, and parameters an optimizer holds."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.embed = torch.nn.Embedding(32, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 32, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def train_step(self, optimizer, step: int) -> None:
+        tokens = torch.arange(step, step + 8) % 32
+        loss = self.head(torch.relu(self.mid(self.embed(tokens)))).logsumexp(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        self.steps += 1
+
+
+def _reference_weights(steps: int) -> dict:
+    """The writer's state dict after `steps` training steps, computed without the store."""
+    model = _Policy()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for step in range(1, steps + 1):
+        model.train_step(optimizer, step)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _lending(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    ts = TensorStore(timeout=timedelta(seconds=60))
+    out = {}
+    if rank == 0:
+        model = _Policy()
+        params = list(model.parameters())
+        optimizer = torch.optim.Adam(params, lr=0.01)
+        ts.make_lendable(model)
+        # Identities kept: the optimizer and the tied weight still see the lent memory.
+        assert list(model.parameters()) == params and model.head.weight is model.embed.weight
+        assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in params)
+        out["v1"] = ts.lend_state_dict(model.state_dict(), "policy")
+        for step in (1, 2, 0):
+            dist.barrier()  # the version is out
+            dist.barrier()  # readers have read it
+            if step:
+                with ts.updating("policy"):
+                    model.train_step(optimizer, step)
+        # A reader that asks for the latest while it is reclaimed waits for the next lend.
+        ts.reclaim("policy")
+        dist.barrier()
+        time.sleep(0.3)
+        model.train_step(optimizer, 3)
+        out["v4"] = ts.lend_state_dict(model.state_dict(), "policy")
+        dist.barrier()
+        ts.reclaim("policy")
+        dist.barrier()  # readers ask for version 4, reclaimed
+        dist.barrier()
+        return out
+    mine = _Policy().state_dict()
+    for steps in (0, 1, 2):
+        dist.barrier()
+        ts.get_state_dict("policy", mine)
+        reference = _reference_weights(steps)
+        assert all(torch.equal(mine[k], reference[k]) for k in reference), f"version after {steps} steps"
+        dist.barrier()
+    dist.barrier()  # the writer has reclaimed: these reads wait for version 4
+    started = time.monotonic()
+    ts.get_state_dict("policy", mine, **({"version": 4} if rank == 2 else {}))  # the latest, or by number
+    out["waited"] = time.monotonic() - started
+    reference = _reference_weights(3)
+    assert all(torch.equal(mine[k], reference[k]) for k in reference)
+    assert ts.latest_version("policy") == 4
+    dist.barrier()
+    dist.barrier()  # the writer has reclaimed version 4
+    with pytest.raises(TensorStoreError, match="reclaimed that lent version"):
+        ts.get_state_dict("policy", mine, version=4)
+    dist.barrier()
+    return out
+
+
+def test_lent_state_dict_read_bit_exact_and_reclaimed_before_changes():
+    results = run_ranks(3, _lending)
+    assert results[0]["v1"] == 1 and results[0]["v4"] == 4
+    for reader in results[1:]:
+        assert reader["waited"] > 0.2  # it waited for the lend, not read the reclaimed version
+
+
+def _lending_torn(rank, world, steps):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(timeout=timedelta(seconds=60))
+    seen = []
+    if rank == 0:  # the trainer changes its lent tensors as fast as it can, one value per step
+        weights = {"w": torch.zeros(1 << 18), "b": torch.zeros(1 << 10, dtype=torch.bfloat16)}
+        ts.make_lendable(weights)
+        ts.lend_state_dict(weights, "policy")
+        for step in range(1, steps + 1):
+            with ts.updating("policy"):
+                for t in weights.values():
+                    t.fill_(step)
+        dist.barrier()
+    else:
+        mine = {"w": torch.empty(1 << 18), "b": torch.empty(1 << 10, dtype=torch.bfloat16)}
+        seen = refresh_until(ts, mine, steps, " of a lent version")
+        dist.barrier()
+    return seen
+
+
+def test_lent_versions_are_never_read_torn():
+    results = run_ranks(3, _lending_torn, 200)
+    for seen in results[1:]:
+        assert seen == sorted(seen) and seen[-1] == 200
+
+
+def _lending_errors(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(timeout=timedelta(seconds=2))
+    if rank == 0:
+        plain = {"w": torch.ones(4)}
+        with pytest.raises(ValueError, match=r"'w' is not in memory this store lends.*make_lendable"):
+            ts.lend_state_dict(plain, "a")
+        model = torch.nn.Linear(4, 4)
+        aliases = model.state_dict()
+        with pytest.raises(ValueError, match="'weight' shares its memory with another tensor"):
+            ts.make_lendable(aliases)
+        with pytest.raises(ValueError, match="'weight' shares its memory"):
+            ts.make_lendable(model)  # the aliases above still hold its memory
+        del aliases
+        ts.make_lendable(model)
+        ts.make_lendable(model)  # again: nothing left to move
+        with pytest.raises(TypeError, match="only tensors can be lent"):
+            ts.lend_state_dict({**model.state_dict(), "step": 3}, "a")
+        with pytest.raises(ValueError, match="not contiguous"):
+            ts.lend("a", model.weight.t())
+        assert ts.lend_state_dict(model.state_dict(), "a") == 1
+        with pytest.raises(ValueError, match="share a buffer with key 'a'"):
+            ts.lend("b", model.bias)
+        with pytest.raises(ValueError, match="a key is either put or lent"):
+            ts.put("a", torch.ones(2))
+        ts.put("c", torch.ones(2))
+        with pytest.raises(ValueError, match="a key is either put or lent"):
+            ts.lend("c", model.bias)
+        with pytest.raises(KeyError, match="lends no such key"):
+            ts.reclaim("c")
+        with pytest.raises(TypeError, match="Module or a state dict"):
+            ts.make_lendable([model.weight])
+        dist.barrier()
+        dist.barrier()  # readers have read "a"
+        ts.close()  # withdraws "a": nobody guards those tensors any more
+        dist.barrier()
+        dist.barrier()
+        return "ok"
+    dist.barrier()
+    assert ts.get_state_dict("a")["weight"].shape == (4, 4)
+    dist.barrier()
+    dist.barrier()  # closed: a read of the latest finds no key, not unguarded bytes
+    with pytest.raises(KeyError, match="no such key"):
+        ts.get_state_dict("a")
+    dist.barrier()
+    return "ok"
+
+
+def test_lending_refuses_what_it_cannot_lend_safely():
+    assert run_ranks(2, _lending_errors) == ["ok", "ok"]
+
+
+def _broadcast_sample(step: int, receiver: bool) -> dict:
+    """A state dict for broadcast mode: every dtype (1-9 KiB each, packed into 6 KiB buckets
+    or, at 3 KiB and more, sent alone), a larger tensor, a strided tensor on receivers,
+    nesting and an object leaf."""
+    layers = enumerate(DTYPES * 3)  # enough packed buckets that both bucket buffers are reused
+    out = {"layers": {f"{i}": {"w": sample(dtype, (9, 130), step * 31 + i)} for i, dtype in layers},
+           # Sent alone; strided on receivers, which must then take it through a staging copy.
+           "embed": torch.full((1024, 64), -1.0).t() if receiver else torch.full((64, 1024), float(step)),
+           "t": sample(torch.float32, (6, 4), step).t().contiguous().t() if receiver else sample(torch.float32, (6, 4), step),
+           "meta": {"step": step}}
+    if receiver:  # contents that must all be overwritten
+        for layer in out["layers"].values():
+            layer["w"].zero_() if layer["w"].dtype != torch.bool else layer["w"].fill_(True)
+        out["t"].fill_(-1.0)
+        out["meta"] = {"step": -1}
+    return out
+
+
+def _broadcast_mode(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(bucket_bytes=6 << 10)  # several buckets per call, and tensors alone
+    writer = 1  # a writer that is not rank 0
+    mine = _broadcast_sample(0, receiver=rank != writer)
+    assert rank == writer or not (mine["t"].is_contiguous() or mine["embed"].is_contiguous())
+    versions = []
+    for step in (1, 2, 3):
+        if rank == writer:
+            mine = _broadcast_sample(step, receiver=False)
+        versions.append(ts.broadcast_state_dict(mine, "policy", src=writer))
+        expected = _broadcast_sample(step, receiver=False)
+        for i in range(3 * len(DTYPES)):
+            assert torch.equal(mine["layers"][f"{i}"]["w"], expected["layers"][f"{i}"]["w"]), (step, i)
+        assert torch.equal(mine["embed"], expected["embed"]) and torch.equal(mine["t"], expected["t"])
+        assert mine["meta"] == {"step": step}
+    # A subgroup, another writer, a version given.
+    pair = dist.new_group([0, 2], backend="loom")
+    if rank in (0, 2):
+        sd = {"x": torch.arange(1000, dtype=torch.int64) * (rank + 1)}
+        v = ts.broadcast_state_dict(sd, "pair", src=2, group=pair, version=7)
+        assert v == 7 and torch.equal(sd["x"], torch.arange(1000) * 3)
+    # One rank's state dict does not fit the writer's: every member raises, naming it.
+    wrong = {"x": torch.zeros(5 if rank == 2 else 4)}
+    with pytest.raises(ValueError, match=r"broadcast_state_dict\('bad'\): rank 2: 'x' is torch.float32 \[5\]"):
+        ts.broadcast_state_dict(wrong, "bad", src=0)
+    # A version that does not grow is refused on every member, naming the writer.
+    with pytest.raises(ValueError, match=r"rank 1: versions must be integers that grow; the last of this key is 3"):
+        ts.broadcast_state_dict(mine, "policy", src=writer, version=2)
+    return versions
+
+
+def test_broadcast_mode_delivers_the_writers_state_dict_to_every_member():
+    assert run_ranks(3, _broadcast_mode) == [[1, 2, 3]] * 3
