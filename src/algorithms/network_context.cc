@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "algorithms/arriving_reduction.h"
+#include "algorithms/call_stamp.h"
 #include "loom/error.h"
 #include "util/backoff.h"
 #include "util/trace.h"
@@ -134,7 +135,7 @@ size_t NetworkContext::startRail(RailSteps steps, int lane) {
   // collectives (those are this thread's).
   auto job = handOff(*on.rail, [this, &on, steps = std::move(steps), n = railJobs_.size()] {
     const trace::Span span("rail job", n);
-    NetworkContext own(layout(), *on.railScratch, nullptr, describe_, failures_, wait_,
+    NetworkContext own(layout(), *on.railScratch, nullptr, describe_, failures_, wait_, stamp_,
                        {NetLane{on.linkTo, on.sends, nullptr, nullptr}});
     steps(own);
   });
@@ -291,11 +292,11 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
           const auto* payload = static_cast<const uint8_t*>(t.data);
           bool handedOver = false;
           if (streaming == nullptr) {
-            handedOver = link.writeBorrowed({t.tag, t.bytes}, payload, w.sent);
+            handedOver = link.writeBorrowed({t.tag, t.bytes, stamp_}, payload, w.sent);
           } else {
             const uint64_t ready =
                 streaming->ready(static_cast<size_t>(w.sends[w.nextSend] - sends.data()));
-            handedOver = link.writeBorrowedPrefix({t.tag, t.bytes}, payload, w.sent, ready);
+            handedOver = link.writeBorrowedPrefix({t.tag, t.bytes, stamp_}, payload, w.sent, ready);
             awaitsProduction |= !handedOver && ready < t.bytes;
           }
           progressed |= w.sent != before || handedOver;
@@ -313,6 +314,11 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
           if (!w.receiving) {
             const std::optional<Envelope> envelope = link.nextEnvelope();
             if (!envelope) break;
+            if (envelope->stamp != stamp_) {
+              failWith(ErrorCode::kMismatch, t.peer,
+                       op + " #" + std::to_string(wait_.seq) + ": " +
+                           explainStamps(envelope->stamp, stamp_, wait_.seq, describe_(t.peer)));
+            }
             if (envelope->tag != t.tag || envelope->bytes != t.bytes) {
               failWith(ErrorCode::kMismatch, t.peer,
                        op + " #" + std::to_string(wait_.seq) + ": " + describe_(t.peer) + " sent " +

@@ -45,15 +45,17 @@ class NetworkContext final : public AcrossHostsContext {
   using Describe = std::function<std::string(int q)>;
 
   /// `lanes` (at least one): this thread's own network steps use lane 0's links and send
-  /// thread, which its rail jobs share (they never run at the same time).
+  /// thread, which its rail jobs share (they never run at the same time). `stamp`: the
+  /// call's (callStamp), on every message sent and expected on every one received.
   NetworkContext(const HostLayout& layout, ScratchArena& arena, RunLocal runLocal,
-                 Describe describe, Failures& failures, const WaitSpec& wait,
+                 Describe describe, Failures& failures, const WaitSpec& wait, uint64_t stamp,
                  std::vector<NetLane> lanes)
       : AcrossHostsContext(layout, arena),
         runLocal_(std::move(runLocal)),
         describe_(std::move(describe)),
         failures_(failures),
         wait_(wait),
+        stamp_(stamp),
         lanes_(std::move(lanes)),
         linkTo_(lanes_.at(0).linkTo),
         sends_(lanes_[0].sends) {}
@@ -107,6 +109,7 @@ class NetworkContext final : public AcrossHostsContext {
   Describe describe_;
   Failures& failures_;
   const WaitSpec& wait_;
+  const uint64_t stamp_;
   const std::vector<NetLane> lanes_;
   const std::function<MessageLink&(int q)>& linkTo_;  // lane 0's
   Worker* const sends_;                               // lane 0's

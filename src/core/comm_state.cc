@@ -6,6 +6,7 @@
 #include <climits>
 #include <map>
 
+#include "algorithms/call_stamp.h"
 #include "algorithms/network_context.h"
 
 #include "core/fd_exchange.h"
@@ -382,7 +383,8 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
     };
     net.push_back({linkTo, lane.sends.get(), lane.rail.get(), &lane.railScratch});
   }
-  NetworkContext ctx(layout_, scratch_, runLocal, describe, *failures_, wait, std::move(net));
+  NetworkContext ctx(layout_, scratch_, runLocal, describe, *failures_, wait, callStamp(args, seq),
+                     std::move(net));
   runAcrossHosts(ctx, args);
 }
 

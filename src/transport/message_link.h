@@ -17,6 +17,9 @@ namespace loom {
 struct Envelope {
   int tag = 0;
   uint64_t bytes = 0;
+  /// The collective call a network message belongs to (algorithms/call_stamp.h); 0 outside
+  /// collectives. Network links carry it; shared-memory rings (point-to-point only) do not.
+  uint64_t stamp = 0;
 };
 
 /// Both directions of message traffic with one peer, driven by one thread (the engine's).

@@ -352,6 +352,48 @@ TEST_F(TwoHosts, UnpairedSplitSizesAreNamedAsTheCommunicatorNumbersRanks) {
   });
 }
 
+// Each host agrees within itself (all the shared-memory check sees), but host 0 sums where
+// host 1 takes the maximum: the stamps on the rails' messages tell them apart, and every
+// rank fails naming both, instead of each host keeping a result of its own.
+TEST_F(TwoHosts, DifferentReductionsOnTheTwoHostsAreNamedAsAMismatch) {
+  LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
+    hosts_->enter(interleaved(ctx.rank));
+    auto comm = ctx.connect();
+    std::vector<float> data(64, 1.0F + static_cast<float>(ctx.rank));
+    const ReduceOp op = interleaved(ctx.rank) == 0 ? ReduceKind::kSum : ReduceKind::kMax;
+    testing::expectError(
+        [&] {
+          comm->allReduce(data.data(), data.data(), data.size(), DataType::kFloat32, op).wait();
+          comm->barrier().wait();  // where the first call ended before the failure arrived
+        },
+        ErrorCode::kMismatch, {"all_reduce of float32 with MAX", "all_reduce of float32 with SUM"});
+  });
+}
+
+// Two ranks alone on their hosts each call themselves the root: both only send, so the call
+// ends on both. The next broadcast's receiver then finds the earlier call's message where
+// its own should be: the stamp names it as the earlier collective's, and nobody takes those
+// bytes as this call's data.
+TEST_F(TwoHosts, AMessageLeftFromAnEarlierCollectiveIsNamedNotTaken) {
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts_->enter(ctx.rank);
+    auto comm = ctx.connect();
+    std::vector<uint8_t> first(1024, static_cast<uint8_t>(100 + ctx.rank));
+    std::vector<uint8_t> second(first.size(), 7);  // the same size: only the stamp tells
+    comm->broadcast(first.data(), first.data(), first.size(), DataType::kUInt8, ctx.rank).wait();
+    testing::expectError(
+        [&] {
+          comm->broadcast(second.data(), second.data(), second.size(), DataType::kUInt8, 0).wait();
+          comm->barrier().wait();  // rank 0 only sends: it learns of the failure here
+        },
+        ErrorCode::kMismatch, {"sent a message of its collective #", "(broadcast of uint8)"});
+    if (ctx.rank == 1) {
+      LOOM_CHECK(second == std::vector<uint8_t>(first.size(), 7),
+                 << "the stale message's bytes landed");
+    }
+  });
+}
+
 // CPU time (clock ticks, user and system) that this process's threads named `name` have
 // run: the kernel's TCP work counts on the thread that sends or receives.
 long ticksOfThreads(const std::string& name) {

@@ -28,12 +28,12 @@ std::vector<uint8_t> frame(const FrameHeader& header, size_t payload) {
   return bytes;
 }
 
-FrameHeader data(bool first, uint32_t length, uint64_t total = 0, int tag = 0) {
+FrameHeader data(bool first, uint32_t length, uint64_t total = 0, int tag = 0, uint64_t stamp = 0) {
   FrameHeader h;
   h.type = FrameType::kData;
   h.first = first;
   h.length = length;
-  if (first) h.envelope = {tag, total};
+  if (first) h.envelope = {tag, total, stamp};
   return h;
 }
 
@@ -72,19 +72,24 @@ TEST(NetWire, RejectsMalformedHellos) {
 }
 
 TEST(NetWire, FrameHeadersRoundTripAndMustMatchTheirFrame) {
-  const auto first = frame(data(true, 100, 1000, -4), 100);
+  const auto first = frame(data(true, 100, 1000, -4, 0x8123'4567'89ab'cdefULL), 100);
   const auto h = parseFrameHeader(first);
   ASSERT_TRUE(h);
   EXPECT_TRUE(h->first);
   EXPECT_EQ(h->length, 100u);
   EXPECT_EQ(h->envelope.tag, -4);
   EXPECT_EQ(h->envelope.bytes, 1000u);
+  EXPECT_EQ(h->envelope.stamp, 0x8123'4567'89ab'cdefULL);
+  // Only a message's first frame carries an envelope; a later one with a stamp is malformed.
+  auto later = frame(data(false, 100), 100);
+  later[30] = 1;
+  EXPECT_FALSE(parseFrameHeader(later));
   EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, 1000), 99)));   // length != frame
   EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, 1000), 101)));  // trailing bytes
   EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, 50), 100)));    // more than the message
   EXPECT_FALSE(parseFrameHeader(std::span(first).first(kFrameHeaderBytes - 1)));
   auto reserved = first;
-  reserved[30] = 1;
+  reserved[2] = 1;
   EXPECT_FALSE(parseFrameHeader(reserved));
   auto flags = first;
   flags[1] = 0x80;
@@ -101,6 +106,9 @@ TEST(NetWire, ControlFramesCarryNothingElse) {
   const auto h = parseFrameHeader(frame(credit, 0));
   ASSERT_TRUE(h);
   EXPECT_EQ(h->credits, 4u);
+  auto stamped = frame(credit, 0);
+  stamped[30] = 1;
+  EXPECT_FALSE(parseFrameHeader(stamped));           // no envelope, so no stamp
   EXPECT_FALSE(parseFrameHeader(frame(credit, 1)));  // no payload
   credit.credits = 0;
   EXPECT_FALSE(parseFrameHeader(frame(credit, 0)));  // an empty credit is noise

@@ -82,7 +82,7 @@ void encodeFrameHeader(const FrameHeader& header, uint8_t* out) {
   w.integer(header.length);
   w.integer(header.first ? header.envelope.tag : 0);
   w.integer(header.first ? header.envelope.bytes : uint64_t{0});
-  w.integer(uint64_t{0});
+  w.integer(header.first ? header.envelope.stamp : uint64_t{0});
   std::memcpy(out, w.bytes().data(), kFrameHeaderBytes);
 }
 
@@ -90,26 +90,27 @@ std::optional<FrameHeader> parseFrameHeader(std::span<const uint8_t> bytes) {
   ByteReader in(bytes);
   uint8_t type = 0, flags = 0;
   uint16_t reserved16 = 0;
-  uint64_t reserved64 = 0;
   FrameHeader h;
   if (!in.integer(&type) || !in.integer(&flags) || !in.integer(&reserved16) ||
       !in.integer(&h.credits) || !in.integer(&h.length) || !in.integer(&h.envelope.tag) ||
-      !in.integer(&h.envelope.bytes) || !in.integer(&reserved64)) {
+      !in.integer(&h.envelope.bytes) || !in.integer(&h.envelope.stamp)) {
     return std::nullopt;
   }
-  if (reserved16 != 0 || reserved64 != 0 || (flags & ~kFlagFirst) != 0) return std::nullopt;
+  if (reserved16 != 0 || (flags & ~kFlagFirst) != 0) return std::nullopt;
   h.first = (flags & kFlagFirst) != 0;
   if (type == static_cast<uint8_t>(FrameType::kData)) {
     h.type = FrameType::kData;
     if (h.credits != 0 || h.length != in.remaining()) return std::nullopt;
-    if (!h.first && (h.envelope.tag != 0 || h.envelope.bytes != 0)) return std::nullopt;
+    if (!h.first && (h.envelope.tag != 0 || h.envelope.bytes != 0 || h.envelope.stamp != 0)) {
+      return std::nullopt;
+    }
     if (h.first && h.length > h.envelope.bytes) return std::nullopt;
     return h;
   }
   if (type == static_cast<uint8_t>(FrameType::kGoodbye)) {
     h.type = FrameType::kGoodbye;
     if (h.first || h.length != 0 || h.credits != 0 || h.envelope.tag != 0 ||
-        h.envelope.bytes != 0 || !in.atEnd()) {
+        h.envelope.bytes != 0 || h.envelope.stamp != 0 || !in.atEnd()) {
       return std::nullopt;
     }
     return h;
@@ -117,7 +118,7 @@ std::optional<FrameHeader> parseFrameHeader(std::span<const uint8_t> bytes) {
   if (type == static_cast<uint8_t>(FrameType::kCredit)) {
     h.type = FrameType::kCredit;
     if (h.first || h.length != 0 || h.credits == 0 || h.envelope.tag != 0 ||
-        h.envelope.bytes != 0 || !in.atEnd()) {
+        h.envelope.bytes != 0 || h.envelope.stamp != 0 || !in.atEnd()) {
       return std::nullopt;
     }
     return h;

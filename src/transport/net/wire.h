@@ -73,7 +73,7 @@ struct FrameHeader {
   bool first = false;    ///< data: starts a message (`envelope` is meaningful)
   uint32_t credits = 0;  ///< credit: how many receive buffers were freed
   uint32_t length = 0;   ///< data: payload bytes in this frame
-  Envelope envelope;     ///< data, first frame only: the message's tag and total size
+  Envelope envelope;     ///< data, first frame only: the message's tag, total size and stamp
 };
 inline constexpr size_t kFrameHeaderBytes = 32;
 
