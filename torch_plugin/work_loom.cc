@@ -11,6 +11,7 @@
 
 #include "loom/error.h"
 #include "util/trace.h"
+#include "util/worker.h"
 
 namespace loom::torch_plugin {
 
@@ -238,6 +239,12 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     if (std::exception_ptr failure = failureSoFar()) std::rethrow_exception(failure);
     blockCurrentStream();
     return true;
+  }
+  // A completion callback on the collective worker's thread, waiting for a call queued there
+  // (see util/worker.h): it runs what is queued, which that thread would run next anyway.
+  if (Worker* worker = Worker::current()) {
+    while (!done_.load(std::memory_order_acquire) && worker->runNextHere()) {
+    }
   }
   // Most collectives finish within microseconds: poll briefly before sleeping.
   const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(50);

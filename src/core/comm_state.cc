@@ -207,7 +207,7 @@ void CommState::join(Clock::time_point deadline) {
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
-  worker_ = std::make_unique<Worker>("loom-worker", config_.backoff);
+  worker_ = std::make_unique<Worker>("loom-worker", config_.backoff, /*serveItsOwnWaits=*/true);
   if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);
 }
 
@@ -410,6 +410,13 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
       throw;
     }
     if (options.blocking) settle(request);
+    return request;
+  }
+  if (Worker::current() == worker_.get()) {
+    // A completion callback of this communicator's issues a call, and may wait for it (see
+    // Worker): what is queued runs first, then this call, on this thread and in issue order.
+    worker_->runQueuedHere();
+    execute(args, *state, timeout, issuedAt);
     return request;
   }
   if (options.blocking &&

@@ -10,6 +10,7 @@
 #include "core/op_state.h"
 #include "util/backoff.h"
 #include "util/deadline.h"
+#include "util/worker.h"
 
 namespace loom {
 
@@ -61,6 +62,12 @@ const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::micr
 bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
   std::optional<Backoff> backoff(std::in_place, kWaitPolicy);
   while (!state.finished()) {
+    // A completion callback on a collective worker's thread, waiting: the jobs queued there
+    // would run only after it returns (see Worker), so it runs them.
+    if (Worker* worker = Worker::current(); worker != nullptr && worker->runNextHere()) {
+      backoff.emplace(kWaitPolicy);
+      continue;
+    }
     // Where the operation lets its waiter drive it (sends and receives), doing so saves
     // handing each step to the engine's thread and back: two wake-ups a message, each a
     // scheduler turn on a machine whose cores the ranks fill. The backoff restarts whenever

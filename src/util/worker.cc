@@ -8,11 +8,20 @@
 
 namespace loom {
 
-Worker::Worker(const char* name, BackoffPolicy backoff)
-    : backoff_(backoff), thread_([this, name] {
+namespace {
+thread_local Worker* tCurrent = nullptr;  // the worker serving its own waits on this thread
+}  // namespace
+
+Worker::Worker(const char* name, BackoffPolicy backoff, bool serveItsOwnWaits)
+    : backoff_(backoff), serveItsOwnWaits_(serveItsOwnWaits), thread_([this, name] {
         posix::nameThisThread(name);
+        if (serveItsOwnWaits_) tCurrent = this;
         run();
       }) {}
+
+Worker* Worker::current() {
+  return tCurrent;
+}
 
 Worker::~Worker() {
   {
@@ -28,8 +37,8 @@ void Worker::submit(Job job) {
     std::lock_guard<std::mutex> lock(mutex_);
     // Counted first: a caller about to run a job of its own (runHereIfIdle) must see it
     // before the worker can take it.
-    submitted_.fetch_add(1);
-    queue_.push_back(std::move(job));
+    const uint64_t number = submitted_.fetch_add(1) + 1;
+    queue_.emplace_back(number, std::move(job));
   }
   wake_.notify_one();
 }
@@ -41,6 +50,44 @@ void Worker::release() {
   // wake-up after its check.
   { std::lock_guard<std::mutex> lock(mutex_); }
   wake_.notify_one();
+}
+
+void Worker::finishedOne() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished_.fetch_add(1);
+  }
+  idle_.notify_all();
+}
+
+bool Worker::takeNext(uint64_t upTo, std::function<void()>& job) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (queue_.empty() || queue_.front().first > upTo) return false;
+  job = std::move(queue_.front().second);
+  queue_.pop_front();
+  return true;
+}
+
+size_t Worker::runQueuedHere() {
+  if (tCurrent != this) return 0;
+  // Jobs that these jobs' callbacks queue, or other threads queue meanwhile, were issued
+  // after the caller's own and wait for it.
+  const uint64_t upTo = submitted_.load();
+  size_t ran = 0;
+  for (Job job; takeNext(upTo, job); ++ran) {
+    job();
+    finishedOne();
+  }
+  return ran;
+}
+
+bool Worker::runNextHere() {
+  if (tCurrent != this) return false;
+  Job job;
+  if (!takeNext(~uint64_t{0}, job)) return false;
+  job();
+  finishedOne();
+  return true;
 }
 
 void Worker::drain() {
@@ -68,15 +115,11 @@ void Worker::run() {
       // A caller may be running a job of its own (runHereIfIdle): wait until it is done.
       wake_.wait(lock, [&] { return (stopping_ || !queue_.empty()) && !here_.load(); });
       if (queue_.empty()) return;  // stopping, nothing left
-      job = std::move(queue_.front());
+      job = std::move(queue_.front().second);
       queue_.pop_front();
     }
     job();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      finished_.fetch_add(1);
-    }
-    idle_.notify_all();
+    finishedOne();
   }
 }
 

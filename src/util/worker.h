@@ -4,6 +4,12 @@
 // collectives complete in issue order while the caller goes on, and a collective across
 // hosts hands its network work to threads of its own (network_context.h). After a job the
 // thread spins briefly for the next (back-to-back jobs are common), then sleeps.
+//
+// A job's completion callbacks run on the worker's thread, and a callback may issue another
+// job and wait for it (torch's PowerSGD hook waits on an all_reduce inside a future's
+// callback): queued behind the very job whose callback waits, it would never run. So a
+// worker made to `serveItsOwnWaits` lets code on its thread run the queued jobs itself, in
+// order (runQueuedHere), which is what the thread would have done next anyway.
 
 #include <atomic>
 #include <condition_variable>
@@ -12,6 +18,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "util/backoff.h"
 
@@ -21,8 +28,8 @@ class Worker {
  public:
   using Job = std::function<void()>;
 
-  /// `name` names the thread (posix::nameThisThread).
-  Worker(const char* name, BackoffPolicy backoff);
+  /// `name` names the thread (posix::nameThisThread). `serveItsOwnWaits`: see above.
+  Worker(const char* name, BackoffPolicy backoff, bool serveItsOwnWaits = false);
   /// Runs the jobs still queued, then stops the thread.
   ~Worker();
   Worker(const Worker&) = delete;
@@ -52,8 +59,20 @@ class Worker {
   /// Blocks until every job submitted so far has run.
   void drain();
 
+  /// The worker made to serve its own waits whose thread calls this, or nullptr.
+  static Worker* current();
+  /// On current()'s thread: runs the jobs queued so far, in order (not those queued while
+  /// they run); returns how many ran.
+  size_t runQueuedHere();
+  /// On current()'s thread: runs the next queued job, if any; returns whether one ran.
+  bool runNextHere();
+
  private:
   void run();
+  // Takes the next queued job if it was submitted as number `upTo` or earlier.
+  bool takeNext(uint64_t upTo, std::function<void()>& job);
+  // Counts a job as run and wakes drain().
+  void finishedOne();
   // Ends a claim of runHereIfIdle and wakes the worker if jobs were queued meanwhile (only
   // then: waking it for nothing would cost two context switches per blocking collective).
   void release();
@@ -61,7 +80,8 @@ class Worker {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<Job> queue_;               // guarded by mutex_
+  std::deque<std::pair<uint64_t, Job>> queue_;  // (submission number, job); guarded by mutex_
+  const bool serveItsOwnWaits_;
   bool stopping_ = false;               // guarded by mutex_
   std::atomic<bool> here_{false};       // a caller runs a job (runHereIfIdle)
   std::atomic<uint64_t> submitted_{0};  // jobs queued so far, counted before queueing

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
 #include <numeric>
 #include <ostream>
 
@@ -352,6 +353,35 @@ TEST_P(Collectives, BarrierWaitsForEveryRank) {
         }
       },
       options());
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+// A completion callback runs on the thread that finished the call (the communicator's worker
+// for an asynchronous one). One that issues another collective and waits for it, or waits for
+// a call queued behind its own, must not wait forever behind the call it is a callback of.
+TEST(Collectives, CallbacksThatWaitForCollectivesDoNotWaitBehindThemselves) {
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    std::vector<float> big(1 << 18, 1.0F), small(4, static_cast<float>(ctx.rank + 1));
+    std::vector<float> inner(2, 1.0F);
+    std::promise<void> innerDone;
+    Request first =
+        comm->allReduce(big.data(), big.data(), big.size(), DataType::kFloat32, ReduceKind::kSum);
+    Request queued = comm->allReduce(small.data(), small.data(), small.size(), DataType::kFloat32,
+                                     ReduceKind::kSum);
+    first.onComplete([&](const std::exception_ptr&) {
+      queued.wait();  // issued before this callback ran: queued behind `first`
+      comm->allReduce(inner.data(), inner.data(), inner.size(), DataType::kFloat32,
+                      ReduceKind::kSum)
+          .wait();
+      innerDone.set_value();
+    });
+    LOOM_CHECK(
+        innerDone.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready,
+        << "the callback's waits never ended");
+    first.wait();
+    LOOM_CHECK(small == std::vector<float>(4, 3.0F) && inner == std::vector<float>(2, 2.0F));
+  });
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
 }
 

@@ -196,3 +196,71 @@ def body_coalescing_block_work_covers_copy_backs(rank: int, world: int):
 
 def test_a_coalescing_blocks_work_includes_its_calls_copy_backs():
     run_ranks(2, body_coalescing_block_work_covers_copy_backs)
+
+
+def body_callbacks_that_wait_on_collectives(rank: int, world: int, backend: str):
+    """Callbacks chained on a call's future that issue collectives and wait for them, as
+    torch's PowerSGD hook does: on loom they run on the communicator's worker thread, so
+    each wait must not sit behind the very call whose callback waits (see util/worker.h)."""
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=60))
+    results = {}
+
+    def issue_and_wait_on_its_future(fut):  # PowerSGD's pattern
+        return dist.all_reduce(torch.ones(2), group=group, async_op=True).get_future().wait()[0]
+
+    fut = dist.all_reduce(torch.ones(1 << 18), group=group, async_op=True).get_future()
+    results["future"] = fut.then(issue_and_wait_on_its_future).wait().tolist()
+
+    def blocking_call(fut):
+        t = torch.full((3,), float(rank))
+        dist.all_reduce(t, group=group)
+        return t
+
+    fut = dist.all_reduce(torch.ones(1 << 18), group=group, async_op=True).get_future()
+    results["blocking"] = fut.then(blocking_call).wait().tolist()
+
+    # A call issued before the callback ran, queued behind the one whose callback waits on it.
+    later = torch.full((4,), float(rank + 1))
+    first = dist.all_reduce(torch.ones(1 << 18), group=group, async_op=True)
+    second = dist.all_reduce(later, group=group, async_op=True)
+    results["queued"] = first.get_future().then(lambda fut: second.wait()).wait()
+    results["queued_value"] = later.tolist()
+    return results
+
+
+@pytest.mark.parametrize("backend", ["loom", "gloo"])
+def test_callbacks_that_issue_collectives_and_wait_for_them(backend):
+    results = run_ranks(2, body_callbacks_that_wait_on_collectives, backend, timeout=120)
+    assert results[0] == results[1]
+    assert results[0] == {"future": [2.0, 2.0], "blocking": [1.0, 1.0, 1.0], "queued": True,
+                          "queued_value": [3.0, 3.0, 3.0, 3.0]}
+
+
+def body_ddp_powersgd(rank: int, world: int, backend: str):
+    """A few DDP steps with torch's PowerSGD comm hook, whose callbacks wait on all_reduces."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)),
+                process_group=group)
+    state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=2,
+                                   start_powerSGD_iter=2, min_compression_rate=0.5)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        optimizer.zero_grad()
+        model(torch.randn(16, 32, generator=g)).square().mean().backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_ddp_with_the_powersgd_hook_trains_as_on_gloo():
+    loom = run_ranks(2, body_ddp_powersgd, "loom", timeout=120)
+    gloo = run_ranks(2, body_ddp_powersgd, "gloo", timeout=120)
+    for a, b in zip(loom[0], loom[1]):
+        assert torch.equal(a, b)  # the ranks agree
+    for a, b in zip(loom[0], gloo[0]):
+        torch.testing.assert_close(a, b)  # reductions may add in another order than Gloo's
