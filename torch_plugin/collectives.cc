@@ -217,35 +217,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  const CallSite s = site("all_reduce_coalesced", !opts.asyncOp);
-  if (tensors.empty()) invalid(s, "needs at least one tensor");
-  for (const auto& t : tensors) {
-    requireDense(s, "tensors", t);
-    if (t.scalar_type() != tensors[0].scalar_type()) {
-      invalid(s, "all tensors must share one dtype (got " +
-                     std::string(c10::toString(t.scalar_type())) + " and " +
-                     c10::toString(tensors[0].scalar_type()) + ")");
-    }
-  }
-  // One all_reduce over the tensors laid end to end, then the pieces copied back.
-  std::vector<at::Tensor> pieces;
-  for (const auto& t : tensors) pieces.push_back(t.reshape(-1));
-  const at::Tensor packed = at::cat(pieces);
-  const Flat flat = reductionView(s, packed, opts.reduceOp);
-  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
-  auto finisher = [tensors, packed, flat] {
-    if (!flat.data.is_alias_of(flat.view)) copyBackInto(flat.view, flat.data);
-    int64_t offset = 0;
+  // torch issues this call at the end of a _coalescing_manager block, then ends the block:
+  // an error here is held until then, or the block would stay open (heldInBlock).
+  return heldInBlock(OpType::COALESCED, [&]() -> c10::intrusive_ptr<c10d::Work> {
+    const CallSite s = site("all_reduce_coalesced", !opts.asyncOp);
+    if (tensors.empty()) invalid(s, "needs at least one tensor");
     for (const auto& t : tensors) {
-      t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
+      requireDense(s, "tensors", t);
+      if (t.scalar_type() != tensors[0].scalar_type()) {
+        invalid(s, "all tensors must share one dtype (got " +
+                       std::string(c10::toString(t.scalar_type())) + " and " +
+                       c10::toString(tensors[0].scalar_type()) + ")");
+      }
     }
-  };
-  return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce", tensors, tensors, finisher,
-                [&](Requests& r) {
-                  r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                               opOptions(opts.timeout, !opts.asyncOp)));
-                });
+    // One all_reduce over the tensors laid end to end, then the pieces copied back.
+    std::vector<at::Tensor> pieces;
+    for (const auto& t : tensors) pieces.push_back(t.reshape(-1));
+    const at::Tensor packed = at::cat(pieces);
+    const Flat flat = reductionView(s, packed, opts.reduceOp);
+    const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+    auto finisher = [tensors, packed, flat] {
+      if (!flat.data.is_alias_of(flat.view)) copyBackInto(flat.view, flat.data);
+      int64_t offset = 0;
+      for (const auto& t : tensors) {
+        t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
+        offset += t.numel();
+      }
+    };
+    return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce", tensors, tensors, finisher,
+                  [&](Requests& r) {
+                    r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
+                                                 opOptions(opts.timeout, !opts.asyncOp)));
+                  });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
@@ -332,27 +336,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  const CallSite s = site("all_gather_into_tensor_coalesced", !opts.asyncOp);
-  requireCount(s, "outputs", outputs.size(), inputs.size());
-  auto staged = std::make_shared<Outputs>();
-  std::vector<Flat> ins;
-  std::vector<at::Tensor> targets;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string n = "[" + std::to_string(i) + "]";
-    requireWholeOfParts(s, "outputs" + n, outputs[i], "inputs" + n, inputs[i]);
-    targets.push_back(staged->target(outputs[i]));
-    ins.push_back(gatherReadApart(s, movementView(inputs[i]), targets.back()));
-  }
-  readApartAcrossPairs(ins, targets);
-  return launch(
-      s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
-      [staged, ins, targets] { staged->finish(); },
-      [&](Requests& r) {
-        for (size_t i = 0; i < ins.size(); ++i) {
-          r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
-                                       ins[i].type, opOptions(opts.timeout, !opts.asyncOp)));
-        }
-      });
+  // torch issues this call at the end of a _coalescing_manager block, then ends the block:
+  // an error here is held until then, or the block would stay open (heldInBlock).
+  return heldInBlock(OpType::COALESCED, [&]() -> c10::intrusive_ptr<c10d::Work> {
+    const CallSite s = site("all_gather_into_tensor_coalesced", !opts.asyncOp);
+    requireCount(s, "outputs", outputs.size(), inputs.size());
+    auto staged = std::make_shared<Outputs>();
+    std::vector<Flat> ins;
+    std::vector<at::Tensor> targets;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string n = "[" + std::to_string(i) + "]";
+      requireWholeOfParts(s, "outputs" + n, outputs[i], "inputs" + n, inputs[i]);
+      targets.push_back(staged->target(outputs[i]));
+      ins.push_back(gatherReadApart(s, movementView(inputs[i]), targets.back()));
+    }
+    readApartAcrossPairs(ins, targets);
+    return launch(
+        s, OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", inputs, outputs,
+        [staged, ins, targets] { staged->finish(); },
+        [&](Requests& r) {
+          for (size_t i = 0; i < ins.size(); ++i) {
+            r.push_back(comm_->allGather(ins[i].ptr(), targets[i].data_ptr(), ins[i].count,
+                                         ins[i].type, opOptions(opts.timeout, !opts.asyncOp)));
+          }
+        });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
@@ -475,32 +483,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  const CallSite s = site("reduce_scatter_tensor_coalesced", !opts.asyncOp);
-  requireCount(s, "outputs", outputs.size(), inputs.size());
-  std::vector<Flat> ins, outs;
-  std::vector<ReduceOp> ops;
-  auto staged = std::make_shared<Outputs>();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string n = "[" + std::to_string(i) + "]";
-    requireWholeOfParts(s, "inputs" + n, inputs[i], "outputs" + n, outputs[i]);
-    outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
-    ins.push_back(
-        scatterReadApart(s, reductionView(s, inputs[i], opts.reduceOp), outs.back().data));
-    ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
-    staged->inOut(outs.back());
-  }
-  std::vector<at::Tensor> written;
-  for (const Flat& out : outs) written.push_back(out.data);
-  readApartAcrossPairs(ins, written);
-  return launch(
-      s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
-      [staged, ins, outs] { staged->finish(); },
-      [&](Requests& r) {
-        for (size_t i = 0; i < ins.size(); ++i) {
-          r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count, outs[i].type,
-                                           ops[i], opOptions(opts.timeout, !opts.asyncOp)));
-        }
-      });
+  // torch issues this call at the end of a _coalescing_manager block, then ends the block:
+  // an error here is held until then, or the block would stay open (heldInBlock).
+  return heldInBlock(OpType::COALESCED, [&]() -> c10::intrusive_ptr<c10d::Work> {
+    const CallSite s = site("reduce_scatter_tensor_coalesced", !opts.asyncOp);
+    requireCount(s, "outputs", outputs.size(), inputs.size());
+    std::vector<Flat> ins, outs;
+    std::vector<ReduceOp> ops;
+    auto staged = std::make_shared<Outputs>();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string n = "[" + std::to_string(i) + "]";
+      requireWholeOfParts(s, "inputs" + n, inputs[i], "outputs" + n, outputs[i]);
+      outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
+      ins.push_back(
+          scatterReadApart(s, reductionView(s, inputs[i], opts.reduceOp), outs.back().data));
+      ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
+      staged->inOut(outs.back());
+    }
+    std::vector<at::Tensor> written;
+    for (const Flat& out : outs) written.push_back(out.data);
+    readApartAcrossPairs(ins, written);
+    return launch(
+        s, OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", inputs, outputs,
+        [staged, ins, outs] { staged->finish(); },
+        [&](Requests& r) {
+          for (size_t i = 0; i < ins.size(); ++i) {
+            r.push_back(comm_->reduceScatter(ins[i].ptr(), outs[i].ptr(), outs[i].count,
+                                             outs[i].type, ops[i],
+                                             opOptions(opts.timeout, !opts.asyncOp)));
+          }
+        });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(

@@ -196,7 +196,8 @@ DirectCall startCall(const char* op, const std::string& group, const at::Tensor&
   if (pg.isCoalescing()) {
     invalid(site,
             "the group is inside a coalescing block (batch_isend_irecv or "
-            "_coalescing_manager); " +
+            "_coalescing_manager; one that raised stays open until the group's next block "
+            "starts); " +
                 std::string(tEntry) + "* run alone: call them outside it");
   }
   requireDense(site, what, tensor);

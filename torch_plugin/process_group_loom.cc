@@ -300,8 +300,28 @@ void ProcessGroupLoom::eagerConnectSingleDevice(at::Device device) {
 }
 
 void ProcessGroupLoom::startCoalescing() {
+  bool open = false;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMutex_);
+    open = coalescing_;
+  }
+  if (open) {
+    // torch's _coalescing_manager ends a block only if its body and the call it makes at the
+    // end both succeed: after an error the block stays open. As NCCL does, the next block
+    // starts anyway; the old one ends first, so what it holds is issued and released.
+    TORCH_WARN("loom (rank ", rank_,
+               "): a coalescing block on this group was never ended (an error inside it?); it "
+               "ends now, before the next one starts");
+    try {
+      endCoalescing();
+    } catch (const std::exception&) {
+      // That block's own error, reported when it happened.
+    }
+  }
   std::lock_guard<std::mutex> lock(coalesceMutex_);
-  TORCH_CHECK(!coalescing_, "loom: startCoalescing called twice without endCoalescing");
+  TORCH_CHECK(!coalescing_, "loom (rank ", rank_,
+              "): startCoalescing raced another thread's on this group; start blocks on one "
+              "thread at a time");
   coalescing_ = true;
   coalesced_.clear();
   held_.clear();
