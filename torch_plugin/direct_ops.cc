@@ -57,6 +57,18 @@ std::string opName(const char* op) {
   return std::string(tEntry) + op;
 }
 
+/// The backend inside torch's desync-debug wrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every
+/// backend in a ProcessGroupWrapper, whose header needs Gloo's, which torch does not ship: so
+/// through its Python binding's `wrapped_pg`, as torch's own split does); `backend` itself if
+/// it is no wrapper.
+c10::intrusive_ptr<c10d::Backend> unwrapped(c10::intrusive_ptr<c10d::Backend> backend) {
+  if (!Py_IsInitialized()) return backend;
+  pybind11::gil_scoped_acquire gil;
+  pybind11::object object = pybind11::cast(backend);
+  while (pybind11::hasattr(object, "wrapped_pg")) object = object.attr("wrapped_pg");
+  return object.cast<c10::intrusive_ptr<c10d::Backend>>();
+}
+
 /// The loom backend of the group named `groupName` for tensors on `device` (a
 /// ProcessGroupLoom), with a message that says what to pass when the name is unknown or the
 /// group is not loom's there.
@@ -77,6 +89,7 @@ c10::intrusive_ptr<c10d::Backend> loomGroup(const char* op, const std::string& g
     TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' has no backend for " +
                            device.str() + " tensors; make it with the loom backend for them");
   }
+  if (dynamic_cast<ProcessGroupLoom*>(backend.get()) == nullptr) backend = unwrapped(backend);
   if (dynamic_cast<ProcessGroupLoom*>(backend.get()) == nullptr) {
     TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' runs " + device.str() +
                            " tensors on '" + backend->getBackendName() + "', not loom; " + tEntry +

@@ -96,4 +96,7 @@ def progress_report(group=None) -> str:
     """What every rank of ``group`` (default: the world) last started and finished, read
     from shared memory: which rank is behind, which is stuck inside a collective, which died."""
     pg = group if group is not None else c10d._get_default_group()
-    return pg._get_backend(torch.device("cpu")).progress_report()
+    backend = pg._get_backend(torch.device("cpu"))
+    while hasattr(backend, "wrapped_pg"):  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps backends
+        backend = backend.wrapped_pg
+    return backend.progress_report()

@@ -412,3 +412,22 @@ def destroyed_meanwhile_body(rank: int, world: int, entry: str) -> str | None:
 def test_a_group_destroyed_during_a_call_waits_for_it(entry):
     outcome = run_ranks(2, destroyed_meanwhile_body, entry, timeout=60)[0]
     assert "all_reduce" in outcome and "rank 1" in outcome, outcome
+
+
+def body_under_desync_debug(rank: int, world: int):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend in torch's ProcessGroupWrapper: the
+    operators, the eager functions and progress_report reach loom inside it."""
+    import loom
+    import loom.ops
+
+    name = dist.group.WORLD.group_name
+    t = torch.full((3,), float(rank + 1))
+    torch.ops.loom.all_reduce_(t, "sum", name)
+    eager = loom.ops.all_reduce(torch.ones(2), "sum", name)
+    report = loom.progress_report()
+    return t.tolist(), eager.tolist(), "last started" in report
+
+
+def test_the_entries_reach_loom_under_desync_debug():
+    results = run_ranks(2, body_under_desync_debug, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert results == [([3.0, 3.0, 3.0], [2.0, 2.0], True)] * 2
