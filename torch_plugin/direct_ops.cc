@@ -501,12 +501,36 @@ R runResolvingNegativeViews(R (*kernel)(Args...), std::type_identity_t<Args>... 
   }
 }
 
-/// An eager Python function over `kernel`: torch's error translation, as for the operator,
-/// and messages that name loom.ops.
+/// A tensor of a subclass with its own dispatch (__torch_dispatch__: DTensor, wrapper
+/// subclasses): its memory, if any, is not what the kernel should read.
+inline bool dispatchesItself(const at::Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Python);
+}
+template <class T>
+bool dispatchesItself(const T& /*notATensor*/) {
+  return false;
+}
+
+/// Calls operator `name` (loom::...) through torch's dispatcher, boxed: what
+/// torch.ops.loom.<name> does, so a subclass's __torch_dispatch__ decides.
 template <class R, class... Args>
-auto eager(R (*kernel)(Args...)) {
-  return [kernel](Args... args) -> R {
+R throughDispatcher(const char* name, Args&&... args) {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  torch::jit::Stack stack;
+  (stack.emplace_back(c10::IValue(args)), ...);
+  op.callBoxed(&stack);
+  if constexpr (!std::is_void_v<R>) return stack.back().toTensor();
+}
+
+/// An eager Python function over `kernel`, the operator `name`'s: torch's error translation,
+/// as for the operator, and messages that name loom.ops.
+template <class R, class... Args>
+auto eager(const char* name, R (*kernel)(Args...)) {
+  return [name, kernel](Args... args) -> R {
     HANDLE_TH_ERRORS
+    if ((dispatchesItself(args) || ...)) {
+      return throughDispatcher<R>(name, std::forward<Args>(args)...);
+    }
     const EagerEntry entry;
     if ((negativeView(args) || ...)) {
       return runResolvingNegativeViews(kernel, std::forward<Args>(args)...);
@@ -520,30 +544,36 @@ auto eager(R (*kernel)(Args...)) {
 
 void bindEagerOps(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("eager_all_reduce_", eager(&allReduceInPlace), py::arg("tensor"), py::arg("reduce_op"),
-        py::arg("group_name"), "torch.ops.loom.all_reduce_ without torch's dispatcher.");
-  m.def("eager_all_reduce", eager(&allReduce), py::arg("input"), py::arg("reduce_op"),
-        py::arg("group_name"), "torch.ops.loom.all_reduce without torch's dispatcher.");
-  m.def("eager_broadcast_", eager(&broadcastInPlace), py::arg("tensor"), py::arg("src"),
-        py::arg("group_name"), "torch.ops.loom.broadcast_ without torch's dispatcher.");
-  m.def("eager_all_gather_into_tensor", eager(&allGatherIntoTensor), py::arg("input"),
-        py::arg("group_size"), py::arg("group_name"),
+  m.def("eager_all_reduce_", eager("loom::all_reduce_", &allReduceInPlace), py::arg("tensor"),
+        py::arg("reduce_op"), py::arg("group_name"),
+        "torch.ops.loom.all_reduce_ without torch's dispatcher.");
+  m.def("eager_all_reduce", eager("loom::all_reduce", &allReduce), py::arg("input"),
+        py::arg("reduce_op"), py::arg("group_name"),
+        "torch.ops.loom.all_reduce without torch's dispatcher.");
+  m.def("eager_broadcast_", eager("loom::broadcast_", &broadcastInPlace), py::arg("tensor"),
+        py::arg("src"), py::arg("group_name"),
+        "torch.ops.loom.broadcast_ without torch's dispatcher.");
+  m.def("eager_all_gather_into_tensor", eager("loom::all_gather_into_tensor", &allGatherIntoTensor),
+        py::arg("input"), py::arg("group_size"), py::arg("group_name"),
         "torch.ops.loom.all_gather_into_tensor without torch's dispatcher.");
-  m.def("eager_reduce_scatter_tensor", eager(&reduceScatterTensor), py::arg("input"),
-        py::arg("reduce_op"), py::arg("group_size"), py::arg("group_name"),
+  m.def("eager_reduce_scatter_tensor", eager("loom::reduce_scatter_tensor", &reduceScatterTensor),
+        py::arg("input"), py::arg("reduce_op"), py::arg("group_size"), py::arg("group_name"),
         "torch.ops.loom.reduce_scatter_tensor without torch's dispatcher.");
-  m.def("eager_all_to_all_single", eager(&allToAllSingle), py::arg("input"),
-        py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("group_name"),
-        "torch.ops.loom.all_to_all_single without torch's dispatcher.");
-  m.def("eager_all_gather_into_tensor_out", eager(&allGatherIntoTensorOut), py::arg("input"),
+  m.def("eager_all_to_all_single", eager("loom::all_to_all_single", &allToAllSingle),
+        py::arg("input"), py::arg("output_split_sizes"), py::arg("input_split_sizes"),
+        py::arg("group_name"), "torch.ops.loom.all_to_all_single without torch's dispatcher.");
+  m.def("eager_all_gather_into_tensor_out",
+        eager("loom::all_gather_into_tensor_out", &allGatherIntoTensorOut), py::arg("input"),
         py::arg("group_size"), py::arg("group_name"), py::arg("out"),
         "torch.ops.loom.all_gather_into_tensor_out without torch's dispatcher.");
-  m.def("eager_reduce_scatter_tensor_out", eager(&reduceScatterTensorOut), py::arg("input"),
+  m.def("eager_reduce_scatter_tensor_out",
+        eager("loom::reduce_scatter_tensor_out", &reduceScatterTensorOut), py::arg("input"),
         py::arg("reduce_op"), py::arg("group_size"), py::arg("group_name"), py::arg("out"),
         "torch.ops.loom.reduce_scatter_tensor_out without torch's dispatcher.");
-  m.def("eager_all_to_all_single_out", eager(&allToAllSingleOut), py::arg("input"),
-        py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("group_name"),
-        py::arg("out"), "torch.ops.loom.all_to_all_single_out without torch's dispatcher.");
+  m.def("eager_all_to_all_single_out", eager("loom::all_to_all_single_out", &allToAllSingleOut),
+        py::arg("input"), py::arg("output_split_sizes"), py::arg("input_split_sizes"),
+        py::arg("group_name"), py::arg("out"),
+        "torch.ops.loom.all_to_all_single_out without torch's dispatcher.");
 }
 
 TORCH_LIBRARY(loom, m) {

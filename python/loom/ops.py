@@ -24,8 +24,9 @@ The same nine are plain functions of this module too (``loom.ops.all_reduce_(x, 
 name)``, same arguments): called eagerly they go straight to loom without torch's operator
 dispatch, about half the instructions of a small torch.ops.loom call
 (docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile, and
-under any torch dispatch mode (make_fx, fake tensors), they are the operators above, so one
-spelling serves both.
+under any torch dispatch mode (make_fx, fake tensors), and for tensor subclasses with their
+own dispatch (DTensor, wrapper subclasses), they are the operators above, so one spelling
+serves both.
 
 reduce_op is one of sum, avg, product, min, max, band, bor, bxor. Results equal those of
 the torch.distributed calls on the same group. Contiguous CPU tensors go straight to the

@@ -431,3 +431,25 @@ def body_under_desync_debug(rank: int, world: int):
 def test_the_entries_reach_loom_under_desync_debug():
     results = run_ranks(2, body_under_desync_debug, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert results == [([3.0, 3.0, 3.0], [2.0, 2.0], True)] * 2
+
+
+def body_tensor_subclasses(rank: int, world: int):
+    """A tensor subclass with its own dispatch (a wrapper subclass here; DTensor is another)
+    has no memory the kernel could read: loom.ops's eager functions hand it to the operator,
+    whose __torch_dispatch__ decides, as torch.ops.loom.* does."""
+    import loom.ops
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    name = dist.group.WORLD.group_name
+    pair = TwoTensor(torch.ones(2), torch.full((2,), 2.0))
+    eager = loom.ops.all_reduce(pair, "sum", name)
+    operator = torch.ops.loom.all_reduce(pair, "sum", name)
+    inplace = TwoTensor(torch.ones(3), torch.full((3,), 3.0))
+    loom.ops.all_reduce_(inplace, "sum", name)
+    return [(type(t).__name__, t.a.tolist(), t.b.tolist()) for t in (eager, operator, inplace)]
+
+
+def test_tensor_subclasses_go_through_the_operator():
+    results = run_ranks(2, body_tensor_subclasses)
+    assert results[0] == results[1] == [("TwoTensor", [2.0, 2.0], [4.0, 4.0])] * 2 + [
+        ("TwoTensor", [2.0, 2.0, 2.0], [6.0, 6.0, 6.0])]
