@@ -271,10 +271,9 @@ void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
 
 at::Tensor ProcessGroupLoom::allocateTensor(long size, at::TensorOptions options) {
   TORCH_CHECK(size >= 0, "loom allocate_tensor (rank ", rank_, "): size must be >= 0, got ", size);
-  TORCH_CHECK(!options.has_device() || options.device().is_cpu(), "loom allocate_tensor (rank ",
-              rank_, "): loom lends CPU memory only, not ", options.device(),
-              "; ask for device='cpu' (on CUDA, leave FSDP's "
-              "set_allocate_memory_from_process_group_for_comm off)");
+  // Other devices get what torch would allocate: supportsTensorAlloc answers true for a bare
+  // "cuda" too (it sees only the index), and FSDP2 then asks here.
+  if (options.has_device() && !options.device().is_cpu()) return at::empty({size}, options);
   const auto cpu = options.device(at::kCPU);
   const size_t itemSize = cpu.dtype().itemsize();
   TORCH_CHECK(static_cast<uint64_t>(size) <= (uint64_t{1} << 48) / itemSize,

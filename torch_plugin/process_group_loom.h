@@ -62,12 +62,13 @@ class ProcessGroupLoom : public c10d::Backend {
   /// init_process_group(device_id=cuda:N): sets up the CUDA workspaces now, with every rank
   /// (so a first send/recv between two ranks need not wait for the others).
   void eagerConnectSingleDevice(at::Device device) override;
-  /// True for CPU (device index -1): allocateTensor lends CPU memory.
+  /// True for device index -1: CPU, whose memory allocateTensor lends (and a device given
+  /// without an index, such as a bare "cuda", which torch cannot tell from CPU here).
   bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override { return deviceIdx < 0; }
   /// A 1-D CPU tensor of `size` elements from loom's lending pool (what FSDP2's
   /// set_allocate_memory_from_process_group_for_comm asks for): large all_gathers and
   /// reduce_scatters whose inputs all live there read them in place, skipping the copy
-  /// into loom's shared slots.
+  /// into loom's shared slots. On other devices a plain allocation (nothing is lent there).
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -180,7 +181,7 @@ class ProcessGroupLoom : public c10d::Backend {
   std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) const;
   CallSite site(const char* op, bool blocking = false) const {
-    return CallSite{op, rank_, size_, blocking};
+    return CallSite{op, rank_, size_, blocking, &ties_->legend};
   }
 
   std::shared_ptr<Communicator> comm_;

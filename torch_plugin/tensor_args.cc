@@ -45,7 +45,8 @@ void invalid(const CallSite& site, const std::string& detail) {
   // One ready string: TORCH_CHECK formats several arguments through an ostringstream, which
   // crashed inside this extension on torch 2.11 built with the device hosts' GCC 13.
   const std::string message =
-      "loom " + std::string(site.op) + " (rank " + std::to_string(site.rank) + "): " + detail;
+      "loom " + std::string(site.op) + " (rank " + std::to_string(site.rank) + "): " + detail +
+      (site.legend != nullptr ? *site.legend : std::string());
   TORCH_CHECK(false, message);
 }
 

@@ -23,9 +23,12 @@ struct CallSite {
   int rank;
   int size;
   bool blocking = false;  ///< async_op=False: the caller waits for the call
+  /// What the group's messages end with (which global ranks its ranks are; empty for the
+  /// world), or null: the group outlives the call.
+  const std::string* legend = nullptr;
 };
 
-/// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>".
+/// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>", then the legend.
 [[noreturn]] void invalid(const CallSite& site, const std::string& detail);
 
 /// Checks the argument list has exactly `n` tensors (c10d passes single-element lists).

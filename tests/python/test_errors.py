@@ -105,6 +105,10 @@ def body_subgroup_mismatch(rank: int, world: int) -> None:
     expect(dist.DistBackendError,
            r"rank 0 issued all_reduce #\d+ \(count 2.*\(ranks in this message are " + legend,
            lambda: torch.ops.loom.all_reduce_(t, "sum", direct.group_name))
+    # An argument refused before anything is sent names the group's rank the same way.
+    fresh = dist.new_group([1, 2], backend="loom")
+    expect(RuntimeError, r"loom all_gather_into_tensor \(rank \d\): .*\(ranks in this message are " + legend,
+           lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2), group=fresh))
 
 
 def body_collective_mismatch(rank: int, world: int) -> None:
