@@ -53,6 +53,8 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
     invalid(s, "this rank's output tensor has " + std::to_string(outputs[s.rank].numel()) +
                    " elements but its input has " + std::to_string(input.numel()));
   }
+  plan.staged.apart(outputs, plan.targets);
+  plan.in = listGatherReadApart(s, plan.in, plan.targets);
   return plan;
 }
 
@@ -379,11 +381,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     requirePerRank(s, "output list", outputs[0].size());
     requireLike(s, "outputs", outputs[0], inputs[0]);
     for (const auto& t : outputs[0]) targets.push_back(staged->target(t));
+    staged->apart(outputs[0], targets);
     results = outputs[0];
   } else if (!outputs.empty() && !outputs[0].empty()) {
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes output tensors");
   }
-  const Flat in = movementView(inputs[0]);
+  // The root's input read apart from its outputs: the engine would refuse an overlap on the
+  // root alone, leaving the other ranks waiting.
+  const Flat in = listGatherReadApart(s, movementView(inputs[0]), targets);
   return launch(
       s, OpType::GATHER, "loom:gather", inputs, results,
       [staged, targets, in] { staged->finish(); },
@@ -408,15 +413,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
     requireCount(s, "input lists", inputs.size(), 1);
     requirePerRank(s, "input list", inputs[0].size());
     requireLike(s, "inputs", inputs[0], outputs[0]);
-    for (const auto& t : inputs[0]) {
-      ins.push_back(movementView(t));
-      sources.push_back(ins.back().ptr());
-    }
+    for (const auto& t : inputs[0]) ins.push_back(movementView(t));
   } else if (!inputs.empty() && !inputs[0].empty()) {
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes input tensors");
   }
   auto staged = std::make_shared<Outputs>();
   const at::Tensor target = staged->target(outputs[0]);
+  // The root's inputs read apart from its output (the engine would refuse on the root alone).
+  listScatterReadApart(s, ins, target);
+  for (const Flat& in : ins) sources.push_back(in.ptr());
   const DataType type = movementView(outputs[0]).type;
   return launch(
       s, OpType::SCATTER, "loom:scatter", root ? inputs[0] : std::vector<at::Tensor>{}, outputs,
@@ -444,7 +449,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
     if (inputs[0][q].scalar_type() != outputs[0].scalar_type())
       invalid(s, "input and output dtypes differ");
     ins.push_back(reductionView(s, inputs[0][q], opts.reduceOp));
-    sources.push_back(ins.back().ptr());
     counts.push_back(ins.back().count);
   }
   if (inputs[0][rank_].numel() != outputs[0].numel()) {
@@ -452,6 +456,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
                    " elements but the output has " + std::to_string(outputs[0].numel()));
   }
   const Flat out = reductionView(s, outputs[0], opts.reduceOp);
+  listScatterReadApart(s, ins, out.data);
+  for (const Flat& in : ins) sources.push_back(in.ptr());
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
   auto staged = std::make_shared<Outputs>();
   staged->inOut(out);

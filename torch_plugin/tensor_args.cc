@@ -44,9 +44,9 @@ std::string layoutName(at::Layout layout) {
 void invalid(const CallSite& site, const std::string& detail) {
   // One ready string: TORCH_CHECK formats several arguments through an ostringstream, which
   // crashed inside this extension on torch 2.11 built with the device hosts' GCC 13.
-  const std::string message =
-      "loom " + std::string(site.op) + " (rank " + std::to_string(site.rank) + "): " + detail +
-      (site.legend != nullptr ? *site.legend : std::string());
+  const std::string message = "loom " + std::string(site.op) + " (rank " +
+                              std::to_string(site.rank) + "): " + detail +
+                              (site.legend != nullptr ? *site.legend : std::string());
   TORCH_CHECK(false, message);
 }
 
@@ -132,17 +132,39 @@ Flat movementView(const at::Tensor& t) {
 
 namespace {
 
+// Whether `na` bytes at `a` and `nb` bytes at `b` share any.
+bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  return na > 0 && nb > 0 && x < y + nb && y < x + na;
+}
+
 // `in`, or a copy of it where it overlaps the `outBytes` at `out` and is not in place.
 Flat readApart(const Flat& in, const void* out, size_t outBytes, bool inPlace) {
-  const auto* x = static_cast<const uint8_t*>(in.ptr());
-  const auto* y = static_cast<const uint8_t*>(out);
-  const size_t n = in.data.nbytes();
-  const bool overlaps = n > 0 && outBytes > 0 && x < y + outBytes && y < x + n;
-  if (!overlaps || inPlace) return in;
+  if (!overlap(in.ptr(), in.data.nbytes(), out, outBytes) || inPlace) return in;
   return Flat{in.data.clone(), in.view, in.type, in.count};
 }
 
 }  // namespace
+
+Flat listGatherReadApart(const CallSite& site, const Flat& in,
+                         const std::vector<at::Tensor>& outputs) {
+  for (size_t q = 0; q < outputs.size(); ++q) {
+    const bool inPlace = static_cast<int>(q) == site.rank && outputs[q].data_ptr() == in.ptr() &&
+                         outputs[q].nbytes() == in.data.nbytes();
+    const Flat apart = readApart(in, outputs[q].data_ptr(), outputs[q].nbytes(), inPlace);
+    if (apart.data.data_ptr() != in.ptr()) return apart;
+  }
+  return in;
+}
+
+void listScatterReadApart(const CallSite& site, std::vector<Flat>& ins, const at::Tensor& output) {
+  for (size_t q = 0; q < ins.size(); ++q) {
+    const bool inPlace = static_cast<int>(q) == site.rank && ins[q].ptr() == output.data_ptr() &&
+                         ins[q].data.nbytes() == output.nbytes();
+    ins[q] = readApart(ins[q], output.data_ptr(), output.nbytes(), inPlace);
+  }
+}
 
 void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
   for (size_t i = 0; i < ins.size(); ++i) {
@@ -225,6 +247,28 @@ at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
   if (keep) scratch.copy_(t);  // t's values (a conjugate view's resolved)
   staged_.emplace_back(scratch, t);
   return scratch;
+}
+
+at::Tensor Outputs::scratch(const at::Tensor& t) {
+  at::Tensor scratch = at::empty_like(t, at::MemoryFormat::Contiguous);
+  staged_.emplace_back(scratch, t);
+  return scratch;
+}
+
+void Outputs::apart(const std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& targets) {
+  std::vector<bool> clashes(targets.size(), false);
+  for (size_t q = 0; q < targets.size(); ++q) {
+    for (size_t j = q + 1; j < targets.size(); ++j) {
+      if (overlap(targets[q].data_ptr(), targets[q].nbytes(), targets[j].data_ptr(),
+                  targets[j].nbytes())) {
+        clashes[q] = clashes[j] = true;
+      }
+    }
+  }
+  // Staged in order, so finish() copies the later ones last.
+  for (size_t q = 0; q < targets.size(); ++q) {
+    if (clashes[q]) targets[q] = scratch(outputs[q]);
+  }
 }
 
 void Outputs::inOut(const Flat& flat) {

@@ -79,6 +79,14 @@ Flat gatherReadApart(const CallSite& site, const Flat& in, const at::Tensor& out
 /// rank's block of the input).
 Flat scatterReadApart(const CallSite& site, const Flat& in, const at::Tensor& output);
 
+/// The list forms (all_gather and gather into a list, reduce_scatter and scatter from one):
+/// `in` as the engine may read it beside every one of `outputs`, a copy where it overlaps
+/// any but outputs[site.rank] being `in` itself (in place).
+Flat listGatherReadApart(const CallSite& site, const Flat& in,
+                         const std::vector<at::Tensor>& outputs);
+/// Each of `ins` a copy where it overlaps `output`, but for ins[site.rank] being `output`.
+void listScatterReadApart(const CallSite& site, std::vector<Flat>& ins, const at::Tensor& output);
+
 /// A coalesced call's inputs, each a copy where it overlaps another pair's output: the
 /// engine runs the pairs one after another, so such an input would be read after an earlier
 /// pair wrote it (Gloo reads every input first).
@@ -102,7 +110,13 @@ class Outputs {
   at::Tensor target(const at::Tensor& t, bool keep = false);
   /// Registers `flat` (an in-out buffer, as for all_reduce) for copy-back if it is staged.
   void inOut(const Flat& flat);
-  /// Copies scratch tensors back into their originals.
+  /// A scratch tensor for `t` whatever its layout, copied into it by finish().
+  at::Tensor scratch(const at::Tensor& t);
+  /// `targets` (targets of `outputs`, in order) with every one that overlaps another made a
+  /// scratch tensor: the engine refuses outputs that overlap, on the ranks where they do, and
+  /// Gloo writes them in order, later ones over earlier ones, as finish() does.
+  void apart(const std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& targets);
+  /// Copies scratch tensors back into their originals, in the order they were made.
   void finish();
   /// Whether any tensor is staged (finish() has work to do).
   bool staged() const { return !staged_.empty(); }

@@ -289,6 +289,45 @@ def body_overlapping_into_tensor(rank: int, world: int) -> None:
     still_works(world)
 
 
+def body_overlapping_lists(rank: int, world: int) -> None:
+    """The list forms with inputs that overlap outputs other than in place, and outputs that
+    overlap each other: every input is read as it was before the call and outputs are written
+    in rank order, on every rank (the engine alone would refuse on the ranks where they
+    overlap, a gather's and a scatter's only on the root, leaving the others waiting). Gloo
+    differs here: it reads some inputs after writing outputs over them."""
+    # all_gather into a list whose last entry is this rank's input.
+    outs = [torch.full((2,), -1.0) for _ in range(world)]
+    outs[-1].fill_(rank + 1.0)
+    dist.all_gather(outs, outs[-1])
+    assert [t.tolist() for t in outs] == [[q + 1.0] * 2 for q in range(world)], outs
+    # The same output for every rank: the last rank's block is written last.
+    twice = torch.full((2,), -1.0)
+    dist.all_gather([twice] * world, torch.full((2,), rank + 1.0))
+    assert twice.tolist() == [float(world)] * 2, twice
+    # gather: the root's input is its outputs[1].
+    outs = [torch.full((3,), -1.0) for _ in range(world)]
+    outs[1].fill_(10.0 + rank)
+    dist.gather(outs[1], outs if rank == 0 else None, dst=0)
+    if rank == 0:
+        assert [t.tolist() for t in outs] == [[10.0 + q] * 3 for q in range(world)], outs
+    # reduce_scatter: the output is another rank's block of the input.
+    ins = [torch.full((2,), float(rank + q)) for q in range(world)]
+    out = ins[(rank + 1) % world]
+    dist.reduce_scatter(out, ins)
+    assert out.tolist() == [float(sum(q + rank for q in range(world)))] * 2, out
+    # scatter: the root's output is its inputs[1], sent to rank 1 as it was.
+    ins = [torch.full((2,), 100.0 + q) for q in range(world)]
+    out = ins[1] if rank == 0 else torch.empty(2)
+    dist.scatter(out, ins if rank == 0 else None, src=0)
+    assert out.tolist() == [100.0 + rank] * 2, out
+    still_works(world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_list_forms_with_overlapping_tensors_read_inputs_as_they_were(world):
+    run_ranks(world, body_overlapping_lists)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_sparse_all_reduce_refuses_ranks_that_disagree(world):
     run_ranks(world, body_sparse_disagreement)
