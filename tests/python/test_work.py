@@ -5,7 +5,6 @@ against Gloo where Gloo answers the same question."""
 
 from __future__ import annotations
 
-import gc
 import time
 import warnings
 from datetime import timedelta
@@ -113,44 +112,6 @@ def test_block_current_stream_on_cpu_work_is_torchs():
     loom = run_ranks(2, body_block_current_stream, "loom")
     gloo = run_ranks(2, body_block_current_stream, "gloo")
     assert loom == gloo, (loom, gloo)
-
-
-def body_refused_after_the_first(rank: int, world: int):
-    """A coalesced call of two operations whose second loom refuses when issuing it (its
-    outputs overlap one another) while its first, on a staged copy of a non-contiguous input,
-    is already running: the call raises, and the first still ends right with its staged
-    copy alive though the call's objects are gone and freed memory is reused meanwhile."""
-    n = 1 << 20
-    from torch._C._distributed_c10d import AllgatherOptions
-
-    group = dist.group.WORLD
-    strided = torch.full((2 * n * world,), float(rank + 1))[::2]  # staged: not contiguous
-    assert not strided.is_contiguous()
-    scratch = torch.zeros(8)
-    if rank == 1:
-        time.sleep(0.3)  # rank 0's first operation waits for rank 1 meanwhile
-    opts = AllgatherOptions()
-    opts.asyncOp = True
-    firsts = [torch.zeros(n * world) for _ in range(world)]
-    # all_gather_coalesced: outputs[q][i] receives rank q's inputs[i]; the second input's
-    # outputs are one and the same view for every rank, which the engine refuses.
-    call = lambda: group.allgather_coalesced(  # noqa: E731
-        [[firsts[q], scratch[1:5]] for q in range(world)], [strided, scratch[:4]], opts)
-    with pytest.raises(RuntimeError, match="overlap"):
-        call()
-    del strided, call
-    gc.collect()
-    garbage = [torch.full((n * world,), -7.0) for _ in range(8)]  # may take the freed memory
-    # Operations on a communicator end in the order they were issued: once a later blocking
-    # one has, so has the first operation of the refused call.
-    dist.barrier()
-    del garbage
-    for q in range(world):
-        assert torch.equal(firsts[q], torch.full((n * world,), float(q + 1))), (q, firsts[q].unique())
-
-
-def test_a_call_refused_after_its_first_operation_keeps_that_operation_whole():
-    run_ranks(2, body_refused_after_the_first)
 
 
 def body_wait_for_centuries(rank: int, world: int):
