@@ -139,5 +139,44 @@ TEST_F(TwoHosts, ServiceDropsStrangersInTimeWithoutHoldingUpMembers) {
   });
 }
 
+// Every slot held by strangers that name a communicator nobody registers: a member's
+// connection waits in the listener's queue until the oldest stranger is closed to make room
+// (after the crowded hold, not the minute an unknown communicator gets otherwise), and gets
+// through. It used to be accepted and dropped at once, failing the member's communicator.
+TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersFillIt) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService::Limits limits;
+      limits.maxPending = 2;
+      limits.crowdedHold = milliseconds(500);
+      limits.unexpectedHold = milliseconds(60'000);
+      NetService service(Fabric::instance(), limits);
+      service.expect(kComm, kSecret, shape);
+      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      LOOM_CHECK(readText(service, kComm, 1, 0, 0) == "member");
+      ctx.store->get("member through", kPatience);
+      LOOM_CHECK(service.refused() >= 1, << "no stranger was closed to make room");
+      return;
+    }
+    const Bytes address = ctx.store->get("address", kPatience);
+    const std::string to(address.begin(), address.end());
+    std::vector<std::unique_ptr<Rogue>> strangers;
+    for (int i = 0; i < 2; ++i) {
+      strangers.push_back(std::make_unique<Rogue>(to));
+      Hello hello = traffic(1, 0);
+      hello.comm[3] ^= 1;
+      hello.nonce = freshNonce();
+      const auto bytes = encodeHello(hello);
+      strangers.back()->send(bytes.data(), bytes.size());
+    }
+    SendChannel member(Fabric::instance(), to, traffic(1, 0), kSecret, shape);
+    writeText(member, "member");
+    ctx.store->set("member through", Bytes{1});
+  });
+}
+
 }  // namespace
 }  // namespace loom::net

@@ -2,14 +2,19 @@
 
 #include "transport/net/net_service.h"
 
+#include <thread>
+
 #include "loom/error.h"
 #include "util/posix.h"
 
 namespace loom::net {
 
 NetService& NetService::instance() {
-  static NetService service(Fabric::instance(), Limits{});
-  return service;
+  // Leaked on purpose, as the process service is: a communicator in static storage (made
+  // before the first call here) is destroyed after this function's statics would be at exit,
+  // and forgets its registration here as it goes; the thread never blocks exit either.
+  static NetService* service = new NetService(Fabric::instance(), Limits{});
+  return *service;
 }
 
 NetService::NetService(Fabric& fabric, Limits limits) : fabric_(fabric), limits_(limits) {
@@ -73,6 +78,14 @@ std::optional<Expectation> NetService::lookup(const Hello& hello) {
 
 void NetService::run() {
   while (!stopping_.load(std::memory_order_acquire)) {
+    if (pending_.size() >= limits_.maxPending) makeRoom(Clock::now());
+    if (pending_.size() >= limits_.maxPending) {
+      // Full: new requests wait in the listener's queue, unanswered but not dropped (a large
+      // job's connections may all arrive at once), until a handshake ends or makes room.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      advance(Clock::now());
+      continue;
+    }
     // Idle, the thread sleeps in the listener's wait; with handshakes under way it polls.
     const auto wait = std::chrono::milliseconds(pending_.empty() ? 100 : 1);
     std::unique_ptr<Endpoint> endpoint;
@@ -82,21 +95,29 @@ void NetService::run() {
       refused_.fetch_add(1, std::memory_order_relaxed);  // the request could not be accepted
     }
     if (endpoint) {
-      if (pending_.size() >= limits_.maxPending) {
-        refused_.fetch_add(1, std::memory_order_relaxed);  // dropped unanswered
-      } else {
-        try {
-          pending_.push_back(
-              {std::make_unique<ReceiveChannel>(std::move(endpoint),
-                                                [this](const Hello& h) { return lookup(h); }),
-               Clock::now()});
-        } catch (const Error&) {
-          refused_.fetch_add(1, std::memory_order_relaxed);
-        }
+      try {
+        pending_.push_back({std::make_unique<ReceiveChannel>(
+                                std::move(endpoint), [this](const Hello& h) { return lookup(h); }),
+                            Clock::now()});
+      } catch (const Error&) {
+        refused_.fetch_add(1, std::memory_order_relaxed);
       }
     }
     advance(Clock::now());
   }
+}
+
+void NetService::makeRoom(Clock::time_point now) {
+  // Strangers that connect and never prove anything would otherwise hold every slot for
+  // the full hold (a minute for an unknown communicator): when crowded, the oldest goes.
+  size_t oldest = pending_.size();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
+  }
+  if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  pending_[oldest] = std::move(pending_.back());
+  pending_.pop_back();
 }
 
 void NetService::advance(Clock::time_point now) {

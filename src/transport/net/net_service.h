@@ -29,6 +29,9 @@ class NetService {
     std::chrono::milliseconds handshake{10'000};       ///< to prove the secret, once known
     std::chrono::milliseconds unexpectedHold{60'000};  ///< to wait for its communicator
     size_t maxPending = 256;                           ///< connections not yet proven
+    /// With every slot taken: how long one may go unproven (no hello, or a communicator not
+    /// known yet) before it is closed to make room for the next.
+    std::chrono::milliseconds crowdedHold{2'000};
   };
 
   /// The process's service over Fabric::instance(), started on first use.
@@ -81,6 +84,8 @@ class NetService {
 
   void run();
   void advance(Clock::time_point now);
+  // Every slot taken: closes the one unproven longest, if past crowdedHold.
+  void makeRoom(Clock::time_point now);
   std::optional<Expectation> lookup(const Hello& hello);
 
   Fabric& fabric_;
