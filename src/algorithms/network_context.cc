@@ -64,6 +64,40 @@ PeerWork& workFor(std::vector<PeerWork>& work, int peer) {
   return work.back();
 }
 
+// "rank 3 (host ...) (to receive 1024 more of 4096 bytes), ...": every peer an exchange still
+// waits on, and for what (at most four named).
+std::string outstandingOf(const std::vector<PeerWork>& work,
+                          const std::function<std::string(int)>& describe) {
+  constexpr size_t kNamed = 4;
+  std::string text;
+  size_t named = 0, more = 0;
+  for (const PeerWork& w : work) {
+    if (w.done()) continue;
+    if (named == kNamed) {
+      ++more;
+      continue;
+    }
+    std::string what;
+    if (w.nextReceive < w.receives.size()) {
+      uint64_t left = w.receives[w.nextReceive]->bytes - w.received, total = 0;
+      for (size_t r = w.nextReceive + 1; r < w.receives.size(); ++r) left += w.receives[r]->bytes;
+      for (const NetTransfer* t : w.receives) total += t->bytes;
+      what = "to receive " + std::to_string(left) + " more of " + std::to_string(total) + " bytes";
+    } else if (w.nextSend < w.sends.size()) {
+      uint64_t left = w.sends[w.nextSend]->bytes - w.sent, total = 0;
+      for (size_t s = w.nextSend + 1; s < w.sends.size(); ++s) left += w.sends[s]->bytes;
+      for (const NetTransfer* t : w.sends) total += t->bytes;
+      what = "to send " + std::to_string(left) + " more of " + std::to_string(total) + " bytes";
+    } else {
+      what = "to take the bytes this rank sent";
+    }
+    text += std::string(named == 0 ? "" : ", ") + describe(w.peer) + " (" + what + ")";
+    ++named;
+  }
+  if (more > 0) text += " and " + std::to_string(more) + " more";
+  return text.empty() ? "nobody (a bug: tell loom's developers)" : text;
+}
+
 // Called when an exchange throws: the transfers' memory goes back to the collective's caller
 // with the error, so no link may read it any more; every failure there fails the
 // communicator, so closing a link's outbound side costs nothing.
@@ -379,8 +413,8 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       if (Clock::now() >= wait_.deadline) {
         failWith(ErrorCode::kTimeout, current,
                  op + " #" + std::to_string(wait_.seq) + " hit its timeout of " +
-                     std::to_string(wait_.timeout.count()) + " ms waiting for " +
-                     describe_(current) + " over the network");
+                     std::to_string(wait_.timeout.count()) + " ms waiting over the network for " +
+                     outstandingOf(work, describe_));
       }
       if (idleTurns++ == 0 && trace::enabled()) {
         idle.emplace(awaitsProduction ? "wait for bytes to send" : "wait on the network");

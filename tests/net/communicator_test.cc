@@ -277,6 +277,44 @@ TEST_F(TwoHosts, ARankThatLeavesEarlyIsNamedByItsPeerAcrossHosts) {
   });
 }
 
+// Rank 1 is late for a collective (it waits until rank 0 has given up): rank 0's timeout
+// names it, its host, and what rank 0 still waited for from it; rank 1 learns of the failure.
+TEST_F(TwoHosts, ATimeoutAcrossHostsNamesTheLateRankAndWhatWasAwaited) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    std::vector<float> data(1024, 1.0f);
+    if (ctx.rank == 0) {
+      comm->setTimeout(std::chrono::milliseconds(500));
+      expectError(
+          [&] {
+            comm->allReduce(data.data(), data.data(), data.size(), DataType::kFloat32,
+                            ReduceKind::kSum)
+                .wait();
+          },
+          ErrorCode::kTimeout,
+          {"hit its timeout of 500 ms waiting over the network for rank 1 (host '",
+           "(to receive 4096 more of 4096 bytes)"});
+      ctx.store->set("timed out", Bytes{1});
+      return;
+    }
+    ctx.store->get("timed out", std::chrono::seconds(60));
+    // Its next call fails: with rank 0's timeout where that news came first, or as the
+    // mismatch it is (rank 0's all_reduce message meets this barrier) where it did not.
+    try {
+      comm->barrier().wait();
+      LOOM_CHECK(false, << "the barrier after rank 0's timeout succeeded");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kMismatch, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank 0") != std::string::npos, << e.what());
+    }
+  });
+}
+
 TEST_F(TwoHosts, AbortOnOneHostAbortsEveryRankOnTheOther) {
   const NetnsHosts& hosts = *hosts_;
   LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
