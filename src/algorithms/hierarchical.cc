@@ -45,13 +45,6 @@ CollectiveArgs localV(CollectiveKind kind, DataType type, ReduceOp op, uint64_t 
   return a;
 }
 
-// Element bounds of `parts` slices of `count`, cut at cache lines.
-Bounds slices(size_t count, int parts, DataType type) {
-  Bounds bounds(static_cast<size_t>(parts) + 1);
-  for (int i = 0; i <= parts; ++i) bounds[i] = sliceOf(count, i, parts, lineElements(type)).first;
-  return bounds;
-}
-
 // Each host's blocks laid end to end in rank order (its range), cut into one piece per rail.
 class HostRanges {
  public:
@@ -277,7 +270,7 @@ class RailSlices {
         count_(count),
         type_(type),
         rails_(railsFor(L, count * elementSize(type))),
-        bounds_(slices(count, rails_, type)) {}
+        bounds_(evenBounds(count, rails_, type)) {}
 
   int rails() const { return rails_; }
   size_t start(int j) const { return j < rails_ ? bounds_[j] : 0; }
@@ -747,7 +740,7 @@ void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
   }
   const size_t es = elementSize(type);
   const int segments = segmentsOverLanes(ctx, count * es, segmentBytesFor(ctx.layout()));
-  const Bounds cuts = slices(count, segments, type);
+  const Bounds cuts = evenBounds(count, segments, type);
   // Between two hosts a rail's all_reduce is one exchange and one reduction. Done by the rail
   // thread, the reduction keeps the network idle until the next segment's exchange, while a
   // rank alone on its host (no local steps) waits for the rail with nothing else to do; so
@@ -848,7 +841,7 @@ void broadcastAcrossHosts(AcrossHostsContext& ctx, const void* input, void* outp
     }
   }
   const int segments = segmentsOverLanes(ctx, count * es, kBroadcastSegmentBytes);
-  const Bounds cuts = slices(count, segments, type);
+  const Bounds cuts = evenBounds(count, segments, type);
   Segments parts;
   for (int s = 0; s < segments; ++s) {
     // Only the root passes an input.

@@ -425,8 +425,7 @@ void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   if (count * elementSize(type) <= kDoublingBytes) {
     return doublingAllReduce(ctx, rail, data, count, type, op);
   }
-  Bounds bounds(static_cast<size_t>(n) + 1);
-  for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
+  const Bounds bounds = evenBounds(count, n, type);
   if (railPatternFor(n, largestBlock(bounds) * elementSize(type)) == RailPattern::kRing) {
     const size_t es = elementSize(type);
     std::vector<RingStep> steps;
@@ -436,6 +435,12 @@ void railAllReduce(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
   }
   railReduceScatter(ctx, rail, data, bounds, type, op);
   railAllGather(ctx, rail, data, bounds, type);
+}
+
+Bounds evenBounds(size_t count, int parts, DataType type) {
+  Bounds bounds(static_cast<size_t>(parts) + 1);
+  for (int i = 0; i <= parts; ++i) bounds[i] = sliceOf(count, i, parts, lineElements(type)).first;
+  return bounds;
 }
 
 BroadcastPattern broadcastPatternFor(int members, size_t bytes) {
@@ -458,8 +463,7 @@ void railBroadcast(AcrossHostsContext& ctx, const Rail& rail, uint8_t* data, siz
       return chainBroadcast(ctx, fromRoot, data, bytes, chainPieces(bytes, n));
     case BroadcastPattern::kScatterAllGather: break;
   }
-  Bounds bounds(static_cast<size_t>(n) + 1);
-  for (int i = 0; i <= n; ++i) bounds[i] = sliceOf(count, i, n, lineElements(type)).first;
+  const Bounds bounds = evenBounds(count, n, type);
   treeScatter(ctx, fromRoot, data, bounds, es);
   railAllGather(ctx, fromRoot, data, bounds, type);
 }

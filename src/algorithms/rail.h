@@ -39,6 +39,9 @@ struct Rail {
 /// more than the rail has members.
 using Bounds = std::vector<size_t>;
 
+/// Element bounds of `parts` slices of `count` elements of `type`, cut at cache lines.
+Bounds evenBounds(size_t count, int parts, DataType type);
+
 /// How a rail moves blocks for reduce-scatters and all-gathers.
 enum class RailPattern : uint8_t { kRing, kHalving };
 
