@@ -576,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.ops = [o for o in args.ops.split(",") if o]
     args.backends = [b for b in args.backends.split(",") if b]
+    check_choices(parser, args)
     for op in args.ops:
         if op not in OPS + P2P_OPS:
             parser.error(f"unknown op '{op}'; choose from {', '.join(OPS + P2P_OPS)}")
@@ -629,6 +630,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"where the time went, per rank and size: {args.out / 'trace.txt'} "
               f"(timelines for https://ui.perfetto.dev: {trace_prefix.parent})")
     return 0
+
+
+def check_choices(parser, args) -> None:
+    """Refuses (parser.error) lists that name nothing, and training steps that none of the
+    backends asked for can time (DDP and FSDP2 run on the loom and Gloo groups only)."""
+    if not args.ops:
+        parser.error(f"--ops names no op; choose from {', '.join(OPS + P2P_OPS)}")
+    if not args.backends:
+        parser.error("--backends names no backend; choose from loom, gloo, direct, eager, fake")
+    stepping = [flag for flag, on in (("--ddp-step", args.ddp_step), ("--fsdp-step", args.fsdp_step)) if on]
+    if stepping and not {"loom", "gloo"} & set(args.backends):
+        parser.error(f"{' and '.join(stepping)}: the training steps run on the loom and Gloo groups only; "
+                     f"add loom or gloo to --backends (now {','.join(args.backends)})")
 
 
 def run_forked(args, hosts) -> dict | None:

@@ -287,15 +287,37 @@ def trace_files(prefix):
     return paths
 
 
-def summary(prefix, slow=1.5, reading=None):
+class UnreadableTraces(Exception):
+    """None of the files under a prefix is a whole timeline."""
+
+
+def warn_skipped(path, error):
+    """Says on stderr that `path` is left out of the summary, and why."""
+    print(f"loom.trace: skipping {path}: not a whole timeline ({type(error).__name__}: {error}); "
+          f"was its process still writing it, or killed while it wrote?", file=sys.stderr, flush=True)
+
+
+def summary(prefix, slow=1.5, reading=None, skipped=warn_skipped):
     """The summary's lines for the files LOOM_TRACE=<prefix> left (FileNotFoundError if none);
-    `reading(i, n, path)`, if given, is called before each file is read."""
+    `reading(i, n, path)`, if given, is called before each file is read, `skipped(path, error)`
+    for each file that is not a whole timeline (left out; UnreadableTraces if all are)."""
     paths = trace_files(prefix)
-    processes = []
+    processes, readable = [], []
     for i, path in enumerate(paths):
         if reading:
             reading(i, len(paths), path)
-        processes.append(load(path))
+        try:
+            processes.append(load(path))
+        except (ValueError, KeyError, TypeError) as error:  # JSON cut short, or not a timeline
+            skipped(path, error)
+            continue
+        readable.append(path)
+    if not readable:
+        raise UnreadableTraces(f"none of the {len(paths)} files {prefix}.<pid>.json is a whole timeline")
+    paths = readable
+    # Whether the files come from one run is not checked: they hold pids and steady-clock
+    # times alone (no host, no run id), and one run across machines that write to one shared
+    # folder leaves time ranges as far apart as two runs of one machine do.
     busy = BusyCpus(processes)
     lines = []
     for path, threads in zip(paths, processes):
@@ -335,7 +357,7 @@ def main():
     try:
         large = sum(os.path.getsize(p) for p in trace_files(args.prefix)) > LARGE_BYTES
         lines = summary(args.prefix, args.slow, reading if large else None)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, UnreadableTraces) as e:
         sys.exit(f"loom.trace: {e}")
     print("\n".join(lines))
 

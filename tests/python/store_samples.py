@@ -53,3 +53,15 @@ def refresh_until(ts, mine: dict, last: float, what: str) -> list[float]:
 
 def sync(store, name, timeout=60):
     store.wait([name], timedelta(seconds=timeout))
+
+
+def on_wait(ts, signal) -> None:
+    """Calls signal() each time TensorStore `ts` is about to wait in the Store for a version
+    not put yet (so a test knows its reader is waiting)."""
+    real = ts._wait
+
+    def waiting(*args):
+        signal()
+        return real(*args)
+
+    ts._wait = waiting

@@ -208,3 +208,30 @@ def test_sizes_from_zero_are_refused():
     done = subprocess.run([sys.executable, "-m", "loom.bench", "--min-bytes", "0"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "1 <= --min-bytes <= --max-bytes" in done.stderr, done.stderr
+
+
+def _refusal(main, argv: list[str], capsys) -> str:
+    """What `main(argv)` says on stderr as it refuses its arguments (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_bench_refuses_arguments_that_leave_nothing_to_time(capsys):
+    """Training steps with neither loom nor Gloo among the backends, and lists that name
+    nothing, are refused before any rank starts, by name."""
+    from loom.bench import main
+
+    for step in ("--ddp-step", "--fsdp-step"):
+        err = _refusal(main, ["--backends", "direct,fake", step], capsys)
+        assert f"{step}: the training steps run on the loom and Gloo groups only; add loom or gloo" in err, err
+    assert "--ops names no op" in _refusal(main, ["--ops", ","], capsys)
+    assert "--backends names no backend" in _refusal(main, ["--backends", ","], capsys)
+
+
+def test_tensor_store_bench_refuses_counts_below_one(capsys):
+    from loom.tensor_store.bench import main
+
+    for flag in ("--steps", "--tensors", "--generators"):
+        assert f"{flag} must be at least 1 (got 0)" in _refusal(main, [flag, "0"], capsys)

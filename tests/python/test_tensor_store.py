@@ -6,6 +6,7 @@ test_tensor_store_faults.py, lending and broadcast mode in test_tensor_store_len
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import timedelta
 
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from harness import run_ranks
-from store_samples import DTYPES, sample, store_buffers, sync
+from store_samples import DTYPES, on_wait, sample, store_buffers, sync
 
 
 def _values(rank, world):
@@ -231,6 +232,50 @@ def test_async_forms():
         assert got == [0, 1, 2, 3, 4] and w == [1.0, 1.0, 1.0] and exists and keys == ["a", "sd"]
 
 
+def _waiting_get(rank, world):
+    from loom.tensor_store import AsyncTensorStore, TensorStore
+
+    # A thread waits for version 1 of "w"; once it does, another thread of the process puts
+    # it. The put must not wait for the get (which would then time out, never put).
+    ts = TensorStore()
+    waiting = threading.Event()
+    on_wait(ts, waiting.set)
+    got = {}
+
+    def reader():
+        try:
+            got["w"] = ts.get("w", version=1, timeout=timedelta(seconds=20)).tolist()
+        except Exception as error:  # noqa: BLE001  (the test reports it)
+            got["w"] = repr(error)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    waiting.wait()
+    out = {"thread": ts.put("w", torch.full((3,), 7.0))}
+    thread.join()
+    out["thread"] = (out["thread"], got["w"])
+
+    async def main():
+        # The same between two coroutines of one AsyncTensorStore (verbs on worker threads).
+        store = AsyncTensorStore()
+        asked = threading.Event()
+        on_wait(store.sync, asked.set)
+
+        async def writer():
+            await asyncio.to_thread(asked.wait)
+            return await store.put("a", torch.arange(4))
+
+        value, version = await asyncio.gather(store.get("a", version=1, timeout=timedelta(seconds=20)), writer())
+        return version, value.tolist()
+
+    out["async"] = asyncio.run(main())
+    return out
+
+
+def test_a_get_waiting_for_a_version_holds_up_no_other_verb():
+    assert run_ranks(1, _waiting_get, backend="gloo") == [{"thread": (1, [7.0] * 3), "async": (1, [0, 1, 2, 3])}]
+
+
 def _leaks(rank, world):
     from loom.tensor_store import TensorStore
 
@@ -297,6 +342,17 @@ def _errors(rank, world):
         ts.get_state_dict("obj", {"other": torch.zeros(4, 4)}, strict=False)
     with pytest.raises(KeyError, match=r"delete\('missing'\): no such key"):
         ts.delete("missing")
+    # Tensors whose bytes are not their values are refused before the put changes anything.
+    refused = {"sparse": torch.eye(3).to_sparse(), "csr": torch.eye(3).to_sparse_csr(),
+               "quantized": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}
+    for kind, value in refused.items():
+        key = f"{kind}{rank}"
+        with pytest.raises(ValueError, match=rf"rank {rank}\): put\('{key}'\): 'layer.w' is a "
+                                             rf"{'quantized' if kind == 'quantized' else 'sparse'} tensor"):
+            ts.put_state_dict({"layer": {"w": value}, "b": torch.ones(2)}, key)
+        assert ts._get_now(f"k/{key}/mode") is None and ts._get_now(f"k/{key}/v1/writers") is None
+        assert key not in (ts._get_now("index") or b"").decode().split("\n")
+        assert ts.put(key, value.to_dense() if kind != "quantized" else value.dequantize()) == 1
     real = _store._available_memory
     _store._available_memory = lambda: 1 << 20  # as if the host had 1 MiB free
     try:
@@ -551,3 +607,33 @@ def _in_place_gets(rank, world):
 
 def test_in_place_gets_follow_copy_semantics():
     assert run_ranks(2, _in_place_gets)[1] == {"param": [[5.0] * 4]}
+
+
+def _strided_parameters(rank, world):
+    from loom.tensor_store import TensorStore
+
+    def model():
+        torch.manual_seed(rank)  # other values on every rank
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(4, 4))
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put_state_dict(model().state_dict(), "m")
+    dist.barrier()
+    out = None
+    if rank == 1:
+        want = ts.get_state_dict("m")
+        # Parameters that are not contiguous (channels_last convolution weights), filled with
+        # grad mode on, as load_state_dict fills them: the same objects, still requiring grad.
+        mine = model().to(memory_format=torch.channels_last)
+        params = list(mine.parameters())
+        assert not params[0].is_contiguous() and torch.is_grad_enabled()
+        ts.get_state_dict("m", mine.state_dict(keep_vars=True))
+        assert list(mine.parameters()) == params and all(p.requires_grad for p in params)
+        out = sorted(name for name, value in mine.state_dict().items() if torch.equal(value, want[name]))
+    dist.barrier()
+    return out
+
+
+def test_get_state_dict_fills_parameters_that_are_not_contiguous():
+    assert run_ranks(2, _strided_parameters)[1] == ["0.bias", "0.weight", "1.bias", "1.weight"]

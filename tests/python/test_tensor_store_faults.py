@@ -1,19 +1,23 @@
 """loom.tensor_store when things go wrong: torn-read protection under a writer putting as fast as
-it can, writers and readers killed mid-transfer, puts that fail midway, a read racing the
-release of its buffer, and two writers of one key."""
+it can, writers and readers killed mid-transfer, puts that fail midway or are refused, a read
+racing the release of its buffer, two writers of one key (with and without a process group),
+and a key deleted by a rank that did not put it."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import time
+import traceback
+from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from harness import run_ranks
-from store_samples import refresh_until, store_buffers, sync
+from store_samples import on_wait, refresh_until, store_buffers, sync
 
 
 def _rl_loop(rank, world, steps):
@@ -308,3 +312,133 @@ def _two_writers(rank, world):
 
 def test_two_writers_of_a_key_never_publish_the_same_version():
     assert run_ranks(2, _two_writers) == [[2.0, 4.0, 6.0], [2.0, 4.0, 6.0]]
+
+
+def _writer_without_a_group(path: str, me: int, results) -> None:
+    """A process of a job that has a Store and no process group (every TensorStore in it is
+    rank 0): puts version 1 of "k" when told to, at the same time as another such process."""
+    try:
+        from loom.tensor_store import TensorStore
+
+        store = dist.FileStore(path, 3)
+        store.set_timeout(timedelta(seconds=120))
+        ts = TensorStore(store)
+        store.add("ready", 1)
+        sync(store, "go")
+        try:
+            results.put(("put", me, ts.put("k", torch.full((1024,), float(me + 1)), version=1)))
+        except ValueError as error:
+            results.put(("put", me, str(error)))
+        sync(store, "all put")
+        results.put(("read", me, (ts.latest_version("k"), float(ts.get("k")[0]))))
+        sync(store, "all read")  # the writer's buffers live as long as its store
+    except BaseException:  # noqa: BLE001  (the test reports it)
+        results.put(("error", me, traceback.format_exc()))
+
+
+def test_two_processes_without_a_process_group_never_publish_the_same_version(tmp_path):
+    # A FileStore: no server thread in this (pytest's) process, which later tests fork from.
+    path = str(tmp_path / "store")
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_writer_without_a_group, args=(path, me, results), daemon=True) for me in (0, 1)]
+    for proc in procs:
+        proc.start()
+    master = None
+    got: dict = {}
+
+    def collect(what: str) -> None:
+        for _ in procs:
+            kind, me, value = results.get(timeout=120)
+            assert kind == what, f"process {me}: {value}"
+            got[what, me] = value
+
+    try:
+        master = dist.FileStore(path, 3)
+        master.set_timeout(timedelta(seconds=120))
+        master.wait(["ready"], timedelta(seconds=120))
+        while master.add("ready", 0) < 2:
+            time.sleep(0.01)
+        master.set("go", "1")
+        collect("put")
+        master.set("all put", "1")
+        collect("read")
+    finally:
+        if master is not None:
+            master.set("all put", "1")
+            master.set("all read", "1")
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    # One of them took version 1; the other was refused, naming the winner (where both took
+    # the number at once) or the latest (where the winner's put ended first), and nothing
+    # was lost.
+    winners = [me for me in (0, 1) if got["put", me] == 1]
+    assert len(winners) == 1, got
+    loser = 1 - winners[0]
+    refusal = got["put", loser]
+    assert (f"version 1 of that key was put by rank(s) 0 (pid {procs[winners[0]].pid})" in refusal
+            or "versions must be integers that grow; the last version of this key is 1" in refusal), got
+    assert got["read", 0] == got["read", 1] == (1, float(winners[0] + 1))
+
+
+def _deleted_by_a_reader(rank, world):
+    from loom.tensor_store import TensorStore
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore(timeout=timedelta(seconds=20))
+    if rank == 0:
+        ts.put("k", torch.ones(2))
+    dist.barrier()
+    if rank == 1:
+        ts.delete("k")  # a rank that did not put it
+    dist.barrier()
+    if rank == 0:  # the writer goes on with the key once a reader waits for its next version
+        sync(store, "waiting")
+        assert ts.put("k", torch.full((2,), 2.0)) == 2
+        dist.barrier()
+        return None
+    on_wait(ts, lambda: store.set("waiting", "1"))
+    out = ts.get("k", version=2).tolist(), ts.latest_version("k"), ts.get("k").tolist()
+    dist.barrier()
+    return out
+
+
+def test_a_key_deleted_by_a_rank_that_did_not_put_it_is_read_again_once_put():
+    assert run_ranks(2, _deleted_by_a_reader)[1] == ([2.0, 2.0], 2, [2.0, 2.0])
+
+
+def _refused_put(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+    from loom.tensor_store import _store
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((16,), 1.0))
+        ts.put("w", torch.full((16,), 2.0))
+        before = store_buffers()[0]
+        real = _store._available_memory
+        _store._available_memory = lambda: 1 << 20  # as if the host had 1 MiB free
+        try:
+            with pytest.raises(MemoryError, match=r"put\('w'\) needs 4194304 bytes of shared memory"):
+                ts.put("w", torch.zeros(1 << 20))
+        finally:
+            _store._available_memory = real
+        assert store_buffers()[0] == before  # nothing freed, nothing made
+    dist.barrier()
+    # Both kept versions are still there: the refused put retired neither.
+    out = [float(ts.get("w", version=v)[0]) for v in (1, 2)] + [ts.latest_version("w")]
+    dist.barrier()
+    if rank == 0:  # its number is free again, and the next put retires the oldest as usual
+        assert ts.put("w", torch.full((16,), 3.0)) == 3
+    dist.barrier()
+    with pytest.raises(TensorStoreError, match=r"version=1.*no longer kept"):
+        ts.get("w", version=1)
+    out.append(float(ts.get("w")[0]))
+    dist.barrier()  # the writer's buffers live as long as its store
+    return out
+
+
+def test_a_put_refused_for_memory_leaves_the_kept_versions_readable():
+    assert run_ranks(2, _refused_put) == [[1.0, 2.0, 2, 3.0]] * 2

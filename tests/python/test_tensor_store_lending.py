@@ -185,6 +185,39 @@ def test_lending_refuses_what_it_cannot_lend_safely():
     assert run_ranks(2, _lending_errors) == ["ok", "ok"]
 
 
+def _lending_empty(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    out = {}
+    if rank == 0:  # a module with an empty parameter and an empty buffer among the others
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(torch.arange(6.0))
+        model.register_buffer("none", torch.zeros(0, 4))
+        model.tail = torch.nn.Parameter(torch.zeros(0))
+        ts.make_lendable(model)
+        ts.make_lendable(model)  # again: nothing left to move, the empty ones included
+        out["buffers"] = len(ts._lendable)
+        out["v"] = ts.lend_state_dict(model.state_dict(), "m")
+        alone = {"e": torch.empty(0, 3)}  # a state dict of nothing but an empty tensor
+        ts.make_lendable(alone)
+        out["alone"] = ts.lend_state_dict(alone, "alone")
+    dist.barrier()
+    if rank == 1:
+        got = ts.get_state_dict("m")
+        out["m"] = {name: (list(t.shape), t.tolist()) for name, t in sorted(got.items())}
+        out["alone"] = list(ts.get_state_dict("alone")["e"].shape)
+    dist.barrier()
+    return out
+
+
+def test_a_module_with_empty_tensors_can_be_lent():
+    writer, reader = run_ranks(2, _lending_empty)
+    assert writer == {"buffers": 1, "v": 1, "alone": 1}
+    assert reader == {"m": {"none": ([0, 4], []), "tail": ([0], []), "w": ([6], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])},
+                      "alone": [0, 3]}
+
+
 def _broadcast_sample(step: int, receiver: bool) -> dict:
     """A state dict for broadcast mode: every dtype (1-9 KiB each, packed into 6 KiB buckets
     or, at 3 KiB and more, sent alone), a larger tensor, a strided tensor on receivers,
@@ -238,3 +271,30 @@ def _broadcast_mode(rank, world):
 
 def test_broadcast_mode_delivers_the_writers_state_dict_to_every_member():
     assert run_ranks(3, _broadcast_mode) == [[1, 2, 3]] * 3
+
+
+def _broadcast_parameters(rank, world):
+    from loom.tensor_store import TensorStore
+
+    def model(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(64, 32))
+
+    # 4 KiB buckets: the convolution's weight (864 B) is packed, the linear one (8 KiB) goes
+    # alone. The receivers' are Parameters that are not contiguous (channels_last, and a
+    # transposed weight), filled with grad mode on as load_state_dict fills them.
+    ts = TensorStore(bucket_bytes=4 << 10)
+    mine = model(rank)
+    if rank != 0:
+        mine = mine.to(memory_format=torch.channels_last)
+        mine[1].weight = torch.nn.Parameter(torch.zeros(64, 32).t())
+        assert not (mine[0].weight.is_contiguous() or mine[1].weight.is_contiguous())
+    params = list(mine.parameters())
+    ts.broadcast_state_dict(mine.state_dict(keep_vars=True), "policy", src=0)
+    assert list(mine.parameters()) == params and all(p.requires_grad for p in params)
+    want = model(0).state_dict()
+    return sorted(name for name, value in mine.state_dict().items() if torch.equal(value, want[name]))
+
+
+def test_broadcast_mode_fills_parameters_that_are_not_contiguous():
+    assert run_ranks(3, _broadcast_parameters) == [["0.bias", "0.weight", "1.bias", "1.weight"]] * 3

@@ -168,3 +168,22 @@ def test_no_files_is_a_clear_error(tmp_path):
     done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "nothing")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "was LOOM_TRACE=" in done.stderr, done.stderr
+
+
+def test_a_file_that_is_not_a_whole_timeline_is_skipped_with_a_warning(tmp_path):
+    """A timeline cut short (its process killed while writing it) or not a timeline at all is
+    left out, named on stderr; the others are summarised. With none readable: a clear error."""
+    (tmp_path / "run.7.json").write_text(json.dumps({"traceEvents": [span("all_reduce", 0, 10, n=8)]}))
+    (tmp_path / "run.8.json").write_text('{"traceEvents":[\n{"name":"all_reduce","ph":"X","pid":8,"ts":1')
+    (tmp_path / "run.9.json").write_text(json.dumps({"events": []}))
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"skipping {tmp_path / 'run.8.json'}: not a whole timeline (JSONDecodeError" in done.stderr, done.stderr
+    assert f"skipping {tmp_path / 'run.9.json'}: not a whole timeline (KeyError" in done.stderr, done.stderr
+    assert f"{tmp_path / 'run.7.json'}:" in done.stdout and "all_reduce of 8 B: 1 calls" in done.stdout, done.stdout
+    assert "run.8.json" not in done.stdout and "run.9.json" not in done.stdout, done.stdout
+    (tmp_path / "run.7.json").write_text("")
+    done = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "none of the 3 files" in done.stderr, done.stderr

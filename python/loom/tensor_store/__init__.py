@@ -23,7 +23,8 @@ __all__ = ["TensorStore", "AsyncTensorStore", "TensorStoreError"]
 
 class AsyncTensorStore:
     """TensorStore's verbs as coroutines: each runs on a worker thread (the copies release
-    the GIL), so an event loop keeps serving while bytes move. Takes TensorStore's arguments."""
+    the GIL), so an event loop keeps serving while bytes move, and a get waiting for a version
+    holds up no other coroutine's verb. Takes TensorStore's arguments."""
 
     _VERBS = ("put", "get", "put_state_dict", "get_state_dict", "put_batch", "get_batch", "delete",
               "exists", "keys", "latest_version", "make_lendable", "lend", "lend_state_dict", "reclaim",

@@ -111,12 +111,15 @@ def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], send
         work.wait()
         if sending:
             return
-        if bucket.alone is None:
-            if bucket.unpacking is None:
-                bucket.unpacking = copy_groups([tensors[i] for i in bucket.members], views(bucket, buffer, tensors))
-            run_copies(bucket.unpacking)
-        elif buffer is not None:  # a strided tensor received through a contiguous copy
-            tensors[bucket.alone].copy_(buffer)
+        # Filled as load_state_dict fills, whatever the grad mode: otherwise torch's copies
+        # (into a tensor that is not contiguous) refuse a leaf that requires grad (a Parameter).
+        with torch.no_grad():
+            if bucket.alone is None:
+                if bucket.unpacking is None:
+                    bucket.unpacking = copy_groups([tensors[i] for i in bucket.members], views(bucket, buffer, tensors))
+                run_copies(bucket.unpacking)
+            elif buffer is not None:  # a strided tensor received through a contiguous copy
+                tensors[bucket.alone].copy_(buffer)
 
     turn: dict[torch.device, int] = collections.Counter()
     for bucket in plan.buckets:

@@ -90,6 +90,24 @@ def is_first_replica(value: Any) -> bool:
     return all(c == 0 for c, p in zip(coordinate, value.placements) if isinstance(p, Replicate))
 
 
+def unstorable(value: torch.Tensor) -> str | None:
+    """Why the store cannot keep tensor `value` (or a DTensor's shard) as it is, and what to do
+    instead, to follow its name in a message; None if it can: its bytes must be its values in
+    one strided block, on CPU or CUDA."""
+    local = value.to_local() if is_dtensor(value) else value
+    if local.is_nested:
+        return "is a nested tensor; put its components (t.unbind()) as tensors of their own"
+    if local.layout != torch.strided:
+        return (f"is a sparse tensor ({local.layout}); only strided tensors can be stored: put "
+                f"t.to_dense(), or its indices and values as tensors of their own")
+    if local.is_quantized:
+        return (f"is a quantized tensor ({local.dtype}); put t.dequantize(), or t.int_repr() and "
+                f"its scale and zero point")
+    if local.device.type not in ("cpu", "cuda"):
+        return f"is on {local.device}; CPU and CUDA tensors can be stored: move it there first"
+    return None
+
+
 def flatten(state_dict: dict, prefix: tuple = ()) -> Iterator[tuple[tuple, Any]]:
     """(path, leaf) for every leaf of a nested dict; a path is the tuple of keys to it."""
     for name, value in state_dict.items():

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._layout import flatten, is_dtensor, leaf_signature, path_text, whole
+from ._layout import flatten, is_dtensor, leaf_signature, path_text, unstorable, whole
 from ._parts import OwnedBuffer, TensorMeta
 
 
@@ -32,14 +32,17 @@ def lendable_tensors(target: Any, what: str, already) -> list[tuple[str, torch.T
     seen: set[int] = set()
     out = []
     for name, tensor in named:
-        if id(tensor) in seen or already(tensor):  # tied weights (one tensor, two names), or moved before
+        if id(tensor) in seen:  # tied weights: one tensor, two names
             continue
         seen.add(id(tensor))
         if is_dtensor(tensor):
             raise ValueError(f"{what}: '{name}' is a DTensor; its memory belongs to its sharding "
                              f"(FSDP, tensor parallel): put DTensors with put_state_dict")
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{what}: '{name}' is on {tensor.device}; CPU and CUDA tensors can be lent")
+        problem = unstorable(tensor)
+        if problem is not None:
+            raise ValueError(f"{what}: '{name}' {problem}")
+        if already(tensor):  # moved before
+            continue
         # Moving one of two tensors that share memory would part them silently (the other
         # keeps the old memory). A lone tensor's storage has two users here: the tensor and
         # the storage object this call makes.
@@ -102,17 +105,45 @@ def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], wha
                             f"(put other values under a key of their own)")
         if is_dtensor(value):
             raise ValueError(f"{what}: {name} is a DTensor; put DTensors with put_state_dict")
+        problem = unstorable(value)
+        if problem is not None:
+            raise ValueError(f"{what}: {name} {problem}")
         if not value.is_contiguous():
             raise ValueError(f"{what}: {name} is not contiguous; lend the tensors make_lendable moved, "
                              f"not views of them")
-        start, nbytes = value.data_ptr(), value.numel() * value.element_size()
-        home = next((b for b in lendable if b.device == value.device
-                     and b.base <= start and start + nbytes <= b.base + b.capacity), None)
+        home, offset = _home(value, used, lendable)
         if home is None:
             raise ValueError(f"{what}: {name} is not in memory this store lends; call "
                              f"store.make_lendable(model) (or on the state dict) once before lending")
         if home not in used:
             used.append(home)
         metas.append(TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape),
-                                used.index(home), start - home.base))
+                                used.index(home), offset))
     return LendPlan(leaf_signature(leaves), used, metas)
+
+
+def start_of(tensor: torch.Tensor) -> int:
+    """Where `tensor`'s bytes start: its data_ptr(), except for an empty tensor, whose
+    data_ptr() is 0 even as a view into a buffer: there, where its storage puts it."""
+    if tensor.numel():
+        return tensor.data_ptr()
+    return tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
+
+
+def home_of(tensor: torch.Tensor, lendable: list[OwnedBuffer]) -> OwnedBuffer | None:
+    """The lendable buffer `tensor` lies in, or None."""
+    start, nbytes = start_of(tensor), tensor.numel() * tensor.element_size()
+    return next((b for b in lendable if b.device == tensor.device
+                 and b.base <= start and start + nbytes <= b.base + b.capacity), None)
+
+
+def _home(value: torch.Tensor, used: list[OwnedBuffer], lendable: list[OwnedBuffer]) -> tuple[OwnedBuffer | None, int]:
+    """The lendable buffer `value` lives in and its offset there (None if it lives in none).
+    An empty tensor that make_lendable did not move has no bytes to guard: any buffer of its
+    device serves (one this lend uses already, if any), at offset 0."""
+    home = home_of(value, lendable)
+    if home is not None:
+        return home, start_of(value) - home.base
+    if value.numel() == 0:
+        return next((b for b in used + lendable if b.device == value.device), None), 0
+    return None, 0

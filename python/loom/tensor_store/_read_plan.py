@@ -4,6 +4,7 @@ the same), and the errors a read can end in."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
@@ -56,6 +57,7 @@ class ReadPlan:
         self.targets: list[torch.Tensor] = []  # the reader's own tensors this plan writes into
         self.guarded: list[torch.Tensor] = []  # those filled as copy_ fills (get's inplace_tensor)
         self.wait_limit = store._timeout  # for bytes still being written (set per read)
+        self.in_use = False  # a read runs it now (the store hands a cached plan to one read at a time)
 
     def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
         slot = (part.index, meta.buffer)
@@ -94,6 +96,11 @@ class ReadPlan:
     def run(self, parts: list[PartMeta]) -> Any:
         """Copies, then keeps the result only if no buffer was rewritten meanwhile."""
         self._check_writable()
+        with exclusive(self.buffers.values()):
+            return self._copy_and_check(parts)
+
+    def _copy_and_check(self, parts: list[PartMeta]) -> Any:
+        """run() once the reader's tensors may be written and its buffers are its own."""
         checks = []
         writing = {}  # the buffers still being written, by (part, buffer)
         if self.ranges is None:
@@ -108,12 +115,18 @@ class ReadPlan:
                 raise Stale()
             if state in ("writing", "pending"):
                 writing[(p, b)] = (mapped, generation, parts[p])
-        if not writing:
-            if self.groups is None:
-                self.groups = copy_groups(self.dsts, self.srcs)
-            run_copies(self.groups)
-        else:
-            self._run_as_written(writing)
+        # Under no_grad, as load_state_dict fills: with grad mode on, torch's copies (those
+        # loom's own copies do not take, into a tensor that is not contiguous) refuse a leaf
+        # that requires grad (a Parameter), and a state dict would be left half filled.
+        # Whether such a tensor may be filled at all was settled by _check_writable, before
+        # any byte moved.
+        with torch.no_grad():
+            if not writing:
+                if self.groups is None:
+                    self.groups = copy_groups(self.dsts, self.srcs)
+                run_copies(self.groups)
+            else:
+                self._run_as_written(writing)
         # loom's copies write memory behind autograd's back: a tensor saved for backward
         # must be seen as changed, as after copy_ (its backward then refuses to run).
         torch.autograd.graph.increment_version(self.targets)
@@ -205,6 +218,19 @@ class ReadPlan:
             if path != known or (ref() is not value if ref is not None else isinstance(value, torch.Tensor)):
                 return False
         return shards_signature([v for _, v in leaves if isinstance(v, torch.Tensor)]) == self.signature
+
+
+@contextlib.contextmanager
+def exclusive(buffers):
+    """Holds the locks of the buffers that have one (a RemoteBuffer: reads fetch into its one
+    local copy, so a fetch, the copies out of it and the check are one read's at a time), in
+    one order, so that reads sharing buffers cannot deadlock."""
+    distinct = {id(b): b for b in buffers}.values()  # a lock is taken once
+    locks = [b.lock for b in sorted(distinct, key=lambda b: b.region_id) if getattr(b, "lock", None) is not None]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
 
 
 def merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

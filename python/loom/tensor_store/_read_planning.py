@@ -53,7 +53,8 @@ class ReadPlanning:
         cache_key = (key, tuple(id(p.tensors) for p in parts), id(user)) if user is not None else None
         if cache_key is not None:
             plan = self._read_plans.get(key, {}).get(cache_key)
-            if plan is not None and plan.still_fits(user):
+            # A plan another thread runs now is not shared (its parts and limits are per read).
+            if plan is not None and not plan.in_use and plan.still_fits(user):
                 plan.parts = parts
                 return plan
         entries = pieces_by_path(parts)

@@ -83,6 +83,9 @@ class RemoteBuffer:
         self._views: dict[tuple, torch.Tensor] = {}
         self._state = "pending"  # of the last fetch
         self._unchanged = False
+        # Held by a read from its fetch to its check (ReadPlan.run): the store's reads run on
+        # several threads, and a fetch for one would rewrite the bytes another is copying.
+        self.lock = threading.Lock()
 
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return cached_view(self._views, self.data, offset, dtype, shape)

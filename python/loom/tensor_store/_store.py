@@ -7,9 +7,12 @@ Keys in the job's Store (under loom_ts/<namespace>/), all small:
                              (a pickled PartMeta: where its bytes are), set before the bytes
     k/<key>/v<V>/done        how many parts of V are written (Store.add; several writers only)
     k/<key>/v<V>/complete    the number of parts, set by the writer that completed V
-    k/<key>/mode             "put" or "lent", set before the key's first version
-    k/<key>/v<V>/writers     the ranks that put V (one, or a DTensor's mesh), set first by
-                             compare-and-set: a second writer of the same number is refused
+    k/<key>/mode             "put" or "lent", set with every part (put) or lend, so that it is
+                             back as soon as a key some other rank deleted is put again
+    k/<key>/v<V>/writers     who put V, set first by compare-and-set (a second writer of the
+                             same number is refused): one writer (a TensorStore of one
+                             process: "<rank>|<pid>@<host>#<store>"), or a DTensor's mesh
+                             ("<rank>,<rank>,...", the same on every rank of it)
     index                    every key ever put, one per line (the Store cannot list keys)
 
 Readers of the latest see a version once it is complete; a reader that asks for a version
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import pickle
 import threading
@@ -40,8 +44,9 @@ import torch
 import torch.distributed as dist
 
 from ._broadcast import Broadcaster
-from ._layout import Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text, whole
-from ._lending import Lent, lendable_tensors, lent_metas, move_into, take_back
+from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text,
+                      unstorable, whole)
+from ._lending import Lent, home_of, lendable_tensors, lent_metas, move_into, take_back
 from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
 from ._read_planning import ReadPlanning
 from ._remote import RemoteBuffer, serve
@@ -61,6 +66,8 @@ from ._parts import (
 
 # A value no key of the store ever holds (see TensorStore._get_now).
 _ABSENT = b"\x00loom-tensor-store: absent\x00"
+# Numbers the TensorStores of this process: with its pid and host, a writer's identity.
+_SERIALS = itertools.count()
 
 class TensorStore(ReadPlanning):
     """Put/get of tensors, DTensors, objects and state dicts, bytes moving straight from the
@@ -72,7 +79,9 @@ class TensorStore(ReadPlanning):
     writes `bucket_bytes` at a time, and a reader that asked for that version copies each
     bucket as soon as it is written; `serve_remote` (default True) serves this process's
     buffers to readers on other hosts over loom's network transport (False keeps them to
-    this host, with no network listener)."""
+    this host, with no network listener). `rank` names this process in messages and parts
+    (default: its rank in the default process group, else 0); it need not be unique: which
+    writer put a version is told by its TensorStore, process and host."""
 
     _RETRIES = 8  # reads of "latest" that raced a newer put, before giving up
 
@@ -95,7 +104,12 @@ class TensorStore(ReadPlanning):
         self._bucket_bytes = max(1, int(bucket_bytes))
         self._timeout = timeout if timeout is not None else store.timeout
         self._host = host_identity()
+        self._serial = next(_SERIALS)
+        # Guards this store's state (kept versions, plans, mappings) for verbs on several
+        # threads (AsyncTensorStore). Never held across a wait for another process (a version
+        # not put yet, a writer's bytes, a collective): one verb's wait must not stop others.
         self._lock = threading.RLock()
+        self._broadcasting = threading.Lock()  # one broadcast at a time: they share plans
         self._owned: dict[str, collections.deque[Kept]] = {}
         self._last_version: dict[str, int] = {}
         self._indexed: set[str] = set()
@@ -127,9 +141,8 @@ class TensorStore(ReadPlanning):
         names (offsets and local_shape). A version not yet put is waited for up to `timeout`.
         `inplace_tensor` is filled as copy_ would: under torch.no_grad() if it requires grad."""
         self._check_key(key)
-        with self._lock:
-            return self._read(key, version, timeout,
-                              lambda v, parts: self._value_plan(key, v, parts, inplace_tensor, tensor_slice_spec))
+        return self._read(key, version, timeout,
+                          lambda v, parts: self._value_plan(key, v, parts, inplace_tensor, tensor_slice_spec))
 
     def put_state_dict(self, state_dict: dict, key: str, *, version: int | None = None) -> int:
         """Stores a (nested) state dict as one version of `key`, packed into one buffer per
@@ -146,9 +159,8 @@ class TensorStore(ReadPlanning):
         one side has, as load_state_dict does. Its tensors are filled as load_state_dict fills
         a module's (parameters too, whatever the grad mode), each one's version bumped."""
         self._check_key(key)
-        with self._lock:
-            return self._read(key, version, timeout,
-                              lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict))
+        return self._read(key, version, timeout,
+                          lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict))
 
     def put_batch(self, items: dict[str, Any], *, version: int | None = None) -> dict[str, int]:
         """put() of every key of `items`; returns each key's version."""
@@ -173,7 +185,7 @@ class TensorStore(ReadPlanning):
         what = self._message(f"broadcast_state_dict('{key}')")
         if not isinstance(state_dict, dict):
             raise TypeError(f"{what}: needs a dict, got {type(state_dict).__name__}")
-        with self._lock:
+        with self._broadcasting:  # a collective: it waits for the group, never under self._lock
             return self._broadcaster.run(state_dict, key, src, group, version, what)
 
     def make_lendable(self, target: Any) -> None:
@@ -317,6 +329,10 @@ class TensorStore(ReadPlanning):
             return plan
         pieces: list[tuple[TensorMeta, int, Any]] = []  # (meta, leaf index, stored value)
         for i, (path, value) in enumerate(leaves):
+            if isinstance(value, torch.Tensor):  # refused here, before the put changes anything
+                problem = unstorable(value)
+                if problem is not None:
+                    raise ValueError(self._message(f"put('{key}'): {self._name(path)} {problem}"))
             if is_dtensor(value):
                 box, global_shape = self._dtensor_box(value, self._what(key, path))
                 if is_first_replica(value):
@@ -350,19 +366,42 @@ class TensorStore(ReadPlanning):
         return writers, writers.index(self._rank)
 
     def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> None:
-        """Takes version number `version` of `key` for `writers` (one rank, or a DTensor's mesh,
-        which put one version together), or refuses it: a key's versions are one sequence, and
-        two writers that numbered a put alike would each publish one, and readers would lose
-        one of the pair. Another rank may go on with a key (it numbers from the latest)."""
-        mine = ",".join(map(str, sorted(writers))).encode()
+        """Takes version number `version` of `key` for `writers` (this store alone, or a
+        DTensor's mesh, which put one version together), or refuses it: a key's versions are
+        one sequence, and two writers that numbered a put alike would each publish one, and
+        readers would lose one of the pair. Another writer may go on with a key (it numbers
+        from the latest)."""
+        mine = self._writer_record(writers)
         owner = self._store.compare_set(f"k/{key}/v{version}/writers", b"", mine)
         if owner != mine:
             latest = self._latest(key)
             raise ValueError(self._message(
-                f"{verb}('{key}'): version {version} of that key was put by rank(s) {owner.decode()}; a "
+                f"{verb}('{key}'): version {version} of that key was put by {self._writer_text(owner)}; a "
                 f"key's versions are one sequence, each put once (the latest is "
                 f"{latest[0] if latest else 'not complete yet'}): pass version= above it, or put a key "
                 f"per writer"))
+
+    def _writer_record(self, writers: list[int]) -> bytes:
+        """What k/<key>/v<V>/writers holds for a version `writers` put: a DTensor's mesh by its
+        ranks (each rank of it writes the same record), one writer by its rank, pid, host and
+        TensorStore. Ranks alone would not do: without a process group every store is rank 0
+        unless told otherwise, and two processes would each take the same number."""
+        if len(writers) > 1:
+            return ",".join(map(str, sorted(writers))).encode()
+        return f"{writers[0]}|{os.getpid()}@{self._host}#{self._serial}".encode()
+
+    def _writer_text(self, record: bytes) -> str:
+        """Who a writers record names, for messages."""
+        ranks, _, writer = record.decode(errors="replace").partition("|")
+        if not writer:
+            return f"rank(s) {ranks}"
+        pid, _, rest = writer.partition("@")
+        host = rest.rpartition("#")[0]
+        if host != self._host:
+            return f"rank(s) {ranks} (pid {pid} on another host)"
+        if pid == str(os.getpid()):
+            return f"rank(s) {ranks} (another TensorStore of this process)"
+        return f"rank(s) {ranks} (pid {pid})"
 
     def _next_version(self, key: str, version: int | None) -> int:
         last = self._last_version.get(key)
@@ -383,11 +422,10 @@ class TensorStore(ReadPlanning):
         # First, before an old version is retired to make room: a refused number changes nothing.
         self._take_version(key, version, writers, "put")
         kept = self._owned.get(key, collections.deque())  # this rank owns the key once it keeps a version
-        spare: list[OwnedBuffer] = []
-        while len(kept) >= self._keep:  # the oldest version goes; its buffers may be reused
-            oldest = kept.popleft()
-            self._unpublish(key, oldest)
-            spare.extend(oldest.buffers)
+        # The oldest versions go to make room, and their buffers may be reused; but only once
+        # this put has its buffers: a put refused for memory or its device keeps them all.
+        retiring = list(kept)[:max(0, len(kept) - self._keep + 1)]
+        spare = [buffer for old in retiring for buffer in old.buffers]
         try:
             buffers = [self._buffer(f"put('{key}')", device, capacity, spare)
                        for device, capacity in zip(plan.devices, plan.capacity)]
@@ -395,8 +433,10 @@ class TensorStore(ReadPlanning):
             if parts == 1:  # nothing of it was published: its number is free again
                 self._store.delete_key(f"k/{key}/v{version}/writers")
             raise
-        del spare  # buffers not reused are freed here
-        self._announce(key, b"put")
+        for _ in retiring:
+            self._unpublish(key, kept.popleft())
+        del spare, retiring  # buffers not reused are freed here
+        self._announce(key)
         regions = tuple(b.region.id for b in buffers)
         layout = plan.layouts.get(regions)
         if layout is None:
@@ -410,7 +450,9 @@ class TensorStore(ReadPlanning):
         # The part goes out before the bytes: a reader waiting for this version copies each
         # bucket as it lands. Readers of the latest see the version only once it is complete.
         generations = tuple(buffer.next_generation() for buffer in buffers)
-        self._store.set(f"{base}/p{index}", encode_part(layout, generations))
+        # The mode goes with every part, in the same round trip: a key deleted by a rank that
+        # did not put it is back in full with the next put (this writer cannot tell it was gone).
+        self._store.multi_set([f"{base}/p{index}", f"k/{key}/mode"], [encode_part(layout, generations), b"put"])
         kept.append(Kept(version, index, parts, buffers))
         self._owned[key] = kept
         self._last_version[key] = version
@@ -475,7 +517,7 @@ class TensorStore(ReadPlanning):
                                      f"model separately)")
             version = self._next_version(key, version)
             self._take_version(key, version, [self._rank], "lend")
-            self._announce(key, b"lent")
+            self._announce(key)
             for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
                 torch.cuda.synchronize(device)  # the writer's queued updates land before readers copy
             take_back(plan.buffers)  # lent again without a reclaim: readers of the last one retry
@@ -485,8 +527,10 @@ class TensorStore(ReadPlanning):
                                        kind=kind, buffers=[b.meta() for b in plan.buffers], tensors=plan.metas,
                                        lent=True, **_served(plan.buffers)).layout()
             # One round trip: the lent part travels inside `latest` (one writer lends a key, and
-            # keeps one version), so a reader of the latest has it in one round trip too.
-            self._store.set(f"k/{key}/latest", f"{version}/1/".encode() + encode_part(plan.layout, generations))
+            # keeps one version), so a reader of the latest has it in one round trip too; the
+            # mode goes with it every time (see _publish).
+            self._store.multi_set([f"k/{key}/latest", f"k/{key}/mode"],
+                                  [f"{version}/1/".encode() + encode_part(plan.layout, generations), b"lent"])
             if lent is not None:  # the version lent before is gone: so is its number's record
                 self._store.delete_key(f"k/{key}/v{self._last_version[key]}/writers")
             if lent is not None and lent.plan is not plan:  # other tensors now: the old ones are not guarded
@@ -495,11 +539,10 @@ class TensorStore(ReadPlanning):
             self._last_version[key] = version
             return version
 
-    def _announce(self, key: str, mode: bytes) -> None:
-        """Once per key and writer: says whether the key is put or lent (a reader waiting for
-        the first version needs to know where it will appear) and lists it for keys()."""
+    def _announce(self, key: str) -> None:
+        """Once per key and writer: lists it for keys() (the index is never trimmed: keys()
+        asks whether each is readable)."""
         if key not in self._indexed:
-            self._store.set(f"k/{key}/mode", mode)
             self._store.append("index", key + "\n")
             self._indexed.add(key)
 
@@ -519,8 +562,7 @@ class TensorStore(ReadPlanning):
 
     def _lends(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` already lives in one of this store's lendable buffers."""
-        start = tensor.data_ptr()
-        return any(b.device == tensor.device and b.base <= start < b.base + b.capacity for b in self._lendable)
+        return home_of(tensor, self._lendable) is not None
 
     def _advance_latest(self, key: str, version: int, parts: int) -> None:
         """Sets latest to `version` unless a newer one is there (compare-and-set: it only grows)."""
@@ -568,16 +610,15 @@ class TensorStore(ReadPlanning):
 
     def _read(self, key: str, version: int | None, timeout: timedelta | None, plan_for) -> Any:
         """Reads a complete version: plan_for(version, parts) says what to copy where, and
-        the plan runs until it reads a version that was not rewritten meanwhile."""
+        the plan runs until it reads a version that was not rewritten meanwhile. Waits (for
+        the version, for its bytes) are made outside the store's lock."""
         wait = timeout if timeout is not None else self._timeout
         deadline = time.monotonic() + wait.total_seconds()
         retries = 0
         while retries < self._RETRIES:
             v, parts = self._parts(key, version, timeout)
             try:
-                plan = plan_for(v, parts)
-                plan.wait_limit = wait
-                return plan.run(parts)
+                return self._run_plan(plan_for, v, parts, wait)
             except Released:
                 # A put that retired the version just looked up frees its buffer unless it
                 # reuses it: that read of the latest is retried on the newer version. With no
@@ -606,6 +647,19 @@ class TensorStore(ReadPlanning):
         raise TensorStoreError(self._message(
             f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
             f"the writer puts faster than this rank can read"))
+
+    def _run_plan(self, plan_for, version: int, parts: list[PartMeta], wait: timedelta) -> Any:
+        """Plans under the lock (plans, layouts and mappings are the store's, shared by its
+        threads), then runs the plan outside it: its copies may wait for a writer's bytes. A
+        plan is run by one read at a time (a cached plan in use is not handed out again)."""
+        with self._lock:
+            plan = plan_for(version, parts)
+            plan.wait_limit = wait
+            plan.in_use = True
+        try:
+            return plan.run(parts)
+        finally:
+            plan.in_use = False
 
     def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8) -> tuple[int, list[PartMeta]]:
         latest = self._latest(key)
@@ -679,7 +733,8 @@ class TensorStore(ReadPlanning):
         watched = None
         if local and writer.lent:
             try:
-                watched = (self._mapped_buffer(writer, 0), writer.generations[0])
+                with self._lock:  # the mappings are shared; the wait below is not under the lock
+                    watched = (self._mapped_buffer(writer, 0), writer.generations[0])
             except TensorStoreError:  # its writer is gone: the loop below says so
                 pass
         pause = 50e-6
@@ -710,12 +765,14 @@ class TensorStore(ReadPlanning):
                 f"{latest[0] if latest else None})")) from error
 
     def _decode(self, value: bytes, version: int) -> PartMeta:
+        """The part a Store value describes, its layout decoded once per layout bytes."""
         generations, layout = split_part(value)
-        template = self._layouts.get(layout)
-        if template is None:
-            if len(self._layouts) > 256:
-                self._layouts.clear()
-            template = self._layouts[layout] = pickle.loads(layout)
+        with self._lock:  # one template per layout: plans are cached by its tensor list's id
+            template = self._layouts.get(layout)
+            if template is None:
+                if len(self._layouts) > 256:
+                    self._layouts.clear()
+                template = self._layouts[layout] = pickle.loads(layout)
         return replace(template, version=version, generations=generations)
 
     def _mapped_buffer(self, part: PartMeta, which: int) -> MappedBuffer | RemoteBuffer:

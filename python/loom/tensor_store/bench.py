@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="2: trainer and generators on two namespace hosts of this machine")
     parser.add_argument("--link-gbit", type=float, default=0, help="with --hosts: shape each host's link")
     args = parser.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--tensors", args.tensors), ("--generators", args.generators)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1 (got {value})")
     if args.hosts:
         from loom import _netns
 
