@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <sched.h>
 
+#include <thread>
+
 #include "loom/error.h"
 #include "util/trace.h"
 #include "util/worker.h"
@@ -235,7 +237,9 @@ std::vector<at::Tensor> WorkLoom::result() {
 bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   const trace::Span span("work wait");
   if (cudaStream_) {
-    // As NCCL: the caller's stream waits for the collectives; the host goes on.
+    // As NCCL: the caller's stream waits for the collectives and the host goes on; with a
+    // timeout, the host waits too, until the GPU is past them or the time is up.
+    if (timeout != kNoTimeout) waitOnHost(timeout);
     if (std::exception_ptr failure = failureSoFar()) std::rethrow_exception(failure);
     blockCurrentStream();
     return true;
@@ -256,20 +260,39 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout || timeout > std::chrono::hours(24 * 365 * 100)) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
-    if (ties_ && !countedAsGivenUp_) {
-      countedAsGivenUp_ = true;
-      ties_->givenUp.fetch_add(1);
-    }
-    C10_THROW_ERROR(DistBackendError,
-                    "loom " + what_ + " #" + std::to_string(seq_) + " (rank " +
-                        std::to_string(rank_) + "): work.wait() timed out after " +
-                        std::to_string(timeout.count()) +
-                        " ms; the operation itself goes on until its own timeout (or until "
-                        "the group is destroyed, which aborts it)" +
-                        (ties_ ? ties_->legend : std::string()));
+    timedOut(timeout);
   }
   if (exception_) std::rethrow_exception(exception_);
   return true;
+}
+
+void WorkLoom::waitOnHost(std::chrono::milliseconds timeout) {
+  const trace::Span span("work wait on the host");
+  // A timeout of centuries is none (now() + timeout would overflow the clock's count).
+  const bool bounded = timeout <= std::chrono::hours(24 * 365 * 100);
+  const auto deadline =
+      std::chrono::steady_clock::now() + (bounded ? timeout : std::chrono::milliseconds(0));
+  while (!isCompleted() && !failureSoFar()) {
+    if (bounded && std::chrono::steady_clock::now() >= deadline) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      timedOut(timeout);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void WorkLoom::timedOut(std::chrono::milliseconds timeout) {
+  if (ties_ && !countedAsGivenUp_) {
+    countedAsGivenUp_ = true;
+    ties_->givenUp.fetch_add(1);
+  }
+  C10_THROW_ERROR(DistBackendError,
+                  "loom " + what_ + " #" + std::to_string(seq_) + " (rank " +
+                      std::to_string(rank_) + "): work.wait() timed out after " +
+                      std::to_string(timeout.count()) +
+                      " ms; the operation itself goes on until its own timeout (or until "
+                      "the group is destroyed, which aborts it)" +
+                      (ties_ ? ties_->legend : std::string()));
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
@@ -277,7 +300,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
     std::call_once(futureOnce_, [&] {
       const c10::Device device = cudaStream_->device();
       auto future =
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), std::vector{device});
+          c10::make_intrusive<c10::ivalue::Future>(futureTypeOf(futureLists_), std::vector{device});
       // Complete now, its own events recorded where the collectives' end is: on a stream
       // that waits for cudaEnd_, not on the loom stream, which may have taken later calls
       // (or, for a blocking call, the caller's later kernels) since.
@@ -285,7 +308,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
       const c10::Stream marker = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
       cudaEnd_->block(marker);
       c10::StreamGuard guard(marker);
-      future->markCompleted(c10::IValue(outputs_));
+      future->markCompleted(futureValueOf(outputs_, futureLists_));  // one list per rank, as on CPU
       future_ = std::move(future);
     });
     return future_;

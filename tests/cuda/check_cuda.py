@@ -18,6 +18,8 @@ import socket
 import sys
 import time
 import traceback
+import warnings
+from datetime import timedelta
 
 # Every rank computes its references on the CPU with torch's OpenMP threads, which spin
 # between ops unless told otherwise: four ranks of 64 such threads on a 64-core host took
@@ -223,6 +225,21 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     d2 = d * 2
     torch.cuda.synchronize()
     same(d2[-4:], torch.full((4,), float(world * (world + 1))), "after block_current_stream()")
+    # wait(timeout) blocks the host until the GPU is past the call, as NCCL's does (behind a
+    # busy stream, so a wait that returned early would leave the result unfinished).
+    e = torch.full((LARGE,), float(rank + 1), device=dev)
+    torch.cuda._sleep(20_000_000)
+    w = dist.all_reduce(e, async_op=True)
+    assert w.wait(timeout=timedelta(seconds=60)) and w.is_completed(), "wait(timeout) returned early"
+    same(e[-4:], torch.full((4,), world * (world + 1) / 2), "after wait(timeout)")
+    # all_gather_coalesced's future holds one list per rank, as on CPU.
+    outs = [[torch.empty(2, device=dev), torch.empty(3, device=dev)] for _ in range(world)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated, not gone
+        fut = dist.all_gather_coalesced(outs, [torch.full((2,), float(rank), device=dev),
+                                               torch.full((3,), float(rank), device=dev)], async_op=True)
+    value = fut.wait()
+    assert len(value) == world and all(len(v) == 2 for v in value), [len(v) for v in value]
     # Mixed CPU and CUDA tensors are refused with a clear error.
     try:
         dist.all_gather([torch.empty(4) for _ in range(world)], torch.ones(4, device=dev))
