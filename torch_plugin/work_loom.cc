@@ -138,6 +138,7 @@ void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tens
     return;
   }
   pending_.store(static_cast<int>(requests.size()), std::memory_order_release);
+  awaited_ = requests.back();  // issued last: the others end before it
   // Each callback holds a reference, so the work outlives its requests even if the caller
   // drops it. A request already finished (a blocking call ran on this thread) is counted
   // here: no callback to allocate and run.
@@ -244,10 +245,19 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     blockCurrentStream();
     return true;
   }
-  // A completion callback on the collective worker's thread, waiting for a call queued there
-  // (see util/worker.h): it runs what is queued, which that thread would run next anyway.
-  if (Worker* worker = Worker::current()) {
-    while (!done_.load(std::memory_order_acquire) && worker->runNextHere()) {
+  // Over (its results in place, its outcome known): a callback chained on this work's own
+  // future may wait on it before finish() below wakes the waiters, on this very thread.
+  if (done_.load(std::memory_order_acquire)) {
+    if (outcome_) std::rethrow_exception(outcome_);
+    return true;
+  }
+  // A completion callback on a collective worker's thread: the request's own wait runs that
+  // worker's queue up to the call, where it waits there (util/worker.h); the outcome is the
+  // work's, read below.
+  if (Worker::current() != nullptr && awaited_.sequence() != 0) {
+    try {
+      awaited_.waitFor(timeout == kNoTimeout ? std::chrono::hours(24 * 365) : timeout);
+    } catch (const std::exception&) {
     }
   }
   // Most collectives finish within microseconds: poll briefly before sleeping.

@@ -137,7 +137,8 @@ class WorkLoom : public c10d::Work {
   std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
   std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
   std::shared_ptr<GroupTies> ties_;        // see tieTo()
-  bool countedAsGivenUp_ = false;          // guarded by mutex_ (c10d::Work's)
+  Request awaited_;  // its last request, which a wait on a worker thread may run (wait())
+  bool countedAsGivenUp_ = false;  // guarded by mutex_ (c10d::Work's)
 };
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError), its

@@ -423,7 +423,8 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
       worker_->runHereIfIdle([&] { execute(args, *state, timeout, issuedAt); })) {
     return request;
   }
-  worker_->submit([this, args = std::move(args), state, timeout] {
+  state->queuedOn = worker_.get();
+  state->queuedAs = worker_->submit([this, args = std::move(args), state, timeout] {
     execute(args, *state, timeout, Clock::now());
   });
   if (options.blocking) settle(request);

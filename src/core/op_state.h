@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace loom {
+class Worker;
+}  // namespace loom
+
 namespace loom::detail {
 
 /// Told when one of its operations fails (a communicator's failure report); called on the
@@ -53,6 +57,11 @@ struct OpState {
   /// instead of waiting for the thread that runs it: one turn of that engine, true if it
   /// did anything (false if another thread is in one). Sends and receives on CPU tensors.
   std::function<bool()> progress;
+  /// Set where the operation waits in a worker's queue (a collective issued asynchronously):
+  /// the worker and the job's number there. A waiter on that worker's own thread (a
+  /// completion callback) runs the queue up to it (Worker::runQueuedHere).
+  Worker* queuedOn = nullptr;
+  uint64_t queuedAs = 0;
 };
 
 }  // namespace loom::detail

@@ -62,9 +62,10 @@ const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::micr
 bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
   std::optional<Backoff> backoff(std::in_place, kWaitPolicy);
   while (!state.finished()) {
-    // A completion callback on a collective worker's thread, waiting: the jobs queued there
-    // would run only after it returns (see Worker), so it runs them.
-    if (Worker* worker = Worker::current(); worker != nullptr && worker->runNextHere()) {
+    // A completion callback on the worker's thread whose queue holds this operation: the
+    // queue would move only after it returns (see Worker), so it runs it up to this one.
+    if (state.queuedOn != nullptr && state.queuedOn == Worker::current() &&
+        state.queuedOn->runQueuedHere(state.queuedAs) > 0) {
       backoff.emplace(kWaitPolicy);
       continue;
     }

@@ -32,15 +32,17 @@ Worker::~Worker() {
   thread_.join();
 }
 
-void Worker::submit(Job job) {
+uint64_t Worker::submit(Job job) {
+  uint64_t number = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // Counted first: a caller about to run a job of its own (runHereIfIdle) must see it
     // before the worker can take it.
-    const uint64_t number = submitted_.fetch_add(1) + 1;
+    number = submitted_.fetch_add(1) + 1;
     queue_.emplace_back(number, std::move(job));
   }
   wake_.notify_one();
+  return number;
 }
 
 void Worker::release() {
@@ -68,26 +70,17 @@ bool Worker::takeNext(uint64_t upTo, std::function<void()>& job) {
   return true;
 }
 
-size_t Worker::runQueuedHere() {
+size_t Worker::runQueuedHere(uint64_t upTo) {
   if (tCurrent != this) return 0;
   // Jobs that these jobs' callbacks queue, or other threads queue meanwhile, were issued
-  // after the caller's own and wait for it.
-  const uint64_t upTo = submitted_.load();
+  // after the caller's own (or the job it waits for) and wait for it.
+  if (upTo == 0) upTo = submitted_.load();
   size_t ran = 0;
   for (Job job; takeNext(upTo, job); ++ran) {
     job();
     finishedOne();
   }
   return ran;
-}
-
-bool Worker::runNextHere() {
-  if (tCurrent != this) return false;
-  Job job;
-  if (!takeNext(~uint64_t{0}, job)) return false;
-  job();
-  finishedOne();
-  return true;
 }
 
 void Worker::drain() {

@@ -8,8 +8,11 @@
 // A job's completion callbacks run on the worker's thread, and a callback may issue another
 // job and wait for it (torch's PowerSGD hook waits on an all_reduce inside a future's
 // callback): queued behind the very job whose callback waits, it would never run. So a
-// worker made to `serveItsOwnWaits` lets code on its thread run the queued jobs itself, in
-// order (runQueuedHere), which is what the thread would have done next anyway.
+// worker made to `serveItsOwnWaits` lets code on its thread run queued jobs itself, in
+// order and only up to the one it needs (runQueuedHere), which is what the thread would have
+// done next anyway. Jobs run so run their own callbacks inside the caller's, one level deeper
+// each; and a call issued from a callback runs before the issuing call returns, even one
+// issued asynchronously.
 
 #include <atomic>
 #include <condition_variable>
@@ -35,8 +38,8 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  /// Queues a job.
-  void submit(Job job);
+  /// Queues a job; returns its number (1, 2, ... in submission order).
+  uint64_t submit(Job job);
   /// Runs `job` on the calling thread if nothing is queued or running (so issue order
   /// holds) and returns true; returns false, running nothing, otherwise.
   template <class F>
@@ -61,11 +64,9 @@ class Worker {
 
   /// The worker made to serve its own waits whose thread calls this, or nullptr.
   static Worker* current();
-  /// On current()'s thread: runs the jobs queued so far, in order (not those queued while
-  /// they run); returns how many ran.
-  size_t runQueuedHere();
-  /// On current()'s thread: runs the next queued job, if any; returns whether one ran.
-  bool runNextHere();
+  /// On current()'s thread: runs the queued jobs numbered up to `upTo` (default: those queued
+  /// so far), in order; returns how many ran. Elsewhere runs nothing.
+  size_t runQueuedHere(uint64_t upTo = 0);
 
  private:
   void run();

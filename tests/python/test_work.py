@@ -189,6 +189,40 @@ def body_callbacks_that_wait_on_collectives(rank: int, world: int, backend: str)
     return results
 
 
+def body_callbacks_that_wait_for_other_things(rank: int, world: int, backend: str):
+    """A callback that waits for what no queued call gives it (a message from a peer that
+    first needs a call issued before the callback ran) must not run that queued call first;
+    and one that waits on its own work returns."""
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=60))
+    received = torch.zeros(4)
+    z = torch.full((4,), float(rank + 1))
+    if rank == 0:
+        def exchange(fut):
+            dist.recv(received, 1, group=group)
+            dist.send(torch.ones(1), 1, group=group)
+            return True
+
+        first = dist.all_reduce(torch.ones(1 << 18), group=group, async_op=True)
+        chained = first.get_future().then(exchange)
+        dist.all_reduce(z, group=group)  # queued behind the first, likely before exchange runs
+        chained.wait()
+    else:
+        dist.all_reduce(torch.ones(1 << 18), group=group)
+        dist.send(torch.full((4,), 5.0), 0, group=group)
+        dist.recv(torch.zeros(1), 0, group=group)
+        dist.all_reduce(z, group=group)
+    work = dist.all_reduce(torch.ones(2), group=group, async_op=True)
+    own = work.get_future().then(lambda fut: work.wait()).wait()
+    return received.tolist(), z.tolist(), own
+
+
+def test_callbacks_that_wait_for_peers_or_their_own_work():
+    # loom only: Gloo hangs in the first part (both ranks, until the harness kills them).
+    results = run_ranks(2, body_callbacks_that_wait_for_other_things, "loom", timeout=120)
+    assert results[0] == ([5.0] * 4, [3.0] * 4, True)
+    assert results[1][1:] == ([3.0] * 4, True)
+
+
 @pytest.mark.parametrize("backend", ["loom", "gloo"])
 def test_callbacks_that_issue_collectives_and_wait_for_them(backend):
     results = run_ranks(2, body_callbacks_that_wait_on_collectives, backend, timeout=120)
