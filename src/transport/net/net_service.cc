@@ -2,6 +2,9 @@
 
 #include "transport/net/net_service.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <thread>
 
 #include "loom/error.h"
@@ -12,12 +15,18 @@ namespace loom::net {
 NetService& NetService::instance() {
   // Leaked on purpose, as the process service is: a communicator in static storage (made
   // before the first call here) is destroyed after this function's statics would be at exit,
-  // and forgets its registration here as it goes; the thread never blocks exit either.
-  static NetService* service = new NetService(Fabric::instance(), Limits{});
+  // and forgets its registration here as it goes. Its thread stops at exit, though, before
+  // the libraries it polls (libfabric's providers) tear themselves down.
+  static NetService* service = [] {
+    auto* made = new NetService(Fabric::instance(), Limits{});
+    std::atexit([] { instance().stop(); });
+    return made;
+  }();
   return *service;
 }
 
-NetService::NetService(Fabric& fabric, Limits limits) : fabric_(fabric), limits_(limits) {
+NetService::NetService(Fabric& fabric, Limits limits)
+    : fabric_(fabric), limits_(limits), owner_(::getpid()) {
   thread_ = std::thread([this] {
     posix::nameThisThread("loom-net");
     run();
@@ -25,8 +34,13 @@ NetService::NetService(Fabric& fabric, Limits limits) : fabric_(fabric), limits_
 }
 
 NetService::~NetService() {
+  stop();
+}
+
+void NetService::stop() {
   stopping_.store(true, std::memory_order_release);
-  thread_.join();
+  // A forked child has the object but not the thread (nor may it join the parent's).
+  if (::getpid() == owner_ && thread_.joinable()) thread_.join();
 }
 
 void NetService::expect(const CommId& comm, const JobSecret& secret, ShapeOf shapeOf) {
@@ -108,10 +122,14 @@ void NetService::run() {
 }
 
 void NetService::makeRoom(Clock::time_point now) {
-  // Strangers that connect and never prove anything would otherwise hold every slot for
-  // the full hold (a minute for an unknown communicator): when crowded, the oldest goes.
+  // Strangers that connect and never say or prove anything would otherwise hold every slot
+  // for the handshake's 10 s: when crowded, the oldest of them goes. One that named a
+  // communicator this process does not know yet may be a member whose process registers it
+  // late (a child communicator made a little later on this host): it keeps its minute, and
+  // the requests behind it wait in the listener's queue, not dropped.
   size_t oldest = pending_.size();
   for (size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i].channel->awaitingLookup()) continue;
     if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
   }
   if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;

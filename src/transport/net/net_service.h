@@ -8,6 +8,8 @@
 // has not completed its handshake within `handshake` is dropped, and at most `maxPending`
 // wait at once, so strangers cost little and nothing lasts.
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -29,8 +31,9 @@ class NetService {
     std::chrono::milliseconds handshake{10'000};       ///< to prove the secret, once known
     std::chrono::milliseconds unexpectedHold{60'000};  ///< to wait for its communicator
     size_t maxPending = 256;                           ///< connections not yet proven
-    /// With every slot taken: how long one may go unproven (no hello, or a communicator not
-    /// known yet) before it is closed to make room for the next.
+    /// With every slot taken: how long one may go unproven before it is closed to make room
+    /// for the next, unless it waits for its communicator (a member whose process registers
+    /// late looks like that; it keeps unexpectedHold).
     std::chrono::milliseconds crowdedHold{2'000};
   };
 
@@ -39,6 +42,8 @@ class NetService {
   explicit NetService(Fabric& fabric, Limits limits);
   /// Stops the thread; channels not claimed are closed.
   ~NetService();
+  /// Stops the thread (at exit for the process's service; its object lives on).
+  void stop();
   NetService(const NetService&) = delete;
   NetService& operator=(const NetService&) = delete;
 
@@ -84,7 +89,8 @@ class NetService {
 
   void run();
   void advance(Clock::time_point now);
-  // Every slot taken: closes the one unproven longest, if past crowdedHold.
+  // Every slot taken: closes the connection unproven longest, if past crowdedHold, of those
+  // not waiting for their communicator.
   void makeRoom(Clock::time_point now);
   std::optional<Expectation> lookup(const Hello& hello);
 
@@ -100,6 +106,7 @@ class NetService {
   std::vector<Pending> pending_;                           // service thread only
   std::atomic<uint64_t> refused_{0};
   std::atomic<bool> stopping_{false};
+  const pid_t owner_;  // the process whose thread thread_ is
   std::thread thread_;
 };
 
