@@ -47,13 +47,12 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
                      c10::toString(input.scalar_type()));
     }
     plan.counts.push_back(elementsOf(outputs[q], type));
-    plan.targets.push_back(plan.staged.target(outputs[q]));
   }
   if (outputs[s.rank].numel() != input.numel()) {
     invalid(s, "this rank's output tensor has " + std::to_string(outputs[s.rank].numel()) +
                    " elements but its input has " + std::to_string(input.numel()));
   }
-  plan.staged.apart(outputs, plan.targets);
+  plan.targets = plan.staged.targets(outputs);
   plan.in = listGatherReadApart(s, plan.in, plan.targets);
   return plan;
 }
@@ -380,8 +379,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     requireCount(s, "output lists", outputs.size(), 1);
     requirePerRank(s, "output list", outputs[0].size());
     requireLike(s, "outputs", outputs[0], inputs[0]);
-    for (const auto& t : outputs[0]) targets.push_back(staged->target(t));
-    staged->apart(outputs[0], targets);
+    targets = staged->targets(outputs[0]);
     results = outputs[0];
   } else if (!outputs.empty() && !outputs[0].empty()) {
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes output tensors");

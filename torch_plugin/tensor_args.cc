@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+
 namespace loom::torch_plugin {
 
 namespace {
@@ -249,26 +251,38 @@ at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
   return scratch;
 }
 
-at::Tensor Outputs::scratch(const at::Tensor& t) {
-  at::Tensor scratch = at::empty_like(t, at::MemoryFormat::Contiguous);
-  staged_.emplace_back(scratch, t);
-  return scratch;
+namespace {
+
+// The bytes from `t`'s first element to just past its last, whatever its strides.
+size_t spanBytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
+  return static_cast<size_t>(last + 1) * t.element_size();
 }
 
-void Outputs::apart(const std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& targets) {
-  std::vector<bool> clashes(targets.size(), false);
-  for (size_t q = 0; q < targets.size(); ++q) {
-    for (size_t j = q + 1; j < targets.size(); ++j) {
-      if (overlap(targets[q].data_ptr(), targets[q].nbytes(), targets[j].data_ptr(),
-                  targets[j].nbytes())) {
+}  // namespace
+
+std::vector<at::Tensor> Outputs::targets(const std::vector<at::Tensor>& outputs) {
+  std::vector<bool> clashes(outputs.size(), false);
+  for (size_t q = 0; q < outputs.size(); ++q) {
+    for (size_t j = q + 1; j < outputs.size(); ++j) {
+      if (overlap(outputs[q].data_ptr(), spanBytes(outputs[q]), outputs[j].data_ptr(),
+                  spanBytes(outputs[j]))) {
         clashes[q] = clashes[j] = true;
       }
     }
   }
-  // Staged in order, so finish() copies the later ones last.
-  for (size_t q = 0; q < targets.size(); ++q) {
-    if (clashes[q]) targets[q] = scratch(outputs[q]);
+  std::vector<at::Tensor> out;
+  for (size_t q = 0; q < outputs.size(); ++q) {
+    if (!clashes[q]) {
+      out.push_back(target(outputs[q]));
+      continue;
+    }
+    out.push_back(at::empty_like(outputs[q], at::MemoryFormat::Contiguous));
+    staged_.emplace_back(out.back(), outputs[q]);
   }
+  return out;
 }
 
 void Outputs::inOut(const Flat& flat) {

@@ -110,12 +110,11 @@ class Outputs {
   at::Tensor target(const at::Tensor& t, bool keep = false);
   /// Registers `flat` (an in-out buffer, as for all_reduce) for copy-back if it is staged.
   void inOut(const Flat& flat);
-  /// A scratch tensor for `t` whatever its layout, copied into it by finish().
-  at::Tensor scratch(const at::Tensor& t);
-  /// `targets` (targets of `outputs`, in order) with every one that overlaps another made a
-  /// scratch tensor: the engine refuses outputs that overlap, on the ranks where they do, and
-  /// Gloo writes them in order, later ones over earlier ones, as finish() does.
-  void apart(const std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& targets);
+  /// target() of each of a list's `outputs`, but a scratch tensor for each that overlaps
+  /// another (their memory, whatever their layout): the engine refuses outputs that overlap,
+  /// on the ranks where they do, and Gloo writes them in order, later ones over earlier
+  /// ones, as finish() copies these (staged in list order).
+  std::vector<at::Tensor> targets(const std::vector<at::Tensor>& outputs);
   /// Copies scratch tensors back into their originals, in the order they were made.
   void finish();
   /// Whether any tensor is staged (finish() has work to do).

@@ -304,6 +304,11 @@ def body_overlapping_lists(rank: int, world: int) -> None:
     twice = torch.full((2,), -1.0)
     dist.all_gather([twice] * world, torch.full((2,), rank + 1.0))
     assert twice.tolist() == [float(world)] * 2, twice
+    # Outputs that overlap though one is strided: rank 1's block lands last where they meet.
+    base = torch.full((4,), -1.0)
+    outs = [base[::2], base[0:2]] + [torch.empty(2) for _ in range(world - 2)]
+    dist.all_gather(outs, torch.full((2,), rank + 1.0))
+    assert base.tolist() == [2.0, 2.0, 1.0, -1.0], base
     # gather: the root's input is its outputs[1].
     outs = [torch.full((3,), -1.0) for _ in range(world)]
     outs[1].fill_(10.0 + rank)
