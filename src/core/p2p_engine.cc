@@ -388,6 +388,30 @@ void P2pEngine::expire(Clock::time_point now) {
     finish(op, std::make_exception_ptr(opError(code, op, false, why)));
     it = posted_.erase(it);
   }
+  // Receives whose message is part-way in: one whose sender left, with nothing more to read
+  // from it, or whose deadline passed, will never see its end, and the channel cannot be
+  // read past the gap: the communicator fails, naming the sender (as a send cut off does).
+  for (int q = 0; q < size_; ++q) {
+    const Inbound& in = inbound_[q];
+    if (!in.active || !in.recv) continue;
+    const Op& op = *in.recv;
+    const bool gone = failures_.stateOf(q) != RankState::kAlive && !links_[q]->readable();
+    if (!gone && now < op.deadline) continue;
+    const std::string got = std::to_string(in.bytes - in.payloadLeft) + " of its " +
+                            std::to_string(in.bytes) + " bytes";
+    failures_.fail(
+        gone ? ErrorCode::kPeerFailure : ErrorCode::kTimeout, q,
+        opError(
+            gone ? ErrorCode::kPeerFailure : ErrorCode::kTimeout, op, false,
+            gone ? "rank " + std::to_string(q) +
+                       (failures_.stateOf(q) == RankState::kDead ? "'s process exited"
+                                                                 : " destroyed its communicator") +
+                       " with its message to this rank part-way sent (" + got + " arrived)"
+                 : "the matching message did not finish arriving within " +
+                       std::to_string(op.timeout.count()) + " ms (" + got + " arrived)")
+            .detail());
+    return;  // failAll picks everything up on the next turn
+  }
   for (auto& message : unexpected_) {
     if (message->claimedBy && now >= message->claimedBy->deadline) {
       Op& op = *message->claimedBy;

@@ -2,10 +2,13 @@
 // exchanges that would deadlock with blocking sends, size mismatches, and send/recv
 // interleaved with collectives.
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <condition_variable>
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -238,6 +241,54 @@ TEST(SendRecv, ReceiveTimesOutWithAClearError) {
     }
     comm->barrier().wait();
   });
+}
+
+// A sender that stops (SIGSTOP: alive, silent) once its large message has begun to land: the
+// receive ends at its deadline with a timeout (it used to wait forever once its message was
+// under way: only receives still waiting for a message were held to their deadline), and
+// rank 1 then kills rank 0.
+TEST(SendRecv, AReceiveWhoseSenderStopsMidMessageEndsAtItsDeadline) {
+  const auto outcomes = testing::runRanks(
+      2,
+      [](RankContext& ctx) {
+        auto comm = ctx.connect();
+        const size_t count = size_t{64} << 20;  // 256 MiB through a 16 KiB ring
+        std::vector<float> data(count, ctx.rank == 0 ? 1.0F : 0.0F);
+        if (ctx.rank == 0) {
+          ctx.store->set("pid", {static_cast<uint8_t>(::getpid() & 0xff),
+                                 static_cast<uint8_t>((::getpid() >> 8) & 0xff),
+                                 static_cast<uint8_t>((::getpid() >> 16) & 0xff),
+                                 static_cast<uint8_t>((::getpid() >> 24) & 0xff)});
+          ctx.store->get("posted", std::chrono::seconds(30));
+          Request send = comm->send(data.data(), count, DataType::kFloat32, 1, 3);
+          ctx.store->get("part arrived", std::chrono::seconds(30));
+          ::raise(SIGSTOP);  // killed by rank 1 once its receive has ended
+        }
+        const Bytes pid = ctx.store->get("pid", std::chrono::seconds(30));
+        OpOptions options;
+        options.timeout = std::chrono::seconds(2);
+        Request recv = comm->recv(data.data(), count, DataType::kFloat32, 0, 3, options);
+        ctx.store->set("posted", {1});
+        while (reinterpret_cast<volatile float*>(data.data())[0] == 0.0F) {
+          std::this_thread::yield();  // the message's first bytes land in place
+        }
+        ctx.store->set("part arrived", {1});
+        try {
+          recv.wait();
+          LOOM_CHECK(false, << "the receive of a message that stopped coming succeeded");
+        } catch (const Error& e) {
+          LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+          const std::string what = e.what();
+          LOOM_CHECK(
+              what.find("did not finish arriving within 2000 ms") != std::string::npos ||
+                  what.find("no matching message arrived within 2000 ms") != std::string::npos,
+              << what);
+        }
+        ::kill(pid[0] | pid[1] << 8 | pid[2] << 16 | pid[3] << 24, SIGKILL);
+      },
+      smallRings());
+  EXPECT_EQ(outcomes[0].status, SIGKILL) << outcomes[0].output;
+  EXPECT_TRUE(outcomes[1].exited && outcomes[1].status == 0) << outcomes[1].output;
 }
 
 TEST(SendRecv, ACompletionCallbackMaySendTheNextMessage) {
