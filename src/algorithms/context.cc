@@ -56,6 +56,10 @@ std::string describe(const shm::OpDesc& d, std::string_view signature) {
   }
   if (d.countsHash != 0) s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);
   if (d.algorithm != 0) s += ", " + std::string(algorithmName(static_cast<Algorithm>(d.algorithm)));
+  if (d.peerReadFrom != 0 || d.peerReadBelow != 0) {
+    s += " from LOOM_PEER_READ_BYTES " + std::to_string(d.peerReadFrom) +
+         " below LOOM_PEER_READ_MAX_BYTES " + std::to_string(d.peerReadBelow);
+  }
   if (d.signatureHash != 0) s += ", " + std::string(signature);
   return s + ")";
 }
@@ -108,6 +112,8 @@ uint64_t fingerprintOf(const shm::OpDesc& d) {
   mix(d.count);
   mix(d.countsHash);
   mix(d.signatureHash);
+  mix(d.peerReadFrom);
+  mix(d.peerReadBelow);
   mix(factorBits);
   mix(uint64_t{d.kind} | uint64_t{d.type} << 8 | uint64_t{d.reduce} << 16 |
       uint64_t{d.algorithm} << 24 | static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32);
@@ -119,6 +125,7 @@ bool sameOp(const shm::OpDesc& a, const shm::OpDesc& b) {
   return a.seq == b.seq && a.kind == b.kind && a.type == b.type && a.reduce == b.reduce &&
          a.algorithm == b.algorithm && a.root == b.root && a.count == b.count &&
          a.countsHash == b.countsHash && a.signatureHash == b.signatureHash &&
+         a.peerReadFrom == b.peerReadFrom && a.peerReadBelow == b.peerReadBelow &&
          std::memcmp(&a.factor, &b.factor, sizeof a.factor) == 0;
 }
 
@@ -161,6 +168,10 @@ void CollectiveContext::open(uint64_t p) {
   mine_.reduce = static_cast<uint8_t>(args.op.kind());
   mine_.algorithm = static_cast<uint8_t>(algorithm_);
   mine_.root = args.root;
+  if (algorithm_ == Algorithm::kPeerRead) {
+    mine_.peerReadFrom = tuning_.peerReadBytes;
+    mine_.peerReadBelow = tuning_.peerReadMaxBytes;
+  }
   signature_ = &args.signature;
   if (!args.signature.empty()) {
     // Desync debug: the text goes beside the descriptor so a mismatch can quote it; only

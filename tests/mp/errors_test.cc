@@ -174,6 +174,24 @@ TEST(Errors, AllToAllSplitSizesThatDoNotPairUpNameBothRanks) {
   }
 }
 
+// Each rank's LOOM_PEER_READ_BYTES decides an uneven all_to_all's path from its sizes: ranks
+// that set it differently would go different ways through the same phases, so the opening
+// descriptor carries it and they get the named mismatch instead.
+TEST(Errors, RanksWhosePeerReadSettingsDifferGetAMismatch) {
+  expectOk(2, [](RankContext& ctx) {
+    ::setenv("LOOM_PEER_READ_BYTES", ctx.rank == 0 ? "1M" : "4M", 1);
+    auto comm = ctx.connect();
+    std::vector<float> in(8, 1.0F), out(8);
+    std::vector<const void*> inputs{in.data(), in.data() + 4};
+    std::vector<void*> outputs{out.data(), out.data() + 4};
+    std::vector<size_t> counts{4, 4};
+    expectError(
+        [&] { comm->allToAllV(inputs, counts, outputs, counts, DataType::kFloat32).wait(); },
+        ErrorCode::kMismatch,
+        {"from LOOM_PEER_READ_BYTES 1048576", "from LOOM_PEER_READ_BYTES 4194304"});
+  });
+}
+
 TEST(Errors, TimeoutNamesTheRanksThatDidNotArrive) {
   expectOk(3, [](RankContext& ctx) {
     auto comm = ctx.connect();

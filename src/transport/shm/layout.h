@@ -82,6 +82,11 @@ struct alignas(kCacheLine) OpDesc {
   uint8_t algorithm;    ///< Algorithm, or 0 where there is no choice
   int32_t root;
   uint64_t signatureHash;  ///< hash of the caller's signature (desync debug), else 0
+  /// Algorithm::kPeerRead: this rank's LOOM_PEER_READ_BYTES and LOOM_PEER_READ_MAX_BYTES,
+  /// which decide each all_to_all_v's path from its sizes there (else 0): ranks that differ
+  /// would take different paths through the same phases.
+  uint64_t peerReadFrom;
+  uint64_t peerReadBelow;
 };
 static_assert(sizeof(OpDesc) == kCacheLine, "a descriptor is one cache line");
 
