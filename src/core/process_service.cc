@@ -2,6 +2,8 @@
 
 #include "core/process_service.h"
 
+#include <cerrno>
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -314,8 +316,16 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
 }
 
 uint64_t ProcessService::watch(int pid, std::function<void(int)> onExit) {
-  posix::Fd pidfd(openPidfd(pid));
-  if (!pidfd) return 0;
+  const int fd = openPidfd(pid);
+  const int error = errno;
+  posix::Fd pidfd(fd);
+  if (!pidfd) {
+    // Gone already (a rank that died between joining and being watched): it exited, and
+    // nothing else would say so before the operation timeout. Any other failure (no pidfd
+    // in this kernel) leaves the timeout to find it.
+    if (error == ESRCH) onExit(pid);
+    return 0;
+  }
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -54,7 +54,8 @@ class ProcessService {
                       Clock::time_point deadline);
 
   /// Calls `onExit(pid)` on the service thread when process `pid` exits. Returns an id for
-  /// unwatch(). Returns 0 (and never calls) if the process cannot be watched.
+  /// unwatch(). Returns 0 if the process cannot be watched: one that has exited already is
+  /// reported at once, on this thread; otherwise `onExit` is never called.
   uint64_t watch(int pid, std::function<void(int)> onExit);
   /// Stops a watch (idempotent). After it returns the callback is not running and will not run.
   void unwatch(uint64_t id);

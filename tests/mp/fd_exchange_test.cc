@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -155,6 +156,21 @@ TEST(FdExchange, AMemberThatLeavesBeforeOfferingFailsTheOthersAtOnce) {
     }
     LOOM_CHECK(Clock::now() - start < std::chrono::seconds(60), << "waited for the deadline");
   });
+}
+
+// A process that has exited before it is watched (a rank that died between joining and its
+// peers' first look) is reported at once: nothing else would say so before an operation's
+// timeout.
+TEST(ProcessWatch, AProcessGoneBeforeItIsWatchedIsReportedAtOnce) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: the pid names no process now
+  int reported = -1;
+  const uint64_t id =
+      ProcessService::instance().watch(child, [&reported](int pid) { reported = pid; });
+  EXPECT_EQ(id, 0u);
+  EXPECT_EQ(reported, child);
 }
 
 }  // namespace
