@@ -204,13 +204,17 @@ void CollectiveContext::verifyAll(uint64_t p) {
     if (q == rank() || shm_.fingerprint(q, p) == fingerprint_) continue;
     const shm::OpDesc& theirs = shm_.desc(q, p);
     if (sameOp(theirs, mine_)) continue;
-    const int low = std::min(q, rank());
-    const int high = std::max(q, rank());
+    // Named as the communicator numbers them (a host's local indices differ where it spans
+    // hosts).
+    const int me = communicatorRank(rank());
+    const int them = communicatorRank(q);
+    const int low = std::min(them, me);
+    const int high = std::max(them, me);
     const char* raw = shm_.signature(q, p).text;
     const std::string_view theirText(raw, ::strnlen(raw, sizeof(shm::OpSignature::text)));
     const std::string_view myText = *signature_;
-    const bool iAmLow = low == rank();
-    failures_.fail(ErrorCode::kMismatch, q,
+    const bool iAmLow = low == me;
+    failures_.fail(ErrorCode::kMismatch, them,
                    "ranks issued different collectives at the same step: rank " +
                        std::to_string(low) + " issued " +
                        describe(iAmLow ? mine_ : theirs, iAmLow ? myText : theirText) +

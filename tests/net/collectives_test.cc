@@ -370,6 +370,31 @@ TEST_F(TwoHosts, DifferentReductionsOnTheTwoHostsAreNamedAsAMismatch) {
   });
 }
 
+// A mismatch within a host of a communicator across hosts names the ranks as the
+// communicator numbers them: on host 0 of 0 2 | 1 3, rank 2 (its local index 1) passes
+// another count than rank 0.
+TEST_F(TwoHosts, AMismatchWithinAHostNamesCommunicatorRanks) {
+  LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
+    hosts_->enter(interleaved(ctx.rank));
+    auto comm = ctx.connect();
+    std::vector<float> data(3, 1.0F);
+    const size_t count = ctx.rank == 2 ? 3 : 2;
+    try {
+      comm->allReduce(data.data(), data.data(), count, DataType::kFloat32, ReduceKind::kSum).wait();
+      comm->barrier().wait();
+      LOOM_CHECK(false, << "a count mismatch went unnoticed");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kMismatch, << e.what());
+      if (interleaved(ctx.rank) == 0) {
+        const std::string what = e.what();
+        LOOM_CHECK(what.find("rank 0 issued") != std::string::npos &&
+                       what.find("rank 2 issued") != std::string::npos,
+                   << what);
+      }
+    }
+  });
+}
+
 // Two ranks alone on their hosts each call themselves the root: both only send, so the call
 // ends on both. The next broadcast's receiver then finds the earlier call's message where
 // its own should be: the stamp names it as the earlier collective's, and nobody takes those
