@@ -36,6 +36,16 @@ Config Config::load(const Sharing& sharing) {
         ErrorCode::kInvalidArgument, "config", -1,
         "LOOM_CHUNK_BYTES must be a multiple of 4096 (got " + std::to_string(c.chunkBytes) + ")");
   }
+  // Collectives cut a slot into one region per rank, each at least a cache line.
+  if (c.chunkBytes < 64 * ranks) {
+    const size_t least = (64 * ranks + 4095) / 4096 * 4096;
+    throw Error(ErrorCode::kInvalidArgument, "config", -1,
+                "LOOM_CHUNK_BYTES is " + std::to_string(c.chunkBytes) + ", too small for " +
+                    std::to_string(ranks) +
+                    " ranks on one host (each needs a 64-byte part of "
+                    "a slot); set it to at least " +
+                    std::to_string(least) + ", or unset it");
+  }
   c.cuda.chunkBytes =
       env::bytes("LOOM_CUDA_CHUNK_BYTES", c.cuda.chunkBytes, 64 << 10, size_t{1} << 30);
   if (c.cuda.chunkBytes % 4096 != 0) {

@@ -167,6 +167,21 @@ TEST(Config, DefaultChunkIsWholePagesForEveryRankCount) {
   }
 }
 
+// A slot is cut into one region per rank of the host, each at least a cache line: a chunk
+// too small for the ranks is refused by name (it used to let the regions run past the slot).
+TEST(Config, AChunkTooSmallForTheRanksOfAHostIsRefused) {
+  ::setenv("LOOM_CHUNK_BYTES", "16K", 1);
+  EXPECT_EQ(Config::load(256).chunkBytes, size_t{16} << 10);
+  try {
+    Config::load(300);
+    ADD_FAILURE() << "a 16 KiB chunk for 300 ranks was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set it to at least 20480"), std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("LOOM_CHUNK_BYTES");
+}
+
 TEST(Config, ThreadsShareTheMachinesCoresWithEveryRankOnItAndTheNetworkThreads) {
   ::unsetenv("LOOM_THREADS");
   const int cores = availableCores();

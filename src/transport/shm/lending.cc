@@ -136,7 +136,7 @@ const uint8_t* LentMappings::map(int pid, const LentBuffer& buffer) {
       return nullptr;  // the caller falls back to copying through the slots
     }
     mappings_.push_front(Mapping{pid, id, std::move(region)});
-    if (mappings_.size() > kMaxMappings) mappings_.pop_back();
+    if (mappings_.size() > limit_) mappings_.pop_back();
     it = mappings_.begin();
   } else if (it != mappings_.begin()) {
     mappings_.splice(mappings_.begin(), mappings_, it);

@@ -10,6 +10,7 @@
 // of one never outlives what it maps. The reader side keeps, per communicator, the peers'
 // regions it mapped (read-only, through /proc/<pid>/fd), so each is opened once.
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -73,8 +74,14 @@ void countLentCollective();
 /// One communicator's mappings of its peers' lent regions.
 class LentMappings {
  public:
-  /// Most regions kept mapped; beyond it the least recently used is unmapped.
+  /// Regions kept mapped at least; beyond the limit the least recently used is unmapped.
   static constexpr size_t kMaxMappings = 256;
+
+  /// Keeps up to max(kMaxMappings, 2 x `ranks`) mappings: one call maps every peer's region,
+  /// and none of those may go before the call is done with it (a host of more than 256
+  /// ranks would otherwise unmap a call's first mappings while it maps its last).
+  explicit LentMappings(int ranks = 0)
+      : limit_(std::max(kMaxMappings, 2 * static_cast<size_t>(std::max(ranks, 0)))) {}
 
   /// The bytes `buffer` names in process `pid`, mapped read-only, or nullptr if they cannot
   /// be (another pid namespace, a region released, a map refused).
@@ -87,6 +94,7 @@ class LentMappings {
     std::unique_ptr<Region> region;
   };
   std::list<Mapping> mappings_;  // most recently used first
+  size_t limit_;
 };
 
 }  // namespace loom::shm

@@ -26,7 +26,8 @@ ShmComm::ShmComm(std::shared_ptr<Segment> segment, int rank, BackoffPolicy backo
       rank_(rank),
       ranks_(std::move(ranks)),
       size_(layout_.size),
-      backoff_(backoff) {
+      backoff_(backoff),
+      lentMappings_(layout_.size) {
   if (ranks_.empty()) {
     for (int q = 0; q < size_; ++q) ranks_.push_back(q);
   }
