@@ -111,6 +111,13 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
     if (ctx.readsPeers()) mine[inPlace] = overlaps(args, es) ? 1 : 0;
     ctx.finishPhase(p, CollectiveContext::Await::kAll);
     if (args.variable) longest = checkCounts(ctx, args, p);
+    if (args.variable && longest == 0) {
+      // Nothing moves anywhere, so no phase follows in which the ranks would meet: one more
+      // meeting, so that a rank that expected data and refused above fails the others in this
+      // call, not their next one (every rank read the same counts, so all take it).
+      const uint64_t meet = ctx.startPhase(false);
+      ctx.finishPhase(meet, CollectiveContext::Await::kAll);
+    }
     // Peers would read blocks that a rank in place overwrites as it receives: setting its
     // input aside first cost more than staging (0.26-0.67x, docs/PERFORMANCE.md), so then
     // every rank stages.

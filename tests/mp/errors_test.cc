@@ -174,6 +174,24 @@ TEST(Errors, AllToAllSplitSizesThatDoNotPairUpNameBothRanks) {
   }
 }
 
+// Every rank sends nothing, but rank 1 expects two elements from rank 0: rank 1 refuses at the
+// opening, and rank 0, which has nothing left to do, fails in the same call rather than the
+// next one.
+TEST(Errors, AnEmptyAllToAllThatARankExpectedDataFromFailsEveryRank) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    std::vector<float> in(4, 1.0F), out(4);
+    std::vector<const void*> inputs{in.data(), in.data() + 2};
+    std::vector<void*> outputs{out.data(), out.data() + 2};
+    const std::vector<size_t> sends{0, 0};
+    const std::vector<size_t> receives =
+        ctx.rank == 1 ? std::vector<size_t>{2, 0} : std::vector<size_t>{0, 0};
+    expectError(
+        [&] { comm->allToAllV(inputs, sends, outputs, receives, DataType::kFloat32).wait(); },
+        ErrorCode::kMismatch, {"rank 0 sends 0 elements to rank 1, which expects 2"});
+  });
+}
+
 // Each rank's LOOM_PEER_READ_BYTES decides an uneven all_to_all's path from its sizes: ranks
 // that set it differently would go different ways through the same phases, so the opening
 // descriptor carries it and they get the named mismatch instead.
