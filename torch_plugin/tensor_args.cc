@@ -245,10 +245,15 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType typ
 
 at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
   if (t.is_contiguous() && !t.is_conj()) return t;
-  at::Tensor scratch = at::empty_like(t, at::MemoryFormat::Contiguous);
-  if (keep) scratch.copy_(t);  // t's values (a conjugate view's resolved)
-  staged_.emplace_back(scratch, t);
-  return scratch;
+  at::Tensor staged = scratch(t);
+  if (keep) staged.copy_(t);  // t's values (a conjugate view's resolved)
+  return staged;
+}
+
+at::Tensor Outputs::scratch(const at::Tensor& t) {
+  at::Tensor made = at::empty_like(t, at::MemoryFormat::Contiguous);
+  staged_.emplace_back(made, t);
+  return made;
 }
 
 namespace {
@@ -275,12 +280,7 @@ std::vector<at::Tensor> Outputs::targets(const std::vector<at::Tensor>& outputs)
   }
   std::vector<at::Tensor> out;
   for (size_t q = 0; q < outputs.size(); ++q) {
-    if (!clashes[q]) {
-      out.push_back(target(outputs[q]));
-      continue;
-    }
-    out.push_back(at::empty_like(outputs[q], at::MemoryFormat::Contiguous));
-    staged_.emplace_back(out.back(), outputs[q]);
+    out.push_back(clashes[q] ? scratch(outputs[q]) : target(outputs[q]));
   }
   return out;
 }

@@ -121,6 +121,8 @@ class Outputs {
   bool staged() const { return !staged_.empty(); }
 
  private:
+  // A contiguous scratch tensor for `t`, copied into it by finish().
+  at::Tensor scratch(const at::Tensor& t);
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (scratch, original)
 };
 

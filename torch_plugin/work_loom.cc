@@ -65,6 +65,16 @@ std::exception_ptr finishCall(std::exception_ptr failure, const std::function<vo
   return asDistBackendError(failure, legend);
 }
 
+namespace {
+
+// Whether a wait's `timeout` sets a limit: kNoTimeout and a timeout of centuries do not (now()
+// plus one would overflow the clock's count).
+bool bounded(std::chrono::milliseconds timeout) {
+  return timeout != kNoTimeout && timeout <= std::chrono::hours(24 * 365 * 100);
+}
+
+}  // namespace
+
 c10::TypePtr futureTypeOf(size_t lists) {
   return lists == 0 ? c10::ListType::ofTensors()
                     : c10::ListType::create(c10::ListType::ofTensors());
@@ -256,7 +266,7 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   // work's, read below.
   if (Worker::current() != nullptr && awaited_.sequence() != 0) {
     try {
-      awaited_.waitFor(timeout == kNoTimeout ? std::chrono::hours(24 * 365) : timeout);
+      awaited_.waitFor(bounded(timeout) ? timeout : std::chrono::hours(24 * 365));
     } catch (const std::exception&) {
     }
   }
@@ -266,8 +276,7 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     sched_yield();
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  // A timeout of centuries is none: now() + timeout would overflow the clock's count.
-  if (timeout == kNoTimeout || timeout > std::chrono::hours(24 * 365 * 100)) {
+  if (!bounded(timeout)) {
     cv_.wait(lock, [&] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
     timedOut(timeout);
@@ -278,12 +287,11 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
 
 void WorkLoom::waitOnHost(std::chrono::milliseconds timeout) {
   const trace::Span span("work wait on the host");
-  // A timeout of centuries is none (now() + timeout would overflow the clock's count).
-  const bool bounded = timeout <= std::chrono::hours(24 * 365 * 100);
+  const bool limited = bounded(timeout);
   const auto deadline =
-      std::chrono::steady_clock::now() + (bounded ? timeout : std::chrono::milliseconds(0));
+      std::chrono::steady_clock::now() + (limited ? timeout : std::chrono::milliseconds(0));
   while (!isCompleted() && !failureSoFar()) {
-    if (bounded && std::chrono::steady_clock::now() >= deadline) {
+    if (limited && std::chrono::steady_clock::now() >= deadline) {
       std::unique_lock<std::mutex> lock(mutex_);
       timedOut(timeout);
     }

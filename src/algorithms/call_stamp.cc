@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "util/word_hash.h"
+
 namespace loom {
 
 namespace {
@@ -11,12 +13,6 @@ namespace {
 constexpr int kSeqBits = 32;
 constexpr int kKindShift = 32, kTypeShift = 36, kReduceShift = 40, kRestShift = 44;
 constexpr uint64_t kNibble = 0xf;
-
-// One word folded into a running hash (a multiply and a shift: this runs once per call).
-uint64_t mix(uint64_t h, uint64_t word) {
-  h = (h ^ word) * 0x9e3779b97f4a7c15ULL;
-  return h ^ (h >> 29);
-}
 
 uint64_t field(uint64_t stamp, int shift) {
   return (stamp >> shift) & kNibble;
@@ -42,14 +38,13 @@ uint64_t callStamp(const CollectiveArgs& args, uint64_t seq) {
     const double factor = args.op.factor();
     std::memcpy(&factorBits, &factor, sizeof factorBits);
   }
-  uint64_t h = 0x6a09e667f3bcc909ULL;
-  h = mix(h, args.count);
-  h = mix(h, static_cast<uint64_t>(static_cast<uint32_t>(args.root)));
-  h = mix(h, args.countsHash);
-  h = mix(h, factorBits);
-  for (char c : args.signature) h = mix(h, static_cast<uint8_t>(c));
-  h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 31;
+  WordHash hash;
+  hash.mix(args.count);
+  hash.mix(static_cast<uint64_t>(static_cast<uint32_t>(args.root)));
+  hash.mix(args.countsHash);
+  hash.mix(factorBits);
+  for (char c : args.signature) hash.mix(static_cast<uint8_t>(c));
+  const uint64_t h = hash.value();
   // The kind is never 0 (CollectiveKind starts at 1), so neither is the stamp.
   return (seq & ((uint64_t{1} << kSeqBits) - 1)) |
          (static_cast<uint64_t>(args.kind) & kNibble) << kKindShift |

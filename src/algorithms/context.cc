@@ -12,6 +12,7 @@
 #include "transport/shm/lending.h"
 #include "transport/shm/peer_reads.h"
 #include "util/trace.h"
+#include "util/word_hash.h"
 
 namespace loom {
 
@@ -96,16 +97,12 @@ void spreadOver(std::span<const Task> tasks, size_t total, int parts, const Move
 // that must agree (ranks that differ in it fall back to comparing descriptors, which ignore it).
 constexpr uint64_t kLendsBit = uint64_t{1} << 63;
 
-// A hash of the fields that must agree, a word at a time: every collective computes it on
-// its way to posting, and a byte-wise hash's 48 dependent multiplies cost about 150 cycles
-// there. Equal descriptors always hash alike; unequal ones collide with a chance near 2^-64
-// (each word is folded in by a multiply and a shift, and the result mixed once more).
+// A hash of the fields that must agree, a word at a time (WordHash): every collective
+// computes it on its way to posting, and a byte-wise hash's 48 dependent multiplies cost about
+// 150 cycles there.
 uint64_t fingerprintOf(const shm::OpDesc& d) {
-  uint64_t h = 0x6a09e667f3bcc909ULL;
-  auto mix = [&h](uint64_t v) {
-    h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
-    h ^= h >> 29;
-  };
+  WordHash h;
+  const auto mix = [&h](uint64_t v) { h.mix(v); };
   uint64_t factorBits;
   std::memcpy(&factorBits, &d.factor, sizeof factorBits);
   mix(d.seq);
@@ -117,8 +114,7 @@ uint64_t fingerprintOf(const shm::OpDesc& d) {
   mix(factorBits);
   mix(uint64_t{d.kind} | uint64_t{d.type} << 8 | uint64_t{d.reduce} << 16 |
       uint64_t{d.algorithm} << 24 | static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32);
-  h *= 0xbf58476d1ce4e5b9ULL;
-  return h ^ (h >> 31);
+  return h.value();
 }
 
 bool sameOp(const shm::OpDesc& a, const shm::OpDesc& b) {

@@ -395,21 +395,19 @@ void P2pEngine::expire(Clock::time_point now) {
     const Inbound& in = inbound_[q];
     if (!in.active || !in.recv) continue;
     const Op& op = *in.recv;
-    const bool gone = failures_.stateOf(q) != RankState::kAlive && !links_[q]->readable();
+    const RankState state = failures_.stateOf(q);
+    const bool gone = state != RankState::kAlive && !links_[q]->readable();
     if (!gone && now < op.deadline) continue;
-    const std::string got = std::to_string(in.bytes - in.payloadLeft) + " of its " +
-                            std::to_string(in.bytes) + " bytes";
-    failures_.fail(
-        gone ? ErrorCode::kPeerFailure : ErrorCode::kTimeout, q,
-        opError(
-            gone ? ErrorCode::kPeerFailure : ErrorCode::kTimeout, op, false,
-            gone ? "rank " + std::to_string(q) +
-                       (failures_.stateOf(q) == RankState::kDead ? "'s process exited"
-                                                                 : " destroyed its communicator") +
-                       " with its message to this rank part-way sent (" + got + " arrived)"
-                 : "the matching message did not finish arriving within " +
-                       std::to_string(op.timeout.count()) + " ms (" + got + " arrived)")
-            .detail());
+    const std::string arrived = " (" + std::to_string(in.bytes - in.payloadLeft) + " of its " +
+                                std::to_string(in.bytes) + " bytes arrived)";
+    const ErrorCode code = gone ? ErrorCode::kPeerFailure : ErrorCode::kTimeout;
+    const std::string why = gone ? "rank " + std::to_string(q) +
+                                       (state == RankState::kDead ? "'s process exited"
+                                                                  : " destroyed its communicator") +
+                                       " with its message to this rank part-way sent" + arrived
+                                 : "the matching message did not finish arriving within " +
+                                       std::to_string(op.timeout.count()) + " ms" + arrived;
+    failures_.fail(code, q, opError(code, op, false, why).detail());
     return;  // failAll picks everything up on the next turn
   }
   for (auto& message : unexpected_) {
