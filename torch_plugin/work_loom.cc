@@ -264,11 +264,14 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   // A completion callback on a collective worker's thread: the request's own wait runs that
   // worker's queue up to the call, where it waits there (util/worker.h); the outcome is the
   // work's, read below.
-  if (Worker::current() != nullptr && awaited_.sequence() != 0) {
+  if (Worker* worker = Worker::current(); worker != nullptr && awaited_.sequence() != 0) {
     try {
       awaited_.waitFor(bounded(timeout) ? timeout : std::chrono::hours(24 * 365));
     } catch (const std::exception&) {
     }
+    // Run deep in the worker's nesting, the calls' completions may wait for the thread to
+    // come back up, which it does only after this wait: run them here.
+    if (awaited_.test()) worker->runDeferredHere();
   }
   // Most collectives finish within microseconds: poll briefly before sleeping.
   const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(50);

@@ -391,6 +391,13 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
 Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   requireUsable(collectiveName(args.kind));
   if (!options.signature.empty()) args.signature = options.signature;
+  // A completion callback of this communicator's issues a call, and may wait for it (see
+  // Worker): what is queued runs first, then this call, on this thread and in issue order.
+  // The queue runs before the call takes its number: callbacks of the calls run there issue
+  // calls of their own, which so come first in number as in time.
+  const bool fromOwnCallback =
+      options.device == DeviceKind::kCpu && Worker::current() == worker_.get();
+  if (fromOwnCallback) worker_->runQueuedHere();
   auto state = std::make_shared<OpState>(seq_.fetch_add(1, std::memory_order_relaxed) + 1);
   FlightRecorder::Subject subject = flightSubject(args, state->seq);
   subject.communicator = name_;
@@ -412,10 +419,7 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
     if (options.blocking) settle(request);
     return request;
   }
-  if (Worker::current() == worker_.get()) {
-    // A completion callback of this communicator's issues a call, and may wait for it (see
-    // Worker): what is queued runs first, then this call, on this thread and in issue order.
-    worker_->runQueuedHere();
+  if (fromOwnCallback) {
     execute(args, *state, timeout, issuedAt);
     return request;
   }

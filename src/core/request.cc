@@ -43,6 +43,14 @@ void OpState::complete(std::exception_ptr failure) {
     run.swap(callbacks);
   }
   done.notify_all();
+  // A call that a completion callback ran on its worker's thread (Worker::runQueuedHere),
+  // many levels down: its own callbacks wait until the thread is back up.
+  if (Worker* worker = Worker::current(); worker != nullptr && worker->deep()) {
+    worker->defer([run = std::move(run), failure] {
+      for (auto& callback : run) callback(failure);
+    });
+    return;
+  }
   for (auto& callback : run) callback(failure);
 }
 

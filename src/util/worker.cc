@@ -76,9 +76,31 @@ size_t Worker::runQueuedHere(uint64_t upTo) {
   // after the caller's own (or the job it waits for) and wait for it.
   if (upTo == 0) upTo = submitted_.load();
   size_t ran = 0;
+  ++nesting_;  // jobs do not throw (run() would end the thread)
   for (Job job; takeNext(upTo, job); ++ran) {
     job();
     finishedOne();
+  }
+  --nesting_;
+  return ran;
+}
+
+bool Worker::deep() const {
+  return tCurrent == this && nesting_ >= kMaxNesting;
+}
+
+void Worker::defer(std::function<void()> completion) {
+  deferred_.push_back(std::move(completion));
+}
+
+size_t Worker::runDeferredHere() {
+  if (tCurrent != this) return 0;
+  size_t ran = 0;
+  // Taken one at a time: a completion may defer more (it runs at the depth of this caller).
+  for (; !deferred_.empty(); ++ran) {
+    std::function<void()> completion = std::move(deferred_.front());
+    deferred_.pop_front();
+    completion();
   }
   return ran;
 }
@@ -112,6 +134,7 @@ void Worker::run() {
       queue_.pop_front();
     }
     job();
+    runDeferredHere();  // back at the top: what deep levels deferred runs here, shallow
     finishedOne();
   }
 }

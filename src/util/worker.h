@@ -10,9 +10,14 @@
 // callback): queued behind the very job whose callback waits, it would never run. So a
 // worker made to `serveItsOwnWaits` lets code on its thread run queued jobs itself, in
 // order and only up to the one it needs (runQueuedHere), which is what the thread would have
-// done next anyway. Jobs run so run their own callbacks inside the caller's, one level deeper
-// each; and a call issued from a callback runs before the issuing call returns, even one
-// issued asynchronously.
+// done next anyway; and a call issued from a callback runs before the issuing call returns,
+// even one issued asynchronously. Jobs run so run their own callbacks inside the caller's, one
+// level deeper each: with a long queue (PowerSGD over hundreds of buckets) that nesting would
+// outgrow Python's recursion limit and the thread's stack. So from kMaxNesting levels down,
+// what a job's completion would run (its callbacks, `defer`) waits until the job that the
+// thread took from its queue itself has returned. A waiter that needs it sooner runs it
+// (runDeferredHere); one that cannot (a torch future's wait) must not wait on a call that ran
+// that deep on its behalf.
 
 #include <atomic>
 #include <condition_variable>
@@ -67,6 +72,16 @@ class Worker {
   /// On current()'s thread: runs the queued jobs numbered up to `upTo` (default: those queued
   /// so far), in order; returns how many ran. Elsewhere runs nothing.
   size_t runQueuedHere(uint64_t upTo = 0);
+  /// Nesting of runQueuedHere from which completions are deferred (see above).
+  static constexpr int kMaxNesting = 8;
+  /// True on current()'s thread kMaxNesting runQueuedHere levels deep: defer what would
+  /// nest further.
+  bool deep() const;
+  /// On current()'s thread: runs `completion` once the thread is back at its own loop, or
+  /// when a waiter calls runDeferredHere, whichever is first.
+  void defer(std::function<void()> completion);
+  /// On current()'s thread: runs the completions deferred so far, in order; returns how many.
+  size_t runDeferredHere();
 
  private:
   void run();
@@ -83,10 +98,12 @@ class Worker {
   std::condition_variable idle_;
   std::deque<std::pair<uint64_t, Job>> queue_;  // (submission number, job); guarded by mutex_
   const bool serveItsOwnWaits_;
-  bool stopping_ = false;               // guarded by mutex_
-  std::atomic<bool> here_{false};       // a caller runs a job (runHereIfIdle)
-  std::atomic<uint64_t> submitted_{0};  // jobs queued so far, counted before queueing
-  std::atomic<uint64_t> finished_{0};   // jobs the worker has run
+  bool stopping_ = false;                       // guarded by mutex_
+  std::atomic<bool> here_{false};               // a caller runs a job (runHereIfIdle)
+  std::atomic<uint64_t> submitted_{0};          // jobs queued so far, counted before queueing
+  std::atomic<uint64_t> finished_{0};           // jobs the worker has run
+  int nesting_ = 0;                             // runQueuedHere levels; the worker's thread only
+  std::deque<std::function<void()>> deferred_;  // defer()'s; the worker's thread only
   std::thread thread_;
 };
 

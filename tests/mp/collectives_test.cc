@@ -385,6 +385,54 @@ TEST(Collectives, CallbacksThatWaitForCollectivesDoNotWaitBehindThemselves) {
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
 }
 
+// A callback that waits for the call queued behind its own runs that call on the worker's
+// thread, whose callback runs inside it, and so on down a long queue (PowerSGD's hooks over
+// hundreds of buckets): past util/worker.h's kMaxNesting levels the callbacks wait until the
+// thread is back up, so the nesting stays bounded and every call still completes.
+TEST(Collectives, CallbacksOfALongQueueDoNotNestWithoutBound) {
+  constexpr int kCalls = 200;
+  constexpr int kMaxNesting = 8;  // Worker::kMaxNesting
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    // Rank 1 comes late, so rank 0's worker sits in the first call while its queue fills.
+    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<float> big(1 << 16, 1.0F);
+    std::vector<std::vector<float>> small(kCalls, std::vector<float>(4));
+    std::vector<Request> calls;
+    calls.reserve(kCalls + 1);
+    calls.push_back(
+        comm->allReduce(big.data(), big.data(), big.size(), DataType::kFloat32, ReduceKind::kSum));
+    for (int i = 0; i < kCalls; ++i) {
+      small[i].assign(4, static_cast<float>(i + ctx.rank));
+      calls.push_back(comm->allReduce(small[i].data(), small[i].data(), 4, DataType::kFloat32,
+                                      ReduceKind::kSum));
+    }
+    std::atomic<int> nesting{0}, deepest{0}, calledBack{0};
+    for (int i = 1; i < kCalls; ++i) {
+      calls[i].onComplete([&, i](const std::exception_ptr&) {
+        const int level = nesting.fetch_add(1) + 1;
+        for (int seen = deepest.load();
+             level > seen && !deepest.compare_exchange_weak(seen, level);) {
+        }
+        calls[i + 1].wait();  // queued behind this callback's own call
+        nesting.fetch_sub(1);
+        calledBack.fetch_add(1);
+      });
+    }
+    for (Request& call : calls) call.wait();
+    for (int spins = 0; calledBack.load() < kCalls - 1 && spins < 60000; ++spins) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    LOOM_CHECK(calledBack.load() == kCalls - 1, << calledBack.load() << " callbacks ran");
+    LOOM_CHECK(deepest.load() <= kMaxNesting + 1,
+               << "callbacks nested " << deepest.load() << " deep");
+    for (int i = 0; i < kCalls; ++i) {
+      LOOM_CHECK(small[i] == std::vector<float>(4, static_cast<float>(2 * i + 1)), << "call " << i);
+    }
+  });
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
 const char* kDefaultTable = "all_reduce:one_shot:32K,two_shot:inf;reduce:one_shot:32K,two_shot:inf";
 
 INSTANTIATE_TEST_SUITE_P(

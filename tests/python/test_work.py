@@ -231,6 +231,39 @@ def test_callbacks_that_issue_collectives_and_wait_for_them(backend):
                           "queued_value": [3.0, 3.0, 3.0, 3.0]}
 
 
+def body_a_long_queue_of_callbacks(rank: int, world: int, calls: int):
+    """Callbacks in PowerSGD's pattern chained on a long queue of calls (a hook over hundreds
+    of buckets): each one's wait runs the queue behind it on the worker's thread, and the
+    callbacks there run inside it; their nesting must stay within Python's recursion limit."""
+    import inspect
+    import time
+
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
+    depths = []
+
+    def issue_and_wait_on_its_future(fut):
+        depths.append(len(inspect.stack(0)))
+        return dist.all_reduce(torch.ones(2), group=group, async_op=True).get_future().wait()[0]
+
+    if rank == 1:
+        time.sleep(0.2)  # rank 0's worker sits in the first call while its queue fills
+    first = dist.all_reduce(torch.ones(1 << 16), group=group, async_op=True)
+    # Which of the callbacks' calls runs before which queued call depends on each rank's
+    # timing: every call has the same shape and input, so any order gives the same results.
+    chained = [dist.all_reduce(torch.ones(2), group=group, async_op=True)
+               .get_future().then(issue_and_wait_on_its_future) for _ in range(calls)]
+    results = [fut.wait().tolist() for fut in chained]
+    first.wait()
+    return results == [[2.0, 2.0]] * calls, max(depths) - min(depths)
+
+
+def test_a_long_queue_of_callbacks_that_wait_does_not_nest_without_bound():
+    # Without the bound (util/worker.h, kMaxNesting) 300 such callbacks raised RecursionError.
+    for right, spread in run_ranks(2, body_a_long_queue_of_callbacks, 300, timeout=180):
+        assert right
+        assert spread < 200, f"callbacks nested {spread} Python frames deeper than the first"
+
+
 def body_ddp_powersgd(rank: int, world: int, backend: str):
     """A few DDP steps with torch's PowerSGD comm hook, whose callbacks wait on all_reduces."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
