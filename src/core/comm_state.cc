@@ -72,13 +72,19 @@ FlightRecorder::Subject flightSubject(const CollectiveArgs& args, uint64_t seq) 
 
 // Opens this process to other hosts for the communicator of `roster` (its connections are
 // accepted from now on) and returns the address its peers connect to.
-std::string listenFor(const Roster& roster) {
+std::string listenFor(const Roster& roster, int rank) {
 #ifdef LOOM_HAVE_NET
-  net::NetService& service = net::NetService::instance();
-  service.expect(roster.id, roster.secret, shapeOf);
-  return service.address();
+  try {
+    net::NetService& service = net::NetService::instance();
+    service.expect(roster.id, roster.secret, shapeOf);
+    return service.address();
+  } catch (const Error& e) {
+    if (e.rank() >= 0) throw;
+    throw Error(e.code(), "create", rank, e.detail());  // the same, naming this rank
+  }
 #else
   (void)roster;
+  (void)rank;
   return "";  // requireSupportedLinks refuses the roster
 #endif
 }
@@ -129,9 +135,10 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
     }
   } registration;
   const Roster roster =
-      exchangeRoster(rank, size, store, deadline, [&registration](const Roster& r) {
+      exchangeRoster(rank, size, store, deadline, [&registration, rank](const Roster& r) {
+        std::string address = listenFor(r, rank);
         registration.id = r.id;
-        return listenFor(r);
+        return address;
       });
   const HostMap hosts = hostMapOf(roster);
   requireSupportedLinks(roster, hosts, rank);
@@ -197,7 +204,8 @@ bool CommState::forkedAway() const {
 }
 
 void CommState::join(Clock::time_point deadline) {
-  if (spansHosts()) listenFor(roster_);  // children register here; top-level ones already did
+  if (spansHosts())
+    listenFor(roster_, rank_);  // children register here; top-level ones already did
   const int localRank = hosts_.localIndex(rank_);
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
   shm_ = std::make_unique<shm::ShmComm>(joinSegment(deadline), localRank, config_.backoff, here);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -312,6 +314,53 @@ TEST_F(TwoHosts, ATimeoutAcrossHostsNamesTheLateRankAndWhatWasAwaited) {
       LOOM_CHECK(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kMismatch, << e.what());
       LOOM_CHECK(std::string(e.what()).find("rank 0") != std::string::npos, << e.what());
     }
+  });
+}
+
+// A process forked after its parent connected across hosts inherits the network's state
+// half-made (libfabric's locks, the listener's socket, a service whose thread it lacks): its
+// own communicator across hosts is refused at once, naming the fork and its rank, instead of
+// waiting for connections nobody accepts until the timeout.
+TEST_F(TwoHosts, AProcessForkedAfterConnectingAcrossHostsIsRefusedByName) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    auto comm = ctx.connect();
+    comm->barrier().wait();
+    const pid_t child = ::fork();
+    LOOM_CHECK(child >= 0);
+    if (child == 0) {
+      int code = 2;  // no error
+      try {
+        CommOptions options;
+        options.timeout = std::chrono::seconds(30);
+        Communicator::create(ctx.rank, ctx.size, ctx.store, options);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        const bool named =
+            what.find("forked from process " + std::to_string(::getppid())) != std::string::npos &&
+            what.find("(rank " + std::to_string(ctx.rank) + ")") != std::string::npos;
+        code = e.code() == ErrorCode::kUnsupported && named ? 0 : 3;
+        if (code != 0) std::fprintf(stderr, "child of rank %d: %s\n", ctx.rank, what.c_str());
+      } catch (...) {
+        code = 4;
+      }
+      ::_exit(code);
+    }
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (::waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+        LOOM_CHECK(false, << "the forked child's communicator neither failed nor finished");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    LOOM_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+               << "the forked child ended with status " << status
+               << " (2: no error, 3: another error, 4: not a loom::Error)");
+    comm->barrier().wait();  // the parent's communicator is untouched
   });
 }
 

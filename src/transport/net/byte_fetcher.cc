@@ -58,8 +58,10 @@ ByteFetcher::ByteFetcher(NetService& service, Fabric& fabric, FetchIdentity iden
 ByteFetcher::~ByteFetcher() = default;
 
 ByteFetcher& ByteFetcher::instance(const FetchIdentity& identity) {
-  // Made after NetService::instance() (its constructor asks for it), so destroyed before it.
-  static ByteFetcher fetcher(NetService::instance(), Fabric::instance(), identity);
+  // Asked first on every call: it refuses a process forked from the one that made these.
+  NetService& service = NetService::instance();
+  // Made after NetService::instance(), so destroyed before it.
+  static ByteFetcher fetcher(service, Fabric::instance(), identity);
   if (!(fetcher.identity_ == identity)) {
     throw Error(ErrorCode::kInvalidArgument, "fetch", identity.id,
                 "this process already reads tensor-store buffers of another job (its Store "

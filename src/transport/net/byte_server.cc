@@ -64,8 +64,10 @@ ByteServer::~ByteServer() {
 }
 
 ByteServer& ByteServer::instance(const FetchIdentity& identity) {
-  // Made after NetService::instance() (its constructor asks for it), so destroyed before it.
-  static ByteServer server(NetService::instance(), Fabric::instance(), identity);
+  // Asked first on every call: it refuses a process forked from the one that made these.
+  NetService& service = NetService::instance();
+  // Made after NetService::instance(), so destroyed before it.
+  static ByteServer server(service, Fabric::instance(), identity);
   if (!(server.identity() == identity)) {
     throw Error(ErrorCode::kInvalidArgument, "serve", identity.id,
                 "this process already serves its tensor-store buffers to another job (its "

@@ -10,6 +10,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -173,7 +174,18 @@ size_t Endpoint::poll(std::span<Completion> out) {
 Fabric& Fabric::instance() {
   // Leaked on purpose: endpoints of communicators destroyed late at exit close against it.
   static Fabric* fabric = new Fabric;
+  requireOpenedHere(fabric->opener_);
   return *fabric;
+}
+
+void Fabric::requireOpenedHere(pid_t opener) {
+  if (opener == ::getpid()) return;
+  throw Error(ErrorCode::kUnsupported, "create", -1,
+              "this process was forked from process " + std::to_string(opener) +
+                  " after that one had opened loom's network (a communicator across hosts, or "
+                  "the tensor store across hosts), whose state does not survive a fork; make "
+                  "communicators across hosts in processes started afresh (torchrun, or "
+                  "multiprocessing's 'spawn' start method), or fork before the first one");
 }
 
 fi_info* Fabric::hints() const {
@@ -188,7 +200,7 @@ fi_info* Fabric::hints() const {
   return hints;
 }
 
-Fabric::Fabric() {
+Fabric::Fabric() : opener_(::getpid()) {
   fi_info* want = hints();
   fi_info* all = nullptr;
   // A process's first fi_getinfo initialises every provider libfabric was built with, the

@@ -6,6 +6,7 @@
 // domain and a listening endpoint whose address the bootstrap publishes. Each Endpoint is
 // one connection with its own completion and event queues, polled by whoever drives it.
 
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <chrono>
@@ -83,8 +84,13 @@ class Endpoint {
 class Fabric {
  public:
   /// The fabric, opened on first use. Throws Error(kUnsupported) if no interface offers the
-  /// provider, naming what was tried and the variables that choose.
+  /// provider, naming what was tried and the variables that choose, or in a process forked
+  /// from the one that opened it (requireOpenedHere).
   static Fabric& instance();
+  /// Throws Error(kUnsupported) in a process forked from `opener` after it opened the
+  /// network: libfabric's state (its providers' locks, perhaps held by a thread the child
+  /// does not have; the listener's socket) is the parent's and half-made in the child.
+  static void requireOpenedHere(pid_t opener);
   ~Fabric();
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
@@ -107,6 +113,7 @@ class Fabric {
   std::unique_ptr<Endpoint> open(fi_info* info, std::string peer);
   fi_info* hints() const;
 
+  const pid_t opener_;       // the process that opened it
   fi_info* info_ = nullptr;  // the chosen interface's
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

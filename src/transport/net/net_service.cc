@@ -19,9 +19,10 @@ NetService& NetService::instance() {
   // the libraries it polls (libfabric's providers) tear themselves down.
   static NetService* service = [] {
     auto* made = new NetService(Fabric::instance(), Limits{});
-    std::atexit([] { instance().stop(); });
+    std::atexit([] { service->stop(); });  // a forked child's leaves its parent's thread be
     return made;
   }();
+  Fabric::requireOpenedHere(service->owner_);  // a forked child has the object, not the thread
   return *service;
 }
 
