@@ -11,6 +11,7 @@
 
 #include <thread>
 
+#include "core/op_state.h"
 #include "loom/error.h"
 #include "util/trace.h"
 #include "util/worker.h"
@@ -186,12 +187,17 @@ void WorkLoom::complete(std::exception_ptr failure) {
   // published first, so code they wake sees a completed work with its success or error.
   outcome_ = failure;
   done_.store(true, std::memory_order_release);
-  // CUDA work: the future completed at launch.
+  // CUDA work: the future completed at launch. Deep in a collective worker's nesting
+  // (util/worker.h), the callbacks chained on the future would nest further: they run once
+  // the thread is back up, the work itself complete at once.
   if (!cudaStream_ && future_) {
-    if (failure) {
-      future_->setError(failure);
+    Worker* worker = Worker::current();
+    if (worker != nullptr && worker->deep()) {
+      worker->defer([self = c10::intrusive_ptr<WorkLoom>::reclaim_copy(this), failure] {
+        self->markFuture(failure);
+      });
     } else {
-      future_->markCompleted(futureValueOf(outputs_, futureLists_));
+      markFuture(failure);
     }
   }
   finish(failure);
@@ -199,6 +205,14 @@ void WorkLoom::complete(std::exception_ptr failure) {
   if (countedAsGivenUp_) {
     countedAsGivenUp_ = false;
     ties_->givenUp.fetch_sub(1);
+  }
+}
+
+void WorkLoom::markFuture(const std::exception_ptr& failure) {
+  if (failure) {
+    future_->setError(failure);
+  } else {
+    future_->markCompleted(futureValueOf(outputs_, futureLists_));
   }
 }
 
@@ -261,17 +275,21 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     if (outcome_) std::rethrow_exception(outcome_);
     return true;
   }
-  // A completion callback on a collective worker's thread: the request's own wait runs that
-  // worker's queue up to the call, where it waits there (util/worker.h); the outcome is the
-  // work's, read below.
-  if (Worker* worker = Worker::current(); worker != nullptr && awaited_.sequence() != 0) {
+  // A completion callback on a collective worker's thread, or on a send/recv engine's: the
+  // request's own wait runs that worker's queue up to the call (util/worker.h), or drives
+  // that engine (p2p_engine.h), where waiting for the thread would wait forever; the outcome
+  // is the work's, read below.
+  Worker* worker = Worker::current();
+  if ((worker != nullptr || detail::waitsMustDrive()) && awaited_.sequence() != 0) {
     try {
       awaited_.waitFor(bounded(timeout) ? timeout : std::chrono::hours(24 * 365));
     } catch (const std::exception&) {
     }
     // Run deep in the worker's nesting, the calls' completions may wait for the thread to
-    // come back up, which it does only after this wait: run them here.
-    if (awaited_.test()) worker->runDeferredHere();
+    // come back up, which it does only after this wait: run them here, up to this work's.
+    if (worker != nullptr && awaited_.test()) {
+      worker->runDeferredHere([this] { return done_.load(std::memory_order_acquire); });
+    }
   }
   // Most collectives finish within microseconds: poll briefly before sleeping.
   const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(50);

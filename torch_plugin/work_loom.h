@@ -114,6 +114,8 @@ class WorkLoom : public c10d::Work {
   [[noreturn]] void timedOut(std::chrono::milliseconds timeout);
   /// Runs the finisher (unless `failure`), fulfils the future if there is one, and finishes.
   void complete(std::exception_ptr failure);
+  /// Completes the future with the outputs, or fails it with `failure`.
+  void markFuture(const std::exception_ptr& failure);
   /// CUDA work: the first failure so far, as DistBackendError (nullptr if none).
   std::exception_ptr failureSoFar();
 

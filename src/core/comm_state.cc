@@ -155,7 +155,8 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   Config config = Config::load(sharing);
   // Before join: the threads the communicator starts inherit the block.
   if (config.bindRanks) placeThisRank(roster, hosts, rank, config.tuning.threads);
-  std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
+  std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)),
+                                   &CommState::destroy);
   registration.id.reset();
   state->join(deadline);
   return state;
@@ -183,7 +184,8 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   const HostMap hosts = hostMapOf(roster);
   Config config =
       Config::load(parent.config_.sharing.child(hosts.localRanks(rank), hosts.hosts() > 1));
-  std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)));
+  std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)),
+                                   &CommState::destroy);
   state->join(deadlineAfter(options.timeout));
   return state;
 }
@@ -652,7 +654,30 @@ void CommState::abort() {
   if (failures_ && !forkedAway()) failures_->abort();
 }
 
+void CommState::destroy(CommState* state) {
+  // Its last reference dropped in one of its own completion callbacks: destruction waits
+  // for that thread, so it happens on another.
+  if (state->onOwnThread()) {
+    std::thread([state] { delete state; }).detach();
+    return;
+  }
+  delete state;
+}
+
+bool CommState::onOwnThread() {
+  if (forkedAway()) return false;
+  if (worker_ && Worker::current() == worker_.get()) return true;
+  std::lock_guard<std::mutex> lock(p2pMutex_);
+  return p2p_ && p2p_->onItsThread();
+}
+
 void CommState::shutdown() {
+  if (onOwnThread()) {
+    throw Error(ErrorCode::kInvalidArgument, "shutdown", rank_,
+                "called from a completion callback of this communicator's, on its own thread, "
+                "where it would wait for the callback itself; shut the communicator down once "
+                "the callback has returned, from another thread");
+  }
   if (shutDown_.exchange(true) || forkedAway()) return;
   if (worker_) worker_->drain();
   {
@@ -675,6 +700,14 @@ void CommState::shutdown() {
     std::lock_guard<std::mutex> lock(deviceMutex_);
     cuda_.reset();  // waits for the queued CUDA collectives
   }
+  P2pEngine* p2p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(p2pMutex_);
+    p2p = p2p_.get();
+  }
+  // Sends and receives issued before end as they would have (a send then a shutdown is how
+  // a rank hands its last message on): done, or at their deadlines.
+  if (p2p != nullptr) p2p->waitForPending();
   {
     std::lock_guard<std::mutex> lock(p2pMutex_);
     p2p_.reset();
@@ -691,7 +724,9 @@ std::string CommState::progressReport() const {
 }
 
 void CommState::operationFailed(const std::exception_ptr& failure) {
-  failures_->report(failure);
+  // A send or receive that timed out or lost its peer fails alone, the communicator goes
+  // on: no report that says it failed (it would also use up the one its real failure gets).
+  if (failures_->failed()) failures_->report(failure);
 }
 
 }  // namespace loom::detail

@@ -75,6 +75,9 @@ class CommState final : public FailureSink {
   int nextChildNumber(const std::string& key);
 
   void abort();
+  /// Waits for the operations issued so far (sends and receives to their deadlines at the
+  /// latest), then stops every thread. Throws Error(kInvalidArgument) on one of those
+  /// threads (a completion callback), which would wait for itself.
   void shutdown();
 
   /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed;
@@ -90,6 +93,10 @@ class CommState final : public FailureSink {
 
  private:
   CommState(int rank, const Roster& roster, const CommOptions& options, Config config);
+  /// The shared_ptr's deleter: deletes `state`, on another thread if called on one of its own.
+  static void destroy(CommState* state);
+  /// Whether the calling thread is this communicator's worker or point-to-point thread.
+  bool onOwnThread();
   void join(std::chrono::steady_clock::time_point deadline);
   /// Makes (the host's lowest rank) or receives this host's segment.
   std::shared_ptr<shm::Segment> joinSegment(std::chrono::steady_clock::time_point deadline);

@@ -31,6 +31,13 @@ class FailureSink {
 /// A failure's message ("unknown failure" if it is not a std::exception).
 std::string failureMessage(const std::exception_ptr& failure);
 
+/// Marks the calling thread as an engine's own, whose operations nothing else moves while a
+/// completion callback on it waits: a wait there never sleeps longer than a slice before it
+/// drives its operation again (OpState::progress).
+void markWaitsMustDrive();
+/// Whether markWaitsMustDrive was called on this thread.
+bool waitsMustDrive();
+
 struct OpState {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
 

@@ -20,6 +20,8 @@ bool matches(int wantPeer, int wantTag, int source, int tag) {
   return (wantPeer == kAnySource || wantPeer == source) && wantTag == tag;
 }
 
+thread_local const void* tOwnGate = nullptr;  // the Gate of the engine whose thread this is
+
 }  // namespace
 
 P2pEngine::P2pEngine(int rank, shm::ShmComm& shm, Failures& failures,
@@ -37,6 +39,8 @@ P2pEngine::P2pEngine(int rank, shm::ShmComm& shm, Failures& failures,
   inbound_.resize(static_cast<size_t>(size_));
   thread_ = std::thread([this] {
     posix::nameThisThread("loom-p2p");
+    tOwnGate = gate_.get();
+    detail::markWaitsMustDrive();
     run();
   });
 }
@@ -86,7 +90,7 @@ Request P2pEngine::post(std::vector<std::shared_ptr<Op>>& queue, void* data, siz
   // of one engine while a message streams through the ring), where an 8-byte one took
   // 0.58-0.96x the time (PERFORMANCE.md, "Send and receive on CPU tensors").
   const bool callerDriven = bytes <= kCallerDrivenBytes;
-  if (callerDriven) op->state->progress = [gate = gate_] { return gate->progress(); };
+  op->state->progress = [gate = gate_, callerDriven] { return gate->progress(callerDriven); };
   Request request(op->state);
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);
@@ -95,22 +99,44 @@ Request P2pEngine::post(std::vector<std::shared_ptr<Op>>& queue, void* data, siz
   // A small send, or a small receive whose message is here, ends in this turn; only what is
   // left (or what a busy gate kept from this turn) needs the engine's thread, which also
   // watches its deadline.
-  if (callerDriven) gate_->progress();
+  if (callerDriven) gate_->progress(true);
   if (!request.test()) shm_.ringDoorbell(shm_.rank());
   return request;
 }
 
-bool P2pEngine::Gate::progress() {
+bool P2pEngine::Gate::progress(bool anyThread) {
+  // On the engine's own thread a completion callback waits: nothing else watches deadlines.
+  const bool own = tOwnGate == this;
+  if (!anyThread && !own) return false;
   std::vector<Finished> finished;
   bool progressed = false;
   {
     std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
     if (!lock.owns_lock() || engine == nullptr) return false;
     progressed = engine->turn();
+    if (own) engine->expire(Clock::now());
     finished.swap(engine->finished_);
   }
   complete(finished);
   return progressed;
+}
+
+void P2pEngine::waitForPending() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(gate_->mutex);
+      if (!pending()) return;
+    }
+    // The engine's thread moves them on and ends them at their deadlines.
+    shm_.ringDoorbell(shm_.rank());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+bool P2pEngine::pending() {
+  if (hasDeadlines()) return true;
+  std::lock_guard<std::mutex> lock(inboxMutex_);
+  return !newSends_.empty() || !newRecvs_.empty();
 }
 
 void P2pEngine::finish(Op& op, std::exception_ptr error) {
@@ -123,9 +149,7 @@ void P2pEngine::complete(std::vector<Finished>& finished) {
 }
 
 bool P2pEngine::turn() {
-  if (failures_.failed()) {
-    failAll(std::make_exception_ptr(failures_.failureError("send/recv")));
-  }
+  if (failures_.failed()) failAll(failures_.failureError("send/recv"));
   bool progressed = acceptNewOps();
   progressed |= progressSends();
   progressed |= progressReceives();
@@ -156,9 +180,8 @@ void P2pEngine::run() {
   }
   {
     std::lock_guard<std::mutex> lock(gate_->mutex);
-    failAll(std::make_exception_ptr(
-        Error(ErrorCode::kAborted, "send/recv", rank_,
-              "the communicator was shut down while this operation was pending")));
+    failAll(Error(ErrorCode::kAborted, "send/recv", rank_,
+                  "the communicator was shut down while this operation was pending"));
     finished.swap(finished_);
   }
   complete(finished);
@@ -226,6 +249,11 @@ bool P2pEngine::progressSends() {
   for (int q = 0; q < size_; ++q) {
     auto& queue = outbound_[q];
     bool wrote = false;
+    // A receiver that is gone takes nothing more (expire() fails what waits for it): writing
+    // a small message into its ring would report a send that nobody will ever receive.
+    if (!queue.empty() && queue.front()->done == 0 && failures_.stateOf(q) != RankState::kAlive) {
+      continue;
+    }
     while (!queue.empty()) {
       Op& op = *queue.front();
       const uint64_t before = op.done;
@@ -313,7 +341,19 @@ void P2pEngine::startMessage(int source, Inbound& in, const Envelope& envelope) 
   auto message = std::make_shared<Unexpected>();
   message->source = source;
   message->tag = tag;
-  message->data.resize(bytes);
+  try {
+    message->data.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    // The message is lost (its bytes are read and dropped): whoever waits for it, on either
+    // side, must hear why rather than wait for it.
+    in.target = nullptr;
+    failures_.fail(ErrorCode::kSystem, source,
+                   "could not hold a message of " + std::to_string(bytes) + " bytes (tag " +
+                       std::to_string(tag) + ") from rank " + std::to_string(source) +
+                       " that arrived before its receive was posted: out of memory; post the "
+                       "receive of a large message before it arrives");
+    return;
+  }
   in.unexpected = message;
   in.target = message->data.data();
   unexpected_.push_back(std::move(message));
@@ -388,16 +428,18 @@ void P2pEngine::expire(Clock::time_point now) {
     finish(op, std::make_exception_ptr(opError(code, op, false, why)));
     it = posted_.erase(it);
   }
-  // Receives whose message is part-way in: one whose sender left, with nothing more to read
-  // from it, or whose deadline passed, will never see its end, and the channel cannot be
-  // read past the gap: the communicator fails, naming the sender (as a send cut off does).
+  // Messages part-way in: one whose sender left, with nothing more to read from it, will
+  // never see its end, nor will one going straight into a receive whose deadline passed,
+  // and the channel cannot be read past the gap: the communicator fails, naming the sender
+  // (as a send cut off does), whether a receive took the message or it was being held for
+  // one (else every later receive from that sender would wait out its whole timeout).
   for (int q = 0; q < size_; ++q) {
     const Inbound& in = inbound_[q];
-    if (!in.active || !in.recv) continue;
-    const Op& op = *in.recv;
+    if (!in.active) continue;
     const RankState state = failures_.stateOf(q);
     const bool gone = state != RankState::kAlive && !links_[q]->readable();
-    if (!gone && now < op.deadline) continue;
+    const bool late = in.recv && now >= in.recv->deadline;
+    if (!gone && !late) continue;
     const std::string arrived = " (" + std::to_string(in.bytes - in.payloadLeft) + " of its " +
                                 std::to_string(in.bytes) + " bytes arrived)";
     const ErrorCode code = gone ? ErrorCode::kPeerFailure : ErrorCode::kTimeout;
@@ -406,19 +448,15 @@ void P2pEngine::expire(Clock::time_point now) {
                                                                   : " destroyed its communicator") +
                                        " with its message to this rank part-way sent" + arrived
                                  : "the matching message did not finish arriving within " +
-                                       std::to_string(op.timeout.count()) + " ms" + arrived;
-    failures_.fail(code, q, opError(code, op, false, why).detail());
+                                       std::to_string(in.recv->timeout.count()) + " ms" + arrived;
+    const Op* op = in.recv         ? in.recv.get()
+                   : in.unexpected ? in.unexpected->claimedBy.get()
+                                   : nullptr;
+    failures_.fail(code, q, op != nullptr ? opError(code, *op, false, why).detail() : why);
     return;  // failAll picks everything up on the next turn
   }
   for (auto& message : unexpected_) {
-    if (message->claimedBy && now >= message->claimedBy->deadline) {
-      Op& op = *message->claimedBy;
-      finish(op, std::make_exception_ptr(
-                     opError(ErrorCode::kTimeout, op, false,
-                             "the matching message did not finish arriving within " +
-                                 std::to_string(op.timeout.count()) + " ms")));
-      message->claimedBy.reset();
-    }
+    if (message->claimedBy && now >= message->claimedBy->deadline) releaseClaim(*message);
   }
   // Sends: one that has not started can simply fail; one cut off mid-stream would leave the
   // ring unparseable, so it fails the communicator.
@@ -452,19 +490,39 @@ void P2pEngine::expire(Clock::time_point now) {
   }
 }
 
-void P2pEngine::failAll(const std::exception_ptr& error) {
+void P2pEngine::releaseClaim(Unexpected& message) {
+  Op& op = *message.claimedBy;
+  finish(op,
+         std::make_exception_ptr(opError(ErrorCode::kTimeout, op, false,
+                                         "the matching message did not finish arriving within " +
+                                             std::to_string(op.timeout.count()) + " ms")));
+  message.claimedBy.reset();
+  // A receive posted meanwhile waits in posted_ (it passed over the claimed message); the
+  // first that matches takes it now, before any later message from its sender can.
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (!matches((*it)->peer, (*it)->tag, message.source, message.tag)) continue;
+    message.claimedBy = *it;
+    posted_.erase(it);
+    return;
+  }
+}
+
+void P2pEngine::failAll(const Error& reason) {
+  const auto failed = [&](Op& op, bool isSend) {
+    finish(op, std::make_exception_ptr(opError(reason.code(), op, isSend, reason.detail())));
+  };
   for (auto& queue : outbound_) {
-    for (auto& op : queue) finish(*op, error);
+    for (auto& op : queue) failed(*op, true);
     queue.clear();
   }
-  for (auto& op : posted_) finish(*op, error);
+  for (auto& op : posted_) failed(*op, false);
   posted_.clear();
   for (auto& message : unexpected_) {
-    if (message->claimedBy) finish(*message->claimedBy, error);
+    if (message->claimedBy) failed(*message->claimedBy, false);
   }
   unexpected_.clear();
   for (Inbound& in : inbound_) {
-    if (in.recv) finish(*in.recv, error);
+    if (in.recv) failed(*in.recv, false);
     in = Inbound{};
   }
   std::vector<std::shared_ptr<Op>> sends;
@@ -474,8 +532,8 @@ void P2pEngine::failAll(const std::exception_ptr& error) {
     sends.swap(newSends_);
     recvs.swap(newRecvs_);
   }
-  for (auto& op : sends) finish(*op, error);
-  for (auto& op : recvs) finish(*op, error);
+  for (auto& op : sends) failed(*op, true);
+  for (auto& op : recvs) failed(*op, false);
 }
 
 }  // namespace loom

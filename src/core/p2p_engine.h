@@ -16,7 +16,9 @@
 // one gets one turn of the engine at once (a small send completes before `send` returns),
 // and a thread waiting on one takes turns while it spins (OpState::progress). Whoever holds
 // the gate's mutex takes the turn; operations it ends complete after the mutex is released,
-// so a completion callback may queue the next send.
+// so a completion callback may queue the next send. Completion callbacks run on the
+// engine's thread too; one that waits there drives the whole engine itself, deadlines
+// included (detail::waitsMustDrive), since the thread that would is the one waiting.
 
 #include <atomic>
 #include <chrono>
@@ -52,6 +54,11 @@ class P2pEngine {
             std::vector<std::unique_ptr<MessageLink>> links, detail::FailureSink* sink);
   /// Stops the thread; operations still pending fail with kAborted.
   ~P2pEngine();
+  /// Blocks until every send and receive issued so far has ended (each by its deadline at
+  /// the latest). Not on the engine's own thread (it would wait for itself).
+  void waitForPending();
+  /// Whether the calling thread is this engine's own (a completion callback runs there).
+  bool onItsThread() const { return std::this_thread::get_id() == thread_.get_id(); }
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
 
@@ -96,7 +103,9 @@ class P2pEngine {
     std::mutex mutex;
     P2pEngine* engine = nullptr;  ///< guarded by mutex
     /// One turn on the caller's thread if no other thread is in one; true if it did anything.
-    bool progress();
+    /// With `anyThread` false only on the engine's own thread (for the operations that
+    /// otherwise only that thread drives); a turn there also ends what is past its deadline.
+    bool progress(bool anyThread);
   };
   struct Finished {  // an operation ended in a turn, completed once the gate is released
     std::shared_ptr<detail::OpState> state;
@@ -122,12 +131,18 @@ class P2pEngine {
   bool progressReceives();
   /// Moves what has arrived from `source` into receives or unexpected buffers; true if any.
   bool drain(int source);
+  /// Whether anything issued has not ended yet (the gate held).
+  bool pending();
   void startMessage(int source, Inbound& in, const Envelope& envelope);
   void finishMessage(int source, Inbound& in);
   void postReceive(const std::shared_ptr<Op>& op);
   void deliver(Unexpected& message, Op& op);
   void expire(Clock::time_point now);
-  void failAll(const std::exception_ptr& error);
+  /// Ends the receive of `message` that waited for the rest of it at its deadline, and hands
+  /// the message to the next posted receive it matches (messages keep their order).
+  void releaseClaim(Unexpected& message);
+  /// Fails every operation with `reason`'s code and detail, each error naming its operation.
+  void failAll(const Error& reason);
   void finish(Op& op, std::exception_ptr error);
   Error opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const;
   /// The failure of a receive whose matching message (`bytes` from `source`) does not fit.

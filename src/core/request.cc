@@ -4,6 +4,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "core/flight_recorder.h"
@@ -54,6 +55,18 @@ void OpState::complete(std::exception_ptr failure) {
   for (auto& callback : run) callback(failure);
 }
 
+namespace {
+thread_local bool tWaitsMustDrive = false;
+}  // namespace
+
+void markWaitsMustDrive() {
+  tWaitsMustDrive = true;
+}
+
+bool waitsMustDrive() {
+  return tWaitsMustDrive;
+}
+
 bool OpState::finishedForWatcher() {
   watched.store(true);
   return status.load() != kPending;
@@ -93,7 +106,12 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
         // Watched now: complete() takes the mutex before notifying, so the checks under it
         // see the status.
         std::unique_lock<std::mutex> lock(state.mutex);
-        if (deadline == std::chrono::steady_clock::time_point::max()) {
+        // On an engine's own thread (a completion callback there) nothing else moves the
+        // operation: sleep a slice, then drive it again.
+        if (detail::waitsMustDrive() && state.progress) {
+          const auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+          state.done.wait_until(lock, std::min(deadline, slice), [&] { return state.finished(); });
+        } else if (deadline == std::chrono::steady_clock::time_point::max()) {
           state.done.wait(lock, [&] { return state.finished(); });
         } else if (!state.done.wait_until(lock, deadline, [&] { return state.finished(); })) {
           return false;

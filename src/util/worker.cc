@@ -93,15 +93,17 @@ void Worker::defer(std::function<void()> completion) {
   deferred_.push_back(std::move(completion));
 }
 
-size_t Worker::runDeferredHere() {
+size_t Worker::runDeferredHere(const std::function<bool()>& enough) {
   if (tCurrent != this) return 0;
   size_t ran = 0;
-  // Taken one at a time: a completion may defer more (it runs at the depth of this caller).
-  for (; !deferred_.empty(); ++ran) {
+  ++nesting_;
+  // Taken one at a time: a completion may defer more.
+  for (; !deferred_.empty() && !(enough && enough()); ++ran) {
     std::function<void()> completion = std::move(deferred_.front());
     deferred_.pop_front();
     completion();
   }
+  --nesting_;
   return ran;
 }
 

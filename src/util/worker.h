@@ -80,8 +80,10 @@ class Worker {
   /// On current()'s thread: runs `completion` once the thread is back at its own loop, or
   /// when a waiter calls runDeferredHere, whichever is first.
   void defer(std::function<void()> completion);
-  /// On current()'s thread: runs the completions deferred so far, in order; returns how many.
-  size_t runDeferredHere();
+  /// On current()'s thread: runs the completions deferred so far, in order, until `enough`
+  /// (if given) says so; returns how many ran. They run one level deeper (a completion that
+  /// would nest further defers again).
+  size_t runDeferredHere(const std::function<bool()>& enough = nullptr);
 
  private:
   void run();

@@ -232,36 +232,68 @@ def test_callbacks_that_issue_collectives_and_wait_for_them(backend):
 
 
 def body_a_long_queue_of_callbacks(rank: int, world: int, calls: int):
-    """Callbacks in PowerSGD's pattern chained on a long queue of calls (a hook over hundreds
-    of buckets): each one's wait runs the queue behind it on the worker's thread, and the
-    callbacks there run inside it; their nesting must stay within Python's recursion limit."""
+    """Callbacks chained on a long queue of calls, each waiting for the call queued behind its
+    own (as a hook over hundreds of buckets waits): each wait runs the queue on the worker's
+    thread, and the callbacks there run inside it; their nesting must stay within Python's
+    recursion limit. (Callbacks that issue calls of their own race the main thread's issuing
+    on every backend, so the order differs between ranks; these only wait.)"""
     import inspect
     import time
 
     group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
     depths = []
-
-    def issue_and_wait_on_its_future(fut):
-        depths.append(len(inspect.stack(0)))
-        return dist.all_reduce(torch.ones(2), group=group, async_op=True).get_future().wait()[0]
-
     if rank == 1:
         time.sleep(0.2)  # rank 0's worker sits in the first call while its queue fills
     first = dist.all_reduce(torch.ones(1 << 16), group=group, async_op=True)
-    # Which of the callbacks' calls runs before which queued call depends on each rank's
-    # timing: every call has the same shape and input, so any order gives the same results.
-    chained = [dist.all_reduce(torch.ones(2), group=group, async_op=True)
-               .get_future().then(issue_and_wait_on_its_future) for _ in range(calls)]
-    results = [fut.wait().tolist() for fut in chained]
+    tensors = [torch.full((2,), float(i)) for i in range(calls)]
+    works = [dist.all_reduce(t, group=group, async_op=True) for t in tensors]
+
+    def wait_for_the_next(i):
+        def callback(fut):
+            depths.append(len(inspect.stack(0)))
+            return works[i + 1].wait()
+        return callback
+
+    chained = [works[i].get_future().then(wait_for_the_next(i)) for i in range(calls - 1)]
+    for fut in chained:
+        fut.wait()
     first.wait()
-    return results == [[2.0, 2.0]] * calls, max(depths) - min(depths)
+    right = all(t.tolist() == [2.0 * i] * 2 for i, t in enumerate(tensors))
+    return right, max(depths) - min(depths)
 
 
 def test_a_long_queue_of_callbacks_that_wait_does_not_nest_without_bound():
-    # Without the bound (util/worker.h, kMaxNesting) 300 such callbacks raised RecursionError.
-    for right, spread in run_ranks(2, body_a_long_queue_of_callbacks, 300, timeout=180):
+    # Without the bound (util/worker.h, kMaxNesting) such callbacks raised RecursionError.
+    for right, spread in run_ranks(2, body_a_long_queue_of_callbacks, 600, timeout=180):
         assert right
         assert spread < 200, f"callbacks nested {spread} Python frames deeper than the first"
+
+
+def body_receives_waited_in_a_receives_callback(rank: int, world: int):
+    """A receive's callback runs on loom's send/recv thread, the one that moves large messages:
+    a receive it issues and waits for there must still arrive (it used to wait forever)."""
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    size = 1 << 18  # 1 MiB: moved by that thread alone
+    if rank == 0:
+        dist.barrier(group=gloo)  # rank 1's callback is in place: it runs on loom's thread
+        dist.send(torch.full((size,), 1.0), 1, group=group)
+        dist.send(torch.full((size,), 2.0), 1, group=group)
+        return None
+
+    def receive_the_next(fut):
+        second = torch.zeros(size)
+        dist.recv(second, 0, group=group)
+        return second[-1].item()
+
+    first = torch.zeros(size)
+    chained = dist.irecv(first, 0, group=group).get_future().then(receive_the_next)
+    dist.barrier(group=gloo)
+    return chained.wait()
+
+
+def test_a_receive_waited_for_in_a_receives_callback_arrives():
+    assert run_ranks(2, body_receives_waited_in_a_receives_callback, timeout=120)[1] == 2.0
 
 
 def body_ddp_powersgd(rank: int, world: int, backend: str):
