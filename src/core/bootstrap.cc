@@ -123,12 +123,33 @@ std::string missingRanks(Store& store, const std::string& prefix, int size) {
 
 namespace {
 
+// Marks a network-address record that says why its rank could not open the network (no
+// address starts with it).
+constexpr char kNoAddress = '\x01';
+
 // The second round, for rosters that span hosts: every rank publishes where it listens, and
-// rank 0 gathers the addresses into one record, as in the first round.
+// rank 0 gathers the addresses into one record, as in the first round. A rank that could not
+// open the network (`refusal`) publishes why instead, and every rank fails at once, naming
+// it, rather than wait out the timeout for its address.
 void exchangeNetAddresses(int rank, Roster& roster, Store& store, const std::string& prefix,
-                          const std::string& mine, std::chrono::steady_clock::time_point deadline) {
+                          const std::string& mine, const std::string& refusal,
+                          std::chrono::steady_clock::time_point deadline) {
   const int size = static_cast<int>(roster.peers.size());
-  store.set(prefix + "net/" + std::to_string(rank), Bytes(mine.begin(), mine.end()));
+  const std::string record = refusal.empty() ? mine : kNoAddress + refusal.substr(0, kMaxName / 2);
+  store.set(prefix + "net/" + std::to_string(rank), Bytes(record.begin(), record.end()));
+  const auto refused = [&](const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument, "create", rank, why);
+  };
+  const auto publishRefusal = [&](int q, const std::string& why) {
+    ByteWriter refusedAll;
+    refusedAll.string(kNoAddress +
+                      ("rank " + std::to_string(q) + " cannot open the network: " + why));
+    store.set(prefix + "net/all", refusedAll.bytes());
+  };
+  if (!refusal.empty()) {  // the caller throws its own error; rank 0 tells the others first
+    if (rank == 0) publishRefusal(0, refusal);
+    return;
+  }
   auto late = [&](const std::string& who) {
     return Error(ErrorCode::kTimeout, "create", rank,
                  who +
@@ -145,7 +166,13 @@ void exchangeNetAddresses(int rank, Roster& roster, Store& store, const std::str
         if (e.code() != ErrorCode::kTimeout) throw;
         throw late("rank " + std::to_string(q));
       }
-      roster.peers[q].netAddress.assign(bytes.begin(), bytes.end());
+      std::string address(bytes.begin(), bytes.end());
+      if (!address.empty() && address[0] == kNoAddress) {
+        publishRefusal(q, address.substr(1));
+        throw refused("rank " + std::to_string(q) +
+                      " cannot open the network: " + address.substr(1));
+      }
+      roster.peers[q].netAddress = std::move(address);
       all.string(roster.peers[q].netAddress);
     }
     store.set(prefix + "net/all", all.bytes());
@@ -163,6 +190,9 @@ void exchangeNetAddresses(int rank, Roster& roster, Store& store, const std::str
     if (!r.string(&peer.netAddress, kMaxName)) {
       throw Error(ErrorCode::kInternal, "create", rank, "malformed network address record");
     }
+    if (!peer.netAddress.empty() && peer.netAddress[0] == kNoAddress) {
+      throw refused(peer.netAddress.substr(1));
+    }
   }
 }
 
@@ -172,7 +202,17 @@ Roster exchangeRoster(int rank, int size, Store& store,
                       std::chrono::steady_clock::time_point deadline, const Listen& listen) {
   Roster roster = exchangeRosterOnly(rank, size, store, deadline);
   if (hostMapOf(roster).hosts() > 1) {
-    exchangeNetAddresses(rank, roster, store, roster.storePrefix, listen(roster), deadline);
+    std::string address;
+    std::exception_ptr failure;
+    std::string refusal;
+    try {
+      address = listen(roster);
+    } catch (const Error& e) {
+      failure = std::current_exception();
+      refusal = e.what();
+    }
+    exchangeNetAddresses(rank, roster, store, roster.storePrefix, address, refusal, deadline);
+    if (failure) std::rethrow_exception(failure);  // rank 0 refuses in the exchange
   }
   return roster;
 }

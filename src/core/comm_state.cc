@@ -679,7 +679,13 @@ void CommState::shutdown() {
                 "the callback has returned, from another thread");
   }
   if (shutDown_.exchange(true) || forkedAway()) return;
-  if (worker_) worker_->drain();
+  if (worker_) {
+    // The network lanes close on the worker (where collectives run), after the calls queued:
+    // ranks on other hosts that wait for this one see their links' goodbye at once, not
+    // only when the last handle goes.
+    worker_->submit([this] { lanes_.clear(); });
+    worker_->drain();
+  }
   {
     // Device transfers of a group never ended were never queued: they fail.
     std::vector<HeldTransfer> held;

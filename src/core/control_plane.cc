@@ -25,6 +25,7 @@ ControlPlane::ControlPlane(int rank, const std::vector<int>& peers, const MakeLi
     peer.link = makeLink(q);
     peers_.push_back(std::move(peer));
   }
+  heardFrom_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
   thread_ = std::thread([this] {
     posix::nameThisThread("loom-control");
     run();
@@ -62,13 +63,23 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
     if (failures_.failed()) throw failures_.failureError("create");
     if (Clock::now() >= deadline) {
       throw Error(ErrorCode::kTimeout, "create", rank_,
-                  "not every rank on the other hosts connected within the timeout (" +
+                  "not every rank on the other hosts joined within the timeout (heard from " +
                       std::to_string(met_.load()) + " of " + std::to_string(peers_.size()) +
-                      " did): did every rank make this communicator, and can the hosts reach "
+                      " peers" + missingPeers() +
+                      "): did every rank make this communicator, and can the hosts reach "
                       "each other (LOOM_NET_IFNAME)?");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+std::string ControlPlane::missingPeers() const {
+  std::string missing;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (heardFrom_[i].load()) continue;
+    missing += (missing.empty() ? "; not from " : ", ") + describe_(peers_[i].rank);
+  }
+  return missing;
 }
 
 void ControlPlane::run() {
@@ -110,10 +121,6 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
                        reinterpret_cast<const uint8_t*>(peer.out.data()), peer.written)) {
     peer.sending = false;
     peer.written = 0;
-    if (!peer.heard) {
-      peer.heard = now;  // met: the peer has made the communicator; silence counts from here
-      met_.fetch_add(1, std::memory_order_release);
-    }
   }
   receive(peer, now);
   if (peer.link->peerLeft()) {
@@ -142,7 +149,14 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
       }
       peer.text.assign(peer.in->bytes, '\0');
       peer.got = 0;
-      if (peer.heard) peer.heard = now;
+      // Met: the peer's control plane runs (a word written to it proved only that its
+      // process had registered the communicator, which it does long before, while its host's
+      // ranks gather). Silence counts from here; until then creation's deadline waits.
+      if (!peer.heard) {
+        heardFrom_[static_cast<size_t>(&peer - peers_.data())].store(true);
+        met_.fetch_add(1, std::memory_order_release);
+      }
+      peer.heard = now;
     }
     const size_t n = peer.link->read(peer.text.data() + peer.got, peer.text.size() - peer.got);
     peer.got += n;

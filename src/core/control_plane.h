@@ -9,8 +9,8 @@
 //     fails with the same reason, whichever host it began on;
 //   - fails the communicator when a peer that has spoken stays silent past `silence` (a dead
 //     host or a cut link sends no closing) or its connection breaks without a goodbye.
-// Creation waits until every control link is up (awaitPeers), so the hosts have met before
-// the communicator is used, and silence is timed from then on.
+// Creation waits until a word has come from every peer (awaitPeers), so the hosts have met
+// before the communicator is used, and each peer's silence is timed from its first word.
 
 #include <atomic>
 #include <chrono>
@@ -36,9 +36,9 @@ class ControlPlane {
                Failures& failures, std::chrono::milliseconds silence);
   /// Stops the thread; the links say goodbye.
   ~ControlPlane();
-  /// Waits until the first heartbeat to every peer has gone out (so each peer has made the
-  /// communicator and proved the secret). Throws Error(kTimeout) naming the peers that did
-  /// not connect by `deadline`, or the communicator's failure.
+  /// Waits until a word has come from every peer (so each peer's control plane runs: it has
+  /// made the communicator and proved the secret). Throws Error(kTimeout) naming the peers
+  /// not heard from by `deadline`, or the communicator's failure.
   void awaitPeers(std::chrono::steady_clock::time_point deadline);
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
@@ -72,8 +72,12 @@ class ControlPlane {
   Describe describe_;
   Failures& failures_;
   const std::chrono::milliseconds silence_;
-  std::vector<Peer> peers_;  // the thread's only
-  std::atomic<int> met_{0};  // peers whose first heartbeat has gone out
+  /// ", not from <peer>, ..." for the peers not heard from yet.
+  std::string missingPeers() const;
+
+  std::vector<Peer> peers_;                         // the thread's only, but for the ranks it holds
+  std::unique_ptr<std::atomic<bool>[]> heardFrom_;  // per peer, for missingPeers
+  std::atomic<int> met_{0};                         // peers heard from
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -364,6 +364,93 @@ TEST_F(TwoHosts, AProcessForkedAfterConnectingAcrossHostsIsRefusedByName) {
   });
 }
 
+// A rank that shuts its communicator down while its handle lives (torch's
+// destroy_process_group while Python holds the group) is named across hosts at once, as on one
+// host (its network links stayed open until the handle went: the peer waited out its timeout).
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedAcrossHostsWhileItsHandleLives) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 1) {
+      comm->shutdown();
+      ctx.store->get("rank 0 failed", std::chrono::seconds(120));
+      return;
+    }
+    float x = 1;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+      LOOM_CHECK(false, << "an all_reduce with a rank that shut down succeeded");
+    } catch (const Error& e) {
+      // Named as a peer gone, or as the calls it did not issue: either way, now and by name.
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure || e.code() == ErrorCode::kMismatch,
+                 << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos &&
+                     std::string(e.what()).find("destroyed its communicator") != std::string::npos,
+                 << e.what());
+    }
+    ctx.store->set("rank 0 failed", {1});
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+               << "named only at the timeout");
+  });
+}
+
+// A child across hosts whose last member comes later than the silence limit still forms and
+// works: a peer's silence counts from its first word, not from when this rank could first
+// write to its process (which registers the child long before its control plane runs).
+TEST_F(TwoHosts, AChildWhoseMemberOnTheOtherHostComesLateIsNotTakenForSilent) {
+  const NetnsHosts& hosts = *hosts_;
+  loom::testing::RunOptions run;
+  run.environment = {"LOOM_NET_SILENCE_MS=1000"};
+  const auto outcomes = loom::testing::runRanks(
+      4,
+      [&](RankContext& ctx) {
+        hosts.enter(hostOfRank(ctx.rank));
+        CommOptions options;
+        options.timeout = std::chrono::seconds(60);
+        auto comm = ctx.connect(options);
+        comm->barrier().wait();
+        if (ctx.rank == 3) std::this_thread::sleep_for(std::chrono::seconds(4));
+        const int all[] = {0, 1, 2, 3};
+        auto child = comm->subset(all, "late", options);
+        float x = 1;
+        child->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+        LOOM_CHECK(x == 4, << x);
+      },
+      run);
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
+// A rank that cannot open the network (its LOOM_NET_IFNAME names no interface of its host)
+// fails creation at once on every rank, named, as any other bad setting does (the others used
+// to wait out the whole timeout for its address).
+TEST_F(TwoHosts, ARankThatCannotOpenTheNetworkFailsEveryRankAtOnce) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 1) ::setenv("LOOM_NET_IFNAME", "no-such-interface", 1);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ctx.connect(options);
+      LOOM_CHECK(false, << "a communicator with a rank that cannot open the network was made");
+    } catch (const Error& e) {
+      if (ctx.rank == 0) {
+        LOOM_CHECK(
+            std::string(e.what()).find("rank 1 cannot open the network") != std::string::npos,
+            << e.what());
+      }
+    }
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+               << "failed only at the timeout");
+  });
+}
+
 TEST_F(TwoHosts, AbortOnOneHostAbortsEveryRankOnTheOther) {
   const NetnsHosts& hosts = *hosts_;
   LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
