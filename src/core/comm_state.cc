@@ -231,19 +231,36 @@ std::shared_ptr<shm::Segment> CommState::joinSegment(Clock::time_point deadline)
   const CommId segmentId =
       spansHosts() ? deriveId(roster_.id, "host/" + std::to_string(host)) : roster_.id;
   ProcessService& service = ProcessService::instance();
+  // A member that dies while the others gather (or one a shrink kept, already dead) ends
+  // every rank's wait at once, named, instead of at the creation's deadline.
+  const PeerInfo& self = roster_.peers[rank_];
+  std::vector<std::pair<int, int>> others;
+  for (int q : here) {
+    const PeerInfo& peer = roster_.peers[q];
+    if (q != rank_ && peer.pidNamespace == self.pidNamespace) others.emplace_back(q, peer.pid);
+  }
+  const ExitWatch watch(others);
+  const auto stillAlive = [&] {
+    if (const auto gone = watch.exited()) {
+      throw Error(ErrorCode::kPeerFailure, "create", rank_,
+                  "rank " + std::to_string(gone->first) + " (pid " + std::to_string(gone->second) +
+                      ") exited while this communicator was being made; make it without that "
+                      "rank (shrink) or restart the job");
+    }
+  };
   if (localRank != 0) {
     handshake::Hello hello;
     hello.comm = segmentId;
     hello.secret = roster_.secret;
     hello.rank = localRank;
     hello.pid = static_cast<int32_t>(::getpid());
-    posix::Fd fd = service.joinLeader(roster_.peers[here[0]].address, hello, deadline);
+    posix::Fd fd = service.joinLeader(roster_.peers[here[0]].address, hello, deadline, stillAlive);
     return shm::Segment::attach(std::move(fd), segmentId, localSize);
   }
   const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
   std::shared_ptr<shm::Segment> segment = shm::Segment::create(layout, segmentId);
-  std::vector<Arrival> members =
-      service.acceptMembers(segmentId, roster_.secret, localSize - 1, localSize, deadline);
+  std::vector<Arrival> members = service.acceptMembers(segmentId, roster_.secret, localSize - 1,
+                                                       localSize, deadline, stillAlive);
   const auto welcome = handshake::encodeWelcome(0, "");
   for (Arrival& member : members) {
     if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),

@@ -50,7 +50,30 @@ std::string randomName() {
 
 std::atomic<std::thread::id> gServiceThread;
 
+// Slices of a creation wait between liveness checks.
+constexpr auto kAliveSlice = std::chrono::milliseconds(50);
+
 }  // namespace
+
+ExitWatch::ExitWatch(const std::vector<std::pair<int, int>>& rankPids) {
+  for (const auto& [rank, pid] : rankPids) {
+    posix::Fd fd(openPidfd(pid));
+    if (fd) {
+      watched_.push_back({rank, pid, std::move(fd)});
+    } else if (errno == ESRCH && !gone_) {
+      gone_ = std::make_pair(rank, pid);  // exited (and reaped) already
+    }
+  }
+}
+
+std::optional<std::pair<int, int>> ExitWatch::exited() const {
+  if (gone_) return gone_;
+  for (const Watched& w : watched_) {
+    pollfd pfd{w.pidfd.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 0) > 0) return std::make_pair(w.rank, w.pid);
+  }
+  return std::nullopt;
+}
 
 ProcessService& ProcessService::instance() {
   // Leaked on purpose: the thread lives as long as the process and must never block exit.
@@ -212,7 +235,8 @@ void ProcessService::readHello(size_t index) {
 
 std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
                                                    const handshake::Secret& secret, int count,
-                                                   int size, Clock::time_point deadline) {
+                                                   int size, Clock::time_point deadline,
+                                                   const StillAlive& stillAlive) {
   std::vector<Arrival> accepted;
   std::set<int> ranks;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -232,7 +256,16 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
   };
   while (static_cast<int>(accepted.size()) < count) {
     if (expectation.arrived.empty()) {
-      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout &&
+      if (stillAlive) {
+        try {
+          stillAlive();
+        } catch (...) {
+          expected_.erase(comm);
+          throw;
+        }
+      }
+      const auto until = stillAlive ? std::min(deadline, Clock::now() + kAliveSlice) : deadline;
+      if (arrived_.wait_until(lock, until) == std::cv_status::timeout && Clock::now() >= deadline &&
           expectation.arrived.empty()) {
         std::string missing;
         for (int r = 1; r < size; ++r) {
@@ -265,10 +298,11 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
 }
 
 posix::Fd ProcessService::introduce(const std::string& address, const handshake::Hello& hello,
-                                    Clock::time_point deadline) {
+                                    Clock::time_point deadline, const StillAlive& stillAlive) {
   posix::Fd socket;
   auto pause = std::chrono::milliseconds(1);
   while (!(socket = unix_socket::connectAbstract(address))) {
+    if (stillAlive) stillAlive();
     if (Clock::now() >= deadline) {
       throw Error(ErrorCode::kTimeout, "create", hello.rank,
                   "could not reach the leader's socket '" + address +
@@ -298,14 +332,26 @@ posix::Fd ProcessService::introduce(const std::string& address, const handshake:
 }
 
 posix::Fd ProcessService::joinLeader(const std::string& address, const handshake::Hello& hello,
-                                     Clock::time_point deadline) {
-  posix::Fd socket = introduce(address, hello, deadline);
+                                     Clock::time_point deadline, const StillAlive& stillAlive) {
+  posix::Fd socket = introduce(address, hello, deadline, stillAlive);
   uint8_t reply[handshake::kWelcomeBytes];
   posix::Fd segment;
-  if (!unix_socket::recvWithFd(socket.get(), reply, sizeof reply, &segment, deadline)) {
-    throw Error(ErrorCode::kTimeout, "create", hello.rank,
-                "the leader did not hand over the shared segment in time (it may be waiting "
-                "for other ranks, or it failed)");
+  // The welcome is one small message: a slice that ends without it has read nothing of it.
+  for (;;) {
+    const auto until = stillAlive ? std::min(deadline, Clock::now() + kAliveSlice) : deadline;
+    if (unix_socket::recvWithFd(socket.get(), reply, sizeof reply, &segment, until)) break;
+    if (Clock::now() < until) {  // not a slice that ran out: the connection ended
+      if (stillAlive) stillAlive();
+      throw Error(ErrorCode::kPeerFailure, "create", hello.rank,
+                  "the leader closed its connection before handing over the shared segment; "
+                  "did it fail?");
+    }
+    if (Clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout, "create", hello.rank,
+                  "the leader did not hand over the shared segment in time (it may be waiting "
+                  "for other ranks, or it failed)");
+    }
+    stillAlive();
   }
   const auto welcome = handshake::parseWelcome(reply);
   if (!welcome || welcome->first != 0 || !segment) {

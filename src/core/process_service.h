@@ -11,9 +11,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/handshake.h"
@@ -21,6 +23,28 @@
 #include "util/posix.h"
 
 namespace loom {
+
+/// Processes watched while a communicator is made: which of them has exited (pidfds, so an
+/// exited process not yet reaped counts too).
+class ExitWatch {
+ public:
+  /// Watches each (rank, pid); a pid that no longer exists counts as exited, one that cannot
+  /// be watched otherwise is left out.
+  explicit ExitWatch(const std::vector<std::pair<int, int>>& rankPids);
+  ExitWatch(const ExitWatch&) = delete;
+  ExitWatch& operator=(const ExitWatch&) = delete;
+  /// The (rank, pid) of a watched process that has exited, if any.
+  std::optional<std::pair<int, int>> exited() const;
+
+ private:
+  struct Watched {
+    int rank;
+    int pid;
+    posix::Fd pidfd;
+  };
+  std::vector<Watched> watched_;
+  std::optional<std::pair<int, int>> gone_;  // the first found gone already
+};
 
 /// A member that connected to a leader and passed the checks.
 struct Arrival {
@@ -39,19 +63,26 @@ class ProcessService {
   /// The abstract socket name members connect to (without the leading NUL byte).
   const std::string& address() const { return address_; }
 
+  /// Called every few milliseconds while a leader or member waits: throws (an Error naming
+  /// a member that died meanwhile) to end the wait at once instead of at its deadline.
+  using StillAlive = std::function<void()>;
+
   /// Leader side: waits for `count` members of communicator `comm` presenting `secret`;
-  /// throws Error(kTimeout) at `deadline` naming the ranks that never came.
+  /// throws Error(kTimeout) at `deadline` naming the ranks that never came, or what
+  /// `stillAlive` throws.
   std::vector<Arrival> acceptMembers(const CommId& comm, const handshake::Secret& secret, int count,
-                                     int size, Clock::time_point deadline);
+                                     int size, Clock::time_point deadline,
+                                     const StillAlive& stillAlive = nullptr);
 
   /// Member side: connects to the leader at `address`, presents itself, and returns the
-  /// segment fd it is given. Throws Error on refusal, timeout or a dead leader.
+  /// segment fd it is given. Throws Error on refusal, timeout or a dead leader, or what
+  /// `stillAlive` throws.
   posix::Fd joinLeader(const std::string& address, const handshake::Hello& hello,
-                       Clock::time_point deadline);
+                       Clock::time_point deadline, const StillAlive& stillAlive = nullptr);
   /// Member side, the first half of joinLeader: connects to the leader at `address` (a
   /// process of this uid only) and sends the Hello; returns the socket for what follows.
   posix::Fd introduce(const std::string& address, const handshake::Hello& hello,
-                      Clock::time_point deadline);
+                      Clock::time_point deadline, const StillAlive& stillAlive = nullptr);
 
   /// Calls `onExit(pid)` on the service thread when process `pid` exits. Returns an id for
   /// unwatch(). Returns 0 if the process cannot be watched: one that has exited already is

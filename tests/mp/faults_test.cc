@@ -261,6 +261,68 @@ TEST(Faults, RankThatNeverJoinsFailsCreateNamingIt) {
   EXPECT_TRUE(outcomes[1].exited && outcomes[1].status == 0) << outcomes[1].output;
 }
 
+// A member that dies while the others make a child (new_group) ends their wait at once,
+// named, and so does a dead rank that a shrink keeps; both used to wait out the creation's
+// timeout and then blame a rank that "never connected" or a leader that "did not hand over".
+TEST(Faults, AMemberThatDiesWhileAChildIsMadeIsNamedAtOnce) {
+  const auto outcomes = testing::runRanks(4, [](RankContext& ctx) {
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting
+      ::raise(SIGKILL);
+    }
+    const int all[] = {0, 1, 2, 3};
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->subset(all, "with a member that dies", options);
+      LOOM_CHECK(false, << "a child with a dead member was made");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank 3") != std::string::npos, << e.what());
+    }
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20),
+               << "named only at the timeout");
+    // The parent knows rank 3 died; a shrink told only of rank 3 works, one that keeps it not.
+    auto survivors = comm->shrink(std::vector<int>{3}, options);
+    float x = 1;
+    survivors->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    LOOM_CHECK(x == 3, << x);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+}
+
+TEST(Faults, AShrinkThatKeepsADeadRankFailsAtOnceNamingIt) {
+  const auto outcomes = testing::runRanks(4, [](RankContext& ctx) {
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank >= 2) ::raise(SIGKILL);
+    try {
+      comm->barrier().wait();
+    } catch (const Error&) {
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->shrink(std::vector<int>{2}, options);  // rank 3 is dead too
+      LOOM_CHECK(false, << "a shrink that kept a dead rank succeeded");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank 2 (pid") != std::string::npos, << e.what());
+    }
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20),
+               << "named only at the timeout");
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+}
+
 TEST(Faults, ExitingWithLiveCommunicatorsAndPendingOperationsDoesNotHang) {
   // std::exit runs static destructors and atexit handlers; no loom thread may hold it up,
   // even with a communicator never destroyed and a receive that can never complete.
