@@ -177,8 +177,9 @@ class Communicator {
   /// Fails every pending and future operation of this communicator and of its peers'
   /// copies at once (Error kAborted); never blocks. Safe from any thread.
   void abort();
-  /// Waits for operations already issued, then releases the communicator's resources;
-  /// later operations throw Error(kAborted).
+  /// Waits for the collectives and sends already issued (a send until it is delivered or
+  /// reaches its deadline), fails the receives still pending (Error kAborted), then releases
+  /// the communicator's resources; later operations throw Error(kAborted).
   void shutdown();
 
   /// Internal: the state behind this handle.

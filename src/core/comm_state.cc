@@ -728,9 +728,11 @@ void CommState::shutdown() {
     std::lock_guard<std::mutex> lock(p2pMutex_);
     p2p = p2p_.get();
   }
-  // Sends and receives issued before end as they would have (a send then a shutdown is how
-  // a rank hands its last message on): done, or at their deadlines.
-  if (p2p != nullptr) p2p->waitForPending();
+  // Sends issued before end as they would have (a send then a shutdown is how a rank hands
+  // its last message on): delivered, or at their deadlines. Receives still pending end now
+  // (kAborted): nobody waited for them before shutting down, and one whose message never
+  // comes would hold the shutdown for its whole timeout.
+  if (p2p != nullptr) p2p->waitForSends();
   {
     std::lock_guard<std::mutex> lock(p2pMutex_);
     p2p_.reset();

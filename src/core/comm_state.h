@@ -75,9 +75,10 @@ class CommState final : public FailureSink {
   int nextChildNumber(const std::string& key);
 
   void abort();
-  /// Waits for the operations issued so far (sends and receives to their deadlines at the
-  /// latest), then stops every thread. Throws Error(kInvalidArgument) on one of those
-  /// threads (a completion callback), which would wait for itself.
+  /// Waits for the collectives and sends issued so far (sends to their deadlines at the
+  /// latest), fails the receives still pending, then stops every thread. Throws
+  /// Error(kInvalidArgument) on one of those threads (a completion callback), which would wait for
+  /// itself.
   void shutdown();
 
   /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed;

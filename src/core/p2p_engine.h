@@ -54,9 +54,9 @@ class P2pEngine {
             std::vector<std::unique_ptr<MessageLink>> links, detail::FailureSink* sink);
   /// Stops the thread; operations still pending fail with kAborted.
   ~P2pEngine();
-  /// Blocks until every send and receive issued so far has ended (each by its deadline at
-  /// the latest). Not on the engine's own thread (it would wait for itself).
-  void waitForPending();
+  /// Blocks until every send issued so far has ended (each by its deadline at the latest).
+  /// Not on the engine's own thread (it would wait for itself).
+  void waitForSends();
   /// Whether the calling thread is this engine's own (a completion callback runs there).
   bool onItsThread() const { return std::this_thread::get_id() == thread_.get_id(); }
   P2pEngine(const P2pEngine&) = delete;
@@ -131,8 +131,8 @@ class P2pEngine {
   bool progressReceives();
   /// Moves what has arrived from `source` into receives or unexpected buffers; true if any.
   bool drain(int source);
-  /// Whether anything issued has not ended yet (the gate held).
-  bool pending();
+  /// Whether a send issued has not ended yet (the gate held).
+  bool sendsPending();
   void startMessage(int source, Inbound& in, const Envelope& envelope);
   void finishMessage(int source, Inbound& in);
   void postReceive(const std::shared_ptr<Op>& op);

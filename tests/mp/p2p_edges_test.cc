@@ -170,18 +170,32 @@ TEST(SendRecvEdges, AReceiveThatGivesUpPartWayLeavesTheMessageToTheNextInOrder) 
   });
 }
 
-// shutdown waits for the operations issued before it: a send of 1 MiB through a 16 KiB ring
-// whose receive is posted half a second later arrives whole (it used to be cut off, failing
-// the receiver's communicator).
+// shutdown waits for the sends issued before it: a send of 1 MiB through a 16 KiB ring whose
+// receive is posted half a second later arrives whole (it used to be cut off, failing the
+// receiver's communicator); a receive still pending, whose message never comes, fails at
+// once rather than hold the shutdown for its timeout.
 TEST(SendRecvEdges, ASendThenAShutdownStillDeliversTheMessage) {
   expectOk(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     const size_t count = 1 << 18;
     std::vector<float> data(count, ctx.rank == 0 ? 1.0F : 0.0F);
     if (ctx.rank == 0) {
+      float never = 0;
+      Request unanswered = comm->recv(&never, 1, DataType::kFloat32, 1, 7);  // 10 min timeout
       Request send = comm->send(data.data(), count, DataType::kFloat32, 1, 1);
+      const auto start = Clock::now();
       comm->shutdown();
+      LOOM_CHECK(msSince(start) < 60000, << "the shutdown took " << msSince(start) << " ms");
       send.wait();
+      try {
+        unanswered.wait();
+        LOOM_CHECK(false, << "a receive whose message never came succeeded");
+      } catch (const Error& e) {
+        // Shut down with it, or ended a moment before as rank 1 (done) left.
+        LOOM_CHECK(e.code() == ErrorCode::kAborted || e.code() == ErrorCode::kPeerFailure,
+                   << e.what());
+        LOOM_CHECK(contains(e.what(), "loom recv (rank 0): from rank 1 (tag 7"), << e.what());
+      }
       ctx.store->get("done", std::chrono::seconds(30));
       return;
     }
