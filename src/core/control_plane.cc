@@ -2,6 +2,8 @@
 
 #include "core/control_plane.h"
 
+#include <optional>
+
 #include "loom/error.h"
 #include "util/posix.h"
 
@@ -59,8 +61,16 @@ ControlPlane::~ControlPlane() {
 }
 
 void ControlPlane::awaitPeers(Clock::time_point deadline) {
+  std::optional<Clock::time_point> failedAt;
   while (met_.load(std::memory_order_acquire) < static_cast<int>(peers_.size())) {
-    if (failures_.failed()) throw failures_.failureError("create");
+    // A failure recorded on this host while the last peers are met (ranks that finished
+    // creating first may already have used the communicator and failed) leaves this thread a
+    // few turns to hear them: then creation ends and the failure shows at the first call, as
+    // it does on the ranks that were quicker. A peer not heard by then is not coming.
+    if (failures_.failed()) {
+      if (!failedAt) failedAt = Clock::now();
+      if (Clock::now() - *failedAt > 20 * kTurn) throw failures_.failureError("create");
+    }
     if (Clock::now() >= deadline) {
       throw Error(ErrorCode::kTimeout, "create", rank_,
                   "not every rank on the other hosts joined within the timeout (heard from " +
