@@ -183,21 +183,31 @@ void WorkLoom::complete(std::exception_ptr failure) {
   failure = finishCall(failure, finisher_, ties_ ? ties_->legend : std::string());
   finisher_ = nullptr;  // releases staged tensors
   reads_.clear();
+  outcome_ = failure;
+  ended_.store(true, std::memory_order_release);
+  // Deep in a collective worker's nesting (util/worker.h) the callbacks chained on the
+  // future would nest further: the work is published complete, with its future, once the
+  // thread is back up (a callback waiting on it there reads ended_ meanwhile).
+  if (Worker* worker = Worker::current();
+      !cudaStream_ && future_ && worker != nullptr && worker->deep()) {
+    worker->defer([self = c10::intrusive_ptr<WorkLoom>::reclaim_copy(this), failure] {
+      self->publish(failure);
+    });
+    return;
+  }
+  publish(failure);
+}
+
+void WorkLoom::publish(const std::exception_ptr& failure) {
   // Callbacks chained on the future run while it is marked, before finish(): the outcome is
   // published first, so code they wake sees a completed work with its success or error.
-  outcome_ = failure;
   done_.store(true, std::memory_order_release);
-  // CUDA work: the future completed at launch. Deep in a collective worker's nesting
-  // (util/worker.h), the callbacks chained on the future would nest further: they run once
-  // the thread is back up, the work itself complete at once.
+  // CUDA work: the future completed at launch.
   if (!cudaStream_ && future_) {
-    Worker* worker = Worker::current();
-    if (worker != nullptr && worker->deep()) {
-      worker->defer([self = c10::intrusive_ptr<WorkLoom>::reclaim_copy(this), failure] {
-        self->markFuture(failure);
-      });
+    if (failure) {
+      future_->setError(failure);
     } else {
-      markFuture(failure);
+      future_->markCompleted(futureValueOf(outputs_, futureLists_));
     }
   }
   finish(failure);
@@ -205,14 +215,6 @@ void WorkLoom::complete(std::exception_ptr failure) {
   if (countedAsGivenUp_) {
     countedAsGivenUp_ = false;
     ties_->givenUp.fetch_sub(1);
-  }
-}
-
-void WorkLoom::markFuture(const std::exception_ptr& failure) {
-  if (failure) {
-    future_->setError(failure);
-  } else {
-    future_->markCompleted(futureValueOf(outputs_, futureLists_));
   }
 }
 
@@ -288,7 +290,11 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     // Run deep in the worker's nesting, the calls' completions may wait for the thread to
     // come back up, which it does only after this wait: run them here, up to this work's.
     if (worker != nullptr && awaited_.test()) {
-      worker->runDeferredHere([this] { return done_.load(std::memory_order_acquire); });
+      worker->runDeferredHere([this] { return ended_.load(std::memory_order_acquire); });
+      if (ended_.load(std::memory_order_acquire)) {  // published later, on the way back up
+        if (outcome_) std::rethrow_exception(outcome_);
+        return true;
+      }
     }
   }
   // Most collectives finish within microseconds: poll briefly before sleeping.

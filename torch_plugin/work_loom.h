@@ -114,8 +114,9 @@ class WorkLoom : public c10d::Work {
   [[noreturn]] void timedOut(std::chrono::milliseconds timeout);
   /// Runs the finisher (unless `failure`), fulfils the future if there is one, and finishes.
   void complete(std::exception_ptr failure);
-  /// Completes the future with the outputs, or fails it with `failure`.
-  void markFuture(const std::exception_ptr& failure);
+  /// Publishes the ended work: done_, the future (completed with the outputs, or failed
+  /// with `failure`), then finish() for waiters.
+  void publish(const std::exception_ptr& failure);
   /// CUDA work: the first failure so far, as DistBackendError (nullptr if none).
   std::exception_ptr failureSoFar();
 
@@ -128,8 +129,9 @@ class WorkLoom : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::once_flag futureOnce_;
   std::atomic<int> pending_{0};
-  std::atomic<bool> done_{false};  // set once outcome_ is, before the future is marked
-  std::exception_ptr outcome_;     // written once, before done_ is set
+  std::atomic<bool> ended_{false};  // results in place and outcome_ set (maybe not published)
+  std::atomic<bool> done_{false};   // published: set before the future is marked
+  std::exception_ptr outcome_;      // written once, before done_ is set
   size_t futureLists_ = 0;
   std::atomic<int> source_{-1};
   uint64_t seq_ = 0;

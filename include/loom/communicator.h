@@ -178,8 +178,9 @@ class Communicator {
   /// copies at once (Error kAborted); never blocks. Safe from any thread.
   void abort();
   /// Waits for the collectives and sends already issued (a send until it is delivered or
-  /// reaches its deadline), fails the receives still pending (Error kAborted), then releases
-  /// the communicator's resources; later operations throw Error(kAborted).
+  /// reaches its deadline, 10 s at most), fails the receives still pending (Error kAborted),
+  /// then releases the communicator's resources; later operations throw Error(kAborted).
+  /// Refused (Error kInvalidArgument) in a completion callback on its own threads.
   void shutdown();
 
   /// Internal: the state behind this handle.

@@ -142,8 +142,8 @@ void exchangeNetAddresses(int rank, Roster& roster, Store& store, const std::str
   };
   const auto publishRefusal = [&](int q, const std::string& why) {
     ByteWriter refusedAll;
-    refusedAll.string(kNoAddress +
-                      ("rank " + std::to_string(q) + " cannot open the network: " + why));
+    const std::string text = "rank " + std::to_string(q) + " cannot open the network: " + why;
+    refusedAll.string(kNoAddress + text.substr(0, kMaxName / 2));  // within the reader's limit
     store.set(prefix + "net/all", refusedAll.bytes());
   };
   if (!refusal.empty()) {  // the caller throws its own error; rank 0 tells the others first

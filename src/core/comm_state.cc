@@ -5,6 +5,8 @@
 #include <unistd.h>
 #include <climits>
 #include <map>
+#include <system_error>
+#include <thread>
 
 #include "algorithms/call_stamp.h"
 #include "algorithms/network_context.h"
@@ -37,6 +39,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kPointToPoint = 0;
 constexpr uint32_t kCollectives = 1;
 constexpr uint32_t kControl = 2;
+// How long a shutdown waits for its sends to be taken (see shutdown()).
+constexpr std::chrono::seconds kShutdownSendGrace{10};
 // Lane 0 of the collectives is kCollectives; lane l > 0, kControl + l.
 uint32_t laneChannel(int lane) {
   return lane == 0 ? kCollectives : kControl + static_cast<uint32_t>(lane);
@@ -673,9 +677,12 @@ void CommState::abort() {
 
 void CommState::destroy(CommState* state) {
   // Its last reference dropped in one of its own completion callbacks: destruction waits
-  // for that thread, so it happens on another.
+  // for that thread, so it happens on another (or, if no thread can be made, never).
   if (state->onOwnThread()) {
-    std::thread([state] { delete state; }).detach();
+    try {
+      std::thread([state] { delete state; }).detach();
+    } catch (const std::system_error&) {
+    }
     return;
   }
   delete state;
@@ -729,10 +736,11 @@ void CommState::shutdown() {
     p2p = p2p_.get();
   }
   // Sends issued before end as they would have (a send then a shutdown is how a rank hands
-  // its last message on): delivered, or at their deadlines. Receives still pending end now
-  // (kAborted): nobody waited for them before shutting down, and one whose message never
-  // comes would hold the shutdown for its whole timeout.
-  if (p2p != nullptr) p2p->waitForSends();
+  // its last message on): delivered, or at their deadlines, for at most kShutdownSendGrace
+  // (a receiver that never posts its receive must not hold the shutdown, nor its own
+  // collective waiting for this rank, for the whole timeout). Receives still pending end now
+  // (kAborted): nobody waited for them before shutting down.
+  if (p2p != nullptr) p2p->waitForSends(kShutdownSendGrace);
   {
     std::lock_guard<std::mutex> lock(p2pMutex_);
     p2p_.reset();

@@ -75,8 +75,9 @@ class CommState final : public FailureSink {
   int nextChildNumber(const std::string& key);
 
   void abort();
-  /// Waits for the collectives and sends issued so far (sends to their deadlines at the
-  /// latest), fails the receives still pending, then stops every thread. Throws
+  /// Waits for the collectives and sends issued so far (sends to their deadlines, or
+  /// kShutdownSendGrace, at the latest), fails the receives still pending, then stops every
+  /// thread. Throws
   /// Error(kInvalidArgument) on one of those threads (a completion callback), which would wait for
   /// itself.
   void shutdown();

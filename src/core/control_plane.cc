@@ -135,6 +135,14 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
   receive(peer, now);
   if (peer.link->peerLeft()) {
     peer.done = true;  // it destroyed its communicator normally: silence is expected now
+    // Before its first word, though, it never finished making it: creation here must not
+    // wait out its timeout for a peer that is not coming.
+    if (!peer.heard && !failedHere) {
+      failures_.fail(ErrorCode::kPeerFailure, peer.rank,
+                     describe_(peer.rank) +
+                         " closed its connection before its control plane spoke: making this "
+                         "communicator failed there (see its log)");
+    }
     return;
   }
   if (!failedHere && peer.heard && now - *peer.heard > silence_) {

@@ -43,8 +43,14 @@ struct OpState {
 
   explicit OpState(uint64_t sequence = 0) : seq(sequence) {}
 
+  using Callbacks = std::vector<std::function<void(std::exception_ptr)>>;
   /// Finishes the operation, wakes waiters and runs completion callbacks (on this thread).
   void complete(std::exception_ptr failure);
+  /// complete() in two halves, for several operations ended together: finish each (its
+  /// waiters see it ended), then run their callbacks, so that no callback waits on one of
+  /// them not marked yet.
+  Callbacks finish(std::exception_ptr failure);
+  static void runCallbacks(Callbacks callbacks, const std::exception_ptr& failure);
   bool finished() const { return status.load(std::memory_order_acquire) != kPending; }
   /// For a waiter about to sleep or a callback about to be added: marks the state watched
   /// (complete() then wakes and calls back) and returns whether it has finished.

@@ -115,17 +115,24 @@ bool P2pEngine::Gate::progress(bool anyThread) {
     if (!lock.owns_lock() || engine == nullptr) return false;
     progressed = engine->turn();
     if (own) engine->expire(Clock::now());
+    // The engine is going (its destructor waits for this thread): a callback waiting here
+    // must not hold it to that operation's deadline.
+    if (own && engine->stopping_.load(std::memory_order_acquire)) {
+      engine->failAll(Error(ErrorCode::kAborted, "send/recv", engine->rank_,
+                            "the communicator was shut down while this operation was pending"));
+    }
     finished.swap(engine->finished_);
   }
   complete(finished);
   return progressed;
 }
 
-void P2pEngine::waitForSends() {
+void P2pEngine::waitForSends(std::chrono::milliseconds atMost) {
+  const auto until = deadlineAfter(atMost);
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(gate_->mutex);
-      if (!sendsPending()) return;
+      if (!sendsPending() || Clock::now() >= until) return;
     }
     // The engine's thread moves them on and ends them at their deadlines.
     shm_.ringDoorbell(shm_.rank());
@@ -145,7 +152,13 @@ void P2pEngine::finish(Op& op, std::exception_ptr error) {
 }
 
 void P2pEngine::complete(std::vector<Finished>& finished) {
-  for (Finished& f : finished) f.state->complete(std::move(f.error));
+  // Every one marked before any callback runs: a callback may wait on another of them.
+  std::vector<detail::OpState::Callbacks> callbacks;
+  callbacks.reserve(finished.size());
+  for (Finished& f : finished) callbacks.push_back(f.state->finish(f.error));
+  for (size_t i = 0; i < finished.size(); ++i) {
+    detail::OpState::runCallbacks(std::move(callbacks[i]), finished[i].error);
+  }
   finished.clear();
 }
 
@@ -250,13 +263,11 @@ bool P2pEngine::progressSends() {
   for (int q = 0; q < size_; ++q) {
     auto& queue = outbound_[q];
     bool wrote = false;
-    // A receiver that is gone takes nothing more (expire() fails what waits for it): writing
-    // a small message into its ring would report a send that nobody will ever receive.
-    if (!queue.empty() && queue.front()->done == 0 && failures_.stateOf(q) != RankState::kAlive) {
-      continue;
-    }
     while (!queue.empty()) {
       Op& op = *queue.front();
+      // A receiver that is gone takes nothing more (expire() fails what waits for it): writing
+      // a small message into its ring would report a send that nobody will ever receive.
+      if (op.done == 0 && failures_.stateOf(q) != RankState::kAlive) break;
       const uint64_t before = op.done;
       bool complete = false;
       try {

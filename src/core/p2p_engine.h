@@ -54,9 +54,9 @@ class P2pEngine {
             std::vector<std::unique_ptr<MessageLink>> links, detail::FailureSink* sink);
   /// Stops the thread; operations still pending fail with kAborted.
   ~P2pEngine();
-  /// Blocks until every send issued so far has ended (each by its deadline at the latest).
-  /// Not on the engine's own thread (it would wait for itself).
-  void waitForSends();
+  /// Blocks until every send issued so far has ended (each by its deadline at the latest),
+  /// or for `atMost`. Not on the engine's own thread (it would wait for itself).
+  void waitForSends(std::chrono::milliseconds atMost);
   /// Whether the calling thread is this engine's own (a completion callback runs there).
   bool onItsThread() const { return std::this_thread::get_id() == thread_.get_id(); }
   P2pEngine(const P2pEngine&) = delete;

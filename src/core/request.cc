@@ -28,6 +28,10 @@ std::string failureMessage(const std::exception_ptr& failure) {
 }
 
 void OpState::complete(std::exception_ptr failure) {
+  runCallbacks(finish(failure), failure);
+}
+
+OpState::Callbacks OpState::finish(std::exception_ptr failure) {
   // The record and the failure report come first: a waiter that wakes may end the process.
   if (flightId != 0)
     FlightRecorder::instance().ended(flightId, failure ? failureMessage(failure) : "");
@@ -37,13 +41,18 @@ void OpState::complete(std::exception_ptr failure) {
   // Nobody asleep and no callbacks (the common case, a waiter that spins): no lock. Both
   // sides are sequentially consistent, so either this thread sees `watched` or the watcher,
   // who sets it before looking, sees the status.
-  if (!watched.load()) return;
-  std::vector<std::function<void(std::exception_ptr)>> run;
+  if (!watched.load()) return {};
+  Callbacks run;
   {
     std::lock_guard<std::mutex> lock(mutex);
     run.swap(callbacks);
   }
   done.notify_all();
+  return run;
+}
+
+void OpState::runCallbacks(Callbacks run, const std::exception_ptr& failure) {
+  if (run.empty()) return;
   // A call that a completion callback ran on its worker's thread (Worker::runQueuedHere),
   // many levels down: its own callbacks wait until the thread is back up.
   if (Worker* worker = Worker::current(); worker != nullptr && worker->deep()) {

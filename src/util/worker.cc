@@ -76,12 +76,16 @@ size_t Worker::runQueuedHere(uint64_t upTo) {
   // after the caller's own (or the job it waits for) and wait for it.
   if (upTo == 0) upTo = submitted_.load();
   size_t ran = 0;
-  ++nesting_;  // jobs do not throw (run() would end the thread)
+  const Level level(nesting_);
   for (Job job; takeNext(upTo, job); ++ran) {
-    job();
+    try {
+      job();
+    } catch (...) {
+      finishedOne();  // a completion callback threw through its job: still one less queued
+      throw;
+    }
     finishedOne();
   }
-  --nesting_;
   return ran;
 }
 
@@ -96,14 +100,13 @@ void Worker::defer(std::function<void()> completion) {
 size_t Worker::runDeferredHere(const std::function<bool()>& enough) {
   if (tCurrent != this) return 0;
   size_t ran = 0;
-  ++nesting_;
+  const Level level(nesting_);
   // Taken one at a time: a completion may defer more.
   for (; !deferred_.empty() && !(enough && enough()); ++ran) {
     std::function<void()> completion = std::move(deferred_.front());
     deferred_.pop_front();
     completion();
   }
-  --nesting_;
   return ran;
 }
 

@@ -100,10 +100,18 @@ class Worker {
   std::condition_variable idle_;
   std::deque<std::pair<uint64_t, Job>> queue_;  // (submission number, job); guarded by mutex_
   const bool serveItsOwnWaits_;
-  bool stopping_ = false;                       // guarded by mutex_
-  std::atomic<bool> here_{false};               // a caller runs a job (runHereIfIdle)
-  std::atomic<uint64_t> submitted_{0};          // jobs queued so far, counted before queueing
-  std::atomic<uint64_t> finished_{0};           // jobs the worker has run
+  bool stopping_ = false;               // guarded by mutex_
+  std::atomic<bool> here_{false};       // a caller runs a job (runHereIfIdle)
+  std::atomic<uint64_t> submitted_{0};  // jobs queued so far, counted before queueing
+  std::atomic<uint64_t> finished_{0};   // jobs the worker has run
+  // One level of nesting for as long as it lives, whatever leaves it (a callback may throw).
+  struct Level {
+    explicit Level(int& depth) : depth_(depth) { ++depth_; }
+    ~Level() { --depth_; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+    int& depth_;
+  };
   int nesting_ = 0;                             // runQueuedHere levels; the worker's thread only
   std::deque<std::function<void()>> deferred_;  // defer()'s; the worker's thread only
   std::thread thread_;

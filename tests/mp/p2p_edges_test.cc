@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -120,6 +121,37 @@ TEST(SendRecvEdges, AWaitInsideACompletionCallbackIsDrivenToItsEnd) {
     LOOM_CHECK(done, << "the callback's waits never ended");
     LOOM_CHECK(timedOut == "timeout", << timedOut);
     LOOM_CHECK(received == std::to_string(2.0F), << received);
+  });
+}
+
+// Operations that end in one turn (two receives that time out together) are all marked
+// ended before any callback runs: a callback of the first waiting on the second must not
+// drive an engine that has already let the second go (it used to wait forever).
+TEST(SendRecvEdges, ACallbackWaitingOnAnOperationEndedInTheSameTurnReturns) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank == 0) {
+      const size_t count = 1 << 16;  // 256 KiB: the engine's thread ends them
+      std::vector<float> a(count), b(count);
+      OpOptions options;
+      options.timeout = std::chrono::milliseconds(200);
+      Request first = comm->recv(a.data(), count, DataType::kFloat32, 1, 1, options);
+      Request second = comm->recv(b.data(), count, DataType::kFloat32, 1, 2, options);
+      std::promise<std::string> outcome;
+      first.onComplete([&](const std::exception_ptr&) {
+        try {
+          second.wait();
+          outcome.set_value("succeeded");
+        } catch (const Error& e) {
+          outcome.set_value(e.code() == ErrorCode::kTimeout ? "timeout" : e.what());
+        }
+      });
+      auto future = outcome.get_future();
+      LOOM_CHECK(future.wait_for(std::chrono::seconds(30)) == std::future_status::ready,
+                 << "the callback's wait never ended");
+      LOOM_CHECK(future.get() == "timeout");
+    }
+    comm->barrier().wait();
   });
 }
 
