@@ -235,6 +235,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     std::vector<at::Tensor> pieces;
     for (const auto& t : tensors) pieces.push_back(t.reshape(-1));
     const at::Tensor packed = at::cat(pieces);
+    noteStaged(packed);
     const Flat flat = reductionView(s, packed, opts.reduceOp);
     const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
     auto finisher = [tensors, packed, flat] {

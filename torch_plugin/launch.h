@@ -67,6 +67,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.
   const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
+  // What the stream uses: the caller's inputs, and the copies staged for this call (their
+  // outputs are recorded too, below).
+  std::vector<at::Tensor> uses = inputs;
+  for (at::Tensor& copy : takeStaged()) uses.push_back(std::move(copy));
   {
     // What opOptions() reads for this call, cleared however issue() ends.
     struct CallScope {
@@ -83,7 +87,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     } catch (...) {
       // A call of several operations refused at its second or later: those issued before
       // still run, on staged copies the finisher owns and on the caller's tensors.
-      abandonIssued(stream, inputs, outputs, std::move(finisher), requests);
+      abandonIssued(stream, uses, outputs, std::move(finisher), requests);
       // The loom stream was made to follow the caller's: join it back, so a refused call
       // inside a CUDA graph capture leaves a capture that can still end (and its error is
       // the one the caller sees).
@@ -117,11 +121,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
       if (stream) coalescedStream_ = stream;
       held = stream && pointToPoint;
-      if (held) held_.push_back({*stream, inputs, outputs, finisher, requests});
+      if (held) held_.push_back({*stream, uses, outputs, finisher, requests});
     }
   }
   if (stream) {
-    if (!held) finishOnStream(*stream, inputs, outputs, finisher, requests);
+    if (!held) finishOnStream(*stream, uses, outputs, finisher, requests);
     finisher = nullptr;
   }
   // A CPU call over by now (a blocking one ran right here): a work with nothing to track.

@@ -193,7 +193,7 @@ void ProcessGroupLoom::rejoin(const c10::Stream& stream) {
 }
 
 void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
-                                      const std::vector<at::Tensor>& inputs,
+                                      const std::vector<at::Tensor>& uses,
                                       const std::vector<at::Tensor>& outputs,
                                       const std::function<void()>& finisher,
                                       c10::ArrayRef<Request> requests) {
@@ -202,7 +202,7 @@ void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
     c10::StreamGuard guard(stream);
     finisher();
   }
-  for (const auto* list : {&inputs, &outputs}) {
+  for (const auto* list : {&uses, &outputs}) {
     for (const auto& t : *list) {
       if (t.defined() && t.has_storage())
         impl.recordDataPtrOnStream(t.storage().data_ptr(), stream);
@@ -214,14 +214,14 @@ void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
 }
 
 void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
-                                     const std::vector<at::Tensor>& inputs,
+                                     const std::vector<at::Tensor>& uses,
                                      const std::vector<at::Tensor>& outputs,
                                      std::function<void()> finisher,
                                      c10::ArrayRef<Request> requests) {
   if (requests.empty()) return;
   if (stream) {
     const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    for (const auto* list : {&inputs, &outputs}) {
+    for (const auto* list : {&uses, &outputs}) {
       for (const auto& t : *list) {
         if (t.defined() && t.has_storage())
           impl.recordDataPtrOnStream(t.storage().data_ptr(), *stream);
@@ -230,10 +230,10 @@ void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
   }
   struct Kept {
     std::function<void()> finisher;
-    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> uses;
     std::vector<at::Tensor> outputs;
   };
-  auto kept = std::make_shared<const Kept>(Kept{std::move(finisher), inputs, outputs});
+  auto kept = std::make_shared<const Kept>(Kept{std::move(finisher), uses, outputs});
   // Released with the last of them to end, on the thread that ends it.
   for (const Request& r : requests) r.onComplete([kept](std::exception_ptr) {});
 }
@@ -353,7 +353,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
         return 0;
       },
       ties_->legend);
-  for (HeldFinish& h : held) finishOnStream(h.stream, h.inputs, h.outputs, h.finisher, h.requests);
+  for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.
   if (refused) std::rethrow_exception(refused);

@@ -163,17 +163,18 @@ class ProcessGroupLoom : public c10d::Backend {
   /// queued nothing after all); nothing if `stream` is the current stream.
   static void rejoin(const c10::Stream& stream);
   /// After a call was refused part way (an operation after the first failed to issue):
-  /// keeps what the operations issued so far use (the caller's tensors, what `finisher`
+  /// keeps what the operations issued so far use (`uses` and `outputs`, what `finisher`
   /// holds) alive until they end, without running `finisher`; CUDA tensors are also marked
   /// in use on `stream` for the caching allocator. The refused call's outputs are undefined.
   static void abandonIssued(const std::optional<c10::Stream>& stream,
-                            const std::vector<at::Tensor>& inputs,
+                            const std::vector<at::Tensor>& uses,
                             const std::vector<at::Tensor>& outputs, std::function<void()> finisher,
                             c10::ArrayRef<Request> requests);
   /// After a CUDA call's collectives are queued: runs `finisher` (copy-backs) on `stream`,
-  /// tells the caching allocator the tensors are in use there, and keeps what `finisher`
-  /// holds (staged tensors) alive until the GPU has run the call's last request.
-  static void finishOnStream(const c10::Stream& stream, const std::vector<at::Tensor>& inputs,
+  /// tells the caching allocator the tensors are in use there (`uses`: the caller's inputs
+  /// and the staged copies; and `outputs`), and keeps what `finisher` holds alive until the
+  /// GPU has run the call's last request.
+  static void finishOnStream(const c10::Stream& stream, const std::vector<at::Tensor>& uses,
                              const std::vector<at::Tensor>& outputs,
                              const std::function<void()>& finisher,
                              c10::ArrayRef<Request> requests);
@@ -192,7 +193,7 @@ class ProcessGroupLoom : public c10d::Backend {
   // CUDA sends and receives are held until endCoalescing, and so are their copy-backs).
   struct HeldFinish {
     c10::Stream stream;
-    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> uses;  // the caller's inputs and the copies staged for them
     std::vector<at::Tensor> outputs;
     std::function<void()> finisher;
     Requests requests;

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <utility>
 
 namespace loom::torch_plugin {
 
@@ -104,6 +105,20 @@ void requireLike(const CallSite& site, const char* what, const std::vector<at::T
   }
 }
 
+namespace {
+
+thread_local std::vector<at::Tensor> tStaged;  // noteStaged's, until takeStaged
+
+}  // namespace
+
+void noteStaged(const at::Tensor& copy) {
+  if (copy.defined() && copy.is_cuda()) tStaged.push_back(copy);
+}
+
+std::vector<at::Tensor> takeStaged() {
+  return std::exchange(tStaged, {});
+}
+
 Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op) {
   if (t.is_complex()) {
     const auto kind = static_cast<c10d::ReduceOp::RedOpType>(op);
@@ -120,6 +135,7 @@ Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::Reduce
                       "int8, uint8, int16, int32, int64, bool and complex as real pairs)");
   }
   const at::Tensor data = t.contiguous();
+  if (!data.is_alias_of(t)) noteStaged(data);
   return Flat{data, t, *type, static_cast<size_t>(data.numel())};
 }
 
@@ -128,6 +144,7 @@ Flat movementView(const at::Tensor& t) {
   // copied back into `t` itself (Outputs::inOut), conjugating on the way.
   const at::Tensor view = t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
   const at::Tensor data = (t.is_conj() ? at::view_as_real(t.resolve_conj()) : view).contiguous();
+  if (!data.is_alias_of(t)) noteStaged(data);
   const auto type = loomType(data.scalar_type()).value_or(DataType::kUInt8);
   return Flat{data, view, type, elementsOf(data, type)};
 }
@@ -144,7 +161,9 @@ bool overlap(const void* a, size_t na, const void* b, size_t nb) {
 // `in`, or a copy of it where it overlaps the `outBytes` at `out` and is not in place.
 Flat readApart(const Flat& in, const void* out, size_t outBytes, bool inPlace) {
   if (!overlap(in.ptr(), in.data.nbytes(), out, outBytes) || inPlace) return in;
-  return Flat{in.data.clone(), in.view, in.type, in.count};
+  const at::Tensor copy = in.data.clone();
+  noteStaged(copy);
+  return Flat{copy, in.view, in.type, in.count};
 }
 
 }  // namespace
@@ -252,6 +271,7 @@ at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
 
 at::Tensor Outputs::scratch(const at::Tensor& t) {
   at::Tensor made = at::empty_like(t, at::MemoryFormat::Contiguous);
+  noteStaged(made);
   staged_.emplace_back(made, t);
   return made;
 }

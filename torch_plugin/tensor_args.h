@@ -60,6 +60,15 @@ struct Flat {
   void* ptr() const { return data.data_ptr(); }
 };
 
+/// Notes `copy`, made for the call being prepared on this thread in place of a caller's
+/// tensor, if it is a CUDA tensor (staged inputs, output scratch, packed lists).
+void noteStaged(const at::Tensor& copy);
+/// Takes the CUDA copies noted on this thread since the last take. They were allocated on
+/// the caller's current stream, but the call's kernels (the collective, the copy-back) may
+/// run on the loom stream: launch() records them there, so that the caching allocator
+/// reuses their memory only once those kernels are done with it, whenever the host lets go.
+std::vector<at::Tensor> takeStaged();
+
 /// For reductions: complex tensors as their real view (SUM, AVG and PREMUL_SUM only),
 /// other dtypes as themselves; throws for dtypes loom cannot reduce.
 Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op);

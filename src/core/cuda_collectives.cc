@@ -16,6 +16,12 @@ void CudaExecutor::reduceAlone(const void* input, void* output, size_t count,
   reduce(output, own, count, args, noAgreement());
 }
 
+void CudaExecutor::checkRoot(int root, uint64_t e) {
+  if (e != firstEpoch_) return;
+  await(kReady, e, root);
+  copy(Segments{}, expecting(e, root));
+}
+
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
   const size_t es = elementSize(args.type);
   const size_t perStep = chunk_ / es;
@@ -75,7 +81,7 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
     const size_t n = clipped(args.count, lo, perStep);
     copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
     signal(kReady, e);
-    if (rank_ != args.root) return;
+    if (rank_ != args.root) return checkRoot(args.root, e);
     await(kReady, e);
     Sources srcs;
     for (int q = 0; q < size_; ++q) srcs.add(in(q, e));
@@ -157,7 +163,7 @@ void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
     copy({{in(rank_, e), at(args.input, lo * es), clipped(countOf(rank_), lo, perStep) * es}},
          publishing(e));
     signal(kReady, e);
-    if (!receives) return;
+    if (!receives) return checkRoot(args.root, e);
     await(kReady, e);
     Segments out;
     for (int q = 0; q < size_; ++q) {
@@ -257,7 +263,7 @@ void CudaExecutor::allToAllV(const CollectiveArgs& args) {
   }
   const size_t own = std::min(args.inputCounts[rank_], args.outputCounts[rank_]) * es;
   const cuda::Segment ownBlock{args.outputs[rank_], args.inputs[rank_], own};
-  if (!fusable() || own == 0 || ownBlock.dst == ownBlock.src) {
+  if (!fusableTransfers() || own == 0 || ownBlock.dst == ownBlock.src) {
     copy({ownBlock}, noAgreement());
     transfer(transfers, kAllToAllBlock);
     return;
@@ -302,7 +308,7 @@ void CudaExecutor::barrier() {
 }
 
 void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose) {
-  if (fusable()) return fusedTransfer(transfers, purpose);
+  if (fusableTransfers()) return fusedTransfer(transfers, purpose);
   // Each pair's messages form one stream of chunks per direction, in issue order; a round
   // moves the next chunk of every pair, so no peer's progress waits on another's.
   struct Chunk {

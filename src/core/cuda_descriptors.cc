@@ -24,7 +24,20 @@ cuda::Descriptor describe(const CollectiveArgs& args) {
                       k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
   return {{word0(static_cast<uint8_t>(k), args.type, reduces ? args.op.kind() : ReduceKind{},
                  args.variable, rooted ? static_cast<uint32_t>(args.root) : 0),
-           args.variable ? args.countsHash : args.count}};
+           (args.variable ? args.countsHash : args.count) & kCountMask}};
+}
+
+cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step) {
+  d.words[1] = (d.words[1] & kCountMask) | step << kStepTagShift;
+  return d;
+}
+
+bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs) {
+  const auto what = static_cast<uint8_t>(mine.words[0]);
+  const bool collective = what != kSendRecv && what != kAllToAllBlock;
+  const uint64_t differ = mine.words[1] ^ theirs.words[1];
+  return collective && mine.words[0] == theirs.words[0] && differ != 0 &&
+         (differ & kCountMask) == 0;
 }
 
 cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk) {
@@ -35,10 +48,11 @@ cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chun
 
 std::string explain(const cuda::Descriptor& d) {
   const uint64_t w0 = d.words[0];
-  const uint64_t w1 = d.words[1];
   const auto what = static_cast<uint8_t>(w0);
+  const bool transfer = what == kSendRecv || what == kAllToAllBlock;
+  const uint64_t w1 = transfer ? d.words[1] : d.words[1] & kCountMask;  // without a step tag
   const auto high = static_cast<int32_t>(static_cast<uint32_t>(w0 >> 32));
-  if (what == kSendRecv || what == kAllToAllBlock) {
+  if (transfer) {
     const uint64_t bytes = w1 & ((uint64_t{1} << kChunkShift) - 1);
     const std::string size = std::to_string(bytes) + " bytes";
     return what == kAllToAllBlock
@@ -59,7 +73,7 @@ std::string explain(const cuda::Descriptor& d) {
   text += " of " + std::string(dataTypeName(type)) + ", ";
   if ((w0 >> 24) & 1) {
     char hash[32];
-    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(w1));
+    std::snprintf(hash, sizeof hash, "%012llx", static_cast<unsigned long long>(w1));
     text += std::string("per-rank sizes with hash ") + hash;
   } else {
     text += std::to_string(w1) + " elements";

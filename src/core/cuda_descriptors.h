@@ -14,8 +14,9 @@ namespace loom::detail {
 
 // Descriptors (cuda::Descriptor). Word 0: what (8 bits: a CollectiveKind, or a transfer's
 // purpose below) | dtype (8) | reduce kind (8) | 1 if per-rank sizes vary (8) | root or
-// tag (32). Word 1: the element count, or the hash of the per-rank counts; for a transfer,
-// its bytes (40 bits) and the chunk's index (24).
+// tag (32). Word 1: the element count, or the hash of the per-rank counts (48 bits each,
+// below a step tag: kStepTagShift); for a transfer, its bytes (40 bits) and the chunk's
+// index (24).
 inline constexpr int kChunkShift = 40;
 // In word 0: the call runs as one fused kernel, and for a collective with how many block
 // pairs less one (6 bits): ranks that disagree on either get the named mismatch, not a hang.
@@ -29,6 +30,14 @@ inline constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
 // a rank of one host, stays far below 2^30).
 inline constexpr uint64_t kChainBit = uint64_t{1} << 62;
 
+// In word 1 of a collective's descriptor as a stepped call publishes it: the low 16 bits of
+// its first step (stepTagged). A rank whose kernels stopped (its communicator failed) still
+// raises its flags but publishes nothing, so its peers would read the descriptor it left two
+// steps before, of a call that may have been the same: the tag tells the two apart. Counts
+// and hashes keep the 48 bits below it.
+inline constexpr int kStepTagShift = 48;
+inline constexpr uint64_t kCountMask = (uint64_t{1} << kStepTagShift) - 1;
+
 /// A transfer's purpose, in its descriptors (beside the CollectiveKinds of collectives).
 inline constexpr uint8_t kSendRecv = 0x40;
 inline constexpr uint8_t kAllToAllBlock = 0x41;
@@ -37,6 +46,11 @@ inline constexpr uint8_t kAllToAllBlock = 0x41;
 cuda::Descriptor describe(const CollectiveArgs& args);
 /// The descriptor of chunk number `chunk` of transfer `t`, made for `purpose`.
 cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk);
+/// `d` (a collective's) tagged with step `step`.
+cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step);
+/// Whether `theirs` is `mine`'s collective of another step: the peer published nothing
+/// for this one (its kernels stopped), which is no mismatch of the caller's making.
+bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs);
 /// A descriptor in words, for the mismatch error.
 std::string explain(const cuda::Descriptor& d);
 

@@ -16,6 +16,7 @@
 
 #include "core/cuda_descriptors.h"
 #include "core/cuda_fused_trace.h"
+#include "core/cuda_settings.h"
 #include "core/cuda_steps.h"
 #include "core/cuda_workspace.h"
 #include "core/flight_recorder.h"
@@ -35,9 +36,15 @@ using cuda::Driver;
 // A value above any epoch: written into every flag to release waits when the
 // communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
 constexpr uint64_t kReleased = uint64_t{1} << 62;
-// The note a rank offers with its workspace when its process is an MPS client.
-constexpr const char* kMpsNote = "mps";
-
+// How long a call whose kernels found a peer's stopped ones waits for that peer's failure.
+constexpr auto kStaleGrace = std::chrono::seconds(1);
+// How often the monitor looks for failures with nothing queued, and how often it releases
+// the flags again while failed calls are still on the GPU.
+constexpr auto kIdlePoll = std::chrono::milliseconds(10);
+constexpr auto kReleaseEvery = std::chrono::milliseconds(2);
+// How long the destructor waits for failed calls to leave the GPU before it gives up on
+// their workspaces (kept mapped, not freed: a kernel still reading them must not fault).
+constexpr auto kDrainBound = std::chrono::seconds(30);
 // Tells the user, once per process and from the host's first rank, that ranks sharing a GPU
 // without MPS take turns on it: every CUDA call then costs a switch between processes, which
 // a user can remove without changing the job.
@@ -134,9 +141,14 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
         mpsClient = 0;
       }
       const std::vector<FdOffer> offers =
-          exchangeFds(exchange, exported.get(), mpsClient != 0 ? kMpsNote : "", deadline);
-      const bool everyRankUnderMps = std::all_of(
-          offers.begin(), offers.end(), [](const FdOffer& o) { return o.note == kMpsNote; });
+          exchangeFds(exchange, exported.get(), cudaSettingsNote(tuning, mpsClient != 0), deadline);
+      std::vector<std::string> notes;
+      for (const FdOffer& o : offers) notes.push_back(o.note);
+      // Every rank holds every note, so all refuse alike, before any reads a peer's workspace.
+      if (const auto differ = cudaSettingsDisagree(notes)) {
+        throw Error(ErrorCode::kInvalidArgument, op, exchange.rank, *differ);
+      }
+      const bool everyRankUnderMps = std::all_of(notes.begin(), notes.end(), notesMpsClient);
       std::vector<int> devices(static_cast<size_t>(size_), device);  // by rank
       peers_.resize(static_cast<size_t>(size_));
       bases_.resize(static_cast<size_t>(size_));
@@ -198,21 +210,42 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
 }
 
 CudaExecutor::~CudaExecutor() {
+  const Driver& d = Driver::get();
+  bool drained = true;
   {
     std::unique_lock<std::mutex> lock(pendingMutex_);
     // Let queued collectives finish (peers are still running them); release them if the
-    // communicator has failed meanwhile (the monitor does).
+    // communicator has failed meanwhile (the monitor does). Failed ones leave the GPU
+    // (draining_) soon after, released; a GPU that keeps them longer than kDrainBound
+    // keeps the workspaces too.
     pendingChanged_.wait(lock, [this] { return pending_.empty(); });
+    drained = pendingChanged_.wait_for(lock, kDrainBound, [this] { return draining_.empty(); });
+  }
+  {
+    cuda::ContextGuard guard(context_);
+    // Replays of captured calls may still be running on the workspaces about to be unmapped
+    // (released already, and again by the monitor, if the communicator failed); the
+    // caller's graphs must not be replayed after this.
+    if (graphsCaptured_ && drained) d.cuCtxSynchronize();
+  }
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
     stopping_ = true;
   }
   pendingChanged_.notify_all();
   monitor_.join();
-  const Driver& d = Driver::get();
   cuda::ContextGuard guard(context_);
-  // Replays of captured calls may still be running on the workspaces about to be unmapped
-  // (released already if the communicator failed); the caller's graphs must not be replayed
-  // after this.
-  if (graphsCaptured_) d.cuCtxSynchronize();
+  if (!drained) {
+    std::fprintf(stderr,
+                 "loom: rank %d: failed CUDA calls were still on the GPU %lld s after the "
+                 "communicator was destroyed; its CUDA workspaces stay mapped until the "
+                 "process exits\n",
+                 rank_, static_cast<long long>(kDrainBound.count()));
+    (void)mine_.release();
+    for (auto& peer : peers_) (void)peer.release();
+    (void)kernels_.release();  // their module too (and the mismatch report's host memory)
+    return;
+  }
   d.cuStreamSynchronize(abortStream_);
   d.cuStreamDestroy(abortStream_);
   d.cuStreamSynchronize(side_);
@@ -369,7 +402,9 @@ cuda::Descriptor* CudaExecutor::pairDescriptor(int sender, int receiver, uint64_
 
 cuda::Agreement CudaExecutor::publishing(uint64_t epoch) {
   cuda::Agreement a = noAgreement();
-  if (epoch == firstEpoch_) a.publish[a.npublish++] = {descriptor(rank_, epoch), described_};
+  if (epoch == firstEpoch_) {
+    a.publish[a.npublish++] = {descriptor(rank_, epoch), stepTagged(described_, epoch)};
+  }
   return a;
 }
 
@@ -378,17 +413,17 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
   if (epoch != firstEpoch_) return a;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
-    a.expect[a.nexpect++] = {descriptor(q, epoch), described_, q};
+    a.expect[a.nexpect++] = {descriptor(q, epoch), stepTagged(described_, epoch), q};
   }
   return a;
 }
 
-bool CudaExecutor::fusable() const {
-  return paths_.fused && size_ > 1 && !lane_->onDevice;
+bool CudaExecutor::fusableTransfers() const {
+  return paths_.fusedTransfers && size_ > 1 && !lane_->onDevice;
 }
 
 bool CudaExecutor::fusable(size_t largest) const {
-  return fusable() && largest <= paths_.fusedMostBytes;
+  return paths_.fused && size_ > 1 && !lane_->onDevice && largest <= paths_.fusedMostBytes;
 }
 
 uint32_t CudaExecutor::everyPeer() const {
@@ -583,7 +618,7 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
   std::string op = "send/recv group";
   if (transfers.size() == 1) op = transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv";
   // Refused before anything is queued (a call that fails half-queued ends the communicator).
-  if (paths_.fused && transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
+  if (paths_.fusedTransfers && transfers.size() > static_cast<size_t>(cuda::kMaxTransferMessages)) {
     throw Error(ErrorCode::kInvalidArgument, op, rank_,
                 "this group has " + std::to_string(transfers.size()) +
                     " sends and receives on CUDA tensors, and loom moves at most " +
@@ -596,7 +631,9 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
 }
 
 void CudaExecutor::release() {
-  if (released_.exchange(true)) return;
+  const Clock::time_point now = Clock::now();
+  if (lastRelease_ != Clock::time_point{} && now - lastRelease_ < kReleaseEvery) return;
+  lastRelease_ = now;
   const Driver& d = Driver::get();
   auto write = [&](uint8_t* word, uint64_t value) {
     d.cuStreamWriteValue64(abortStream_, reinterpret_cast<CUdeviceptr>(word), value,
@@ -627,6 +664,20 @@ void CudaExecutor::reportMismatch() {
   const std::string self = "rank " + std::to_string(rank_);
   const auto what = static_cast<uint8_t>(r.mine.words[0]);
   std::string message;
+  if (staleStep(r.mine, r.theirs)) {
+    // The peer's kernels stopped (its communicator failed) before this step: its own
+    // failure, told through the failure domain, is the one to report. Given a moment to
+    // arrive, it is; meanwhile the calls that found this wait (monitor()).
+    const Clock::time_point now = Clock::now();
+    if (!staleSince_) staleSince_ = now;
+    if (now - *staleSince_ < kStaleGrace) return;
+    failures_.fail(ErrorCode::kPeerFailure, r.peer,
+                   "on CUDA tensors, " + peer + " did not take part in " + explain(r.mine) +
+                       " (its kernels had stopped, as they do once its communicator fails), "
+                       "and no failure of " +
+                       peer + " reached " + self + "; see " + peer + "'s error");
+    return;
+  }
   if (what == kSendRecv || what == kAllToAllBlock) {
     message = "on CUDA tensors, " + peer + "'s next message to " + self + " is " +
               explain(r.theirs) + ", but " + self + " is receiving " + explain(r.mine) +
@@ -650,6 +701,21 @@ void CudaExecutor::reportMismatch() {
   failures_.fail(ErrorCode::kMismatch, r.peer, message);
 }
 
+void CudaExecutor::drain() {
+  const Driver& d = Driver::get();
+  if (draining_.empty()) return;
+  std::erase_if(draining_, [&](CUevent event) {
+    if (d.cuEventQuery(event) == CUDA_ERROR_NOT_READY) return false;
+    spareEvents_.push_back(event);
+    return true;
+  });
+  // A stream still behind may have written its own flags after the last release (every
+  // flag write sets a value), holding a later wait of a peer's, or of this rank's: the
+  // flags are released again until every failed call has left the GPU.
+  if (!draining_.empty()) release();
+  if (draining_.empty()) pendingChanged_.notify_all();
+}
+
 void CudaExecutor::monitor() {
   const Driver& d = Driver::get();
   cuda::ContextGuard guard(context_);
@@ -659,14 +725,18 @@ void CudaExecutor::monitor() {
   Clock::time_point since = Clock::now();
   std::unique_lock<std::mutex> lock(pendingMutex_);
   while (true) {
+    drain();
     if (pending_.empty()) {
       if (stopping_) return;
-      pendingChanged_.wait_for(lock, std::chrono::milliseconds(10),
+      pendingChanged_.wait_for(lock, draining_.empty() ? kIdlePoll : kReleaseEvery,
                                [this] { return stopping_ || !pending_.empty(); });
       // With nothing queued, replays of captured calls may still be running: a mismatch one
-      // of them found, a dead peer or an abort must release them too.
+      // of them found, a dead peer or an abort must release them too (and again, as long
+      // as the executor lives: a replay's streams are not tracked here).
       if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
-      if (failures_.failed()) release();
+      if (failures_.failed() && (lastRelease_ == Clock::time_point{} || graphsCaptured_)) {
+        release();
+      }
       since = Clock::now();
       continue;
     }
@@ -676,10 +746,13 @@ void CudaExecutor::monitor() {
     // kernel that found a mismatch did nothing, so its call must not succeed. (Its later
     // steps, on loom's second stream, may have run before the abort word was set: a failed
     // call's outputs are undefined, as with NCCL.)
-    if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
+    const bool reported = reportHost_->raised != 0;
+    if (reported && !failures_.failed()) reportMismatch();
     std::exception_ptr failure;
-    bool finished = state == CUDA_SUCCESS;
-    if (!finished && state != CUDA_ERROR_NOT_READY) {
+    // A report not yet a failure (a peer's stopped kernels, given time for its own failure
+    // to arrive): the call waits for it, never succeeding on work its kernels skipped.
+    bool finished = state == CUDA_SUCCESS && (!reported || failures_.failed());
+    if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
       failure = std::make_exception_ptr(
           Error(ErrorCode::kSystem, first.op, rank_,
                 "the GPU reported an error while running it (a fault in a kernel before it, "
@@ -712,7 +785,13 @@ void CudaExecutor::monitor() {
     for (const auto& state : done.states) state->complete(failure);
     since = Clock::now();
     lock.lock();
-    spareEvents_.push_back(done.event);
+    // Failed before its event fired: its kernels, released, are still on the GPU, reading
+    // workspaces the destructor must not unmap before they are done.
+    if (state == CUDA_ERROR_NOT_READY) {
+      draining_.push_back(done.event);
+    } else {
+      spareEvents_.push_back(done.event);
+    }
     pendingChanged_.notify_all();
   }
 }

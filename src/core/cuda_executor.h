@@ -67,7 +67,8 @@
 //
 // Every operation's first step checks agreement: each rank publishes what it is doing (a
 // descriptor: kind, dtype, op, root, sizes; a transfer's tag and size) and the kernel that
-// first reads a peer's data compares the peer's descriptor with its own. Ranks that issued
+// first reads a peer's data compares the peer's descriptor with its own (in a rooted call
+// every non-root checks the root's, also where it reads nothing). Ranks that issued
 // different operations get kMismatch naming both, never a wrong answer.
 //
 // A monitor thread completes requests when their events fire, and enforces deadlines (of
@@ -221,9 +222,10 @@ class CudaExecutor final : public DeviceExecutor {
   cuda::Agreement publishing(uint64_t epoch);
   cuda::Agreement expecting(uint64_t epoch, int only = -1);
   cuda::Agreement noAgreement();
-  /// Whether the call being filled may run as one fused kernel (cuda::FusedParams): sends
-  /// and receives, and a collective whose largest buffer on this rank is `largest` bytes.
-  bool fusable() const;
+  /// Whether the call being filled may run as one fused kernel: its sends and receives
+  /// (cuda::TransferParams), and a collective whose largest buffer on this rank is `largest`
+  /// bytes (cuda::FusedParams).
+  bool fusableTransfers() const;
   bool fusable(size_t largest) const;
   /// Every rank but this one, as bits.
   uint32_t everyPeer() const;
@@ -260,6 +262,11 @@ class CudaExecutor final : public DeviceExecutor {
   /// A reduction on a communicator of one rank: the op applied to its own input alone
   /// (PREMUL_SUM still scales), with no peer to agree with.
   void reduceAlone(const void* input, void* output, size_t count, const CollectiveArgs& args);
+  /// In a rooted call's first step `e`, where this rank only publishes (a non-root of reduce
+  /// or gather): checks the root's descriptor once it is there. Otherwise a mismatch among
+  /// ranks that all only publish (a broadcast's root and a reduce's non-roots) would pass
+  /// unseen; with it, every non-root checks its root and every root is checked.
+  void checkRoot(int root, uint64_t e);
   void allReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
   void broadcast(const CollectiveArgs& args);
@@ -271,17 +278,23 @@ class CudaExecutor final : public DeviceExecutor {
   void scatter(const CollectiveArgs& args);
   void barrier();
   /// Queues `transfers`; `purpose` goes into their descriptors (user send/recv, or the
-  /// blocks of an all_to_all). Fused (one kernel) where fusable(), else in rounds of steps.
+  /// blocks of an all_to_all). Fused (one kernel) where fusableTransfers(), else in rounds of
+  /// steps.
   void transfer(std::span<const Transfer> transfers, uint8_t purpose);
   /// The same as one fused kernel (cuda::TransferParams), at most
   /// cuda::kMaxTransferMessages transfers.
   void fusedTransfer(std::span<const Transfer> transfers, uint8_t purpose);
 
   void monitor();
-  /// Turns a kernel's mismatch report into the communicator's failure.
+  /// Turns a kernel's mismatch report into the communicator's failure (a peer's stopped
+  /// kernels: once kStaleGrace has passed without that peer's own failure; monitor thread).
   void reportMismatch();
-  /// Frees every stream waiting on a flag of any workspace and stops the kernels.
+  /// Frees every stream waiting on a flag of any workspace and stops the kernels (at most
+  /// once per kReleaseEvery; monitor thread, under pendingMutex_).
   void release();
+  /// Hands back the events of failed calls that have left the GPU, releasing the flags
+  /// again while any has not (monitor thread, under pendingMutex_).
+  void drain();
 
   const int device_;
   const size_t chunk_;
@@ -312,9 +325,9 @@ class CudaExecutor final : public DeviceExecutor {
   CUstream stream_ = nullptr;  // the stream being filled (under enqueueMutex_)
   Lane eager_;                 // lanes: under enqueueMutex_
   Lane graph_;
-  Lane* lane_ = &eager_;                 // the lane of the call being filled
-  bool graphsCaptured_ = false;          // any call captured: the destructor waits for replays
-  uint64_t firstEpoch_ = 0;              // the first step of the call being filled
+  Lane* lane_ = &eager_;                     // the lane of the call being filled
+  std::atomic<bool> graphsCaptured_{false};  // any call captured: replays to wait for, release
+  uint64_t firstEpoch_ = 0;                  // the first step of the call being filled
   uint64_t fusedExits_ = 0;              // fused kernel blocks launched, ever (FusedParams::exits)
   cuda::Descriptor described_{};         // what the collective being filled is (its first step)
   std::vector<uint64_t> transferTable_;  // the fused transfer being filled: its table
@@ -324,7 +337,10 @@ class CudaExecutor final : public DeviceExecutor {
   std::deque<Pending> pending_;       // guarded by pendingMutex_
   std::vector<CUevent> spareEvents_;  // recorded and finished; guarded by pendingMutex_
   bool stopping_ = false;             // guarded by pendingMutex_
-  std::atomic<bool> released_{false};
+  // When the monitor first read a report of a peer's stopped kernels (reportMismatch).
+  std::optional<std::chrono::steady_clock::time_point> staleSince_;
+  std::deque<CUevent> draining_;  // of calls failed before they ran; guarded by pendingMutex_
+  std::chrono::steady_clock::time_point lastRelease_;  // release()'s last; monitor thread
   std::thread monitor_;
 };
 

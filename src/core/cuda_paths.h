@@ -32,6 +32,7 @@ struct CudaPaths {
   size_t oneShotBytes = kOneShotBytes;          ///< the largest all_reduce reduced one-shot
   bool pipelined = false;                       ///< a call's steps alternate between two streams
   bool fused = false;                           ///< eager calls may run as one fused kernel each
+  bool fusedTransfers = false;                  ///< and their sends and receives too
   size_t fusedMostBytes = SIZE_MAX;             ///< a fused collective's largest buffer
   int fusedBlocks = cuda::kMaxFusedBlocks;      ///< most block pairs per fused kernel
   int twoShotBlocks = cuda::kMaxTwoShotBlocks;  ///< most blocks per role of a two-shot call
@@ -72,6 +73,11 @@ inline CudaPaths chooseCudaPaths(const CudaTuning& tuning, std::span<const int> 
   p.fusedBlocks = cuda::fusedBlocksWithin(gridShare, tuning.fusedBlocks);
   p.twoShotBlocks = cuda::twoShotBlocksWithin(gridShare, p.fusedBlocks);
   p.fused = tuning.fused.value_or(ownGpus || everyRankUnderMps) && fusedFits && gridShare >= 3;
+  // A fused transfer runs a block at least for each peer it sends to or receives from, in
+  // at most two roles of fusedBlocks: where a rank that talks to every peer both ways would
+  // overrun its share (13 ranks or more on one H200 under MPS), every rank's transfers take
+  // the steps (the two ends of a pair must move it alike).
+  p.fusedTransfers = p.fused && ranks - 1 <= p.fusedBlocks;
   // Sharing a GPU, the stepped path's kernels may take all of it where a fused grid has its
   // share: from 2 MiB at P = 3 and 4 on one H200 under MPS the stepped path was the faster.
   // Forced on, every size.

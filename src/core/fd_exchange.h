@@ -47,8 +47,8 @@ struct FdOffer {
   std::string note;  ///< what it said about it (a few words every rank must agree on)
 };
 
-/// The longest note an offer carries.
-inline constexpr size_t kMaxFdNote = 64;
+/// The longest note an offer carries (a Welcome's text holds 199 characters).
+inline constexpr size_t kMaxFdNote = 192;
 
 /// Returns every local rank's offer, by local index (this rank's holds a copy of `mine` and
 /// `note`, at most kMaxFdNote characters). Throws ExchangeRefused (kPeerFailure) naming a

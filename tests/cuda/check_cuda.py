@@ -2,8 +2,9 @@
 tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
 loom's GPU path runs on a one-GPU machine), plus send/recv and uneven all_to_all, streams,
 staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA graph capture
-and replay, mismatched calls, a rank killed mid-collective (also during a replay) and a rank
-that cannot set up its CUDA workspace. Not part of scripts/test.sh (CI has no GPU): run by hand on
+and replay, mismatched calls (also a scatter's root against gathering non-roots), a rank
+killed mid-collective (also during a replay), a rank that cannot set up its CUDA workspace
+and one whose LOOM_CUDA_* settings differ. Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -490,6 +491,57 @@ def tag_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return expect_failure(rank, dev, ["tag 1", "tag 2", "in the order they are issued"])
 
 
+def rooted_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Rank 0 scatters from itself while the others gather to rank 0: a scatter's root and a
+    gather's non-roots only publish what they issue, so unless a non-root checks its root,
+    nobody sees the mismatch. Every rank then queues an all_reduce like the one two steps
+    before: the ranks that found the mismatch skip it (their kernels stop) without
+    publishing, and rank 0 must not take their descriptors left from that earlier call for
+    theirs and succeed on stale slots. Every rank gets the named error, and the GPU stays
+    usable."""
+    earlier = torch.full((1000,), 5.0, device=dev)
+    dist.all_reduce(earlier)
+    x = torch.ones(1000, device=dev)
+    y = torch.ones(1000, device=dev)
+    words = ["scatter of float32, 1000 elements", "gather of float32, 1000 elements",
+             "every rank must issue the same collectives"]
+    try:
+        if rank == 0:
+            first = dist.scatter(x, [torch.full((1000,), float(q), device=dev)
+                                     for q in range(world)], src=0, async_op=True)
+        else:
+            first = dist.gather(x, None, dst=0, async_op=True)
+        second = dist.all_reduce(y, async_op=True)  # queued before any rank knows
+        first.wait()
+        second.wait()
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return expect_named(e, dev, words)
+    raise AssertionError(f"rank {rank}'s calls succeeded after a mismatch; the all_reduce gave "
+                         f"{y[0].item()} (every rank's 1.0 would make {world})")
+
+
+def settings_differ(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank runs with another LOOM_CUDA_CHUNK_BYTES (PART_ENV), so its workspace has
+    another layout: every rank's first CUDA call fails at once naming the setting, the rank
+    and both values, instead of any rank reading or writing a peer's slots at the wrong
+    offsets, and the GPU stays usable."""
+    start = time.time()
+    try:
+        dist.all_reduce(torch.ones(8, device=dev))
+        torch.cuda.synchronize()
+        raise AssertionError("the first CUDA call succeeded though the ranks' settings differ")
+    except RuntimeError as e:
+        theirs = PART_ENV["settings_differ"](world - 1, world)["LOOM_CUDA_CHUNK_BYTES"]
+        for part in (f"rank {world - 1}'s LOOM_CUDA_CHUNK_BYTES is {theirs} but rank 0's is",
+                     "set them alike on every rank"):
+            assert part in str(e), f"the error lacks {part!r}: {e}"
+    took = time.time() - start
+    assert took < 30, f"the refusal took {took:.1f} s to reach rank {rank} (timeout is 60 s)"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 1
+
+
 def expect_failure(rank: int, dev: torch.device, words) -> int:
     deadline = time.time() + 30
     while True:
@@ -790,6 +842,10 @@ def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
 # Environment a part's ranks start with (by rank and world size), read when the group is made.
 PART_ENV = {
     "setup_refused": lambda rank, world: {"LOOM_CUDA_CHUNK_BYTES": "1G"} if rank == world - 1 else {},
+    # Another chunk than the one the run gives every rank (65536 where that is 64 KiB already).
+    "settings_differ": lambda rank, world: (
+        {"LOOM_CUDA_CHUNK_BYTES": "131072" if os.environ.get("LOOM_CUDA_CHUNK_BYTES") == "65536"
+         else "65536"} if rank == world - 1 else {}),
 }
 
 
@@ -811,12 +867,14 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
              "direct": direct_ops, "setup_refused": setup_refused,
+             "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused"):
+    if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused",
+                    "rooted_mismatch", "settings_differ"):
         dist.destroy_process_group()
 
 
@@ -833,7 +891,8 @@ def main() -> int:
                                                        "fsdp2", "device_bound", "p2p", "mismatch",
                                                        "tag_mismatch", "dtensor", "killed",
                                                        "graphs", "graph_killed", "direct",
-                                                       "setup_refused"])
+                                                       "setup_refused", "rooted_mismatch",
+                                                       "settings_differ"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,

@@ -102,5 +102,27 @@ TEST(CudaPaths, NoFusedCallWhereTheGridsCannotAllBePlaced) {
   EXPECT_TRUE(chooseCudaPaths({}, crowded, true, 96, true).fused);
 }
 
+TEST(CudaPaths, TransfersFuseOnlyWhereAGridForEveryPeerBothWaysFitsTheShare) {
+  // A fused transfer runs a block per stream at least, a stream per peer and direction, in
+  // at most two roles of fusedBlocks, which the share bounds. On one H200 under MPS (264
+  // resident blocks), up to 12 ranks fit; from 13 the collectives still fuse, the transfers
+  // take the steps.
+  for (int ranks = 2; ranks <= 16; ++ranks) {
+    const std::vector<int> oneGpu(static_cast<size_t>(ranks), 0);
+    const CudaPaths p = pathsFor(oneGpu, true);
+    EXPECT_TRUE(p.fused) << ranks;
+    EXPECT_EQ(p.fusedTransfers, 2 * (ranks - 1) <= 2 * p.fusedBlocks) << ranks;
+    EXPECT_EQ(p.fusedTransfers, ranks <= 12) << ranks;
+    // Every rank's widest transfer grid placed at once.
+    if (p.fusedTransfers) EXPECT_LE(ranks * 2 * (ranks - 1), kResident) << ranks;
+  }
+  // A GPU per rank: every transfer fuses; where the collectives do not, neither do they.
+  EXPECT_TRUE(pathsFor({0, 1, 2, 3}, false).fusedTransfers);
+  EXPECT_FALSE(pathsFor({0, 0, 0}, false).fusedTransfers);
+  CudaTuning off;
+  off.fused = false;
+  EXPECT_FALSE(pathsFor({0, 1}, false, off).fusedTransfers);
+}
+
 }  // namespace
 }  // namespace loom::detail

@@ -1,0 +1,100 @@
+// The LOOM_CUDA_* settings every rank of a host must share: see cuda_settings.h.
+
+#include "core/cuda_settings.h"
+
+#include <array>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+namespace loom::detail {
+
+namespace {
+
+// One shared setting: its key in the note, its environment variable, and its value as text.
+struct Shared {
+  const char* key;
+  const char* variable;
+  std::function<std::string(const CudaTuning&)> value;
+};
+
+template <class T>
+std::string text(const std::optional<T>& v) {
+  if (!v) return "unset";
+  if constexpr (std::is_same_v<T, bool>) return *v ? "1" : "0";
+  return std::to_string(*v);
+}
+
+// Every CudaTuning field but fusedTrace (a debug record each rank may keep or not). Values
+// are decimal and keys one letter, so that all of them at their widest fit in a note.
+const std::array<Shared, 10>& sharedSettings() {
+  static const std::array<Shared, 10> all{{
+      {"c", "LOOM_CUDA_CHUNK_BYTES",
+       [](const CudaTuning& t) { return std::to_string(t.chunkBytes); }},
+      {"o", "LOOM_CUDA_ONE_SHOT_BYTES", [](const CudaTuning& t) { return text(t.oneShotBytes); }},
+      {"p", "LOOM_CUDA_PIPELINE", [](const CudaTuning& t) { return text(t.pipelined); }},
+      {"f", "LOOM_CUDA_FUSED", [](const CudaTuning& t) { return text(t.fused); }},
+      {"s", "LOOM_CUDA_FUSED_SHARED_GPU_BYTES",
+       [](const CudaTuning& t) { return std::to_string(t.fusedSharedGpuBytes); }},
+      {"b", "LOOM_CUDA_FUSED_BLOCKS",
+       [](const CudaTuning& t) { return std::to_string(t.fusedBlocks); }},
+      {"t", "LOOM_CUDA_FUSED_TWO_SHOT_BYTES",
+       [](const CudaTuning& t) { return std::to_string(t.fusedTwoShotBytes); }},
+      {"u", "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES",
+       [](const CudaTuning& t) { return std::to_string(t.fusedTwoShotBroadcastBytes); }},
+      {"v", "LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES",
+       [](const CudaTuning& t) { return std::to_string(t.fusedChainBroadcastBytes); }},
+      {"r", "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES",
+       [](const CudaTuning& t) { return std::to_string(t.fusedRingAllReduceBytes); }},
+  }};
+  return all;
+}
+
+constexpr const char* kMpsClient = "mps";
+
+// The note's words after the MPS word, in sharedSettings() order ("key=value" each).
+std::vector<std::string> settingWords(const std::string& note) {
+  std::istringstream in(note);
+  std::vector<std::string> words;
+  std::string word;
+  in >> word;  // the MPS word
+  while (in >> word) words.push_back(word);
+  return words;
+}
+
+}  // namespace
+
+std::string cudaSettingsNote(const CudaTuning& tuning, bool mpsClient) {
+  std::string note = mpsClient ? kMpsClient : "-";
+  for (const Shared& s : sharedSettings()) note += std::string(" ") + s.key + "=" + s.value(tuning);
+  return note;
+}
+
+bool notesMpsClient(const std::string& note) {
+  return note.compare(0, note.find(' '), kMpsClient) == 0;
+}
+
+std::optional<std::string> cudaSettingsDisagree(std::span<const std::string> notes) {
+  if (notes.empty()) return std::nullopt;
+  const std::vector<std::string> first = settingWords(notes[0]);
+  for (size_t q = 1; q < notes.size(); ++q) {
+    const std::vector<std::string> theirs = settingWords(notes[q]);
+    for (size_t i = 0; i < sharedSettings().size(); ++i) {
+      const std::string a = i < first.size() ? first[i] : "?";
+      const std::string b = i < theirs.size() ? theirs[i] : "?";
+      if (a == b) continue;
+      auto valueOf = [](const std::string& word) {
+        const size_t eq = word.find('=');
+        return eq == std::string::npos ? word : word.substr(eq + 1);
+      };
+      return "rank " + std::to_string(q) + "'s " + sharedSettings()[i].variable + " is " +
+             valueOf(b) + " but rank 0's is " + valueOf(a) +
+             ": the LOOM_CUDA_* settings lay out every rank's CUDA workspace and choose the "
+             "kernels all ranks run together, so set them alike on every rank of a host (or "
+             "leave them unset)";
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,57 @@
+// What a CUDA call's descriptor says (core/cuda_descriptors.h), checked on the host: a
+// collective's step tag, which tells a peer's descriptor left from an earlier step (its
+// kernels stopped) from a mismatch, and the words the mismatch error reads.
+
+#include "core/cuda_descriptors.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace loom::detail {
+namespace {
+
+CollectiveArgs allReduceOf(size_t count) {
+  return CollectiveArgs::of(CollectiveKind::kAllReduce, DataType::kFloat32, ReduceOp{}, 0, count,
+                            nullptr, nullptr);
+}
+
+TEST(CudaDescriptors, ADescriptorLeftFromAnotherStepIsStaleNotAMismatch) {
+  const cuda::Descriptor call = describe(allReduceOf(1000));
+  const cuda::Descriptor now = stepTagged(call, 7);
+  EXPECT_TRUE(staleStep(now, stepTagged(call, 5)));  // the same call two steps before
+  EXPECT_FALSE(staleStep(now, now));
+  // Another count, or another kind, is a mismatch whatever the step.
+  EXPECT_FALSE(staleStep(now, stepTagged(describe(allReduceOf(2000)), 5)));
+  EXPECT_FALSE(staleStep(now, stepTagged(describe(allReduceOf(2000)), 7)));
+  CollectiveArgs broadcast = allReduceOf(1000);
+  broadcast.kind = CollectiveKind::kBroadcast;
+  EXPECT_FALSE(staleStep(now, stepTagged(describe(broadcast), 5)));
+  // Steps wrap in 16 bits: 65536 steps apart look alike, as they may.
+  EXPECT_EQ(stepTagged(call, 7).words[1], stepTagged(call, 7 + 65536).words[1]);
+}
+
+TEST(CudaDescriptors, TransfersAreNeverTakenForStale) {
+  // A chunk's index is in its descriptor already: another index is another message's chunk.
+  const Transfer t{Transfer::Kind::kSend, 1, 3, nullptr, 1 << 20};
+  EXPECT_FALSE(staleStep(describeChunk(t, kSendRecv, 2), describeChunk(t, kSendRecv, 0)));
+}
+
+TEST(CudaDescriptors, TheErrorReadsTheCountWithoutTheStep) {
+  const std::string words = explain(stepTagged(describe(allReduceOf(1000)), 12345));
+  EXPECT_NE(words.find("all_reduce of float32, 1000 elements"), std::string::npos) << words;
+  CollectiveArgs uneven = allReduceOf(0);
+  uneven.kind = CollectiveKind::kAllGather;
+  uneven.variable = true;
+  uneven.countsHash = 0xfedcba9876543210ull;
+  const std::string hashed = explain(stepTagged(describe(uneven), 3));
+  EXPECT_NE(hashed.find("per-rank sizes with hash ba9876543210"), std::string::npos) << hashed;
+  // A message of a transfer keeps its bytes and chunk.
+  const Transfer t{Transfer::Kind::kSend, 1, 3, nullptr, 4096};
+  const std::string message = explain(describeChunk(t, kSendRecv, 2));
+  EXPECT_NE(message.find("a message with tag 3 of 4096 bytes (chunk 2)"), std::string::npos)
+      << message;
+}
+
+}  // namespace
+}  // namespace loom::detail
