@@ -67,10 +67,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.
   const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
-  // What the stream uses: the caller's inputs, and the copies staged for this call (their
-  // outputs are recorded too, below).
-  std::vector<at::Tensor> uses = inputs;
-  for (at::Tensor& copy : takeStaged()) uses.push_back(std::move(copy));
+  // What the stream reads and writes besides the outputs: the caller's inputs, and the
+  // copies staged for this call (CPU calls have none, and make no list).
+  std::vector<at::Tensor> staged = takeStaged();
+  if (!staged.empty()) staged.insert(staged.begin(), inputs.begin(), inputs.end());
+  const std::vector<at::Tensor>& uses = staged.empty() ? inputs : staged;
   {
     // What opOptions() reads for this call, cleared however issue() ends.
     struct CallScope {

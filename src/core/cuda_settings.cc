@@ -89,7 +89,7 @@ std::optional<std::string> cudaSettingsDisagree(std::span<const std::string> not
       };
       return "rank " + std::to_string(q) + "'s " + sharedSettings()[i].variable + " is " +
              valueOf(b) + " but rank 0's is " + valueOf(a) +
-             ": the LOOM_CUDA_* settings lay out every rank's CUDA workspace and choose the "
+             ": the CUDA settings lay out every rank's CUDA workspace and choose the "
              "kernels all ranks run together, so set them alike on every rank of a host (or "
              "leave them unset)";
     }
