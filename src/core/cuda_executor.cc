@@ -564,7 +564,10 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   }
   {
     std::lock_guard<std::mutex> pendingLock(pendingMutex_);
-    pending_.push_back(Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op});
+    // A call of collective steps took epochs from firstEpoch_ on; sends and receives none.
+    const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
+    pending_.push_back(
+        Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op, firstStep});
   }
   pendingChanged_.notify_all();
 }
@@ -701,6 +704,42 @@ void CudaExecutor::reportMismatch() {
   failures_.fail(ErrorCode::kMismatch, r.peer, message);
 }
 
+std::string CudaExecutor::lateness(const Pending& late) {
+  const std::string unknown = "some rank has not issued it, or its GPU is stuck";
+  if (late.firstStep == 0) return unknown;
+  // Each peer's last step, as its "ready" flags of both parities say (a rank raises ready
+  // in every step of every collective, fused ones included), read on loom's own stream,
+  // which no caller's stream holds up.
+  const Driver& d = Driver::get();
+  std::vector<std::array<uint64_t, 2>> ready(static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    for (int parity = 0; parity < 2; ++parity) {
+      const size_t at = (parity ? eager_.oddFlagsAt : eager_.flagsAt) + kReady * kFlagStride;
+      if (d.cuMemcpyDtoHAsync(&ready[q][parity], reinterpret_cast<CUdeviceptr>(bases_[q] + at),
+                              sizeof(uint64_t), abortStream_) != CUDA_SUCCESS) {
+        return unknown;
+      }
+    }
+  }
+  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS) return unknown;
+  std::string behind;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    const uint64_t last = std::max(ready[q][0], ready[q][1]);
+    if (last >= late.firstStep) continue;
+    behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
+              " (its last step " + std::to_string(last) + ")";
+  }
+  if (behind.empty()) {
+    return "every rank has started it (this call's first step is " +
+           std::to_string(late.firstStep) + "), so a GPU may be stuck, or held by other work";
+  }
+  return "not yet reached by " + behind + ", where this call's first step is " +
+         std::to_string(late.firstStep) +
+         ": those ranks have not issued it (or an earlier call of theirs is held up)";
+}
+
 void CudaExecutor::drain() {
   const Driver& d = Driver::get();
   if (draining_.empty()) return;
@@ -760,10 +799,9 @@ void CudaExecutor::monitor() {
       finished = true;
     } else if (failures_.failed() || (!finished && Clock::now() >= first.deadline)) {
       if (!failures_.failed()) {
-        failures_.fail(ErrorCode::kTimeout, -1,
-                       first.op +
-                           " on CUDA tensors did not finish within its timeout (some "
-                           "rank has not issued it, or its GPU is stuck)");
+        failures_.fail(
+            ErrorCode::kTimeout, -1,
+            first.op + " on CUDA tensors did not finish within its timeout: " + lateness(first));
       }
       release();
       failure = std::make_exception_ptr(failures_.failureError(first.op));

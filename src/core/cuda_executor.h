@@ -130,6 +130,7 @@ class CudaExecutor final : public DeviceExecutor {
     std::vector<std::shared_ptr<OpState>> states;
     std::chrono::steady_clock::time_point deadline;
     std::string op;
+    uint64_t firstStep = 0;  // its first collective step in the eager lane; 0: none
   };
   // The segments of one step's copies, and the sources of its reductions.
   struct Segments;
@@ -286,6 +287,9 @@ class CudaExecutor final : public DeviceExecutor {
   void fusedTransfer(std::span<const Transfer> transfers, uint8_t purpose);
 
   void monitor();
+  /// Why `late`, a call past its deadline, has not finished: the peers whose collective
+  /// steps have not reached its first (read from their flags), or what else may hold it.
+  std::string lateness(const Pending& late);
   /// Turns a kernel's mismatch report into the communicator's failure (a peer's stopped
   /// kernels: once kStaleGrace has passed without that peer's own failure; monitor thread).
   void reportMismatch();

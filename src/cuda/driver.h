@@ -46,6 +46,7 @@ namespace loom::cuda {
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuMemcpyDtoDAsync)                           \
   X(cuMemcpyHtoDAsync)                           \
+  X(cuMemcpyDtoHAsync)                           \
   X(cuStreamCreate)                              \
   X(cuStreamDestroy)                             \
   X(cuStreamSynchronize)                         \

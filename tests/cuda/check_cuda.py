@@ -3,8 +3,9 @@ tensors against a reference computed on the CPU, with several ranks sharing one 
 loom's GPU path runs on a one-GPU machine), plus send/recv and uneven all_to_all, streams,
 staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA graph capture
 and replay, mismatched calls (also a scatter's root against gathering non-roots), a rank
-killed mid-collective (also during a replay), a rank that cannot set up its CUDA workspace
-and one whose LOOM_CUDA_* settings differ. Not part of scripts/test.sh (CI has no GPU): run by hand on
+killed mid-collective (also during a replay), a rank that never issues a call (named in the
+others' timeout), a rank that cannot set up its CUDA workspace and one whose LOOM_CUDA_*
+settings differ. Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -542,6 +543,31 @@ def settings_differ(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 1
 
 
+def late_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank takes part in a group's first call, then issues nothing: the others'
+    next call fails at the group's 5 s timeout naming that rank as the one that has not
+    reached it (read from its flags), and the GPU stays usable."""
+    group = dist.new_group(timeout=timedelta(seconds=5))
+    x = torch.ones(1000, device=dev)
+    dist.all_reduce(x, group=group)
+    torch.cuda.synchronize()
+    if rank == world - 1:
+        time.sleep(15)  # alive past the others' timeout: theirs is a timeout, not a death
+        return 1
+    try:
+        dist.all_reduce(x, group=group)
+        torch.cuda.synchronize()
+        raise AssertionError("the call succeeded though a rank never issued it")
+    except RuntimeError as e:
+        for part in ("did not finish within its timeout", f"rank {world - 1} (its last step",
+                     "have not issued it"):
+            assert part in str(e), f"the error lacks {part!r}: {e}"
+        for q in range(world - 1):
+            assert f"rank {q} (its last step" not in str(e), f"rank {q} is named late: {e}"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 1
+
+
 def expect_failure(rank: int, dev: torch.device, words) -> int:
     deadline = time.time() + 30
     while True:
@@ -868,13 +894,14 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
+             "late_rank": late_rank,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
     if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused",
-                    "rooted_mismatch", "settings_differ"):
+                    "rooted_mismatch", "settings_differ", "late_rank"):
         dist.destroy_process_group()
 
 
@@ -892,7 +919,7 @@ def main() -> int:
                                                        "tag_mismatch", "dtensor", "killed",
                                                        "graphs", "graph_killed", "direct",
                                                        "setup_refused", "rooted_mismatch",
-                                                       "settings_differ"])
+                                                       "settings_differ", "late_rank"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,
