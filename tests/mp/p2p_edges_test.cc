@@ -21,6 +21,7 @@
 
 #include "../common/forked_ranks.h"
 #include "loom/error.h"
+#include "small_rings.h"
 
 namespace loom {
 namespace {
@@ -28,16 +29,8 @@ namespace {
 using testing::RankContext;
 using Clock = std::chrono::steady_clock;
 
-testing::RunOptions smallRings() {
-  testing::RunOptions o;
-  o.environment = {"LOOM_P2P_RING_BYTES=16K", "LOOM_CHUNK_BYTES=16K"};
-  return o;
-}
-
-void expectOk(int size, const std::function<void(RankContext&)>& body) {
-  const auto outcomes = testing::runRanks(size, body, smallRings());
-  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
-}
+using testing::smallRings;
+constexpr auto& expectOk = testing::expectOkOnSmallRings;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

@@ -19,6 +19,7 @@
 #include "../common/reference.h"
 #include "../common/thread_census.h"
 #include "loom/error.h"
+#include "small_rings.h"
 
 namespace loom {
 namespace {
@@ -26,16 +27,8 @@ namespace {
 using testing::inputBytes;
 using testing::RankContext;
 
-testing::RunOptions smallRings() {
-  testing::RunOptions o;
-  o.environment = {"LOOM_P2P_RING_BYTES=16K", "LOOM_CHUNK_BYTES=16K"};
-  return o;
-}
-
-void expectOk(int size, const std::function<void(RankContext&)>& body) {
-  const auto outcomes = testing::runRanks(size, body, smallRings());
-  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
-}
+using testing::smallRings;
+constexpr auto& expectOk = testing::expectOkOnSmallRings;
 
 TEST(SendRecv, PingPongOfEverySize) {
   expectOk(2, [](RankContext& ctx) {
