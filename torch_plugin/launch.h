@@ -64,14 +64,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // span(s), so a timeline shows what the call costs outside the engine.
   const trace::Span span("c10d call", static_cast<uint64_t>(type));
   Requests requests;
-  // CUDA tensors: the collectives go on the loom stream, after the work the caller has
-  // queued so far on its current stream.
-  const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
-  // What the stream reads and writes besides the outputs: the caller's inputs, and the
-  // copies staged for this call (CPU calls have none, and make no list).
+  // What the call's stream reads and writes besides the outputs: the caller's inputs, and
+  // the copies staged for this call (CPU calls have none, and make no list). Taken first, so
+  // that a refusal below leaves none behind for the thread's next call.
   std::vector<at::Tensor> staged = takeStaged();
   if (!staged.empty()) staged.insert(staged.begin(), inputs.begin(), inputs.end());
   const std::vector<at::Tensor>& uses = staged.empty() ? inputs : staged;
+  // CUDA tensors: the collectives go on the loom stream, after the work the caller has
+  // queued so far on its current stream.
+  const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
   {
     // What opOptions() reads for this call, cleared however issue() ends.
     struct CallScope {

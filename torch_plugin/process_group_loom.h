@@ -182,6 +182,7 @@ class ProcessGroupLoom : public c10d::Backend {
   std::string signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) const;
   CallSite site(const char* op, bool blocking = false) const {
+    discardStaged();  // a call refused before its launch() left its copies noted
     return CallSite{op, rank_, size_, blocking, &ties_->legend};
   }
 

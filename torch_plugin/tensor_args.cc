@@ -119,6 +119,10 @@ std::vector<at::Tensor> takeStaged() {
   return std::exchange(tStaged, {});
 }
 
+void discardStaged() {
+  if (!tStaged.empty()) tStaged.clear();
+}
+
 Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::ReduceOp& op) {
   if (t.is_complex()) {
     const auto kind = static_cast<c10d::ReduceOp::RedOpType>(op);

@@ -68,6 +68,8 @@ void noteStaged(const at::Tensor& copy);
 /// run on the loom stream: launch() records them there, so that the caching allocator
 /// reuses their memory only once those kernels are done with it, whenever the host lets go.
 std::vector<at::Tensor> takeStaged();
+/// Forgets them: every call starts with none (ProcessGroupLoom::site).
+void discardStaged();
 
 /// For reductions: complex tensors as their real view (SUM, AVG and PREMUL_SUM only),
 /// other dtypes as themselves; throws for dtypes loom cannot reduce.

@@ -35,9 +35,9 @@ cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step) {
 bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs) {
   const auto what = static_cast<uint8_t>(mine.words[0]);
   const bool collective = what != kSendRecv && what != kAllToAllBlock;
-  const uint64_t differ = mine.words[1] ^ theirs.words[1];
-  return collective && mine.words[0] == theirs.words[0] && differ != 0 &&
-         (differ & kCountMask) == 0;
+  // Ranks at the same step tag it alike, whatever they issued: another tag is a descriptor
+  // left from another call (of any kind or size, or a fused one, which carries none).
+  return collective && (mine.words[1] ^ theirs.words[1]) >> kStepTagShift != 0;
 }
 
 cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk) {

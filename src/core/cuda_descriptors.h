@@ -30,8 +30,8 @@ inline constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
 // a rank of one host, stays far below 2^30).
 inline constexpr uint64_t kChainBit = uint64_t{1} << 62;
 
-// In word 1 of a collective's descriptor as a stepped call publishes it: the low 16 bits of
-// its first step (stepTagged). A rank whose kernels stopped (its communicator failed) still
+// In word 1 of a collective's descriptor as a call publishes it (stepped or fused): the low
+// 16 bits of its first step (stepTagged). A rank whose kernels stopped (its communicator failed) still
 // raises its flags but publishes nothing, so its peers would read the descriptor it left two
 // steps before, of a call that may have been the same: the tag tells the two apart. Counts
 // and hashes keep the 48 bits below it.
@@ -48,8 +48,9 @@ cuda::Descriptor describe(const CollectiveArgs& args);
 cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk);
 /// `d` (a collective's) tagged with step `step`.
 cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step);
-/// Whether `theirs` is `mine`'s collective of another step: the peer published nothing
-/// for this one (its kernels stopped), which is no mismatch of the caller's making.
+/// Whether `theirs` (a peer's descriptor where `mine`, a collective's, expects it) carries
+/// another step's tag: the peer published nothing for this step (its kernels stopped), which
+/// is no mismatch of the caller's making, whatever that earlier call was.
 bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs);
 /// A descriptor in words, for the mismatch error.
 std::string explain(const cuda::Descriptor& d);

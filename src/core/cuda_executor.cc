@@ -42,6 +42,9 @@ constexpr auto kStaleGrace = std::chrono::seconds(1);
 // the flags again while failed calls are still on the GPU.
 constexpr auto kIdlePoll = std::chrono::milliseconds(10);
 constexpr auto kReleaseEvery = std::chrono::milliseconds(2);
+// With graphs captured and nothing queued, a failed communicator's flags are released again
+// at doubling intervals, up to this (a replay's streams are not tracked).
+constexpr auto kGraphReleaseMost = std::chrono::milliseconds(1000);
 // How long the destructor waits for failed calls to leave the GPU before it gives up on
 // their workspaces (kept mapped, not freed: a kernel still reading them must not fault).
 constexpr auto kDrainBound = std::chrono::seconds(30);
@@ -145,8 +148,11 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
       std::vector<std::string> notes;
       for (const FdOffer& o : offers) notes.push_back(o.note);
       // Every rank holds every note, so all refuse alike, before any reads a peer's workspace.
+      // No rank has used a workspace yet and every rank refuses alike, so the communicator
+      // lives on (its CPU collectives too); only its CUDA path is refused, by the rank that
+      // differs.
       if (const auto differ = cudaSettingsDisagree(notes)) {
-        throw Error(ErrorCode::kInvalidArgument, op, exchange.rank, *differ);
+        throw ExchangeRefused(ErrorCode::kInvalidArgument, op, exchange.rank, *differ);
       }
       const bool everyRankUnderMps = std::all_of(notes.begin(), notes.end(), notesMpsClient);
       std::vector<int> devices(static_cast<size_t>(size_), device);  // by rank
@@ -565,7 +571,12 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   {
     std::lock_guard<std::mutex> pendingLock(pendingMutex_);
     // A call of collective steps took epochs from firstEpoch_ on; sends and receives none.
-    const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
+    // In a broadcast's and a scatter's steps the non-roots raise no "ready" (they only read
+    // the root's), so their flags cannot say who is late.
+    const auto kind = static_cast<CollectiveKind>(static_cast<uint8_t>(described_.words[0]));
+    const bool everyRankReady =
+        kind != CollectiveKind::kBroadcast && kind != CollectiveKind::kScatter;
+    const uint64_t firstStep = eager_.epoch >= firstEpoch_ && everyRankReady ? firstEpoch_ : 0;
     pending_.push_back(
         Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op, firstStep});
   }
@@ -707,30 +718,39 @@ void CudaExecutor::reportMismatch() {
 std::string CudaExecutor::lateness(const Pending& late) {
   const std::string unknown = "some rank has not issued it, or its GPU is stuck";
   if (late.firstStep == 0) return unknown;
-  // Each peer's last step, as its "ready" flags of both parities say (a rank raises ready
-  // in every step of every collective, fused ones included), read on loom's own stream,
-  // which no caller's stream holds up.
+  // Each peer's last step, as its "ready" flags of both parities say (every rank raises ready
+  // in the first step of every collective but broadcast and scatter, fused ones included:
+  // queue() leaves those two out), read on loom's own stream, which no caller's stream holds
+  // up.
   const Driver& d = Driver::get();
   std::vector<std::array<uint64_t, 2>> ready(static_cast<size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
+  bool read = true;
+  for (int q = 0; q < size_ && read; ++q) {
     if (q == rank_) continue;
-    for (int parity = 0; parity < 2; ++parity) {
+    for (int parity = 0; parity < 2 && read; ++parity) {
       const size_t at = (parity ? eager_.oddFlagsAt : eager_.flagsAt) + kReady * kFlagStride;
-      if (d.cuMemcpyDtoHAsync(&ready[q][parity], reinterpret_cast<CUdeviceptr>(bases_[q] + at),
-                              sizeof(uint64_t), abortStream_) != CUDA_SUCCESS) {
-        return unknown;
-      }
+      read = d.cuMemcpyDtoHAsync(&ready[q][parity], reinterpret_cast<CUdeviceptr>(bases_[q] + at),
+                                 sizeof(uint64_t), abortStream_) == CUDA_SUCCESS;
     }
   }
-  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS) return unknown;
+  // Synchronized whatever happened: no copy may still be writing into `ready` after this.
+  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return unknown;
   std::string behind;
+  int named = 0;
+  int more = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     const uint64_t last = std::max(ready[q][0], ready[q][1]);
     if (last >= late.firstStep) continue;
+    if (named == 8) {  // the failure record holds a few hundred characters
+      ++more;
+      continue;
+    }
     behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
               " (its last step " + std::to_string(last) + ")";
+    ++named;
   }
+  if (more > 0) behind += " and " + std::to_string(more) + " more";
   if (behind.empty()) {
     return "every rank has started it (this call's first step is " +
            std::to_string(late.firstStep) + "), so a GPU may be stuck, or held by other work";
@@ -773,8 +793,12 @@ void CudaExecutor::monitor() {
       // of them found, a dead peer or an abort must release them too (and again, as long
       // as the executor lives: a replay's streams are not tracked here).
       if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
-      if (failures_.failed() && (lastRelease_ == Clock::time_point{} || graphsCaptured_)) {
+      if (failures_.failed() &&
+          (lastRelease_ == Clock::time_point{} ||
+           (graphsCaptured_ && Clock::now() - lastRelease_ >= graphRelease_))) {
         release();
+        // Replays still behind are released within the first tries; after that, rarely.
+        graphRelease_ = std::min<std::chrono::milliseconds>(2 * graphRelease_, kGraphReleaseMost);
       }
       since = Clock::now();
       continue;
@@ -790,14 +814,15 @@ void CudaExecutor::monitor() {
     std::exception_ptr failure;
     // A report not yet a failure (a peer's stopped kernels, given time for its own failure
     // to arrive): the call waits for it, never succeeding on work its kernels skipped.
-    bool finished = state == CUDA_SUCCESS && (!reported || failures_.failed());
+    const bool held = state == CUDA_SUCCESS && reported && !failures_.failed();
+    bool finished = state == CUDA_SUCCESS && !held;
     if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
       failure = std::make_exception_ptr(
           Error(ErrorCode::kSystem, first.op, rank_,
                 "the GPU reported an error while running it (a fault in a kernel before it, "
                 "or the device was lost); see the CUDA error from PyTorch"));
       finished = true;
-    } else if (failures_.failed() || (!finished && Clock::now() >= first.deadline)) {
+    } else if (failures_.failed() || (!finished && !held && Clock::now() >= first.deadline)) {
       if (!failures_.failed()) {
         failures_.fail(
             ErrorCode::kTimeout, -1,

@@ -265,8 +265,9 @@ class CudaExecutor final : public DeviceExecutor {
   void reduceAlone(const void* input, void* output, size_t count, const CollectiveArgs& args);
   /// In a rooted call's first step `e`, where this rank only publishes (a non-root of reduce
   /// or gather): checks the root's descriptor once it is there. Otherwise a mismatch among
-  /// ranks that all only publish (a broadcast's root and a reduce's non-roots) would pass
-  /// unseen; with it, every non-root checks its root and every root is checked.
+  /// ranks that all only publish (a scatter's root and a gather's non-roots) would pass
+  /// unseen; with it, every non-root checks its root. (Ranks that each take themselves for
+  /// a broadcast's or scatter's root still check nobody: docs/ARCHITECTURE.md.)
   void checkRoot(int root, uint64_t e);
   void allReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
@@ -345,6 +346,7 @@ class CudaExecutor final : public DeviceExecutor {
   std::optional<std::chrono::steady_clock::time_point> staleSince_;
   std::deque<CUevent> draining_;  // of calls failed before they ran; guarded by pendingMutex_
   std::chrono::steady_clock::time_point lastRelease_;  // release()'s last; monitor thread
+  std::chrono::milliseconds graphRelease_{10};  // failed, graphs captured: next release after
   std::thread monitor_;
 };
 

@@ -72,7 +72,10 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
     p.ready[q] = reinterpret_cast<uint64_t*>(flag(q, kReady, p.firstEpoch));
     p.descriptors[q] = descriptor(q, p.firstEpoch);
   }
-  p.mine = described_;
+  // Tagged with the call's first step as stepped calls are: a peer that issued another
+  // collective at this step is the caller's mismatch, whichever path either call took
+  // (staleStep).
+  p.mine = stepTagged(described_, p.firstEpoch);
   // The kernel writes into every slot of its peers from its first steps, so it waits first
   // until every peer is done with the epochs that used them last, and it says when it is
   // done with its own (FusedParams::toDone): for the calls after it, stepped or fused.

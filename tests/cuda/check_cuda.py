@@ -61,7 +61,9 @@ def mps_client() -> bool:
 
 def fused_transfers() -> bool:
     """Whether loom moves this job's sends and receives with its fused kernels: a GPU per rank,
-    LOOM_CUDA_FUSED=1, or (unset) every rank an MPS client, as every rank here is alike."""
+    LOOM_CUDA_FUSED=1, or (unset) every rank an MPS client, as every rank here is alike (for
+    the ranks this script runs: from 13 ranks on one H200 under MPS, transfers take the steps,
+    CudaPaths::fusedTransfers)."""
     fused = os.environ.get("LOOM_CUDA_FUSED")
     if fused is not None:
         return fused == "1"
@@ -513,9 +515,10 @@ def rooted_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
         else:
             first = dist.gather(x, None, dst=0, async_op=True)
         second = dist.all_reduce(y, async_op=True)  # queued before any rank knows
-        first.wait()
-        second.wait()
-        torch.cuda.synchronize()
+        # A CUDA work's wait() only orders the stream; with a timeout the host waits for
+        # the outcome too, and raises a failure.
+        for work in (first, second):
+            work.wait(timeout=timedelta(seconds=30))
     except RuntimeError as e:
         return expect_named(e, dev, words)
     raise AssertionError(f"rank {rank}'s calls succeeded after a mismatch; the all_reduce gave "
@@ -555,8 +558,7 @@ def late_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
         time.sleep(15)  # alive past the others' timeout: theirs is a timeout, not a death
         return 1
     try:
-        dist.all_reduce(x, group=group)
-        torch.cuda.synchronize()
+        dist.all_reduce(x, group=group, async_op=True).wait(timeout=timedelta(seconds=30))
         raise AssertionError("the call succeeded though a rank never issued it")
     except RuntimeError as e:
         for part in ("did not finish within its timeout", f"rank {world - 1} (its last step",

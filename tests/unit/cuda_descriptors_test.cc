@@ -21,12 +21,20 @@ TEST(CudaDescriptors, ADescriptorLeftFromAnotherStepIsStaleNotAMismatch) {
   const cuda::Descriptor now = stepTagged(call, 7);
   EXPECT_TRUE(staleStep(now, stepTagged(call, 5)));  // the same call two steps before
   EXPECT_FALSE(staleStep(now, now));
-  // Another count, or another kind, is a mismatch whatever the step.
-  EXPECT_FALSE(staleStep(now, stepTagged(describe(allReduceOf(2000)), 5)));
-  EXPECT_FALSE(staleStep(now, stepTagged(describe(allReduceOf(2000)), 7)));
+  // Left from another step, any call is stale: another count, another kind, or a fused call.
   CollectiveArgs broadcast = allReduceOf(1000);
   broadcast.kind = CollectiveKind::kBroadcast;
-  EXPECT_FALSE(staleStep(now, stepTagged(describe(broadcast), 5)));
+  EXPECT_TRUE(staleStep(now, stepTagged(describe(allReduceOf(2000)), 5)));
+  EXPECT_TRUE(staleStep(now, stepTagged(describe(broadcast), 5)));
+  cuda::Descriptor fused = describe(allReduceOf(1000));
+  fused.words[0] |= kFusedBit;
+  EXPECT_TRUE(staleStep(now, stepTagged(fused, 5)));
+  // A fused call at the same step where this rank steps is a mismatch (sizes that chose
+  // different paths).
+  EXPECT_FALSE(staleStep(now, stepTagged(fused, 7)));
+  // At the same step, another count or kind is the caller's mismatch.
+  EXPECT_FALSE(staleStep(now, stepTagged(describe(allReduceOf(2000)), 7)));
+  EXPECT_FALSE(staleStep(now, stepTagged(describe(broadcast), 7)));
   // Steps wrap in 16 bits: 65536 steps apart look alike, as they may.
   EXPECT_EQ(stepTagged(call, 7).words[1], stepTagged(call, 7 + 65536).words[1]);
 }
