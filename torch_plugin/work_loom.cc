@@ -317,7 +317,9 @@ void WorkLoom::waitOnHost(std::chrono::milliseconds timeout) {
   const bool limited = bounded(timeout);
   const auto deadline =
       std::chrono::steady_clock::now() + (limited ? timeout : std::chrono::milliseconds(0));
-  while (!isCompleted() && !failureSoFar()) {
+  // Until the outcome is known, not just until the GPU is past the call: a failed call's
+  // kernels, released, end on the GPU before loom has told this work that it failed.
+  while (!done_.load(std::memory_order_acquire) && !failureSoFar()) {
     if (limited && std::chrono::steady_clock::now() >= deadline) {
       std::unique_lock<std::mutex> lock(mutex_);
       timedOut(timeout);

@@ -107,8 +107,8 @@ class WorkLoom : public c10d::Work {
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
            std::shared_ptr<EventPool> events, bool profiling);
   void requestDone(std::exception_ptr error, int source);
-  /// CUDA work waited on with a timeout (as NCCL's): the host waits until the GPU is past the
-  /// call, it failed, or the timeout passes (timedOut).
+  /// CUDA work waited on with a timeout (as NCCL's): the host waits until the call's outcome
+  /// is known, it failed, or the timeout passes (timedOut).
   void waitOnHost(std::chrono::milliseconds timeout);
   /// Counts the work as given up on and throws DistBackendError; with mutex_ held.
   [[noreturn]] void timedOut(std::chrono::milliseconds timeout);
