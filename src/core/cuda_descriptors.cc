@@ -36,7 +36,7 @@ bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs) {
   const auto what = static_cast<uint8_t>(mine.words[0]);
   const bool collective = what != kSendRecv && what != kAllToAllBlock;
   // Ranks at the same step tag it alike, whatever they issued: another tag is a descriptor
-  // left from another call (of any kind or size, or a fused one, which carries none).
+  // left from another call, of any kind, size or path.
   return collective && (mine.words[1] ^ theirs.words[1]) >> kStepTagShift != 0;
 }
 

@@ -147,10 +147,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
           exchangeFds(exchange, exported.get(), cudaSettingsNote(tuning, mpsClient != 0), deadline);
       std::vector<std::string> notes;
       for (const FdOffer& o : offers) notes.push_back(o.note);
-      // Every rank holds every note, so all refuse alike, before any reads a peer's workspace.
-      // No rank has used a workspace yet and every rank refuses alike, so the communicator
-      // lives on (its CPU collectives too); only its CUDA path is refused, by the rank that
-      // differs.
+      // Every rank holds every note, so all refuse alike, before any uses a peer's workspace:
+      // the communicator lives on (its CPU collectives too); only its CUDA path is refused,
+      // naming the rank that differs.
       if (const auto differ = cudaSettingsDisagree(notes)) {
         throw ExchangeRefused(ErrorCode::kInvalidArgument, op, exchange.rank, *differ);
       }
