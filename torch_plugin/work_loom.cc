@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "core/op_state.h"
@@ -149,7 +150,11 @@ void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tens
     return;
   }
   pending_.store(static_cast<int>(requests.size()), std::memory_order_release);
-  awaited_ = requests.back();  // issued last: the others end before it
+  // Issued last: on a collective worker the others end before it. A block's sends and
+  // receives end in any order (each as its peer's message comes): a wait on the send/recv
+  // thread drives them all.
+  awaited_ = requests.back();
+  if (requests.size() > 1) earlier_.assign(requests.begin(), requests.end() - 1);
   // Each callback holds a reference, so the work outlives its requests even if the caller
   // drops it. A request already finished (a blocking call ran on this thread) is counted
   // here: no callback to allocate and run.
@@ -284,7 +289,23 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   Worker* worker = Worker::current();
   if ((worker != nullptr || detail::waitsMustDrive()) && awaited_.sequence() != 0) {
     try {
-      awaited_.waitFor(bounded(timeout) ? timeout : std::chrono::hours(24 * 365));
+      const auto limit =
+          bounded(timeout) ? timeout : std::chrono::milliseconds(std::chrono::hours(24 * 365));
+      const auto until = std::chrono::steady_clock::now() + limit;
+      auto left = [&] {
+        return std::max(std::chrono::milliseconds(0),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            until - std::chrono::steady_clock::now()));
+      };
+      if (detail::waitsMustDrive()) {
+        for (const Request& r : earlier_) {
+          try {
+            r.waitFor(left());
+          } catch (const std::exception&) {  // its failure is the work's, read below
+          }
+        }
+      }
+      awaited_.waitFor(left());
     } catch (const std::exception&) {
     }
     // Run deep in the worker's nesting, the calls' completions may wait for the thread to

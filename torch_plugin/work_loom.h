@@ -142,6 +142,7 @@ class WorkLoom : public c10d::Work {
   std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
   std::shared_ptr<GroupTies> ties_;        // see tieTo()
   Request awaited_;  // its last request, which a wait on a worker thread may run (wait())
+  std::vector<Request> earlier_;   // the others, of a block: driven too on the send/recv thread
   bool countedAsGivenUp_ = false;  // guarded by mutex_ (c10d::Work's)
 };
 

@@ -296,6 +296,46 @@ def test_a_receive_waited_for_in_a_receives_callback_arrives():
     assert run_ranks(2, body_receives_waited_in_a_receives_callback, timeout=120)[1] == 2.0
 
 
+def body_a_block_waited_in_a_receives_callback(rank: int, world: int):
+    """Rank 0 receives from ranks 1 and 2 in one batch, and a later receive's callback (on
+    loom's send/recv thread, which moves large messages) waits for that batch while its last
+    receive has arrived and its first has not: the wait must move the first too (it used to
+    wait for the last alone, then sleep on the thread that had to move the other)."""
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    size = 1 << 18  # 1 MiB: moved by that thread alone
+    if rank == 1:
+        dist.barrier(group=gloo)  # rank 0's batch and callback are in place
+        dist.barrier(group=gloo)  # rank 2's messages are in
+        dist.send(torch.full((size,), 1.0), 0, group=group)
+        return None
+    if rank == 2:
+        dist.barrier(group=gloo)
+        dist.send(torch.full((size,), 2.0), 0, group=group)  # the batch's last receive
+        dist.send(torch.full((size,), 3.0), 0, group=group)  # the one whose callback waits
+        dist.barrier(group=gloo)
+        return None
+    first, last, later = torch.zeros(size), torch.zeros(size), torch.zeros(size)
+    batch = dist.batch_isend_irecv([dist.P2POp(dist.irecv, first, 1, group),
+                                    dist.P2POp(dist.irecv, last, 2, group)])
+
+    def wait_for_the_batch(fut):
+        for work in batch:
+            work.wait()
+        return [first[-1].item(), last[-1].item(), later[-1].item()]
+
+    chained = dist.irecv(later, 2, group=group).get_future().then(wait_for_the_batch)
+    dist.barrier(group=gloo)
+    # Rank 2's messages are in once its sends return (the callback is waiting by then, on
+    # loom's thread): only then does rank 1 send.
+    dist.barrier(group=gloo)
+    return chained.wait()
+
+
+def test_a_batch_waited_for_in_a_receives_callback_gets_every_message():
+    assert run_ranks(3, body_a_block_waited_in_a_receives_callback, timeout=120)[0] == [1.0, 2.0, 3.0]
+
+
 def body_ddp_powersgd(rank: int, world: int, backend: str):
     """A few DDP steps with torch's PowerSGD comm hook, whose callbacks wait on all_reduces."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
