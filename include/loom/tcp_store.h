@@ -45,8 +45,12 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   /// Connects to host:port, retrying until `timeout` (the server may start after the client).
+  /// A reply that takes `replyMargin` longer than the request asks the server to wait (a
+  /// get's timeout; nothing for the others) fails the request as a timeout: a server whose
+  /// host died or was cut off sends nothing, not even a closing.
   TcpStore(const std::string& host, uint16_t port,
-           std::chrono::milliseconds timeout = std::chrono::seconds(60));
+           std::chrono::milliseconds timeout = std::chrono::seconds(60),
+           std::chrono::milliseconds replyMargin = std::chrono::seconds(60));
   ~TcpStore() override;
 
   void set(const std::string& key, const Bytes& value) override;
@@ -56,11 +60,14 @@ class TcpStore : public Store {
   bool erase(const std::string& key) override;
 
  private:
-  Bytes roundTrip(const Bytes& request, const char* what);
+  /// Sends `request` and reads its reply, which the server may hold up to `serverWait`.
+  Bytes roundTrip(const Bytes& request, const char* what,
+                  std::chrono::milliseconds serverWait = std::chrono::milliseconds(0));
   int connectOnce(std::chrono::milliseconds timeout);
   std::string host_;
   uint16_t port_;
   std::string endpoint_;
+  std::chrono::milliseconds replyMargin_;
   std::mutex mutex_;
   std::vector<int> idle_;  // connected sockets not in use; guarded by mutex_
 };

@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <string>
 #include <thread>
 
@@ -38,8 +39,12 @@ int tryConnect(const std::string& host, uint16_t port) {
 
 }  // namespace
 
-TcpStore::TcpStore(const std::string& host, uint16_t port, std::chrono::milliseconds timeout)
-    : host_(host), port_(port), endpoint_(host + ":" + std::to_string(port)) {
+TcpStore::TcpStore(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                   std::chrono::milliseconds replyMargin)
+    : host_(host),
+      port_(port),
+      endpoint_(host + ":" + std::to_string(port)),
+      replyMargin_(replyMargin) {
   idle_.push_back(connectOnce(timeout));
 }
 
@@ -66,7 +71,8 @@ int TcpStore::connectOnce(std::chrono::milliseconds timeout) {
   return fd;
 }
 
-Bytes TcpStore::roundTrip(const Bytes& request, const char* what) {
+Bytes TcpStore::roundTrip(const Bytes& request, const char* what,
+                          std::chrono::milliseconds serverWait) {
   int fd = -1;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -82,16 +88,37 @@ Bytes TcpStore::roundTrip(const Bytes& request, const char* what) {
     return Error(ErrorCode::kPeerFailure, what, -1,
                  "lost the connection to the store server at " + endpoint_);
   };
+  // Bounded: a server that is gone without a word (its host died, or a link went down)
+  // would otherwise hold this read forever.
+  const auto within = serverWait + replyMargin_;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(within).count();
+  timeval limit{};
+  limit.tv_sec = static_cast<time_t>(ms / 1000);
+  limit.tv_usec = static_cast<suseconds_t>(ms % 1000 * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  auto failed = [&] {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return Error(ErrorCode::kTimeout, what, -1,
+                   "the store server at " + endpoint_ + " did not answer within " +
+                       std::to_string(ms) +
+                       " ms; its host may be gone or cut off (the store lives with rank 0, "
+                       "MASTER_ADDR)");
+    }
+    return lost();
+  };
   uint8_t header[4];
+  errno = 0;
   if (!posix::writeAll(fd, request.data(), request.size()) || !posix::readAll(fd, header, 4)) {
-    throw lost();
+    throw failed();
   }
   const uint32_t length = store::readLength(header);
   if (length == 0 || length > store::kMaxFrameBytes) {
     throw Error(ErrorCode::kInternal, what, -1, "malformed reply from the store at " + endpoint_);
   }
   Bytes body(length);
-  if (!posix::readAll(fd, body.data(), length)) throw lost();
+  errno = 0;
+  if (!posix::readAll(fd, body.data(), length)) throw failed();
   std::lock_guard<std::mutex> lock(mutex_);
   idle_.push_back(guard.release());
   return body;
@@ -106,7 +133,8 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
 Bytes TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   store::Request request = store::Request::of(store::Command::kGet, key);
   request.timeoutMs = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
-  Bytes body = roundTrip(store::encodeRequest(request), "store get");
+  Bytes body = roundTrip(store::encodeRequest(request), "store get",
+                         std::chrono::milliseconds(request.timeoutMs));
   if (body[0] == static_cast<uint8_t>(store::Status::kTimeout)) {
     throw Error(ErrorCode::kTimeout, "store get", -1,
                 "key '" + key + "' was not set within " + std::to_string(timeout.count()) +

@@ -1,7 +1,13 @@
 // HashStore, PrefixStore, TcpStore and the store wire format.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
 
 #include "loom/error.h"
@@ -105,6 +111,42 @@ TEST(TcpStore, ConnectTimesOutWithAClearError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   }
+}
+
+TEST(TcpStore, AServerThatNeverAnswersTimesOutNamingIt) {
+  // A listening socket nobody serves: connections complete in its backlog and requests are
+  // taken in, but no reply ever comes, as from a server whose host is gone without a word.
+  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(silent, 16), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const uint16_t port = ntohs(address.sin_port);
+  TcpStore store("127.0.0.1", port, std::chrono::seconds(5), std::chrono::milliseconds(200));
+  auto expectTimeout = [&](const std::function<void()>& request, const char* op,
+                           const std::string& within) {
+    try {
+      request();
+      ADD_FAILURE() << op << " returned though the server never answered";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+      EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("did not answer within " + within + " ms"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+          << e.what();
+    }
+  };
+  expectTimeout([&] { store.set("k", bytes("v")); }, "store set", "200");
+  expectTimeout([&] { store.add("n", 1); }, "store add", "200");
+  // A get may be held by the server for its own timeout: the margin comes on top of it.
+  expectTimeout([&] { store.get("k", std::chrono::milliseconds(300)); }, "store get", "500");
+  ::close(silent);
 }
 
 TEST(StoreProtocol, RoundTripsEveryCommand) {
