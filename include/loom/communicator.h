@@ -74,7 +74,11 @@ inline constexpr int kAnySource = -1;
 class Communicator {
  public:
   /// Joins a communicator of `size` ranks as `rank`, meeting the others through `store`.
-  /// Blocks until all ranks have joined or `options.timeout` passes.
+  /// Blocks until all ranks have joined or `options.timeout` passes. Each rank counts the
+  /// communicators it creates through one store, and its n-th meets the others' n-th: ranks
+  /// that create communicators independently of each other (two jobs, or two groups of one
+  /// job, on one store) give each its own store, such as a PrefixStore per group, as torch
+  /// does for its process groups.
   static std::shared_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
                                               const CommOptions& options = {});
   ~Communicator();
