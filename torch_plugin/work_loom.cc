@@ -152,9 +152,11 @@ void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tens
   pending_.store(static_cast<int>(requests.size()), std::memory_order_release);
   // Issued last: on a collective worker the others end before it. A block's sends and
   // receives end in any order (each as its peer's message comes): a wait on the send/recv
-  // thread drives them all.
+  // thread drives them all (other works of several requests are collectives).
   awaited_ = requests.back();
-  if (requests.size() > 1) earlier_.assign(requests.begin(), requests.end() - 1);
+  if (requests.size() > 1 && retrieveOpType() == c10d::OpType::COALESCED) {
+    earlier_.assign(requests.begin(), requests.end() - 1);
+  }
   // Each callback holds a reference, so the work outlives its requests even if the caller
   // drops it. A request already finished (a blocking call ran on this thread) is counted
   // here: no callback to allocate and run.
@@ -286,27 +288,29 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   // request's own wait runs that worker's queue up to the call (util/worker.h), or drives
   // that engine (p2p_engine.h), where waiting for the thread would wait forever; the outcome
   // is the work's, read below.
+  // One deadline for the whole wait, however it is spent.
+  const auto until =
+      std::chrono::steady_clock::now() +
+      (bounded(timeout) ? timeout : std::chrono::milliseconds(std::chrono::hours(24 * 365)));
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        until - std::chrono::steady_clock::now()));
+  };
   Worker* worker = Worker::current();
   if ((worker != nullptr || detail::waitsMustDrive()) && awaited_.sequence() != 0) {
-    try {
-      const auto limit =
-          bounded(timeout) ? timeout : std::chrono::milliseconds(std::chrono::hours(24 * 365));
-      const auto until = std::chrono::steady_clock::now() + limit;
-      auto left = [&] {
-        return std::max(std::chrono::milliseconds(0),
-                        std::chrono::duration_cast<std::chrono::milliseconds>(
-                            until - std::chrono::steady_clock::now()));
-      };
-      if (detail::waitsMustDrive()) {
-        for (const Request& r : earlier_) {
-          try {
-            r.waitFor(left());
-          } catch (const std::exception&) {  // its failure is the work's, read below
-          }
+    // A request's failure is the work's, read below.
+    if (detail::waitsMustDrive()) {
+      for (const Request& r : earlier_) {
+        try {
+          r.waitFor(left());
+        } catch (...) {
         }
       }
+    }
+    try {
       awaited_.waitFor(left());
-    } catch (const std::exception&) {
+    } catch (...) {
     }
     // Run deep in the worker's nesting, the calls' completions may wait for the thread to
     // come back up, which it does only after this wait: run them here, up to this work's.
@@ -326,7 +330,7 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!bounded(timeout)) {
     cv_.wait(lock, [&] { return completed_; });
-  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+  } else if (!cv_.wait_for(lock, left(), [&] { return completed_; })) {
     timedOut(timeout);
   }
   if (exception_) std::rethrow_exception(exception_);

@@ -45,9 +45,10 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   /// Connects to host:port, retrying until `timeout` (the server may start after the client).
-  /// A reply that takes `replyMargin` longer than the request asks the server to wait (a
-  /// get's timeout; nothing for the others) fails the request as a timeout: a server whose
-  /// host died or was cut off sends nothing, not even a closing.
+  /// A reply that takes `replyMargin` (positive) longer than the request asks the server to
+  /// wait (a get's timeout; nothing for the others) fails the request as a lost peer
+  /// (kPeerFailure, naming the server): a server whose host died or was cut off sends
+  /// nothing, not even a closing.
   TcpStore(const std::string& host, uint16_t port,
            std::chrono::milliseconds timeout = std::chrono::seconds(60),
            std::chrono::milliseconds replyMargin = std::chrono::seconds(60));

@@ -7,7 +7,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -45,6 +47,11 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, std::chrono::millisec
       port_(port),
       endpoint_(host + ":" + std::to_string(port)),
       replyMargin_(replyMargin) {
+  if (replyMargin <= std::chrono::milliseconds(0)) {
+    throw Error(
+        ErrorCode::kInvalidArgument, "store connect", -1,
+        "the reply margin must be positive (got " + std::to_string(replyMargin.count()) + " ms)");
+  }
   idle_.push_back(connectOnce(timeout));
 }
 
@@ -90,16 +97,23 @@ Bytes TcpStore::roundTrip(const Bytes& request, const char* what,
   };
   // Bounded: a server that is gone without a word (its host died, or a link went down)
   // would otherwise hold this read forever.
-  const auto within = serverWait + replyMargin_;
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(within).count();
+  // (Per read and write call: each partial transfer starts the window again.)
+  constexpr int64_t kMostMs = int64_t{1} << 40;  // about 35 years: no sum overflows
+  const int64_t ms = std::clamp<int64_t>(serverWait.count(), 0, kMostMs) +
+                     std::min<int64_t>(replyMargin_.count(), kMostMs);
   timeval limit{};
   limit.tv_sec = static_cast<time_t>(ms / 1000);
   limit.tv_usec = static_cast<suseconds_t>(ms % 1000 * 1000);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) != 0 ||
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0) {
+    throw Error(ErrorCode::kSystem, what, -1,
+                std::string("could not bound the store's reply time: ") + std::strerror(errno));
+  }
+  // A server gone silent is a lost peer to the caller (kPeerFailure, as a closed connection
+  // is), not a key that was not set in time (kTimeout, which creation reads as late ranks).
   auto failed = [&] {
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return Error(ErrorCode::kTimeout, what, -1,
+      return Error(ErrorCode::kPeerFailure, what, -1,
                    "the store server at " + endpoint_ + " did not answer within " +
                        std::to_string(ms) +
                        " ms; its host may be gone or cut off (the store lives with rank 0, "

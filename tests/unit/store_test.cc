@@ -113,7 +113,7 @@ TEST(TcpStore, ConnectTimesOutWithAClearError) {
   }
 }
 
-TEST(TcpStore, AServerThatNeverAnswersTimesOutNamingIt) {
+TEST(TcpStore, AServerThatNeverAnswersFailsEachRequestNamingIt) {
   // A listening socket nobody serves: connections complete in its backlog and requests are
   // taken in, but no reply ever comes, as from a server whose host is gone without a word.
   const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -133,7 +133,7 @@ TEST(TcpStore, AServerThatNeverAnswersTimesOutNamingIt) {
       request();
       ADD_FAILURE() << op << " returned though the server never answered";
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+      EXPECT_EQ(e.code(), ErrorCode::kPeerFailure) << e.what();
       EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("did not answer within " + within + " ms"),
                 std::string::npos)
@@ -146,6 +146,9 @@ TEST(TcpStore, AServerThatNeverAnswersTimesOutNamingIt) {
   expectTimeout([&] { store.add("n", 1); }, "store add", "200");
   // A get may be held by the server for its own timeout: the margin comes on top of it.
   expectTimeout([&] { store.get("k", std::chrono::milliseconds(300)); }, "store get", "500");
+  // A margin of nothing (which the socket would read as no bound at all) is refused.
+  EXPECT_THROW(TcpStore("127.0.0.1", port, std::chrono::seconds(5), std::chrono::milliseconds(0)),
+               Error);
   ::close(silent);
 }
 
