@@ -31,8 +31,8 @@ inline constexpr uint64_t kTwoShotBit = uint64_t{1} << 63;
 inline constexpr uint64_t kChainBit = uint64_t{1} << 62;
 
 // In word 1 of a collective's descriptor as a call publishes it (stepped or fused): the low
-// 16 bits of its first step (stepTagged). A rank whose kernels stopped (its communicator failed) still
-// raises its flags but publishes nothing, so its peers would read the descriptor it left two
+// 16 bits of its first step (stepTagged). A rank whose kernels stopped (its communicator failed)
+// still raises its flags but publishes nothing, so its peers would read the descriptor it left two
 // steps before, of a call that may have been the same: the tag tells the two apart. Counts
 // and hashes keep the 48 bits below it.
 inline constexpr int kStepTagShift = 48;
