@@ -3,8 +3,9 @@
 #include "core/cuda_settings.h"
 
 #include <array>
-#include <functional>
 #include <sstream>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace loom::detail {
@@ -15,37 +16,45 @@ namespace {
 struct Shared {
   const char* key;
   const char* variable;
-  std::function<std::string(const CudaTuning&)> value;
+  std::string (*value)(const CudaTuning&);
 };
 
 template <class T>
+std::string text(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "1" : "0";
+  } else {
+    return std::to_string(v);
+  }
+}
+
+template <class T>
 std::string text(const std::optional<T>& v) {
-  if (!v) return "unset";
-  if constexpr (std::is_same_v<T, bool>) return *v ? "1" : "0";
-  return std::to_string(*v);
+  return v ? text(*v) : "unset";
+}
+
+// A CudaTuning field as text.
+template <auto Field>
+std::string valueOf(const CudaTuning& t) {
+  return text(t.*Field);
 }
 
 // Every CudaTuning field but fusedTrace (a debug record each rank may keep or not). Values
 // are decimal and keys one letter, so that all of them at their widest fit in a note.
 const std::array<Shared, 10>& sharedSettings() {
   static const std::array<Shared, 10> all{{
-      {"c", "LOOM_CUDA_CHUNK_BYTES",
-       [](const CudaTuning& t) { return std::to_string(t.chunkBytes); }},
-      {"o", "LOOM_CUDA_ONE_SHOT_BYTES", [](const CudaTuning& t) { return text(t.oneShotBytes); }},
-      {"p", "LOOM_CUDA_PIPELINE", [](const CudaTuning& t) { return text(t.pipelined); }},
-      {"f", "LOOM_CUDA_FUSED", [](const CudaTuning& t) { return text(t.fused); }},
-      {"s", "LOOM_CUDA_FUSED_SHARED_GPU_BYTES",
-       [](const CudaTuning& t) { return std::to_string(t.fusedSharedGpuBytes); }},
-      {"b", "LOOM_CUDA_FUSED_BLOCKS",
-       [](const CudaTuning& t) { return std::to_string(t.fusedBlocks); }},
-      {"t", "LOOM_CUDA_FUSED_TWO_SHOT_BYTES",
-       [](const CudaTuning& t) { return std::to_string(t.fusedTwoShotBytes); }},
+      {"c", "LOOM_CUDA_CHUNK_BYTES", valueOf<&CudaTuning::chunkBytes>},
+      {"o", "LOOM_CUDA_ONE_SHOT_BYTES", valueOf<&CudaTuning::oneShotBytes>},
+      {"p", "LOOM_CUDA_PIPELINE", valueOf<&CudaTuning::pipelined>},
+      {"f", "LOOM_CUDA_FUSED", valueOf<&CudaTuning::fused>},
+      {"s", "LOOM_CUDA_FUSED_SHARED_GPU_BYTES", valueOf<&CudaTuning::fusedSharedGpuBytes>},
+      {"b", "LOOM_CUDA_FUSED_BLOCKS", valueOf<&CudaTuning::fusedBlocks>},
+      {"t", "LOOM_CUDA_FUSED_TWO_SHOT_BYTES", valueOf<&CudaTuning::fusedTwoShotBytes>},
       {"u", "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES",
-       [](const CudaTuning& t) { return std::to_string(t.fusedTwoShotBroadcastBytes); }},
+       valueOf<&CudaTuning::fusedTwoShotBroadcastBytes>},
       {"v", "LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES",
-       [](const CudaTuning& t) { return std::to_string(t.fusedChainBroadcastBytes); }},
-      {"r", "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES",
-       [](const CudaTuning& t) { return std::to_string(t.fusedRingAllReduceBytes); }},
+       valueOf<&CudaTuning::fusedChainBroadcastBytes>},
+      {"r", "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES", valueOf<&CudaTuning::fusedRingAllReduceBytes>},
   }};
   return all;
 }

@@ -5,7 +5,7 @@ staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA gr
 and replay, mismatched calls (also a scatter's root against gathering non-roots), a rank
 killed mid-collective (also during a replay), a rank that never issues a call (named in the
 others' timeout), a rank that cannot set up its CUDA workspace and one whose LOOM_CUDA_*
-settings differ. Not part of scripts/test.sh (CI has no GPU): run by hand on
+settings differ (those failure parts are in check_failures.py). Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -38,6 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: E402
 
 import loom  # noqa: E402,F401  (registers the backend)
+from check_failures import (PART_ENV, dead_rank_is_named, killed_rank,  # noqa: E402
+                            late_rank, mismatch, rooted_mismatch, settings_differ,
+                            setup_refused, tag_mismatch)
 
 # 70k float32 elements take the two-shot all_reduce where it is used: three or more ranks
 # with a GPU each (ranks sharing a GPU, and two ranks, reduce one-shot at every size; cuda_check.sh
@@ -470,125 +473,6 @@ def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return checks + 1
 
 
-def mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """Rank 0 all_reduces 1000 elements, the others 2000: every rank gets an error naming
-    both calls (never a wrong answer), and the GPU stays usable."""
-    x = torch.ones(1000 if rank == 0 else 2000, device=dev)
-    words = ["1000 elements", "2000 elements", "issued all_reduce"]
-    try:
-        dist.all_reduce(x)
-        torch.cuda.synchronize()  # returns: the kernels that found it did nothing
-    except RuntimeError as e:
-        # A rank that issues the call after a peer has reported the mismatch is told at once.
-        return expect_named(e, dev, words)
-    return expect_failure(rank, dev, words)
-
-
-def tag_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """Rank 0 sends with tag 1, rank 1 receives with tag 2: both learn of it by name."""
-    if rank == 0:
-        dist.send(torch.ones(10, device=dev), dst=1, tag=1)
-    elif rank == 1:
-        dist.recv(torch.empty(10, device=dev), src=0, tag=2)
-    torch.cuda.synchronize()
-    return expect_failure(rank, dev, ["tag 1", "tag 2", "in the order they are issued"])
-
-
-def rooted_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """Rank 0 scatters from itself while the others gather to rank 0: a scatter's root and a
-    gather's non-roots only publish what they issue, so unless a non-root checks its root,
-    nobody sees the mismatch. Every rank then queues an all_reduce like the one two steps
-    before: the ranks that found the mismatch skip it (their kernels stop) without
-    publishing, and rank 0 must not take their descriptors left from that earlier call for
-    theirs and succeed on stale slots. Every rank gets the named error, and the GPU stays
-    usable."""
-    earlier = torch.full((1000,), 5.0, device=dev)
-    dist.all_reduce(earlier)
-    x = torch.ones(1000, device=dev)
-    y = torch.ones(1000, device=dev)
-    words = ["scatter of float32, 1000 elements", "gather of float32, 1000 elements",
-             "every rank must issue the same collectives"]
-    try:
-        if rank == 0:
-            first = dist.scatter(x, [torch.full((1000,), float(q), device=dev)
-                                     for q in range(world)], src=0, async_op=True)
-        else:
-            first = dist.gather(x, None, dst=0, async_op=True)
-        second = dist.all_reduce(y, async_op=True)  # queued before any rank knows
-        # A CUDA work's wait() only orders the stream; with a timeout the host waits for
-        # the outcome too, and raises a failure.
-        for work in (first, second):
-            work.wait(timeout=timedelta(seconds=30))
-    except RuntimeError as e:
-        return expect_named(e, dev, words)
-    raise AssertionError(f"rank {rank}'s calls succeeded after a mismatch; the all_reduce gave "
-                         f"{y[0].item()} (every rank's 1.0 would make {world})")
-
-
-def settings_differ(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank runs with another LOOM_CUDA_CHUNK_BYTES (PART_ENV), so its workspace has
-    another layout: every rank's first CUDA call fails at once naming the setting, the rank
-    and both values, instead of any rank reading or writing a peer's slots at the wrong
-    offsets, and the GPU stays usable."""
-    start = time.time()
-    try:
-        dist.all_reduce(torch.ones(8, device=dev))
-        torch.cuda.synchronize()
-        raise AssertionError("the first CUDA call succeeded though the ranks' settings differ")
-    except RuntimeError as e:
-        for part in (f"rank {world - 1}'s LOOM_CUDA_CHUNK_BYTES is ", " but rank 0's is ",
-                     "set them alike on every rank"):
-            assert part in str(e), f"the error lacks {part!r}: {e}"
-    took = time.time() - start
-    assert took < 30, f"the refusal took {took:.1f} s to reach rank {rank} (timeout is 60 s)"
-    assert torch.ones(4, device=dev).sum().item() == 4.0
-    return 1
-
-
-def late_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank takes part in a group's first call, then issues nothing: the others'
-    next call fails at the group's 5 s timeout naming that rank as the one that has not
-    reached it (read from its flags), and the GPU stays usable."""
-    group = dist.new_group(timeout=timedelta(seconds=5))
-    x = torch.ones(1000, device=dev)
-    dist.all_reduce(x, group=group)
-    torch.cuda.synchronize()
-    if rank == world - 1:
-        time.sleep(15)  # alive past the others' timeout: theirs is a timeout, not a death
-        return 1
-    try:
-        dist.all_reduce(x, group=group, async_op=True).wait(timeout=timedelta(seconds=30))
-        raise AssertionError("the call succeeded though a rank never issued it")
-    except RuntimeError as e:
-        for part in ("did not finish within its timeout", f"rank {world - 1} (its last step",
-                     "have not issued it"):
-            assert part in str(e), f"the error lacks {part!r}: {e}"
-        for q in range(world - 1):
-            assert f"rank {q} (its last step" not in str(e), f"rank {q} is named late: {e}"
-    assert torch.ones(4, device=dev).sum().item() == 4.0
-    return 1
-
-
-def expect_failure(rank: int, dev: torch.device, words) -> int:
-    deadline = time.time() + 30
-    while True:
-        try:
-            dist.all_reduce(torch.ones(4, device=dev))
-            torch.cuda.synchronize()
-        except RuntimeError as e:
-            return expect_named(e, dev, words)
-        assert time.time() < deadline, "no rank reported the mismatch within 30 s"
-        time.sleep(0.5)
-
-
-def expect_named(e: RuntimeError, dev: torch.device, words) -> int:
-    """The error says every one of `words`, and the GPU is still usable."""
-    for w in words:
-        assert w in str(e), f"the error does not say {w!r}: {e}"
-    assert torch.ones(4, device=dev).sum().item() == 4.0
-    return 1
-
-
 def dtensor(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """DTensor and tensor parallelism on a CUDA DeviceMesh (several ranks on one GPU: the
     mesh is made from the group, not one device per rank), and compiled functional
@@ -621,36 +505,6 @@ def dtensor(rank: int, world: int, dev: torch.device, dtypes) -> int:
     t = torch.full((1000,), float(rank + 1), device=dev)
     same(compiled(t), torch.full((1000,), 2.0 * world * (world + 1) / 2 + 1), "compiled all_reduce")
     return 4
-
-
-def dead_rank_is_named(world: int, dev: torch.device, x: torch.Tensor) -> None:
-    """After the last rank died: the next all_reduce fails naming it, and the GPU still works."""
-    try:
-        dist.all_reduce(x)
-        torch.cuda.synchronize()
-        raise AssertionError("an all_reduce after a rank died succeeded")
-    except RuntimeError as e:
-        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
-    assert torch.ones(4, device=dev).sum().item() == 4.0
-
-
-def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank exits; the others' CUDA all_reduce must not hang the GPU, the next call
-    must name the dead rank, and the GPU must still work."""
-    x = torch.ones(1 << 16, device=dev)
-    dist.all_reduce(x)
-    torch.cuda.synchronize()
-    dist.barrier()
-    if rank == world - 1:
-        os._exit(0)
-    try:
-        dist.all_reduce(x)  # waits on the GPU for a rank that is gone...
-    except RuntimeError as e:  # ...unless its death is known already
-        assert f"rank {world - 1}" in str(e), f"the error does not name the dead rank: {e}"
-    time.sleep(2)
-    torch.cuda.synchronize()  # must return: the waits are released once the rank is found dead
-    dead_rank_is_named(world, dev, x)
-    return 1
 
 
 def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
@@ -832,48 +686,6 @@ def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
         same(compiled(v), torch.full((100,), 2.0 * world * (world + 1) / 2 + 1), f"compiled {entry}.all_reduce_")
         checks += 1
     return checks
-
-
-def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank cannot make its CUDA workspace (it asks for 1 GiB chunks, more than
-    12 GiB, with all but 4 GiB of the GPU taken): every rank's first CUDA call fails at once naming
-    it, instead of waiting for its offer until the timeout, and the GPU stays usable."""
-    hog = None
-    if rank == world - 1:
-        free, _ = torch.cuda.mem_get_info()
-        hog = torch.empty(max(0, free - (4 << 30)), dtype=torch.uint8, device=dev)
-    start = time.time()
-    try:
-        dist.all_reduce(torch.ones(8, device=dev))
-        torch.cuda.synchronize()
-        raise AssertionError("the first CUDA call succeeded though a rank had no workspace")
-    except RuntimeError as e:
-        assert f"rank {world - 1}" in str(e), f"the error does not name rank {world - 1}: {e}"
-    took = time.time() - start
-    assert took < 30, f"the failure took {took:.1f} s to reach rank {rank} (timeout is 60 s)"
-    # The communicator keeps the failure: a later CUDA call (another operation) fails at once
-    # with it, naming that call, instead of trying the set-up again and waiting on peers.
-    start = time.time()
-    try:
-        dist.broadcast(torch.ones(8, device=dev), src=0)
-        raise AssertionError("a later CUDA call succeeded though the set-up had failed")
-    except RuntimeError as e:
-        for part in ("broadcast", "failed earlier", f"rank {world - 1}"):
-            assert part in str(e), f"the later call's error lacks {part!r}: {e}"
-    assert time.time() - start < 5, "the later call waited instead of failing at once"
-    del hog
-    assert torch.ones(4, device=dev).sum().item() == 4.0
-    return 1
-
-
-# Environment a part's ranks start with (by rank and world size), read when the group is made.
-PART_ENV = {
-    "setup_refused": lambda rank, world: {"LOOM_CUDA_CHUNK_BYTES": "1G"} if rank == world - 1 else {},
-    # Another chunk than the one the run gives every rank (65536 where that is 64 KiB already).
-    "settings_differ": lambda rank, world: (
-        {"LOOM_CUDA_CHUNK_BYTES": "131072" if os.environ.get("LOOM_CUDA_CHUNK_BYTES") == "65536"
-         else "65536"} if rank == world - 1 else {}),
-}
 
 
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
