@@ -154,6 +154,7 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   for (const PeerInfo& peer : roster.peers) {
     sharing.machineRanks += peer.machine == me.machine && peer.cpus == me.cpus ? 1 : 0;
   }
+  sharing.coreSharers = sharing.machineRanks;
   sharing.machineRanks = std::max(sharing.machineRanks, sharing.localRanks);
   if (sharing.spansHosts) sharing.netLanes = agreedNetLanes(roster, rank);
   Config config = Config::load(sharing);

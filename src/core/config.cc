@@ -110,7 +110,14 @@ Config Config::load(const Sharing& sharing) {
   const int share = std::max(1, perRank - (sharing.spansHosts ? networkThreads : 0));
   c.tuning.threads = static_cast<int>(env::integer("LOOM_THREADS", std::min(share, 8), 1, 256));
   c.bindRanks = env::integer("LOOM_BIND", 0, 0, 1) == 1;
-  c.backoff.spin = std::chrono::microseconds(env::integer("LOOM_SPIN_US", 20, 0, 1'000'000));
+  // A waiter spins only where every rank on its CPUs can have a core: with more ranks than
+  // cores, a spinning waiter holds the core that a peer it waits for needs in order to
+  // arrive. 3 ranks on 2 cores: all_reduce, all_gather and broadcast from 8 B to 1 MiB took
+  // 0.57-0.72x the time without the spin; 2 ranks on 2 cores were alike either way
+  // (docs/PERFORMANCE.md, "Waits on oversubscribed cores").
+  const bool oversubscribed = sharing.coreSharers > availableCores();
+  c.backoff.spin = std::chrono::microseconds(
+      env::integer("LOOM_SPIN_US", oversubscribed ? 0 : 20, 0, 1'000'000));
   c.backoff.yield = std::chrono::microseconds(env::integer("LOOM_YIELD_US", 200, 0, 1'000'000));
   c.netSilence =
       std::chrono::milliseconds(env::integer("LOOM_NET_SILENCE_MS", 10'000, 200, 3'600'000));

@@ -60,7 +60,8 @@ struct Config {
   CudaTuning cuda;
   /// Bytes per point-to-point ring, a power of two (LOOM_P2P_RING_BYTES).
   size_t ringBytes = 256 << 10;
-  /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US).
+  /// Spin and yield before sleeping (LOOM_SPIN_US, LOOM_YIELD_US); no spin by default where
+  /// more ranks than cores share this rank's CPUs (Sharing::coreSharers).
   BackoffPolicy backoff;
   /// Threads, streaming threshold and algorithm table (LOOM_THREADS, LOOM_STREAM_BYTES,
   /// LOOM_ALGO).
@@ -90,17 +91,22 @@ struct Config {
     int machineRanks = 1;     ///< ranks on this machine's cores, other network namespaces included
     bool spansHosts = false;  ///< every rank also runs threads that move network traffic
     int netLanes = 1;         ///< the lanes of that traffic, two threads each
+    /// Ranks on this machine that may run on exactly this rank's CPUs, this one included.
+    int coreSharers = 1;
     /// A child communicator's (split, new_group), with `childLocalRanks` members on this
     /// rank's host and members on other hosts or not: the machine's ranks stay this
     /// communicator's, since the processes outside the child still run on the same cores.
     Sharing child(int childLocalRanks, bool childSpansHosts) const {
-      return {childLocalRanks, std::max(machineRanks, childLocalRanks), childSpansHosts, netLanes};
+      return {childLocalRanks, std::max(machineRanks, childLocalRanks), childSpansHosts, netLanes,
+              coreSharers};
     }
   };
   /// What the defaults were shared out by (load's argument).
   Sharing sharing;
   /// Reads the environment for a rank of one host whose `localRanks` ranks share its cores.
-  static Config load(int localRanks) { return load(Sharing{localRanks, localRanks, false}); }
+  static Config load(int localRanks) {
+    return load(Sharing{localRanks, localRanks, false, 1, localRanks});
+  }
   /// Reads the environment for a rank that shares as `sharing` says.
   static Config load(const Sharing& sharing);
 };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "algorithms/selection.h"
@@ -198,6 +199,31 @@ TEST(Config, ThreadsShareTheMachinesCoresWithEveryRankOnItAndTheNetworkThreads) 
   ::setenv("LOOM_THREADS", "3", 1);
   EXPECT_EQ(threads({2, 4, true}), 3);  // what the user asks for wins
   ::unsetenv("LOOM_THREADS");
+}
+
+TEST(Config, WaitsSpinOnlyWhereEveryRankOnTheseCoresCanHaveOne) {
+  ::unsetenv("LOOM_SPIN_US");
+  ::unsetenv("LOOM_YIELD_US");
+  const int cores = availableCores();
+  auto spin = [](Config::Sharing sharing) { return Config::load(sharing).backoff.spin; };
+  using std::chrono::microseconds;
+  EXPECT_EQ(spin({1, 1, false, 1, 1}), microseconds(20));
+  EXPECT_EQ(spin({cores, cores, false, 1, cores}), microseconds(20));  // a core each
+  EXPECT_EQ(spin({cores + 1, cores + 1, false, 1, cores + 1}), microseconds(0));
+  EXPECT_EQ(Config::load(cores + 1).backoff.spin, microseconds(0));
+  // Ranks of this host bound to CPU sets of their own do not count: only those on this
+  // rank's own CPUs, which other network namespaces' ranks may share too.
+  EXPECT_EQ(spin({cores + 1, cores + 1, false, 1, 1}), microseconds(20));
+  EXPECT_EQ(spin({1, cores + 1, true, 1, cores + 1}), microseconds(0));
+  // A child's members share the cores with the parent's other processes still.
+  const Config::Sharing crowded{cores + 1, cores + 1, false, 1, cores + 1};
+  EXPECT_EQ(crowded.child(1, false).coreSharers, cores + 1);
+  EXPECT_EQ(spin(crowded.child(1, false)), microseconds(0));
+  // The yield stage is the same either way, and what the user asks for wins.
+  EXPECT_EQ(Config::load(crowded).backoff.yield, microseconds(200));
+  ::setenv("LOOM_SPIN_US", "7", 1);
+  EXPECT_EQ(spin(crowded), microseconds(7));
+  ::unsetenv("LOOM_SPIN_US");
 }
 
 TEST(Config, PeerReadsStartSoonerWithMoreRanksAndCanBeTurnedOff) {
