@@ -425,6 +425,70 @@ TEST_F(TwoHosts, AChildWhoseMemberOnTheOtherHostComesLateIsNotTakenForSilent) {
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
 
+// A child across hosts whose member comes later than its peers' processes hold connections
+// for a communicator they do not know yet (LOOM_NET_HOLD_MS, a minute by default): the
+// connection its rail peer made is closed unanswered, and the rail peer connects again
+// instead of failing the child; the creation's own timeout is what bounds the wait.
+TEST_F(TwoHosts, AChildWhoseMemberComesLaterThanConnectionsAreHeldStillForms) {
+  const NetnsHosts& hosts = *hosts_;
+  loom::testing::RunOptions run;
+  run.environment = {"LOOM_NET_HOLD_MS=500"};
+  const auto outcomes = loom::testing::runRanks(
+      4,
+      [&](RankContext& ctx) {
+        hosts.enter(hostOfRank(ctx.rank));
+        CommOptions options;
+        options.timeout = std::chrono::seconds(60);
+        auto comm = ctx.connect(options);
+        comm->barrier().wait();
+        if (ctx.rank == 3) std::this_thread::sleep_for(std::chrono::seconds(3));
+        const int all[] = {0, 1, 2, 3};
+        auto child = comm->subset(all, "later", options);
+        float x = static_cast<float>(ctx.rank);
+        child->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+        LOOM_CHECK(x == 6, << x);
+      },
+      run);
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
+// A member that never makes the child: its rail peer keeps connecting (each try closed
+// unanswered after LOOM_NET_HOLD_MS) until the creation's timeout, which names it; not an
+// early "closed by the peer" that blames a live rank's link.
+TEST_F(TwoHosts, AChildThatAMemberNeverMakesTimesOutNamingIt) {
+  const NetnsHosts& hosts = *hosts_;
+  loom::testing::RunOptions run;
+  run.environment = {"LOOM_NET_HOLD_MS=300"};
+  const auto outcomes = loom::testing::runRanks(
+      4,
+      [&](RankContext& ctx) {
+        hosts.enter(hostOfRank(ctx.rank));
+        CommOptions options;
+        options.timeout = std::chrono::seconds(60);
+        auto comm = ctx.connect(options);
+        comm->barrier().wait();
+        if (ctx.rank == 3) {
+          ctx.store->get("rank 2 gave up", std::chrono::seconds(60));
+          return;
+        }
+        options.timeout = std::chrono::seconds(2);
+        const int all[] = {0, 1, 2, 3};
+        try {
+          comm->subset(all, "never", options);
+          LOOM_CHECK(false, << "made without rank 3");
+        } catch (const Error& e) {
+          if (ctx.rank == 2) {
+            ctx.store->set("rank 2 gave up", {1});
+            LOOM_CHECK(e.code() == ErrorCode::kTimeout &&
+                           std::string(e.what()).find("not from rank 3") != std::string::npos,
+                       << e.what());
+          }
+        }
+      },
+      run);
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
 // A rank that cannot open the network (its LOOM_NET_IFNAME names no interface of its host)
 // fails creation at once on every rank, named, as any other bad setting does (the others used
 // to wait out the whole timeout for its address).

@@ -172,10 +172,24 @@ void SendChannel::discardBorrowed() noexcept {
   lentInFlight_ = 0;
 }
 
+size_t SendChannel::poll(std::span<Completion> done) {
+  if (step_ != Step::kAwaitReply) return endpoint_->poll(done);
+  try {
+    return endpoint_->poll(done);
+  } catch (const Error& e) {
+    // Up, Hello sent, no answer, and now closed: the peer's process did not know this
+    // communicator (yet) and stopped holding the connection. A process that is gone refuses
+    // the next connection instead, which is not this.
+    throw TurnedAway(ErrorCode::kPeerFailure, "connect", mine_.sender,
+                     "the process at " + peer() + " closed the connection without answering (" +
+                         trafficOf(mine_) + "; " + e.detail() + ")");
+  }
+}
+
 void SendChannel::pump() {
   Completion done[16];
   while (!peerLeft_) {
-    const size_t n = endpoint_->poll(done);
+    const size_t n = poll(done);
     for (size_t i = 0; i < n; ++i) {
       const int index = indexOf(done[i].context);
       if (!done[i].isReceive) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/error.h"
 #include "transport/message_link.h"
 #include "transport/net/fabric.h"
 #include "transport/net/wire.h"
@@ -41,6 +42,15 @@ enum class Payload { kCopied, kBorrowed };
 /// SendChannel::write's `produced` for a payload that is all there.
 inline constexpr uint64_t kWholePayload = ~uint64_t{0};
 
+/// Thrown by SendChannel when the peer's process closed the connection without answering
+/// its Hello: it held the connection for a communicator it has not made yet, as long as it
+/// holds any (NetService::Limits::unexpectedHold), and let it go. Nothing was sent; the
+/// initiator may connect again.
+class TurnedAway : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The initiator's end: connects, proves, sends.
 class SendChannel {
  public:
@@ -53,7 +63,8 @@ class SendChannel {
   SendChannel(const SendChannel&) = delete;
   SendChannel& operator=(const SendChannel&) = delete;
   /// Advances the connection and handshake; true once the peer has proved the secret.
-  /// Throws Error(kPeerFailure) if the peer cannot be reached, refuses, or fails its proof.
+  /// Throws Error(kPeerFailure) if the peer cannot be reached, refuses, or fails its proof,
+  /// and TurnedAway if it closed the connection before answering.
   bool ready();
   /// MessageLink::write for this direction (false while not ready(), and for good once the
   /// peer has left). A borrowed payload must stay untouched until flushed() or abandon().
@@ -82,6 +93,9 @@ class SendChannel {
 
  private:
   void pump();
+  /// The endpoint's completions; a connection that ends before the peer's answer throws
+  /// TurnedAway.
+  size_t poll(std::span<Completion> done);
   void onReceive(uint8_t* buffer, size_t length);
   bool postFrame(const FrameHeader& header, const uint8_t* payload, bool borrow);
   /// Closes the connection if frames from borrowed payloads are queued (see abandon()).

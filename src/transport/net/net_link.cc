@@ -11,6 +11,17 @@ void NetLink::rethrow(const Error& e) const {
   throw Error(e.code(), e.op(), e.rank(), "the link with " + peer_ + " broke: " + e.detail());
 }
 
+SendChannel* NetLink::outbound() {
+  if (!out_ && connect_ && std::chrono::steady_clock::now() >= reconnectAt_) out_ = connect_();
+  return out_.get();
+}
+
+void NetLink::turnedAway() {
+  // Nothing went out on it: a channel takes no frame before the peer has answered.
+  out_.reset();
+  reconnectAt_ = std::chrono::steady_clock::now() + kReconnectAfter;
+}
+
 ReceiveChannel* NetLink::inbound() {
   if (!in_ && claim_) in_ = claim_();
   return in_.get();
@@ -32,8 +43,11 @@ bool NetLink::writeBorrowedPrefix(const Envelope& envelope, const uint8_t* paylo
 bool NetLink::writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done,
                       Payload mode, uint64_t produced) {
   try {
-    if (!out_) out_ = connect_();
-    return out_->write(envelope, payload, done, mode, produced);
+    SendChannel* out = outbound();
+    return out && out->write(envelope, payload, done, mode, produced);
+  } catch (const TurnedAway&) {
+    turnedAway();
+    return false;
   } catch (const Error& e) {
     rethrow(e);
   }
@@ -71,6 +85,9 @@ bool NetLink::drained() {
     if (!out_) return true;
     out_->progress();
     return out_->flushed();
+  } catch (const TurnedAway&) {
+    turnedAway();
+    return true;  // it had sent nothing
   } catch (const Error& e) {
     rethrow(e);
   }
@@ -83,6 +100,9 @@ bool NetLink::readable() {
     if (out_ && drivers_ == Drivers::kOne) out_->progress();
     ReceiveChannel* in = inbound();
     return in && in->readable();
+  } catch (const TurnedAway&) {
+    turnedAway();
+    return false;
   } catch (const Error& e) {
     rethrow(e);
   }

@@ -6,6 +6,7 @@
 // engine polls this link (polled()). The two directions share nothing, so one thread may
 // write while another reads. Errors name the peer.
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,6 +62,14 @@ class NetLink final : public MessageLink {
   [[noreturn]] void rethrow(const Error& e) const;
   bool writeAs(const Envelope& envelope, const uint8_t* payload, uint64_t& done, Payload mode,
                uint64_t produced = kWholePayload);
+  /// The outbound channel, connected now if it is time: a channel the peer's process
+  /// turned away (it did not know the communicator yet) is made again kReconnectAfter later,
+  /// until the caller's own deadline gives up on the peer. nullptr meanwhile.
+  SendChannel* outbound();
+  /// Forgets a channel that threw TurnedAway.
+  void turnedAway();
+
+  static constexpr std::chrono::milliseconds kReconnectAfter{100};
 
   Connect connect_;
   Claim claim_;
@@ -68,6 +77,7 @@ class NetLink final : public MessageLink {
   Drivers drivers_ = Drivers::kOne;
   std::unique_ptr<SendChannel> out_;
   std::unique_ptr<ReceiveChannel> in_;
+  std::chrono::steady_clock::time_point reconnectAt_{};  // after a TurnedAway
 };
 
 }  // namespace loom::net

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "loom/error.h"
+#include "util/env.h"
 #include "util/posix.h"
 
 namespace loom::net {
@@ -18,7 +19,10 @@ NetService& NetService::instance() {
   // and forgets its registration here as it goes. Its thread stops at exit, though, before
   // the libraries it polls (libfabric's providers) tear themselves down.
   static NetService* service = [] {
-    auto* made = new NetService(Fabric::instance(), Limits{});
+    Limits limits;
+    limits.unexpectedHold =
+        std::chrono::milliseconds(env::integer("LOOM_NET_HOLD_MS", 60'000, 100, 3'600'000));
+    auto* made = new NetService(Fabric::instance(), limits);
     std::atexit([] { service->stop(); });  // a forked child's leaves its parent's thread be
     return made;
   }();
