@@ -259,13 +259,14 @@ std::shared_ptr<shm::Segment> CommState::joinSegment(Clock::time_point deadline)
     hello.secret = roster_.secret;
     hello.rank = localRank;
     hello.pid = static_cast<int32_t>(::getpid());
-    posix::Fd fd = service.joinLeader(roster_.peers[here[0]].address, hello, deadline, stillAlive);
+    posix::Fd fd =
+        service.joinLeader(roster_.peers[here[0]].address, hello, rank_, deadline, stillAlive);
     return shm::Segment::attach(std::move(fd), segmentId, localSize);
   }
   const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
   std::shared_ptr<shm::Segment> segment = shm::Segment::create(layout, segmentId);
-  std::vector<Arrival> members = service.acceptMembers(segmentId, roster_.secret, localSize - 1,
-                                                       localSize, deadline, stillAlive);
+  std::vector<Arrival> members =
+      service.acceptMembers(segmentId, roster_.secret, localSize - 1, here, deadline, stillAlive);
   const auto welcome = handshake::encodeWelcome(0, "");
   for (Arrival& member : members) {
     if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <numeric>
 #include <vector>
 
 #include "core/process_service.h"
@@ -69,8 +70,11 @@ std::optional<std::pair<int32_t, std::string>> receiveWelcome(int socket, posix:
 std::vector<FdOffer> lead(const FdExchange& x, int mine, const std::string& note,
                           const std::string& refusal, Clock::time_point deadline) {
   std::vector<FdOffer> all(static_cast<size_t>(x.localSize));
+  // The exchange's ranks are one host's: named by local index, as its messages do.
+  std::vector<int> localIndices(static_cast<size_t>(x.localSize));
+  std::iota(localIndices.begin(), localIndices.end(), 0);
   std::vector<Arrival> members = ProcessService::instance().acceptMembers(
-      x.id, x.secret, x.localSize - 1, x.localSize, deadline);
+      x.id, x.secret, x.localSize - 1, localIndices, deadline);
   const auto welcome = handshake::encodeWelcome(0, "");
   // Members send nothing until welcomed (the service drops an early arrival that does).
   for (Arrival& member : members) {
@@ -128,7 +132,7 @@ std::vector<FdOffer> join(const FdExchange& x, int mine, const std::string& note
   hello.secret = x.secret;
   hello.rank = x.localRank;
   hello.pid = static_cast<int32_t>(::getpid());
-  posix::Fd socket = ProcessService::instance().introduce(x.leaderAddress, hello, deadline);
+  posix::Fd socket = ProcessService::instance().introduce(x.leaderAddress, hello, x.rank, deadline);
   posix::Fd none;
   const auto accepted = receiveWelcome(socket.get(), &none, deadline);
   if (!accepted) lost(x, "the leader", deadline);

@@ -235,10 +235,12 @@ void ProcessService::readHello(size_t index) {
 
 std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
                                                    const handshake::Secret& secret, int count,
-                                                   int size, Clock::time_point deadline,
+                                                   std::span<const int> ranks,
+                                                   Clock::time_point deadline,
                                                    const StillAlive& stillAlive) {
+  const int size = static_cast<int>(ranks.size());
   std::vector<Arrival> accepted;
-  std::set<int> ranks;
+  std::set<int> joined;  // local indices
   std::unique_lock<std::mutex> lock(mutex_);
   Expectation& expectation = expected_[comm];
   expectation.secret = secret;
@@ -269,10 +271,12 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
           expectation.arrived.empty()) {
         std::string missing;
         for (int r = 1; r < size; ++r) {
-          if (ranks.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          if (joined.count(r) == 0) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(ranks[r]);
+          }
         }
         expected_.erase(comm);
-        throw Error(ErrorCode::kTimeout, "create", 0,
+        throw Error(ErrorCode::kTimeout, "create", ranks[0],
                     "rank(s) " + missing +
                         " never connected to this leader; did they all call create with the "
                         "same store, or did one fail earlier?");
@@ -283,10 +287,10 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
     expectation.arrived.pop_front();
     if (!handshake::secretsEqual(a.hello.secret, secret)) {
       refuse(a, "wrong job secret");
-    } else if (a.hello.rank <= 0 || a.hello.rank >= size || ranks.count(a.hello.rank) != 0) {
+    } else if (a.hello.rank <= 0 || a.hello.rank >= size || joined.count(a.hello.rank) != 0) {
       refuse(a, "rank out of range or already joined");
     } else {
-      ranks.insert(a.hello.rank);
+      joined.insert(a.hello.rank);
       accepted.push_back(std::move(a));
     }
   }
@@ -298,13 +302,14 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
 }
 
 posix::Fd ProcessService::introduce(const std::string& address, const handshake::Hello& hello,
-                                    Clock::time_point deadline, const StillAlive& stillAlive) {
+                                    int rank, Clock::time_point deadline,
+                                    const StillAlive& stillAlive) {
   posix::Fd socket;
   auto pause = std::chrono::milliseconds(1);
   while (!(socket = unix_socket::connectAbstract(address))) {
     if (stillAlive) stillAlive();
     if (Clock::now() >= deadline) {
-      throw Error(ErrorCode::kTimeout, "create", hello.rank,
+      throw Error(ErrorCode::kTimeout, "create", rank,
                   "could not reach the leader's socket '" + address +
                       "'; is the leader alive and on this host?");
     }
@@ -318,7 +323,7 @@ posix::Fd ProcessService::introduce(const std::string& address, const handshake:
   int leaderPid = 0;
   if (!unix_socket::peerCredentials(socket.get(), &leaderUid, &leaderPid) ||
       leaderUid != ::geteuid()) {
-    throw Error(ErrorCode::kPeerFailure, "create", hello.rank,
+    throw Error(ErrorCode::kPeerFailure, "create", rank,
                 "the process at the leader's socket '" + address + "' runs as uid " +
                     std::to_string(leaderUid) + ", not as this process's uid " +
                     std::to_string(::geteuid()) +
@@ -326,14 +331,15 @@ posix::Fd ProcessService::introduce(const std::string& address, const handshake:
   }
   const auto bytes = handshake::encodeHello(hello);
   if (!posix::writeAll(socket.get(), bytes.data(), bytes.size())) {
-    throw Error(ErrorCode::kPeerFailure, "create", hello.rank, "the leader closed the connection");
+    throw Error(ErrorCode::kPeerFailure, "create", rank, "the leader closed the connection");
   }
   return socket;
 }
 
 posix::Fd ProcessService::joinLeader(const std::string& address, const handshake::Hello& hello,
-                                     Clock::time_point deadline, const StillAlive& stillAlive) {
-  posix::Fd socket = introduce(address, hello, deadline, stillAlive);
+                                     int rank, Clock::time_point deadline,
+                                     const StillAlive& stillAlive) {
+  posix::Fd socket = introduce(address, hello, rank, deadline, stillAlive);
   uint8_t reply[handshake::kWelcomeBytes];
   posix::Fd segment;
   // The welcome is one small message: a slice that ends without it has read nothing of it.
@@ -342,12 +348,12 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
     if (unix_socket::recvWithFd(socket.get(), reply, sizeof reply, &segment, until)) break;
     if (Clock::now() < until) {  // not a slice that ran out: the connection ended
       if (stillAlive) stillAlive();
-      throw Error(ErrorCode::kPeerFailure, "create", hello.rank,
+      throw Error(ErrorCode::kPeerFailure, "create", rank,
                   "the leader closed its connection before handing over the shared segment; "
                   "did it fail?");
     }
     if (Clock::now() >= deadline) {
-      throw Error(ErrorCode::kTimeout, "create", hello.rank,
+      throw Error(ErrorCode::kTimeout, "create", rank,
                   "the leader did not hand over the shared segment in time (it may be waiting "
                   "for other ranks, or it failed)");
     }
@@ -355,7 +361,7 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
   }
   const auto welcome = handshake::parseWelcome(reply);
   if (!welcome || welcome->first != 0 || !segment) {
-    throw Error(ErrorCode::kInternal, "create", hello.rank,
+    throw Error(ErrorCode::kInternal, "create", rank,
                 "the leader refused this rank: " + (welcome ? welcome->second : "bad reply"));
   }
   return segment;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,21 +68,23 @@ class ProcessService {
   /// a member that died meanwhile) to end the wait at once instead of at its deadline.
   using StillAlive = std::function<void()>;
 
-  /// Leader side: waits for `count` members of communicator `comm` presenting `secret`;
-  /// throws Error(kTimeout) at `deadline` naming the ranks that never came, or what
-  /// `stillAlive` throws.
+  /// Leader side: waits for `count` members of communicator `comm` presenting `secret`,
+  /// each with a local index in [1, ranks.size()); `ranks` holds the communicator rank of
+  /// each local index (the leader's first), for messages. Throws Error(kTimeout) at
+  /// `deadline` naming the ranks that never came, or what `stillAlive` throws.
   std::vector<Arrival> acceptMembers(const CommId& comm, const handshake::Secret& secret, int count,
-                                     int size, Clock::time_point deadline,
+                                     std::span<const int> ranks, Clock::time_point deadline,
                                      const StillAlive& stillAlive = nullptr);
 
   /// Member side: connects to the leader at `address`, presents itself, and returns the
   /// segment fd it is given. Throws Error on refusal, timeout or a dead leader, or what
-  /// `stillAlive` throws.
-  posix::Fd joinLeader(const std::string& address, const handshake::Hello& hello,
+  /// `stillAlive` throws; errors name `rank`, this member's communicator rank (the Hello
+  /// carries its local index).
+  posix::Fd joinLeader(const std::string& address, const handshake::Hello& hello, int rank,
                        Clock::time_point deadline, const StillAlive& stillAlive = nullptr);
   /// Member side, the first half of joinLeader: connects to the leader at `address` (a
   /// process of this uid only) and sends the Hello; returns the socket for what follows.
-  posix::Fd introduce(const std::string& address, const handshake::Hello& hello,
+  posix::Fd introduce(const std::string& address, const handshake::Hello& hello, int rank,
                       Clock::time_point deadline, const StillAlive& stillAlive = nullptr);
 
   /// Calls `onExit(pid)` on the service thread when process `pid` exits. Returns an id for

@@ -138,7 +138,7 @@ TEST(FdExchange, AMemberThatLeavesBeforeOfferingFailsTheOthersAtOnce) {
     const auto deadline = Clock::now() + std::chrono::seconds(600);
     if (ctx.rank == 2) {
       const posix::Fd socket = ProcessService::instance().introduce(
-          x.leaderAddress, {x.id, x.secret, x.localRank, ::getpid()}, deadline);
+          x.leaderAddress, {x.id, x.secret, x.localRank, ::getpid()}, x.rank, deadline);
       uint8_t welcome[handshake::kWelcomeBytes];
       posix::Fd none;
       LOOM_CHECK(unix_socket::recvWithFd(socket.get(), welcome, sizeof welcome, &none, deadline));

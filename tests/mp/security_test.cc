@@ -452,7 +452,8 @@ TEST(Security, MemberRefusesALeaderOfAnotherUser) {
     hello.pid = static_cast<int32_t>(::getpid());
     bool refused = false;
     try {
-      ProcessService::instance().joinLeader(name, hello, Clock::now() + std::chrono::seconds(30));
+      ProcessService::instance().joinLeader(name, hello, 1,
+                                            Clock::now() + std::chrono::seconds(30));
     } catch (const Error& e) {
       refused = e.code() == ErrorCode::kPeerFailure &&
                 std::string(e.what()).find("uid " + std::to_string(kNobody)) != std::string::npos;

@@ -454,7 +454,7 @@ TEST_F(TwoHosts, AChildWhoseMemberComesLaterThanConnectionsAreHeldStillForms) {
 
 // A member that never makes the child: its rail peer keeps connecting (each try closed
 // unanswered after LOOM_NET_HOLD_MS) until the creation's timeout, which names it; not an
-// early "closed by the peer" that blames a live rank's link.
+// early "closed by the peer" that blames a live rank's link. Its host's leader names it too.
 TEST_F(TwoHosts, AChildThatAMemberNeverMakesTimesOutNamingIt) {
   const NetnsHosts& hosts = *hosts_;
   loom::testing::RunOptions run;
@@ -477,11 +477,19 @@ TEST_F(TwoHosts, AChildThatAMemberNeverMakesTimesOutNamingIt) {
           comm->subset(all, "never", options);
           LOOM_CHECK(false, << "made without rank 3");
         } catch (const Error& e) {
+          const std::string what = e.what();
           if (ctx.rank == 2) {
             ctx.store->set("rank 2 gave up", {1});
             LOOM_CHECK(e.code() == ErrorCode::kTimeout &&
-                           std::string(e.what()).find("not from rank 3") != std::string::npos,
-                       << e.what());
+                           what.find("not from rank 3") != std::string::npos,
+                       << what);
+          }
+          // Rank 3's host's leader (rank 1) waited for it to join their segment: named by
+          // its rank, not by its index on the host (1).
+          if (ctx.rank == 1) {
+            LOOM_CHECK(e.code() == ErrorCode::kTimeout && e.rank() == 1 &&
+                           what.find("rank(s) 3 never connected") != std::string::npos,
+                       << what);
           }
         }
       },
