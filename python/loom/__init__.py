@@ -99,4 +99,8 @@ def progress_report(group=None) -> str:
     backend = pg._get_backend(torch.device("cpu"))
     while hasattr(backend, "wrapped_pg"):  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps backends
         backend = backend.wrapped_pg
+    if not isinstance(backend, ProcessGroupLoom):
+        raise ValueError(
+            f"loom.progress_report: the group's CPU backend is {type(backend).__name__}, not "
+            "loom's; pass a group made with backend='loom' (or 'cpu:loom,...')")
     return backend.progress_report()

@@ -41,6 +41,11 @@ def default_backend() -> str:
     return BACKEND_NAME
 
 
+def gloo_replaced() -> bool:
+    """Whether groups asked for as "gloo" run on loom in this process (``replace_gloo``)."""
+    return _replaces_gloo
+
+
 def _instead_of_gloo() -> str:
     if not getattr(_instead_of_gloo, "logged", False):
         _instead_of_gloo.logged = True

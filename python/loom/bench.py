@@ -43,6 +43,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from ._backend_names import gloo_replaced
+
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single"]
 # Asked for by name only (not in the default sweep): rank r sends its buffer to rank r ^ 1
 # and receives that rank's in one batch_isend_irecv (an odd last rank idles), as pipeline
@@ -586,6 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.backends:
         if b not in ("loom", "gloo", "direct", "eager", "fake"):
             parser.error(f"unknown backend '{b}'")
+    if "gloo" in args.backends and gloo_replaced():
+        parser.error("Gloo is measured here, but LOOM_REPLACES_GLOO is set, so a group asked for "
+                     "as 'gloo' would run on loom: unset it, or leave gloo out of --backends")
     if args.ranks < 1 or args.min_bytes < 1 or args.min_bytes > args.max_bytes:
         parser.error("need --ranks >= 1 and 1 <= --min-bytes <= --max-bytes")
     if args.repeats < 1:

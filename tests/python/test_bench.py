@@ -235,3 +235,15 @@ def test_tensor_store_bench_refuses_counts_below_one(capsys):
 
     for flag in ("--steps", "--tensors", "--generators"):
         assert f"{flag} must be at least 1 (got 0)" in _refusal(main, [flag, "0"], capsys)
+
+
+def test_benches_refuse_to_call_loom_gloo(capsys, monkeypatch):
+    """With LOOM_REPLACES_GLOO on, a group asked for as "gloo" runs on loom: the benches'
+    Gloo rows would time loom under Gloo's name, so they refuse until it is off."""
+    from loom import _backend_names
+    from loom.bench import main
+    from loom.tensor_store.bench import main as store_main
+
+    monkeypatch.setattr(_backend_names, "_replaces_gloo", True)
+    assert "LOOM_REPLACES_GLOO is set" in _refusal(main, ["--backends", "loom,gloo"], capsys)
+    assert "LOOM_REPLACES_GLOO is set" in _refusal(store_main, [], capsys)

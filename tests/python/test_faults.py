@@ -106,6 +106,12 @@ def body_flight_record(rank: int, world: int):
     assert all(r["state"] == "completed" for r in records[-2:]), records
     assert "broadcast #" in loom.progress_report()
     assert "all_reduce" in loom.format_flight_record()
+    gloo = dist.new_group(backend="gloo")
+    try:
+        loom.progress_report(gloo)
+        raise AssertionError("a Gloo group's progress report")
+    except ValueError as e:
+        assert "not loom's; pass a group made with backend='loom'" in str(e), e
 
 
 def test_flight_record_and_progress_report():

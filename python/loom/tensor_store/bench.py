@@ -40,6 +40,8 @@ import sys
 import time
 from datetime import timedelta
 
+from .._backend_names import gloo_replaced
+
 
 def parse_size(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -233,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--steps", args.steps), ("--tensors", args.tensors), ("--generators", args.generators)):
         if value < 1:
             parser.error(f"{flag} must be at least 1 (got {value})")
+    if args.gloo and gloo_replaced():
+        parser.error("Gloo is measured here, but LOOM_REPLACES_GLOO is set, so a group asked for "
+                     "as 'gloo' would run on loom: unset it, or pass --no-gloo")
     if args.hosts:
         from loom import _netns
 
