@@ -342,6 +342,17 @@ def _errors(rank, world):
         ts.get_state_dict("obj", {"other": torch.zeros(4, 4)}, strict=False)
     with pytest.raises(KeyError, match=r"delete\('missing'\): no such key"):
         ts.delete("missing")
+    # A bool is no version (True would be stored as the text "True", breaking every reader of
+    # the namespace), nor is 0; a timeout may be a number of seconds, not a string.
+    with pytest.raises(ValueError, match=r"put\('b%d', version=True\): versions must be integers" % rank):
+        ts.put(f"b{rank}", torch.zeros(1), version=True)
+    assert f"b{rank}" not in ts.keys()
+    with pytest.raises(ValueError, match=r"get\('f32', version=0\): versions are integers from 1"):
+        ts.get("f32", version=0)
+    assert torch.equal(ts.get("f32", timeout=5), torch.zeros(4, 4))
+    assert torch.equal(TensorStore(timeout=5.5).get("f32"), torch.zeros(4, 4))
+    with pytest.raises(TypeError, match=r"get\('f32'\): timeout must be a datetime.timedelta or a number of seconds, not str"):
+        ts.get("f32", timeout="5")
     # Tensors whose bytes are not their values are refused before the put changes anything.
     refused = {"sparse": torch.eye(3).to_sparse(), "csr": torch.eye(3).to_sparse_csr(),
                "quantized": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}

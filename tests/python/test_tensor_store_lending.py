@@ -266,6 +266,16 @@ def _broadcast_mode(rank, world):
     # A version that does not grow is refused on every member, naming the writer.
     with pytest.raises(ValueError, match=r"rank 1: versions must be integers that grow; the last of this key is 3"):
         ts.broadcast_state_dict(mine, "policy", src=writer, version=2)
+    with pytest.raises(ValueError, match=r"rank 1: versions must be integers that grow"):
+        ts.broadcast_state_dict(mine, "policy", src=writer, version=True)
+    # Members whose stores cut other buckets (the writer's 6 KiB, theirs 1 KiB or the default)
+    # take the writer's: the same broadcasts on every rank, and the group lives on.
+    other = TensorStore(namespace="other", bucket_bytes={0: 1 << 10, writer: 6 << 10, 2: 64 << 20}[rank])
+    if rank == writer:
+        mine = _broadcast_sample(4, receiver=False)
+    other.broadcast_state_dict(mine, "policy", src=writer)
+    assert torch.equal(mine["embed"], _broadcast_sample(4, receiver=False)["embed"])
+    dist.barrier()
     return versions
 
 

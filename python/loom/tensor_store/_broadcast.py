@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._arguments import is_version_number
 from ._layout import flatten, is_dtensor, leaf_signature, path_text
 from ._parts import CopyGroup, copy_groups, run_copies, typed_view
 
@@ -42,6 +43,7 @@ class BroadcastPlan:
     its tensors stay the same (the signature says so)."""
 
     signature: tuple
+    bucket_bytes: int  # the writer's: every member must cut the same buckets
     buckets: list[Bucket]
     buffers: dict[torch.device, list[torch.Tensor]]  # two bucket buffers per device, in turn
 
@@ -152,7 +154,7 @@ def make_plan(leaves: list[tuple[tuple, Any]], bucket_bytes: int) -> BroadcastPl
         if bucket.alone is None and bucket.device not in buffers:
             size = max(b.nbytes for b in buckets if b.alone is None and b.device == bucket.device)
             buffers[bucket.device] = [torch.empty(size, dtype=torch.uint8, device=bucket.device) for _ in range(2)]
-    return BroadcastPlan(leaf_signature(leaves), buckets, buffers)
+    return BroadcastPlan(leaf_signature(leaves), bucket_bytes, buckets, buffers)
 
 
 def dtensor_problem(leaves: list[tuple[tuple, Any]]) -> str | None:
@@ -199,20 +201,23 @@ class Broadcaster:
         header: list[Any] = [None]
         if sending:
             last = self.versions.get(key, 0)
-            if version is not None and (not isinstance(version, int) or version <= last):
+            if version is not None and (not is_version_number(version) or version <= last):
                 header[0] = f"versions must be integers that grow; the last of this key is {last}"
             else:
                 objects = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}
-                header[0] = (version if version is not None else last + 1, layout_of(leaves), objects)
+                # The writer's bucket size goes along: members made with another bucket_bytes
+                # would cut other buckets and issue broadcasts of other sizes.
+                header[0] = (version if version is not None else last + 1, layout_of(leaves), objects,
+                             self.bucket_bytes)
         dist.broadcast_object_list(header, src=src, group=group)
         if isinstance(header[0], str):
             raise ValueError(f"{what}: rank {src}: {header[0]}")
-        version, layout, objects = header[0]
+        version, layout, objects, bucket_bytes = header[0]
         problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
         agreed(problem, group, what)
         plan = self.plans.get(key)
-        if plan is None or plan.signature != leaf_signature(leaves):
-            plan = self.plans[key] = make_plan(leaves, self.bucket_bytes)
+        if plan is None or plan.signature != leaf_signature(leaves) or plan.bucket_bytes != bucket_bytes:
+            plan = self.plans[key] = make_plan(leaves, bucket_bytes)
         run_broadcasts(plan, [v if isinstance(v, torch.Tensor) else None for _, v in leaves], sending, src, group)
         if not sending:
             for i, value in objects.items():

@@ -43,6 +43,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from ._arguments import as_timeout, is_version_number
 from ._broadcast import Broadcaster
 from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text,
                       unstorable, whole)
@@ -102,7 +103,7 @@ class TensorStore(ReadPlanning):
         self._rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self._keep = keep
         self._bucket_bytes = max(1, int(bucket_bytes))
-        self._timeout = timeout if timeout is not None else store.timeout
+        self._timeout = as_timeout(timeout, "loom tensor store") if timeout is not None else store.timeout
         self._host = host_identity()
         self._serial = next(_SERIALS)
         # Guards this store's state (kept versions, plans, mappings) for verbs on several
@@ -410,7 +411,7 @@ class TensorStore(ReadPlanning):
             last = latest[0] if latest else 0
         if version is None:
             return last + 1
-        if not isinstance(version, int) or version <= (last or 0):
+        if not is_version_number(version) or version <= (last or 0):
             raise ValueError(self._message(
                 f"put('{key}', version={version}): versions must be integers that grow; the last "
                 f"version of this key is {last}"))
@@ -612,6 +613,10 @@ class TensorStore(ReadPlanning):
         """Reads a complete version: plan_for(version, parts) says what to copy where, and
         the plan runs until it reads a version that was not rewritten meanwhile. Waits (for
         the version, for its bytes) are made outside the store's lock."""
+        timeout = as_timeout(timeout, f"loom tensor store get('{key}')")
+        if version is not None and (not is_version_number(version) or version < 1):
+            raise ValueError(self._message(
+                f"get('{key}', version={version!r}): versions are integers from 1 (None reads the latest)"))
         wait = timeout if timeout is not None else self._timeout
         deadline = time.monotonic() + wait.total_seconds()
         retries = 0
