@@ -528,16 +528,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   requireDense(s, "input", input);
   requireDense(s, "output", output);
   if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
-  const Flat in = movementView(input);
   Outputs outputs;
   const at::Tensor target = outputs.target(output);
+  const bool equalBlocks = inputSplitSizes.empty() && outputSplitSizes.empty();
+  const Flat in = allToAllReadApart(movementView(input), target, equalBlocks);
   const auto requireEvenRows = [&](const at::Tensor& t, const char* what) {
     if (t.dim() == 0 || t.size(0) % size_ != 0) {
       invalid(s, std::string(what) + " has " + std::to_string(t.dim() ? t.size(0) : 0) +
                      " rows, which do not divide evenly among " + std::to_string(size_) + " ranks");
     }
   };
-  if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
+  if (equalBlocks) {
     // Every block is the same size: the equal form, which the engine can run in ways the
     // per-pair form cannot (across hosts, small ones through carriers), and which needs no
     // exchange of counts. The output must be the input's size, or peers' blocks would be
@@ -620,7 +621,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   std::vector<const void*> sources;
   std::vector<size_t> sendCounts, recvCounts;
   auto staged = std::make_shared<Outputs>();
-  std::vector<at::Tensor> targets;
   for (int q = 0; q < size_; ++q) {
     requireDense(s, "inputs", inputs[q]);
     requireDense(s, "outputs", outputs[q]);
@@ -629,10 +629,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
       invalid(s, "all input and output tensors must share one dtype");
     }
     ins.push_back(movementView(inputs[q]));
-    sources.push_back(ins.back().ptr());
-    sendCounts.push_back(ins.back().count);
-    targets.push_back(staged->target(outputs[q]));
     recvCounts.push_back(elementsOf(outputs[q], ins.back().type));
+  }
+  // Outputs that share memory ([t] * world) are written apart and copied back in order, as
+  // Gloo writes them; inputs that share memory with an output are read from copies.
+  const std::vector<at::Tensor> targets = staged->targets(outputs);
+  allToAllReadApart(ins, targets);
+  for (const Flat& in : ins) {
+    sources.push_back(in.ptr());
+    sendCounts.push_back(in.count);
   }
   const DataType type = ins.front().type;
   return launch(

@@ -398,8 +398,12 @@ void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& inp
                   at::IntArrayRef outputSplitSizes, at::IntArrayRef inputSplitSizes,
                   at::Tensor& output) {
   const auto evenRows = [&](const at::Tensor& t) { return t.dim() > 0 && t.size(0) % s.size == 0; };
+  // Partly overlapping buffers take c10d's path, which reads the input apart.
+  const auto* in0 = static_cast<const uint8_t*>(input.data_ptr());
+  const auto* out0 = static_cast<const uint8_t*>(output.data_ptr());
+  const bool apart = in0 == out0 || in0 + input.nbytes() <= out0 || out0 + output.nbytes() <= in0;
   if (outputSplitSizes.empty() && inputSplitSizes.empty() && evenRows(input) && evenRows(output) &&
-      output.nbytes() == input.nbytes() && direct({&input, &output})) {
+      output.nbytes() == input.nbytes() && apart && direct({&input, &output})) {
     const Flat in = movementView(input);
     runBlocking(pg, [&] {
       return pg.communicator().allToAll(in.ptr(), output.data_ptr(),

@@ -191,6 +191,23 @@ void listScatterReadApart(const CallSite& site, std::vector<Flat>& ins, const at
   }
 }
 
+Flat allToAllReadApart(const Flat& in, const at::Tensor& output, bool inPlace) {
+  const bool same = in.ptr() == output.data_ptr() && in.data.nbytes() == output.nbytes();
+  return readApart(in, output.data_ptr(), output.nbytes(), inPlace && same);
+}
+
+void allToAllReadApart(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
+  for (Flat& in : ins) {
+    for (const at::Tensor& output : outputs) {
+      const Flat apart = readApart(in, output.data_ptr(), output.nbytes(), false);
+      if (apart.data.data_ptr() != in.data.data_ptr()) {
+        in = apart;
+        break;
+      }
+    }
+  }
+}
+
 void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
   for (size_t i = 0; i < ins.size(); ++i) {
     for (size_t j = 0; j < outputs.size(); ++j) {

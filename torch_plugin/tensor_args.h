@@ -98,6 +98,16 @@ Flat listGatherReadApart(const CallSite& site, const Flat& in,
 /// Each of `ins` a copy where it overlaps `output`, but for ins[site.rank] being `output`.
 void listScatterReadApart(const CallSite& site, std::vector<Flat>& ins, const at::Tensor& output);
 
+/// An all_to_all's input as the engine may read it beside `output`, the buffer it writes: a
+/// copy where the two overlap, unless the input is `output` itself and `inPlace` (the
+/// equal-block form, which the engine runs in place). The engine refuses partly
+/// overlapping buffers on that rank only, and its form with split sizes would read blocks
+/// that peers had already overwritten; Gloo reads the input as it was.
+Flat allToAllReadApart(const Flat& in, const at::Tensor& output, bool inPlace);
+/// The list form: each of `ins` a copy where it overlaps any of `outputs` (what the engine
+/// writes).
+void allToAllReadApart(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs);
+
 /// A coalesced call's inputs, each a copy where it overlaps another pair's output: the
 /// engine runs the pairs one after another, so such an input would be read after an earlier
 /// pair wrote it (Gloo reads every input first).

@@ -290,7 +290,7 @@ def body_overlapping_into_tensor(rank: int, world: int) -> None:
 
 
 def body_overlapping_lists(rank: int, world: int) -> None:
-    """The list forms with inputs that overlap outputs other than in place, and outputs that
+    """The list forms (and all_to_all_single) with inputs that overlap outputs other than in place, and outputs that
     overlap each other: every input is read as it was before the call and outputs are written
     in rank order, on every rank (the engine alone would refuse on the ranks where they
     overlap, a gather's and a scatter's only on the root, leaving the others waiting). Gloo
@@ -325,6 +325,34 @@ def body_overlapping_lists(rank: int, world: int) -> None:
     out = ins[1] if rank == 0 else torch.empty(2)
     dist.scatter(out, ins if rank == 0 else None, src=0)
     assert out.tolist() == [100.0 + rank] * 2, out
+    # all_to_all into one tensor repeated ([t] * world): the last rank's block lands last;
+    # and an input that is another pair's output is sent as it was.
+    twice = torch.full((2,), -1.0)
+    dist.all_to_all([twice] * world, [torch.full((2,), 10.0 * rank + q) for q in range(world)])
+    assert twice.tolist() == [10.0 * (world - 1) + rank] * 2, twice
+    outs = [torch.full((2,), -1.0) for _ in range(world)]
+    ins = [torch.full((2,), 10.0 * rank + q) for q in range(world)]
+    ins[0] = outs[world - 1]
+    ins[0].fill_(10.0 * rank)
+    dist.all_to_all(outs, ins)
+    assert [t.tolist() for t in outs] == [[10.0 * q + rank] * 2 for q in range(world)], outs
+    # all_to_all_single whose output starts inside its input (on rank 0 only), equal blocks
+    # and with split sizes, through c10d and the direct entry: the input is sent as it was.
+    import loom.ops  # noqa: F401  (registers torch.ops.loom)
+
+    for entry in ("c10d", "splits", "direct"):
+        buf = torch.arange(world * 3, dtype=torch.float32) + 100 * rank
+        expected_in = buf[0:2 * world].clone()
+        inp = buf[0:2 * world]
+        out = buf[2:2 + 2 * world] if rank == 0 else torch.empty(2 * world)
+        if entry == "c10d":
+            dist.all_to_all_single(out, inp)
+        elif entry == "splits":
+            dist.all_to_all_single(out, inp, [2] * world, [2] * world)
+        else:
+            torch.ops.loom.all_to_all_single_out(inp, [], [], dist.group.WORLD.group_name, out=out)
+        want = [100.0 * q + 2 * rank + i for q in range(world) for i in range(2)]
+        assert out.tolist() == want, (entry, out.tolist(), want, expected_in.tolist())
     still_works(world)
 
 
