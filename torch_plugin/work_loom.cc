@@ -157,6 +157,7 @@ void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tens
   if (requests.size() > 1 && retrieveOpType() == c10d::OpType::COALESCED) {
     earlier_.assign(requests.begin(), requests.end() - 1);
   }
+  requestsKnown_ = requests.size() == earlier_.size() + 1;
   // Each callback holds a reference, so the work outlives its requests even if the caller
   // drops it. A request already finished (a blocking call ran on this thread) is counted
   // here: no callback to allocate and run.
@@ -178,11 +179,28 @@ void WorkLoom::requestDone(std::exception_ptr error, int source) {
     if (!firstError_) firstError_ = error;
   }
   if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (completing_.exchange(true, std::memory_order_acq_rel)) return;  // completeIfEnded did
   std::exception_ptr failure;
   {
     std::lock_guard<std::mutex> lock(errorMutex_);
     failure = firstError_;
   }
+  complete(failure);
+}
+
+void WorkLoom::completeIfEnded() {
+  if (!requestsKnown_ || completing_.load(std::memory_order_acquire) || !awaited_.test()) return;
+  for (const Request& r : earlier_) {
+    if (!r.test()) return;
+  }
+  if (completing_.exchange(true, std::memory_order_acq_rel)) return;
+  std::exception_ptr failure;
+  const auto take = [&](const Request& r) {
+    if (r.sourceRank() >= 0) source_.store(r.sourceRank(), std::memory_order_relaxed);
+    if (!failure) failure = r.error();
+  };
+  for (const Request& r : earlier_) take(r);
+  take(awaited_);
   complete(failure);
 }
 
@@ -327,6 +345,9 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spinUntil) {
     sched_yield();
   }
+  // Ended, but its own callbacks not run: they may be queued behind the one this wait is
+  // in, on this very thread (operations that end in one turn of the send/recv engine).
+  completeIfEnded();
   std::unique_lock<std::mutex> lock(mutex_);
   if (!bounded(timeout)) {
     cv_.wait(lock, [&] { return completed_; });

@@ -107,6 +107,10 @@ class WorkLoom : public c10d::Work {
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
            std::shared_ptr<EventPool> events, bool profiling);
   void requestDone(std::exception_ptr error, int source);
+  /// Completes the work on this thread if every request has ended though their callbacks
+  /// have not all run: they run one operation after another on the thread that ended them,
+  /// and a callback of an earlier one may be what waits for this work (wait()).
+  void completeIfEnded();
   /// CUDA work waited on with a timeout (as NCCL's): the host waits until the call's outcome
   /// is known, it failed, or the timeout passes (timedOut).
   void waitOnHost(std::chrono::milliseconds timeout);
@@ -129,9 +133,11 @@ class WorkLoom : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::once_flag futureOnce_;
   std::atomic<int> pending_{0};
-  std::atomic<bool> ended_{false};  // results in place and outcome_ set (maybe not published)
-  std::atomic<bool> done_{false};   // published: set before the future is marked
-  std::exception_ptr outcome_;      // written once, before done_ is set
+  std::atomic<bool> completing_{false};  // complete() claimed (requestDone or completeIfEnded)
+  bool requestsKnown_ = false;           // awaited_ and earlier_ are every request
+  std::atomic<bool> ended_{false};       // results in place and outcome_ set (maybe not published)
+  std::atomic<bool> done_{false};        // published: set before the future is marked
+  std::exception_ptr outcome_;           // written once, before done_ is set
   size_t futureLists_ = 0;
   std::atomic<int> source_{-1};
   uint64_t seq_ = 0;

@@ -336,6 +336,42 @@ def test_a_batch_waited_for_in_a_receives_callback_gets_every_message():
     assert run_ranks(3, body_a_block_waited_in_a_receives_callback, timeout=120)[0] == [1.0, 2.0, 3.0]
 
 
+def body_receives_ended_in_one_turn(rank: int, world: int):
+    """Two receives that end in one turn of loom's send/recv thread (held busy by an earlier
+    receive's callback while both messages arrive): the thread runs the first one's
+    callbacks, and one of them waits for the second's work, whose own callbacks come after
+    it on this same thread. The wait must return (it used to sleep forever)."""
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    size = 1 << 14  # 64 KiB: moved by that thread alone
+    if rank == 0:
+        dist.barrier(group=gloo)  # rank 1's first receive and its callback are in place
+        for value in (7.0, 1.0, 2.0):
+            dist.send(torch.full((size,), value), 1, group=group, tag=int(value))
+        dist.barrier(group=gloo)
+        return None
+    x, a, b = torch.zeros(size), torch.zeros(size), torch.zeros(size)
+    # Keeps the thread that ends x busy while a's and b's messages come in.
+    dist.irecv(x, 0, group=group, tag=7).get_future().then(lambda f: time.sleep(1.0))
+    dist.barrier(group=gloo)
+    time.sleep(0.3)
+    wa = dist.irecv(a, 0, group=group, tag=1)
+    wb = dist.irecv(b, 0, group=group, tag=2)
+
+    def wait_for_b(fut):
+        wb.wait()
+        return b[-1].item()
+
+    chained = wa.get_future().then(wait_for_b)
+    value = chained.wait()
+    dist.barrier(group=gloo)
+    return value
+
+
+def test_a_work_waited_for_in_the_callback_of_one_that_ended_with_it():
+    assert run_ranks(2, body_receives_ended_in_one_turn, timeout=120)[1] == 2.0
+
+
 def body_ddp_powersgd(rank: int, world: int, backend: str):
     """A few DDP steps with torch's PowerSGD comm hook, whose callbacks wait on all_reduces."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
