@@ -69,7 +69,9 @@ struct OpState {
   /// Set (before the operation is queued) where a waiter may move the operation on itself
   /// instead of waiting for the thread that runs it: one turn of that engine, true if it
   /// did anything (false if another thread is in one). Sends and receives on CPU tensors.
-  std::function<bool()> progress;
+  /// `slept`: the waiter slept a slice, and ends the engine's operations past their
+  /// deadlines too (its thread may be inside a completion callback, where it watches none).
+  std::function<bool(bool slept)> progress;
   /// Set where the operation waits in a worker's queue (a collective issued asynchronously):
   /// the worker and the job's number there. A waiter on that worker's own thread (a
   /// completion callback) runs the queue up to it (Worker::runQueuedHere).

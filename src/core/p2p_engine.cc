@@ -90,7 +90,9 @@ Request P2pEngine::post(std::vector<std::shared_ptr<Op>>& queue, void* data, siz
   // of one engine while a message streams through the ring), where an 8-byte one took
   // 0.58-0.96x the time (PERFORMANCE.md, "Send and receive on CPU tensors").
   const bool callerDriven = bytes <= kCallerDrivenBytes;
-  op->state->progress = [gate = gate_, callerDriven] { return gate->progress(callerDriven); };
+  op->state->progress = [gate = gate_, callerDriven](bool slept) {
+    return gate->progress(callerDriven, slept);
+  };
   Request request(op->state);
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);
@@ -99,22 +101,22 @@ Request P2pEngine::post(std::vector<std::shared_ptr<Op>>& queue, void* data, siz
   // A small send, or a small receive whose message is here, ends in this turn; only what is
   // left (or what a busy gate kept from this turn) needs the engine's thread, which also
   // watches its deadline.
-  if (callerDriven) gate_->progress(true);
+  if (callerDriven) gate_->progress(true, false);
   if (!request.test()) shm_.ringDoorbell(shm_.rank());
   return request;
 }
 
-bool P2pEngine::Gate::progress(bool anyThread) {
+bool P2pEngine::Gate::progress(bool anyThread, bool expire) {
   // On the engine's own thread a completion callback waits: nothing else watches deadlines.
   const bool own = tOwnGate == this;
-  if (!anyThread && !own) return false;
+  if (!anyThread && !own && !expire) return false;
   std::vector<Finished> finished;
   bool progressed = false;
   {
     std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
     if (!lock.owns_lock() || engine == nullptr) return false;
-    progressed = engine->turn();
-    if (own) engine->expire(Clock::now());
+    if (anyThread || own) progressed = engine->turn();
+    if (own || expire) engine->expire(Clock::now());
     // The engine is going (its destructor waits for this thread): a callback waiting here
     // must not hold it to that operation's deadline.
     if (own && engine->stopping_.load(std::memory_order_acquire)) {

@@ -104,8 +104,10 @@ class P2pEngine {
     P2pEngine* engine = nullptr;  ///< guarded by mutex
     /// One turn on the caller's thread if no other thread is in one; true if it did anything.
     /// With `anyThread` false only on the engine's own thread (for the operations that
-    /// otherwise only that thread drives); a turn there also ends what is past its deadline.
-    bool progress(bool anyThread);
+    /// otherwise only that thread drives); a turn there also ends what is past its deadline,
+    /// as `expire` asks elsewhere (a waiter that slept: the engine's thread may be in a
+    /// callback, where nothing else would end them).
+    bool progress(bool anyThread, bool expire);
   };
   struct Finished {  // an operation ended in a turn, completed once the gate is released
     std::shared_ptr<detail::OpState> state;

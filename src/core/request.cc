@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
@@ -91,6 +92,7 @@ const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::micr
 
 bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
   std::optional<Backoff> backoff(std::in_place, kWaitPolicy);
+  bool slept = false;  // a slice, since the operation was last driven
   while (!state.finished()) {
     // A completion callback on the worker's thread whose queue holds this operation: the
     // queue would move only after it returns (see Worker), so it runs it up to this one.
@@ -103,7 +105,7 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
     // handing each step to the engine's thread and back: two wake-ups a message, each a
     // scheduler turn on a machine whose cores the ranks fill. The backoff restarts whenever
     // the turn did something, so a transfer is driven here to its end.
-    if (state.progress && state.progress()) {
+    if (state.progress && state.progress(std::exchange(slept, false))) {
       backoff.emplace(kWaitPolicy);
       continue;
     }
@@ -116,10 +118,14 @@ bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadli
         // see the status.
         std::unique_lock<std::mutex> lock(state.mutex);
         // On an engine's own thread (a completion callback there) nothing else moves the
-        // operation: sleep a slice, then drive it again.
-        if (detail::waitsMustDrive() && state.progress) {
-          const auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+        // operation: sleep a slice, then drive it again. Elsewhere the engine's thread moves
+        // it, unless a callback holds that thread: then only waiters see its deadline pass,
+        // so they look every few milliseconds.
+        if (state.progress) {
+          const auto slice = std::chrono::steady_clock::now() +
+                             std::chrono::milliseconds(detail::waitsMustDrive() ? 1 : 10);
           state.done.wait_until(lock, std::min(deadline, slice), [&] { return state.finished(); });
+          slept = true;
         } else if (deadline == std::chrono::steady_clock::time_point::max()) {
           state.done.wait(lock, [&] { return state.finished(); });
         } else if (!state.done.wait_until(lock, deadline, [&] { return state.finished(); })) {

@@ -148,6 +148,48 @@ TEST(SendRecvEdges, ACallbackWaitingOnAnOperationEndedInTheSameTurnReturns) {
   });
 }
 
+// While a completion callback holds the engine's thread, a receive waited for elsewhere still
+// ends at its own deadline: its waiter watches it (it used to end only once the callback
+// returned, 5 s later, and never if the callback waited for this thread).
+TEST(SendRecvEdges, AReceiveEndsAtItsDeadlineWhileACallbackHoldsTheEnginesThread) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const size_t count = 1 << 16;  // 256 KiB: ended on the engine's thread
+    std::vector<float> big(count, 1.0F);
+    if (ctx.rank == 0) {
+      ctx.store->get("posted", std::chrono::seconds(30));
+      comm->send(big.data(), count, DataType::kFloat32, 1, 0).wait();
+      ctx.store->get("done", std::chrono::seconds(60));
+      return;
+    }
+    Request first = comm->recv(big.data(), count, DataType::kFloat32, 0, 0);
+    std::promise<void> entered;
+    std::promise<void> release;
+    first.onComplete([&](const std::exception_ptr&) {
+      entered.set_value();
+      release.get_future().wait_for(std::chrono::seconds(20));
+    });
+    ctx.store->set("posted", {1});
+    entered.get_future().wait();
+    OpOptions brief;
+    brief.timeout = std::chrono::milliseconds(300);
+    float one = 0;
+    const auto start = Clock::now();
+    std::string outcome = "succeeded";
+    try {
+      comm->recv(&one, 1, DataType::kFloat32, 0, 9, brief).wait();
+    } catch (const Error& e) {
+      outcome = e.code() == ErrorCode::kTimeout ? "timeout" : e.what();
+    }
+    const auto waited = Clock::now() - start;
+    release.set_value();
+    ctx.store->set("done", {1});
+    LOOM_CHECK(outcome == "timeout", << outcome);
+    LOOM_CHECK(waited < std::chrono::seconds(10),
+               << "ended after " << std::chrono::duration<double>(waited).count() << " s");
+  });
+}
+
 // Messages from one sender with one tag are received in send order, also when a receive
 // gave up on the first while it was part-way in: the receive posted meanwhile takes it (it
 // used to take the second message, and the next receive the first).
