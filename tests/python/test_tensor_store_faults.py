@@ -442,3 +442,45 @@ def _refused_put(rank, world):
 
 def test_a_put_refused_for_memory_leaves_the_kept_versions_readable():
     assert run_ranks(2, _refused_put) == [[1.0, 2.0, 2, 3.0]] * 2
+
+
+def test_a_get_that_fails_after_filling_part_of_the_callers_tensors_says_so():
+    """A reader fills its live weights in place; the writer reclaims its lent version between
+    two of the reader's copies, changes its tensors and never lends again. The get fails at
+    its timeout, and its error says the weights may hold part of a replaced version (they
+    do: one from version 2, one from the writer's half-done step)."""
+    from loom.tensor_store import TensorStore
+    from loom.tensor_store import _read_plan
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=2))
+    writer = TensorStore(store, rank=0, serve_remote=False)
+    reader = TensorStore(store, rank=1, serve_remote=False, timeout=timedelta(seconds=1))
+    model = {"a": torch.full((4, 4), 1.0), "b": torch.full((4, 4), 1.0)}
+    writer.make_lendable(model)
+    writer.lend_state_dict(model, "policy")
+    weights = {"a": torch.zeros(4, 4), "b": torch.zeros(4, 4).t()}
+    reader.get_state_dict("policy", weights)
+    copies = _read_plan.run_copies
+
+    def reclaimed_between(groups, *args):
+        copies(groups[:1], *args)
+        writer.reclaim("policy")
+        with torch.no_grad():
+            for t in model.values():
+                t.fill_(7.0)
+        copies(groups[1:], *args)
+
+    reader._read_plans.clear()
+    with writer.updating("policy"), torch.no_grad():
+        for t in model.values():
+            t.fill_(2.0)
+    _read_plan.run_copies = reclaimed_between
+    try:
+        with pytest.raises(TimeoutError, match="did not lend the next.*the tensors this get was filling "
+                                               "may hold part of a version replaced while it was read"):
+            reader.get_state_dict("policy", weights)
+    finally:
+        _read_plan.run_copies = copies
+    writer.close()
+    reader.close()

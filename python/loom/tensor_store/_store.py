@@ -143,7 +143,8 @@ class TensorStore(ReadPlanning):
         `inplace_tensor` is filled as copy_ would: under torch.no_grad() if it requires grad."""
         self._check_key(key)
         return self._read(key, version, timeout,
-                          lambda v, parts: self._value_plan(key, v, parts, inplace_tensor, tensor_slice_spec))
+                          lambda v, parts: self._value_plan(key, v, parts, inplace_tensor, tensor_slice_spec),
+                          fills=inplace_tensor is not None)
 
     def put_state_dict(self, state_dict: dict, key: str, *, version: int | None = None) -> int:
         """Stores a (nested) state dict as one version of `key`, packed into one buffer per
@@ -161,7 +162,8 @@ class TensorStore(ReadPlanning):
         a module's (parameters too, whatever the grad mode), each one's version bumped."""
         self._check_key(key)
         return self._read(key, version, timeout,
-                          lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict))
+                          lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict),
+                          fills=user_state_dict is not None)
 
     def put_batch(self, items: dict[str, Any], *, version: int | None = None) -> dict[str, int]:
         """put() of every key of `items`; returns each key's version."""
@@ -609,49 +611,64 @@ class TensorStore(ReadPlanning):
         fields = value.split(b"/", 2)
         return int(fields[0]), int(fields[1]), fields[2] if len(fields) > 2 else None
 
-    def _read(self, key: str, version: int | None, timeout: timedelta | None, plan_for) -> Any:
+    def _read(self, key: str, version: int | None, timeout: timedelta | None, plan_for, fills: bool = False) -> Any:
         """Reads a complete version: plan_for(version, parts) says what to copy where, and
         the plan runs until it reads a version that was not rewritten meanwhile. Waits (for
-        the version, for its bytes) are made outside the store's lock."""
-        timeout = as_timeout(timeout, f"loom tensor store get('{key}')")
-        if version is not None and (not is_version_number(version) or version < 1):
-            raise ValueError(self._message(
-                f"get('{key}', version={version!r}): versions are integers from 1 (None reads the latest)"))
-        wait = timeout if timeout is not None else self._timeout
-        deadline = time.monotonic() + wait.total_seconds()
-        retries = 0
-        while retries < self._RETRIES:
-            v, parts = self._parts(key, version, timeout)
-            try:
-                return self._run_plan(plan_for, v, parts, wait)
-            except Released:
-                # A put that retired the version just looked up frees its buffer unless it
-                # reuses it: that read of the latest is retried on the newer version. With no
-                # newer one the writer closed or exited, and the error says so.
-                latest = self._latest(key)
-                if version is not None or latest is None or latest[0] <= v:
-                    raise
-                retries += 1
-            except Stale:
-                if version is not None and parts[0].lent:
-                    raise TensorStoreError(self._message(
-                        f"get('{key}', version={version}): rank {parts[0].rank} reclaimed that lent "
-                        f"version to change its tensors; ask for the latest")) from None
-                if version is not None:
-                    raise TensorStoreError(self._message(
-                        f"get('{key}', version={version}): the writer replaced that version while "
-                        f"it was read (it keeps {self._keep}), or gave it up (its put failed "
-                        f"midway); read it sooner, or ask for the latest")) from None
-                if parts[0].lent:  # the writer is changing its tensors: wait for the next lend
-                    self._await_latest(key, parts[0].version, deadline,
-                                       f"get('{key}'): rank {parts[0].rank} reclaimed version {parts[0].version} "
-                                       f"and did not lend the next within {wait} (or reclaims each version "
-                                       f"before this rank can copy it)", parts[0])
-                else:
+        the version, for its bytes) are made outside the store's lock. `fills`: the plans copy
+        into the caller's tensors, which a read that fails after a try may leave part-written
+        (its error then says so)."""
+        tried = False  # a plan ran, and its version was replaced or released meanwhile
+        try:
+            timeout = as_timeout(timeout, f"loom tensor store get('{key}')")
+            if version is not None and (not is_version_number(version) or version < 1):
+                raise ValueError(self._message(
+                    f"get('{key}', version={version!r}): versions are integers from 1 (None reads the latest)"))
+            wait = timeout if timeout is not None else self._timeout
+            deadline = time.monotonic() + wait.total_seconds()
+            retries = 0
+            while retries < self._RETRIES:
+                v, parts = self._parts(key, version, timeout)
+                try:
+                    return self._run_plan(plan_for, v, parts, wait)
+                except Released:
+                    tried = True
+                    # A put that retired the version just looked up frees its buffer unless it
+                    # reuses it: that read of the latest is retried on the newer version. With no
+                    # newer one the writer closed or exited, and the error says so.
+                    latest = self._latest(key)
+                    if version is not None or latest is None or latest[0] <= v:
+                        raise
                     retries += 1
-        raise TensorStoreError(self._message(
-            f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
-            f"the writer puts faster than this rank can read"))
+                except Stale:
+                    tried = True
+                    if version is not None and parts[0].lent:
+                        raise TensorStoreError(self._message(
+                            f"get('{key}', version={version}): rank {parts[0].rank} reclaimed that lent "
+                            f"version to change its tensors; ask for the latest")) from None
+                    if version is not None:
+                        raise TensorStoreError(self._message(
+                            f"get('{key}', version={version}): the writer replaced that version while "
+                            f"it was read (it keeps {self._keep}), or gave it up (its put failed "
+                            f"midway); read it sooner, or ask for the latest")) from None
+                    if parts[0].lent:  # the writer is changing its tensors: wait for the next lend
+                        self._await_latest(key, parts[0].version, deadline,
+                                           f"get('{key}'): rank {parts[0].rank} reclaimed version {parts[0].version} "
+                                           f"and did not lend the next within {wait} (or reclaims each version "
+                                           f"before this rank can copy it)", parts[0])
+                    else:
+                        retries += 1
+            raise TensorStoreError(self._message(
+                f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
+                f"the writer puts faster than this rank can read"))
+        except (TensorStoreError, TimeoutError) as error:
+            if not (fills and tried):
+                raise
+            # The copies go straight into the caller's tensors and are checked after (staging
+            # them would double the memory and the copying of every refresh): a version
+            # replaced or reclaimed meanwhile leaves them mixed, and the caller must know.
+            raise type(error)(f"{error}; the tensors this get was filling may hold part of a "
+                              f"version replaced while it was read: get them again before using "
+                              f"them") from error
 
     def _run_plan(self, plan_for, version: int, parts: list[PartMeta], wait: timedelta) -> Any:
         """Plans under the lock (plans, layouts and mappings are the store's, shared by its
