@@ -353,6 +353,22 @@ def _errors(rank, world):
     assert torch.equal(TensorStore(timeout=5.5).get("f32"), torch.zeros(4, 4))
     with pytest.raises(TypeError, match=r"get\('f32'\): timeout must be a datetime.timedelta or a number of seconds, not str"):
         ts.get("f32", timeout="5")
+    # Slices that are not slices, an object asked for by slice, and inference tensors (which
+    # copy_ may not fill outside inference mode) are refused by name.
+    with pytest.raises(ValueError, match=r"'f32'.*slice at \[0, 0\] of shape \[-1, 4\] is not within"):
+        ts.get("f32", tensor_slice_spec=((0, 0), (-1, 4)))
+    with pytest.raises(ValueError, match=r"'f32'.*tensor_slice_spec must be \(offsets, local_shape\)"):
+        ts.get("f32", tensor_slice_spec=5)
+    with pytest.raises(ValueError, match=r"'f32'.*tensor_slice_spec has 2 offsets but 1 sizes"):
+        ts.get("f32", tensor_slice_spec=((0, 0), (4,)))
+    with pytest.raises(ValueError, match="'obj'.*is an object, not a tensor: get it without tensor_slice_spec"):
+        ts.get("obj", tensor_slice_spec=((0,), (1,)))
+    with torch.inference_mode():
+        frozen = torch.zeros(4, 4)
+    with pytest.raises(RuntimeError, match="a tensor to fill is an inference tensor"):
+        ts.get("f32", inplace_tensor=frozen)
+    with torch.inference_mode():
+        assert ts.get("f32", inplace_tensor=frozen) is frozen
     # Tensors whose bytes are not their values are refused before the put changes anything.
     refused = {"sparse": torch.eye(3).to_sparse(), "csr": torch.eye(3).to_sparse_csr(),
                "quantized": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}

@@ -142,8 +142,14 @@ class ReadPlan:
         return self.result({path: unpickled(data) for path, data in raw.items()})
 
     def _check_writable(self) -> None:
-        """Refuses, as copy_ does, to fill get's tensor if it requires grad while grad mode is
-        on (torch.no_grad() around the read allows it)."""
+        """Refuses, as copy_ does, to fill an inference tensor outside inference mode, and
+        get's tensor if it requires grad while grad mode is on (torch.no_grad() around the
+        read allows it)."""
+        if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in self.targets):
+            raise RuntimeError(self.store._message(
+                f"'{self.parts[0].key}': a tensor to fill is an inference tensor, which torch lets "
+                f"no one change in place outside torch.inference_mode() (copy_ refuses too): read "
+                f"inside inference_mode(), or into a tensor made outside it"))
         if not torch.is_grad_enabled():
             return
         for target in self.guarded:

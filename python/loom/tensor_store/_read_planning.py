@@ -30,8 +30,9 @@ class ReadPlanning:
             return self._state_dict_plan(key, version, parts, None, True)
         plan = ReadPlan(self, parts)
         if pieces[0][1].pickled:
-            if inplace is not None:
-                raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without inplace_tensor"))
+            if inplace is not None or slice_spec is not None:
+                argument = "inplace_tensor" if inplace is not None else "tensor_slice_spec"
+                raise ValueError(self._message(f"'{key}' version {version} is an object, not a tensor: get it without {argument}"))
             plan.add_object((), pieces[0])
             plan.result = lambda objects: objects[()]
             return plan
@@ -145,10 +146,10 @@ class ReadPlanning:
                 raise ValueError(self._message(f"{what} has global shape {list(stored.global_shape)}; the DTensor to fill has {list(global_shape)}"))
             return want, dst.to_local()
         if slice_spec is not None:
-            offsets, shape = _slice_of(slice_spec)
+            offsets, shape = _slice_of(slice_spec, self._message(f"{what}: tensor_slice_spec"))
             want = Box(offsets, shape)
             if len(shape) != len(stored.global_shape) or any(
-                    o < 0 or o + n > g for o, n, g in zip(offsets, shape, stored.global_shape)):
+                    o < 0 or n < 0 or o + n > g for o, n, g in zip(offsets, shape, stored.global_shape)):
                 raise ValueError(self._message(f"{what}: the slice at {list(offsets)} of shape {list(shape)} is not within its shape {list(stored.global_shape)}"))
         else:
             want = whole(stored.global_shape)
@@ -162,10 +163,18 @@ class ReadPlanning:
         return want, dst
 
 
-def _slice_of(spec: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _slice_of(spec: Any, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(offsets, shape) from a slice spec: torchstore's TensorSlice (offsets, local_shape) or
-    a pair."""
-    if hasattr(spec, "offsets") and hasattr(spec, "local_shape"):
-        return tuple(int(o) for o in spec.offsets), tuple(int(n) for n in spec.local_shape)
-    offsets, shape = spec
-    return tuple(int(o) for o in offsets), tuple(int(n) for n in shape)
+    a pair; anything else is refused, `what` naming it."""
+    try:
+        if hasattr(spec, "offsets") and hasattr(spec, "local_shape"):
+            offsets, shape = spec.offsets, spec.local_shape
+        else:
+            offsets, shape = spec
+        offsets, shape = tuple(int(o) for o in offsets), tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be (offsets, local_shape), two sequences of integers, or a "
+                         f"TensorSlice; got {spec!r}") from None
+    if len(offsets) != len(shape):
+        raise ValueError(f"{what} has {len(offsets)} offsets but {len(shape)} sizes")
+    return offsets, shape
