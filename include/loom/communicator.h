@@ -158,8 +158,10 @@ class Communicator {
   /// `data` (which can then be reused); independent of the collective queue.
   Request send(const void* data, size_t count, DataType type, int peer, int tag,
                const OpOptions& options = {});
-  /// Receives a message of exactly `count` elements from `peer` (or kAnySource) with `tag`.
-  /// Messages from one sender with one tag arrive in the order they were sent.
+  /// Receives a message of at most `count` elements from `peer` (or kAnySource) with `tag`
+  /// into the front of `data` (the rest keeps its values, as with Gloo and MPI); a larger
+  /// message fails this receive, naming both sizes. Messages from one sender with one tag
+  /// arrive in the order they were sent.
   /// On CUDA memory (OpOptions::device), like NCCL: a pair's messages match in the order
   /// issued and must agree in tag and size (a disagreement fails with kMismatch), a send
   /// may wait until its receive is issued, and kAnySource is refused.

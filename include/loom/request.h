@@ -28,8 +28,8 @@ class Request {
   bool waitFor(std::chrono::milliseconds timeout) const;
   /// The failure, or nullptr while running or after success.
   std::exception_ptr error() const;
-  /// Position of the operation in its communicator's issue order (collectives), or in its
-  /// peer channel (send/recv); 0 for a default-constructed request.
+  /// Position of the operation in its communicator's issue order: among its collectives, or
+  /// among its sends and receives (to and from any peer); 0 for a default-constructed request.
   uint64_t sequence() const;
   /// For a receive: the rank the message came from (useful with recvAny). -1 otherwise.
   int sourceRank() const;
