@@ -3,6 +3,7 @@ read torn, what cannot be lent safely refused) and broadcast mode."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -268,6 +269,10 @@ def _broadcast_mode(rank, world):
         ts.broadcast_state_dict(mine, "policy", src=writer, version=2)
     with pytest.raises(ValueError, match=r"rank 1: versions must be integers that grow"):
         ts.broadcast_state_dict(mine, "policy", src=writer, version=True)
+    # A writer's leaf that cannot be pickled is every member's error, not the writer's alone.
+    locked = {"w": torch.ones(2), "lock": threading.Lock() if rank == writer else None}
+    with pytest.raises(ValueError, match=r"rank 1: a leaf of its state dict cannot be pickled"):
+        ts.broadcast_state_dict(locked, "locked", src=writer)
     # Members whose stores cut other buckets (the writer's 6 KiB, theirs 1 KiB or the default)
     # take the writer's: the same broadcasts on every rank, and the group lives on.
     other = TensorStore(namespace="other", bucket_bytes={0: 1 << 10, writer: 6 << 10, 2: 64 << 20}[rank])

@@ -9,6 +9,7 @@ place.
 from __future__ import annotations
 
 import collections
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,6 +210,14 @@ class Broadcaster:
                 # would cut other buckets and issue broadcasts of other sizes.
                 header[0] = (version if version is not None else last + 1, layout_of(leaves), objects,
                              self.bucket_bytes)
+                # A leaf that cannot travel fails broadcast_object_list on this rank alone,
+                # before it sends anything: the members would wait for the header until their
+                # timeout. Said in the header instead, so that every member raises it.
+                try:
+                    pickle.dumps(header[0])
+                except Exception as error:  # noqa: BLE001  (pickling raises many types)
+                    header[0] = (f"a leaf of its state dict cannot be pickled to send "
+                                 f"({type(error).__name__}: {error}); leave it out or make it picklable")
         dist.broadcast_object_list(header, src=src, group=group)
         if isinstance(header[0], str):
             raise ValueError(f"{what}: rank {src}: {header[0]}")
