@@ -34,7 +34,9 @@ class Request {
   /// For a receive: the rank the message came from (useful with recvAny). -1 otherwise.
   int sourceRank() const;
   /// Runs `callback` with the failure (nullptr on success) once the operation finishes: on
-  /// the thread that finishes it, or right away on this thread if it has finished already.
+  /// the thread that finishes it, or right away on this thread if it has finished already
+  /// (then what it throws reaches this caller). One that throws on another thread is
+  /// reported on stderr and its exception dropped; the callbacks after it still run.
   void onComplete(std::function<void(std::exception_ptr)> callback) const;
 
  private:

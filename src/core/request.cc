@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <utility>
 
@@ -52,17 +53,36 @@ OpState::Callbacks OpState::finish(std::exception_ptr failure) {
   return run;
 }
 
+namespace {
+
+// Runs one completion callback. They run on loom's threads (a worker, the send/recv engine),
+// where an exception would end the process, or inside an unrelated call on the caller's
+// thread: one that throws is reported and dropped, and the callbacks after it still run.
+void runOne(const std::function<void(std::exception_ptr)>& callback,
+            const std::exception_ptr& failure) noexcept {
+  try {
+    callback(failure);
+  } catch (...) {
+    std::fprintf(stderr,
+                 "loom: a completion callback (Request::onComplete) threw, and its exception "
+                 "was dropped: %s; callbacks must not throw\n",
+                 failureMessage(std::current_exception()).c_str());
+  }
+}
+
+}  // namespace
+
 void OpState::runCallbacks(Callbacks run, const std::exception_ptr& failure) {
   if (run.empty()) return;
   // A call that a completion callback ran on its worker's thread (Worker::runQueuedHere),
   // many levels down: its own callbacks wait until the thread is back up.
   if (Worker* worker = Worker::current(); worker != nullptr && worker->deep()) {
     worker->defer([run = std::move(run), failure] {
-      for (auto& callback : run) callback(failure);
+      for (auto& callback : run) runOne(callback, failure);
     });
     return;
   }
-  for (auto& callback : run) callback(failure);
+  for (auto& callback : run) runOne(callback, failure);
 }
 
 namespace {

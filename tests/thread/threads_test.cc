@@ -176,6 +176,37 @@ TEST(Threads, RandomCollectivesOnTwoCommunicatorsAtOnce) {
   EXPECT_EQ(failure, "");
 }
 
+// A completion callback that throws, on the thread that finishes the call, is reported and
+// dropped: the process goes on (it used to end in std::terminate) and the callbacks after
+// it run.
+TEST(Threads, ACallbackThatThrowsOnLoomsThreadIsDroppedAndTheNextRuns) {
+  const std::string failure = runThreads(2, [](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::create(rank, 2, store);
+    std::atomic<int> after{0};
+    float x = 1;
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Request r = comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum);
+    if (rank == 0) {
+      require(!r.test(), "finished before rank 1 issued it");
+      r.onComplete([](const std::exception_ptr&) { throw std::runtime_error("a bad callback"); });
+      r.onComplete([&](const std::exception_ptr& e) {
+        if (!e) after.fetch_add(1);
+      });
+    }
+    r.wait();
+    require(x == 2, "sum " + std::to_string(x));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (rank == 0 && after.load() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    require(rank != 0 || after.load() == 1, "the callback after the throwing one did not run");
+    float y = 1;
+    comm->allReduce(&y, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    require(y == 2, "a later call");
+  });
+  EXPECT_EQ(failure, "");
+}
+
 // A blocking call runs on its caller's thread only when the worker is idle, and an
 // operation's completion takes no lock unless someone sleeps on it or added a callback
 // (worker.h, request.cc). Under the race detector: queued calls with callbacks, blocking
