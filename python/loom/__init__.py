@@ -17,13 +17,19 @@ Trainer) accept ``backend="loom"`` once loom is imported: see ``loom._integratio
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import _C, _integrations, ops
+# Debian's libfabric loads libinfinipath (its PSM provider), which otherwise replaces the
+# interpreter's SIGINT and SIGTERM handlers and the crash signals' defaults with its own,
+# that print a backtrace and exit(1): Ctrl-C would no longer raise KeyboardInterrupt.
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
+
+from . import _C, _integrations, ops  # noqa: E402
 from ._openmp_hint import hint_wait_policy as _hint_wait_policy
 from ._backend_names import BACKEND_NAME, env_flag as _env_flag, make_default, replace_gloo
 

@@ -2,9 +2,14 @@
 // they announce (also when they come before the communicator is registered), and
 // connections that do not prove the secret in time are dropped without holding up others.
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +23,35 @@ namespace {
 
 using namespace loom::net::testing;
 using std::chrono::milliseconds;
+
+// libfabric's PSM provider (libinfinipath) installs handlers for these as it loads, which
+// print a backtrace and exit(1): Ctrl-C stopped interrupting and a kill read as exit 1.
+// loom gives them their defaults back as it loads (fabric.cc).
+TEST(Fabric, LoadingItLeavesTheProcessSignalsAlone) {
+  (void)Fabric::instance();
+  for (const int sig : {SIGINT, SIGTERM, SIGSEGV, SIGABRT, SIGBUS, SIGILL}) {
+    struct sigaction current {};
+    ASSERT_EQ(::sigaction(sig, nullptr, &current), 0);
+    void* handler = (current.sa_flags & SA_SIGINFO) != 0
+                        ? reinterpret_cast<void*>(current.sa_sigaction)
+                        : reinterpret_cast<void*>(current.sa_handler);
+    Dl_info where{};
+    const bool found = handler != reinterpret_cast<void*>(SIG_DFL) &&
+                       handler != reinterpret_cast<void*>(SIG_IGN) &&
+                       ::dladdr(handler, &where) != 0 && where.dli_fname != nullptr;
+    EXPECT_FALSE(found && std::strstr(where.dli_fname, "infinipath") != nullptr)
+        << "signal " << sig << " is handled in " << where.dli_fname;
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::raise(SIGTERM);
+    ::_exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+}
 
 CommId commNumber(uint8_t n) {
   CommId id = kComm;

@@ -206,3 +206,20 @@ def test_groups_made_and_destroyed_leave_no_thread_fd_or_mapping(tmp_path):
     threads, fds and mappings it held before (no loom shared memory or thread outlives its
     group)."""
     run_ranks(2, body_groups_come_and_go, str(tmp_path), timeout=240)
+
+
+def test_importing_loom_leaves_ctrl_c_and_kills_to_python():
+    """libfabric's PSM provider (libinfinipath) used to replace the interpreter's SIGINT and
+    SIGTERM handlers as loom loaded, with ones that exit(1): Ctrl-C raised no
+    KeyboardInterrupt and a SIGTERM read as exit status 1."""
+    script = ("import os, signal, time, loom\n"
+              "try:\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(5)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted')\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(5)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)

@@ -3,6 +3,7 @@
 #include "transport/net/fabric.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <vector>
 
@@ -22,6 +24,29 @@
 namespace loom::net {
 
 namespace {
+
+// Debian's libfabric links its PSM provider, whose libinfinipath installs handlers for
+// SIGINT, SIGTERM, SIGSEGV, SIGABRT, SIGBUS and SIGILL as it loads: they print a backtrace
+// and exit(1), so Ctrl-C stopped interrupting, a crash or a kill read as exit status 1
+// (torchrun reported exitcode 1 for a SIGSEGV), and exit() inside a handler can hang. This
+// runs as loom loads, after the libraries it depends on, and before a program's main
+// installs its own handlers: each of those signals whose handler lies in libinfinipath gets
+// the default back. (Python's import of loom sets IPATH_NO_BACKTRACE first, which keeps
+// libinfinipath from installing any, the interpreter's own being in place by then.)
+__attribute__((constructor)) void restoreSignalsInfinipathTook() {
+  for (const int sig : {SIGINT, SIGTERM, SIGSEGV, SIGABRT, SIGBUS, SIGILL}) {
+    struct sigaction current {};
+    if (::sigaction(sig, nullptr, &current) != 0) continue;
+    void* handler = (current.sa_flags & SA_SIGINFO) != 0
+                        ? reinterpret_cast<void*>(current.sa_sigaction)
+                        : reinterpret_cast<void*>(current.sa_handler);
+    if (handler == reinterpret_cast<void*>(SIG_DFL) || handler == reinterpret_cast<void*>(SIG_IGN))
+      continue;
+    Dl_info where{};
+    if (::dladdr(handler, &where) == 0 || where.dli_fname == nullptr) continue;
+    if (std::strstr(where.dli_fname, "libinfinipath") != nullptr) std::signal(sig, SIG_DFL);
+  }
+}
 
 constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 constexpr size_t kQueueDepth = 256;
