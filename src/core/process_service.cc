@@ -347,7 +347,13 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
     const auto until = stillAlive ? std::min(deadline, Clock::now() + kAliveSlice) : deadline;
     if (unix_socket::recvWithFd(socket.get(), reply, sizeof reply, &segment, until)) break;
     if (Clock::now() < until) {  // not a slice that ran out: the connection ended
-      if (stillAlive) stillAlive();
+      // A leader that died closes its sockets before its pidfd reports the exit: give the
+      // watch a moment to see it, so the dead leader is named.
+      const auto grace = Clock::now() + std::chrono::milliseconds(200);
+      while (stillAlive && Clock::now() < grace) {
+        stillAlive();
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
       throw Error(ErrorCode::kPeerFailure, "create", rank,
                   "the leader closed its connection before handing over the shared segment; "
                   "did it fail?");

@@ -261,16 +261,17 @@ TEST(Faults, RankThatNeverJoinsFailsCreateNamingIt) {
   EXPECT_TRUE(outcomes[1].exited && outcomes[1].status == 0) << outcomes[1].output;
 }
 
-// A member that dies while the others make a child (new_group) ends their wait at once,
-// named, and so does a dead rank that a shrink keeps; both used to wait out the creation's
-// timeout and then blame a rank that "never connected" or a leader that "did not hand over".
-TEST(Faults, AMemberThatDiesWhileAChildIsMadeIsNamedAtOnce) {
-  const auto outcomes = testing::runRanks(4, [](RankContext& ctx) {
+// Rank `victim` dies while the others make a child of all of them: each names it at once,
+// whether it is a member waited for by the child's leader or the leader itself (whose
+// socket closes before its exit shows: the members used to say only that the leader closed
+// its connection); and the parent, knowing of the death, shrinks past it.
+void expectADeathWhileAChildIsMadeNamed(int victim) {
+  const auto outcomes = testing::runRanks(4, [victim](RankContext& ctx) {
     CommOptions options;
     options.timeout = std::chrono::seconds(60);
     auto comm = ctx.connect(options);
     comm->barrier().wait();
-    if (ctx.rank == 3) {
+    if (ctx.rank == victim) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting
       ::raise(SIGKILL);
     }
@@ -281,21 +282,33 @@ TEST(Faults, AMemberThatDiesWhileAChildIsMadeIsNamedAtOnce) {
       LOOM_CHECK(false, << "a child with a dead member was made");
     } catch (const Error& e) {
       LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
-      LOOM_CHECK(std::string(e.what()).find("rank 3") != std::string::npos, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank " + std::to_string(victim)) != std::string::npos,
+                 << e.what());
     }
     LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20),
                << "named only at the timeout");
-    // The parent knows rank 3 died; a shrink told only of rank 3 works, one that keeps it not.
-    auto survivors = comm->shrink(std::vector<int>{3}, options);
+    auto survivors = comm->shrink(std::vector<int>{victim}, options);
     float x = 1;
     survivors->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
     LOOM_CHECK(x == 3, << x);
   });
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) continue;
     EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
   }
 }
 
+TEST(Faults, AMemberThatDiesWhileAChildIsMadeIsNamedAtOnce) {
+  expectADeathWhileAChildIsMadeNamed(3);
+}
+
+TEST(Faults, AChildsLeaderThatDiesWhileItIsMadeIsNamedAtOnce) {
+  expectADeathWhileAChildIsMadeNamed(0);
+}
+
+// A dead rank that a shrink keeps ends the shrink at once, named; it used to wait out the
+// creation's timeout and then blame a rank that "never connected" or a leader that "did not
+// hand over".
 TEST(Faults, AShrinkThatKeepsADeadRankFailsAtOnceNamingIt) {
   const auto outcomes = testing::runRanks(4, [](RankContext& ctx) {
     CommOptions options;
