@@ -88,6 +88,9 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     // the members only, which is exactly what subset() needs.
     std::vector<int> members(global.begin(), global.end());
     const std::string tag = options_->group_name.empty() ? "group" : options_->group_name;
+    // The world's own failure numbers ranks as the world does: raised as it is, not with this
+    // group's legend (which would map its "rank 1" to the group's rank 1).
+    translated([&] { world->requireUsable("new_group"); });
     comm_ = translated([&] { return world->subset(members, tag, commOptions(*options_)); },
                        ties_->legend);
     return;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/request.h"
@@ -107,6 +108,10 @@ class Communicator {
   /// a communicator that has failed; the old one stays failed (destroy it).
   std::shared_ptr<Communicator> shrink(std::span<const int> excluded,
                                        const CommOptions& options = {});
+
+  /// Throws what a call named `op` would throw now if this communicator has failed, was shut
+  /// down or belongs to the process this one was forked from; otherwise does nothing.
+  void requireUsable(std::string_view op) const;
 
   /// What every rank last started and finished, read from shared memory: one line per rank
   /// (pid, alive/left/DEAD, last collective started, last finished). For diagnosing hangs.

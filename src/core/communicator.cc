@@ -104,6 +104,10 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, const Comm
       detail::CommState::createChild(*state_, members, salt, options));
 }
 
+void Communicator::requireUsable(std::string_view op) const {
+  state_->requireUsable(op);
+}
+
 std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
                                                    const std::string& tag,
                                                    const CommOptions& options) {

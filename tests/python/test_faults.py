@@ -65,6 +65,36 @@ def test_killed_rank_fails_peers_then_survivors_shrink():
     assert loom_names_in_dev_shm() == shm_before
 
 
+def body_group_after_a_death(rank: int, world: int):
+    """World rank 1 dies; rank 2 then makes a group of global ranks 1 and 2. The error is the
+    world's failure in the world's numbering, so it carries no legend of the new group's
+    (which would turn its "rank 1" into global rank 2, the rank reporting it)."""
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"first call done {rank}", "1")
+    if rank == 1:
+        store.wait([f"first call done {r}" for r in range(world)])
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(3):
+            dist.all_reduce(x)
+        raise AssertionError("all_reduce succeeded with rank 1 dead")
+    except dist.DistBackendError:
+        pass
+    try:
+        dist.new_group([1, 2])
+    except dist.DistBackendError as e:
+        return str(e)
+    return "made"
+
+
+def test_a_group_made_after_a_death_names_it_in_the_worlds_numbering():
+    results = run_ranks(3, body_group_after_a_death, killed=(1,), finalize=False)
+    assert results[0] == "made", results[0]  # not a member: torch makes nothing there
+    assert "rank 1 (pid" in results[2] and "global ranks" not in results[2], results[2]
+
+
 def test_elastic_restart_under_torchrun(tmp_path):
     shm_before = loom_names_in_dev_shm()
     out = tmp_path / "result.json"
