@@ -180,7 +180,7 @@ void bindTensorStore(py::module_& m) {
       [] {
         // loom's host (kernel and network namespace) plus the pid namespace, in which
         // /proc/<pid> names a region's owner.
-        const HostInfo& host = localHost();
+        const HostInfo host = localHost();
         return loom::shm::regionIdHex(host.id) + "/pid:" + std::to_string(host.pidNamespace);
       },
       "What processes that can read each other's regions share (loom's host identity and "

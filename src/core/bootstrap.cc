@@ -49,7 +49,7 @@ bool readPeer(ByteReader& r, PeerInfo* peer) {
 }  // namespace
 
 PeerInfo localPeer() {
-  const HostInfo& host = localHost();
+  const HostInfo host = localHost();
   PeerInfo peer;
   peer.host = host.id;
   peer.machine = host.machine;

@@ -21,7 +21,12 @@ uint64_t namespaceInode(const char* path) {
   return ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
-HostInfo readHost() {
+}  // namespace
+
+HostInfo localHost() {
+  // Read at each call, a few system calls: a value kept from the first call was wrong in a
+  // forked child that had entered another network namespace since (its ranks took a peer on
+  // another namespace host for one of theirs, and read its memory directly).
   HostInfo info;
   std::string bootId;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
@@ -33,13 +38,6 @@ HostInfo readHost() {
   // Same boot id and network namespace: same kernel, and abstract sockets reach each other.
   info.id = deriveId(CommId{}, bootId + "/" + std::to_string(netns));
   info.machine = deriveId(CommId{}, bootId);
-  return info;
-}
-
-}  // namespace
-
-const HostInfo& localHost() {
-  static const HostInfo info = readHost();
   return info;
 }
 

@@ -60,8 +60,9 @@ class HostMap {
   std::vector<std::vector<int>> ranksOn_;
 };
 
-/// Reads this process's host identity (cached after the first call).
-const HostInfo& localHost();
+/// Reads this process's host identity now: never cached, since a process may move to
+/// another network namespace, or be a fork that does (namespace hosts on one machine).
+HostInfo localHost();
 
 /// The CPUs this process may run on, ascending: the affinity mask of the thread that first
 /// asks (before loom binds any thread to a part of it; see core/placement.h), cached.

@@ -1,6 +1,10 @@
-// HostMap: which ranks share a host, as every rank derives it from the roster.
+// HostMap: which ranks share a host, as every rank derives it from the roster; and this
+// process's own host identity.
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -13,6 +17,26 @@ HostId host(uint8_t n) {
   HostId id{};
   id[0] = n;
   return id;
+}
+
+// A process whose parent read its host identity, then entered a network namespace of its own
+// (as the multi-host tests' ranks do): its identity is that namespace's, not the parent's,
+// while its machine (the kernel) stays the same. It used to keep the parent's, cached.
+TEST(LocalHost, AForkThatEntersAnotherNetworkNamespaceIsAnotherHost) {
+  if (::geteuid() != 0) GTEST_SKIP() << "entering a new network namespace needs root";
+  const HostInfo parent = localHost();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNET) != 0) ::_exit(2);
+    const HostInfo mine = localHost();
+    ::_exit(mine.id != parent.id && mine.machine == parent.machine ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 2) << "unshare(CLONE_NEWNET) failed";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child kept its parent's host identity";
 }
 
 TEST(HostMap, NumbersHostsByTheirLowestRankAndListsRanksInOrder) {
