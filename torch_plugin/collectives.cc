@@ -205,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
   at::Tensor output = t;
   auto finisher = [output, rowsIn, rowsOut, allValues, values]() mutable {
     auto summed = at::sparse_coo_tensor(rowsOut.t(), allValues, output.sizes()).coalesce();
-    output.copy_(summed);
+    writeResult(output, summed);
   };
   return launch(
       s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher, [&](Requests& r) {
@@ -242,7 +242,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
       if (!flat.data.is_alias_of(flat.view)) copyBackInto(flat.view, flat.data);
       int64_t offset = 0;
       for (const auto& t : tensors) {
-        t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
+        writeResult(t, packed.narrow(0, offset, t.numel()).view(t.sizes()));
         offset += t.numel();
       }
     };
@@ -569,7 +569,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
       bytes.assign(static_cast<size_t>(size_), t.nbytes() / static_cast<size_t>(size_));
       return bytes;
     }
-    requirePerRank(s, what, splits.size());
+    if (splits.size() != static_cast<size_t>(size_)) {
+      invalid(s, std::string(what) + "_split_sizes has " + std::to_string(splits.size()) +
+                     " entries; it needs one per rank (" + std::to_string(size_) + ")");
+    }
     int64_t rows = 0;
     const int64_t available = t.dim() ? t.size(0) : 0;
     for (int64_t n : splits) {

@@ -2,6 +2,7 @@
 
 #include "tensor_args.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -233,11 +234,20 @@ Flat scatterReadApart(const CallSite& site, const Flat& in, const at::Tensor& ou
   return readApart(in, output.data_ptr(), output.nbytes(), output.data_ptr() == own);
 }
 
+void writeResult(const at::Tensor& original, const at::Tensor& values) {
+  // Below autograd and in-place/view tracking: a Parameter that requires grad and an inference
+  // tensor take a collective's result as Gloo writes it, whatever the grad or inference mode
+  // of the thread that finishes the call (loom's worker, for an asynchronous one). copy_ alone
+  // refused them (leaf that requires grad, inference tensor outside InferenceMode).
+  const at::AutoDispatchBelowADInplaceOrView raw;
+  original.copy_(values);
+}
+
 void copyBackInto(const at::Tensor& original, const at::Tensor& scratch) {
   if (original.is_complex() && !scratch.is_complex()) {
-    original.copy_(at::view_as_complex(scratch));  // a conjugate view's resolved copy
+    writeResult(original, at::view_as_complex(scratch));  // a conjugate view's resolved copy
   } else {
-    original.copy_(scratch);
+    writeResult(original, scratch);
   }
 }
 

@@ -113,7 +113,10 @@ void allToAllReadApart(std::vector<Flat>& ins, const std::vector<at::Tensor>& ou
 /// pair wrote it (Gloo reads every input first).
 void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs);
 
-/// original.copy_(scratch), where `scratch` may be the real pairs of a complex `original`.
+/// original.copy_(values) as a collective's result: below autograd and in-place tracking, so
+/// that a Parameter that requires grad or an inference tensor takes it on any thread.
+void writeResult(const at::Tensor& original, const at::Tensor& values);
+/// writeResult(original, scratch), where `scratch` may be the real pairs of a complex `original`.
 void copyBackInto(const at::Tensor& original, const at::Tensor& scratch);
 
 /// Elements of loom type `type` that tensor `t` holds.

@@ -372,3 +372,32 @@ def test_layouts_coalescing_and_futures():
 def test_world_sizes():
     for world in (1, 2, 4):
         run_ranks(world, body_layouts)
+
+
+def body_results_into_guarded_tensors(rank: int, world: int) -> list[float]:
+    """Results written back through scratch (non-contiguous outputs, packed coalesced calls)
+    land in a Parameter that requires grad and in inference tensors, as Gloo writes them,
+    synchronous or not, on loom's worker thread too (copy_ refused them)."""
+    got = []
+    weight = torch.nn.Parameter(torch.full((4, 3), float(rank)).t())  # not contiguous
+    assert weight.requires_grad and not weight.is_contiguous()
+    for async_op in (False, True):
+        work = dist.broadcast(weight, src=1, async_op=async_op)
+        if async_op:
+            work.wait()
+        got.append(weight[0, 0].item())
+    with torch.inference_mode():
+        frozen = [torch.ones(2), torch.ones(3)]
+        dist.all_reduce_coalesced(frozen, async_op=True).wait()
+        outs = [torch.zeros(4, 2).t()[0] for _ in range(world)]  # strided rows
+        dist.all_gather(outs, torch.full((4,), float(rank)), async_op=True).wait()
+    got += [frozen[0][0].item(), frozen[1][0].item()] + [o[0].item() for o in outs]
+    made_inside = frozen[0]
+    dist.broadcast(made_inside, src=0)  # an inference tensor, outside inference mode
+    got.append(made_inside[0].item())
+    return got
+
+
+def test_results_land_in_parameters_and_inference_tensors():
+    for got in run_ranks(2, body_results_into_guarded_tensors):
+        assert got == [1.0, 1.0, 2.0, 2.0, 0.0, 1.0, 2.0], got
