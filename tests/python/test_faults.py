@@ -242,7 +242,12 @@ def test_importing_loom_leaves_ctrl_c_and_kills_to_python():
     """libfabric's PSM provider (libinfinipath) used to replace the interpreter's SIGINT and
     SIGTERM handlers as loom loaded, with ones that exit(1): Ctrl-C raised no
     KeyboardInterrupt and a SIGTERM read as exit status 1."""
-    script = ("import os, signal, time, loom\n"
+    # The child starts from Python's own handlers whatever it inherits (a pytest-xdist worker
+    # ignores SIGINT, and an ignored SIGINT stays ignored in its children).
+    script = ("import os, signal, time\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+              "import loom\n"
               "try:\n"
               "    os.kill(os.getpid(), signal.SIGINT)\n"
               "    time.sleep(5)\n"
