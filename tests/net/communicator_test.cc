@@ -399,13 +399,12 @@ TEST_F(TwoHosts, APeerThatShutsDownIsNamedAcrossHostsWhileItsHandleLives) {
   });
 }
 
-// A child across hosts whose last member comes later than the silence limit still forms and
-// works: a peer's silence counts from its first word, not from when this rank could first
-// write to its process (which registers the child long before its control plane runs).
-TEST_F(TwoHosts, AChildWhoseMemberOnTheOtherHostComesLateIsNotTakenForSilent) {
-  const NetnsHosts& hosts = *hosts_;
+// Rank 3 makes a child of all four ranks `lateness` after the others, with `environment`
+// set: the child forms and sums every rank's number.
+void expectAChildWithALateMemberForms(const NetnsHosts& hosts, const char* environment,
+                                      std::chrono::seconds lateness) {
   loom::testing::RunOptions run;
-  run.environment = {"LOOM_NET_SILENCE_MS=1000"};
+  run.environment = {environment};
   const auto outcomes = loom::testing::runRanks(
       4,
       [&](RankContext& ctx) {
@@ -414,15 +413,22 @@ TEST_F(TwoHosts, AChildWhoseMemberOnTheOtherHostComesLateIsNotTakenForSilent) {
         options.timeout = std::chrono::seconds(60);
         auto comm = ctx.connect(options);
         comm->barrier().wait();
-        if (ctx.rank == 3) std::this_thread::sleep_for(std::chrono::seconds(4));
+        if (ctx.rank == 3) std::this_thread::sleep_for(lateness);
         const int all[] = {0, 1, 2, 3};
         auto child = comm->subset(all, "late", options);
-        float x = 1;
+        float x = static_cast<float>(ctx.rank);
         child->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
-        LOOM_CHECK(x == 4, << x);
+        LOOM_CHECK(x == 6, << x);
       },
       run);
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
+// A child across hosts whose last member comes later than the silence limit still forms and
+// works: a peer's silence counts from its first word, not from when this rank could first
+// write to its process (which registers the child long before its control plane runs).
+TEST_F(TwoHosts, AChildWhoseMemberOnTheOtherHostComesLateIsNotTakenForSilent) {
+  expectAChildWithALateMemberForms(*hosts_, "LOOM_NET_SILENCE_MS=1000", std::chrono::seconds(4));
 }
 
 // A child across hosts whose member comes later than its peers' processes hold connections
@@ -430,26 +436,7 @@ TEST_F(TwoHosts, AChildWhoseMemberOnTheOtherHostComesLateIsNotTakenForSilent) {
 // connection its rail peer made is closed unanswered, and the rail peer connects again
 // instead of failing the child; the creation's own timeout is what bounds the wait.
 TEST_F(TwoHosts, AChildWhoseMemberComesLaterThanConnectionsAreHeldStillForms) {
-  const NetnsHosts& hosts = *hosts_;
-  loom::testing::RunOptions run;
-  run.environment = {"LOOM_NET_HOLD_MS=500"};
-  const auto outcomes = loom::testing::runRanks(
-      4,
-      [&](RankContext& ctx) {
-        hosts.enter(hostOfRank(ctx.rank));
-        CommOptions options;
-        options.timeout = std::chrono::seconds(60);
-        auto comm = ctx.connect(options);
-        comm->barrier().wait();
-        if (ctx.rank == 3) std::this_thread::sleep_for(std::chrono::seconds(3));
-        const int all[] = {0, 1, 2, 3};
-        auto child = comm->subset(all, "later", options);
-        float x = static_cast<float>(ctx.rank);
-        child->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
-        LOOM_CHECK(x == 6, << x);
-      },
-      run);
-  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+  expectAChildWithALateMemberForms(*hosts_, "LOOM_NET_HOLD_MS=500", std::chrono::seconds(3));
 }
 
 // A member that never makes the child: its rail peer keeps connecting (each try closed
