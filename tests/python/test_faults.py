@@ -25,22 +25,26 @@ from harness import loom_names_in_dev_shm, run_ranks
 HERE = Path(__file__).resolve().parent
 
 
-def body_kill_then_shrink(rank: int, world: int):
+def _first_call_then_death(rank: int, world: int, victim: int) -> str:
+    """One all_reduce, then `victim` dies (once every rank has left that call: a death before
+    could fail a peer's first call); the survivors' next calls fail, and this returns why."""
     x = torch.ones(8)
     dist.all_reduce(x)
-    # Rank 2 dies only once every rank has left that first call: it may leave first, and a
-    # death then could fail a peer's first call, outside the expectation below.
     store = dist.distributed_c10d._get_default_store()
     store.set(f"first call done {rank}", "1")
-    if rank == 2:
+    if rank == victim:
         store.wait([f"first call done {r}" for r in range(world)])
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         for _ in range(3):
             dist.all_reduce(x)
-        raise AssertionError("all_reduce succeeded with rank 2 dead")
     except dist.DistBackendError as e:
-        message = str(e)
+        return str(e)
+    raise AssertionError(f"all_reduce succeeded with rank {victim} dead")
+
+
+def body_kill_then_shrink(rank: int, world: int):
+    message = _first_call_then_death(rank, world, 2)
     assert "rank 2" in message and "exited" in message, message
     # What every rank was doing: rank 2 is marked dead.
     assert "DEAD" in loom.progress_report(), loom.progress_report()
@@ -69,19 +73,7 @@ def body_group_after_a_death(rank: int, world: int):
     """World rank 1 dies; rank 2 then makes a group of global ranks 1 and 2. The error is the
     world's failure in the world's numbering, so it carries no legend of the new group's
     (which would turn its "rank 1" into global rank 2, the rank reporting it)."""
-    x = torch.ones(4)
-    dist.all_reduce(x)
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"first call done {rank}", "1")
-    if rank == 1:
-        store.wait([f"first call done {r}" for r in range(world)])
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        for _ in range(3):
-            dist.all_reduce(x)
-        raise AssertionError("all_reduce succeeded with rank 1 dead")
-    except dist.DistBackendError:
-        pass
+    _first_call_then_death(rank, world, 1)
     try:
         dist.new_group([1, 2])
     except dist.DistBackendError as e:
