@@ -16,10 +16,23 @@ void CudaExecutor::reduceAlone(const void* input, void* output, size_t count,
   reduce(output, own, count, args, noAgreement());
 }
 
-void CudaExecutor::checkRoot(int root, uint64_t e) {
+void CudaExecutor::checkPeers(uint64_t e, int only) {
   if (e != firstEpoch_) return;
+  await(kReady, e, only);
+  copy(Segments{}, expecting(e, only));
+}
+
+void CudaExecutor::takeFromRoot(const cuda::Segment& piece, int root, uint64_t e) {
+  if (e == firstEpoch_) {
+    // Published and said before the wait, as every rank of an all_reduce does, so that the
+    // root's check (checkPeers) finds it there: raised only after this rank has read the
+    // root's slot, it cost ranks that share a GPU a turn more, 2x a broadcast's time
+    // (docs/PERFORMANCE.md, "A root that checks its non-roots").
+    copy(Segments{}, publishing(e));
+    signal(kReady, e);
+  }
   await(kReady, e, root);
-  copy(Segments{}, expecting(e, root));
+  copy({piece}, expecting(e, root));
 }
 
 void CudaExecutor::allReduce(const CollectiveArgs& args) {
@@ -81,7 +94,7 @@ void CudaExecutor::reduceToRoot(const CollectiveArgs& args) {
     const size_t n = clipped(args.count, lo, perStep);
     copy({{in(rank_, e), at(args.input, lo * es), n * es}}, publishing(e));
     signal(kReady, e);
-    if (rank_ != args.root) return checkRoot(args.root, e);
+    if (rank_ != args.root) return checkPeers(e, args.root);
     await(kReady, e);
     Sources srcs;
     for (int q = 0; q < size_; ++q) srcs.add(in(q, e));
@@ -104,6 +117,7 @@ void CudaExecutor::broadcast(const CollectiveArgs& args) {
     p.chain = bytes >= fusedChainBroadcastBytes_;
     p.twoShot = !p.chain;
     p.root = args.root;
+    if (rank_ == args.root) p.checksQuiet = everyPeer();
     p.own = args.input;
     p.outputs[0] = args.output;
     p.count = args.count * es;
@@ -113,7 +127,7 @@ void CudaExecutor::broadcast(const CollectiveArgs& args) {
     cuda::FusedParams p{};
     if (rank_ == args.root) {
       for (int q = 0; q < size_; ++q) p.sources[q] = args.input;
-      p.pushesTo = everyPeer();
+      p.pushesTo = p.checksQuiet = everyPeer();
       p.own = args.input;
     } else {
       p.receivesFrom = 1u << args.root;
@@ -130,9 +144,9 @@ void CudaExecutor::broadcast(const CollectiveArgs& args) {
             {at(args.output, lo * es), at(args.input, lo * es), bytes}},
            publishing(e));
       signal(kReady, e);
+      checkPeers(e);
     } else {
-      await(kReady, e, args.root);
-      copy({{at(args.output, lo * es), in(args.root, e), bytes}}, expecting(e, args.root));
+      takeFromRoot({at(args.output, lo * es), in(args.root, e), bytes}, args.root, e);
     }
   });
 }
@@ -163,7 +177,7 @@ void CudaExecutor::allGather(const CollectiveArgs& args, bool onlyRoot) {
     copy({{in(rank_, e), at(args.input, lo * es), clipped(countOf(rank_), lo, perStep) * es}},
          publishing(e));
     signal(kReady, e);
-    if (!receives) return checkRoot(args.root, e);
+    if (!receives) return checkPeers(e, args.root);
     await(kReady, e);
     Segments out;
     for (int q = 0; q < size_; ++q) {
@@ -290,10 +304,10 @@ void CudaExecutor::scatter(const CollectiveArgs& args) {
       stage.add(at(args.output, lo * es), at(args.inputs[rank_], lo * es), bytes);
       copy(stage, publishing(e));
       signal(kReady, e);
+      checkPeers(e);
     } else {
-      await(kReady, e, args.root);
-      copy({{at(args.output, lo * es), in(args.root, e) + rank_ * block, bytes}},
-           expecting(e, args.root));
+      takeFromRoot({at(args.output, lo * es), in(args.root, e) + rank_ * block, bytes}, args.root,
+                   e);
     }
   });
 }

@@ -92,13 +92,26 @@ std::string explain(const cuda::Descriptor& d) {
             (chain && kind == CollectiveKind::kAllReduce ? " blocks, around a ring"
              : chain                                     ? " blocks, along a chain"
              : twoShot                                   ? " blocks per role, in two shots"
-                                                         : " block pairs") +
-            " (LOOM_CUDA_FUSED, LOOM_CUDA_FUSED_SHARED_GPU_BYTES, LOOM_CUDA_FUSED_BLOCKS, "
-            "LOOM_CUDA_FUSED_TWO_SHOT_BYTES, "
-            "LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES, LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES, "
-            "LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES)";
+                                                         : " block pairs");
   }
   return text;
+}
+
+std::string collectiveMismatch(int peer, int self, const cuda::Descriptor& theirs,
+                               const cuda::Descriptor& mine) {
+  std::string message = "on CUDA tensors, rank " + std::to_string(peer) + " issued " +
+                        explain(theirs) + " where rank " + std::to_string(self) + " issued " +
+                        explain(mine) +
+                        "; every rank must issue the same collectives, with the same sizes, in "
+                        "the same order";
+  // Named once, after the advice: the failure's text travels in a bounded record.
+  const uint64_t shape = kFusedBit | kTwoShotBit | kChainBit | uint64_t{63} << kFusedBlocksShift;
+  if ((theirs.words[0] ^ mine.words[0]) & shape) {
+    message +=
+        " (the kernels chosen differ too: LOOM_CUDA_FUSED and the settings beside it "
+        "must be the same on every rank)";
+  }
+  return message;
 }
 
 }  // namespace loom::detail

@@ -54,5 +54,10 @@ cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step);
 bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs);
 /// A descriptor in words, for the mismatch error.
 std::string explain(const cuda::Descriptor& d);
+/// The mismatch error where rank `peer` issued collective `theirs` and rank `self` `mine`
+/// (neither a transfer's): both calls, then what to do. Short enough for the failure record
+/// that carries it to every rank.
+std::string collectiveMismatch(int peer, int self, const cuda::Descriptor& theirs,
+                               const cuda::Descriptor& mine);
 
 }  // namespace loom::detail

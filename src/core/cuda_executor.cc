@@ -570,12 +570,7 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   {
     std::lock_guard<std::mutex> pendingLock(pendingMutex_);
     // A call of collective steps took epochs from firstEpoch_ on; sends and receives none.
-    // In a broadcast's and a scatter's steps the non-roots raise no "ready" (they only read
-    // the root's), so their flags cannot say who is late.
-    const auto kind = static_cast<CollectiveKind>(static_cast<uint8_t>(described_.words[0]));
-    const bool everyRankReady =
-        kind != CollectiveKind::kBroadcast && kind != CollectiveKind::kScatter;
-    const uint64_t firstStep = eager_.epoch >= firstEpoch_ && everyRankReady ? firstEpoch_ : 0;
+    const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
     pending_.push_back(
         Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op, firstStep});
   }
@@ -706,10 +701,7 @@ void CudaExecutor::reportMismatch() {
                  ": LOOM_CUDA_FUSED and LOOM_CUDA_CHUNK_BYTES must be the same on every rank";
     }
   } else {
-    message = "on CUDA tensors, " + peer + " issued " + explain(r.theirs) + " where " + self +
-              " issued " + explain(r.mine) +
-              "; every rank must issue the same collectives, with the same sizes, in the same "
-              "order";
+    message = collectiveMismatch(r.peer, rank_, r.theirs, r.mine);
   }
   failures_.fail(ErrorCode::kMismatch, r.peer, message);
 }
@@ -718,9 +710,8 @@ std::string CudaExecutor::lateness(const Pending& late) {
   const std::string unknown = "some rank has not issued it, or its GPU is stuck";
   if (late.firstStep == 0) return unknown;
   // Each peer's last step, as its "ready" flags of both parities say (every rank raises ready
-  // in the first step of every collective but broadcast and scatter, fused ones included:
-  // queue() leaves those two out), read on loom's own stream, which no caller's stream holds
-  // up.
+  // in the first step of every collective, fused ones included, before it waits for any
+  // peer), read on loom's own stream, which no caller's stream holds up.
   const Driver& d = Driver::get();
   std::vector<std::array<uint64_t, 2>> ready(static_cast<size_t>(size_));
   bool read = true;

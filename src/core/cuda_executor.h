@@ -263,12 +263,16 @@ class CudaExecutor final : public DeviceExecutor {
   /// A reduction on a communicator of one rank: the op applied to its own input alone
   /// (PREMUL_SUM still scales), with no peer to agree with.
   void reduceAlone(const void* input, void* output, size_t count, const CollectiveArgs& args);
-  /// In a rooted call's first step `e`, where this rank only publishes (a non-root of reduce
-  /// or gather): checks the root's descriptor once it is there. Otherwise a mismatch among
-  /// ranks that all only publish (a scatter's root and a gather's non-roots) would pass
-  /// unseen; with it, every non-root checks its root. (Ranks that each take themselves for
-  /// a broadcast's or scatter's root still check nobody: docs/ARCHITECTURE.md.)
-  void checkRoot(int root, uint64_t e);
+  /// In a rooted call's first step `e`, where this rank takes nothing from the peers it must
+  /// agree with, once they say they are there: checks `only` (a reduce's or gather's
+  /// non-root: its root), or every peer (a broadcast's or scatter's root). Otherwise ranks
+  /// that all only publish would pass a mismatch unseen: a scatter's root and a gather's
+  /// non-roots, or ranks that each name themselves the root of a broadcast.
+  void checkPeers(uint64_t e, int only = -1);
+  /// A broadcast's or scatter's non-root: in the first step `e` publishes this rank's
+  /// descriptor and raises its "ready" for the root's checkPeers; then waits for the root's
+  /// "ready" and copies `piece` out of its slot, checking the root in the first step.
+  void takeFromRoot(const cuda::Segment& piece, int root, uint64_t e);
   void allReduce(const CollectiveArgs& args);
   void reduceToRoot(const CollectiveArgs& args);
   void broadcast(const CollectiveArgs& args);

@@ -675,10 +675,24 @@ __device__ void fusedSteps(const FusedParams& p) {
   }
 }
 
+// Block 0, after its steps: the peers this rank takes nothing from (a broadcast's root's)
+// run this very call. Without it two ranks that each name themselves the root would each
+// keep their own buffer and succeed. It waits for the "ready" the peers' block 0 raise as
+// they begin, so it is met by now; and their next call cannot replace that descriptor, for
+// it first waits for this rank's "done", raised after this check (awaitSlotsFree).
+__device__ inline void checkQuietPeers(const FusedParams& p) {
+  if (p.checksQuiet == 0 || blockIdx.x != 0) return;
+  awaitPeers(
+      p, p.checksQuiet, [&](int q) { return p.ready[q]; }, p.firstEpoch, true);
+}
+
 // A fused call (FusedParams): its steps, between the waits and the "done" that bound it.
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
-  if (awaitSlotsFree(p)) fusedSteps<S, A, K, kReduces>(p);
+  if (awaitSlotsFree(p)) {
+    fusedSteps<S, A, K, kReduces>(p);
+    checkQuietPeers(p);
+  }
   finishBlock(p);
 }
 

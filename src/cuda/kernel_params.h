@@ -149,9 +149,12 @@ struct FusedParams {
   void* outputs[kMaxSources];
   uint32_t pushesTo;      ///< ranks, as bits
   uint32_t receivesFrom;  ///< ranks, as bits
-  uint64_t count;         ///< elements of every part
-  uint64_t perStep;       ///< elements per step: a multiple of 16 bytes' worth
-  uint64_t firstEpoch;    ///< of step 0
+  /// Ranks, as bits, whose first-step descriptor this rank checks though it takes nothing
+  /// from them (a broadcast's root: every peer; see checkQuietPeers).
+  uint32_t checksQuiet;
+  uint64_t count;       ///< elements of every part
+  uint64_t perStep;     ///< elements per step: a multiple of 16 bytes' worth
+  uint64_t firstEpoch;  ///< of step 0
   uint64_t steps;
   int32_t blocks;  ///< block pairs; every rank runs as many
   int32_t rank;

@@ -39,8 +39,8 @@ from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: 
 
 import loom  # noqa: E402,F401  (registers the backend)
 from check_failures import (PART_ENV, dead_rank_is_named, killed_rank,  # noqa: E402
-                            late_rank, mismatch, rooted_mismatch, settings_differ,
-                            setup_refused, tag_mismatch)
+                            late_rank, mismatch, rooted_mismatch, self_rooted,
+                            settings_differ, setup_refused, tag_mismatch)
 
 # 70k float32 elements take the two-shot all_reduce where it is used: three or more ranks
 # with a GPU each (ranks sharing a GPU, and two ranks, reduce one-shot at every size; cuda_check.sh
@@ -708,13 +708,16 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
              "late_rank": late_rank,
+             "self_rooted_broadcast": lambda *a: self_rooted(*a[:3], "broadcast"),
+             "self_rooted_scatter": lambda *a: self_rooted(*a[:3], "scatter"),
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
     if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused",
-                    "rooted_mismatch", "settings_differ", "late_rank"):
+                    "rooted_mismatch", "settings_differ", "late_rank", "self_rooted_broadcast",
+                    "self_rooted_scatter"):
         dist.destroy_process_group()
 
 
@@ -732,7 +735,9 @@ def main() -> int:
                                                        "tag_mismatch", "dtensor", "killed",
                                                        "graphs", "graph_killed", "direct",
                                                        "setup_refused", "rooted_mismatch",
-                                                       "settings_differ", "late_rank"])
+                                                       "settings_differ", "late_rank",
+                                                       "self_rooted_broadcast",
+                                                       "self_rooted_scatter"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,

@@ -1,8 +1,9 @@
 """The failure parts of check_cuda.py: calls that disagree (collectives, send/recv tags, a
-rooted call's roots), a rank killed mid-collective, a rank that never issues a call, one that
-cannot make its CUDA workspace and one whose LOOM_CUDA_* settings differ. Each checks that
-every rank gets an error naming the cause, never a wrong answer or a hang, and that the GPU is
-usable afterwards. Run through check_cuda.py (its worker dispatches here)."""
+rooted call's roots, a root against non-roots that name another), a rank killed
+mid-collective, a rank that never issues a call, one that cannot make its CUDA workspace and
+one whose LOOM_CUDA_* settings differ. Each checks that every rank gets an error naming the
+cause, never a wrong answer or a hang, and that the GPU is usable afterwards. Run through
+check_cuda.py (its worker dispatches here)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,33 @@ def rooted_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
         return expect_named(e, dev, words)
     raise AssertionError(f"rank {rank}'s calls succeeded after a mismatch; the all_reduce gave "
                          f"{y[0].item()} (every rank's 1.0 would make {world})")
+
+
+def self_rooted(rank: int, world: int, dev: torch.device, op: str) -> int:
+    """The last rank broadcasts (or scatters) from itself while the others name rank 0 (at
+    P = 2: each rank names itself): a root only publishes, so unless a root checks its
+    non-roots, ranks 0 and P - 1 each keep their own data and succeed. Every rank gets the
+    named error for that call and for an all_reduce queued behind it, and the GPU stays
+    usable."""
+    root = world - 1 if rank == world - 1 else 0
+    n = int(os.environ.get("LOOM_CHECK_ROOTED_ELEMENTS", "1000"))
+    x = torch.full((n,), float(rank), device=dev)
+    y = torch.ones(1000, device=dev)
+    words = [f"{op} of float32, {n} elements, root 0", f"{op} of float32, {n} elements, "
+             f"root {world - 1}", "every rank must issue the same collectives"]
+    try:
+        if op == "broadcast":
+            first = dist.broadcast(x, src=root, async_op=True)
+        else:
+            pieces = [torch.full((n,), float(q), device=dev) for q in range(world)]
+            first = dist.scatter(x, pieces if rank == root else None, src=root, async_op=True)
+        second = dist.all_reduce(y, async_op=True)
+        for work in (first, second):
+            work.wait(timeout=timedelta(seconds=30))
+    except RuntimeError as e:
+        return expect_named(e, dev, words)
+    raise AssertionError(f"rank {rank}'s {op} from rank {root} succeeded though rank "
+                         f"{0 if root else world - 1} named another root")
 
 
 def settings_differ(rank: int, world: int, dev: torch.device, dtypes) -> int:

@@ -3,6 +3,7 @@
 // kernels stopped) from a mismatch, and the words the mismatch error reads.
 
 #include "core/cuda_descriptors.h"
+#include "transport/shm/layout.h"
 
 #include <gtest/gtest.h>
 
@@ -59,6 +60,34 @@ TEST(CudaDescriptors, TheErrorReadsTheCountWithoutTheStep) {
   const std::string message = explain(describeChunk(t, kSendRecv, 2));
   EXPECT_NE(message.find("a message with tag 3 of 4096 bytes (chunk 2)"), std::string::npos)
       << message;
+}
+
+TEST(CudaDescriptors, AMismatchOfFusedCallsKeepsItsAdviceWithinTheFailureRecord) {
+  // The longest words two calls can have: a fused broadcast in two shots of 64 blocks from a
+  // high root, with a count of 14 digits, against one fused along a chain. Every descriptor
+  // once named seven settings, and the failure record (496 bytes) cut the advice off.
+  CollectiveArgs broadcast = allReduceOf((uint64_t{1} << 47) - 1);
+  broadcast.kind = CollectiveKind::kBroadcast;
+  broadcast.type = DataType::kBFloat16;
+  broadcast.root = 1 << 20;
+  cuda::Descriptor twoShot = describe(broadcast);
+  twoShot.words[0] |= kFusedBit | kTwoShotBit | uint64_t{63} << kFusedBlocksShift;
+  cuda::Descriptor chain = describe(broadcast);
+  chain.words[0] |= kFusedBit | kChainBit | uint64_t{62} << kFusedBlocksShift;
+  const std::string message =
+      collectiveMismatch(1 << 20, (1 << 20) - 1, stepTagged(twoShot, 65535), chain);
+  EXPECT_NE(message.find("every rank must issue the same collectives"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("LOOM_CUDA_FUSED and the settings beside it must be the same"),
+            std::string::npos)
+      << message;
+  // Whole in the record (the reader adds its prefix).
+  EXPECT_LT(message.size(), sizeof(shm::FailureRecord::message)) << message;
+  // Alike kernels (another count): no word of the settings.
+  cuda::Descriptor otherCount = chain;
+  otherCount.words[1] = 7;
+  const std::string alike = collectiveMismatch(1, 0, otherCount, chain);
+  EXPECT_EQ(alike.find("LOOM_CUDA_FUSED"), std::string::npos) << alike;
 }
 
 }  // namespace
