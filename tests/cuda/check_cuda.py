@@ -707,7 +707,9 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
-             "late_rank": late_rank,
+             "late_rank": lambda *a: late_rank(*a[:3]),
+             "late_root": lambda *a: late_rank(*a[:3], "broadcast"),
+             "late_scatter_root": lambda *a: late_rank(*a[:3], "scatter"),
              "self_rooted_broadcast": lambda *a: self_rooted(*a[:3], "broadcast"),
              "self_rooted_scatter": lambda *a: self_rooted(*a[:3], "scatter"),
              }[part](rank, world, dev, dtypes)
@@ -716,8 +718,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
     if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused",
-                    "rooted_mismatch", "settings_differ", "late_rank", "self_rooted_broadcast",
-                    "self_rooted_scatter"):
+                    "rooted_mismatch", "settings_differ", "late_rank", "late_root",
+                    "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
         dist.destroy_process_group()
 
 
@@ -736,6 +738,7 @@ def main() -> int:
                                                        "graphs", "graph_killed", "direct",
                                                        "setup_refused", "rooted_mismatch",
                                                        "settings_differ", "late_rank",
+                                                       "late_root", "late_scatter_root",
                                                        "self_rooted_broadcast",
                                                        "self_rooted_scatter"])
     parser.add_argument("--gpu-per-rank", action="store_true",

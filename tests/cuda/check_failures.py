@@ -123,10 +123,12 @@ def settings_differ(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 1
 
 
-def late_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
+def late_rank(rank: int, world: int, dev: torch.device, op: str = "all_reduce") -> int:
     """The last rank takes part in a group's first call, then issues nothing: the others'
-    next call fails at the group's 5 s timeout naming that rank as the one that has not
-    reached it (read from its flags), and the GPU stays usable."""
+    next call (`op`: an all_reduce, or a broadcast or scatter from that rank, whose
+    non-roots raise their flags before they wait for the root) fails at the group's 5 s
+    timeout naming that rank as the one that has not reached it (read from its flags), and
+    the GPU stays usable."""
     group = dist.new_group(timeout=timedelta(seconds=5))
     x = torch.ones(1000, device=dev)
     dist.all_reduce(x, group=group)
@@ -135,10 +137,17 @@ def late_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
         time.sleep(15)  # alive past the others' timeout: theirs is a timeout, not a death
         return 1
     try:
-        dist.all_reduce(x, group=group, async_op=True).wait(timeout=timedelta(seconds=30))
-        raise AssertionError("the call succeeded though a rank never issued it")
+        late = world - 1
+        if op == "broadcast":
+            work = dist.broadcast(x, src=late, group=group, async_op=True)
+        elif op == "scatter":
+            work = dist.scatter(x, None, src=late, group=group, async_op=True)
+        else:
+            work = dist.all_reduce(x, group=group, async_op=True)
+        work.wait(timeout=timedelta(seconds=30))
+        raise AssertionError(f"the {op} succeeded though a rank never issued it")
     except RuntimeError as e:
-        for part in ("did not finish within its timeout", f"rank {world - 1} (its last step",
+        for part in ("did not finish within its timeout", f"rank {late} (its last step",
                      "have not issued it"):
             assert part in str(e), f"the error lacks {part!r}: {e}"
         for q in range(world - 1):
