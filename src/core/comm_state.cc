@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <climits>
 #include <map>
+#include <new>
 #include <system_error>
 #include <thread>
 
@@ -376,9 +377,42 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
     }
     shm_->noteFinished(state.seq);
   } catch (...) {
-    error = std::current_exception();
+    error = brokeOff(collectiveName(args.kind), std::current_exception());
   }
   state.complete(error);
+}
+
+std::exception_ptr CommState::brokeOff(std::string_view op, std::exception_ptr error) {
+  if (failures_->failed()) return error;  // a recorded failure, which every rank sees
+  // Anything else (a helper thread or memory this rank could not get) broke the collective
+  // off between two of its phases: its peers would wait for a phase it never posts, then
+  // take its next call's for it and read its stale slots as results. So the communicator
+  // fails, for every rank.
+  ErrorCode code = ErrorCode::kInternal;
+  std::string what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    code = e.code();
+    what = e.detail();
+  } catch (const std::bad_alloc&) {
+    code = ErrorCode::kSystem;
+    what = "out of memory";
+  } catch (const std::system_error& e) {
+    code = ErrorCode::kSystem;
+    what = e.what();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "an unknown exception";
+  }
+  failures_->fail(code, rank_,
+                  std::string(op) + " broke off on rank " + std::to_string(rank_) + " (" +
+                      what.substr(0, 200) +
+                      "): its steps no longer match its peers', so the communicator cannot go "
+                      "on; make a new one (if a limit on threads or memory was the cause, raise "
+                      "it)");
+  return std::make_exception_ptr(failures_->failureError(op));
 }
 
 void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& wait, uint64_t seq) {

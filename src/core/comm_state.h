@@ -115,6 +115,10 @@ class CommState final : public FailureSink {
   /// starting at `start` (its deadline runs from there).
   void execute(const CollectiveArgs& args, OpState& state, std::chrono::milliseconds timeout,
                std::chrono::steady_clock::time_point start);
+  /// What a collective `op` that threw `error` on this rank ends with: `error` itself where
+  /// it is the communicator's recorded failure, else that failure, recorded now for every rank
+  /// (the collective stopped between phases its peers still wait for).
+  std::exception_ptr brokeOff(std::string_view op, std::exception_ptr error);
   /// A send or receive of device memory: queued now, or held until the group ends.
   Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId);
   /// Queues the held transfers (under groupMutex_), or fails their requests.

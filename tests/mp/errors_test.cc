@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <thread>
@@ -253,6 +255,47 @@ TEST(Errors, KilledPeerFailsWaitersLongBeforeTheTimeout) {
   EXPECT_EQ(outcomes[1].status, SIGKILL);
   EXPECT_EQ(outcomes[0].status, 0) << outcomes[0].output;
   EXPECT_EQ(outcomes[2].status, 0) << outcomes[2].output;
+}
+
+// A collective that throws on one rank between two of its phases (here: its helper threads
+// cannot start, as under a pids limit) fails the communicator for every rank. Its peers
+// used to wait for the phase it never posted, take its next call's for it, and return
+// its stale slots as their result, with no error anywhere.
+TEST(Errors, ACollectiveThatBreaksOffOnOneRankFailsEveryRank) {
+  testing::RunOptions run;
+  run.environment = {"LOOM_THREADS=4"};  // large pieces go to helper threads, made on demand
+  const auto outcomes = testing::runRanks(
+      2,
+      [](RankContext& ctx) {
+        CommOptions options;
+        options.timeout = std::chrono::seconds(30);
+        auto comm = ctx.connect(options);
+        float w[16] = {};
+        comm->allReduce(w, w, 16, DataType::kFloat32, ReduceKind::kSum).wait();  // no helpers
+        if (ctx.rank == 0) {
+          // From here this process can start no thread: as root, become a user of no other
+          // process first (root is exempt from RLIMIT_NPROC).
+          if (::geteuid() == 0) {
+            LOOM_CHECK(::setresgid(65534, 65534, 65534) == 0 &&
+                       ::setresuid(65534, 65534, 65534) == 0);
+          }
+          const rlimit one{1, 1};
+          LOOM_CHECK(::setrlimit(RLIMIT_NPROC, &one) == 0);
+        }
+        // 192 KiB: reduced in pieces that helpers take, on every path for two ranks.
+        const size_t n = 49152;
+        std::vector<float> in(n, static_cast<float>(ctx.rank + 1)), out(n, -1.0F);
+        expectError(
+            [&] {
+              comm->allReduce(in.data(), out.data(), n, DataType::kFloat32, ReduceKind::kSum)
+                  .wait();
+            },
+            ErrorCode::kSystem, {"all_reduce broke off on rank 0", "make a new one"});
+        expectError([&] { comm->allReduce(w, w, 16, DataType::kFloat32, ReduceKind::kSum).wait(); },
+                    ErrorCode::kSystem, {"broke off on rank 0"});
+      },
+      run);
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
 }
 
 TEST(Errors, AbortReleasesEveryWaiterAtOnce) {
