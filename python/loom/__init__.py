@@ -102,6 +102,9 @@ def progress_report(group=None) -> str:
     """What every rank of ``group`` (default: the world) last started and finished, read
     from shared memory: which rank is behind, which is stuck inside a collective, which died."""
     pg = group if group is not None else c10d._get_default_group()
+    if not isinstance(pg, dist.ProcessGroup):  # torch's token for a group this rank is not in
+        raise ValueError(f"loom.progress_report (rank {dist.get_rank()}): this rank is not a "
+                         "member of the group; ask on one of its ranks")
     backend = pg._get_backend(torch.device("cpu"))
     while hasattr(backend, "wrapped_pg"):  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps backends
         backend = backend.wrapped_pg

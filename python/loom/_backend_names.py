@@ -49,8 +49,9 @@ def gloo_replaced() -> bool:
 def _instead_of_gloo() -> str:
     if not getattr(_instead_of_gloo, "logged", False):
         _instead_of_gloo.logged = True
-        _log.warning("loom: LOOM_REPLACES_GLOO is set, so process groups asked for as 'gloo' "
-                     "run on loom in this process (logged once)")
+        _log.warning("loom: loom.replace_gloo() is in effect (called, or LOOM_REPLACES_GLOO=1 "
+                     "at import), so process groups asked for as 'gloo' run on loom in this "
+                     "process (logged once)")
     return BACKEND_NAME
 
 

@@ -297,7 +297,11 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
   // Whoever queued behind the last member is told why, not just hung up on.
   for (Arrival& a : expectation.arrived) refuse(a, "this communicator is already complete");
   expected_.erase(comm);
-  completed_.insert(comm);
+  if (completed_.insert(comm).second) completedOrder_.push_back(comm);
+  if (completedOrder_.size() > kRememberCompleted) {
+    completed_.erase(completedOrder_.front());
+    completedOrder_.pop_front();
+  }
   return accepted;
 }
 

@@ -130,9 +130,14 @@ class ProcessService {
   uint64_t nextWatch_ = 1;
   uint64_t firing_ = 0;  // watch whose callback runs now; mutex_
   std::condition_variable fired_;
-  // Communicators this process has finished leading (mutex_): a later Hello for one of them
-  // is refused at once instead of being parked in early_ for a leader that will never ask.
+  // Communicators this process has finished leading (mutex_), the latest kRememberCompleted
+  // in completedOrder_'s order: a later Hello for one of them is refused at once instead of
+  // being parked in early_ for a leader that will never ask. Bounded, for jobs that make
+  // groups without end; one older than that is parked (early_ is bounded too) until its
+  // socket closes.
+  static constexpr size_t kRememberCompleted = 4096;
   std::set<CommId> completed_;
+  std::deque<CommId> completedOrder_;
   std::thread thread_;
 };
 

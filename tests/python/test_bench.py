@@ -237,6 +237,15 @@ def test_tensor_store_bench_refuses_counts_below_one(capsys):
         assert f"{flag} must be at least 1 (got 0)" in _refusal(main, [flag, "0"], capsys)
 
 
+def test_tensor_store_bench_refuses_sizes_it_cannot_read(capsys):
+    """`--bytes` of the tensor store's benchmark reads sizes as loom.bench does: text that
+    is no size is a usage error, never a traceback."""
+    from loom.tensor_store.bench import main as store_main
+
+    for text in ("B", "", "64KiB", "1.5X"):
+        assert "is not a size like" in _refusal(store_main, ["--bytes", text], capsys), text
+
+
 def test_benches_refuse_to_call_loom_gloo(capsys, monkeypatch):
     """With LOOM_REPLACES_GLOO on, a group asked for as "gloo" runs on loom: the benches'
     Gloo rows would time loom under Gloo's name, so they refuse until it is off."""

@@ -134,6 +134,16 @@ def body_flight_record(rank: int, world: int):
         raise AssertionError("a Gloo group's progress report")
     except ValueError as e:
         assert "not loom's; pass a group made with backend='loom'" in str(e), e
+    # A rank outside a group holds torch's token for it, not a group.
+    only_rank_0 = dist.new_group([0])
+    if rank == 1:
+        try:
+            loom.progress_report(only_rank_0)
+            raise AssertionError("a progress report of a group this rank is not in")
+        except ValueError as e:
+            assert "rank 1): this rank is not a member of the group" in str(e), e
+    else:
+        assert "rank" in loom.progress_report(only_rank_0)
 
 
 def test_flight_record_and_progress_report():

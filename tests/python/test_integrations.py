@@ -17,7 +17,7 @@ import pytest
 
 from frameworks import ENV, failure, gloo_died_after_reporting, launch, require, torchrun
 
-LOG_LINE = "LOOM_REPLACES_GLOO is set"
+LOG_LINE = "so process groups asked for as 'gloo' run on loom"
 
 # Each probe writes its facts to rank<RANK>.json in the current directory (the ranks' stdout
 # would interleave).

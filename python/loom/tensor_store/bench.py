@@ -41,12 +41,7 @@ import time
 from datetime import timedelta
 
 from .._backend_names import gloo_replaced
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+from ..bench import parse_size
 
 
 def state_dict(total: int, tensors: int, device, fill: float):
