@@ -56,6 +56,16 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   LOOM_CUDA_FUSED=1 LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0 LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES=0 \
     LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 4 \
     --parts movement mismatch killed 2>&1 | tee "$out/cuda_check_fused_chain.txt"
+  # Ranks that take themselves for a broadcast's root, in fused calls of more steps than
+  # slots (one shot at P = 2, two shots and the chain at P = 3): named, never a hang.
+  LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CHECK_ROOTED_ELEMENTS=3000000 \
+    "$PYTHON" tests/cuda/check_cuda.py --ranks 2 --parts self_rooted_broadcast 2>&1 \
+    | tee "$out/cuda_check_fused_self_rooted.txt"
+  for shape in LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES; do
+    env LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CHECK_ROOTED_ELEMENTS=3000000 \
+      LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0 "$shape=0" "$PYTHON" tests/cuda/check_cuda.py \
+      --ranks 3 --parts self_rooted_broadcast 2>&1 | tee -a "$out/cuda_check_fused_self_rooted.txt"
+  done
   # The ring all_reduce (more than two ranks, each with a GPU, from 32 MiB) at every size,
   # in many steps.
   LOOM_CUDA_FUSED=1 LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES=0 \

@@ -99,19 +99,22 @@ std::string explain(const cuda::Descriptor& d) {
 
 std::string collectiveMismatch(int peer, int self, const cuda::Descriptor& theirs,
                                const cuda::Descriptor& mine) {
-  std::string message = "on CUDA tensors, rank " + std::to_string(peer) + " issued " +
-                        explain(theirs) + " where rank " + std::to_string(self) + " issued " +
-                        explain(mine) +
-                        "; every rank must issue the same collectives, with the same sizes, in "
-                        "the same order";
-  // Named once, after the advice: the failure's text travels in a bounded record.
-  const uint64_t shape = kFusedBit | kTwoShotBit | kChainBit | uint64_t{63} << kFusedBlocksShift;
-  if ((theirs.words[0] ^ mine.words[0]) & shape) {
-    message +=
-        " (the kernels chosen differ too: LOOM_CUDA_FUSED and the settings beside it "
-        "must be the same on every rank)";
+  const std::string calls = "on CUDA tensors, rank " + std::to_string(peer) + " issued " +
+                            explain(theirs) + " where rank " + std::to_string(self) + " issued " +
+                            explain(mine);
+  // The settings that choose a kernel are agreed when the workspace is made, so calls that
+  // differ in their kernel alone are one call on ranks that chose apart (their GPUs or MPS
+  // states differ), not calls the user issued differently.
+  const uint64_t kernel = kFusedBit | kTwoShotBit | kChainBit | uint64_t{63} << kFusedBlocksShift;
+  const bool sameCall = ((theirs.words[0] ^ mine.words[0]) & ~kernel) == 0 &&
+                        ((theirs.words[1] ^ mine.words[1]) & kCountMask) == 0;
+  if (sameCall) {
+    return calls +
+           ": the same call, for which the ranks chose different kernels, as ranks whose GPUs "
+           "or MPS states differ may; LOOM_CUDA_FUSED=0 on every rank makes them all step";
   }
-  return message;
+  return calls +
+         "; every rank must issue the same collectives, with the same sizes, in the same order";
 }
 
 }  // namespace loom::detail

@@ -55,8 +55,9 @@ bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs);
 /// A descriptor in words, for the mismatch error.
 std::string explain(const cuda::Descriptor& d);
 /// The mismatch error where rank `peer` issued collective `theirs` and rank `self` `mine`
-/// (neither a transfer's): both calls, then what to do. Short enough for the failure record
-/// that carries it to every rank.
+/// (neither a transfer's): both calls, then what to do (for one call that the ranks ran with
+/// different kernels, not what the user issued). Short enough for the failure record that
+/// carries it to every rank.
 std::string collectiveMismatch(int peer, int self, const cuda::Descriptor& theirs,
                                const cuda::Descriptor& mine);
 

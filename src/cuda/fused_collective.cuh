@@ -675,24 +675,23 @@ __device__ void fusedSteps(const FusedParams& p) {
   }
 }
 
-// Block 0, after its steps: the peers this rank takes nothing from (a broadcast's root's)
+// Block 0, before its steps: the peers this rank takes nothing from (a broadcast's root's)
 // run this very call. Without it two ranks that each name themselves the root would each
-// keep their own buffer and succeed. It waits for the "ready" the peers' block 0 raise as
-// they begin, so it is met by now; and their next call cannot replace that descriptor, for
-// it first waits for this rank's "done", raised after this check (awaitSlotsFree).
-__device__ inline void checkQuietPeers(const FusedParams& p) {
-  if (p.checksQuiet == 0 || blockIdx.x != 0) return;
-  awaitPeers(
+// keep their own buffer and succeed, or, in a call of more steps than slots, wait for
+// "freed" flags that no receiver raises until the timeout. The peers' block 0 raise "ready"
+// before any wait of their steps (publishOnce), so this wait ends; and their next call cannot
+// replace that descriptor, for it first waits for this rank's "done" (awaitSlotsFree). On a
+// mismatch the report sets the abort word, which releases this rank's other blocks.
+__device__ inline bool checkQuietPeers(const FusedParams& p) {
+  if (p.checksQuiet == 0 || blockIdx.x != 0) return true;
+  return awaitPeers(
       p, p.checksQuiet, [&](int q) { return p.ready[q]; }, p.firstEpoch, true);
 }
 
 // A fused call (FusedParams): its steps, between the waits and the "done" that bound it.
 template <class S, class A, int K, bool kReduces>
 __device__ void fusedCollective(const FusedParams& p) {
-  if (awaitSlotsFree(p)) {
-    fusedSteps<S, A, K, kReduces>(p);
-    checkQuietPeers(p);
-  }
+  if (awaitSlotsFree(p) && checkQuietPeers(p)) fusedSteps<S, A, K, kReduces>(p);
   finishBlock(p);
 }
 

@@ -63,9 +63,9 @@ TEST(CudaDescriptors, TheErrorReadsTheCountWithoutTheStep) {
 }
 
 TEST(CudaDescriptors, AMismatchOfFusedCallsKeepsItsAdviceWithinTheFailureRecord) {
-  // The longest words two calls can have: a fused broadcast in two shots of 64 blocks from a
-  // high root, with a count of 14 digits, against one fused along a chain. Every descriptor
-  // once named seven settings, and the failure record (496 bytes) cut the advice off.
+  // The longest words two calls can have: fused broadcasts of a count of 14 digits from a
+  // high root, in two shots of 64 blocks and along a chain. Every descriptor once named seven
+  // settings, and the failure record (496 bytes) cut the advice off.
   CollectiveArgs broadcast = allReduceOf((uint64_t{1} << 47) - 1);
   broadcast.kind = CollectiveKind::kBroadcast;
   broadcast.type = DataType::kBFloat16;
@@ -74,20 +74,29 @@ TEST(CudaDescriptors, AMismatchOfFusedCallsKeepsItsAdviceWithinTheFailureRecord)
   twoShot.words[0] |= kFusedBit | kTwoShotBit | uint64_t{63} << kFusedBlocksShift;
   cuda::Descriptor chain = describe(broadcast);
   chain.words[0] |= kFusedBit | kChainBit | uint64_t{62} << kFusedBlocksShift;
-  const std::string message =
+  // Other calls: the user's to fix.
+  cuda::Descriptor otherRoot = chain;
+  otherRoot.words[0] ^= uint64_t{1} << 32;
+  const std::string issued =
+      collectiveMismatch(1 << 20, (1 << 20) - 1, stepTagged(twoShot, 65535), otherRoot);
+  EXPECT_NE(issued.find("every rank must issue the same collectives"), std::string::npos) << issued;
+  EXPECT_EQ(issued.find("LOOM_CUDA_FUSED"), std::string::npos) << issued;
+  EXPECT_LT(issued.size(), sizeof(shm::FailureRecord::message))
+      << issued;  // the reader adds its prefix
+  // One call run with different kernels (settings are agreed at set-up; GPUs may differ):
+  // not the user's calls.
+  const std::string kernels =
       collectiveMismatch(1 << 20, (1 << 20) - 1, stepTagged(twoShot, 65535), chain);
-  EXPECT_NE(message.find("every rank must issue the same collectives"), std::string::npos)
-      << message;
-  EXPECT_NE(message.find("LOOM_CUDA_FUSED and the settings beside it must be the same"),
+  EXPECT_NE(kernels.find("the same call, for which the ranks chose different kernels"),
             std::string::npos)
-      << message;
-  // Whole in the record (the reader adds its prefix).
-  EXPECT_LT(message.size(), sizeof(shm::FailureRecord::message)) << message;
-  // Alike kernels (another count): no word of the settings.
-  cuda::Descriptor otherCount = chain;
-  otherCount.words[1] = 7;
-  const std::string alike = collectiveMismatch(1, 0, otherCount, chain);
-  EXPECT_EQ(alike.find("LOOM_CUDA_FUSED"), std::string::npos) << alike;
+      << kernels;
+  EXPECT_EQ(kernels.find("every rank must issue"), std::string::npos) << kernels;
+  EXPECT_LT(kernels.size(), sizeof(shm::FailureRecord::message)) << kernels;
+  // Sizes that chose different kernels are different calls.
+  CollectiveArgs smaller = broadcast;
+  smaller.count = 1000;
+  const std::string sizes = collectiveMismatch(1, 0, describe(smaller), chain);
+  EXPECT_NE(sizes.find("every rank must issue"), std::string::npos) << sizes;
 }
 
 }  // namespace
