@@ -23,8 +23,8 @@ struct CudaTuning {
   /// 256 KiB, or every size when the ranks share one GPU or are two.
   std::optional<size_t> oneShotBytes;
   /// Whether a call of several steps runs alternate steps on two streams
-  /// (LOOM_CUDA_PIPELINE); unset: when every rank has a GPU of its own, or every rank that
-  /// shares one is an MPS client.
+  /// (LOOM_CUDA_PIPELINE); unset: unless every rank is on one GPU and not all of them are
+  /// MPS clients (cuda_paths.h).
   std::optional<bool> pipelined;
   /// Whether an eager all_reduce that every rank reduces whole runs as one fused kernel
   /// (LOOM_CUDA_FUSED); unset: when every rank has a GPU of its own, or every rank that
