@@ -395,8 +395,13 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
         // failure on the control link (read every few milliseconds): the failure, once it
         // arrives, is the reason; a peer that left without one issued fewer collectives.
         const bool waitsToReceive = w.nextReceive < w.receives.size();
+        // One that left before it ever connected to this rank (its communicator shut down
+        // before any collective with it) has no link to say so on: its host's control link
+        // did (ControlPlane), and nothing can be in flight from it.
+        const bool leftUnmet =
+            waitsToReceive && !link.inboundMade() && failures_.saidGoodbye(w.peer);
         if ((waitsToReceive && link.inboundEnded() && !link.readable()) ||
-            (!waitsToReceive && link.outboundEnded())) {
+            (!waitsToReceive && link.outboundEnded()) || leftUnmet) {
           const auto now = Clock::now();
           if (!w.leftAt) w.leftAt = now;
           if (now - *w.leftAt >= kReasonGrace) {

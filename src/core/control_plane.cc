@@ -135,6 +135,9 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
   receive(peer, now);
   if (peer.link->peerLeft()) {
     peer.done = true;  // it destroyed its communicator normally: silence is expected now
+    // Said for the collectives here: one that still waits on it over a link it never made
+    // (it left before any collective with this rank) learns of it only so (drive()).
+    if (peer.heard) failures_.noteGoodbye(peer.rank);
     // Before its first word, though, it never finished making it: creation here must not
     // wait out its timeout for a peer that is not coming.
     if (!peer.heard && !failedHere) {

@@ -64,8 +64,12 @@ FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name, std::string ra
       rank_(rank),
       roster_(roster),
       hosts_(hosts),
-      remote_(new std::atomic<uint8_t>[roster.peers.size()]) {
-  for (size_t q = 0; q < roster.peers.size(); ++q) remote_[q].store(0);
+      remote_(new std::atomic<uint8_t>[roster.peers.size()]),
+      goodbye_(new std::atomic<bool>[roster.peers.size()]) {
+  for (size_t q = 0; q < roster.peers.size(); ++q) {
+    remote_[q].store(0);
+    goodbye_[q].store(false);
+  }
 }
 
 std::string FailureDomain::describe(int q) const {
@@ -81,6 +85,14 @@ RankState FailureDomain::stateOf(int q) const {
 void FailureDomain::peerLeft(int q) {
   uint8_t alive = static_cast<uint8_t>(RankState::kAlive);
   remote_[q].compare_exchange_strong(alive, static_cast<uint8_t>(RankState::kDeparted));
+}
+
+void FailureDomain::noteGoodbye(int q) {
+  goodbye_[q].store(true, std::memory_order_release);
+}
+
+bool FailureDomain::saidGoodbye(int q) const {
+  return goodbye_[q].load(std::memory_order_acquire);
 }
 
 void FailureDomain::peerLost(int q, std::string_view why) {

@@ -39,6 +39,8 @@ class FailureDomain final : public Failures {
   [[noreturn]] void timedOut(uint64_t phase, const WaitSpec& spec) override;
   void peerLost(int q, std::string_view why) override;
   void peerLeft(int q) override;
+  void noteGoodbye(int q) override;
+  bool saidGoodbye(int q) const override;
 
   /// Rank q (of this host) exited without leaving the communicator: fails it for everyone
   /// (no effect if q left normally). Safe from any thread.
@@ -66,6 +68,7 @@ class FailureDomain final : public Failures {
   const Roster& roster_;
   const HostMap& hosts_;
   std::unique_ptr<std::atomic<uint8_t>[]> remote_;  // RankState of ranks on other hosts
+  std::unique_ptr<std::atomic<bool>[]> goodbye_;    // noteGoodbye, by rank
   std::atomic<bool> reported_{false};
 };
 

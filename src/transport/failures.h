@@ -48,6 +48,12 @@ class Failures {
   virtual void peerLost(int q, std::string_view why) = 0;
   /// Rank q (on another host) said it left normally: waits on it end as for a departed rank.
   virtual void peerLeft(int q) = 0;
+  /// Rank q (on another host) said goodbye on its control link after it met this rank: it
+  /// shut its communicator down. stateOf(q) stays as it was: a message q sent before it
+  /// went may still be on its way over a link it made.
+  virtual void noteGoodbye(int q) = 0;
+  /// Whether rank q said goodbye (noteGoodbye): a wait on a link q never made ends on it.
+  virtual bool saidGoodbye(int q) const = 0;
   /// A wait reached its deadline with some ranks short of `phase`: records who they are
   /// and where each one is, and throws.
   [[noreturn]] virtual void timedOut(uint64_t phase, const WaitSpec& spec) = 0;

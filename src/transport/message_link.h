@@ -76,6 +76,9 @@ class MessageLink {
   /// be written to it (outbound).
   virtual bool inboundEnded() const { return peerLeft(); }
   virtual bool outboundEnded() const { return peerLeft(); }
+  /// Whether the peer's inbound half exists yet (a network link's arrives when the peer first
+  /// connects; a ring's always does). On the inbound direction's thread.
+  virtual bool inboundMade() const { return true; }
   /// True if arrivals do not ring this rank's doorbell (the network delivers on its own), so
   /// an idle engine must look at this link now and then instead of sleeping until rung.
   virtual bool polled() const { return false; }

@@ -55,6 +55,7 @@ class NetLink final : public MessageLink {
   bool peerLeft() const override { return outboundEnded() || inboundEnded(); }
   bool inboundEnded() const override { return in_ && in_->peerLeft(); }
   bool outboundEnded() const override { return out_ && out_->peerLeft(); }
+  bool inboundMade() const override { return in_ != nullptr; }
 
  private:
   /// The inbound channel, claimed now if it has arrived.
