@@ -206,5 +206,50 @@ TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersFillIt) {
   });
 }
 
+// Every slot held by strangers that each name a communicator nobody registers (anyone can,
+// without the secret): the oldest is closed to make room once every slot is such a one,
+// and a member gets through. They used to keep their minute, and a stranger renewing them
+// held every slot of the service, stalling every new connection of the job.
+TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersNamingUnknownCommunicatorsFillIt) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService::Limits limits;
+      limits.maxPending = 2;
+      limits.crowdedHold = milliseconds(500);
+      limits.unexpectedHold = milliseconds(120'000);
+      NetService service(Fabric::instance(), limits);
+      service.expect(kComm, kSecret, shape);
+      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      ctx.store->get("strangers waiting", kPatience);
+      const auto start = std::chrono::steady_clock::now();
+      LOOM_CHECK(readText(service, kComm, 1, 0, 0) == "member");
+      LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60),
+                 << "the member waited for a stranger's hold");
+      ctx.store->get("member through", kPatience);
+      LOOM_CHECK(service.refused() >= 1, << "no stranger was closed to make room");
+      return;
+    }
+    const Bytes address = ctx.store->get("address", kPatience);
+    const std::string to(address.begin(), address.end());
+    std::vector<std::unique_ptr<Rogue>> strangers;
+    for (int i = 0; i < 2; ++i) {
+      strangers.push_back(std::make_unique<Rogue>(to));
+      Hello hello = traffic(1, 0);
+      hello.comm[3] ^= static_cast<uint8_t>(1 + i);
+      hello.nonce = freshNonce();
+      const auto bytes = encodeHello(hello);
+      strangers.back()->send(bytes.data(), bytes.size());
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // both taken in before the member
+    ctx.store->set("strangers waiting", Bytes{1});
+    SendChannel member(Fabric::instance(), to, traffic(1, 0), kSecret, shape);
+    writeText(member, "member");
+    ctx.store->set("member through", Bytes{1});
+  });
+}
+
 }  // namespace
 }  // namespace loom::net

@@ -130,13 +130,21 @@ void NetService::makeRoom(Clock::time_point now) {
   // Strangers that connect and never say or prove anything would otherwise hold every slot
   // for the handshake's 10 s: when crowded, the oldest of them goes. One that named a
   // communicator this process does not know yet may be a member whose process registers it
-  // late (a child communicator made a little later on this host): it keeps its minute, and
-  // the requests behind it wait in the listener's queue, not dropped.
-  size_t oldest = pending_.size();
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    if (pending_[i].channel->awaitingLookup()) continue;
-    if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
-  }
+  // late (a child communicator made a little later on this host): those go only where
+  // nothing else can, oldest first, for anyone can name an unknown communicator, and a
+  // stranger renewing such Hellos would otherwise hold every slot and stall every new
+  // connection of the job. A member's connection closed so is turned away and made again
+  // (NetLink), a little later.
+  const auto oldestOf = [&](bool awaiting) {
+    size_t oldest = pending_.size();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].channel->awaitingLookup() != awaiting) continue;
+      if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
+    }
+    return oldest;
+  };
+  size_t oldest = oldestOf(false);
+  if (oldest == pending_.size()) oldest = oldestOf(true);
   if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;
   refused_.fetch_add(1, std::memory_order_relaxed);
   pending_[oldest] = std::move(pending_.back());

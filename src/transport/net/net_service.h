@@ -32,8 +32,8 @@ class NetService {
     std::chrono::milliseconds unexpectedHold{60'000};  ///< to wait for its communicator
     size_t maxPending = 256;                           ///< connections not yet proven
     /// With every slot taken: how long one may go unproven before it is closed to make room
-    /// for the next, unless it waits for its communicator (a member whose process registers
-    /// late looks like that; it keeps unexpectedHold).
+    /// for the next; those that wait for their communicator (a member whose process
+    /// registers late looks like that) go only where every slot is one of them.
     std::chrono::milliseconds crowdedHold{2'000};
   };
 
@@ -90,7 +90,7 @@ class NetService {
   void run();
   void advance(Clock::time_point now);
   // Every slot taken: closes the connection unproven longest, if past crowdedHold, of those
-  // not waiting for their communicator.
+  // not waiting for their communicator, or else of those that do.
   void makeRoom(Clock::time_point now);
   std::optional<Expectation> lookup(const Hello& hello);
 
