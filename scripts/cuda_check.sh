@@ -10,20 +10,23 @@
 # the ranks sharing GPU 0 under NVIDIA's MPS, through a daemon of its own (private pipe and
 # log folders, quit at the end; no GPU setting changes), where loom fuses small collectives;
 # `mps-check` and `mps-bench` run its halves (the suite at P = 4 and 2 alone takes about
-# 400 s on an H200, more than a device call of 10 minutes has beside the build).
+# 400 s on an H200, more than a device call of 10 minutes has beside the build). `roots`
+# builds and runs only the rooted calls' agreement parts (ranks that name different roots,
+# a root that never comes), stepped and with each fused broadcast forced, in one short call.
 #
-#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|all]
+#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|roots|all]
 #   (default all; nccl and the mps modes build too, but are not part of all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|all]}
+out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|roots|all]}
 what=${2:-all}
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
 # NVLink SHARP and multicast stay off on the shared GPU hosts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ] || [[ "$what" = mps* ]]; then
+if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ] || [[ "$what" = mps* ]] ||
+  [ "$what" = roots ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) SKBUILD_CMAKE_DEFINE="LOOM_CUDA=ON;LOOM_WITH_NET=OFF" \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 fi
@@ -71,6 +74,20 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   LOOM_CUDA_FUSED=1 LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES=0 \
     LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 4 \
     --parts reductions mismatch killed 2>&1 | tee "$out/cuda_check_fused_ring.txt"
+fi
+if [ "$what" = roots ]; then
+  roots="self_rooted_broadcast self_rooted_scatter rooted_mismatch late_root late_scatter_root"
+  # shellcheck disable=SC2086  # the parts split into words on purpose
+  "$PYTHON" tests/cuda/check_cuda.py --ranks 2 3 --parts $roots 2>&1 | tee "$out/cuda_roots.txt"
+  for env in "LOOM_CUDA_FUSED=1" "LOOM_CUDA_FUSED=1 LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0" \
+    "LOOM_CUDA_FUSED=1 LOOM_CUDA_FUSED_TWO_SHOT_BROADCAST_BYTES=0 LOOM_CUDA_FUSED_CHAIN_BROADCAST_BYTES=0"; do
+    for elements in 1000 3000000; do  # one step, and (64 KiB chunks) more steps than slots
+      # shellcheck disable=SC2086  # the assignments split into words on purpose
+      env $env LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CHECK_ROOTED_ELEMENTS=$elements "$PYTHON" \
+        tests/cuda/check_cuda.py --ranks 3 --parts self_rooted_broadcast late_root 2>&1 \
+        | tee -a "$out/cuda_roots.txt"
+    done
+  done
 fi
 if [ "$what" = nccl ]; then
   "$PYTHON" tests/cuda/bench_nccl.py --ranks 2 4 --max-bytes "${MAX_BYTES:-1G}" --out "$out" \
