@@ -269,7 +269,7 @@ bool P2pEngine::progressSends() {
       Op& op = *queue.front();
       // A receiver that is gone takes nothing more (expire() fails what waits for it): writing
       // a small message into its ring would report a send that nobody will ever receive.
-      if (op.done == 0 && failures_.stateOf(q) != RankState::kAlive) break;
+      if (op.done == 0 && receiverGone(q)) break;
       const uint64_t before = op.done;
       bool complete = false;
       try {
@@ -278,7 +278,6 @@ bool P2pEngine::progressSends() {
         failures_.peerLost(q, e.detail());
         return true;  // failAll picks everything up on the next turn
       }
-      if (links_[q]->peerLeft()) failures_.peerLeft(q);  // expire() ends the send
       wrote |= op.done != before;
       if (!complete) break;  // the link is full
       finish(op, nullptr);
@@ -330,8 +329,11 @@ bool P2pEngine::drain(int source) {
     in.payloadLeft -= n;
     if (in.payloadLeft == 0) finishMessage(source, in);
   }
-  if (consumed) link.notifyPeer();                  // the sender may be waiting for space
-  if (link.peerLeft()) failures_.peerLeft(source);  // expire() ends receives waiting on it
+  if (consumed) link.notifyPeer();  // the sender may be waiting for space
+  // Its goodbye comes after everything it sent on this direction: every receive waiting on
+  // it ends now (expire()). Not the goodbye of the other direction's channel (peerLeft()),
+  // which a peer closing its links may say while its last message to this rank is on its way.
+  if (link.inboundEnded()) failures_.peerLeft(source);
   return consumed;
 }
 
@@ -478,7 +480,7 @@ void P2pEngine::expire(Clock::time_point now) {
     auto& queue = outbound_[q];
     for (auto it = queue.begin(); it != queue.end();) {
       Op& op = **it;
-      if (failures_.stateOf(q) != RankState::kAlive) {
+      if (receiverGone(q)) {
         finish(op,
                std::make_exception_ptr(opError(ErrorCode::kPeerFailure, op, true,
                                                failures_.stateOf(q) == RankState::kDead
@@ -502,6 +504,11 @@ void P2pEngine::expire(Clock::time_point now) {
       it = queue.erase(it);
     }
   }
+}
+
+bool P2pEngine::receiverGone(int q) const {
+  // A receiver on another host that left says so on this rank's channel to it.
+  return failures_.stateOf(q) != RankState::kAlive || links_[q]->outboundEnded();
 }
 
 void P2pEngine::releaseClaim(Unexpected& message) {

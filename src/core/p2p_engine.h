@@ -143,6 +143,9 @@ class P2pEngine {
   /// Ends the receive of `message` that waited for the rest of it at its deadline, and hands
   /// the message to the next posted receive it matches (messages keep their order).
   void releaseClaim(Unexpected& message);
+  /// Whether sends to rank q can never be taken: it died or left (its state), or it left and
+  /// said so on this rank's channel to it.
+  bool receiverGone(int q) const;
   /// Fails every operation with `reason`'s code and detail, each error naming its operation.
   void failAll(const Error& reason);
   void finish(Op& op, std::exception_ptr error);
