@@ -41,8 +41,8 @@ net::FetchIdentity identityOf(const std::string& credentials, int id) {
 }
 
 // A buffer in device memory as a ByteSource: its bytes are staged through pinned host memory
-// a slice at a time, on the server's thread (the region is its header alone, carrying the
-// sequence lock).
+// a slice at a time, on the server's thread, into each reader's session's own staging (the
+// region is its header alone, carrying the sequence lock).
 class DeviceSource final : public net::ByteSource {
  public:
   DeviceSource(std::shared_ptr<Region> region, at::Tensor data)
@@ -53,20 +53,28 @@ class DeviceSource final : public net::ByteSource {
   bool unchangedSince(uint64_t generation) const override {
     return region_->unchangedSince(generation);
   }
-  std::span<const uint8_t> bytes(uint64_t offset, uint64_t length) override {
+  std::span<const uint8_t> bytes(uint64_t offset, uint64_t length,
+                                 std::unique_ptr<Staging>& staging) override {
     constexpr int64_t kStage = int64_t{16} << 20;
-    if (!staging_.defined()) {
-      staging_ = at::empty({kStage}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    if (!staging) {
+      // Torch's pinned allocator caches the block, so a session's next reply reuses it.
+      auto pinned = std::make_unique<PinnedStaging>();
+      pinned->buffer =
+          at::empty({kStage}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      staging = std::move(pinned);
     }
+    at::Tensor& buffer = static_cast<PinnedStaging&>(*staging).buffer;  // made here, above
     const int64_t n = std::min<int64_t>(kStage, static_cast<int64_t>(length));
-    staging_.narrow(0, 0, n).copy_(data_.narrow(0, static_cast<int64_t>(offset), n));
-    return {staging_.data_ptr<uint8_t>(), static_cast<size_t>(n)};
+    buffer.narrow(0, 0, n).copy_(data_.narrow(0, static_cast<int64_t>(offset), n));
+    return {buffer.data_ptr<uint8_t>(), static_cast<size_t>(n)};
   }
 
  private:
+  struct PinnedStaging final : Staging {
+    at::Tensor buffer;
+  };
   std::shared_ptr<Region> region_;
   at::Tensor data_;
-  at::Tensor staging_;
 };
 
 const char* stateName(net::SourceState state) {

@@ -1,11 +1,12 @@
 // The tensor store's byte fetch across hosts: a reader on another host copies ranges of a
 // region exactly, learns where the region stands when it does not hold the generation asked
-// for, is told by name when the server is gone, and a reader that dies mid-reply costs the
-// server that session alone.
+// for, is told by name when the server is gone, a reader that dies mid-reply costs the
+// server that session alone, and readers of one staged source at once each get their bytes.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -206,6 +207,72 @@ TEST_F(TwoHosts, ReaderThatDiesMidReplyCostsTheServerItsSessionAlone) {
     LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
     expectPattern(dst, {{0, kBig}}, 2);
     ctx.store->set("reader 2 done", Bytes{1});
+  });
+}
+
+// A region whose bytes are staged a slice at a time, as the tensor store's device buffers
+// are (torch_plugin/tensor_store_bindings.cc): into the session's staging.
+class StagedSource final : public ByteSource {
+ public:
+  explicit StagedSource(std::shared_ptr<shm::Region> region) : region_(std::move(region)) {}
+  uint64_t capacity() const override { return region_->capacity(); }
+  uint64_t generation() const override { return region_->generation(); }
+  uint64_t progress() const override { return region_->progress(); }
+  bool unchangedSince(uint64_t generation) const override {
+    return region_->unchangedSince(generation);
+  }
+  std::span<const uint8_t> bytes(uint64_t offset, uint64_t length,
+                                 std::unique_ptr<Staging>& staging) override {
+    constexpr uint64_t kSlice = uint64_t{3} << 20;  // a Data message spans several windows' worth
+    if (!staging) staging = std::make_unique<Slice>();
+    auto& slice = static_cast<Slice&>(*staging).bytes;
+    slice.resize(kSlice);
+    const uint64_t n = std::min(kSlice, length);
+    std::memcpy(slice.data(), region_->data() + offset, n);
+    return {slice.data(), n};
+  }
+
+ private:
+  struct Slice final : Staging {
+    std::vector<uint8_t> bytes;
+  };
+  std::shared_ptr<shm::Region> region_;
+};
+
+TEST_F(TwoHosts, ReadersOfOneStagedSourceAtOnceEachGetItsOwnBytes) {
+  const NetnsHosts& hosts = *hosts_;
+  constexpr size_t kBig = size_t{48} << 20;
+  LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank == 0 ? 0 : 1);
+    if (ctx.rank == 0) {
+      Served served(ctx, 4096);
+      const std::shared_ptr<shm::Region> region = shm::Region::create(kBig);
+      region->beginWrite();
+      fill(*region, 2);
+      LOOM_CHECK(region->endWrite() == 2);
+      served.server.publish(region->id(), std::make_shared<StagedSource>(region));
+      ctx.store->set("staged", Bytes(region->id().begin(), region->id().end()));
+      for (int r = 1; r < 4; ++r) ctx.store->get("done " + std::to_string(r), kPatience);
+      return;
+    }
+    Reader reader(ctx);
+    const Bytes s = ctx.store->get("staged", kPatience);
+    SourceId staged{};
+    std::memcpy(staged.data(), s.data(), staged.size());
+    // Each reader starts at its own offset, so a slice staged for another lands at the wrong
+    // place and shows.
+    const uint64_t split = kBig / 4 * static_cast<uint64_t>(ctx.rank - 1) + 4096;
+    const std::vector<ByteRange> tail{{split, kBig - split}}, head{{0, split}};
+    std::vector<uint8_t> dst(kBig);
+    for (int round = 0; round < 3; ++round) {
+      for (const auto& ranges : {tail, head}) {
+        std::fill(dst.begin(), dst.end(), 0);
+        const auto outcome = reader.fetch(2, ranges, dst, staged);
+        LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
+        expectPattern(dst, ranges, 2);
+      }
+    }
+    ctx.store->set("done " + std::to_string(ctx.rank), Bytes{1});
   });
 }
 

@@ -35,10 +35,11 @@ struct ByteServer::Session {
   std::vector<uint8_t> head;  // the Reply or Trailer
   uint64_t done = 0;          // bytes of the current message handed over
   FetchRequest request;
-  std::shared_ptr<ByteSource> source;  // while its bytes are sent
-  size_t range = 0;                    // the range being sent
-  uint64_t sent = 0;                   // bytes of it in whole Data messages
-  std::span<const uint8_t> chunk;      // the Data message being written
+  std::shared_ptr<ByteSource> source;            // while its bytes are sent
+  std::unique_ptr<ByteSource::Staging> staging;  // the source's, for this session alone
+  size_t range = 0;                              // the range being sent
+  uint64_t sent = 0;                             // bytes of it in whole Data messages
+  std::span<const uint8_t> chunk;                // the Data message being written
 };
 
 struct ByteServer::Worker {
@@ -226,6 +227,7 @@ void ByteServer::startReply(Session& s, const FetchRequest& request) {
   s.stage = Session::Stage::kReply;
   s.request = request;
   s.source = reply.state == SourceState::kWhole ? std::move(source) : nullptr;
+  s.staging.reset();  // made by the source it serves
   s.range = 0;
   s.sent = 0;
   s.chunk = {};
@@ -254,8 +256,8 @@ bool ByteServer::writeReply(Session& s) {
     while (s.range < s.request.ranges.size()) {
       const ByteRange& r = s.request.ranges[s.range];
       if (s.chunk.empty()) {
-        s.chunk =
-            s.source->bytes(r.offset + s.sent, std::min(r.length - s.sent, kDataMessageBytes));
+        s.chunk = s.source->bytes(r.offset + s.sent, std::min(r.length - s.sent, kDataMessageBytes),
+                                  s.staging);
         s.done = 0;
         if (s.chunk.empty()) {
           throw Error(ErrorCode::kInternal, "serve", identity_.id, "a source gave no bytes");
@@ -279,6 +281,7 @@ bool ByteServer::writeReply(Session& s) {
     trailer.sequence = s.request.sequence;
     trailer.unchanged = s.source->unchangedSince(s.request.generation);
     s.source.reset();
+    s.staging.reset();
     s.head = encodeTrailer(trailer);
     s.done = 0;
     s.stage = Stage::kTrailer;

@@ -39,9 +39,17 @@ class ByteSource {
   virtual uint64_t progress() const = 0;
   /// True if no write began since `generation` (call after sending the bytes).
   virtual bool unchangedSince(uint64_t generation) const = 0;
-  /// Host memory holding the first bytes of [offset, offset + length) (in place, or staged:
-  /// then fewer, valid until the next call).
-  virtual std::span<const uint8_t> bytes(uint64_t offset, uint64_t length) = 0;
+  /// Where a source stages bytes it cannot send in place. Each reader's session holds its
+  /// own, since the server sends from several sessions' chunks of one source at once.
+  class Staging {
+   public:
+    virtual ~Staging() = default;
+  };
+  /// Host memory holding the first bytes of [offset, offset + length): in place, or staged
+  /// into `staging` (which the source makes on first need): then fewer, valid until the next
+  /// call with that staging. Safe to call from several threads with different stagings.
+  virtual std::span<const uint8_t> bytes(uint64_t offset, uint64_t length,
+                                         std::unique_ptr<Staging>& staging) = 0;
 };
 
 /// Who a ByteServer or ByteFetcher is in the job: the traffic its channels announce and the

@@ -19,7 +19,8 @@ class RegionSource final : public ByteSource {
   bool unchangedSince(uint64_t generation) const override {
     return region_->unchangedSince(generation);
   }
-  std::span<const uint8_t> bytes(uint64_t offset, uint64_t length) override {
+  std::span<const uint8_t> bytes(uint64_t offset, uint64_t length,
+                                 std::unique_ptr<Staging>& /*staging*/) override {
     return {region_->data() + offset, length};
   }
 
