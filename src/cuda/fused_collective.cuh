@@ -678,12 +678,16 @@ __device__ void fusedSteps(const FusedParams& p) {
 // Block 0, before its steps: the peers this rank takes nothing from (a broadcast's root's)
 // run this very call. Without it two ranks that each name themselves the root would each
 // keep their own buffer and succeed, or, in a call of more steps than slots, wait for
-// "freed" flags that no receiver raises until the timeout. The peers' block 0 raise "ready"
-// before any wait of their steps (publishOnce), so this wait ends; and their next call cannot
-// replace that descriptor, for it first waits for this rank's "done" (awaitSlotsFree). On a
-// mismatch the report sets the abort word, which releases this rank's other blocks.
+// "freed" flags that no receiver raises until the timeout. This rank publishes its own
+// descriptor and "ready" first (publishOnce, again in its first step: the same values), so
+// a peer that also checks this one, another self-named root, finds it rather than waiting
+// for it; the non-roots' block 0 raise theirs before any wait of their steps. Their next
+// call cannot replace that descriptor, for it first waits for this rank's "done"
+// (awaitSlotsFree). On a mismatch the report sets the abort word, which releases this
+// rank's other blocks.
 __device__ inline bool checkQuietPeers(const FusedParams& p) {
   if (p.checksQuiet == 0 || blockIdx.x != 0) return true;
+  publishOnce(p, 0, 0, p.firstEpoch);
   return awaitPeers(
       p, p.checksQuiet, [&](int q) { return p.ready[q]; }, p.firstEpoch, true);
 }
