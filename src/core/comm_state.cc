@@ -347,7 +347,7 @@ void CommState::requireUsable(std::string_view op) {
                     ") is a fork of it: a forked process cannot use its parent's communicator; "
                     "make one of its own (init_process_group in the child)");
   }
-  if (shutDown_.load(std::memory_order_acquire)) {
+  if (shutDown_.load(std::memory_order_seq_cst)) {  // against Posting: see there
     throw Error(ErrorCode::kAborted, op, rank_,
                 "communicator '" + name_ + "' has been shut down; create a new one");
   }
@@ -580,6 +580,39 @@ std::unique_ptr<MessageLink> CommState::linkTo(int q, uint32_t channel) {
 #endif
 }
 
+// A send or receive of this communicator's on its way from its check to the engine. The
+// count and shutDown_ are a pair of flags (each side raises its own, then reads the other's,
+// both sequentially consistent), so either shutdown sees the post and waits for it, or the
+// post sees the shutdown and is refused. A completion callback run inside a post may call
+// shutdown: the thread's chain of postings makes that refuse rather than wait for itself.
+class CommState::Posting {
+ public:
+  explicit Posting(CommState& state) : state_(state), outer_(innermost_) {
+    state_.posting_.fetch_add(1, std::memory_order_seq_cst);
+    innermost_ = this;
+  }
+  ~Posting() {
+    innermost_ = outer_;
+    state_.posting_.fetch_sub(1, std::memory_order_release);
+  }
+  Posting(const Posting&) = delete;
+  Posting& operator=(const Posting&) = delete;
+  /// Whether this thread is posting on `state` (a callback inside one of its posts).
+  static bool within(const CommState& state) {
+    for (const Posting* p = innermost_; p != nullptr; p = p->outer_) {
+      if (&p->state_ == &state) return true;
+    }
+    return false;
+  }
+
+ private:
+  CommState& state_;
+  const Posting* const outer_;
+  static thread_local const Posting* innermost_;
+};
+
+thread_local const CommState::Posting* CommState::Posting::innermost_ = nullptr;
+
 P2pEngine& CommState::p2p() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
   if (!p2p_) {
@@ -592,27 +625,33 @@ P2pEngine& CommState::p2p() {
 
 Request CommState::send(const void* data, size_t bytes, int peer, int tag,
                         const OpOptions& options) {
-  requireUsable("send");
-  const uint64_t flightId = FlightRecorder::instance().issued(
-      {name_, rank_, size_, 0, "send", bytes, -1, -1, peer, tag, true});
-  if (options.device != DeviceKind::kCpu) {
-    return deviceTransfer({Transfer::Kind::kSend, peer, tag, const_cast<void*>(data), bytes},
-                          options, flightId);
-  }
-  Request request = p2p().send(data, bytes, peer, tag, timeoutFor(options), flightId);
-  if (options.blocking) settle(request);
+  Request request = [&] {
+    Posting posting(*this);
+    requireUsable("send");
+    const uint64_t flightId = FlightRecorder::instance().issued(
+        {name_, rank_, size_, 0, "send", bytes, -1, -1, peer, tag, true});
+    if (options.device != DeviceKind::kCpu) {
+      return deviceTransfer({Transfer::Kind::kSend, peer, tag, const_cast<void*>(data), bytes},
+                            options, flightId);
+    }
+    return p2p().send(data, bytes, peer, tag, timeoutFor(options), flightId);
+  }();
+  if (options.blocking) settle(request);  // after the posting: shutdown need not wait for it
   return request;
 }
 
 Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options) {
-  requireUsable("recv");
-  const uint64_t flightId = FlightRecorder::instance().issued(
-      {name_, rank_, size_, 0, "recv", bytes, -1, -1, peer, tag, true});
-  if (options.device != DeviceKind::kCpu) {
-    return deviceTransfer({Transfer::Kind::kRecv, peer, tag, data, bytes}, options, flightId);
-  }
-  Request request = p2p().recv(data, bytes, peer, tag, timeoutFor(options), flightId);
-  if (options.blocking) settle(request);
+  Request request = [&] {
+    Posting posting(*this);
+    requireUsable("recv");
+    const uint64_t flightId = FlightRecorder::instance().issued(
+        {name_, rank_, size_, 0, "recv", bytes, -1, -1, peer, tag, true});
+    if (options.device != DeviceKind::kCpu) {
+      return deviceTransfer({Transfer::Kind::kRecv, peer, tag, data, bytes}, options, flightId);
+    }
+    return p2p().recv(data, bytes, peer, tag, timeoutFor(options), flightId);
+  }();
+  if (options.blocking) settle(request);  // after the posting: shutdown need not wait for it
   return request;
 }
 
@@ -643,9 +682,7 @@ Request CommState::deviceTransfer(const Transfer& transfer, const OpOptions& opt
   Request request(state);
   held_.push_back({transfer, std::move(state), options});
   if (groupDepth_ == 0) flushGroup();
-  lock.unlock();
-  if (options.blocking) settle(request);
-  return request;
+  return request;  // the caller settles a blocking one
 }
 
 void CommState::connectDevice(DeviceKind device, int deviceIndex) {
@@ -732,13 +769,17 @@ bool CommState::onOwnThread() {
 }
 
 void CommState::shutdown() {
-  if (onOwnThread()) {
+  if (onOwnThread() || Posting::within(*this)) {
     throw Error(ErrorCode::kInvalidArgument, "shutdown", rank_,
-                "called from a completion callback of this communicator's, on its own thread, "
-                "where it would wait for the callback itself; shut the communicator down once "
-                "the callback has returned, from another thread");
+                "called from a completion callback of this communicator's (on its own thread, "
+                "or inside one of its sends or receives), where it would wait for the callback "
+                "itself; shut the communicator down once the callback has returned, from "
+                "another thread");
   }
   if (shutDown_.exchange(true) || forkedAway()) return;
+  // Sends and receives that passed their check before this reach the engine (or the group)
+  // first; later ones are refused. A post is short: it queues, and takes a turn at most.
+  while (posting_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
   if (worker_) {
     // The network lanes close on the worker (where collectives run), after the calls queued:
     // ranks on other hosts that wait for this one see their links' goodbye at once, not
@@ -777,10 +818,14 @@ void CommState::shutdown() {
   // collective waiting for this rank, for the whole timeout). Receives still pending end now
   // (kAborted): nobody waited for them before shutting down.
   if (p2p != nullptr) p2p->waitForSends(kShutdownSendGrace);
+  std::unique_ptr<P2pEngine> ending;
   {
     std::lock_guard<std::mutex> lock(p2pMutex_);
-    p2p_.reset();
+    ending = std::move(p2p_);
   }
+  // Outside the lock: a callback on the engine's thread, which this joins, may ask
+  // onOwnThread() (a shutdown of its own is refused by the flag above).
+  ending.reset();
   // Nothing of this rank's runs any more: peers waiting for it fail now, naming a rank that
   // left, instead of at their timeout (torch's destroy_process_group shuts a group down while
   // Python may hold it, and its communicator is destroyed only with the last reference).

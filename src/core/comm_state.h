@@ -161,6 +161,11 @@ class CommState final : public FailureSink {
 
   std::mutex p2pMutex_;
   std::unique_ptr<P2pEngine> p2p_;  // created on first send/recv; guarded by p2pMutex_
+  // Sends and receives between their check (requireUsable) and their post on the engine:
+  // shutdown takes the engine away only once none is, and one that begins later sees it shut
+  // down (Posting, comm_state.cc).
+  std::atomic<int> posting_{0};
+  class Posting;
 
   HostLayout layout_;                      // where the ranks run, for collectives across hosts
   std::unique_ptr<ControlPlane> control_;  // rail ranks of a communicator spanning hosts

@@ -1,8 +1,8 @@
 // Send and receive at their edges: a completion callback that waits on the engine's own
 // thread, a receive that gives up on a message part-way in, a shutdown with sends still
-// pending or called from a callback, a receiver that has left, a sender that died part-way
-// through a message nobody had asked for yet, and a timeout that does not fail the
-// communicator.
+// pending or called from a callback, receives posted as it shuts down, a receiver that has
+// left, a sender that died part-way through a message nobody had asked for yet, and a
+// timeout that does not fail the communicator.
 
 #include <signal.h>
 #include <unistd.h>
@@ -334,6 +334,65 @@ TEST(SendRecvEdges, AShutdownOrTheLastReferenceInACompletionCallbackNeitherHangs
     while (!dropped && msSince(start) < 30000)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     LOOM_CHECK(dropped);
+  });
+}
+
+// Receives posted from other threads while the communicator shuts down: each is refused
+// (kAborted, "shut down") or posted and then ends; none waits forever or reaches a freed
+// engine. One that passed its check just before the shutdown used to reach the engine after
+// the shutdown had destroyed it, or make a new one nothing would end.
+TEST(SendRecvEdges, ReceivesRacingAShutdownEndOrAreRefused) {
+  expectOk(2, [](RankContext& ctx) {
+    for (int round = 0; round < 20; ++round) {
+      auto comm = ctx.connect();
+      std::mutex mutex;
+      std::vector<Request> posted;     // guarded by mutex
+      std::vector<std::string> wrong;  // guarded by mutex
+      std::vector<float> sink(2);
+      std::vector<std::thread> posters;
+      for (int t = 0; t < 2; ++t) {
+        posters.emplace_back([&, t] {
+          for (;;) {
+            try {
+              Request r = comm->recv(&sink[t], 1, DataType::kFloat32, 1 - ctx.rank, 100 + t);
+              std::lock_guard<std::mutex> lock(mutex);
+              posted.push_back(std::move(r));
+            } catch (const Error& e) {
+              if (e.code() != ErrorCode::kAborted || !contains(e.what(), "has been shut down")) {
+                std::lock_guard<std::mutex> lock(mutex);
+                wrong.push_back(std::string("refused: ") + e.what());
+              }
+              return;
+            }
+          }
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      comm->shutdown();
+      for (auto& poster : posters) poster.join();
+      const auto start = Clock::now();
+      for (Request& r : posted) {
+        while (!r.test() && msSince(start) < 10000) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (!r.test()) {
+          wrong.push_back("a receive posted as the communicator shut down never ended");
+          break;
+        }
+        try {
+          r.wait();
+          wrong.push_back("a receive whose message never came succeeded");
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kAborted && e.code() != ErrorCode::kPeerFailure) {
+            wrong.push_back(std::string("ended: ") + e.what());
+          }
+        }
+      }
+      LOOM_CHECK(wrong.empty(), << "round " << round << ": " << wrong.front());
+      ctx.store->set("round " + std::to_string(round) + " " + std::to_string(ctx.rank), {1});
+      ctx.store->get("round " + std::to_string(round) + " " + std::to_string(1 - ctx.rank),
+                     std::chrono::seconds(30));
+    }
   });
 }
 
