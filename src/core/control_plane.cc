@@ -62,7 +62,9 @@ ControlPlane::~ControlPlane() {
 
 void ControlPlane::awaitPeers(Clock::time_point deadline) {
   std::optional<Clock::time_point> failedAt;
-  while (met_.load(std::memory_order_acquire) < static_cast<int>(peers_.size())) {
+  const int n = static_cast<int>(peers_.size());
+  while (met_.load(std::memory_order_acquire) < n ||
+         spokenTo_.load(std::memory_order_acquire) < n) {
     // A failure recorded on this host while the last peers are met (ranks that finished
     // creating first may already have used the communicator and failed) leaves this thread a
     // few turns to hear them: then creation ends and the failure shows at the first call, as
@@ -74,8 +76,9 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
     if (Clock::now() >= deadline) {
       throw Error(ErrorCode::kTimeout, "create", rank_,
                   "not every rank on the other hosts joined within the timeout (heard from " +
-                      std::to_string(met_.load()) + " of " + std::to_string(peers_.size()) +
-                      " peers" + missingPeers() +
+                      std::to_string(met_.load()) + " of " + std::to_string(n) + " peers" +
+                      missingPeers() + "; this rank's first word written to " +
+                      std::to_string(spokenTo_.load()) +
                       "): did every rank make this communicator, and can the hosts reach "
                       "each other (LOOM_NET_IFNAME)?");
     }
@@ -131,6 +134,12 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
                        reinterpret_cast<const uint8_t*>(peer.out.data()), peer.written)) {
     peer.sending = false;
     peer.written = 0;
+    // In the link, so delivered before its goodbye: creation ends only once every peer will
+    // hear this rank, which may leave right after.
+    if (!peer.spoke) {
+      peer.spoke = true;
+      spokenTo_.fetch_add(1, std::memory_order_release);
+    }
   }
   receive(peer, now);
   if (peer.link->peerLeft()) {

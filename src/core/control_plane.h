@@ -9,8 +9,10 @@
 //     fails with the same reason, whichever host it began on;
 //   - fails the communicator when a peer that has spoken stays silent past `silence` (a dead
 //     host or a cut link sends no closing) or its connection breaks without a goodbye.
-// Creation waits until a word has come from every peer (awaitPeers), so the hosts have met
-// before the communicator is used, and each peer's silence is timed from its first word.
+// Creation waits until a word has come from every peer and this rank's first word is in each
+// link (awaitPeers), so the hosts have met before the communicator is used, each peer's
+// silence is timed from its first word, and a rank that leaves at once has spoken first: its
+// peers tell its goodbye from a creation that failed there.
 
 #include <atomic>
 #include <chrono>
@@ -37,8 +39,9 @@ class ControlPlane {
   /// Stops the thread; the links say goodbye.
   ~ControlPlane();
   /// Waits until a word has come from every peer (so each peer's control plane runs: it has
-  /// made the communicator and proved the secret). Throws Error(kTimeout) naming the peers
-  /// not heard from by `deadline`, or the communicator's failure.
+  /// made the communicator and proved the secret) and this rank's first word to each is
+  /// written. Throws Error(kTimeout) naming the peers not heard from by `deadline`, or the
+  /// communicator's failure.
   void awaitPeers(std::chrono::steady_clock::time_point deadline);
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
@@ -53,6 +56,7 @@ class ControlPlane {
     bool done = false;    ///< left, broke or failed: nothing more to do with it
     bool toldUs = false;  ///< it sent the failure: no need to send it back
     bool forwarded = false;
+    bool spoke = false;  ///< this rank's first word to it is written
     // the message going out
     bool sending = false;
     int outTag = 0;
@@ -78,6 +82,7 @@ class ControlPlane {
   std::vector<Peer> peers_;                         // the thread's only, but for the ranks it holds
   std::unique_ptr<std::atomic<bool>[]> heardFrom_;  // per peer, for missingPeers
   std::atomic<int> met_{0};                         // peers heard from
+  std::atomic<int> spokenTo_{0};                    // peers this rank's first word is written to
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
