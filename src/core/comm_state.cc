@@ -574,7 +574,12 @@ std::unique_ptr<MessageLink> CommState::linkTo(int q, uint32_t channel) {
   // Collective links may have their directions driven by two threads.
   const auto drivers =
       carriesCollectives(channel) ? net::NetLink::Drivers::kTwo : net::NetLink::Drivers::kOne;
-  return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q), drivers);
+  // Data links of a failed communicator close without delivering what they hold; the
+  // control link delivers the failure it forwards, so it closes as usual.
+  net::NetLink::Failed failed;
+  if (channel != kControl) failed = [failures = failures_.get()] { return failures->failed(); };
+  return std::make_unique<net::NetLink>(connect, claim, describeRemote(roster_, q), drivers,
+                                        std::move(failed));
 #else
   throw Error(ErrorCode::kInternal, "send/recv", rank_, "no network transport in this build");
 #endif

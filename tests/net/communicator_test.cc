@@ -257,6 +257,59 @@ TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
 
+// After a cut link has failed the communicator, its data links close without waiting to
+// deliver what they still hold: the destructor of each channel with frames queued used to
+// flush them for 10 s and then wait 2 s for a goodbye, one channel after another.
+TEST_F(TwoHosts, ACommunicatorFailedByACutLinkShutsDownWithoutFlushingIt) {
+  const NetnsHosts& hosts = *hosts_;
+  loom::testing::RunOptions run;
+  run.environment = {"LOOM_NET_SILENCE_MS=3000"};
+  const auto outcomes = loom::testing::runRanks(
+      2,
+      [&](RankContext& ctx) {
+        hosts.enter(ctx.rank);
+        CommOptions options;
+        options.timeout = std::chrono::seconds(120);
+        auto comm = ctx.connect(options);
+        // The point-to-point channel to rank 1 is up before the cut.
+        float x = 1;
+        if (ctx.rank == 0) comm->send(&x, 1, DataType::kFloat32, 1, 1).wait();
+        if (ctx.rank == 1) comm->recv(&x, 1, DataType::kFloat32, 0, 1).wait();
+        comm->barrier().wait();
+        if (ctx.rank == 1) {
+          ctx.store->set("ready 1", {1});
+          ctx.store->get("done", std::chrono::seconds(120));
+          return;
+        }
+        ctx.store->get("ready 1", std::chrono::seconds(60));
+        hosts.setLink(1, false);
+        // Frames queue for a peer that cannot read them: a send nobody receives, and a
+        // collective's.
+        std::vector<float> big(size_t{8} << 20, 1.0F);
+        Request send = comm->send(big.data(), big.size(), DataType::kFloat32, 1, 2);
+        expectError(
+            [&] {
+              comm->allReduce(big.data(), big.data(), big.size(), DataType::kFloat32,
+                              ReduceKind::kSum)
+                  .wait();
+            },
+            ErrorCode::kPeerFailure, {"nothing heard from", "rank 1 (host '"});
+        try {
+          send.wait();
+        } catch (const Error&) {
+        }
+        const auto start = std::chrono::steady_clock::now();
+        comm.reset();
+        const auto took = std::chrono::steady_clock::now() - start;
+        ctx.store->set("done", {1});
+        LOOM_CHECK(took < std::chrono::seconds(8),
+                   << "destroying the failed communicator took "
+                   << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+      },
+      run);
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
 TEST_F(TwoHosts, ARankThatLeavesEarlyIsNamedByItsPeerAcrossHosts) {
   // Rank 1 destroys its communicator normally while rank 0 (the other host) waits for it
   // in a collective: rank 0 must be told so at once, not wait out its timeout.

@@ -162,6 +162,12 @@ void SendChannel::abandon() noexcept {
   discardBorrowed();
 }
 
+void SendChannel::closeAbruptly() noexcept {
+  endpoint_.reset();  // discards every send still outstanding (see discardBorrowed)
+  discarded_ = true;
+  lentInFlight_ = 0;
+}
+
 void SendChannel::discardBorrowed() noexcept {
   if (lentInFlight_ == 0 || !endpoint_) return;
   // A posted send cannot be recalled, and the provider reads its memory until it completes;

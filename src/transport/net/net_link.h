@@ -27,13 +27,26 @@ class NetLink final : public MessageLink {
   /// across hosts), where only write() and drained() touch the outbound side.
   enum class Drivers { kOne, kTwo };
 
+  /// Whether the link's communicator has failed, so what it still holds for the peer will
+  /// never matter (empty: never).
+  using Failed = std::function<bool()>;
+
   /// `connect` makes the outbound channel; `claim` returns the inbound one, or nullptr while
   /// it has not arrived; `peer` names the peer in errors ("rank 3 (host 'b', 10.0.0.2:4242)").
-  NetLink(Connect connect, Claim claim, std::string peer, Drivers drivers = Drivers::kOne)
+  NetLink(Connect connect, Claim claim, std::string peer, Drivers drivers = Drivers::kOne,
+          Failed failed = {})
       : connect_(std::move(connect)),
         claim_(std::move(claim)),
         peer_(std::move(peer)),
-        drivers_(drivers) {}
+        drivers_(drivers),
+        failed_(std::move(failed)) {}
+  /// Closes the outbound channel at once if the communicator has failed: a cut link would
+  /// hold its flush of queued frames (SendChannel's destructor) for seconds per link.
+  ~NetLink() override {
+    if (out_ && failed_ && failed_()) out_->closeAbruptly();
+  }
+  NetLink(const NetLink&) = delete;
+  NetLink& operator=(const NetLink&) = delete;
   /// A link over channels already made (tests).
   NetLink(std::unique_ptr<SendChannel> out, std::unique_ptr<ReceiveChannel> in)
       : out_(std::move(out)), in_(std::move(in)) {}
@@ -76,6 +89,7 @@ class NetLink final : public MessageLink {
   Claim claim_;
   std::string peer_;
   Drivers drivers_ = Drivers::kOne;
+  Failed failed_;
   std::unique_ptr<SendChannel> out_;
   std::unique_ptr<ReceiveChannel> in_;
   std::chrono::steady_clock::time_point reconnectAt_{};  // after a TurnedAway
