@@ -1,12 +1,14 @@
 // The tensor store's byte fetch across hosts: a reader on another host copies ranges of a
 // region exactly, learns where the region stands when it does not hold the generation asked
 // for, is told by name when the server is gone, a reader that dies mid-reply costs the
-// server that session alone, and readers of one staged source at once each get their bytes.
+// server that session alone, a fetch behind one that times out gets its bytes, and readers of
+// one staged source at once each get their bytes.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -207,6 +209,55 @@ TEST_F(TwoHosts, ReaderThatDiesMidReplyCostsTheServerItsSessionAlone) {
     LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
     expectPattern(dst, {{0, kBig}}, 2);
     ctx.store->set("reader 2 done", Bytes{1});
+  });
+}
+
+// A fetch that times out mid-reply breaks its connection; a fetch that was waiting for it
+// makes a new one rather than read the broken one's leftovers (it used to fail with a
+// "malformed reply"), and the server ends the broken connection's session.
+TEST_F(TwoHosts, AFetchWaitingBehindOneThatTimesOutGetsItsBytesOnANewConnection) {
+  const NetnsHosts& hosts = *hosts_;
+  constexpr size_t kBig = size_t{48} << 20;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 0) {
+      Served served(ctx, kBig);
+      ctx.store->get("fetched", kPatience);
+      // The broken connection's session ends; the second one's stays while its reader does.
+      const auto deadline = Clock::now() + kPatience;
+      while (served.server.sessions() > 1) {
+        LOOM_CHECK(Clock::now() < deadline, << served.server.sessions() << " sessions");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ctx.store->set("sessions", Bytes{1});
+      return;
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> hasty(kBig), patient(kBig);
+    const std::vector<ByteRange> all{{0, kBig}};
+    std::string timedOut;
+    std::atomic<bool> started{false};
+    std::thread first([&] {
+      started = true;
+      try {
+        reader.fetcher.fetch(reader.address, 1000, reader.source, 2, all, hasty.data(),
+                             hasty.size(), Clock::now() + std::chrono::milliseconds(20));
+      } catch (const Error& e) {
+        timedOut = e.code() == ErrorCode::kTimeout ? "yes" : e.what();
+      }
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the first holds the connection
+    const auto outcome = reader.fetch(2, all, patient);
+    first.join();
+    LOOM_CHECK(timedOut == "yes", << "the first fetch: " << timedOut);
+    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
+    expectPattern(patient, all, 2);
+    // The broken connection is forgotten (the second's stays, unless a loaded machine ran
+    // the second first, on the connection the first then broke).
+    LOOM_CHECK(reader.fetcher.connections() <= 1, << reader.fetcher.connections());
+    ctx.store->set("fetched", Bytes{1});
+    ctx.store->get("sessions", kPatience);
   });
 }
 

@@ -1,6 +1,7 @@
 // The process's acceptor across hosts: proven connections reach the communicator and traffic
 // they announce (also when they come before the communicator is registered), and
-// connections that do not prove the secret in time are dropped without holding up others.
+// connections that do not prove the secret in time are dropped without holding up others, and
+// channels given up on are closed.
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -128,6 +129,52 @@ TEST_F(TwoHosts, ServiceRoutesEachProvenChannelToItsTraffic) {
     writeText(*oneOne, "one, channel one");
     writeText(*three, "three, early");
     ctx.store->get("read", kPatience);
+  });
+}
+
+// A channel its receiver gave up on is closed, whether it arrives after that or was already
+// filed, and never handed out; the others are unaffected.
+TEST_F(TwoHosts, ServiceClosesChannelsGivenUpOnBeforeOrAfterTheyArrive) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService service(Fabric::instance(), NetService::Limits{});
+      service.expect(kComm, kSecret, shape);
+      service.discard(kComm, 1, 0, 5);  // before it arrives
+      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      LOOM_CHECK(readText(service, kComm, 1, 0, 6) == "kept");
+      ctx.store->get("sent 7", kPatience);
+      std::this_thread::sleep_for(milliseconds(200));  // filed by now, most likely
+      service.discard(kComm, 1, 0, 7);
+      ctx.store->get("closed", kPatience);
+      LOOM_CHECK(
+          service.claim(kComm, 1, 0, 5) == nullptr && service.claim(kComm, 1, 0, 7) == nullptr,
+          << "a discarded channel was handed out");
+      return;
+    }
+    const Bytes address = ctx.store->get("address", kPatience);
+    const std::string to(address.begin(), address.end());
+    auto channel = [&](uint32_t number) {
+      return std::make_unique<SendChannel>(Fabric::instance(), to, traffic(1, 0, number), kSecret,
+                                           shape);
+    };
+    auto five = channel(5);
+    auto six = channel(6);
+    auto seven = channel(7);
+    writeText(*six, "kept");  // five may be closed before a write gets through: none
+    writeText(*seven, "given up later");
+    ctx.store->set("sent 7", Bytes{1});
+    // Closed by the service: each says goodbye.
+    const auto deadline = Clock::now() + kPatience;
+    while (!five->peerLeft() || !seven->peerLeft()) {
+      LOOM_CHECK(Clock::now() < deadline, << "a discarded channel stayed open");
+      five->progress();
+      seven->progress();
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    ctx.store->set("closed", Bytes{1});
   });
 }
 

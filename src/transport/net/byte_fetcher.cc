@@ -43,7 +43,7 @@ struct ByteFetcher::Connection {
   std::unique_ptr<SendChannel> out;    // requests
   std::unique_ptr<ReceiveChannel> in;  // replies, once the server connected back
   uint64_t sequence = 0;
-  bool broken = false;
+  std::atomic<bool> broken{false};  // written under `mutex`, read under the fetcher's too
   std::string peer() const {
     return "the tensor-store server " + std::to_string(server) + " at " + address;
   }
@@ -107,16 +107,38 @@ ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
                       std::to_string(dstBytes) + " bytes of the destination");
     }
   }
-  const auto c = connection(address, server);
-  std::lock_guard<std::mutex> lock(c->mutex);
-  try {
-    return exchange(*c, source, generation, ranges, dst, deadline);
-  } catch (const Error& e) {
-    // Whatever was under way is lost mid-stream: the next fetch starts a new connection.
-    c->broken = true;
-    if (e.code() == ErrorCode::kTimeout) throw;
-    throw Error(e.code(), "fetch", identity_.id,
-                "the connection to " + c->peer() + " broke: " + e.detail());
+  for (;;) {
+    const auto c = connection(address, server);
+    std::lock_guard<std::mutex> lock(c->mutex);
+    // The fetch this one waited for broke it: connection() now makes a new one.
+    if (c->broken) continue;
+    try {
+      return exchange(*c, source, generation, ranges, dst, deadline);
+    } catch (const Error& e) {
+      // Whatever was under way is lost mid-stream: the next fetch starts a new connection.
+      drop(c);
+      if (e.code() == ErrorCode::kTimeout) throw;
+      throw Error(e.code(), "fetch", identity_.id,
+                  "the connection to " + c->peer() + " broke: " + e.detail());
+    }
+  }
+}
+
+void ByteFetcher::drop(const std::shared_ptr<Connection>& c) {
+  c->broken = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = connections_.find({c->address, c->server});
+    if (it != connections_.end() && it->second == c) connections_.erase(it);
+  }
+  // Closed at once, so the server's session for it ends and lets go of the buffer it was
+  // sending; the reply channel goes too, or, not claimed yet, is closed as it arrives.
+  if (c->out) c->out->closeAbruptly();
+  c->out.reset();
+  if (c->in) {
+    c->in.reset();
+  } else {
+    service_.discard(identity_.comm, c->server, identity_.id, c->requestChannel + 1);
   }
 }
 

@@ -45,7 +45,8 @@ class ByteFetcher {
   /// `generation`; if the source holds that generation whole, its bytes land in `dst` at
   /// their offsets (`dst` holds `dstBytes`). Throws Error(kTimeout) at `deadline`,
   /// Error(kPeerFailure) if the server is unreachable, gone, or breaks the protocol (the
-  /// connection is then dropped, and the next fetch makes a new one).
+  /// connection is then dropped, and the next fetch, or one waiting for this one, makes a
+  /// new one).
   Outcome fetch(const std::string& address, int server, const SourceId& source, uint64_t generation,
                 std::span<const ByteRange> ranges, uint8_t* dst, uint64_t dstBytes,
                 std::chrono::steady_clock::time_point deadline);
@@ -56,6 +57,8 @@ class ByteFetcher {
  private:
   struct Connection;
   std::shared_ptr<Connection> connection(const std::string& address, int server);
+  /// Gives up a broken connection (its mutex held): closes both channels, and forgets it.
+  void drop(const std::shared_ptr<Connection>& c);
   Outcome exchange(Connection& c, const SourceId& source, uint64_t generation,
                    std::span<const ByteRange> ranges, uint8_t* dst,
                    std::chrono::steady_clock::time_point deadline);

@@ -64,6 +64,21 @@ void NetService::forget(const CommId& comm) {
   }
 }
 
+void NetService::discard(const CommId& comm, int sender, int receiver, uint32_t channel) {
+  std::unique_ptr<ReceiveChannel> closing;  // closed outside the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  std::erase_if(discarded_, [now](const auto& entry) { return entry.second < now; });
+  const Key key{comm, sender, receiver, channel};
+  const auto it = proven_.find(key);
+  if (it != proven_.end()) {
+    closing = std::move(it->second);
+    proven_.erase(it);
+    return;
+  }
+  discarded_[key] = now + limits_.handshake + limits_.unexpectedHold;
+}
+
 std::unique_ptr<ReceiveChannel> NetService::claim(const CommId& comm, int sender, int receiver,
                                                   uint32_t channel) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -176,9 +191,11 @@ void NetService::advance(Clock::time_point now) {
     }
     if (done) {
       const Hello& h = p.channel->announced();
+      const Key key{h.comm, h.sender, h.receiver, h.channel};
       std::lock_guard<std::mutex> lock(mutex_);
-      if (expected_.count(h.comm)) {
-        proven_[Key{h.comm, h.sender, h.receiver, h.channel}] = std::move(p.channel);
+      // Otherwise it closes with its entry below, outside the lock.
+      if (discarded_.erase(key) == 0 && expected_.count(h.comm)) {
+        proven_[key] = std::move(p.channel);
       }
     }
     if (done || drop) {

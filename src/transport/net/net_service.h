@@ -70,6 +70,11 @@ class NetService {
   std::unique_ptr<ReceiveChannel> claimAny(const CommId& comm, int receiver,
                                            bool (*accepted)(uint32_t channel));
 
+  /// Closes the channel `sender` -> `receiver` on `channel` of `comm` if it is here, or as
+  /// it arrives within the handshake and hold limits: for one its receiver gave up on before
+  /// claiming it (it would otherwise stay filed, with its window, until `comm` is forgotten).
+  void discard(const CommId& comm, int sender, int receiver, uint32_t channel);
+
   /// Connections refused or dropped so far (for tests and reports).
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   /// How many communicators it accepts connections for now (for tests).
@@ -103,6 +108,7 @@ class NetService {
   };
   std::map<CommId, Expected> expected_;                    // guarded by mutex_
   std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;  // guarded by mutex_
+  std::map<Key, Clock::time_point> discarded_;             // guarded by mutex_: until when
   std::vector<Pending> pending_;                           // service thread only
   std::atomic<uint64_t> refused_{0};
   std::atomic<bool> stopping_{false};
