@@ -13,9 +13,9 @@ def main(path: str) -> None:
     for line in open(path):
         m = re.match(r"######## call (\d): output", line)
         if m:
-            call, build, mps = int(m.group(1)), None, False
+            call, build, mps = int(m.group(1)), None, "under MPS" in line
             continue
-        m = re.match(r"== \[\d+ s\] bench (old|new) (\d)", line)
+        m = re.match(r"== \[\d+ s\] bench (old|new) (?:P=)?(\d)", line)
         if m:
             build = m.group(1)
             continue
