@@ -555,10 +555,14 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     lane.lastStream = streamId;
     lane.lastCapture = captureId;
   } catch (const Error& e) {
-    failed(e.code(), e.what());
-    throw;
+    // The driver's errors and the launches name no operation: this call's, with its rank.
+    const Error named = e.op() == op ? e : Error(e.code(), op, rank_, e.detail());
+    failed(named.code(), named.what());
+    if (!captured) drainQueuedPart();
+    throw named;
   } catch (const std::exception& e) {
     failed(ErrorCode::kInternal, std::string("queueing it failed: ") + e.what());
+    if (!captured) drainQueuedPart();
     throw;
   }
   if (captured) {
@@ -573,6 +577,21 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
     pending_.push_back(
         Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op, firstStep});
+  }
+  pendingChanged_.notify_all();
+}
+
+void CudaExecutor::drainQueuedPart() noexcept {
+  const Driver& d = Driver::get();
+  CUevent event = nullptr;
+  if (d.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
+  if (d.cuEventRecord(event, stream_) != CUDA_SUCCESS) {
+    d.cuEventDestroy(event);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    draining_.push_back(event);
   }
   pendingChanged_.notify_all();
 }

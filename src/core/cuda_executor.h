@@ -248,6 +248,10 @@ class CudaExecutor final : public DeviceExecutor {
   /// the second stream has queued before its tensors may be reused, but the driver error
   /// that failed the call is the one to report.
   void joinAfterFailure() noexcept;
+  /// After a call failed part-way through queueing (the communicator failed with it): what
+  /// it queued may still run, writing flags and reading the workspaces, so an event behind
+  /// it goes to draining_, which the monitor keeps releasing and the destructor waits for.
+  void drainQueuedPart() noexcept;
   // Slot addresses: rank q's input half and reduced half of the slot for `epoch`.
   uint8_t* in(int q, uint64_t epoch) const;
   uint8_t* reduced(int q, uint64_t epoch) const;

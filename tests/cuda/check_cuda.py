@@ -510,7 +510,8 @@ def dtensor(rank: int, world: int, dev: torch.device, dtypes) -> int:
 def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """Collectives captured in CUDA graphs and replayed with new inputs each time: calls of
     one and of several steps, two graphs replayed in turn, send/recv and uneven all_to_all,
-    and eager calls between the replays (they run in a lane of their own)."""
+    eager calls between the replays (they run in a lane of their own), and a captured call
+    whose work's future was asked."""
     n_large = LARGE  # float32: two steps of the default chunk
     big = torch.zeros(n_large, device=dev)
     small = torch.zeros(1000, dtype=torch.int32, device=dev)
@@ -609,6 +610,21 @@ def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
         same(late[:4], torch.full((4,), float(2 * sum(range(world)) + world * replay)),
              f"replay {replay}: the blocking call after it")
         checks += 2
+    # A future asked of a captured call's work (DDP's comm hooks ask one): the capture still
+    # ends (a stream it completes on must be joined back), and the replays are right.
+    hooked = torch.zeros(LARGE, device=dev)
+    fifth = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(fifth):
+        work = dist.all_reduce(hooked, async_op=True)
+        future = work.get_future()
+        work.wait()
+    for replay in range(2):
+        hooked.fill_(float(rank + replay))
+        fifth.replay()
+        same(hooked[-4:], torch.full((4,), float(sum(range(world)) + world * replay)),
+             f"replay {replay}: a captured call whose future was asked")
+        checks += 1
+    del future
     dist.all_reduce(torch.ones(4, device=dev))  # the group still works
     return checks
 
