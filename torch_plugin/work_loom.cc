@@ -13,9 +13,6 @@
 #include <thread>
 
 #include "core/op_state.h"
-#ifdef LOOM_HAVE_CUDA
-#include "cuda/driver.h"
-#endif
 #include "loom/error.h"
 #include "util/trace.h"
 #include "util/worker.h"
@@ -76,21 +73,6 @@ namespace {
 // plus one would overflow the clock's count).
 bool bounded(std::chrono::milliseconds timeout) {
   return timeout != kNoTimeout && timeout <= std::chrono::hours(24 * 365 * 100);
-}
-
-// Whether `stream` is capturing a CUDA graph now (a build without the CUDA path has no CUDA
-// work, so never asks).
-bool capturing(const c10::Stream& stream) {
-#ifdef LOOM_HAVE_CUDA
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  const CUresult result = cuda::Driver::get().cuStreamGetCaptureInfo(
-      static_cast<CUstream>(stream.native_handle()), &status, nullptr, nullptr, nullptr, nullptr,
-      nullptr);
-  return result == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
-#else
-  (void)stream;
-  return false;
-#endif
 }
 
 }  // namespace
@@ -414,14 +396,9 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
           c10::make_intrusive<c10::ivalue::Future>(futureTypeOf(futureLists_), std::vector{device});
       // Complete now, its own events recorded where the collectives' end is: on a stream
       // that waits for cudaEnd_, not on the loom stream, which may have taken later calls
-      // (or, for a blocking call, the caller's later kernels) since. Inside a graph capture,
-      // on the loom stream after all: a pool stream made to wait for a captured event joins
-      // the capture and is never joined back (the capture cannot end: unjoined), and work
-      // others put on it meanwhile would be captured too.
+      // (or, for a blocking call, the caller's later kernels) since.
       const c10::impl::VirtualGuardImpl impl(device.type());
-      const c10::Stream marker =
-          capturing(*cudaStream_) ? *cudaStream_
-                                  : impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+      const c10::Stream marker = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
       cudaEnd_->block(marker);
       c10::StreamGuard guard(marker);
       future->markCompleted(futureValueOf(outputs_, futureLists_));  // one list per rank, as on CPU
