@@ -133,12 +133,14 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   // take back what listenFor registered with the process's network service.
   struct Registration {
     std::optional<CommId> id;
+    int rank = 0;
     ~Registration() {
 #ifdef LOOM_HAVE_NET
-      if (id) net::NetService::instance().forget(*id);
+      if (id) net::NetService::instance().forget(*id, rank);
 #endif
     }
   } registration;
+  registration.rank = rank;
   const Roster roster =
       exchangeRoster(rank, size, store, deadline, [&registration, rank](const Roster& r) {
         std::string address = listenFor(r, rank);
@@ -327,7 +329,7 @@ CommState::~CommState() {
   shutdown();
   for (uint64_t id : watches_) ProcessService::instance().unwatch(id);
 #ifdef LOOM_HAVE_NET
-  if (spansHosts()) net::NetService::instance().forget(roster_.id);
+  if (spansHosts()) net::NetService::instance().forget(roster_.id, rank_);
 #endif
   // Processes that end without running atexit handlers (Python's multiprocessing children
   // leave through os._exit) still leave their timeline: written at each communicator's end.

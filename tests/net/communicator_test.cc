@@ -310,6 +310,67 @@ TEST_F(TwoHosts, ACommunicatorFailedByACutLinkShutsDownWithoutFlushingIt) {
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
 
+// Ranks that are threads of one process share its network service: one that destroys its
+// communicator takes back its own registration, not the process's. Rank 0 (host 0's process,
+// beside rank 2) leaves right after creation; ranks 2 and 3 then exchange their first
+// messages, over connections made after it left (the service used to forget the
+// communicator for both: rank 3's connection was held unanswered, and rank 2's channels
+// already filed were closed, which host 1 read as rank 2 leaving).
+TEST_F(TwoHosts, ARankLeavingDoesNotCloseTheNetworkToItsProcessesOtherRanks) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    // The store's client opens a connection per concurrent request, and the store's address
+    // (loopback) is unreachable from a host's namespace: a few are opened here first.
+    {
+      const std::string warm = "warm " + std::to_string(ctx.rank);
+      std::vector<std::thread> waiting;
+      for (int i = 0; i < 4; ++i) {
+        waiting.emplace_back([&] { ctx.store->get(warm, std::chrono::seconds(30)); });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ctx.store->set(warm, {1});
+      for (auto& t : waiting) t.join();
+    }
+    hosts.enter(ctx.rank);  // process 0: ranks 0 and 2 on host 0; process 1: ranks 1 and 3
+    CommOptions options;
+    options.timeout = std::chrono::seconds(30);
+    std::vector<std::string> failures(2);
+    std::vector<std::thread> ranks;
+    for (int i = 0; i < 2; ++i) {
+      ranks.emplace_back([&, i] {
+        const int rank = ctx.rank + 2 * i;
+        try {
+          auto comm = Communicator::create(rank, 4, ctx.store, options);
+          comm->barrier().wait();
+          if (rank == 0) {
+            comm.reset();
+            ctx.store->set("0 left", {1});
+            return;
+          }
+          if (rank == 1) {
+            ctx.store->get("3 done", std::chrono::seconds(60));
+            return;
+          }
+          ctx.store->get("0 left", std::chrono::seconds(60));
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          float x = static_cast<float>(rank);
+          float y = 0;
+          const int peer = 5 - rank;  // 2 <-> 3
+          Request sent = comm->send(&x, 1, DataType::kFloat32, peer, 7);
+          comm->recv(&y, 1, DataType::kFloat32, peer, 7).wait();
+          sent.wait();
+          LOOM_CHECK(y == static_cast<float>(peer), << y);
+          if (rank == 3) ctx.store->set("3 done", {1});
+        } catch (const std::exception& e) {
+          failures[static_cast<size_t>(i)] = "rank " + std::to_string(rank) + ": " + e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    LOOM_CHECK(failures[0].empty() && failures[1].empty(), << failures[0] << failures[1]);
+  });
+}
+
 TEST_F(TwoHosts, ARankThatLeavesEarlyIsNamedByItsPeerAcrossHosts) {
   // Rank 1 destroys its communicator normally while rank 0 (the other host) waits for it
   // in a collective: rank 0 must be told so at once, not wait out its timeout.

@@ -50,15 +50,26 @@ void NetService::stop() {
 
 void NetService::expect(const CommId& comm, const JobSecret& secret, ShapeOf shapeOf) {
   std::lock_guard<std::mutex> lock(mutex_);
-  expected_[comm] = Expected{secret, std::move(shapeOf)};
+  Expected& expected = expected_[comm];
+  expected.secret = secret;
+  expected.shapeOf = std::move(shapeOf);
+  ++expected.users;
 }
 
-void NetService::forget(const CommId& comm) {
+void NetService::forget(const CommId& comm, int receiver) {
   std::vector<std::unique_ptr<ReceiveChannel>> closing;  // closed outside the lock
   std::lock_guard<std::mutex> lock(mutex_);
-  expected_.erase(comm);
+  // Ranks of this process that still use it keep it: closing their channels would tell
+  // their peers they left.
+  const auto expected = expected_.find(comm);
+  const bool last = expected == expected_.end() || --expected->second.users <= 0;
+  if (last && expected != expected_.end()) expected_.erase(expected);
   for (auto it = proven_.lower_bound(Key{comm, INT32_MIN, INT32_MIN, 0});
        it != proven_.end() && std::get<0>(it->first) == comm;) {
+    if (!last && std::get<2>(it->first) != receiver) {
+      ++it;
+      continue;
+    }
     closing.push_back(std::move(it->second));
     it = proven_.erase(it);
   }

@@ -53,14 +53,16 @@ class NetService {
   /// The window of each channel of a communicator (both ends must agree).
   using ShapeOf = std::function<ChannelShape(uint32_t channel)>;
   /// Accepts connections for communicator `comm` whose initiators prove `secret`, with
-  /// windows of shapeOf(channel).
+  /// windows of shapeOf(channel). Each call counts one user of `comm` in this process (its
+  /// ranks may be threads of it); forget() gives one back.
   void expect(const CommId& comm, const JobSecret& secret, ShapeOf shapeOf);
   /// The same with one window for every channel.
   void expect(const CommId& comm, const JobSecret& secret, ChannelShape shape) {
     expect(comm, secret, [shape](uint32_t) { return shape; });
   }
-  /// Stops accepting for `comm` and closes its proven channels nobody claimed.
-  void forget(const CommId& comm);
+  /// Rank `receiver` of `comm` leaves: closes the proven channels to it nobody claimed, and
+  /// once no user of `comm` is left here, stops accepting for it and closes the rest.
+  void forget(const CommId& comm, int receiver);
   /// The proven channel carrying `sender` -> `receiver` on `channel` of `comm`, or nullptr if
   /// it has not arrived yet. Each is handed out once.
   std::unique_ptr<ReceiveChannel> claim(const CommId& comm, int sender, int receiver,
@@ -105,6 +107,7 @@ class NetService {
   struct Expected {
     JobSecret secret{};
     ShapeOf shapeOf;
+    int users = 0;  ///< expect() calls not yet forgotten
   };
   std::map<CommId, Expected> expected_;                    // guarded by mutex_
   std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;  // guarded by mutex_
