@@ -105,7 +105,14 @@ void ControlPlane::run() {
         serve(peer, now, failedHere);
       } catch (const Error& e) {
         peer.done = true;
-        if (!failures_.failed()) failures_.peerLost(peer.rank, e.detail());
+        // A failure on this side (out of descriptors) is this rank's, not the peer's.
+        if (!failures_.failed()) {
+          if (e.code() == ErrorCode::kPeerFailure) {
+            failures_.peerLost(peer.rank, e.detail());
+          } else {
+            failures_.fail(e.code(), rank_, e.detail());
+          }
+        }
       }
     }
     std::this_thread::sleep_for(kTurn);

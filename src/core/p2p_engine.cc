@@ -275,7 +275,7 @@ bool P2pEngine::progressSends() {
       try {
         complete = links_[q]->write({op.tag, op.bytes}, op.data, op.done);
       } catch (const Error& e) {
-        failures_.peerLost(q, e.detail());
+        linkFailed(q, e);
         return true;  // failAll picks everything up on the next turn
       }
       wrote |= op.done != before;
@@ -291,17 +291,27 @@ bool P2pEngine::progressSends() {
   return progressed;
 }
 
+void P2pEngine::linkFailed(int q, const Error& e) {
+  // Only a broken link or a peer gone is the peer's; a failure on this side (out of
+  // descriptors or memory) is this rank's, and the peer must not be reported lost for it.
+  if (e.code() == ErrorCode::kPeerFailure) {
+    failures_.peerLost(q, e.detail());
+  } else {
+    failures_.fail(e.code(), rank_, e.detail());
+  }
+}
+
 bool P2pEngine::progressReceives() {
   bool progressed = false;
   for (int source = 0; source < size_; ++source) {
     try {
       progressed |= drain(source);
     } catch (const Error& e) {
-      // A corrupt stream is loom's bug (kInternal); anything else means the link broke.
+      // A corrupt stream is loom's bug (kInternal).
       if (e.code() == ErrorCode::kInternal) {
         failures_.fail(e.code(), source, e.detail());
       } else {
-        failures_.peerLost(source, e.detail());
+        linkFailed(source, e);
       }
       return true;  // failAll picks everything up on the next turn
     }

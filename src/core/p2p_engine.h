@@ -131,6 +131,9 @@ class P2pEngine {
   bool acceptNewOps();
   bool progressSends();
   bool progressReceives();
+  /// Records the failure of the link with rank q: the peer lost if it broke there, else
+  /// this rank's own failure.
+  void linkFailed(int q, const Error& e);
   /// Moves what has arrived from `source` into receives or unexpected buffers; true if any.
   bool drain(int source);
   /// Whether a send issued has not ended yet (the gate held).

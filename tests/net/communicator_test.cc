@@ -3,8 +3,10 @@
 // the network, children made by subset and split work within and across hosts, and a rank
 // killed on one host fails its peers on the other, naming it.
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -368,6 +370,51 @@ TEST_F(TwoHosts, ARankLeavingDoesNotCloseTheNetworkToItsProcessesOtherRanks) {
     }
     for (auto& t : ranks) t.join();
     LOOM_CHECK(failures[0].empty() && failures[1].empty(), << failures[0] << failures[1]);
+  });
+}
+
+// A rank that runs out of file descriptors as it connects to a peer on another host fails
+// naming itself and the cause; the peer, which did nothing wrong, is not reported lost (it
+// used to be: "lost rank 1 ... Too many open files; rebuild the group without it").
+TEST_F(TwoHosts, ARankOutOfFileDescriptorsNamesItselfNotItsPeer) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 1) {
+      ctx.store->get("failed", std::chrono::seconds(60));
+      return;
+    }
+    // No descriptor beyond those open now: the point-to-point connection to rank 1 (made on
+    // the first send) cannot open its endpoint.
+    int open = 0;
+    if (DIR* fds = ::opendir("/proc/self/fd")) {
+      while (::readdir(fds) != nullptr) ++open;
+      ::closedir(fds);
+    }
+    rlimit limit{};
+    LOOM_CHECK(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+    const rlim_t saved = limit.rlim_cur;
+    limit.rlim_cur = static_cast<rlim_t>(open);  // counts ".", ".." and the directory's own
+    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    float x = 1;
+    std::string what;
+    try {
+      comm->send(&x, 1, DataType::kFloat32, 1, 1).wait();
+      what = "the send succeeded";
+    } catch (const Error& e) {
+      what = e.what();
+      LOOM_CHECK(e.code() == ErrorCode::kSystem, << e.what());
+    }
+    limit.rlim_cur = saved;
+    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    ctx.store->set("failed", {1});
+    LOOM_CHECK(
+        what.find("lost rank 1") == std::string::npos && what.find("rank 0") != std::string::npos,
+        << what);
   });
 }
 

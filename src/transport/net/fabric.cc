@@ -55,6 +55,12 @@ std::string fiError(int rc) {
   return std::string(fi_strerror(-rc)) + " (" + std::to_string(rc) + ")";
 }
 
+// Whether a provider's error is this process running short (descriptors, memory), not
+// anything the peer did: reported as this rank's failure.
+bool shortHere(int rc) {
+  return rc == -FI_EMFILE || rc == -FI_ENOMEM || rc == -ENFILE;
+}
+
 [[noreturn]] void fail(std::string_view what, int rc) {
   throw Error(ErrorCode::kSystem, "network", -1, std::string(what) + " failed: " + fiError(rc));
 }
@@ -113,9 +119,11 @@ void Endpoint::start() {
     const int rc = fi_connect(ep_, connectTo_->dest_addr, nullptr, 0);
     fi_freeinfo(connectTo_);
     connectTo_ = nullptr;
+    if (shortHere(rc)) fail("fi_connect", rc);
     if (rc != 0) failClosed("could not be started: " + fiError(rc));
   } else {
     const int rc = fi_accept(ep_, nullptr, 0);
+    if (shortHere(rc)) fail("fi_accept", rc);
     if (rc != 0) failClosed("could not be accepted: " + fiError(rc));
   }
 }
@@ -149,6 +157,7 @@ void Endpoint::postReceive(void* buffer, size_t bytes, void* context) {
   // Callers post at most their few buffers, well under the queue's depth, so the provider
   // has no reason to refuse one.
   const ssize_t rc = fi_recv(ep_, buffer, bytes, nullptr, FI_ADDR_UNSPEC, context);
+  if (shortHere(static_cast<int>(rc))) fail("fi_recv", static_cast<int>(rc));
   if (rc != 0) failClosed("refused a receive buffer: " + fiError(static_cast<int>(rc)));
 }
 
@@ -332,6 +341,7 @@ std::unique_ptr<Endpoint> Fabric::connect(const std::string& address) {
     rc = fi_getinfo(kApiVersion, host.c_str(), port.c_str(), 0, want, &peer);
   }
   fi_freeinfo(want);
+  if (shortHere(rc)) fail("fi_getinfo", rc);
   if (rc != 0) {
     throw Error(ErrorCode::kPeerFailure, "connect", -1,
                 "cannot reach " + address + " from " + description_ + ": " + fiError(rc));

@@ -8,7 +8,10 @@ namespace loom::net {
 
 void NetLink::rethrow(const Error& e) const {
   if (peer_.empty()) throw e;
-  throw Error(e.code(), e.op(), e.rank(), "the link with " + peer_ + " broke: " + e.detail());
+  // A peer failure is the link's or the peer's; anything else (a process out of
+  // descriptors) happened on this side.
+  const char* what = e.code() == ErrorCode::kPeerFailure ? " broke: " : " failed on this side: ";
+  throw Error(e.code(), e.op(), e.rank(), "the link with " + peer_ + what + e.detail());
 }
 
 SendChannel* NetLink::outbound() {
