@@ -133,7 +133,7 @@ void ByteFetcher::drop(const std::shared_ptr<Connection>& c) {
   }
   // Closed at once, so the server's session for it ends and lets go of the buffer it was
   // sending; the reply channel goes too, or, not claimed yet, is closed as it arrives.
-  if (c->out) c->out->closeAbruptly();
+  if (c->out) c->out->closeWithoutFlush();
   c->out.reset();
   if (c->in) {
     c->in.reset();

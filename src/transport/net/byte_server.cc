@@ -122,7 +122,10 @@ void ByteServer::serve(Worker& worker) {
       bool drop = false;
       try {
         moved |= advance(*sessions[i]);
-        drop = sessions[i]->in->peerLeft();  // the reader closed normally
+        // The reader closed normally: either of its channels says so (one waiting for a
+        // reply is not read until the reply is out, which the reader no longer takes).
+        const Session& s = *sessions[i];
+        drop = s.in->peerLeft() || (s.out && s.out->peerLeft());
       } catch (const Error&) {
         drop = true;  // the reader died or broke the protocol: its session alone ends
       }

@@ -23,16 +23,20 @@ static_assert(kReplyBytes <= kSmallBytes && kFrameHeaderBytes <= kSmallBytes);
 // Tells the other end that this one leaves normally; best effort (it may be gone already).
 // The goodbye is sent with a completion and awaited, because closing right behind a queued
 // message may drop it; the wait is bounded, and a peer that is already gone ends it.
-constexpr auto kGoodbyePatience = std::chrono::seconds(2);
+constexpr auto kGoodbyePatience = std::chrono::milliseconds(2000);
+// A writer that gives up what it has queued waits less: over a cut link the goodbye never
+// goes out, and each of the communicator's channels would wait in turn.
+constexpr auto kGivingUpPatience = std::chrono::milliseconds(250);
 void* const kGoodbyeContext = reinterpret_cast<void*>(~uintptr_t{0});
 
-void sayGoodbye(Endpoint& endpoint) {
+void sayGoodbye(Endpoint& endpoint,
+                std::chrono::milliseconds patience = std::chrono::milliseconds(kGoodbyePatience)) {
   FrameHeader header;
   header.type = FrameType::kGoodbye;
   uint8_t bytes[kFrameHeaderBytes];
   encodeFrameHeader(header, bytes);
   const iovec part{bytes, sizeof bytes};
-  const auto deadline = std::chrono::steady_clock::now() + kGoodbyePatience;
+  const auto deadline = std::chrono::steady_clock::now() + patience;
   try {
     while (!endpoint.postSend({&part, 1}, kGoodbyeContext)) {
       if (std::chrono::steady_clock::now() > deadline) return;
@@ -162,7 +166,12 @@ void SendChannel::abandon() noexcept {
   discardBorrowed();
 }
 
-void SendChannel::closeAbruptly() noexcept {
+void SendChannel::closeWithoutFlush() noexcept {
+  if (!endpoint_) return;
+  // Behind what the provider already holds; a live peer reads it as a normal leave (a
+  // connection closed without one reads as this rank lost, which would race the real
+  // reason, forwarded by the control plane).
+  if (step_ == Step::kReady && !peerLeft_ && !discarded_) sayGoodbye(*endpoint_, kGivingUpPatience);
   endpoint_.reset();  // discards every send still outstanding (see discardBorrowed)
   discarded_ = true;
   lentInFlight_ = 0;

@@ -86,10 +86,10 @@ class SendChannel {
   /// memory it lent: if frames from borrowed payloads are still queued, closes the
   /// connection, which discards them, so they are never read; the peer sees it close.
   void abandon() noexcept;
-  /// For a writer whose communicator has failed: closes the connection now, sending nothing
-  /// still queued and no goodbye (the peer sees a break, and learns the reason from the
-  /// failure forwarded to it), where the destructor would wait to deliver them.
-  void closeAbruptly() noexcept;
+  /// For a writer that gives up what it queued (its communicator failed): sends nothing more
+  /// of it, says goodbye if that goes out within 250 ms, and closes the connection, where the
+  /// destructor would wait up to 10 s to deliver the frames and 2 s for the goodbye.
+  void closeWithoutFlush() noexcept;
   /// Frames sent from borrowed payloads so far (tests check with it that the path was taken).
   uint64_t borrowedFrames() const { return borrowedFrames_; }
   /// Who this channel connects to, for messages.
@@ -118,7 +118,7 @@ class SendChannel {
   std::vector<uint8_t> lent_;  // per slot: its frame's payload is borrowed, not in the slot
   int lentInFlight_ = 0;       // slots whose frame points into a writer's memory
   uint64_t borrowedFrames_ = 0;
-  bool discarded_ = false;       // abandon() or closeAbruptly() closed the connection
+  bool discarded_ = false;       // abandon() or closeWithoutFlush() closed it
   std::vector<uint8_t> smalls_;  // receive buffers for the reply and credit frames
   int credits_ = 0;
   bool inMessage_ = false;  // the current message's first frame is out
