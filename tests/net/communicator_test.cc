@@ -418,6 +418,49 @@ TEST_F(TwoHosts, ARankOutOfFileDescriptorsNamesItselfNotItsPeer) {
   });
 }
 
+// The acceptor's side of the same: a process that cannot take a connection (out of
+// descriptors) says why on stderr, where its peer sees only its connection refused (and
+// reports that rank lost, as it would a process that is gone).
+TEST_F(TwoHosts, AProcessThatCannotAcceptAConnectionSaysWhy) {
+  const NetnsHosts& hosts = *hosts_;
+  const auto outcomes = loom::testing::runRanks(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 0) {
+      ctx.store->get("short", std::chrono::seconds(60));
+      float x = 1;
+      try {
+        comm->send(&x, 1, DataType::kFloat32, 1, 1).wait();
+      } catch (const Error& e) {
+        LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos, << e.what());
+      }
+      ctx.store->set("sent", {1});
+      return;
+    }
+    int open = 0;
+    if (DIR* fds = ::opendir("/proc/self/fd")) {
+      while (::readdir(fds) != nullptr) ++open;
+      ::closedir(fds);
+    }
+    rlimit limit{};
+    LOOM_CHECK(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+    const rlim_t saved = limit.rlim_cur;
+    limit.rlim_cur = static_cast<rlim_t>(open);
+    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    ctx.store->set("short", {1});
+    ctx.store->get("sent", std::chrono::seconds(60));
+    limit.rlim_cur = saved;
+    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+  });
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+  EXPECT_NE(outcomes[1].output.find("could not accept a connection"), std::string::npos)
+      << outcomes[1].output;
+}
+
 TEST_F(TwoHosts, ARankThatLeavesEarlyIsNamedByItsPeerAcrossHosts) {
   // Rank 1 destroys its communicator normally while rank 0 (the other host) waits for it
   // in a collective: rank 0 must be told so at once, not wait out its timeout.

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -136,20 +137,37 @@ void NetService::run() {
     std::unique_ptr<Endpoint> endpoint;
     try {
       endpoint = fabric_.acceptNext(wait);
-    } catch (const Error&) {
+    } catch (const Error& e) {
       refused_.fetch_add(1, std::memory_order_relaxed);  // the request could not be accepted
+      reportRefusal(e);
     }
     if (endpoint) {
       try {
         pending_.push_back({std::make_unique<ReceiveChannel>(
                                 std::move(endpoint), [this](const Hello& h) { return lookup(h); }),
                             Clock::now()});
-      } catch (const Error&) {
+      } catch (const Error& e) {
         refused_.fetch_add(1, std::memory_order_relaxed);
+        reportRefusal(e);
       }
     }
     advance(Clock::now());
   }
+}
+
+void NetService::reportRefusal(const Error& e) {
+  // A peer failure is the initiator's (it left mid-request); anything else happened here,
+  // where nobody else learns of it: the initiator sees its connection refused and names
+  // this rank's process, which must say why.
+  if (e.code() == ErrorCode::kPeerFailure) return;
+  const auto now = Clock::now();
+  if (lastReport_ != Clock::time_point{} && now - lastReport_ < std::chrono::seconds(10)) return;
+  lastReport_ = now;
+  std::fprintf(stderr,
+               "loom: the network service of process %d could not accept a connection: %s "
+               "(its peer is turned away; if descriptors ran out, raise the open-file limit: "
+               "ulimit -n)\n",
+               static_cast<int>(::getpid()), e.detail().c_str());
 }
 
 void NetService::makeRoom(Clock::time_point now) {

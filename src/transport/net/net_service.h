@@ -100,6 +100,9 @@ class NetService {
   // not waiting for their communicator, or else of those that do.
   void makeRoom(Clock::time_point now);
   std::optional<Expectation> lookup(const Hello& hello);
+  /// Says on stderr why a connection could not be taken, where that is this process's fault
+  /// (at most every 10 s).
+  void reportRefusal(const Error& e);
 
   Fabric& fabric_;
   const Limits limits_;
@@ -113,6 +116,7 @@ class NetService {
   std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;  // guarded by mutex_
   std::map<Key, Clock::time_point> discarded_;             // guarded by mutex_: until when
   std::vector<Pending> pending_;                           // service thread only
+  Clock::time_point lastReport_{};                         // service thread only
   std::atomic<uint64_t> refused_{0};
   std::atomic<bool> stopping_{false};
   const pid_t owner_;  // the process whose thread thread_ is
