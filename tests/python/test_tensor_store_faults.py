@@ -1,7 +1,7 @@
 """loom.tensor_store when things go wrong: torn-read protection under a writer putting as fast as
 it can, writers and readers killed mid-transfer, puts that fail midway or are refused, a read
 racing the release of its buffer, two writers of one key (with and without a process group),
-and a key deleted by a rank that did not put it."""
+a key deleted by a rank that did not put it, and a mesh put refused on one of its ranks."""
 
 from __future__ import annotations
 
@@ -442,6 +442,44 @@ def _refused_put(rank, world):
 
 def test_a_put_refused_for_memory_leaves_the_kept_versions_readable():
     assert run_ranks(2, _refused_put) == [[1.0, 2.0, 2, 3.0]] * 2
+
+
+def _mesh_put_refused_on_one_rank(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from loom.tensor_store import _store
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    mesh = init_device_mesh("cpu", (world,))
+
+    def sd(step):
+        return {"w": distribute_tensor(torch.full((1 << 16, 4), float(step)), mesh, [Shard(0)])}
+
+    ts.put_state_dict(sd(1), "policy")
+    refused = False
+    real = _store._available_memory
+    if rank == 1:  # this rank's buffers are refused for step 2; rank 0 publishes its part
+        _store._available_memory = lambda: 1 << 10
+    try:
+        ts.put_state_dict(sd(2), "policy")
+    except MemoryError:
+        refused = True
+    finally:
+        _store._available_memory = real
+    ts.put_state_dict(sd(3), "policy")  # both ranks number it alike
+    dist.barrier()
+    got = ts.get_state_dict("policy")["w"]
+    out = refused, ts.latest_version("policy"), sorted(set(got.flatten().tolist()))
+    dist.barrier()
+    return out
+
+
+def test_a_mesh_put_refused_on_one_rank_never_mixes_two_steps():
+    # Rank 1 used to number its next put as the one refused, completing version 2 with rank
+    # 0's step-2 part beside its own step-3 part.
+    assert run_ranks(2, _mesh_put_refused_on_one_rank) == [(False, 3, [3.0]), (True, 3, [3.0])]
 
 
 def test_a_get_that_fails_after_filling_part_of_the_callers_tensors_says_so():

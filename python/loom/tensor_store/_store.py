@@ -435,6 +435,11 @@ class TensorStore(ReadPlanning):
         except BaseException:
             if parts == 1:  # nothing of it was published: its number is free again
                 self._store.delete_key(f"k/{key}/v{version}/writers")
+            else:
+                # The mesh's other ranks publish their parts of this number and number their
+                # next put after it: so must this rank, or that put would complete this
+                # number with their parts of the step before.
+                self._last_version[key] = version
             raise
         for _ in retiring:
             self._unpublish(key, kept.popleft())
