@@ -1,7 +1,8 @@
 """loom.tensor_store when things go wrong: torn-read protection under a writer putting as fast as
 it can, writers and readers killed mid-transfer, puts that fail midway or are refused, a read
 racing the release of its buffer, two writers of one key (with and without a process group),
-a key deleted by a rank that did not put it, and a mesh put refused on one of its ranks."""
+a key deleted by a rank that did not put it, a mesh put refused on one of its ranks, and a
+named version retired as it is read."""
 
 from __future__ import annotations
 
@@ -480,6 +481,38 @@ def test_a_mesh_put_refused_on_one_rank_never_mixes_two_steps():
     # Rank 1 used to number its next put as the one refused, completing version 2 with rank
     # 0's step-2 part beside its own step-3 part.
     assert run_ranks(2, _mesh_put_refused_on_one_rank) == [(False, 3, [3.0]), (True, 3, [3.0])]
+
+
+def _named_version_retired_as_read(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("k", torch.full((4,), 1.0))
+    dist.barrier()
+    stale = ts._latest("k")  # version 1 is the latest: a get of it named reads its parts next
+    dist.barrier()
+    if rank == 0:
+        ts.put("k", torch.full((4,), 2.0))
+        ts.put("k", torch.full((4,), 3.0))  # retires version 1 (two kept)
+    dist.barrier()
+    out = None
+    if rank == 1:  # as if version 1 were retired between the reader's two looks
+        real, looks = ts._latest, iter([stale])
+        ts._latest = lambda key: next(looks, None) or real(key)
+        try:
+            out = ts.get("k", version=1).tolist()
+        except TensorStoreError as e:
+            out = "no longer kept" in str(e)
+        ts._latest = real
+        out = out, ts.get("k").tolist()
+    dist.barrier()
+    return out
+
+
+def test_a_named_version_retired_as_it_is_read_is_refused_not_replaced():
+    # It used to be read again as the latest: get(version=1) returned version 3's values.
+    assert run_ranks(2, _named_version_retired_as_read)[1] == (True, [3.0] * 4)
 
 
 def test_a_get_that_fails_after_filling_part_of_the_callers_tensors_says_so():

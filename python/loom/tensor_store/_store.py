@@ -689,6 +689,7 @@ class TensorStore(ReadPlanning):
             plan.in_use = False
 
     def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8) -> tuple[int, list[PartMeta]]:
+        asked = version  # None: the latest, whichever it is by the time it is read
         latest = self._latest(key)
         if version is None:
             if latest is None:
@@ -701,9 +702,9 @@ class TensorStore(ReadPlanning):
             return self._parts(key, version, timeout, retries)
         else:
             lent = None
-            complete = f"k/{key}/v{version}/complete"
-            if self._store.check([complete]):
-                parts = int(self._store.get(complete))
+            complete = self._get_now(f"k/{key}/v{version}/complete")  # one look: it may be retired
+            if complete is not None:
+                parts = int(complete)
             elif latest is not None and version <= latest[0]:
                 raise TensorStoreError(self._message(
                     f"get('{key}', version={version}): that version is no longer kept (the "
@@ -726,14 +727,13 @@ class TensorStore(ReadPlanning):
                 self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, latest)
         if lent is not None:
             return version, [self._decode(lent, version)]
-        names = [f"k/{key}/v{version}/p{i}" for i in range(parts)]
-        if parts == 1:
-            value = self._get_now(names[0])
-            values = None if value is None else [value]
-        else:
-            values = self._store.multi_get(names) if self._store.check(names) else None
-        if values is None:  # retired since latest was read: newer ones exist
-            if retries == 0 or (latest is not None and version != latest[0]):
+        # One look each (a check, then a get, would wait the Store's timeout for a part retired
+        # in between).
+        values = [self._get_now(f"k/{key}/v{version}/p{i}") for i in range(parts)]
+        if any(value is None for value in values):  # retired since latest was read
+            # The latest is asked again; a version the caller named is gone, and no newer one
+            # may stand in for it.
+            if retries == 0 or asked is not None:
                 raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
             return self._parts(key, None, timeout, retries - 1)
         return version, [self._decode(value, version) for value in values]
