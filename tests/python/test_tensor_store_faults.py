@@ -1,8 +1,8 @@
 """loom.tensor_store when things go wrong: torn-read protection under a writer putting as fast as
 it can, writers and readers killed mid-transfer, puts that fail midway or are refused, a read
 racing the release of its buffer, two writers of one key (with and without a process group),
-a key deleted by a rank that did not put it, a mesh put refused on one of its ranks, and a
-named version retired as it is read."""
+a key deleted by a rank that did not put it or by one rank of a mesh, a mesh put refused on
+one of its ranks, and a named version retired as it is read."""
 
 from __future__ import annotations
 
@@ -408,6 +408,35 @@ def _deleted_by_a_reader(rank, world):
 
 def test_a_key_deleted_by_a_rank_that_did_not_put_it_is_read_again_once_put():
     assert run_ranks(2, _deleted_by_a_reader)[1] == ([2.0, 2.0], 2, [2.0, 2.0])
+
+
+def _deleted_by_one_rank_of_a_mesh(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(timeout=timedelta(seconds=20))
+    mesh = init_device_mesh("cpu", (world,))
+
+    def put(step):
+        ts.put_state_dict({"w": distribute_tensor(torch.full((8, 2), float(step)), mesh, [Shard(0)])}, "p")
+
+    put(1)
+    put(2)
+    dist.barrier()
+    if rank == 1:
+        ts.delete("p")
+    dist.barrier()
+    put(3)  # numbered alike on both ranks (rank 1 used to start again from 1)
+    dist.barrier()
+    out = ts.exists("p") and (ts.latest_version("p"), sorted(set(ts.get_state_dict("p")["w"].flatten().tolist())))
+    dist.barrier()
+    return out
+
+
+def test_a_key_deleted_by_one_rank_of_a_mesh_is_put_again_by_all():
+    assert run_ranks(2, _deleted_by_one_rank_of_a_mesh) == [(3, [3.0])] * 2
 
 
 def _refused_put(rank, world):

@@ -258,7 +258,8 @@ class TensorStore(ReadPlanning):
             lent = self._lent.pop(key, None)
             if lent is not None:
                 self._withdraw(key, lent)
-            self._last_version.pop(key, None)
+            # Kept: the next put is numbered from this rank's last version, as every other
+            # writer of the key (a DTensor's mesh) numbers its own, whoever deleted it.
             self._latest_seen.pop(key, None)
             self._write_plans.pop(key, None)
             self._read_plans.pop(key, None)
