@@ -309,6 +309,30 @@ def test_buffers_are_bounded_and_freed():
     assert reader["reader"][0] == 0 and reader["reader"][1] <= 4
 
 
+def _many_keys(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    if rank == 0:  # a step's key each step, deleted once read
+        for step in range(80):
+            ts.put(f"step{step}", torch.full((1000,), float(step)))
+    dist.barrier()
+    out = {}
+    if rank == 1:
+        out["read"] = all(float(ts.get(f"step{step}")[0]) == step for step in range(80))
+        out["mapped"] = store_buffers()[1]
+        ts.delete("step79")  # this rank's own delete lets go at once
+        out["after_delete"] = store_buffers()[1]
+    dist.barrier()
+    return out
+
+
+def test_a_reader_lets_go_of_keys_it_read_long_ago():
+    reader = run_ranks(2, _many_keys)[1]
+    # One mapping per key read (one buffer each), of the last 64 keys; the deleted one's gone.
+    assert reader == {"read": True, "mapped": 64, "after_delete": 63}
+
+
 def _errors(rank, world):
     from torch.distributed.tensor import Partial, distribute_tensor
     from torch.distributed.device_mesh import init_device_mesh

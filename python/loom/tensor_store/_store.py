@@ -69,6 +69,10 @@ from ._parts import (
 _ABSENT = b"\x00loom-tensor-store: absent\x00"
 # Numbers the TensorStores of this process: with its pid and host, a writer's identity.
 _SERIALS = itertools.count()
+# The writer buffers whose mappings a reader keeps ((key, part, buffer) slots, up to `keep`
+# mappings each), least recently read dropped first: keys read once and then deleted by
+# another rank (a step's key) would otherwise keep their pages mapped for good.
+_READ_SLOTS = 64
 
 class TensorStore(ReadPlanning):
     """Put/get of tensors, DTensors, objects and state dicts, bytes moving straight from the
@@ -119,7 +123,8 @@ class TensorStore(ReadPlanning):
         self._read_plans: dict[str, dict[tuple, ReadPlan]] = {}
         self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
         self._mapped: dict[str, MappedBuffer] = {}  # by region id
-        self._reading: dict[tuple, collections.deque] = {}  # (key, part, buffer) -> region ids, newest first
+        # (key, part, buffer) -> region ids, newest first; least recently read slot first
+        self._reading: collections.OrderedDict[tuple, collections.deque] = collections.OrderedDict()
         self._lendable: list[OwnedBuffer] = []  # buffers make_lendable moved tensors into
         self._lent: dict[str, Lent] = {}  # keys this writer lends, by key
         self._broadcaster = Broadcaster(self._bucket_bytes)  # broadcast mode's plans and versions
@@ -263,6 +268,8 @@ class TensorStore(ReadPlanning):
             self._latest_seen.pop(key, None)
             self._write_plans.pop(key, None)
             self._read_plans.pop(key, None)
+            for slot in [slot for slot in self._reading if slot[0] == key]:
+                self._drop_slot(slot)
 
     def exists(self, key: str) -> bool:
         """True if some version of `key` is readable."""
@@ -824,12 +831,26 @@ class TensorStore(ReadPlanning):
         # A writer rotates `keep` buffers per key: keep as many mappings of each (mapping one
         # again means faulting in all its pages), and drop the least recently used beyond.
         recent = self._reading.setdefault(slot, collections.deque())
+        self._reading.move_to_end(slot)
         if meta.region_id in recent:
             recent.remove(meta.region_id)
         recent.appendleft(meta.region_id)
         while len(recent) > self._keep:
             self._mapped.pop(recent.pop(), None)
+        # Beyond _READ_SLOTS, the least recently read slot of another key goes, with its key's
+        # read plans (which hold mappings too): a later read maps it again.
+        while len(self._reading) > _READ_SLOTS:
+            oldest = next((s for s in self._reading if s[0] != part.key), None)
+            if oldest is None:
+                break
+            self._drop_slot(oldest)
         return mapped
+
+    def _drop_slot(self, slot: tuple) -> None:
+        """Forgets a (key, part, buffer) slot's mappings and its key's read plans."""
+        for region in self._reading.pop(slot, ()):
+            self._mapped.pop(region, None)
+        self._read_plans.pop(slot[0], None)
 
     # ---- messages -------------------------------------------------------------------------
 
