@@ -348,9 +348,10 @@ def rank_main(rank: int, world: int, args, init_method: str, queue, hosts=None) 
 
         import loom  # noqa: F401
 
-        # Ranks on this machine share its cores (namespace hosts included).
+        # Ranks on this machine share the cores it may use (its CPU set: taskset, SLURM and
+        # containers give fewer than os.cpu_count(); namespace hosts included).
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local))
+        torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // local))
         dist.init_process_group("loom", init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         groups = {"loom": dist.group.WORLD, "direct": dist.group.WORLD, "eager": dist.group.WORLD}

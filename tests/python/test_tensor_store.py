@@ -342,6 +342,8 @@ def _errors(rank, world):
     ts = TensorStore()
     with pytest.raises(ValueError, match="at least 2 versions"):
         TensorStore(keep=1)
+    with pytest.raises(ValueError, match=r"bucket_bytes=0; a positive number of bytes"):
+        TensorStore(bucket_bytes=0)
     if rank == 0:
         ts.put("f32", torch.zeros(4, 4))
         ts.put("obj", [1, 2])
@@ -418,6 +420,10 @@ def _errors(rank, world):
     if partial is not None:
         with pytest.raises(ValueError, match=r"rank \d\): 'partial' is a DTensor placed Partial.*redistribute"):
             ts.put("partial", partial)
+    from torch.distributed.tensor import Shard
+    target = distribute_tensor(torch.zeros(4, 4), mesh, [Shard(0)])
+    with pytest.raises(ValueError, match="a DTensor to fill says which block it reads; pass it without tensor_slice_spec"):
+        ts.get("f32", inplace_tensor=target, tensor_slice_spec=((0, 0), (2, 2)))
     dist.barrier()  # the writer's buffers live as long as its store
     return True
 

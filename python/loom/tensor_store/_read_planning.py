@@ -141,6 +141,9 @@ class ReadPlanning:
         if dst is not None and dst.dtype != stored.dtype:
             raise ValueError(self._message(f"{what} is stored as {stored.dtype}; the tensor to fill is {dst.dtype}"))
         if dst is not None and is_dtensor(dst):
+            if slice_spec is not None:
+                raise ValueError(self._message(f"{what}: a DTensor to fill says which block it reads; "
+                                               f"pass it without tensor_slice_spec"))
             want, global_shape = self._dtensor_box(dst, what)
             if global_shape != stored.global_shape:
                 raise ValueError(self._message(f"{what} has global shape {list(stored.global_shape)}; the DTensor to fill has {list(global_shape)}"))

@@ -106,7 +106,10 @@ class TensorStore(ReadPlanning):
         self._serve_remote = serve_remote
         self._rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self._keep = keep
-        self._bucket_bytes = max(1, int(bucket_bytes))
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
+            raise ValueError(f"loom tensor store: bucket_bytes={bucket_bytes!r}; a positive number of "
+                             f"bytes (the default, 64 MiB, copies a version a bucket at a time)")
+        self._bucket_bytes = bucket_bytes
         self._timeout = as_timeout(timeout, "loom tensor store") if timeout is not None else store.timeout
         self._host = host_identity()
         self._serial = next(_SERIALS)
