@@ -445,8 +445,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   std::vector<size_t> counts;
   for (size_t q = 0; q < inputs[0].size(); ++q) {
     requireDense(s, "inputs", inputs[0][q]);
-    if (inputs[0][q].scalar_type() != outputs[0].scalar_type())
-      invalid(s, "input and output dtypes differ");
+    if (inputs[0][q].scalar_type() != outputs[0].scalar_type()) {
+      invalid(s, "input " + std::to_string(q) + " is " + dtypeName(inputs[0][q]) +
+                     " but the output is " + dtypeName(outputs[0]) +
+                     "; give every tensor of the call one dtype");
+    }
     ins.push_back(reductionView(s, inputs[0][q], opts.reduceOp));
     counts.push_back(ins.back().count);
   }
@@ -527,7 +530,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   const CallSite s = site("all_to_all_single", !opts.asyncOp);
   requireDense(s, "input", input);
   requireDense(s, "output", output);
-  if (output.scalar_type() != input.scalar_type()) invalid(s, "output and input dtypes differ");
+  if (output.scalar_type() != input.scalar_type()) {
+    invalid(s, "the output is " + dtypeName(output) + " but the input is " + dtypeName(input) +
+                   "; give both one dtype");
+  }
   Outputs outputs;
   const at::Tensor target = outputs.target(output);
   const bool equalBlocks = inputSplitSizes.empty() && outputSplitSizes.empty();
@@ -629,7 +635,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
     requireDense(s, "outputs", outputs[q]);
     if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
         outputs[q].scalar_type() != inputs[0].scalar_type()) {
-      invalid(s, "all input and output tensors must share one dtype");
+      invalid(s, "input " + std::to_string(q) + " is " + dtypeName(inputs[q]) + " and output " +
+                     std::to_string(q) + " " + dtypeName(outputs[q]) + " where input 0 is " +
+                     dtypeName(inputs[0]) + "; give every tensor of the call one dtype");
     }
     ins.push_back(movementView(inputs[q]));
     recvCounts.push_back(elementsOf(outputs[q], ins.back().type));

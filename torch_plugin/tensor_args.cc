@@ -79,7 +79,8 @@ void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
   requireDense(site, partName.c_str(), part);
   requireDense(site, wholeName.c_str(), whole);
   if (whole.scalar_type() != part.scalar_type()) {
-    invalid(site, wholeName + " and " + partName + " dtypes differ");
+    invalid(site, wholeName + " is " + dtypeName(whole) + " but " + partName + " is " +
+                      dtypeName(part) + "; give both one dtype");
   }
   const int64_t needed = part.numel() * site.size;
   if (whole.numel() != needed) {
@@ -269,7 +270,11 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType typ
     case c10d::ReduceOp::PREMUL_SUM: {
       const auto* supplement =
           dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      if (supplement == nullptr) invalid(site, "PREMUL_SUM came without its factor");
+      if (supplement == nullptr) {
+        invalid(site,
+                "PREMUL_SUM came without its factor; make the op with "
+                "torch.distributed._make_nccl_premul_sum(factor)");
+      }
       if (supplement->tensor_factor.defined() && supplement->tensor_factor.is_complex()) {
         // Taking its real part (what .to(kDouble) does, with only a warning) would be a
         // wrong answer: the real pairs of a complex tensor cannot be scaled by i.

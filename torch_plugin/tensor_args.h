@@ -30,6 +30,10 @@ struct CallSite {
 
 /// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>", then the legend.
 [[noreturn]] void invalid(const CallSite& site, const std::string& detail);
+/// A tensor's dtype as torch prints it ("Float", "BFloat16"), for messages.
+inline std::string dtypeName(const at::Tensor& t) {
+  return c10::toString(t.scalar_type());
+}
 
 /// Checks the argument list has exactly `n` tensors (c10d passes single-element lists).
 void requireCount(const CallSite& site, const char* what, size_t actual, size_t n);

@@ -213,7 +213,7 @@ def errors_body(rank: int, world: int, entry: str) -> None:
         (lambda: ops.all_gather_into_tensor_out(t, world, name, out=torch.empty(4 * world + 1)),
          f"out has {4 * world + 1} elements; it needs"),
         (lambda: ops.all_gather_into_tensor_out(t, world, name, out=torch.empty(4 * world).long()),
-         "out and input dtypes differ"),
+         "out is Long but input is Float; give both one dtype"),
         (lambda: ops.reduce_scatter_tensor_out(torch.ones(4 * world), "sum", world, name,
                                                out=torch.empty(5)),
          "input has .* elements; it needs"),
