@@ -144,12 +144,6 @@ void runBlocking(const ProcessGroupLoom& pg, Issue&& issue) {
   }
 }
 
-OpOptions blockingOptions() {
-  OpOptions o;
-  o.blocking = true;
-  return o;
-}
-
 /// Waits for a c10d call made with async_op=False (CUDA: already ordered on the caller's
 /// stream; CPU: finished).
 void waitFor(const c10::intrusive_ptr<c10d::Work>& work) {
@@ -231,7 +225,7 @@ void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
   const ReduceOp loomOp = reduceOpOf(s, op, in.type);
   runBlocking(pg, [&] {
     return pg.communicator().allReduce(in.ptr(), output, in.count, in.type, loomOp,
-                                       blockingOptions());
+                                       pg.directOptions(c10d::OpType::ALLREDUCE, {input}, {input}));
   });
 }
 
@@ -276,8 +270,9 @@ void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group)
   if (direct({&tensor})) {
     const Flat flat = movementView(tensor);
     runBlocking(pg, [&] {
-      return pg.communicator().broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
-                                         static_cast<int>(src), blockingOptions());
+      return pg.communicator().broadcast(
+          flat.ptr(), flat.ptr(), flat.count, flat.type, static_cast<int>(src),
+          pg.directOptions(c10d::OpType::BROADCAST, {tensor}, {tensor}));
     });
   } else {
     std::vector<at::Tensor> tensors{tensor};
@@ -304,8 +299,9 @@ void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& in
   if (direct({&input, &output})) {
     const Flat in = gatherReadApart(s, movementView(input), output);
     runBlocking(pg, [&] {
-      return pg.communicator().allGather(in.ptr(), output.data_ptr(), in.count, in.type,
-                                         blockingOptions());
+      return pg.communicator().allGather(
+          in.ptr(), output.data_ptr(), in.count, in.type,
+          pg.directOptions(c10d::OpType::_ALLGATHER_BASE, {input}, {output}));
     });
     return;
   }
@@ -355,8 +351,9 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
     const Flat in = scatterReadApart(s, reductionView(s, input, op), output);
     const ReduceOp loomOp = reduceOpOf(s, op, in.type);
     runBlocking(pg, [&] {
-      return pg.communicator().reduceScatter(in.ptr(), output.data_ptr(), in.count / s.size,
-                                             in.type, loomOp, blockingOptions());
+      return pg.communicator().reduceScatter(
+          in.ptr(), output.data_ptr(), in.count / s.size, in.type, loomOp,
+          pg.directOptions(c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output}));
     });
     return;
   }
@@ -406,9 +403,9 @@ void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& inp
       output.nbytes() == input.nbytes() && apart && direct({&input, &output})) {
     const Flat in = movementView(input);
     runBlocking(pg, [&] {
-      return pg.communicator().allToAll(in.ptr(), output.data_ptr(),
-                                        in.count / static_cast<size_t>(s.size), in.type,
-                                        blockingOptions());
+      return pg.communicator().allToAll(
+          in.ptr(), output.data_ptr(), in.count / static_cast<size_t>(s.size), in.type,
+          pg.directOptions(c10d::OpType::ALLTOALL_BASE, {input}, {output}));
     });
     return;
   }

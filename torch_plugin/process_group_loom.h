@@ -131,6 +131,16 @@ class ProcessGroupLoom : public c10d::Backend {
   const std::string& legend() const { return ties_->legend; }
   /// Whether a coalescing block is open (startCoalescing without its endCoalescing).
   bool isCoalescing() const { return coalescing_.load(std::memory_order_acquire); }
+  /// The options of a blocking call of the direct entry (torch.ops.loom): under desync debug
+  /// with the signature its c10d fallback (same `type`, inputs and outputs) carries, so that
+  /// ranks that took different paths for the same call still agree.
+  OpOptions directOptions(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs) const {
+    OpOptions o;
+    o.blocking = true;
+    if (desyncDebug_) o.signature = signatureOf(type, inputs, outputs);
+    return o;
+  }
 
  private:
   /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom (a

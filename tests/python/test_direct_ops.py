@@ -433,6 +433,23 @@ def test_the_entries_reach_loom_under_desync_debug():
     assert results == [([3.0, 3.0, 3.0], [2.0, 2.0], True)] * 2
 
 
+def body_two_paths_under_desync_debug(rank: int, world: int):
+    """One call, a contiguous tensor on rank 0 (the direct path) and a transposed one of the
+    same shape on rank 1 (the c10d path): under LOOM_DESYNC_DEBUG both carry the call's
+    shapes, so the ranks agree (the direct path carried none, a named mismatch)."""
+    name = dist.group.WORLD.group_name
+    x = torch.arange(16.0).reshape(4, 4)
+    t = x.clone() if rank == 0 else x.t().contiguous().t()  # same values, rank 1 transposed
+    torch.ops.loom.all_reduce_(t, "sum", name)
+    out = torch.empty(8, 4)
+    torch.ops.loom.all_gather_into_tensor_out(x if rank == 0 else x.t().contiguous().t(), world, name, out=out)
+    return torch.equal(t, 2 * x), torch.equal(out, torch.cat([x, x]))
+
+
+def test_a_call_on_the_direct_and_the_c10d_path_agrees_under_desync_debug():
+    assert run_ranks(2, body_two_paths_under_desync_debug, env={"LOOM_DESYNC_DEBUG": "1"}) == [(True, True)] * 2
+
+
 def body_tensor_subclasses(rank: int, world: int):
     """A tensor subclass with its own dispatch (a wrapper subclass here; DTensor is another)
     has no memory the kernel could read: loom.ops's eager functions hand it to the operator,
