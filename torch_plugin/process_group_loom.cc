@@ -16,6 +16,7 @@
 #include "store_adapter.h"
 #include "transport/shm/lending.h"
 #include "util/env.h"
+#include "util/worker.h"
 
 namespace loom::torch_plugin {
 
@@ -239,6 +240,29 @@ void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
   auto kept = std::make_shared<const Kept>(Kept{std::move(finisher), uses, outputs});
   // Released with the last of them to end, on the thread that ends it.
   for (const Request& r : requests) r.onComplete([kept](std::exception_ptr) {});
+}
+
+void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work) {
+  std::lock_guard<std::mutex> lock(lastAsyncMutex_);
+  lastAsync_ = c10::weak_intrusive_ptr<c10d::Work>(work);
+}
+
+void ProcessGroupLoom::settle() const {
+  // A completion callback on loom's own thread may be the end of the very call it would
+  // wait for: it copies without waiting.
+  if (Worker::current() != nullptr) return;
+  c10::intrusive_ptr<c10d::Work> last;
+  {
+    std::lock_guard<std::mutex> lock(lastAsyncMutex_);
+    last = lastAsync_.lock();
+  }
+  if (!last || last->isCompleted()) return;
+  try {
+    releasingGil([&] { last->wait(); });
+  } catch (...) {
+    // Its failure is its own work's to report; this call goes on (and fails by itself if
+    // the group has failed).
+  }
 }
 
 std::string ProcessGroupLoom::signatureOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,

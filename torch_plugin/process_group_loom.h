@@ -25,7 +25,7 @@
 
 namespace loom::torch_plugin {
 
-class ProcessGroupLoom : public c10d::Backend {
+class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
  public:
   struct Options : c10d::Backend::Options {
     explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout)
@@ -193,12 +193,19 @@ class ProcessGroupLoom : public c10d::Backend {
                           const std::vector<at::Tensor>& outputs) const;
   CallSite site(const char* op, bool blocking = false) const {
     discardStaged();  // a call refused before its launch() left its copies noted
+    prepareCallOf(this);
     return CallSite{op, rank_, size_, blocking, &ties_->legend};
   }
+  /// EarlierCalls: waits for lastAsync_ (calls of one group end in issue order).
+  void settle() const override;
+  /// Notes `work` as this group's last asynchronous call on CPU tensors.
+  void noteAsync(const c10::intrusive_ptr<c10d::Work>& work);
 
   std::shared_ptr<Communicator> comm_;
   c10::intrusive_ptr<Options> options_;
   const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
+  mutable std::mutex lastAsyncMutex_;
+  c10::weak_intrusive_ptr<c10d::Work> lastAsync_{c10::intrusive_ptr<c10d::Work>()};  // noteAsync's
 
   // Coalescing: requests issued between startCoalescing and endCoalescing (a loom group:
   // CUDA sends and receives are held until endCoalescing, and so are their copy-backs).

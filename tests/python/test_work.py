@@ -454,3 +454,26 @@ def test_a_coalescing_block_that_raised_leaves_the_group_usable():
         assert outcome["mixed"] and outcome["ops"] == [2.0]
         assert outcome["next_block"] == [[2.0, 2.0], [2.0, 2.0, 2.0]]
     assert [o["p2p"] for o in outcomes] == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def body_copies_taken_after_earlier_calls(rank: int, world: int):
+    """A call that copies a caller's tensor as it is issued (a transposed tensor staged, a
+    coalesced list packed) reads what the asynchronous calls issued before it leave there,
+    as one on a contiguous tensor does: it used to read the tensor before the earlier call's
+    result was copied back."""
+    staged = torch.ones(4, 2).t()  # not contiguous: each call stages a copy
+    first = dist.all_reduce(staged, async_op=True)
+    second = dist.all_reduce(staged, async_op=True)
+    first.wait()
+    second.wait()
+    packed = torch.ones(4)
+    first = dist.all_reduce(packed, async_op=True)
+    second = dist.all_reduce_coalesced([packed, torch.ones(4)], async_op=True)
+    first.wait()
+    second.wait()
+    return staged.unique().tolist(), packed.unique().tolist()
+
+
+def test_a_copy_taken_at_issue_follows_the_calls_issued_before_it():
+    world = 2
+    assert run_ranks(world, body_copies_taken_after_earlier_calls) == [([world**2], [world**2])] * world
