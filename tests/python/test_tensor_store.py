@@ -309,6 +309,26 @@ def test_buffers_are_bounded_and_freed():
     assert reader["reader"][0] == 0 and reader["reader"][1] <= 4
 
 
+def _labelled(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore(rank=7, timeout=timedelta(seconds=20))  # a label, the same on both ranks
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(16.0).reshape(8, 2)
+    ts.put("sharded", distribute_tensor(full, mesh, [Shard(0)]))
+    dist.barrier()
+    out = torch.equal(ts.get("sharded"), full)
+    dist.barrier()
+    return out
+
+
+def test_a_meshs_parts_follow_global_ranks_whatever_the_stores_label():
+    assert run_ranks(2, _labelled) == [True, True]
+
+
 def _many_keys(rank, world):
     from loom.tensor_store import TensorStore
 

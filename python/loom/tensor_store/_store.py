@@ -375,9 +375,10 @@ class TensorStore(ReadPlanning):
                     f"put('{key}'): its DTensors live on meshes of different ranks "
                     f"({sorted(writers)} and {sorted(mesh.mesh.flatten().tolist())}); one key is "
                     f"put by one set of ranks: split it into one key per mesh"))
-        if self._rank not in writers:
-            raise ValueError(self._message(f"put('{key}'): this rank is not in its DTensors' mesh {writers}"))
-        return writers, writers.index(self._rank)
+        me = dist.get_rank()  # the mesh names global ranks, whatever label this store was given
+        if me not in writers:
+            raise ValueError(self._message(f"put('{key}'): global rank {me} is not in its DTensors' mesh {writers}"))
+        return writers, writers.index(me)
 
     def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> None:
         """Takes version number `version` of `key` for `writers` (this store alone, or a
