@@ -40,6 +40,8 @@ class FinishedWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return {outputs_.begin(), outputs_.end()}; }
   /// Returns at once, raising the call's error if it failed.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  /// Nothing to end: the call is over.
+  void abort() override {}
   /// A completed future of the outputs (or of the error), made on the first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }

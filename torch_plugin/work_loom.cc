@@ -296,12 +296,16 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     blockCurrentStream();
     return true;
   }
+  // After abort(), a call that ended failing (its cancelled send or receive) reads as
+  // aborted: false, not an error.
+  const auto ended = [&](const std::exception_ptr& failure) {
+    if (!failure) return true;
+    if (aborted_.load(std::memory_order_acquire)) return false;
+    std::rethrow_exception(failure);
+  };
   // Over (its results in place, its outcome known): a callback chained on this work's own
   // future may wait on it before finish() below wakes the waiters, on this very thread.
-  if (done_.load(std::memory_order_acquire)) {
-    if (outcome_) std::rethrow_exception(outcome_);
-    return true;
-  }
+  if (done_.load(std::memory_order_acquire)) return ended(outcome_);
   // A completion callback on a collective worker's thread, or on a send/recv engine's: the
   // request's own wait runs that worker's queue up to the call (util/worker.h), or drives
   // that engine (p2p_engine.h), where waiting for the thread would wait forever; the outcome
@@ -335,8 +339,7 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     if (worker != nullptr && awaited_.test()) {
       worker->runDeferredHere([this] { return ended_.load(std::memory_order_acquire); });
       if (ended_.load(std::memory_order_acquire)) {  // published later, on the way back up
-        if (outcome_) std::rethrow_exception(outcome_);
-        return true;
+        return ended(outcome_);
       }
     }
   }
@@ -354,8 +357,13 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   } else if (!cv_.wait_for(lock, left(), [&] { return completed_; })) {
     timedOut(timeout);
   }
-  if (exception_) std::rethrow_exception(exception_);
-  return true;
+  return ended(exception_);
+}
+
+void WorkLoom::abort() {
+  aborted_.store(true, std::memory_order_release);
+  for (const Request& r : earlier_) r.cancel();
+  awaited_.cancel();
 }
 
 void WorkLoom::waitOnHost(std::chrono::milliseconds timeout) {

@@ -91,6 +91,11 @@ class WorkLoom : public c10d::Work {
   std::vector<at::Tensor> result() override;
   /// Waits (spinning briefly first); a timeout throws DistBackendError naming the operation.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  /// Ends its sends and receives that have not begun (Request::cancel; Gloo's SendWork and
+  /// RecvWork abort too): wait() then returns false, as torch's Work::wait says of an
+  /// aborted work. A send or receive under way, and a collective, run on (abort the group
+  /// to end those).
+  void abort() override;
   /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
   /// the collectives, and the host blocks until the GPU has run them.
   void synchronize() override;
@@ -148,8 +153,9 @@ class WorkLoom : public c10d::Work {
   std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
   std::shared_ptr<GroupTies> ties_;        // see tieTo()
   Request awaited_;  // its last request, which a wait on a worker thread may run (wait())
-  std::vector<Request> earlier_;   // the others, of a block: driven too on the send/recv thread
-  bool countedAsGivenUp_ = false;  // guarded by mutex_ (c10d::Work's)
+  std::vector<Request> earlier_;      // the others, of a block: driven too on the send/recv thread
+  bool countedAsGivenUp_ = false;     // guarded by mutex_ (c10d::Work's)
+  std::atomic<bool> aborted_{false};  // abort() was called: a failure reads as aborted
 };
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError), its

@@ -33,6 +33,11 @@ class Request {
   uint64_t sequence() const;
   /// For a receive: the rank the message came from (useful with recvAny). -1 otherwise.
   int sourceRank() const;
+  /// Asks a send or receive that has not begun to move bytes to end at once with
+  /// Error(kAborted) (torch's Work.abort()); one under way finishes, and a collective is not
+  /// affected (abort its communicator to end those). Returns at once; test() tells when it
+  /// has ended, and how.
+  void cancel() const;
   /// Runs `callback` with the failure (nullptr on success) once the operation finishes: on
   /// the thread that finishes it, or right away on this thread if it has finished already
   /// (then what it throws reaches this caller). One that throws on another thread is

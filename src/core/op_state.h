@@ -61,6 +61,8 @@ struct OpState {
   std::exception_ptr error;          ///< set before status leaves kPending
   uint64_t seq;
   std::atomic<int> source{-1};  ///< receives: the rank the message came from
+  /// Request::cancel asked the engine to end it (a send or receive not begun), or false.
+  std::atomic<bool> cancelAsked{false};
   uint64_t flightId = 0;        ///< its entry in the flight record, or 0
   FailureSink* sink = nullptr;  ///< told of a failure; outlives the operation
   std::mutex mutex;

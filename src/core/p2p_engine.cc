@@ -432,14 +432,31 @@ void P2pEngine::postReceive(const std::shared_ptr<Op>& op) {
 
 void P2pEngine::expire(Clock::time_point now) {
   if (failures_.failed()) return;  // failAll ends everything with the recorded reason
+  // Sends cancelled before any of them went out (Request::cancel): the stream has nothing
+  // of them, so they simply leave the queue.
+  for (auto& queue : outbound_) {
+    for (auto it = queue.begin(); it != queue.end();) {
+      Op& op = **it;
+      if (op.done != 0 || !op.state->cancelAsked.load(std::memory_order_acquire)) {
+        ++it;
+        continue;
+      }
+      finish(op, std::make_exception_ptr(
+                     opError(ErrorCode::kAborted, op, true, "aborted before any of it was sent")));
+      it = queue.erase(it);
+    }
+  }
   // Receives with no message yet: they end at their deadline, or at once if their sender
   // is gone and nothing more can arrive from it.
   for (auto it = posted_.begin(); it != posted_.end();) {
     Op& op = **it;
     std::string why;
     ErrorCode code = ErrorCode::kTimeout;
-    if (op.peer != kAnySource && failures_.stateOf(op.peer) != RankState::kAlive &&
-        !links_[op.peer]->readable() && !inbound_[op.peer].active) {
+    if (op.state->cancelAsked.load(std::memory_order_acquire)) {
+      code = ErrorCode::kAborted;
+      why = "aborted before any of its message arrived";
+    } else if (op.peer != kAnySource && failures_.stateOf(op.peer) != RankState::kAlive &&
+               !links_[op.peer]->readable() && !inbound_[op.peer].active) {
       code = ErrorCode::kPeerFailure;
       why = failures_.stateOf(op.peer) == RankState::kDead
                 ? "the sender's process exited"

@@ -197,6 +197,14 @@ int Request::sourceRank() const {
   return state_ ? state_->source.load() : -1;
 }
 
+void Request::cancel() const {
+  if (!state_ || state_->finished()) return;
+  state_->cancelAsked.store(true, std::memory_order_release);
+  // A turn of its engine that ends it now, unless a thread is in one: then the engine's
+  // next look at its operations' deadlines does.
+  if (state_->progress) state_->progress(/*slept=*/true);
+}
+
 void Request::onComplete(std::function<void(std::exception_ptr)> callback) const {
   if (!state_) {
     callback(nullptr);

@@ -396,6 +396,66 @@ TEST(SendRecvEdges, ReceivesRacingAShutdownEndOrAreRefused) {
   });
 }
 
+// Request::cancel (torch's Work.abort()): a receive with no message yet and a send queued
+// behind another end at once with kAborted, and the message sent later goes to the next
+// receive in order; a send already under way is not cancelled.
+TEST(SendRecvEdges, CancelledSendsAndReceivesThatHadNotBegunEndAndLeaveTheStreamWhole) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    const auto endsAborted = [](const Request& r, const std::string& why) {
+      const auto start = Clock::now();
+      while (!r.test() && msSince(start) < 10000)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      LOOM_CHECK(r.test(), << "a cancelled request did not end");
+      try {
+        r.wait();
+        LOOM_CHECK(false, << "a cancelled request succeeded");
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() == ErrorCode::kAborted && contains(e.what(), why), << e.what());
+      }
+    };
+    const size_t count = 1 << 16;  // 256 KiB: more than the 16 KiB ring
+    std::vector<float> big(count, 3.0F);
+    if (ctx.rank == 1) {
+      float x = 0;
+      Request first = comm->recv(&x, 1, DataType::kFloat32, 0, 5);
+      first.cancel();
+      endsAborted(first, "aborted before any of its message arrived");
+      ctx.store->set("receive cancelled", {1});
+      float y = 0;
+      comm->recv(&y, 1, DataType::kFloat32, 0, 5).wait();  // the message goes to this one
+      LOOM_CHECK(y == 7.0F, << y);
+      ctx.store->get("send cancelled", std::chrono::seconds(30));
+      std::vector<float> got(count);
+      comm->recv(got.data(), count, DataType::kFloat32, 0, 1).wait();
+      LOOM_CHECK(got[0] == 3.0F && got[count - 1] == 3.0F);
+      OpOptions brief;
+      brief.timeout = std::chrono::milliseconds(300);
+      float z = 0;
+      try {
+        comm->recv(&z, 1, DataType::kFloat32, 0, 2, brief).wait();
+        LOOM_CHECK(false, << "the cancelled send arrived");
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+      }
+      ctx.store->set("done", {1});
+      return;
+    }
+    ctx.store->get("receive cancelled", std::chrono::seconds(30));
+    float v = 7.0F;
+    comm->send(&v, 1, DataType::kFloat32, 1, 5).wait();
+    Request under = comm->send(big.data(), count, DataType::kFloat32, 1, 1);  // fills the ring
+    float w = 9.0F;
+    Request behind = comm->send(&w, 1, DataType::kFloat32, 1, 2);
+    under.cancel();  // under way: goes on
+    behind.cancel();
+    endsAborted(behind, "aborted before any of it was sent");
+    ctx.store->set("send cancelled", {1});
+    under.wait();
+    ctx.store->get("done", std::chrono::seconds(30));  // its receive of tag 2 times out first
+  });
+}
+
 // Sends to a rank that has destroyed its communicator fail, whatever their size (small ones
 // used to be written into its ring and reported as sent).
 TEST(SendRecvEdges, SendsToARankThatLeftFailAtEverySize) {
