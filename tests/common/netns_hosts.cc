@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
+#include <thread>
 
 namespace loom::testing {
 
@@ -79,9 +81,28 @@ NetnsHosts::NetnsHosts(int hosts) {
       run("ip -n " + name + " link set eth0 up");
       run("ip -n " + name + " link set lo up");
     }
+    awaitRunning();
   } catch (...) {
     removeAll();
     throw;
+  }
+}
+
+void NetnsHosts::awaitRunning() const {
+  // The kernel reports a link's operational state (IFF_RUNNING) through its link-watch
+  // work, which may lag a second behind `ip link set up` on a loaded machine; libfabric
+  // offers only running interfaces, so a rank that started before would see loopback alone
+  // and publish 127.0.0.1 (seen once in CI: a peer's connection refused).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (const std::string& name : names_) {
+    const std::string check =
+        "ip -n " + name + " -o link show eth0 | grep -q 'state UP' >/dev/null 2>&1";
+    while (std::system(check.c_str()) != 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw std::runtime_error("eth0 of network namespace " + name + " did not come up in 10 s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 }
 

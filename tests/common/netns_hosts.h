@@ -36,6 +36,8 @@ class NetnsHosts {
 
  private:
   void removeAll();
+  /// Waits until every host's eth0 is operationally up (throws after 10 s).
+  void awaitRunning() const;
 
   std::string hub_;
   std::vector<std::string> names_;

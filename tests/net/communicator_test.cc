@@ -373,10 +373,21 @@ TEST_F(TwoHosts, ARankLeavingDoesNotCloseTheNetworkToItsProcessesOtherRanks) {
   });
 }
 
+// The sanitizers' runtime opens descriptors of its own (UBSan's type check tests memory
+// through a pipe): with none left it reports an invalid vptr in loom's Error, seen in CI.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+constexpr const char* kSanitizersNeedDescriptors =
+    "the sanitizers' runtime needs descriptors of its own, which this test takes away";
+
 // A rank that runs out of file descriptors as it connects to a peer on another host fails
 // naming itself and the cause; the peer, which did nothing wrong, is not reported lost (it
 // used to be: "lost rank 1 ... Too many open files; rebuild the group without it").
 TEST_F(TwoHosts, ARankOutOfFileDescriptorsNamesItselfNotItsPeer) {
+  if (kSanitized) GTEST_SKIP() << kSanitizersNeedDescriptors;
   const NetnsHosts& hosts = *hosts_;
   LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
     hosts.enter(ctx.rank);
@@ -422,6 +433,7 @@ TEST_F(TwoHosts, ARankOutOfFileDescriptorsNamesItselfNotItsPeer) {
 // descriptors) says why on stderr, where its peer sees only its connection refused (and
 // reports that rank lost, as it would a process that is gone).
 TEST_F(TwoHosts, AProcessThatCannotAcceptAConnectionSaysWhy) {
+  if (kSanitized) GTEST_SKIP() << kSanitizersNeedDescriptors;
   const NetnsHosts& hosts = *hosts_;
   const auto outcomes = loom::testing::runRanks(2, [&](RankContext& ctx) {
     hosts.enter(ctx.rank);
