@@ -315,6 +315,33 @@ def test_two_writers_of_a_key_never_publish_the_same_version():
     assert run_ranks(2, _two_writers) == [[2.0, 4.0, 6.0], [2.0, 4.0, 6.0]]
 
 
+def _writer_left_behind(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    if rank == 1:
+        assert ts.put("k", torch.full((4,), 1.0)) == 1
+    dist.barrier()
+    if rank == 0:  # goes on to 5, retiring 2 and 3 (two kept)
+        for v in range(2, 6):
+            assert ts.put("k", torch.full((4,), float(v))) == v
+    dist.barrier()
+    out = None
+    if rank == 1:  # its own count says 2, retired since: refused, not published unseen
+        with pytest.raises(ValueError, match=r"put\('k'\): version 2 is not above the latest, 5.*version= above it"):
+            ts.put("k", torch.full((4,), 9.0))
+        out = ts.put("k", torch.full((4,), 6.0), version=6)
+    dist.barrier()
+    got = float(ts.get("k")[0]), ts.latest_version("k")
+    dist.barrier()
+    return out, got
+
+
+def test_a_writer_left_behind_by_another_is_refused_not_lost():
+    # Its put used to take number 2 (its record retired) and return it; nobody saw it.
+    assert run_ranks(2, _writer_left_behind) == [(None, (6.0, 6)), (6, (6.0, 6))]
+
+
 def _writer_without_a_group(path: str, me: int, results) -> None:
     """A process of a job that has a Store and no process group (every TensorStore in it is
     rank 0): puts version 1 of "k" when told to, at the same time as another such process."""

@@ -395,6 +395,15 @@ class TensorStore(ReadPlanning):
                 f"key's versions are one sequence, each put once (the latest is "
                 f"{latest[0] if latest else 'not complete yet'}): pass version= above it, or put a key "
                 f"per writer"))
+        # Free, but only because another writer went past it and retired it since: readers of
+        # the latest would never see it.
+        latest = self._latest(key)
+        if latest is not None and latest[0] >= version:
+            self._store.delete_key(f"k/{key}/v{version}/writers")
+            raise ValueError(self._message(
+                f"{verb}('{key}'): version {version} is not above the latest, {latest[0]}: another "
+                f"writer went on with the key since this one's last {verb} (the versions between are "
+                f"no longer kept); pass version= above it, or put a key per writer"))
 
     def _writer_record(self, writers: list[int]) -> bytes:
         """What k/<key>/v<V>/writers holds for a version `writers` put: a DTensor's mesh by its
