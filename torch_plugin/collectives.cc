@@ -234,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     // One all_reduce over the tensors laid end to end, then the pieces copied back.
     std::vector<at::Tensor> pieces;
     for (const auto& t : tensors) pieces.push_back(t.reshape(-1));
-    settleBeforeCopying();
+    for (const at::Tensor& piece : pieces) settleBeforeCopying(piece);
     const at::Tensor packed = at::cat(pieces);
     noteStaged(packed);
     const Flat flat = reductionView(s, packed, opts.reduceOp);

@@ -147,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   work->setFutureLists(futureLists);
   work->tieTo(ties_);
   work->track(requests, inputs);
-  if (!stream) noteAsync(work);
+  if (!stream) noteAsync(work, type);
   if (inBlock && copiesBack) {
     // Its requests end before its finisher has copied the results back (their callbacks
     // run after they are marked done): the block's work must wait for this work itself.

@@ -242,26 +242,44 @@ void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
   for (const Request& r : requests) r.onComplete([kept](std::exception_ptr) {});
 }
 
-void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work) {
-  std::lock_guard<std::mutex> lock(lastAsyncMutex_);
-  lastAsync_ = c10::weak_intrusive_ptr<c10d::Work>(work);
+void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10d::OpType type) {
+  if (type == c10d::OpType::SEND) return;                  // it reads its tensor only
+  const std::vector<at::Tensor> written = work->result();  // the outputs, without waiting
+  std::lock_guard<std::mutex> lock(pendingWritesMutex_);
+  // Calls that ended go first: the list holds the calls still running.
+  std::erase_if(pendingWrites_, [](const PendingWrite& p) {
+    const c10::intrusive_ptr<c10d::Work> w = p.work.lock();
+    return !w || w->isCompleted();
+  });
+  for (const at::Tensor& t : written) {
+    if (t.defined() && t.has_storage()) {
+      pendingWrites_.push_back(
+          {t.storage().unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10d::Work>(work)});
+    }
+  }
 }
 
-void ProcessGroupLoom::settle() const {
+void ProcessGroupLoom::settle(const at::Tensor& read) const {
   // A completion callback on loom's own thread may be the end of the very call it would
   // wait for: it copies without waiting.
-  if (Worker::current() != nullptr) return;
-  c10::intrusive_ptr<c10d::Work> last;
+  if (Worker::current() != nullptr || !read.defined() || !read.has_storage()) return;
+  const void* storage = read.storage().unsafeGetStorageImpl();
+  std::vector<c10::intrusive_ptr<c10d::Work>> writers;
   {
-    std::lock_guard<std::mutex> lock(lastAsyncMutex_);
-    last = lastAsync_.lock();
+    std::lock_guard<std::mutex> lock(pendingWritesMutex_);
+    for (const PendingWrite& p : pendingWrites_) {
+      if (p.storage != storage) continue;
+      if (c10::intrusive_ptr<c10d::Work> w = p.work.lock()) writers.push_back(std::move(w));
+    }
   }
-  if (!last || last->isCompleted()) return;
-  try {
-    releasingGil([&] { last->wait(); });
-  } catch (...) {
-    // Its failure is its own work's to report; this call goes on (and fails by itself if
-    // the group has failed).
+  for (const auto& w : writers) {
+    if (w->isCompleted()) continue;
+    try {
+      releasingGil([&] { w->wait(); });
+    } catch (...) {
+      // Its failure is its own work's to report; this call goes on (and fails by itself if
+      // the group has failed).
+    }
   }
 }
 

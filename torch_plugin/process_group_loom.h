@@ -196,16 +196,22 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     prepareCallOf(this);
     return CallSite{op, rank_, size_, blocking, &ties_->legend};
   }
-  /// EarlierCalls: waits for lastAsync_ (calls of one group end in issue order).
-  void settle() const override;
-  /// Notes `work` as this group's last asynchronous call on CPU tensors.
-  void noteAsync(const c10::intrusive_ptr<c10d::Work>& work);
+  /// EarlierCalls: waits for the pendingWrites_ of `read`'s storage.
+  void settle(const at::Tensor& read) const override;
+  /// Notes what `work`, an asynchronous call on CPU tensors, writes (its outputs; a send
+  /// writes nothing), until it ends.
+  void noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10d::OpType type);
 
   std::shared_ptr<Communicator> comm_;
   c10::intrusive_ptr<Options> options_;
   const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
-  mutable std::mutex lastAsyncMutex_;
-  c10::weak_intrusive_ptr<c10d::Work> lastAsync_{c10::intrusive_ptr<c10d::Work>()};  // noteAsync's
+  // noteAsync's: the storage each asynchronous CPU call still running writes, and its work.
+  struct PendingWrite {
+    const void* storage;
+    c10::weak_intrusive_ptr<c10d::Work> work;
+  };
+  mutable std::mutex pendingWritesMutex_;
+  std::vector<PendingWrite> pendingWrites_;  // guarded by pendingWritesMutex_
 
   // Coalescing: requests issued between startCoalescing and endCoalescing (a loom group:
   // CUDA sends and receives are held until endCoalescing, and so are their copy-backs).

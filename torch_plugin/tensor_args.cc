@@ -118,8 +118,8 @@ void prepareCallOf(const EarlierCalls* group) {
   tPreparing = group;
 }
 
-void settleBeforeCopying() {
-  if (tPreparing != nullptr) tPreparing->settle();
+void settleBeforeCopying(const at::Tensor& read) {
+  if (tPreparing != nullptr) tPreparing->settle(read);
 }
 
 void noteStaged(const at::Tensor& copy) {
@@ -149,7 +149,7 @@ Flat reductionView(const CallSite& site, const at::Tensor& t, const c10d::Reduce
                       " cannot be reduced by loom (supported: float32, float64, float16, bfloat16, "
                       "int8, uint8, int16, int32, int64, bool and complex as real pairs)");
   }
-  if (!t.is_contiguous()) settleBeforeCopying();
+  if (!t.is_contiguous()) settleBeforeCopying(t);
   const at::Tensor data = t.contiguous();
   if (!data.is_alias_of(t)) noteStaged(data);
   return Flat{data, t, *type, static_cast<size_t>(data.numel())};
@@ -159,7 +159,7 @@ Flat movementView(const at::Tensor& t) {
   // A conjugate view has no real view: loom works on a resolved copy, which is staged and
   // copied back into `t` itself (Outputs::inOut), conjugating on the way.
   const at::Tensor view = t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
-  if (t.is_conj() || !view.is_contiguous()) settleBeforeCopying();
+  if (t.is_conj() || !view.is_contiguous()) settleBeforeCopying(t);
   const at::Tensor data = (t.is_conj() ? at::view_as_real(t.resolve_conj()) : view).contiguous();
   if (!data.is_alias_of(t)) noteStaged(data);
   const auto type = loomType(data.scalar_type()).value_or(DataType::kUInt8);
@@ -178,7 +178,7 @@ bool overlap(const void* a, size_t na, const void* b, size_t nb) {
 // `in`, or a copy of it where it overlaps the `outBytes` at `out` and is not in place.
 Flat readApart(const Flat& in, const void* out, size_t outBytes, bool inPlace) {
   if (!overlap(in.ptr(), in.data.nbytes(), out, outBytes) || inPlace) return in;
-  settleBeforeCopying();
+  settleBeforeCopying(in.data);
   const at::Tensor copy = in.data.clone();
   noteStaged(copy);
   return Flat{copy, in.view, in.type, in.count};
@@ -314,7 +314,7 @@ at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
   if (t.is_contiguous() && !t.is_conj()) return t;
   at::Tensor staged = scratch(t);
   if (keep) {
-    settleBeforeCopying();
+    settleBeforeCopying(t);
     staged.copy_(t);  // t's values (a conjugate view's resolved)
   }
   return staged;

@@ -78,21 +78,22 @@ void discardStaged();
 /// A group whose earlier calls a copy taken at issue time must wait for (ProcessGroupLoom).
 class EarlierCalls {
  public:
-  /// Returns once this group's earlier asynchronous calls on CPU tensors have ended, their
-  /// results copied back into the caller's tensors.
-  virtual void settle() const = 0;
+  /// Returns once this group's asynchronous calls on CPU tensors that write `read`'s storage
+  /// have ended, their results copied back into it.
+  virtual void settle(const at::Tensor& read) const = 0;
 
  protected:
   ~EarlierCalls() = default;
 };
 /// The group preparing a call on this thread (ProcessGroupLoom::site sets it for each call).
 void prepareCallOf(const EarlierCalls* group);
-/// Before a copy of a caller's tensor taken as the call is prepared (staging a
-/// non-contiguous tensor, packing a list): the calls issued before it run later, on
-/// loom's thread, so one of them may still have to write that tensor (a staged call
-/// copies its result back only as it ends); this waits for them, so the copy reads what
-/// the calls before it leave, as the collective itself would.
-void settleBeforeCopying();
+/// Before a copy of the caller's tensor `read` taken as the call is prepared (staging a
+/// non-contiguous tensor, packing a list): the calls issued before it run later, on loom's
+/// thread, and one of them may still have to write that tensor (a staged call copies its
+/// result back only as it ends); this waits for those, so the copy reads what the calls
+/// before it leave there, as the collective itself would. Calls that write other tensors
+/// are not waited for: a later call must not wait on one a peer can finish only after it.
+void settleBeforeCopying(const at::Tensor& read);
 
 /// For reductions: complex tensors as their real view (SUM, AVG and PREMUL_SUM only),
 /// other dtypes as themselves; throws for dtypes loom cannot reduce.

@@ -477,3 +477,25 @@ def body_copies_taken_after_earlier_calls(rank: int, world: int):
 def test_a_copy_taken_at_issue_follows_the_calls_issued_before_it():
     world = 2
     assert run_ranks(world, body_copies_taken_after_earlier_calls) == [([world**2], [world**2])] * world
+
+
+def body_a_copy_waits_only_for_calls_that_write_its_tensor(rank: int, world: int):
+    """Rank 0's send of a transposed tensor is staged while its all_reduce of another tensor
+    still waits for rank 1, which joins that all_reduce only once the message has come: the
+    copy must not wait for a call that does not write what it copies."""
+    a = torch.ones(4)
+    b = torch.arange(8.0).reshape(4, 2).t()  # not contiguous
+    if rank == 0:
+        pending = dist.all_reduce(a, async_op=True)
+        dist.send(b, dst=1)
+        pending.wait()
+        return a.tolist()
+    got = torch.zeros(2, 4)
+    dist.recv(got, src=0)
+    dist.all_reduce(a)
+    return a.tolist(), torch.equal(got, b)
+
+
+def test_a_copy_taken_at_issue_waits_only_for_calls_that_write_its_tensor():
+    assert run_ranks(2, body_a_copy_waits_only_for_calls_that_write_its_tensor, timeout=60) == \
+        [[2.0] * 4, ([2.0] * 4, True)]
