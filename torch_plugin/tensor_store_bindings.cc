@@ -43,16 +43,11 @@ net::FetchIdentity identityOf(const std::string& credentials, int id) {
 // A buffer in device memory as a ByteSource: its bytes are staged through pinned host memory
 // a slice at a time, on the server's thread, into each reader's session's own staging (the
 // region is its header alone, carrying the sequence lock).
-class DeviceSource final : public net::ByteSource {
+class DeviceSource final : public net::RegionLockedSource {
  public:
   DeviceSource(std::shared_ptr<Region> region, at::Tensor data)
-      : region_(std::move(region)), data_(std::move(data)) {}
+      : RegionLockedSource(std::move(region)), data_(std::move(data)) {}
   uint64_t capacity() const override { return static_cast<uint64_t>(data_.numel()); }
-  uint64_t generation() const override { return region_->generation(); }
-  uint64_t progress() const override { return region_->progress(); }
-  bool unchangedSince(uint64_t generation) const override {
-    return region_->unchangedSince(generation);
-  }
   std::span<const uint8_t> bytes(uint64_t offset, uint64_t length,
                                  std::unique_ptr<Staging>& staging) override {
     constexpr int64_t kStage = int64_t{16} << 20;
@@ -73,7 +68,6 @@ class DeviceSource final : public net::ByteSource {
   struct PinnedStaging final : Staging {
     at::Tensor buffer;
   };
-  std::shared_ptr<Region> region_;
   at::Tensor data_;
 };
 

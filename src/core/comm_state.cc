@@ -632,31 +632,26 @@ P2pEngine& CommState::p2p() {
 
 Request CommState::send(const void* data, size_t bytes, int peer, int tag,
                         const OpOptions& options) {
-  Request request = [&] {
-    Posting posting(*this);
-    requireUsable("send");
-    const uint64_t flightId = FlightRecorder::instance().issued(
-        {name_, rank_, size_, 0, "send", bytes, -1, -1, peer, tag, true});
-    if (options.device != DeviceKind::kCpu) {
-      return deviceTransfer({Transfer::Kind::kSend, peer, tag, const_cast<void*>(data), bytes},
-                            options, flightId);
-    }
-    return p2p().send(data, bytes, peer, tag, timeoutFor(options), flightId);
-  }();
-  if (options.blocking) settle(request);  // after the posting: shutdown need not wait for it
-  return request;
+  return transfer({Transfer::Kind::kSend, peer, tag, const_cast<void*>(data), bytes}, options);
 }
 
 Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOptions& options) {
+  return transfer({Transfer::Kind::kRecv, peer, tag, data, bytes}, options);
+}
+
+Request CommState::transfer(const Transfer& t, const OpOptions& options) {
+  const bool sends = t.kind == Transfer::Kind::kSend;
+  const char* op = sends ? "send" : "recv";
   Request request = [&] {
     Posting posting(*this);
-    requireUsable("recv");
+    requireUsable(op);
     const uint64_t flightId = FlightRecorder::instance().issued(
-        {name_, rank_, size_, 0, "recv", bytes, -1, -1, peer, tag, true});
-    if (options.device != DeviceKind::kCpu) {
-      return deviceTransfer({Transfer::Kind::kRecv, peer, tag, data, bytes}, options, flightId);
-    }
-    return p2p().recv(data, bytes, peer, tag, timeoutFor(options), flightId);
+        {name_, rank_, size_, 0, op, t.bytes, -1, -1, t.peer, t.tag, true});
+    if (options.device != DeviceKind::kCpu) return deviceTransfer(t, options, flightId);
+    P2pEngine& engine = p2p();
+    const auto timeout = timeoutFor(options);
+    return sends ? engine.send(t.data, t.bytes, t.peer, t.tag, timeout, flightId)
+                 : engine.recv(t.data, t.bytes, t.peer, t.tag, timeout, flightId);
   }();
   if (options.blocking) settle(request);  // after the posting: shutdown need not wait for it
   return request;

@@ -121,6 +121,9 @@ class CommState final : public FailureSink {
   std::exception_ptr brokeOff(std::string_view op, std::exception_ptr error);
   /// A send or receive of device memory: queued now, or held until the group ends.
   Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId);
+  /// A send or receive: checked and posted while shutdown cannot take the engine away
+  /// (Posting), then, if blocking, waited for.
+  Request transfer(const Transfer& t, const OpOptions& options);
   /// Queues the held transfers (under groupMutex_), or fails their requests.
   void flushGroup();
   void watchPeers();

@@ -93,6 +93,15 @@ void expectPattern(const std::vector<uint8_t>& dst, const std::vector<ByteRange>
   }
 }
 
+// Waits until `server` has at most `most` readers' sessions open.
+void awaitSessions(const ByteServer& server, size_t most) {
+  const auto deadline = Clock::now() + kPatience;
+  while (server.sessions() > most) {
+    LOOM_CHECK(Clock::now() < deadline, << server.sessions() << " sessions left");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 constexpr size_t kCapacity = (size_t{3} << 20) + 123;
 
 TEST_F(TwoHosts, ReaderFetchesRangesAndLearnsWhereTheSourceStands) {
@@ -183,11 +192,7 @@ TEST_F(TwoHosts, ReaderThatDiesMidReplyCostsTheServerItsSessionAlone) {
       Served served(ctx, kBig);
       ctx.store->get("reader 2 done", kPatience);
       // Reader 1's session is gone; reader 2's may still be open until it leaves.
-      const auto deadline = Clock::now() + kPatience;
-      while (served.server.sessions() > 1) {
-        LOOM_CHECK(Clock::now() < deadline, << served.server.sessions() << " sessions left");
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      awaitSessions(served.server, 1);
       return;
     }
     Reader reader(ctx);
@@ -224,11 +229,7 @@ TEST_F(TwoHosts, AFetchWaitingBehindOneThatTimesOutGetsItsBytesOnANewConnection)
       Served served(ctx, kBig);
       ctx.store->get("fetched", kPatience);
       // The broken connection's session ends; the second one's stays while its reader does.
-      const auto deadline = Clock::now() + kPatience;
-      while (served.server.sessions() > 1) {
-        LOOM_CHECK(Clock::now() < deadline, << served.server.sessions() << " sessions");
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      awaitSessions(served.server, 1);
       ctx.store->set("sessions", Bytes{1});
       return;
     }
@@ -263,15 +264,10 @@ TEST_F(TwoHosts, AFetchWaitingBehindOneThatTimesOutGetsItsBytesOnANewConnection)
 
 // A region whose bytes are staged a slice at a time, as the tensor store's device buffers
 // are (torch_plugin/tensor_store_bindings.cc): into the session's staging.
-class StagedSource final : public ByteSource {
+class StagedSource final : public RegionLockedSource {
  public:
-  explicit StagedSource(std::shared_ptr<shm::Region> region) : region_(std::move(region)) {}
-  uint64_t capacity() const override { return region_->capacity(); }
-  uint64_t generation() const override { return region_->generation(); }
-  uint64_t progress() const override { return region_->progress(); }
-  bool unchangedSince(uint64_t generation) const override {
-    return region_->unchangedSince(generation);
-  }
+  using RegionLockedSource::RegionLockedSource;
+  uint64_t capacity() const override { return region().capacity(); }
   std::span<const uint8_t> bytes(uint64_t offset, uint64_t length,
                                  std::unique_ptr<Staging>& staging) override {
     constexpr uint64_t kSlice = uint64_t{3} << 20;  // a Data message spans several windows' worth
@@ -279,7 +275,7 @@ class StagedSource final : public ByteSource {
     auto& slice = static_cast<Slice&>(*staging).bytes;
     slice.resize(kSlice);
     const uint64_t n = std::min(kSlice, length);
-    std::memcpy(slice.data(), region_->data() + offset, n);
+    std::memcpy(slice.data(), region().data() + offset, n);
     return {slice.data(), n};
   }
 
@@ -287,7 +283,6 @@ class StagedSource final : public ByteSource {
   struct Slice final : Staging {
     std::vector<uint8_t> bytes;
   };
-  std::shared_ptr<shm::Region> region_;
 };
 
 TEST_F(TwoHosts, ReadersOfOneStagedSourceAtOnceEachGetItsOwnBytes) {

@@ -383,6 +383,39 @@ constexpr bool kSanitized = false;
 constexpr const char* kSanitizersNeedDescriptors =
     "the sanitizers' runtime needs descriptors of its own, which this test takes away";
 
+// Lowers this process's descriptor limit to the descriptors open now, so that no new one
+// can be opened, until restore() (or the end of its scope).
+class NoSpareDescriptors {
+ public:
+  NoSpareDescriptors() {
+    int open = 0;
+    if (DIR* fds = ::opendir("/proc/self/fd")) {
+      while (::readdir(fds) != nullptr) ++open;  // counts ".", ".." and the directory's own
+      ::closedir(fds);
+    }
+    LOOM_CHECK(::getrlimit(RLIMIT_NOFILE, &limit_) == 0);
+    saved_ = limit_.rlim_cur;
+    limit_.rlim_cur = static_cast<rlim_t>(open);
+    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit_) == 0);
+  }
+  ~NoSpareDescriptors() {
+    if (limit_.rlim_cur != saved_) {
+      limit_.rlim_cur = saved_;
+      ::setrlimit(RLIMIT_NOFILE, &limit_);
+    }
+  }
+  NoSpareDescriptors(const NoSpareDescriptors&) = delete;
+  NoSpareDescriptors& operator=(const NoSpareDescriptors&) = delete;
+  void restore() {
+    limit_.rlim_cur = saved_;
+    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit_) == 0);
+  }
+
+ private:
+  rlimit limit_{};
+  rlim_t saved_ = 0;
+};
+
 // A rank that runs out of file descriptors as it connects to a peer on another host fails
 // naming itself and the cause; the peer, which did nothing wrong, is not reported lost (it
 // used to be: "lost rank 1 ... Too many open files; rebuild the group without it").
@@ -401,16 +434,7 @@ TEST_F(TwoHosts, ARankOutOfFileDescriptorsNamesItselfNotItsPeer) {
     }
     // No descriptor beyond those open now: the point-to-point connection to rank 1 (made on
     // the first send) cannot open its endpoint.
-    int open = 0;
-    if (DIR* fds = ::opendir("/proc/self/fd")) {
-      while (::readdir(fds) != nullptr) ++open;
-      ::closedir(fds);
-    }
-    rlimit limit{};
-    LOOM_CHECK(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
-    const rlim_t saved = limit.rlim_cur;
-    limit.rlim_cur = static_cast<rlim_t>(open);  // counts ".", ".." and the directory's own
-    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    NoSpareDescriptors starved;
     float x = 1;
     std::string what;
     try {
@@ -420,8 +444,7 @@ TEST_F(TwoHosts, ARankOutOfFileDescriptorsNamesItselfNotItsPeer) {
       what = e.what();
       LOOM_CHECK(e.code() == ErrorCode::kSystem, << e.what());
     }
-    limit.rlim_cur = saved;
-    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    starved.restore();
     ctx.store->set("failed", {1});
     LOOM_CHECK(
         what.find("lost rank 1") == std::string::npos && what.find("rank 0") != std::string::npos,
@@ -452,20 +475,10 @@ TEST_F(TwoHosts, AProcessThatCannotAcceptAConnectionSaysWhy) {
       ctx.store->set("sent", {1});
       return;
     }
-    int open = 0;
-    if (DIR* fds = ::opendir("/proc/self/fd")) {
-      while (::readdir(fds) != nullptr) ++open;
-      ::closedir(fds);
-    }
-    rlimit limit{};
-    LOOM_CHECK(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
-    const rlim_t saved = limit.rlim_cur;
-    limit.rlim_cur = static_cast<rlim_t>(open);
-    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    NoSpareDescriptors starved;
     ctx.store->set("short", {1});
     ctx.store->get("sent", std::chrono::seconds(60));
-    limit.rlim_cur = saved;
-    LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+    starved.restore();
   });
   ASSERT_EQ(outcomes.size(), 2u);
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
