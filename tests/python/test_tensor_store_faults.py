@@ -87,7 +87,7 @@ def _writer_dies(rank, world):
     # told when the writer dies; it never mapped v2, so reading that is refused with a reason.
     sync(store, "dying")
     version, parts = ts._parts("w", 3, None)
-    ts._mapped_buffer(parts[0], 0)
+    ts._mappings.buffer(parts[0], 0)
     store.set("mapped3", "1")
     with pytest.raises(TensorStoreError, match=r"version 3: rank 0 \(pid \d+\) died while writing it"):
         ts.get("w", version=3)

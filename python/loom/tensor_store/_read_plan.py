@@ -63,7 +63,7 @@ class ReadPlan:
         slot = (part.index, meta.buffer)
         mapped = self.buffers.get(slot)
         if mapped is None:
-            mapped = self.buffers[slot] = self.store._mapped_buffer(part, meta.buffer)
+            mapped = self.buffers[slot] = self.store._mappings.buffer(part, meta.buffer)
         return mapped.view(meta.offset, meta.dtype, meta.box.shape)
 
     def copy(self, dst: torch.Tensor, part: PartMeta, meta: TensorMeta, narrow=None) -> None:

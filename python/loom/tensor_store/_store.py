@@ -48,12 +48,12 @@ from ._broadcast import Broadcaster
 from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text,
                       unstorable, whole)
 from ._lending import Lent, home_of, lendable_tensors, lent_metas, move_into, take_back
+from ._mappings import ReaderMappings
 from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
 from ._read_planning import ReadPlanning
-from ._remote import RemoteBuffer, serve
+from ._remote import serve
 from ._write_plan import Kept, WritePlan
 from ._parts import (
-    MappedBuffer,
     OwnedBuffer,
     PartMeta,
     TensorMeta,
@@ -69,10 +69,6 @@ from ._parts import (
 _ABSENT = b"\x00loom-tensor-store: absent\x00"
 # Numbers the TensorStores of this process: with its pid and host, a writer's identity.
 _SERIALS = itertools.count()
-# The writer buffers whose mappings a reader keeps ((key, part, buffer) slots, up to `keep`
-# mappings each), least recently read dropped first: keys read once and then deleted by
-# another rank (a step's key) would otherwise keep their pages mapped for good.
-_READ_SLOTS = 64
 
 class TensorStore(ReadPlanning):
     """Put/get of tensors, DTensors, objects and state dicts, bytes moving straight from the
@@ -125,9 +121,8 @@ class TensorStore(ReadPlanning):
         self._write_plans: dict[str, WritePlan] = {}
         self._read_plans: dict[str, dict[tuple, ReadPlan]] = {}
         self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
-        self._mapped: dict[str, MappedBuffer] = {}  # by region id
-        # (key, part, buffer) -> region ids, newest first; least recently read slot first
-        self._reading: collections.OrderedDict[tuple, collections.deque] = collections.OrderedDict()
+        self._mappings = ReaderMappings(keep, self._host, store, self._message,
+                                        lambda key: self._read_plans.pop(key, None))
         self._lendable: list[OwnedBuffer] = []  # buffers make_lendable moved tensors into
         self._lent: dict[str, Lent] = {}  # keys this writer lends, by key
         self._broadcaster = Broadcaster(self._bucket_bytes)  # broadcast mode's plans and versions
@@ -271,8 +266,7 @@ class TensorStore(ReadPlanning):
             self._latest_seen.pop(key, None)
             self._write_plans.pop(key, None)
             self._read_plans.pop(key, None)
-            for slot in [slot for slot in self._reading if slot[0] == key]:
-                self._drop_slot(slot)
+            self._mappings.forget_key(key)
 
     def exists(self, key: str) -> bool:
         """True if some version of `key` is readable."""
@@ -305,8 +299,7 @@ class TensorStore(ReadPlanning):
             self._owned.clear()
             self._write_plans.clear()
             self._read_plans.clear()
-            self._mapped.clear()
-            self._reading.clear()
+            self._mappings.clear()
             self._closed = True
 
     def __enter__(self) -> "TensorStore":
@@ -782,7 +775,7 @@ class TensorStore(ReadPlanning):
         if local and writer.lent:
             try:
                 with self._lock:  # the mappings are shared; the wait below is not under the lock
-                    watched = (self._mapped_buffer(writer, 0), writer.generations[0])
+                    watched = (self._mappings.buffer(writer, 0), writer.generations[0])
             except TensorStoreError:  # its writer is gone: the loop below says so
                 pass
         pause = 50e-6
@@ -822,48 +815,6 @@ class TensorStore(ReadPlanning):
                     self._layouts.clear()
                 template = self._layouts[layout] = pickle.loads(layout)
         return replace(template, version=version, generations=generations)
-
-    def _mapped_buffer(self, part: PartMeta, which: int) -> MappedBuffer | RemoteBuffer:
-        meta = part.buffers[which]
-        slot = (part.key, part.index, which)
-        mapped = self._mapped.get(meta.region_id)
-        if mapped is None and part.host != self._host:
-            if part.server is None:
-                raise TensorStoreError(self._message(
-                    f"'{part.key}' version {part.version} was put by rank {part.rank} on another host, "
-                    f"and {part.unserved}"))
-            mapped = self._mapped[meta.region_id] = RemoteBuffer(meta, part.server, self._job_store, self._message)
-        elif mapped is None:
-            try:
-                mapped = MappedBuffer(meta)
-            except RuntimeError as error:
-                raise Released(self._message(
-                    f"'{part.key}' version {part.version}: cannot open the buffer of rank "
-                    f"{part.rank} (pid {meta.pid}): {error}")) from error
-            self._mapped[meta.region_id] = mapped
-        # A writer rotates `keep` buffers per key: keep as many mappings of each (mapping one
-        # again means faulting in all its pages), and drop the least recently used beyond.
-        recent = self._reading.setdefault(slot, collections.deque())
-        self._reading.move_to_end(slot)
-        if meta.region_id in recent:
-            recent.remove(meta.region_id)
-        recent.appendleft(meta.region_id)
-        while len(recent) > self._keep:
-            self._mapped.pop(recent.pop(), None)
-        # Beyond _READ_SLOTS, the least recently read slot of another key goes, with its key's
-        # read plans (which hold mappings too): a later read maps it again.
-        while len(self._reading) > _READ_SLOTS:
-            oldest = next((s for s in self._reading if s[0] != part.key), None)
-            if oldest is None:
-                break
-            self._drop_slot(oldest)
-        return mapped
-
-    def _drop_slot(self, slot: tuple) -> None:
-        """Forgets a (key, part, buffer) slot's mappings and its key's read plans."""
-        for region in self._reading.pop(slot, ()):
-            self._mapped.pop(region, None)
-        self._read_plans.pop(slot[0], None)
 
     # ---- messages -------------------------------------------------------------------------
 
