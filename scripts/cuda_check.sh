@@ -13,12 +13,14 @@
 # 400 s on an H200, more than a device call of 10 minutes has beside the build). `roots`
 # builds and runs only the rooted calls' agreement parts (ranks that name different roots,
 # a root that never comes), stepped and with each fused broadcast forced, in one short call.
+# `premul` builds and runs only PREMUL_SUM with factors on the GPU (and factors that differ by
+# rank) on every reducing path: stepped (one step and many), fused one-shot, two-shot and ring.
 #
-#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|roots|all]
+#   bash scripts/cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|roots|premul|all]
 #   (default all; nccl and the mps modes build too, but are not part of all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|roots|all]}
+out=${1:?usage: cuda_check.sh OUTDIR [build|check|bench|nccl|mps|mps-check|mps-bench|roots|premul|all]}
 what=${2:-all}
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
@@ -26,7 +28,7 @@ PYTHON=${PYTHON:-python3}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 if [ "$what" = build ] || [ "$what" = all ] || [ "$what" = nccl ] || [[ "$what" = mps* ]] ||
-  [ "$what" = roots ]; then
+  [ "$what" = roots ] || [ "$what" = premul ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) SKBUILD_CMAKE_DEFINE="LOOM_CUDA=ON;LOOM_WITH_NET=OFF" \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 fi
@@ -43,7 +45,8 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   # The fused kernels (the default with a GPU per rank) forced on ranks sharing GPU 0, with
   # the default chunk and with one that cuts calls into many steps.
   LOOM_CUDA_FUSED=1 "$PYTHON" tests/cuda/check_cuda.py --ranks 2 3 \
-    --parts reductions movement p2p mismatch tag_mismatch killed 2>&1 | tee "$out/cuda_check_fused.txt"
+    --parts reductions premul movement p2p mismatch factor_mismatch device_factor_mismatch \
+    tag_mismatch killed 2>&1 | tee "$out/cuda_check_fused.txt"
   LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536 "$PYTHON" tests/cuda/check_cuda.py --ranks 3 \
     --parts reductions movement p2p 2>&1 | tee "$out/cuda_check_fused_small_chunk.txt"
   # The fused two-shot all_reduce (more than two ranks, each with a GPU, large calls) at every
@@ -87,6 +90,18 @@ if [ "$what" = roots ]; then
         tests/cuda/check_cuda.py --ranks 3 --parts self_rooted_broadcast late_root 2>&1 \
         | tee -a "$out/cuda_roots.txt"
     done
+  done
+fi
+if [ "$what" = premul ]; then
+  # Ranks, then settings: two-shot and the ring need three ranks or more.
+  for run in "2 3|LOOM_CUDA_FUSED=0" "3|LOOM_CUDA_FUSED=0 LOOM_CUDA_CHUNK_BYTES=65536 LOOM_CUDA_ONE_SHOT_BYTES=0" \
+    "2 3|LOOM_CUDA_FUSED=1" "3|LOOM_CUDA_FUSED=1 LOOM_CUDA_CHUNK_BYTES=65536" \
+    "3|LOOM_CUDA_FUSED=1 LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_TWO_SHOT_BYTES=0" \
+    "3|LOOM_CUDA_FUSED=1 LOOM_CUDA_ONE_SHOT_BYTES=0 LOOM_CUDA_FUSED_RING_ALL_REDUCE_BYTES=0 LOOM_CUDA_CHUNK_BYTES=65536"; do
+    echo "== ranks ${run%%|*}, ${run#*|}" | tee -a "$out/cuda_premul.txt"
+    # shellcheck disable=SC2086  # the ranks and settings split into words on purpose
+    env ${run#*|} "$PYTHON" tests/cuda/check_cuda.py --ranks ${run%%|*} \
+      --parts premul factor_mismatch device_factor_mismatch 2>&1 | tee -a "$out/cuda_premul.txt"
   done
 fi
 if [ "$what" = nccl ]; then

@@ -139,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   requireDense(s, "tensor", tensors[0]);
   if (opts.sparseIndices) invalid(s, "all_reduce with sparse indices is not supported");
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
-  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
   Outputs outputs;
   outputs.inOut(flat);
   return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors,
@@ -238,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     const at::Tensor packed = at::cat(pieces);
     noteStaged(packed);
     const Flat flat = reductionView(s, packed, opts.reduceOp);
-    const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+    const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
     auto finisher = [tensors, packed, flat] {
       if (!flat.data.is_alias_of(flat.view)) copyBackInto(flat.view, flat.data);
       int64_t offset = 0;
@@ -262,7 +262,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
-  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat.type);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
   Outputs outputs;
   outputs.inOut(flat);
   return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, copyBack(std::move(outputs)),
@@ -461,7 +461,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   const Flat out = reductionView(s, outputs[0], opts.reduceOp);
   listScatterReadApart(s, ins, out.data);
   for (const Flat& in : ins) sources.push_back(in.ptr());
-  const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, out);
   auto staged = std::make_shared<Outputs>();
   staged->inOut(out);
   return launch(
@@ -479,7 +479,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
   requireWholeOfParts(s, "input", input, "output", output);
   const Flat out = reductionView(s, output, opts.reduceOp);
   const Flat in = scatterReadApart(s, reductionView(s, input, opts.reduceOp), out.data);
-  const ReduceOp op = reduceOpOf(s, opts.reduceOp, out.type);
+  const ReduceOp op = reduceOpOf(s, opts.reduceOp, out);
   Outputs outputs;
   outputs.inOut(out);
   return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
@@ -506,7 +506,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
       outs.push_back(reductionView(s, outputs[i], opts.reduceOp));
       ins.push_back(
           scatterReadApart(s, reductionView(s, inputs[i], opts.reduceOp), outs.back().data));
-      ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back().type));
+      ops.push_back(reduceOpOf(s, opts.reduceOp, outs.back()));
       staged->inOut(outs.back());
     }
     std::vector<at::Tensor> written;

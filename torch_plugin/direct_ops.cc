@@ -222,7 +222,7 @@ void requireGroupSize(const CallSite& site, int64_t groupSize) {
 void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
                      const at::Tensor& input, void* output) {
   const Flat in = reductionView(s, input, op);
-  const ReduceOp loomOp = reduceOpOf(s, op, in.type);
+  const ReduceOp loomOp = reduceOpOf(s, op, in);
   runBlocking(pg, [&] {
     return pg.communicator().allReduce(in.ptr(), output, in.count, in.type, loomOp,
                                        pg.directOptions(c10d::OpType::ALLREDUCE, {input}, {input}));
@@ -349,7 +349,7 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
   const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
   if (direct({&input, &output})) {
     const Flat in = scatterReadApart(s, reductionView(s, input, op), output);
-    const ReduceOp loomOp = reduceOpOf(s, op, in.type);
+    const ReduceOp loomOp = reduceOpOf(s, op, in);
     runBlocking(pg, [&] {
       return pg.communicator().reduceScatter(
           in.ptr(), output.data_ptr(), in.count / s.size, in.type, loomOp,

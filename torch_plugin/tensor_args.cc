@@ -268,7 +268,8 @@ size_t elementsOf(const at::Tensor& t, DataType type) {
   return t.nbytes() / elementSize(type);
 }
 
-ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type) {
+ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, const Flat& data) {
+  const DataType type = data.type;
   ReduceOp result;
   switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
     case c10d::ReduceOp::SUM: result = ReduceKind::kSum; break;
@@ -295,10 +296,22 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType typ
                           "); loom scales by a real factor: pass a real one, or multiply the "
                           "tensor before an all_reduce with SUM");
       }
-      const double factor = supplement->tensor_factor.defined()
-                                ? supplement->tensor_factor.to(at::kDouble).item<double>()
-                                : supplement->double_factor;
-      result = ReduceOp::premulSum(factor);
+      const at::Tensor& given = supplement->tensor_factor;
+      if (!given.defined()) {
+        result = ReduceOp::premulSum(supplement->double_factor);
+        break;
+      }
+      if (given.is_cuda() && data.data.is_cuda()) {
+        // Read by the kernels when the call runs, never by the host here: .item() would make
+        // the host wait for the caller's stream, and would end a CUDA graph capture. The
+        // copy is queued on the caller's stream, which the call's stream follows.
+        const at::Tensor onDevice =
+            given.to(data.data.device(), at::kDouble).reshape({}).contiguous();
+        noteStaged(onDevice);  // kept until the call's stream is past it
+        result = ReduceOp::premulSumOnDevice(onDevice.const_data_ptr<double>());
+        break;
+      }
+      result = ReduceOp::premulSum(given.to(at::kDouble).item<double>());
       break;
     }
     default: invalid(site, "unknown reduce op " + std::to_string(static_cast<int>(op.op_)));

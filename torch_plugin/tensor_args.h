@@ -146,8 +146,10 @@ void copyBackInto(const at::Tensor& original, const at::Tensor& scratch);
 /// Elements of loom type `type` that tensor `t` holds.
 size_t elementsOf(const at::Tensor& t, DataType type);
 
-/// loom's reduction for c10d's (PREMUL_SUM factors included); throws if `type` lacks it.
-ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, DataType type);
+/// loom's reduction for c10d's over `data` (PREMUL_SUM factors included); throws if data's
+/// type lacks it. A factor given as a CUDA tensor for CUDA data stays on the GPU: a double
+/// copy of it, noted as staged (noteStaged), is what the kernels read.
+ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, const Flat& data);
 
 /// Output tensors whose data loom writes: contiguous ones directly, others through scratch
 /// tensors copied back by finish().

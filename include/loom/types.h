@@ -62,7 +62,8 @@ enum class ReduceKind : uint8_t {
 /// Number of reduce kinds, for tables and sweeps.
 inline constexpr int kNumReduceKinds = 9;
 
-/// A reduction: its kind plus, for kPremulSum, the scalar factor.
+/// A reduction: its kind plus, for kPremulSum, the scalar factor (a value, or a double in
+/// device memory that the device reads when the collective runs).
 class ReduceOp {
  public:
   /// Implicit from a kind, so `ReduceKind::kSum` can be passed where a ReduceOp is expected.
@@ -71,14 +72,26 @@ class ReduceOp {
   static constexpr ReduceOp premulSum(double factor) {
     return ReduceOp(ReduceKind::kPremulSum, factor);
   }
+  /// A PREMUL_SUM whose factor is the double at `factor` in the memory of the GPU the
+  /// collective runs on (CUDA calls only), read by the collective's kernels, so the host
+  /// never waits for the value; it must stay valid until the call has run on its stream.
+  static constexpr ReduceOp premulSumOnDevice(const double* factor) {
+    ReduceOp op(ReduceKind::kPremulSum, 0.0);
+    op.deviceFactor_ = factor;
+    return op;
+  }
 
   constexpr ReduceKind kind() const { return kind_; }
+  /// The factor given as a value (meaningless where deviceFactor() is set).
   constexpr double factor() const { return factor_; }
+  /// The factor's address in device memory, or null where it is a value.
+  constexpr const double* deviceFactor() const { return deviceFactor_; }
 
  private:
   constexpr ReduceOp(ReduceKind kind, double factor) : kind_(kind), factor_(factor) {}
   ReduceKind kind_;
   double factor_ = 1.0;
+  const double* deviceFactor_ = nullptr;
 };
 
 /// Upper-case name ("SUM", "PREMUL_SUM", ...) for messages.

@@ -169,7 +169,7 @@ Request Communicator::allReduce(const void* input, void* output, size_t count, D
                                 ReduceOp op, const OpOptions& options) {
   const Site site{"all_reduce", rank(), size()};
   validate::dataType(site, type);
-  validate::reduction(site, op, type);
+  validate::reduction(site, op, type, options.device);
   const size_t bytes = validate::bytesOf(site, "count", count, type);
   validate::buffer(site, "input", input, count);
   validate::buffer(site, "output", output, count);
@@ -182,7 +182,7 @@ Request Communicator::reduce(const void* input, void* output, size_t count, Data
                              ReduceOp op, int root, const OpOptions& options) {
   const Site site{"reduce", rank(), size()};
   validate::dataType(site, type);
-  validate::reduction(site, op, type);
+  validate::reduction(site, op, type, options.device);
   validate::rankInRange(site, "root", root);
   const size_t bytes = validate::bytesOf(site, "count", count, type);
   validate::buffer(site, "input", input, count);
@@ -256,7 +256,7 @@ Request Communicator::reduceScatter(const void* input, void* output, size_t coun
                                     ReduceOp op, const OpOptions& options) {
   const Site site{"reduce_scatter", rank(), size()};
   validate::dataType(site, type);
-  validate::reduction(site, op, type);
+  validate::reduction(site, op, type, options.device);
   const size_t bytes = validate::bytesOf(site, "count", count, type);
   validate::bytesOf(site, "count", count * static_cast<size_t>(size()), type);
   validate::buffer(site, "input", input, count);
@@ -278,7 +278,7 @@ Request Communicator::reduceScatterV(std::span<const void* const> inputs, void* 
                                      const OpOptions& options) {
   const Site site{"reduce_scatter_v", rank(), size()};
   validate::dataType(site, type);
-  validate::reduction(site, op, type);
+  validate::reduction(site, op, type, options.device);
   blocks<const void*>(site, "inputs", inputs, counts, type);
   validate::buffer(site, "output", output, counts[rank()]);
   const size_t es = elementSize(type);

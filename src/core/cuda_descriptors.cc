@@ -3,6 +3,7 @@
 #include "core/cuda_descriptors.h"
 
 #include <cstdio>
+#include <cstring>
 
 namespace loom::detail {
 
@@ -22,9 +23,15 @@ cuda::Descriptor describe(const CollectiveArgs& args) {
                        k == CollectiveKind::kReduceScatter;
   const bool rooted = k == CollectiveKind::kReduce || k == CollectiveKind::kBroadcast ||
                       k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+  // A factor in device memory is the kernels' to write (cuda::Agreement::factorAt).
+  uint64_t factorBits = 0;
+  if (reduces && args.op.kind() == ReduceKind::kPremulSum && args.op.deviceFactor() == nullptr) {
+    const double factor = args.op.factor();
+    std::memcpy(&factorBits, &factor, sizeof factorBits);
+  }
   return {{word0(static_cast<uint8_t>(k), args.type, reduces ? args.op.kind() : ReduceKind{},
                  args.variable, rooted ? static_cast<uint32_t>(args.root) : 0),
-           (args.variable ? args.countsHash : args.count) & kCountMask}};
+           (args.variable ? args.countsHash : args.count) & kCountMask, factorBits}};
 }
 
 cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step) {
@@ -43,7 +50,7 @@ bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs) {
 cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk) {
   const uint64_t bytes = t.bytes & ((uint64_t{1} << kChunkShift) - 1);
   return {{word0(purpose, DataType{}, ReduceKind{}, false, static_cast<uint32_t>(t.tag)),
-           bytes | chunk << kChunkShift}};
+           bytes | chunk << kChunkShift, 0}};
 }
 
 std::string explain(const cuda::Descriptor& d) {
@@ -80,7 +87,15 @@ std::string explain(const cuda::Descriptor& d) {
   }
   if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
       kind == CollectiveKind::kReduceScatter) {
-    text += ", " + std::string(reduceKindName(static_cast<ReduceKind>(w0 >> 16 & 0xff)));
+    const auto op = static_cast<ReduceKind>(w0 >> 16 & 0xff);
+    text += ", " + std::string(reduceKindName(op));
+    if (op == ReduceKind::kPremulSum) {
+      double factor = 0;
+      std::memcpy(&factor, &d.words[2], sizeof factor);
+      char digits[32];
+      std::snprintf(digits, sizeof digits, " by %.17g", factor);  // every bit that differs
+      text += digits;
+    }
   }
   if (kind == CollectiveKind::kReduce || kind == CollectiveKind::kBroadcast ||
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter) {
@@ -107,7 +122,8 @@ std::string collectiveMismatch(int peer, int self, const cuda::Descriptor& their
   // states differ), not calls the user issued differently.
   const uint64_t kernel = kFusedBit | kTwoShotBit | kChainBit | uint64_t{63} << kFusedBlocksShift;
   const bool sameCall = ((theirs.words[0] ^ mine.words[0]) & ~kernel) == 0 &&
-                        ((theirs.words[1] ^ mine.words[1]) & kCountMask) == 0;
+                        ((theirs.words[1] ^ mine.words[1]) & kCountMask) == 0 &&
+                        theirs.words[2] == mine.words[2];
   if (sameCall) {
     return calls +
            ": the same call, for which the ranks chose different kernels, as ranks whose GPUs "

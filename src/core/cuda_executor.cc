@@ -409,6 +409,7 @@ cuda::Agreement CudaExecutor::publishing(uint64_t epoch) {
   cuda::Agreement a = noAgreement();
   if (epoch == firstEpoch_) {
     a.publish[a.npublish++] = {descriptor(rank_, epoch), stepTagged(described_, epoch)};
+    a.factorAt = describedFactor_;
   }
   return a;
 }
@@ -420,6 +421,7 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
     a.expect[a.nexpect++] = {descriptor(q, epoch), stepTagged(described_, epoch), q};
   }
+  a.factorAt = describedFactor_;
   return a;
 }
 
@@ -467,6 +469,7 @@ void CudaExecutor::reduce(void* dst, const Sources& srcs, size_t count, const Co
   for (int s = 0; s < srcs.n; ++s) params.srcs[s] = srcs.items[static_cast<size_t>(s)];
   params.count = count;
   params.factor = args.op.factor();
+  params.factorAt = args.op.deviceFactor();
   params.divisor = size_;
   params.agreement = agreement;
   kernels_->reduce(stream_, args.type, args.op.kind(), params);
@@ -625,6 +628,7 @@ void CudaExecutor::enqueue(const CollectiveArgs& args, const std::shared_ptr<OpS
                            const OpOptions& options, std::chrono::milliseconds timeout) {
   queue(std::string(collectiveName(args.kind)), {&state, 1}, options, timeout, [&] {
     described_ = describe(args);
+    describedFactor_ = args.op.deviceFactor();
     switch (args.kind) {
       case CollectiveKind::kAllReduce: allReduce(args); break;
       case CollectiveKind::kReduce: reduceToRoot(args); break;

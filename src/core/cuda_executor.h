@@ -341,9 +341,10 @@ class CudaExecutor final : public DeviceExecutor {
   Lane* lane_ = &eager_;                     // the lane of the call being filled
   std::atomic<bool> graphsCaptured_{false};  // any call captured: replays to wait for, release
   uint64_t firstEpoch_ = 0;                  // the first step of the call being filled
-  uint64_t fusedExits_ = 0;              // fused kernel blocks launched, ever (FusedParams::exits)
-  cuda::Descriptor described_{};         // what the collective being filled is (its first step)
-  std::vector<uint64_t> transferTable_;  // the fused transfer being filled: its table
+  uint64_t fusedExits_ = 0;       // fused kernel blocks launched, ever (FusedParams::exits)
+  cuda::Descriptor described_{};  // what the collective being filled is (its first step)
+  const double* describedFactor_ = nullptr;  // its PREMUL_SUM factor in device memory, if any
+  std::vector<uint64_t> transferTable_;      // the fused transfer being filled: its table
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;

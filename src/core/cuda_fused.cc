@@ -93,6 +93,7 @@ void CudaExecutor::runFused(cuda::FusedParams& p, size_t elementBytes,
   if (trace_) trace_->attach(p, elementBytes);
   if (reduction != nullptr) {
     p.factor = reduction->op.factor();
+    p.factorAt = reduction->op.deviceFactor();
     p.divisor = size_;
     kernels_->fusedReduce(stream_, reduction->type, reduction->op.kind(), p);
   } else {

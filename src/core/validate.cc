@@ -20,7 +20,7 @@ void dataType(const Site& site, DataType type) {
   }
 }
 
-void reduction(const Site& site, ReduceOp op, DataType type) {
+void reduction(const Site& site, ReduceOp op, DataType type, DeviceKind device) {
   const int kind = static_cast<int>(op.kind());
   if (kind >= kNumReduceKinds) {
     fail(site, "argument 'op' holds " + std::to_string(kind) + ", which is not a loom::ReduceKind");
@@ -33,7 +33,15 @@ void reduction(const Site& site, ReduceOp op, DataType type) {
     fail(site, "reduction " + std::string(reduceKindName(op.kind())) + " is not supported for " +
                    std::string(dataTypeName(type)) + " (" + hint + ")");
   }
-  if (op.kind() == ReduceKind::kPremulSum && !std::isfinite(op.factor())) {
+  if (op.kind() != ReduceKind::kPremulSum) return;
+  if (op.deviceFactor() != nullptr) {
+    // The value is the device's to read; a non-finite one gives non-finite sums, as NCCL's.
+    if (device != DeviceKind::kCuda) {
+      fail(site,
+           "the PREMUL_SUM factor is in device memory but the buffers are host memory; "
+           "pass the factor as a value (ReduceOp::premulSum)");
+    }
+  } else if (!std::isfinite(op.factor())) {
     fail(site, "the PREMUL_SUM factor must be finite");
   }
 }

@@ -23,8 +23,9 @@ struct Site {
 
 /// `type` is one of the DataType values.
 void dataType(const Site& site, DataType type);
-/// `op` is defined for `type` (and a PREMUL_SUM factor is finite).
-void reduction(const Site& site, ReduceOp op, DataType type);
+/// `op` is defined for `type`, and a PREMUL_SUM factor is finite, or in device memory only
+/// for a call on `device` kCuda.
+void reduction(const Site& site, ReduceOp op, DataType type, DeviceKind device);
 /// 0 <= rank < size; `what` names the argument ("root", "peer").
 void rankInRange(const Site& site, const char* what, int rank);
 /// count * elementSize, times the group size, fits in memory; returns the byte size.

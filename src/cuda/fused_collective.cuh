@@ -86,24 +86,24 @@ __device__ inline void markWaited(const FusedParams& p, uint64_t step) {
   mark(p, step, 2);
 }
 
+// This rank's descriptor of the call as its peers must find it (with a device factor's bits).
+__device__ inline Descriptor mineOf(const FusedParams& p) {
+  return withFactor(p.mine, p.factorAt);
+}
+
 // In the call's first step, thread 0 of every block publishes this rank's descriptor
 // before the block raises its first arrival (which is what a peer's check follows), and
 // block 0 raises the collective "ready" flag, so that a peer running another operation can
 // name the mismatch.
 __device__ inline void publishOnce(const FusedParams& p, int block, uint64_t step, uint64_t epoch) {
   if (step != 0 || threadIdx.x != 0) return;
-  *p.descriptors[p.rank] = p.mine;
+  *p.descriptors[p.rank] = mineOf(p);
   if (block == 0) {
     __threadfence_system();
     raise(p.ready[p.rank], epoch);
   }
 }
 
-// Whether a peer's published descriptor (read fresh: the peer writes it) equals this rank's.
-__device__ inline bool sameDescriptor(const Descriptor* theirs, const Descriptor& mine) {
-  const volatile Descriptor* d = theirs;
-  return d->words[0] == mine.words[0] && d->words[1] == mine.words[1];
-}
 
 // A load that skips the SM's L1: a slot is refilled by a peer at the same addresses two
 // steps later, and L1 is not kept coherent with writes that come over NVLink.
@@ -282,20 +282,24 @@ __device__ bool awaitPeers(const FusedParams& p, uint32_t mask, FlagOf flagOf, u
   const int t = threadIdx.x;
   bool ok = true;
   if (t < p.size && (mask >> t & 1u)) {
+    const Descriptor mine = check ? mineOf(p) : Descriptor{};
+    auto theirs = [&] { return readDescriptor(p.descriptors[t]); };
     uint64_t* flag = flagOf(t);
     while (ok && !reached(flag, value)) {
       if (*p.abort != 0) {
         ok = false;
-      } else if (check && reached(p.ready[t], value) && !sameDescriptor(p.descriptors[t], p.mine)) {
+      } else if (check && reached(p.ready[t], value) && !sameDescriptor(theirs(), mine)) {
         ok = false;  // a peer on another operation raises only its ready flag
       } else {
         __nanosleep(32);
       }
     }
-    if (check && *p.abort == 0 && !sameDescriptor(p.descriptors[t], p.mine)) {
-      const volatile Descriptor* d = p.descriptors[t];
-      reportMismatch(p.claim, p.report, p.abort, t, p.mine, {{d->words[0], d->words[1]}});
-      ok = false;
+    if (check && *p.abort == 0) {
+      const Descriptor d = theirs();
+      if (!sameDescriptor(d, mine)) {
+        reportMismatch(p.claim, p.report, p.abort, t, mine, d);
+        ok = false;
+      }
     }
   }
   return __syncthreads_and(ok);
@@ -333,8 +337,8 @@ __device__ bool receiveStep(const FusedParams& p, int block, uint64_t step, uint
     for (int q = 0; q < p.size; ++q) {
       srcs[q] = q == p.rank ? static_cast<const S*>(p.own) + lo + from : received(q);
     }
-    reduceByBlock<S, A, K>(static_cast<S*>(p.outputs[0]) + lo + from, srcs, p.size, n, p.factor,
-                           p.divisor);
+    reduceByBlock<S, A, K>(static_cast<S*>(p.outputs[0]) + lo + from, srcs, p.size, n,
+                           factorOf(p.factor, p.factorAt), p.divisor);
   } else {
     for (int q = 0; q < p.size; ++q) {
       const S* src = nullptr;
@@ -446,7 +450,8 @@ __device__ void twoShot(const FusedParams& p) {
           srcs[q] = q == p.rank ? input + lo + from
                                 : reinterpret_cast<const S*>(region(p, q, p.rank, slot) + at);
         }
-        reduceToEach<S, A, K>(dsts, ndst, srcs, p.size, to - from, p.factor, p.divisor);
+        reduceToEach<S, A, K>(dsts, ndst, srcs, p.size, to - from, factorOf(p.factor, p.factorAt),
+                              p.divisor);
       } else {
         // A broadcast's owner is never its root: its share is what the root pushed here.
         copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
@@ -598,7 +603,8 @@ __device__ void ringAllReduce(const FusedParams& p) {
         // its input here before pass size - 1 or later writes the same elements.
         const S* srcs[2] = {incoming, input + lo + first + s.from};
         reduceToEach<S, A, K>(dsts, ndst, receives ? srcs : srcs + 1, receives ? 2 : 1,
-                              s.to - s.from, p.factor, p.divisor, !receives, pass == p.size - 1);
+                              s.to - s.from, factorOf(p.factor, p.factorAt), p.divisor, !receives,
+                              pass == p.size - 1);
       } else {
         copyToEach(reinterpret_cast<uint8_t* const*>(dsts), ndst,
                    reinterpret_cast<const uint8_t*>(incoming), (s.to - s.from) * sizeof(S));

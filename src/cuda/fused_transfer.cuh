@@ -63,8 +63,8 @@ __device__ inline bool receivePieces(const TransferParams& p, int q, uint64_t ch
   if (k < s.count) {
     ok = awaitFlag(sentFlag(p, p.rank, q, s.first + k), chunk, p.abort);
     const volatile Descriptor* theirs = chunkDescriptor(p, p.rank, q, chunk, s.first + k);
-    const Descriptor got{{theirs->words[0], theirs->words[1]}};
-    if (ok && (got.words[0] != d.words[0] || got.words[1] != d.words[1])) {
+    const Descriptor got = readDescriptor(theirs);
+    if (ok && !sameDescriptor(got, d)) {
       reportMismatch(p.claim, p.report, p.abort, q, d, got);  // the first claim wins
       ok = false;
     }
@@ -90,7 +90,7 @@ __device__ inline void fusedTransfer(const TransferParams& p) {
       const uint64_t lo = c * p.mailSlot;
       const uint64_t n = msg.bytes - lo < p.mailSlot ? msg.bytes - lo : p.mailSlot;
       const TransferPieces s = transferPieces(p.mailSlot, p.blocks, block, n);
-      const Descriptor d{{msg.word0, (msg.bytes & ((uint64_t{1} << 40) - 1)) | c << 40}};
+      const Descriptor d{{msg.word0, (msg.bytes & ((uint64_t{1} << 40) - 1)) | c << 40, 0}};
       const bool ok = st.sends ? sendPieces(p, st.peer, chunk, msg.data + lo, s, d)
                                : receivePieces(p, st.peer, chunk, msg.data + lo, s, d);
       if (!ok) return;

@@ -103,6 +103,24 @@ __device__ inline A combine(A a, A b) {
 
 // Tells the host that `peer` runs `theirs` where this rank runs `mine` (the first caller
 // of all blocks writes the report) and stops the communicator's kernels.
+// A descriptor as a peer left it (read fresh: the peer writes it).
+__device__ inline Descriptor readDescriptor(const volatile Descriptor* d) {
+  return {{d->words[0], d->words[1], d->words[2]}};
+}
+__device__ inline bool sameDescriptor(const Descriptor& a, const Descriptor& b) {
+  return a.words[0] == b.words[0] && a.words[1] == b.words[1] && a.words[2] == b.words[2];
+}
+// `d` with the bits of a PREMUL_SUM factor kept in device memory as its third word (the host
+// that encoded `d` could not read them); `d` itself where there is none.
+__device__ inline Descriptor withFactor(Descriptor d, const double* factorAt) {
+  if (factorAt != nullptr) d.words[2] = static_cast<uint64_t>(__double_as_longlong(*factorAt));
+  return d;
+}
+// PREMUL_SUM's factor: the one in device memory where there is one.
+__device__ inline double factorOf(double factor, const double* factorAt) {
+  return factorAt != nullptr ? *factorAt : factor;
+}
+
 __device__ inline void reportMismatch(uint32_t* claim, MismatchReport* report,
                                       volatile uint64_t* abort, int peer, Descriptor mine,
                                       Descriptor theirs) {

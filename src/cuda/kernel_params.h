@@ -17,10 +17,11 @@ inline constexpr int kMaxSegments = 32;
 /// Most pieces one spread copy launch moves (its parameters stay under 4 KiB).
 inline constexpr int kMaxSpreadPieces = 120;
 
-/// What a rank says it is doing in a step, so its peers can check they do the same: two
-/// words (core/cuda_executor.cc encodes them; kernels only compare).
+/// What a rank says it is doing in a step, so its peers can check they do the same: three
+/// words (core/cuda_descriptors.h encodes them; kernels only compare, and write a PREMUL_SUM
+/// factor kept in device memory into the third).
 struct Descriptor {
-  uint64_t words[2];
+  uint64_t words[3];
 };
 
 /// Written by a kernel that finds a peer doing something else; host memory the executor's
@@ -54,6 +55,10 @@ struct Agreement {
   uint32_t* claim;           ///< device memory, zero until a disagreement is claimed
   MismatchReport* report;    ///< host memory mapped for the device
   volatile uint64_t* abort;  ///< nonzero: the communicator failed; do nothing
+  /// A PREMUL_SUM factor in device memory (null: none): its bits are the third word of
+  /// every descriptor above, expected and published, so ranks whose factors differ meet a
+  /// named mismatch rather than sums that differ by rank.
+  const double* factorAt;
 };
 
 /// dst[i] = op over s = 0..nsrc-1, in that order, of srcs[s][i], for i < count; the
@@ -63,8 +68,9 @@ struct ReduceParams {
   const void* srcs[kMaxSources];
   int nsrc;
   uint64_t count;
-  double factor;   ///< PREMUL_SUM's factor
-  double divisor;  ///< AVG's: the number of ranks
+  double factor;           ///< PREMUL_SUM's factor
+  const double* factorAt;  ///< PREMUL_SUM's factor in device memory, read instead (null: none)
+  double divisor;          ///< AVG's: the number of ranks
   Agreement agreement;
 };
 
@@ -183,8 +189,10 @@ struct FusedParams {
   uint64_t* blockFlags[kMaxSources];
   uint64_t* ready[kMaxSources];          ///< rank q's collective "ready" flag of the first step
   Descriptor* descriptors[kMaxSources];  ///< rank q's descriptor of the first step
-  Descriptor mine;
-  double factor;   ///< PREMUL_SUM's factor
+  Descriptor mine;  ///< with factorAt, the kernel writes the factor's bits into word 2
+  double factor;    ///< PREMUL_SUM's factor
+  /// PREMUL_SUM's factor in device memory, read instead (null: none).
+  const double* factorAt;
   double divisor;  ///< AVG's: the number of ranks
   uint32_t* claim;
   MismatchReport* report;

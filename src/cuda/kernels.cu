@@ -39,15 +39,15 @@ __device__ bool agree(const Agreement& a) {
   if (*a.abort != 0) return false;
   for (int i = 0; i < a.nexpect; ++i) {
     const Agreement::Expect& x = a.expect[i];
-    const uint64_t w0 = x.theirs->words[0];
-    const uint64_t w1 = x.theirs->words[1];
-    if (w0 == x.words.words[0] && w1 == x.words.words[1]) continue;
+    const Descriptor mine = withFactor(x.words, a.factorAt);
+    const Descriptor theirs = readDescriptor(x.theirs);
+    if (sameDescriptor(mine, theirs)) continue;
     // Every block finds the same; one thread of all of them writes the report.
-    if (threadIdx.x == 0) reportMismatch(a.claim, a.report, a.abort, x.peer, x.words, {{w0, w1}});
+    if (threadIdx.x == 0) reportMismatch(a.claim, a.report, a.abort, x.peer, mine, theirs);
     return false;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.npublish) {
-    *a.publish[threadIdx.x].at = a.publish[threadIdx.x].words;
+    *a.publish[threadIdx.x].at = withFactor(a.publish[threadIdx.x].words, a.factorAt);
   }
   return true;
 }
@@ -56,12 +56,14 @@ __device__ bool agree(const Agreement& a) {
 template <class S, class A, int K>
 __device__ inline S reduceOne(const ReduceParams& p, uint64_t i) {
   const S* const* srcs = reinterpret_cast<const S* const*>(p.srcs);
+  A factor{};
+  if constexpr (K == kPremulSum) factor = static_cast<A>(factorOf(p.factor, p.factorAt));
   A acc = widen<A>(srcs[0][i]);
-  if constexpr (K == kPremulSum) acc = acc * static_cast<A>(p.factor);
+  if constexpr (K == kPremulSum) acc = acc * factor;
   for (int s = 1; s < p.nsrc; ++s) {
     const A v = widen<A>(srcs[s][i]);
     if constexpr (K == kPremulSum)
-      acc = acc + v * static_cast<A>(p.factor);
+      acc = acc + v * factor;
     else
       acc = combine<K>(acc, v);
   }
@@ -78,6 +80,8 @@ __device__ void reduceBody(const ReduceParams& p) {
   const uint64_t vectors = aligned ? p.count / kV : 0;
   const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  A factor{};
+  if constexpr (K == kPremulSum) factor = static_cast<A>(factorOf(p.factor, p.factorAt));
   for (uint64_t v = first; v < vectors; v += stride) {
     union Pack {
       uint4 raw;
@@ -89,7 +93,7 @@ __device__ void reduceBody(const ReduceParams& p) {
 #pragma unroll
     for (int j = 0; j < kV; ++j) {
       acc[j] = widen<A>(in.e[j]);
-      if constexpr (K == kPremulSum) acc[j] = acc[j] * static_cast<A>(p.factor);
+      if constexpr (K == kPremulSum) acc[j] = acc[j] * factor;
     }
     for (int s = 1; s < p.nsrc; ++s) {
       in.raw = reinterpret_cast<const uint4*>(p.srcs[s])[v];
@@ -97,7 +101,7 @@ __device__ void reduceBody(const ReduceParams& p) {
       for (int j = 0; j < kV; ++j) {
         const A x = widen<A>(in.e[j]);
         if constexpr (K == kPremulSum)
-          acc[j] = acc[j] + x * static_cast<A>(p.factor);
+          acc[j] = acc[j] + x * factor;
         else
           acc[j] = combine<K>(acc[j], x);
       }

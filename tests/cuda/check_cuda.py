@@ -1,6 +1,7 @@
 """loom's CUDA path, checked on a GPU host: every collective x dtype x reduce op on CUDA
 tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
-loom's GPU path runs on a one-GPU machine), plus send/recv and uneven all_to_all, streams,
+loom's GPU path runs on a one-GPU machine), PREMUL_SUM with a factor on the GPU (also
+captured, and factors that differ by rank), plus send/recv and uneven all_to_all, streams,
 staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA graph capture
 and replay, mismatched calls (also a scatter's root against gathering non-roots), a rank
 killed mid-collective (also during a replay), a rank that never issues a call (named in the
@@ -38,8 +39,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: E402
 
 import loom  # noqa: E402,F401  (registers the backend)
-from check_failures import (PART_ENV, dead_rank_is_named, killed_rank,  # noqa: E402
-                            late_rank, mismatch, rooted_mismatch, self_rooted,
+from check_failures import (PART_ENV, dead_rank_is_named, factor_mismatch,  # noqa: E402
+                            killed_rank, late_rank, mismatch, rooted_mismatch, self_rooted,
                             settings_differ, setup_refused, tag_mismatch)
 
 # 70k float32 elements take the two-shot all_reduce where it is used: three or more ranks
@@ -118,6 +119,75 @@ def reductions(rank: int, world: int, dev: torch.device, dtypes) -> int:
                                     [torch.empty(0, dtype=dtype, device=dev)] * world, op=op)
                 same(outs, full[rank * n:(rank + 1) * n], "reduce_scatter " + what)
                 checks += 5
+    return checks
+
+
+def scaled_sum(inputs, factor: float, dtype: torch.dtype) -> torch.Tensor:
+    """PREMUL_SUM's reference with any factor, computed in float64."""
+    return (torch.stack([t.double() for t in inputs]) * factor).sum(0).to(dtype)
+
+
+def premul_factors(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """PREMUL_SUM with its factor given as a CUDA tensor, as NCCL takes it: the GPU reads the
+    factor when the call runs, never the host. The results equal a factor given as a number
+    (all_reduce, reduce, reduce_scatter_tensor; one step and several; a factor of the data's
+    dtype or float32), a factor still being computed on the caller's stream when the call is
+    issued is the one used, and a CUDA graph captures such calls (the host reading the factor
+    would end the capture) and reads the factor anew at every replay."""
+    checks = 0
+    for dtype in [d for d in dtypes if d.is_floating_point]:
+        for n in [1, 1000, 70_000] + ([LARGE] if dtype == torch.float32 else []):
+            inputs = [data(r, n, dtype, n + 3) for r in range(world)]
+            for factor_dtype in sorted({dtype, torch.float32}, key=str):
+                what = f"{dtype} n={n} factor {factor_dtype}"
+                op = dist._make_nccl_premul_sum(torch.tensor(0.25, dtype=factor_dtype, device=dev))
+                t = inputs[rank].to(dev)
+                dist.all_reduce(t, op=op)
+                same(t, scaled_sum(inputs, 0.25, dtype), "all_reduce " + what)
+                t = inputs[rank].to(dev)
+                dist.reduce(t, dst=0, op=op)
+                if rank == 0:
+                    same(t, scaled_sum(inputs, 0.25, dtype), "reduce " + what)
+                blocks = [data(r, n * world, dtype, n + 5) for r in range(world)]
+                out = torch.empty(n, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(out, blocks[rank].to(dev), op=op)
+                same(out, scaled_sum(blocks, 0.25, dtype)[rank * n:(rank + 1) * n],
+                     "reduce_scatter_tensor " + what)
+                checks += 3
+    # The factor is written by a kernel queued after a long one: the call must use its value.
+    inputs = [data(r, 4096, torch.float32, 11) for r in range(world)]
+    factor = torch.zeros((), device=dev)
+    t = inputs[rank].to(dev)
+    torch.cuda._sleep(20_000_000)
+    factor.fill_(0.75)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+    same(t, scaled_sum(inputs, 0.75, torch.float32), "all_reduce with a factor in the making")
+    checks += 1
+    # Captured: each replay scales by the factor's value at that replay.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.current_stream().wait_stream(side)
+    x = torch.zeros(70_000, device=dev)
+    y = torch.zeros(70_000 * world, device=dev)
+    y_out = torch.empty(70_000, device=dev)
+    factor = torch.ones((), device=dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(x, op=dist._make_nccl_premul_sum(factor))
+        dist.reduce_scatter_tensor(y_out, y, op=dist._make_nccl_premul_sum(factor))
+    for replay, value in enumerate([0.5, 2.0, -1.5]):
+        everyone = [data(r, 70_000, torch.float32, 20 + replay) for r in range(world)]
+        blocks = [data(r, 70_000 * world, torch.float32, 30 + replay) for r in range(world)]
+        x.copy_(everyone[rank])
+        y.copy_(blocks[rank])
+        factor.fill_(value)
+        graph.replay()
+        same(x, scaled_sum(everyone, value, torch.float32), f"replay {replay} all_reduce by {value}")
+        same(y_out, scaled_sum(blocks, value, torch.float32)[rank * 70_000:(rank + 1) * 70_000],
+             f"replay {replay} reduce_scatter_tensor by {value}")
+        checks += 2
     return checks
 
 
@@ -717,12 +787,14 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
                             timeout=__import__("datetime").timedelta(seconds=60),
                             device_id=dev if bound else None)
     try:
-        n = {"reductions": reductions, "movement": movement, "streams": streams_and_staging,
+        n = {"reductions": reductions, "premul": premul_factors, "movement": movement, "streams": streams_and_staging,
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
+             "factor_mismatch": lambda *a: factor_mismatch(*a[:3], on_device=False),
+             "device_factor_mismatch": lambda *a: factor_mismatch(*a[:3], on_device=True),
              "late_rank": lambda *a: late_rank(*a[:3]),
              "late_root": lambda *a: late_rank(*a[:3], "broadcast"),
              "late_scatter_root": lambda *a: late_rank(*a[:3], "scatter"),
@@ -734,6 +806,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
     if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused",
+                    "factor_mismatch", "device_factor_mismatch",
                     "rooted_mismatch", "settings_differ", "late_rank", "late_root",
                     "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
         dist.destroy_process_group()
@@ -748,8 +821,10 @@ def free_port() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
-    parser.add_argument("--parts", nargs="+", default=["reductions", "movement", "streams", "ddp",
-                                                       "fsdp2", "device_bound", "p2p", "mismatch",
+    parser.add_argument("--parts", nargs="+", default=["reductions", "premul", "movement", "streams",
+                                                       "ddp", "fsdp2", "device_bound", "p2p",
+                                                       "mismatch", "factor_mismatch",
+                                                       "device_factor_mismatch",
                                                        "tag_mismatch", "dtensor", "killed",
                                                        "graphs", "graph_killed", "direct",
                                                        "setup_refused", "rooted_mismatch",

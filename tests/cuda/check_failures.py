@@ -43,6 +43,23 @@ def mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return expect_failure(rank, dev, words)
 
 
+def factor_mismatch(rank: int, world: int, dev: torch.device, on_device: bool) -> int:
+    """Rank 0 all_reduces with PREMUL_SUM by 0.5, the others by 0.25 (as numbers, or as CUDA
+    tensors that only the GPU reads): each rank would scale every rank's data by its own
+    factor and get sums that differ by rank, so every rank gets an error naming both
+    factors instead, and the GPU stays usable."""
+    value = 0.5 if rank == 0 else 0.25
+    factor = torch.tensor(value, device=dev) if on_device else value
+    x = torch.ones(1000, device=dev)
+    words = ["PREMUL_SUM by 0.5", "PREMUL_SUM by 0.25", "every rank must issue"]
+    try:
+        dist.all_reduce(x, op=dist._make_nccl_premul_sum(factor))
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return expect_named(e, dev, words)
+    return expect_failure(rank, dev, words)
+
+
 def tag_mismatch(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """Rank 0 sends with tag 1, rank 1 receives with tag 2: both learn of it by name."""
     if rank == 0:

@@ -51,6 +51,13 @@ TEST(BadInput, NullsTypesAndReductionsAreRefused) {
     expectInvalid(
         [&] { comm->allReduce(a.data(), b.data(), 4, kF32, ReduceOp::premulSum(INFINITY)); },
         "all_reduce", r, {"finite"});
+    // A factor the device would read, with buffers in host memory: nothing could read it.
+    const double factor = 0.5;
+    expectInvalid(
+        [&] {
+          comm->reduceScatter(a.data(), b.data(), 4, kF32, ReduceOp::premulSumOnDevice(&factor));
+        },
+        "reduce_scatter", r, {"PREMUL_SUM factor is in device memory", "host memory"});
     expectInvalid([&] { comm->reduce(nullptr, b.data(), 4, kF32, kSum, 0); }, "reduce", r,
                   {"'input' is null"});
     expectInvalid([&] { comm->reduce(a.data(), b.data(), 4, badType, kSum, 0); }, "reduce", r,

@@ -55,6 +55,11 @@ def body_bad_input(rank: int, world: int) -> None:
     expect(RuntimeError, r"all_reduce \(rank \d\): PREMUL_SUM's factor is complex",
            lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64),
                                    op=dist._make_nccl_premul_sum(torch.tensor([1j]))))
+    # A factor given as a one-element tensor (torch's supplement holds one element) scales as
+    # the number would.
+    y = torch.full((3,), float(rank + 1))
+    dist.all_reduce(y, op=dist._make_nccl_premul_sum(torch.tensor([0.5], dtype=torch.float64)))
+    assert torch.equal(y, torch.full((3,), 0.5 * world * (world + 1) / 2)), y
     # Nothing was sent: the group still works.
     x = torch.ones(3)
     dist.all_reduce(x)

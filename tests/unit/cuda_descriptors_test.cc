@@ -62,6 +62,31 @@ TEST(CudaDescriptors, TheErrorReadsTheCountWithoutTheStep) {
       << message;
 }
 
+TEST(CudaDescriptors, APremulSumsFactorIsInItsDescriptor) {
+  // Ranks that scale by different factors would get sums that differ by rank: their
+  // descriptors differ, and the error says both factors.
+  CollectiveArgs half = allReduceOf(1000);
+  half.op = ReduceOp::premulSum(0.5);
+  CollectiveArgs quarter = half;
+  quarter.op = ReduceOp::premulSum(0.25);
+  const cuda::Descriptor a = describe(half);
+  const cuda::Descriptor b = describe(quarter);
+  EXPECT_NE(a.words[2], b.words[2]);
+  EXPECT_EQ(a.words[0], b.words[0]);
+  EXPECT_EQ(a.words[1], b.words[1]);
+  const std::string message = collectiveMismatch(1, 0, stepTagged(b, 4), stepTagged(a, 4));
+  EXPECT_NE(message.find("PREMUL_SUM by 0.25 where rank 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("PREMUL_SUM by 0.5;"), std::string::npos) << message;
+  EXPECT_NE(message.find("every rank must issue the same collectives"), std::string::npos)
+      << message;
+  // A factor in device memory is the kernels' to write: the host leaves the word 0.
+  const double onDevice = 0.5;
+  half.op = ReduceOp::premulSumOnDevice(&onDevice);
+  EXPECT_EQ(describe(half).words[2], 0u);
+  // Other reductions carry no factor.
+  EXPECT_EQ(describe(allReduceOf(1000)).words[2], 0u);
+}
+
 TEST(CudaDescriptors, AMismatchOfFusedCallsKeepsItsAdviceWithinTheFailureRecord) {
   // The longest words two calls can have: fused broadcasts of a count of 14 digits from a
   // high root, in two shots of 64 blocks and along a chain. Every descriptor once named seven
