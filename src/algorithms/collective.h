@@ -100,6 +100,12 @@ struct CollectiveArgs {
   std::string signature;    ///< the caller's description, checked across ranks if not empty
 };
 
+/// The countsHash of every all_to_all_v: its counts are each rank's own (its sends), so none
+/// can be agreed on, but the uneven form must not read as the even one of count 0 (both
+/// describe count 0), or a rank taking one and its peer the other would read counts the peer
+/// never wrote.
+inline constexpr uint64_t kUnevenAllToAllHash = 0x7665'6e65'7675'6e65ULL;
+
 /// One contiguous copy, for batching several into one parallel region.
 struct CopyTask {
   void* dst;

@@ -55,7 +55,11 @@ std::string describe(const shm::OpDesc& d, std::string_view signature) {
   if (hasRoot(kind)) {
     s += ", root " + std::to_string(d.root);
   }
-  if (d.countsHash != 0) s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);
+  if (d.countsHash == kUnevenAllToAllHash) {
+    s += ", split sizes of each rank's own";
+  } else if (d.countsHash != 0) {
+    s += ", per-rank counts #" + std::to_string(d.countsHash % 100000);
+  }
   if (d.algorithm != 0) s += ", " + std::string(algorithmName(static_cast<Algorithm>(d.algorithm)));
   if (d.peerReadFrom != 0 || d.peerReadBelow != 0) {
     s += " from LOOM_PEER_READ_BYTES " + std::to_string(d.peerReadFrom) +

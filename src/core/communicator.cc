@@ -15,15 +15,24 @@ namespace {
 
 using validate::Site;
 
-// Checks a list of per-rank blocks: one entry per rank, a buffer wherever count > 0.
+// Checks a list of per-rank blocks: one entry per rank, a buffer wherever count > 0. The
+// errors name the lists as the caller's parameters and the entry ("recvCounts[3]").
 template <class Ptr>
-void blocks(const Site& site, const char* what, std::span<Ptr const> ptrs,
+void blocks(const Site& site, const char* what, std::span<Ptr const> ptrs, const char* countsName,
             std::span<const size_t> counts, DataType type) {
   validate::perRank(site, what, ptrs.size());
-  validate::perRank(site, "counts", counts.size());
+  validate::perRank(site, countsName, counts.size());
   for (size_t q = 0; q < ptrs.size(); ++q) {
-    validate::bytesOf(site, "counts", counts[q], type);
-    validate::buffer(site, what, ptrs[q], counts[q]);
+    try {
+      validate::bytesOf(site, countsName, counts[q], type);
+      validate::buffer(site, what, ptrs[q], counts[q]);
+    } catch (const Error&) {
+      // Again with the entry in the names: nothing to build while the lists are right.
+      const std::string at = "[" + std::to_string(q) + "]";
+      validate::bytesOf(site, (countsName + at).c_str(), counts[q], type);
+      validate::buffer(site, (what + at).c_str(), ptrs[q], counts[q]);
+      throw;
+    }
   }
 }
 
@@ -235,7 +244,7 @@ Request Communicator::allGatherV(const void* input, std::span<void* const> outpu
                                  const OpOptions& options) {
   const Site site{"all_gather_v", rank(), size()};
   validate::dataType(site, type);
-  blocks<void*>(site, "outputs", outputs, counts, type);
+  blocks<void*>(site, "outputs", outputs, "counts", counts, type);
   validate::buffer(site, "input", input, counts[rank()]);
   disjoint(site, "outputs", outputs, counts, type);
   const size_t es = elementSize(type);
@@ -279,7 +288,7 @@ Request Communicator::reduceScatterV(std::span<const void* const> inputs, void* 
   const Site site{"reduce_scatter_v", rank(), size()};
   validate::dataType(site, type);
   validate::reduction(site, op, type, options.device);
-  blocks<const void*>(site, "inputs", inputs, counts, type);
+  blocks<const void*>(site, "inputs", inputs, "counts", counts, type);
   validate::buffer(site, "output", output, counts[rank()]);
   const size_t es = elementSize(type);
   for (int q = 0; q < size(); ++q) {
@@ -322,8 +331,8 @@ Request Communicator::allToAllV(std::span<const void* const> inputs,
                                 const OpOptions& options) {
   const Site site{"all_to_all_v", rank(), size()};
   validate::dataType(site, type);
-  blocks<const void*>(site, "inputs", inputs, sendCounts, type);
-  blocks<void*>(site, "outputs", outputs, recvCounts, type);
+  blocks<const void*>(site, "inputs", inputs, "sendCounts", sendCounts, type);
+  blocks<void*>(site, "outputs", outputs, "recvCounts", recvCounts, type);
   disjoint(site, "outputs", outputs, recvCounts, type);
   auto args =
       CollectiveArgs::of(CollectiveKind::kAllToAll, type, ReduceOp(), 0, 0, nullptr, nullptr);
@@ -332,6 +341,7 @@ Request Communicator::allToAllV(std::span<const void* const> inputs,
   args.outputs.assign(outputs.begin(), outputs.end());
   args.outputCounts.assign(recvCounts.begin(), recvCounts.end());
   args.variable = true;
+  args.countsHash = kUnevenAllToAllHash;
   return state_->submit(std::move(args), options);
 }
 
@@ -346,7 +356,7 @@ Request Communicator::gather(const void* input, std::span<void* const> outputs, 
       CollectiveArgs::of(CollectiveKind::kGather, type, ReduceOp(), root, count, input, nullptr);
   if (rank() == root) {
     const std::vector<size_t> counts(static_cast<size_t>(size()), count);
-    blocks<void*>(site, "outputs", outputs, counts, type);
+    blocks<void*>(site, "outputs", outputs, "count", counts, type);
     disjoint(site, "outputs", outputs, counts, type);
     for (int q = 0; q < size(); ++q) {
       validate::noPartialOverlap(site, "input", input, bytes, "outputs", outputs[q], bytes,
@@ -368,7 +378,7 @@ Request Communicator::scatter(std::span<const void* const> inputs, void* output,
       CollectiveArgs::of(CollectiveKind::kScatter, type, ReduceOp(), root, count, nullptr, output);
   if (rank() == root) {
     const std::vector<size_t> counts(static_cast<size_t>(size()), count);
-    blocks<const void*>(site, "inputs", inputs, counts, type);
+    blocks<const void*>(site, "inputs", inputs, "count", counts, type);
     for (int q = 0; q < size(); ++q) {
       validate::noPartialOverlap(site, "inputs", inputs[q], bytes, "output", output, bytes,
                                  q == root);

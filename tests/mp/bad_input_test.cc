@@ -77,19 +77,22 @@ TEST(BadInput, NullsTypesAndReductionsAreRefused) {
     expectInvalid([&] { comm->send(nullptr, 4, kF32, 1 - r, 0); }, "send", r, {"'data' is null"});
     expectInvalid([&] { comm->recv(nullptr, 4, kF32, 1 - r, 0); }, "recv", r, {"'data' is null"});
     expectInvalid([&] { comm->send(a.data(), 4, badType, 1 - r, 0); }, "send", r, {"'type'"});
-    // A null block inside a span, at the one rank that would read or write it.
+    // A null block inside a span, at the one rank that would read or write it: named with
+    // its entry.
     std::vector<void*> outs{b.data(), nullptr};
     const std::vector<size_t> counts{4, 4};
     expectInvalid([&] { comm->allGatherV(a.data(), outs, counts, kF32); }, "all_gather_v", r,
-                  {"'outputs' is null"});
+                  {"'outputs[1]' is null"});
     std::vector<const void*> ins{a.data(), nullptr};
     expectInvalid([&] { comm->reduceScatterV(ins, b.data(), counts, kF32, kSum); },
-                  "reduce_scatter_v", r, {"'inputs' is null"});
+                  "reduce_scatter_v", r, {"'inputs[1]' is null"});
     std::vector<void*> gatherOuts{b.data(), nullptr};
     expectInvalid([&] { comm->gather(a.data(), gatherOuts, 4, kF32, r); }, "gather", r,
-                  {"'outputs' is null"});
+                  {"'outputs[1]' is null"});
     expectInvalid([&] { comm->scatter(ins, b.data(), 4, kF32, r); }, "scatter", r,
-                  {"'inputs' is null"});
+                  {"'inputs[1]' is null"});
+    expectInvalid([&] { comm->allToAllV(ins, counts, outs, counts, kF32); }, "all_to_all_v", r,
+                  {"'inputs[1]' is null"});
     checkStillWorks(*comm);
   });
 }
@@ -122,16 +125,18 @@ TEST(BadInput, HugeCountsAreRefused) {
       std::vector<void*> outs(8, b.data());
       std::vector<size_t> counts(8, 0);
       counts[(r + 1) % 8] = n;
+      // The errors name the list as the parameter is named, and the entry.
+      const std::string entry = "[" + std::to_string((r + 1) % 8) + "]'";
       expectInvalid([&] { comm->allGatherV(a.data(), outs, counts, t); }, "all_gather_v", r,
-                    {"'counts'"});
+                    {("'counts" + entry).c_str()});
       std::vector<const void*> ins(8, a.data());
       expectInvalid([&] { comm->reduceScatterV(ins, b.data(), counts, t, kSum); },
-                    "reduce_scatter_v", r, {"'counts'"});
+                    "reduce_scatter_v", r, {("'counts" + entry).c_str()});
       const std::vector<size_t> zeros(8, 0);
       expectInvalid([&] { comm->allToAllV(ins, counts, outs, zeros, t); }, "all_to_all_v", r,
-                    {"'counts'"});
+                    {("'sendCounts" + entry).c_str()});
       expectInvalid([&] { comm->allToAllV(ins, zeros, outs, counts, t); }, "all_to_all_v", r,
-                    {"'counts'"});
+                    {("'recvCounts" + entry).c_str()});
       expectInvalid([&] { comm->gather(a.data(), outs, n, t, r); }, "gather", r, {"'count'"});
       expectInvalid([&] { comm->scatter(ins, b.data(), n, t, r); }, "scatter", r, {"'count'"});
     }
@@ -235,11 +240,11 @@ TEST(BadInput, SpansOfTheWrongLength) {
       expectInvalid([&] { comm->allToAllV(ins, counts3, outs3, counts3, kF32); }, "all_to_all_v", r,
                     {"'inputs'", want});
       expectInvalid([&] { comm->allToAllV(ins3, counts, outs3, counts3, kF32); }, "all_to_all_v", r,
-                    {"'counts'", want});
+                    {"'sendCounts'", want});
       expectInvalid([&] { comm->allToAllV(ins3, counts3, outs, counts3, kF32); }, "all_to_all_v", r,
                     {"'outputs'", want});
       expectInvalid([&] { comm->allToAllV(ins3, counts3, outs3, counts, kF32); }, "all_to_all_v", r,
-                    {"'counts'", want});
+                    {"'recvCounts'", want});
       expectInvalid([&] { comm->gather(a.data(), outs, 1, kF32, r); }, "gather", r,
                     {"'outputs'", want});
       expectInvalid([&] { comm->scatter(ins, a.data(), 1, kF32, r); }, "scatter", r,

@@ -194,6 +194,39 @@ TEST(Errors, AnEmptyAllToAllThatARankExpectedDataFromFailsEveryRank) {
   });
 }
 
+// The even all_to_all of count 0 and the uneven one both open with count 0: without a mark of
+// the uneven form, a rank issuing one and its peer the other passed the opening, and the
+// uneven rank read split sizes the even one never wrote (stale words from an earlier call) and
+// ran phases its peer never ran. Staged (LOOM_PEER_READS=0), where both take one algorithm.
+TEST(Errors, AnEvenAllToAllOfNothingAgainstAnUnevenOneIsAMismatch) {
+  testing::RunOptions options;
+  options.environment = {"LOOM_PEER_READS=0"};
+  const auto outcomes = testing::runRanks(
+      2,
+      [](RankContext& ctx) {
+        auto comm = ctx.connect();
+        // Leaves a non-zero word where an uneven call's split sizes go.
+        std::vector<int64_t> mine{0, 5}, all(4);
+        comm->allGather(mine.data(), all.data(), 2, DataType::kInt64).wait();
+        comm->barrier().wait();
+        std::vector<float> in(4, 1.0F), out(4);
+        std::vector<const void*> inputs{in.data(), in.data() + 2};
+        std::vector<void*> outputs{out.data(), out.data() + 2};
+        const std::vector<size_t> none{0, 0};
+        expectError(
+            [&] {
+              if (ctx.rank == 0) {
+                comm->allToAllV(inputs, none, outputs, none, DataType::kFloat32).wait();
+              } else {
+                comm->allToAll(in.data(), out.data(), 0, DataType::kFloat32).wait();
+              }
+            },
+            ErrorCode::kMismatch, {"rank 0 issued all_to_all", "split sizes of each rank's own"});
+      },
+      options);
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
 // Each rank's LOOM_PEER_READ_BYTES decides an uneven all_to_all's path from its sizes: ranks
 // that set it differently would go different ways through the same phases, so the opening
 // descriptor carries it and they get the named mismatch instead.
