@@ -40,8 +40,24 @@ PYBIND11_MODULE(_C, m) {
   py::class_<loom::torch_plugin::FinishedWork, c10d::Work,
              c10::intrusive_ptr<loom::torch_plugin::FinishedWork>>(m, "FinishedWork");
 
-  py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>>(
-      m, "ProcessGroupLoom")
+  py::class_<ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<ProcessGroupLoom>> group(
+      m, "ProcessGroupLoom");
+  // The backend's options as their own type, which copies: torch's split_group (and so any
+  // device mesh of two or more dimensions on a group bound to a GPU) deep-copies the parent's
+  // options, which torch's base type refuses ("cannot pickle"), as NCCL's type does not.
+  using Options = ProcessGroupLoom::Options;
+  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(
+      group, "Options", "loom's backend options: torch's (timeout, group name, ...), copyable.")
+      .def(py::init([](std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<Options>(timeout);
+           }),
+           py::arg("timeout") = kBackendDefaultTimeout)
+      .def("__copy__", [](const Options& self) { return c10::make_intrusive<Options>(self); })
+      .def(
+          "__deepcopy__",
+          [](const Options& self, const py::dict&) { return c10::make_intrusive<Options>(self); },
+          py::arg("memo"));
+  group
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& groupName,
                        const std::vector<uint64_t>& globalRanks) {

@@ -391,17 +391,41 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     stream.swap(coalescedStream_);
     refused = std::exchange(blockError_, nullptr);
   }
+  // A block that ends in an error returns no work whose wait() would make the caller's stream
+  // follow the loom stream, where the block's calls were queued: join it here, so that the
+  // caller's next kernels come after them and a CUDA graph capture can still end (its error is
+  // loom's, not an unjoined capture's).
+  auto rejoinRefused = [&stream] {
+    if (!stream) return;
+    try {
+      rejoin(*stream);
+    } catch (...) {
+      // An invalidated capture refuses the join too; the loom error is the one to report.
+    }
+  };
   // CUDA sends and receives are queued now, together; then their copy-backs.
-  translated(
-      [&] {
-        releasingGil([&] { comm_->endGroup(); });
-        return 0;
-      },
-      ties_->legend);
+  try {
+    translated(
+        [&] {
+          releasingGil([&] { comm_->endGroup(); });
+          return 0;
+        },
+        ties_->legend);
+  } catch (...) {
+    // What endGroup queued before it failed still runs: keep what it uses until it ends.
+    for (HeldFinish& h : held) {
+      abandonIssued(h.stream, h.uses, h.outputs, std::move(h.finisher), h.requests);
+    }
+    rejoinRefused();
+    throw;
+  }
   for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.
-  if (refused) std::rethrow_exception(refused);
+  if (refused) {
+    rejoinRefused();
+    std::rethrow_exception(refused);
+  }
   // The operations were queued as they were called (CUDA transfers just now); this work
   // completes with the last, and on CUDA follows the stream semantics of its calls. A CPU
   // call's copy-back runs in its own work's completion, after its requests are marked done:

