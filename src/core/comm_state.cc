@@ -479,6 +479,13 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   const auto timeout = timeoutFor(options);
   Request request(state);
   if (options.device != DeviceKind::kCpu) {
+    if (options.blocking && completingHere() != nullptr &&
+        completingHere() == cudaCompleter_.load()) {
+      throw Error(ErrorCode::kInvalidArgument, collectiveName(args.kind), rank_,
+                  "a blocking CUDA call inside a completion callback of this communicator's "
+                  "CUDA calls would wait for the thread running the callback, which completes "
+                  "them; issue it without blocking, or from another thread");
+    }
     try {
       deviceExecutor(options, collectiveName(args.kind)).enqueue(args, state, options, timeout);
     } catch (const Error& e) {
@@ -528,8 +535,10 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
   exchange.op = std::string(op);
   exchange.rank = rank_;
   try {
-    cuda_ = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cuda, exchange, *failures_,
-                                           deadlineAfter(timeoutFor(options)));
+    auto made = std::make_unique<CudaExecutor>(options.deviceIndex, config_.cuda, exchange,
+                                               *failures_, deadlineAfter(timeoutFor(options)));
+    cudaCompleter_.store(made.get());
+    cuda_ = std::move(made);
   } catch (const Error& e) {
     cudaSetupFailure_ = e;
     if (e.op() == op) throw;
@@ -766,6 +775,10 @@ void CommState::destroy(CommState* state) {
 bool CommState::onOwnThread() {
   if (forkedAway()) return false;
   if (worker_ && Worker::current() == worker_.get()) return true;
+  // The CUDA monitor, where the CUDA calls' completion callbacks run.
+  if (const void* here = completingHere(); here != nullptr && here == cudaCompleter_.load()) {
+    return true;
+  }
   std::lock_guard<std::mutex> lock(p2pMutex_);
   return p2p_ && p2p_->onItsThread();
 }
@@ -808,6 +821,7 @@ void CommState::shutdown() {
   {
     std::lock_guard<std::mutex> lock(deviceMutex_);
     cuda_.reset();  // waits for the queued CUDA collectives
+    cudaCompleter_.store(nullptr);
   }
   P2pEngine* p2p = nullptr;
   {

@@ -186,6 +186,10 @@ class CommState final : public FailureSink {
 
   std::mutex deviceMutex_;
   std::unique_ptr<DeviceExecutor> cuda_;  // CUDA collectives; guarded by deviceMutex_
+  // cuda_'s mark on the thread that completes its calls (op_state.h, markCompleting), read
+  // without the lock: that thread's callbacks ask onOwnThread while a shutdown holding
+  // deviceMutex_ waits for them.
+  std::atomic<const void*> cudaCompleter_{nullptr};
   // Why setting up the CUDA path failed, once it has: later CUDA calls fail with it at once
   // rather than setting up again (every rank must take part in a set-up, and the host's
   // ranks would not all be there); guarded by deviceMutex_.

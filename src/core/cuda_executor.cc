@@ -211,6 +211,7 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
   }
   monitor_ = std::thread([this] {
     posix::nameThisThread("loom-cuda-mon");
+    detail::markCompleting(this);  // the calls' completion callbacks run here
     monitor();
   });
 }
@@ -501,7 +502,10 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
   }
   const bool captured = capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
   if (failures_.failed()) throw failures_.failureError(op);
-  for (const auto& state : states) FlightRecorder::instance().started(state->flightId);
+  for (const auto& state : states) {
+    FlightRecorder::instance().started(state->flightId);
+    state->completer = this;  // the monitor completes it (a callback there must not wait)
+  }
   lane_ = captured ? &graph_ : &eager_;
   if (captured) {
     graphsCaptured_ = true;

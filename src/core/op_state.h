@@ -38,6 +38,13 @@ void markWaitsMustDrive();
 /// Whether markWaitsMustDrive was called on this thread.
 bool waitsMustDrive();
 
+/// Marks the calling thread as the one that alone completes the operations whose `completer`
+/// is `completer` (a CUDA executor's monitor): a completion callback there that waited for
+/// one of them would wait for itself, so the wait is refused instead (Request::wait).
+void markCompleting(const void* completer);
+/// What markCompleting marked this thread with, or null.
+const void* completingHere();
+
 struct OpState {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
 
@@ -79,6 +86,9 @@ struct OpState {
   /// completion callback) runs the queue up to it (Worker::runQueuedHere).
   Worker* queuedOn = nullptr;
   uint64_t queuedAs = 0;
+  /// Set where one thread alone completes the operation (CUDA calls: their executor's
+  /// monitor), to that thread's mark (markCompleting).
+  const void* completer = nullptr;
 };
 
 }  // namespace loom::detail

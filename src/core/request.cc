@@ -11,6 +11,7 @@
 
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
+#include "loom/error.h"
 #include "util/backoff.h"
 #include "util/deadline.h"
 #include "util/worker.h"
@@ -97,6 +98,18 @@ bool waitsMustDrive() {
   return tWaitsMustDrive;
 }
 
+namespace {
+thread_local const void* tCompleting = nullptr;
+}  // namespace
+
+void markCompleting(const void* completer) {
+  tCompleting = completer;
+}
+
+const void* completingHere() {
+  return tCompleting;
+}
+
 bool OpState::finishedForWatcher() {
   watched.store(true);
   return status.load() != kPending;
@@ -111,6 +124,14 @@ const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::micr
                                 std::chrono::milliseconds(100)};
 
 bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
+  if (state.completer != nullptr && state.completer == detail::completingHere() &&
+      !state.finished()) {
+    throw Error(ErrorCode::kInvalidArgument, "wait", -1,
+                "waited for a CUDA operation inside a completion callback of the same "
+                "communicator's CUDA operations: the thread running the callback is the one "
+                "that completes them, so the wait would never end; wait from another thread, "
+                "or chain another callback (Request::onComplete)");
+  }
   std::optional<Backoff> backoff(std::in_place, kWaitPolicy);
   bool slept = false;  // a slice, since the operation was last driven
   while (!state.finished()) {
