@@ -476,6 +476,31 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
   return c10::make_intrusive<ProcessGroupLoom>(std::move(child), childOptions);
 }
 
+c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::merge(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts, const int& rank, const int& size) {
+  std::lock_guard<std::mutex> lock(mergeMutex_);
+  if (lastMerge_.merged && lastMerge_.store == store && lastMerge_.rank == rank &&
+      lastMerge_.size == size) {
+    return lastMerge_.merged;  // torch's ask for this group's next device type
+  }
+  auto options = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
+  if (opts) {
+    options->group_name = opts->group_name;
+    options->group_desc = opts->group_desc;
+  }
+  // A world of its own, joined through the caller's store, beside this group's world (which
+  // new_group keeps subsetting).
+  auto comm = translated(
+      [&] {
+        return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
+                                    commOptions(*options));
+      },
+      ties_->legend);
+  lastMerge_ = {store, rank, size, c10::make_intrusive<ProcessGroupLoom>(std::move(comm), options)};
+  return lastMerge_.merged;
+}
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
     const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
     const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {

@@ -57,6 +57,13 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
       const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
+  /// ProcessGroup.merge_remote_group: a new group of `size` ranks, this process `rank` of
+  /// them, joined through `store` (processes of groups made apart, as Gloo's merge). torch
+  /// asks once per device type of this group; this one backend serves them all, so a second
+  /// ask for the same join returns the group the first made.
+  c10::intrusive_ptr<c10d::Backend> merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts,
+                                          const int& rank, const int& size) override;
   void abort() override;
   void shutdown() override;
   /// init_process_group(device_id=cuda:N): sets up the CUDA workspaces now, with every rank
@@ -222,6 +229,16 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     std::function<void()> finisher;
     Requests requests;
   };
+  // The last merge: its store (held, so that no later store takes its address), rank and
+  // size, and the group it made (merge()).
+  struct LastMerge {
+    c10::intrusive_ptr<c10d::Store> store;
+    int rank = -1;
+    int size = -1;
+    c10::intrusive_ptr<c10d::Backend> merged;
+  };
+  std::mutex mergeMutex_;
+  LastMerge lastMerge_;  // guarded by mergeMutex_
   std::mutex coalesceMutex_;
   std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; launch() peeks
   std::vector<Request> coalesced_;

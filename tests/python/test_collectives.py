@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import gc
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -410,3 +411,25 @@ def body_results_into_guarded_tensors(rank: int, world: int) -> list[float]:
 def test_results_land_in_parameters_and_inference_tensors():
     for got in run_ranks(2, body_results_into_guarded_tensors):
         assert got == [1.0, 1.0, 2.0, 2.0, 0.0, 1.0, 2.0], got
+
+
+def body_merged(rank: int, world: int) -> list[float]:
+    # ProcessGroup.merge_remote_group: processes of groups made apart (here, each rank alone in
+    # a group of its own) join one group through a store, as Gloo's merge does; torch asks the
+    # backend once per device type, and one loom group serves them all.
+    alone = dist.new_group([rank], use_local_synchronization=True)
+    store = dist.PrefixStore("merged/", dist.distributed_c10d._get_default_store())
+    merged = alone.merge_remote_group(store, world, timedelta(seconds=60))
+    assert merged.size() == world
+    assert merged._get_backend(torch.device("cpu")) is merged._get_backend(torch.device("cuda"))
+    t = torch.full((3,), float(merged.rank() + 1))
+    merged.allreduce([t]).wait()
+    # The world goes on beside it.
+    w = torch.ones(2)
+    dist.all_reduce(w)
+    return [t[0].item(), w[0].item()]
+
+
+def test_groups_made_apart_merge():
+    for got in run_ranks(3, body_merged):
+        assert got == [6.0, 3.0], got
