@@ -199,7 +199,7 @@ DirectCall startCall(const char* op, const std::string& group, const at::Tensor&
                      const char* what) {
   c10::intrusive_ptr<c10d::Backend> backend = loomGroup(op, group, tensor.device());
   auto& pg = static_cast<ProcessGroupLoom&>(*backend);
-  const CallSite site{op, pg.getRank(), pg.getSize(), true, &pg.legend()};
+  const CallSite site = pg.directSite(op);
   if (pg.isCoalescing()) {
     invalid(site,
             "the group is inside a coalescing block (batch_isend_irecv or "

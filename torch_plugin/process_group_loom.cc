@@ -119,6 +119,9 @@ ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() {
+  // A copy taken later on this thread must not ask a group that is gone (other threads'
+  // marks are set anew by each call's site()).
+  forgetPreparing(this);
   // Tearing the communicator down waits for its queued operations, whose completion may run
   // Python callbacks chained on their futures; those need the GIL, so never hold it here.
   releasingGil([&] { comm_.reset(); });

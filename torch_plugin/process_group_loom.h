@@ -138,6 +138,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   const std::string& legend() const { return ties_->legend; }
   /// Whether a coalescing block is open (startCoalescing without its endCoalescing).
   bool isCoalescing() const { return coalescing_.load(std::memory_order_acquire); }
+  /// A call of the direct entry (torch.ops.loom) starts on this group: what site() does for
+  /// a c10d call, so that a copy it takes at issue waits for this group's earlier calls.
+  CallSite directSite(const char* op) const { return site(op, /*blocking=*/true); }
   /// The options of a blocking call of the direct entry (torch.ops.loom): under desync debug
   /// with the signature its c10d fallback (same `type`, inputs and outputs) carries, so that
   /// ranks that took different paths for the same call still agree.

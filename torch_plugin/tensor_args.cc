@@ -118,6 +118,10 @@ void prepareCallOf(const EarlierCalls* group) {
   tPreparing = group;
 }
 
+void forgetPreparing(const EarlierCalls* group) {
+  if (tPreparing == group) tPreparing = nullptr;
+}
+
 void settleBeforeCopying(const at::Tensor& read) {
   if (tPreparing != nullptr) tPreparing->settle(read);
 }

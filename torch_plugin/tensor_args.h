@@ -87,6 +87,8 @@ class EarlierCalls {
 };
 /// The group preparing a call on this thread (ProcessGroupLoom::site sets it for each call).
 void prepareCallOf(const EarlierCalls* group);
+/// Clears this thread's mark if it is `group` (a group being destroyed).
+void forgetPreparing(const EarlierCalls* group);
 /// Before a copy of the caller's tensor `read` taken as the call is prepared (staging a
 /// non-contiguous tensor, packing a list): the calls issued before it run later, on loom's
 /// thread, and one of them may still have to write that tensor (a staged call copies its

@@ -8,6 +8,9 @@ each naming the entry the caller used."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -154,6 +157,51 @@ def order_body(rank: int, world: int) -> None:
 
 def test_direct_calls_keep_issue_order_and_work_on_subgroups():
     run_ranks(WORLD, order_body)
+
+
+def copy_follows_body(rank: int, world: int, on_new_thread: bool) -> list[float]:
+    # An input the direct entry copies at issue (it overlaps the output) holds what this
+    # group's earlier asynchronous calls write into it, as for the c10d call: also on a thread
+    # that never made a c10d call (the copy then asked no group), and after a call on another
+    # group (it asked that one).
+    name = dist.group.WORLD.group_name
+    other = dist.new_group(list(range(world)))
+    m, k = 4, 2 * 4 + 1
+    flat = torch.zeros(2 * m + world * k)
+    col = flat[:2 * m].view(m, 2)[:, 0]  # strided: staged, written back as its call ends
+    col.fill_(rank + 1)
+    if rank == 1:
+        time.sleep(1)  # rank 0's call waits for it
+    work = dist.all_reduce(col, async_op=True)
+    # This thread's last c10d call: another group's (issued, not waited for).
+    elsewhere = None if on_new_thread else dist.all_reduce(torch.zeros(1), group=other, async_op=True)
+    inp, out = flat[:k], flat[2 * m:2 * m + world * k]  # they share flat[2m]
+    failures = []
+
+    def gather():
+        try:
+            torch.ops.loom.all_gather_into_tensor_out(inp, world, name, out=out)
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    if on_new_thread:
+        thread = threading.Thread(target=gather)
+        thread.start()
+        thread.join()
+    else:
+        gather()
+    work.wait()
+    if elsewhere is not None:
+        elsewhere.wait()
+    assert not failures, failures
+    return out.tolist()
+
+
+@pytest.mark.parametrize("on_new_thread", [True, False])
+def test_a_copy_taken_at_issue_waits_for_the_groups_earlier_calls(on_new_thread):
+    want = ([3.0, 0.0] * 4 + [0.0]) * 2
+    for got in run_ranks(2, copy_follows_body, on_new_thread):
+        assert got == want, got
 
 
 def compiled_body(rank: int, world: int, entry: str) -> None:
