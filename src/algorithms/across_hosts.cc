@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "algorithms/hierarchical.h"
+#include "kernels/half.h"
 #include "loom/error.h"
 #include "util/trace.h"
 
@@ -91,6 +92,18 @@ void convertTo(void* dst, const void* src, DataType from, size_t count) {
 
 void AcrossHostsContext::convert(void* dst, DataType to, const void* src, DataType from,
                                  size_t count) {
+  if (from == DataType::kFloat16 && to == DataType::kFloat32) {
+    const auto* in = static_cast<const uint16_t*>(src);
+    auto* out = static_cast<float*>(dst);
+    for (size_t i = 0; i < count; ++i) out[i] = kernels::fp16ToFloat(in[i]);
+    return;
+  }
+  if (from == DataType::kFloat32 && to == DataType::kFloat16) {
+    const auto* in = static_cast<const float*>(src);
+    auto* out = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < count; ++i) out[i] = kernels::floatToFp16(in[i]);
+    return;
+  }
   switch (to) {
     case DataType::kInt8: return convertTo<int8_t>(dst, src, from, count);
     case DataType::kUInt8: return convertTo<uint8_t>(dst, src, from, count);

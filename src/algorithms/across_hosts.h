@@ -117,7 +117,8 @@ class AcrossHostsContext {
   /// Sets `bytes` at `dst` to zero.
   virtual void zero(void* dst, size_t bytes);
   /// Converts `count` integers of type `from` at `src` to type `to` at `dst` (C++
-  /// conversions: widening is exact, narrowing wraps).
+  /// conversions: widening is exact, narrowing wraps), or float16 to float32 and back
+  /// (exact; back rounds to nearest even).
   virtual void convert(void* dst, DataType to, const void* src, DataType from, size_t count);
   /// `bytes` of scratch memory that stays valid until the collective ends.
   virtual uint8_t* scratch(size_t bytes);

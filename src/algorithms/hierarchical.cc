@@ -93,11 +93,18 @@ class HostRanges {
   std::vector<size_t> totals_;
 };
 
-// Integer AVG: partial sums over a host or a rail would wrap in a narrow type (an int8 sum of
-// two ranks can pass 127), so such sums run in int64, and each element is divided and
-// narrowed once, as the one-host kernels do.
-bool sumsWiden(DataType type, ReduceOp op) {
-  return op.kind() == ReduceKind::kAvg && !isFloatingPoint(type) && elementSize(type) < 8;
+// AVG: partial sums over a host or a rail, stored in the element type, can pass its range where
+// the average does not: a narrow integer's wrap (an int8 sum of two ranks can pass 127), and
+// float16's 65504 (two ranks of 40000 sum to inf, and inf divided stays inf). Such sums run
+// in a wide type (int64; float32 for float16), and each element is divided and narrowed once,
+// as the one-host kernels do. float16 AVG across hosts so moves twice its bytes between
+// hosts; bfloat16 and the wider floats keep their own (their sums do not overflow where the
+// inputs do not).
+std::optional<DataType> sumsWiden(DataType type, ReduceOp op) {
+  if (op.kind() != ReduceKind::kAvg) return std::nullopt;
+  if (type == DataType::kFloat16) return DataType::kFloat32;
+  if (!isFloatingPoint(type) && elementSize(type) < 8) return DataType::kInt64;
+  return std::nullopt;
 }
 
 ReduceOp withinHost(ReduceOp op) {
@@ -731,11 +738,11 @@ class BroadcastSegment final : public Segment {
 
 void allReduceAcrossHosts(AcrossHostsContext& ctx, const void* input, void* output, size_t count,
                           DataType type, ReduceOp op, uint64_t countsHash) {
-  if (sumsWiden(type, op)) {
-    uint8_t* wide = ctx.scratch(count * sizeof(int64_t));
-    ctx.convert(wide, DataType::kInt64, input, type, count);
-    allReduceAcrossHosts(ctx, wide, wide, count, DataType::kInt64, op, countsHash);
-    ctx.convert(output, type, wide, DataType::kInt64, count);
+  if (const std::optional<DataType> wideType = sumsWiden(type, op)) {
+    uint8_t* wide = ctx.scratch(count * elementSize(*wideType));
+    ctx.convert(wide, *wideType, input, type, count);
+    allReduceAcrossHosts(ctx, wide, wide, count, *wideType, op, countsHash);
+    ctx.convert(output, type, wide, *wideType, count);
     return;
   }
   const size_t es = elementSize(type);
@@ -797,19 +804,20 @@ void reduceScatterAcrossHosts(AcrossHostsContext& ctx, const std::vector<const v
   const HostLayout& L = ctx.layout();
   size_t total = 0;
   for (size_t n : counts) total += n;
-  if (sumsWiden(type, op)) {
-    uint8_t* wide = ctx.scratch(total * sizeof(int64_t));
+  if (const std::optional<DataType> wideType = sumsWiden(type, op)) {
+    const size_t wes = elementSize(*wideType);
+    uint8_t* wide = ctx.scratch(total * wes);
     std::vector<const void*> wideInputs;
     size_t offset = 0;
     for (int q = 0; q < L.size; ++q) {
-      uint8_t* place = wide + offset * sizeof(int64_t);
-      ctx.convert(place, DataType::kInt64, inputs[q], type, counts[q]);
+      uint8_t* place = wide + offset * wes;
+      ctx.convert(place, *wideType, inputs[q], type, counts[q]);
       wideInputs.push_back(place);
       offset += counts[q];
     }
-    uint8_t* mine = ctx.scratch(counts[L.rank] * sizeof(int64_t));
-    reduceScatterAcrossHosts(ctx, wideInputs, counts, mine, DataType::kInt64, op, countsHash);
-    ctx.convert(output, type, mine, DataType::kInt64, counts[L.rank]);
+    uint8_t* mine = ctx.scratch(counts[L.rank] * wes);
+    reduceScatterAcrossHosts(ctx, wideInputs, counts, mine, *wideType, op, countsHash);
+    ctx.convert(output, type, mine, *wideType, counts[L.rank]);
     return;
   }
   const size_t es = elementSize(type);

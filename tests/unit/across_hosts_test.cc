@@ -388,6 +388,37 @@ TEST(AcrossHostsAverage, NarrowIntegersDoNotWrapOnTheWay) {
   });
 }
 
+// float16 AVG: the sum of two ranks of 40000 passes float16's largest value (65504) though
+// their average does not: every rank gets 40000, not inf (each host's and each rail's partial
+// sum once stored as float16). Two hosts of one rank (the pair path) and of two.
+TEST(AcrossHostsAverage, HalfSumsDoNotOverflowOnTheWay) {
+  constexpr uint16_t k40000 = 0x78E2;  // float16 40000
+  for (const Layout& layout : {blocked({1, 1}), blocked({2, 2})}) {
+    MemoryHosts hosts(layout);
+    const int n = hosts.size();
+    hosts.run([&](AcrossHostsContext& ctx) {
+      for (size_t count : {size_t{5}, size_t{100000}}) {
+        std::vector<uint16_t> in(count, k40000), out(count);
+        runAcrossHosts(ctx, args(CollectiveKind::kAllReduce, DataType::kFloat16,
+                                 ReduceOp(ReduceKind::kAvg), 0, count, in.data(), out.data()));
+        for (uint16_t v : out) {
+          if (v != k40000) throw std::runtime_error("all_reduce AVG float16: " + std::to_string(v));
+        }
+        std::vector<uint16_t> blocks(count * n, k40000), mine(count);
+        auto rs = args(CollectiveKind::kReduceScatter, DataType::kFloat16,
+                       ReduceOp(ReduceKind::kAvg), 0, count, nullptr, mine.data());
+        for (int q = 0; q < n; ++q) rs.inputs.push_back(blocks.data() + q * count);
+        rs.inputCounts.assign(n, count);
+        runAcrossHosts(ctx, rs);
+        for (uint16_t v : mine) {
+          if (v != k40000)
+            throw std::runtime_error("reduce_scatter AVG float16: " + std::to_string(v));
+        }
+      }
+    });
+  }
+}
+
 // 4 MiB and more go in segments (hierarchical.cc): each is a collective of its own, whose
 // rail part this context runs at once (a rank alone on one of two hosts reduces its rail's
 // all_reduce exchange in the segment's last step, each segment's in one of lanes + 1
