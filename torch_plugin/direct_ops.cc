@@ -174,10 +174,12 @@ void requireNoGradient(const CallSite& site, const char* what, const at::Tensor&
 /// Refuses, as copy_ does, to write in place a leaf that requires grad (a Parameter) or a
 /// view of one while grad mode is on. Other tensors that require grad (gradients made with
 /// create_graph=True, averaged in a hook) are written as c10d's collectives write them.
+bool writingRefused(const at::Tensor& t) {
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return false;
+  return t.is_leaf() || (t.is_view() && t._base().is_leaf());
+}
 void requireWritable(const CallSite& site, const char* what, const at::Tensor& t) {
-  if (!t.requires_grad() || !at::GradMode::is_enabled()) return;
-  const bool leaf = t.is_leaf() || (t.is_view() && t._base().is_leaf());
-  if (leaf) {
+  if (writingRefused(t)) {
     invalid(site, std::string(what) +
                       " is a leaf that requires grad (a Parameter?), or a view of one, and grad "
                       "mode is on; writing it in place is what copy_ refuses too: write it under "
@@ -467,7 +469,10 @@ struct EagerArg<const at::Tensor&> {
 };
 template <>
 struct EagerArg<at::Tensor&> {
-  explicit EagerArg(at::Tensor& t) : view(t), resolved(t.resolve_neg()) {}
+  // A negative view the kernel will refuse to write (requireWritable) reaches it as it is, so
+  // the refusal names the caller's tensor before anything is sent (a resolved copy would
+  // pass the check, and the write back after the collective would be what fails).
+  explicit EagerArg(at::Tensor& t) : view(t), resolved(writingRefused(t) ? t : t.resolve_neg()) {}
   at::Tensor& get() { return resolved; }
   void writeBack() {
     if (view.is_neg()) view.copy_(resolved);

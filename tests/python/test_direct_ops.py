@@ -310,6 +310,13 @@ def autograd_body(rank: int, world: int, entry: str) -> None:
                                                         out=torch.zeros(4 * world, requires_grad=True))):
         with pytest.raises(RuntimeError, match=r"is a leaf that requires grad.*torch.no_grad\(\)"):
             call()
+    # A negative view of one: refused before anything is sent, by loom (loom.ops, which resolves
+    # negative views itself) or by autograd's own check ahead of the kernel (torch's
+    # dispatcher), never by the write back after the collective ran (loom.ops once).
+    refusal = (r"is a leaf that requires grad.*torch.no_grad\(\)" if entry == "loom.ops" else
+               r"^a view of a leaf Variable that requires grad is being used in an in-place")
+    with pytest.raises(RuntimeError, match=refusal):
+        ops.all_reduce_(torch._neg_view(leaf), "sum", name)
     with torch.no_grad():
         assert torch.equal(ops.all_reduce(leaf, "sum", name), torch.full((4,), float(world)))
         ops.all_reduce_(leaf, "sum", name)
