@@ -171,13 +171,15 @@ void requireNoGradient(const CallSite& site, const char* what, const at::Tensor&
   }
 }
 
-/// Refuses, as copy_ does, to write in place a leaf that requires grad (a Parameter) or a
-/// view of one while grad mode is on. Other tensors that require grad (gradients made with
-/// create_graph=True, averaged in a hook) are written as c10d's collectives write them.
+/// Whether writing `t` in place is refused, as copy_ refuses it: a leaf that requires grad (a
+/// Parameter) or a view of one, while grad mode is on. Other tensors that require grad
+/// (gradients made with create_graph=True, averaged in a hook) are written as c10d's
+/// collectives write them.
 bool writingRefused(const at::Tensor& t) {
   if (!t.requires_grad() || !at::GradMode::is_enabled()) return false;
   return t.is_leaf() || (t.is_view() && t._base().is_leaf());
 }
+/// Refuses `t` (named `what`) where writingRefused says so, naming it and what to do.
 void requireWritable(const CallSite& site, const char* what, const at::Tensor& t) {
   if (writingRefused(t)) {
     invalid(site, std::string(what) +
