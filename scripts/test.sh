@@ -29,7 +29,7 @@ bash scripts/setup_frameworks.sh
 if [ "$(id -u)" = 0 ]; then export LOOM_REQUIRE_NETNS=1; fi
 
 section "C++ formatting (.clang-format)"
-find include src torch_plugin tests bench \( -name '*.cc' -o -name '*.h' \) -print0 |
+find include src torch_plugin tests bench \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print0 |
   xargs -0 clang-format --dry-run --Werror
 echo "formatted"
 

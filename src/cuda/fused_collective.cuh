@@ -104,7 +104,6 @@ __device__ inline void publishOnce(const FusedParams& p, int block, uint64_t ste
   }
 }
 
-
 // A load that skips the SM's L1: a slot is refilled by a peer at the same addresses two
 // steps later, and L1 is not kept coherent with writes that come over NVLink.
 template <class S>
