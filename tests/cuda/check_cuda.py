@@ -41,16 +41,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: E402
 
 import loom  # noqa: E402,F401  (registers the backend)
+from check_common import LARGE, SIZES, same  # noqa: E402
 from check_failures import (PART_ENV, dead_rank_is_named, factor_mismatch,  # noqa: E402
-                            killed_rank, late_rank, mismatch, rooted_mismatch, self_rooted,
-                            settings_differ, setup_refused, tag_mismatch)
-
-# 70k float32 elements take the two-shot all_reduce where it is used: three or more ranks
-# with a GPU each (ranks sharing a GPU, and two ranks, reduce one-shot at every size; cuda_check.sh
-# forces two-shot with LOOM_CUDA_ONE_SHOT_BYTES=0)
-SIZES = [0, 1, 7, 1000, 70_000]
-LARGE = 3_000_000  # float32: more than one step of the default 8 MiB chunk
-
+                            killed_rank, late_rank, long_timeout, mismatch, refused_in_block,
+                            rooted_mismatch, self_rooted, settings_differ, setup_refused,
+                            tag_mismatch)
+from check_premul import premul_factors  # noqa: E402
 
 def mps_client() -> bool:
     """Whether this process's CUDA contexts go through NVIDIA's MPS, as the driver says
@@ -74,14 +70,6 @@ def fused_transfers() -> bool:
     if fused is not None:
         return fused == "1"
     return bool(os.environ.get("LOOM_CHECK_GPU_PER_RANK")) or mps_client()
-
-
-def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    got = got.cpu()
-    if got.dtype.is_floating_point or got.dtype.is_complex:
-        torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")
-    else:
-        assert torch.equal(got, want), f"{what}: got {got[:8].tolist()} want {want[:8].tolist()}"
 
 
 def reductions(rank: int, world: int, dev: torch.device, dtypes) -> int:
@@ -121,75 +109,6 @@ def reductions(rank: int, world: int, dev: torch.device, dtypes) -> int:
                                     [torch.empty(0, dtype=dtype, device=dev)] * world, op=op)
                 same(outs, full[rank * n:(rank + 1) * n], "reduce_scatter " + what)
                 checks += 5
-    return checks
-
-
-def scaled_sum(inputs, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """PREMUL_SUM's reference with any factor, computed in float64."""
-    return (torch.stack([t.double() for t in inputs]) * factor).sum(0).to(dtype)
-
-
-def premul_factors(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """PREMUL_SUM with its factor given as a CUDA tensor, as NCCL takes it: the GPU reads the
-    factor when the call runs, never the host. The results equal a factor given as a number
-    (all_reduce, reduce, reduce_scatter_tensor; one step and several; a factor of the data's
-    dtype or float32), a factor still being computed on the caller's stream when the call is
-    issued is the one used, and a CUDA graph captures such calls (the host reading the factor
-    would end the capture) and reads the factor anew at every replay."""
-    checks = 0
-    for dtype in [d for d in dtypes if d.is_floating_point]:
-        for n in [1, 1000, 70_000] + ([LARGE] if dtype == torch.float32 else []):
-            inputs = [data(r, n, dtype, n + 3) for r in range(world)]
-            for factor_dtype in sorted({dtype, torch.float32}, key=str):
-                what = f"{dtype} n={n} factor {factor_dtype}"
-                op = dist._make_nccl_premul_sum(torch.tensor(0.25, dtype=factor_dtype, device=dev))
-                t = inputs[rank].to(dev)
-                dist.all_reduce(t, op=op)
-                same(t, scaled_sum(inputs, 0.25, dtype), "all_reduce " + what)
-                t = inputs[rank].to(dev)
-                dist.reduce(t, dst=0, op=op)
-                if rank == 0:
-                    same(t, scaled_sum(inputs, 0.25, dtype), "reduce " + what)
-                blocks = [data(r, n * world, dtype, n + 5) for r in range(world)]
-                out = torch.empty(n, dtype=dtype, device=dev)
-                dist.reduce_scatter_tensor(out, blocks[rank].to(dev), op=op)
-                same(out, scaled_sum(blocks, 0.25, dtype)[rank * n:(rank + 1) * n],
-                     "reduce_scatter_tensor " + what)
-                checks += 3
-    # The factor is written by a kernel queued after a long one: the call must use its value.
-    inputs = [data(r, 4096, torch.float32, 11) for r in range(world)]
-    factor = torch.zeros((), device=dev)
-    t = inputs[rank].to(dev)
-    torch.cuda._sleep(20_000_000)
-    factor.fill_(0.75)
-    dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
-    same(t, scaled_sum(inputs, 0.75, torch.float32), "all_reduce with a factor in the making")
-    checks += 1
-    # Captured: each replay scales by the factor's value at that replay.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        dist.all_reduce(torch.ones(8, device=dev))
-    torch.cuda.current_stream().wait_stream(side)
-    x = torch.zeros(70_000, device=dev)
-    y = torch.zeros(70_000 * world, device=dev)
-    y_out = torch.empty(70_000, device=dev)
-    factor = torch.ones((), device=dev)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dist.all_reduce(x, op=dist._make_nccl_premul_sum(factor))
-        dist.reduce_scatter_tensor(y_out, y, op=dist._make_nccl_premul_sum(factor))
-    for replay, value in enumerate([0.5, 2.0, -1.5]):
-        everyone = [data(r, 70_000, torch.float32, 20 + replay) for r in range(world)]
-        blocks = [data(r, 70_000 * world, torch.float32, 30 + replay) for r in range(world)]
-        x.copy_(everyone[rank])
-        y.copy_(blocks[rank])
-        factor.fill_(value)
-        graph.replay()
-        same(x, scaled_sum(everyone, value, torch.float32), f"replay {replay} all_reduce by {value}")
-        same(y_out, scaled_sum(blocks, value, torch.float32)[rank * 70_000:(rank + 1) * 70_000],
-             f"replay {replay} reduce_scatter_tensor by {value}")
-        checks += 2
     return checks
 
 
@@ -421,62 +340,6 @@ def device_bound(rank: int, world: int, dev: torch.device, dtypes) -> int:
             z = torch.ones(4, device=dev)
             dist.all_reduce(z, group=mesh.get_group(dim))
             same(z, torch.full((4,), float(mesh.size(dim))), f"all_reduce over mesh dimension {dim}")
-            checks += 1
-    dist.barrier()
-    return checks
-
-
-def long_timeout(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """A call's timeout of centuries means none, as on CPU: a CUDA call still queued behind the
-    caller's kernel when loom first looks at it is not past a deadline that wrapped around.
-    (Through the backend, whose options carry a timeout per call: torch's _set_pg_timeout
-    changes only Gloo and NCCL groups.)"""
-    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
-    options = dist.AllreduceOptions()
-    options.timeout = timedelta(days=120_000)
-    x = torch.ones(1000, device=dev)
-    torch.cuda._sleep(50_000_000)
-    backend.allreduce([x], options).wait()
-    torch.cuda.synchronize()
-    same(x, torch.full((1000,), float(world)), "all_reduce with a timeout of centuries")
-    dist.barrier()
-    return 1
-
-
-def refused_in_block(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """A coalescing block one of whose operations loom refuses (a receive from a rank outside
-    the group, which torch passes on to the backend unchecked), after a send and a receive
-    that loom queued on its stream, captured in a CUDA graph: the caller gets loom's error, and
-    the capture still ends (the caller's stream joins the loom stream, where the block's other
-    operations were queued) instead of failing as unjoined. Then the same eagerly: the values
-    the block's other operations exchanged arrive."""
-    pg = dist.distributed_c10d._get_default_group()
-    peer = rank ^ 1
-    checks = 0
-    if peer < world:
-        for captured in (True, False):
-            out = torch.empty(64, device=dev)
-            graph = torch.cuda.CUDAGraph()
-
-            def block():
-                pg._start_coalescing(dev)
-                pg.send([torch.full((64,), float(rank), device=dev)], peer, 0)
-                pg.recv([out], peer, 0)
-                pg.recv([torch.empty(4, device=dev)], world + 5, 0)
-                pg._end_coalescing(dev)
-
-            try:
-                if captured:
-                    with torch.cuda.graph(graph):
-                        block()
-                else:
-                    block()
-                raise AssertionError("a receive from a rank outside the group was not refused")
-            except RuntimeError as e:
-                assert f"argument 'src' is {world + 5}" in str(e), f"not loom's refusal: {e}"
-            if not captured:
-                torch.cuda.synchronize()
-                same(out, torch.full((64,), float(peer)), "the block's exchange beside the refusal")
             checks += 1
     dist.barrier()
     return checks

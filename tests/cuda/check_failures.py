@@ -1,8 +1,10 @@
 """The failure parts of check_cuda.py: calls that disagree (collectives, send/recv tags, a
 rooted call's roots, a root against non-roots that name another), a rank killed
 mid-collective, a rank that never issues a call, one that cannot make its CUDA workspace and
-one whose LOOM_CUDA_* settings differ. Each checks that every rank gets an error naming the
-cause, never a wrong answer or a hang, and that the GPU is usable afterwards. Run through
+one whose LOOM_CUDA_* settings differ, PREMUL_SUM factors that differ by rank. Each checks that
+every rank gets an error naming the cause, never a wrong answer or a hang, and that the GPU is
+usable afterwards. Also the refusals and deadlines that must not fail the group: a call's
+timeout of centuries, and a coalescing block with a refused operation inside a capture. Run through
 check_cuda.py (its worker dispatches here)."""
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from check_common import same
 
 
 def first_call_refused(rank: int, world: int, dev: torch.device, parts, what: str) -> None:
@@ -245,6 +249,62 @@ def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
     del hog
     assert torch.ones(4, device=dev).sum().item() == 4.0
     return 1
+
+
+def long_timeout(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A call's timeout of centuries means none, as on CPU: a CUDA call still queued behind the
+    caller's kernel when loom first looks at it is not past a deadline that wrapped around.
+    (Through the backend, whose options carry a timeout per call: torch's _set_pg_timeout
+    changes only Gloo and NCCL groups.)"""
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    options = dist.AllreduceOptions()
+    options.timeout = timedelta(days=120_000)
+    x = torch.ones(1000, device=dev)
+    torch.cuda._sleep(50_000_000)
+    backend.allreduce([x], options).wait()
+    torch.cuda.synchronize()
+    same(x, torch.full((1000,), float(world)), "all_reduce with a timeout of centuries")
+    dist.barrier()
+    return 1
+
+
+def refused_in_block(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A coalescing block one of whose operations loom refuses (a receive from a rank outside
+    the group, which torch passes on to the backend unchecked), after a send and a receive
+    that loom queued on its stream, captured in a CUDA graph: the caller gets loom's error, and
+    the capture still ends (the caller's stream joins the loom stream, where the block's other
+    operations were queued) instead of failing as unjoined. Then the same eagerly: the values
+    the block's other operations exchanged arrive."""
+    pg = dist.distributed_c10d._get_default_group()
+    peer = rank ^ 1
+    checks = 0
+    if peer < world:
+        for captured in (True, False):
+            out = torch.empty(64, device=dev)
+            graph = torch.cuda.CUDAGraph()
+
+            def block():
+                pg._start_coalescing(dev)
+                pg.send([torch.full((64,), float(rank), device=dev)], peer, 0)
+                pg.recv([out], peer, 0)
+                pg.recv([torch.empty(4, device=dev)], world + 5, 0)
+                pg._end_coalescing(dev)
+
+            try:
+                if captured:
+                    with torch.cuda.graph(graph):
+                        block()
+                else:
+                    block()
+                raise AssertionError("a receive from a rank outside the group was not refused")
+            except RuntimeError as e:
+                assert f"argument 'src' is {world + 5}" in str(e), f"not loom's refusal: {e}"
+            if not captured:
+                torch.cuda.synchronize()
+                same(out, torch.full((64,), float(peer)), "the block's exchange beside the refusal")
+            checks += 1
+    dist.barrier()
+    return checks
 
 
 # Environment a part's ranks start with (by rank and world size), read when the group is made.
