@@ -90,16 +90,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       // A call of several operations refused at its second or later: those issued before
       // still run, on staged copies the finisher owns and on the caller's tensors.
       abandonIssued(stream, uses, outputs, std::move(finisher), requests);
-      // The loom stream was made to follow the caller's: join it back, so a refused call
-      // inside a CUDA graph capture leaves a capture that can still end (and its error is
-      // the one the caller sees).
-      if (stream) {
-        try {
-          rejoin(*stream);
-        } catch (...) {
-          // An invalidated capture refuses the join too; the loom error is the one to report.
-        }
-      }
+      // The loom stream was made to follow the caller's: join it back.
+      rejoinRefused(stream);
       try {
         throw;
       } catch (const Error& e) {

@@ -191,12 +191,17 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
   return stream;
 }
 
-void ProcessGroupLoom::rejoin(const c10::Stream& stream) {
-  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-  if (impl.getStream(stream.device()) == stream) return;  // a blocking call's: nothing to join
-  c10::Event joined(c10::DeviceType::CUDA);
-  joined.record(stream);
-  joined.block(impl.getStream(stream.device()));
+void ProcessGroupLoom::rejoinRefused(const std::optional<c10::Stream>& stream) noexcept {
+  if (!stream) return;
+  try {
+    const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    if (impl.getStream(stream->device()) == *stream) return;  // a blocking call's: nothing to join
+    c10::Event joined(c10::DeviceType::CUDA);
+    joined.record(*stream);
+    joined.block(impl.getStream(stream->device()));
+  } catch (...) {
+    // An invalidated capture refuses the join too; the loom error is the one to report.
+  }
 }
 
 void ProcessGroupLoom::finishOnStream(const c10::Stream& stream,
@@ -394,18 +399,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     stream.swap(coalescedStream_);
     refused = std::exchange(blockError_, nullptr);
   }
-  // A block that ends in an error returns no work whose wait() would make the caller's stream
-  // follow the loom stream, where the block's calls were queued: join it here, so that the
-  // caller's next kernels come after them and a CUDA graph capture can still end (its error is
-  // loom's, not an unjoined capture's).
-  auto rejoinRefused = [&stream] {
-    if (!stream) return;
-    try {
-      rejoin(*stream);
-    } catch (...) {
-      // An invalidated capture refuses the join too; the loom error is the one to report.
-    }
-  };
   // CUDA sends and receives are queued now, together; then their copy-backs.
   try {
     translated(
@@ -419,14 +412,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     for (HeldFinish& h : held) {
       abandonIssued(h.stream, h.uses, h.outputs, std::move(h.finisher), h.requests);
     }
-    rejoinRefused();
+    rejoinRefused(stream);  // a block that ends in an error leaves no work to join it
     throw;
   }
   for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.
   if (refused) {
-    rejoinRefused();
+    rejoinRefused(stream);
     std::rethrow_exception(refused);
   }
   // The operations were queued as they were called (CUDA transfers just now); this work

@@ -179,9 +179,12 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   std::optional<c10::Stream> cudaStreamFor(const CallSite& site,
                                            const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& outputs);
-  /// Makes the caller's current stream wait for `stream` (the loom stream of a call that
-  /// queued nothing after all); nothing if `stream` is the current stream.
-  static void rejoin(const c10::Stream& stream);
+  /// After a refused call or coalescing block, which returns no work whose wait() would do
+  /// it: makes the caller's current stream wait for `stream` (the loom stream where what was
+  /// issued before the refusal runs), so the caller's next kernels come after it and a CUDA
+  /// graph capture can still end; nothing without a stream or for the current one. A join
+  /// an invalidated capture refuses is dropped: the loom error is the one to report.
+  static void rejoinRefused(const std::optional<c10::Stream>& stream) noexcept;
   /// After a call was refused part way (an operation after the first failed to issue):
   /// keeps what the operations issued so far use (`uses` and `outputs`, what `finisher`
   /// holds) alive until they end, without running `finisher`; CUDA tensors are also marked
