@@ -74,11 +74,15 @@ c10::intrusive_ptr<c10d::Backend> unwrapped(c10::intrusive_ptr<c10d::Backend> ba
 /// group is not loom's there.
 c10::intrusive_ptr<c10d::Backend> loomGroup(const char* op, const std::string& groupName,
                                             const at::Device& device) {
+  // Before the group is known, the rank is the world's (when loom has one).
+  const auto called = [&](int rank) {
+    return opName(op) + (rank >= 0 ? " (rank " + std::to_string(rank) + ")" : std::string());
+  };
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     group = c10d::resolve_process_group(groupName);
   } catch (const std::exception&) {
-    TORCH_CHECK(false, opName(op) + ": no process group is named '" + groupName +
+    TORCH_CHECK(false, called(worldRank()) + ": no process group is named '" + groupName +
                            "'; pass a group's group_name (dist.group.WORLD.group_name for the "
                            "default group) of a group that is still alive");
   }
@@ -86,13 +90,15 @@ c10::intrusive_ptr<c10d::Backend> loomGroup(const char* op, const std::string& g
   try {
     backend = group->getBackend(device.type());
   } catch (const std::exception&) {
-    TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' has no backend for " +
-                           device.str() + " tensors; make it with the loom backend for them");
+    TORCH_CHECK(false, called(group->getRank()) + ": process group '" + groupName +
+                           "' has no backend for " + device.str() +
+                           " tensors; make it with the loom backend for them");
   }
   if (dynamic_cast<ProcessGroupLoom*>(backend.get()) == nullptr) backend = unwrapped(backend);
   if (dynamic_cast<ProcessGroupLoom*>(backend.get()) == nullptr) {
-    TORCH_CHECK(false, opName(op) + ": process group '" + groupName + "' runs " + device.str() +
-                           " tensors on '" + backend->getBackendName() + "', not loom; " + tEntry +
+    TORCH_CHECK(false, called(group->getRank()) + ": process group '" + groupName + "' runs " +
+                           device.str() + " tensors on '" + backend->getBackendName() +
+                           "', not loom; " + tEntry +
                            "* need a group made with the loom backend "
                            "(init_process_group(\"loom\") or new_group(backend=\"loom\"))");
   }

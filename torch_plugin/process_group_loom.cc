@@ -71,6 +71,12 @@ std::weak_ptr<Communicator> gWorld;
 
 }  // namespace
 
+int worldRank() {
+  std::lock_guard<std::mutex> lock(gWorldMutex);
+  const std::shared_ptr<Communicator> world = gWorld.lock();
+  return world ? world->rank() : -1;
+}
+
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    c10::intrusive_ptr<Options> options)
     : c10d::Backend(rank, size),

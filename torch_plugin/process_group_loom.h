@@ -25,6 +25,10 @@
 
 namespace loom::torch_plugin {
 
+/// This process's rank in its world loom group, or -1 while there is none (for messages
+/// about a call that names no group of loom's).
+int worldRank();
+
 class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
  public:
   struct Options : c10d::Backend::Options {

@@ -252,7 +252,8 @@ def errors_body(rank: int, world: int, entry: str) -> None:
     name = dist.group.WORLD.group_name
     t = torch.ones(4)
     checks = [
-        (lambda: ops.all_reduce_(t, "sum", "no-such-group"), "no process group is named 'no-such-group'"),
+        (lambda: ops.all_reduce_(t, "sum", "no-such-group"),
+         rf"all_reduce_ \(rank {rank}\): no process group is named 'no-such-group'"),
         (lambda: ops.all_reduce_(t, "mean", name), "reduce_op 'mean' is not one of"),
         (lambda: ops.all_gather_into_tensor(t, world + 1, name), f"group_size is {world + 1}"),
         (lambda: ops.reduce_scatter_tensor(torch.ones(world + 1), "sum", world, name),
@@ -272,7 +273,8 @@ def errors_body(rank: int, world: int, entry: str) -> None:
         (lambda: ops.all_to_all_single(torch.ones(world + 1), [], [], name), "do not divide evenly"),
     ]
     gloo = dist.new_group(backend="gloo")
-    checks.append((lambda: ops.all_reduce_(t, "sum", gloo.group_name), "not loom"))
+    checks.append((lambda: ops.all_reduce_(t, "sum", gloo.group_name),
+                   rf"all_reduce_ \(rank {rank}\): process group .* not loom"))
     for call, words in checks:
         with pytest.raises(RuntimeError, match=words) as caught:
             call()
