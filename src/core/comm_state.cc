@@ -479,8 +479,7 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   const auto timeout = timeoutFor(options);
   Request request(state);
   if (options.device != DeviceKind::kCpu) {
-    if (options.blocking && completingHere() != nullptr &&
-        completingHere() == cudaCompleter_.load()) {
+    if (options.blocking && onCudaMonitor()) {
       throw Error(ErrorCode::kInvalidArgument, collectiveName(args.kind), rank_,
                   "a blocking CUDA call inside a completion callback of this communicator's "
                   "CUDA calls would wait for the thread running the callback, which completes "
@@ -775,12 +774,14 @@ void CommState::destroy(CommState* state) {
 bool CommState::onOwnThread() {
   if (forkedAway()) return false;
   if (worker_ && Worker::current() == worker_.get()) return true;
-  // The CUDA monitor, where the CUDA calls' completion callbacks run.
-  if (const void* here = completingHere(); here != nullptr && here == cudaCompleter_.load()) {
-    return true;
-  }
+  if (onCudaMonitor()) return true;
   std::lock_guard<std::mutex> lock(p2pMutex_);
   return p2p_ && p2p_->onItsThread();
+}
+
+bool CommState::onCudaMonitor() const {
+  const void* here = completingHere();
+  return here != nullptr && here == cudaCompleter_.load();
 }
 
 void CommState::shutdown() {

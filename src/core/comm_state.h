@@ -97,8 +97,11 @@ class CommState final : public FailureSink {
   CommState(int rank, const Roster& roster, const CommOptions& options, Config config);
   /// The shared_ptr's deleter: deletes `state`, on another thread if called on one of its own.
   static void destroy(CommState* state);
-  /// Whether the calling thread is this communicator's worker or point-to-point thread.
+  /// Whether the calling thread is one of this communicator's own: its worker, its
+  /// point-to-point thread or its CUDA monitor.
   bool onOwnThread();
+  /// Whether this thread is this communicator's CUDA monitor, running its calls' callbacks.
+  bool onCudaMonitor() const;
   void join(std::chrono::steady_clock::time_point deadline);
   /// Makes (the host's lowest rank) or receives this host's segment.
   std::shared_ptr<shm::Segment> joinSegment(std::chrono::steady_clock::time_point deadline);
