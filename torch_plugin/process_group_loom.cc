@@ -92,9 +92,12 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
   }
   if (!global.empty() && world) {
     // A group over ranks of the world (new_group, DeviceMesh): torch calls this factory on
-    // the members only, which is exactly what subset() needs.
+    // the members only, which is exactly what subset() needs. The members meet by the ranks
+    // and how many groups of them came before, never by torch's name: with
+    // use_local_synchronization torch hashes the ranks with how many groups this process
+    // knows, which differs between members that are in different earlier groups.
     std::vector<int> members(global.begin(), global.end());
-    const std::string tag = options_->group_name.empty() ? "group" : options_->group_name;
+    const std::string tag = "group";
     // The world's own failure numbers ranks as the world does: raised as it is, not with this
     // group's legend (which would map its "rank 1" to the group's rank 1).
     translated([&] { world->requireUsable("new_group"); });
@@ -463,6 +466,14 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
   // Every rank of this group calls split; `ranks` are ranks of this group (sorted), and
   // non-members get nullptr. Members derive the child from this communicator: no store.
   if (std::find(ranks.begin(), ranks.end(), rank_) == ranks.end()) return nullptr;
+  std::lock_guard<std::mutex> lock(derivedMutex_);
+  // torch's ask for the same split's next device type (the same options, named as before).
+  // Making a second communicator there would cost a second segment and worker, only for
+  // torch to drop it, as it keeps one backend per backend type.
+  if (lastSplit_.child && opts && lastSplit_.opts == opts && lastSplit_.name == opts->group_name &&
+      lastSplit_.ranks == ranks) {
+    if (auto child = lastSplit_.child->lock()) return child;
+  }
   auto childOptions = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
   if (opts) {
     childOptions->group_name = opts->group_name;
@@ -473,15 +484,22 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
     childOptions->global_ranks_in_group.push_back(
         parentGlobal.empty() ? static_cast<uint64_t>(r) : parentGlobal.at(static_cast<size_t>(r)));
   }
-  const std::string tag = childOptions->group_name.empty() ? "split" : childOptions->group_name;
-  auto child = translated([&] { return comm_->subset(ranks, tag, commOptions(*childOptions)); });
-  return c10::make_intrusive<ProcessGroupLoom>(std::move(child), childOptions);
+  // Not torch's name as the meeting key: split_group hashes the ranks with how many groups
+  // this process knows, which differs between members that are in different earlier groups
+  // (a 2-D device mesh after a new_group: each pair of the second dimension named its child
+  // apart and waited for the other until the timeout).
+  auto comm = translated([&] { return comm_->subset(ranks, "split", commOptions(*childOptions)); });
+  c10::intrusive_ptr<c10d::Backend> child =
+      c10::make_intrusive<ProcessGroupLoom>(std::move(comm), childOptions);
+  lastSplit_ = {opts, childOptions->group_name, ranks,
+                c10::weak_intrusive_ptr<c10d::Backend>(child)};
+  return child;
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::merge(
     const c10::intrusive_ptr<c10d::Store>& store,
     const c10::intrusive_ptr<c10d::Backend::Options>& opts, const int& rank, const int& size) {
-  std::lock_guard<std::mutex> lock(mergeMutex_);
+  std::lock_guard<std::mutex> lock(derivedMutex_);
   if (lastMerge_.merged && lastMerge_.store == store && lastMerge_.rank == rank &&
       lastMerge_.size == size) {
     return lastMerge_.merged;  // torch's ask for this group's next device type

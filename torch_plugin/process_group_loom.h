@@ -53,6 +53,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->lastSequence(); }
+  /// split_group: a child over `ranks` (of this group), nullptr where this rank is not one.
+  /// torch asks once per device type of this group with the same options; this one backend
+  /// serves them all, so a second ask for the same split returns the child the first made.
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
@@ -247,8 +250,18 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     int size = -1;
     c10::intrusive_ptr<c10d::Backend> merged;
   };
-  std::mutex mergeMutex_;
-  LastMerge lastMerge_;  // guarded by mergeMutex_
+  // The last split: the options torch passed (held, so that no later options take their
+  // address), the child's name and ranks, and the child, not kept alive by this record
+  // (split()).
+  struct LastSplit {
+    c10::intrusive_ptr<c10d::Backend::Options> opts;
+    std::string name;
+    std::vector<int> ranks;
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> child;
+  };
+  std::mutex derivedMutex_;
+  LastMerge lastMerge_;  // guarded by derivedMutex_
+  LastSplit lastSplit_;  // guarded by derivedMutex_
   std::mutex coalesceMutex_;
   std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; launch() peeks
   std::vector<Request> coalesced_;

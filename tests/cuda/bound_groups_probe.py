@@ -3,7 +3,10 @@ with init_process_group("cpu:loom,cuda:loom", device_id=...), then new_group, sp
 (even P) init_device_mesh("cuda", (2, P // 2)), each step printed with its time, and every
 rank's Python stack dumped after --watchdog seconds (faulthandler) if it has not finished.
 At P = 4 on one H100 the mesh stopped inside torch's split_group (docs/perf/
-cuda_options_copy_h100.txt, call 2), after split_group of the same halves had passed.
+cuda_options_copy_h100.txt, call 2), after split_group of the same halves had passed: the
+mesh's second dimension pairs ranks that are in different earlier groups, torch names each
+pair's child apart, and loom's ranks met by that name (fixed; tests/python/test_collectives.py,
+test_groups_whose_members_name_them_apart_still_meet, shows it without a GPU).
 
     python3 tests/cuda/bound_groups_probe.py --ranks 4
 """

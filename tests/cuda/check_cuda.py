@@ -330,10 +330,7 @@ def device_bound(rank: int, world: int, dev: torch.device, dtypes) -> int:
     dist.all_reduce(y, group=split)
     same(y, torch.full((8,), float(len(halves[rank % 2]))), "all_reduce in a split_group")
     checks = 3
-    # At P = 4 on one GPU, init_device_mesh("cuda", (2, 2)) stopped inside torch's split_group
-    # (every rank, after split_group above had passed; docs/perf/cuda_options_copy_h100.txt,
-    # call 2): not found yet, so the mesh is checked at P = 2 until it is.
-    if world == 2:
+    if world % 2 == 0:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cuda", (2, world // 2))
         for dim in range(2):

@@ -433,3 +433,30 @@ def body_merged(rank: int, world: int) -> list[float]:
 def test_groups_made_apart_merge():
     for got in run_ranks(3, body_merged):
         assert got == [6.0, 3.0], got
+
+
+def body_groups_named_apart(rank: int, world: int) -> list:
+    # torch names a group made with use_local_synchronization, and every child of split_group
+    # (a 2-D device mesh on a group bound to a GPU makes one per dimension), by hashing its
+    # ranks with how many groups this process knows. After a group of only some ranks, the
+    # members of a later group know different numbers of groups, so each names it apart.
+    dist.new_group([0, 2])  # known on ranks 0 and 2 only
+    pair = [0, 1] if rank < 2 else [2, 3]
+    local = dist.new_group(pair, use_local_synchronization=True, timeout=timedelta(seconds=20))
+    parent = dist.distributed_c10d._get_default_group()
+    name = dist.distributed_c10d._process_group_name(pair, use_hashed_name=True)  # split_group's
+    split = parent.split_group(pair, timeout=timedelta(seconds=20), group_name=name)
+    sums = []
+    for group in (local, split):
+        t = torch.full((3,), float(rank + 1))
+        group.allreduce([t]).wait()
+        sums.append(t[0].item())
+    return [local.group_name, split.group_name, sums]
+
+
+def test_groups_whose_members_name_them_apart_still_meet():
+    got = run_ranks(4, body_groups_named_apart)
+    for first, second in ((0, 1), (2, 3)):
+        # The condition itself: torch gave the two members different names for both groups.
+        assert got[first][0] != got[second][0] and got[first][1] != got[second][1], got
+        assert got[first][2] == got[second][2] == [float(first + second + 2)] * 2, got
