@@ -4,7 +4,10 @@ stream synchronize, as seen from Python on rank 0), median and p90 of several re
 sizes from 8 B up, with the bus bandwidth (nccl-tests' factors) beside the bandwidth of a
 device-to-device copy of the same bytes by one rank, timed the same way in the same run.
 Gloo takes CUDA tensors by staging them through the host and TCP (not for send/recv, which
-it refuses on CUDA tensors). Results are checked once per size.
+it refuses on CUDA tensors). Results are checked once per size. With --floor, the same calls
+on torch's no-op `fake` group too (the same CUDA tensors, nothing sent or launched): what a
+call through torch.distributed costs before any backend does anything, the floor under
+loom's and Gloo's times.
 
     python tests/cuda/bench_cuda.py --ranks 2 4 --max-bytes 64M --out DIR
 """
@@ -155,6 +158,9 @@ def worker(rank, world, port, args, queue):
                             timeout=datetime.timedelta(seconds=300))
     cpu_group = dist.new_group(backend="gloo")
     groups = {"loom": dist.group.WORLD, "gloo": cpu_group}
+    if args.floor:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+        groups["fake"] = dist.new_group(backend="fake")
     size = 8
     rows = []
     copied = set()
@@ -166,10 +172,13 @@ def worker(rank, world, port, args, queue):
                 copied.add(("copy", nbytes))
                 rows.append(("copy", nbytes, "loom", statistics.median(copy), copy[int(0.9 * (len(copy) - 1))], 0))
         for op in args.ops:
-            for name in ("loom", "gloo"):
-                if name == "gloo" and (size > args.gloo_max_bytes or op == "send_recv"):
+            for name in ("loom", "gloo", "fake"):
+                if name != "loom" and (size > args.gloo_max_bytes or op == "send_recv"):
+                    continue
+                if name not in groups:
                     continue
                 samples, wrong = time_op(op, n, groups[name], world, dev, args.repeats, args.budget)
+                wrong = 0 if name == "fake" else wrong  # the no-op group leaves the inputs
                 if rank == 0:
                     s = sorted(samples)
                     rows.append((op, size, name, statistics.median(s), s[min(len(s) - 1, int(0.9 * len(s)))], wrong))
@@ -189,6 +198,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=0.05, help="seconds per repeat")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the calls on torch's no-op fake group (up to --gloo-max-bytes)")
     args = parser.parse_args()
     lines = []
     for world in args.ranks:
@@ -197,7 +208,8 @@ def main() -> int:
         lines.append(f"# P={world} ranks on one GPU ({torch.cuda.get_device_name(0)}); time per call in us")
         lines.append("# busbw: nccl-tests' bus bandwidth of loom's median, GB/s; copy: a device-to-device "
                      "copy of the same bytes by one rank in the same run, GB/s (bytes copied / time)")
-        lines.append(f"{'op':<15} {'bytes':>10} {'loom med':>10} {'loom p90':>10} {'gloo med':>10} {'gloo p90':>10} {'gloo/loom':>9} {'busbw':>7} {'copy':>7} {'wrong':>5}")
+        lines.append("# floor: the same call's median on torch's no-op fake group (--floor), us")
+        lines.append(f"{'op':<15} {'bytes':>10} {'loom med':>10} {'loom p90':>10} {'gloo med':>10} {'gloo p90':>10} {'gloo/loom':>9} {'busbw':>7} {'copy':>7} {'wrong':>5} {'floor':>7}")
         for (op, size, name), (med, p90, wrong) in by.items():
             if name != "loom" or op == "copy":
                 continue
@@ -208,7 +220,9 @@ def main() -> int:
             whole = size * world if op in ("all_gather", "reduce_scatter") else size
             copy = by.get(("copy", whole, "loom"))
             copy_bw = f"{whole / copy[0] / 1e3:7.1f}" if copy else f"{'-':>7}"
-            lines.append(f"{op:<15} {size:>10} {med:10.1f} {p90:10.1f} {gm} {ratio} {busbw:7.1f} {copy_bw} {wrong + (g[2] if g else 0):5d}")
+            f = by.get((op, size, "fake"))
+            floor = f"{f[0]:7.1f}" if f else f"{'-':>7}"
+            lines.append(f"{op:<15} {size:>10} {med:10.1f} {p90:10.1f} {gm} {ratio} {busbw:7.1f} {copy_bw} {wrong + (g[2] if g else 0):5d} {floor}")
     report(lines, args.out, "cuda_bench.txt")
     return 0
 
