@@ -194,6 +194,9 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
       Config::load(parent.config_.sharing.child(hosts.localRanks(rank), hosts.hosts() > 1));
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)),
                                    &CommState::destroy);
+  // A child across hosts registers here (a top-level one did in exchangeRoster): one
+  // registration, which the state's destructor gives back.
+  if (state->spansHosts()) listenFor(roster, rank);
   state->join(deadlineAfter(options.timeout));
   return state;
 }
@@ -214,8 +217,6 @@ bool CommState::forkedAway() const {
 }
 
 void CommState::join(Clock::time_point deadline) {
-  if (spansHosts())
-    listenFor(roster_, rank_);  // children register here; top-level ones already did
   const int localRank = hosts_.localIndex(rank_);
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
   shm_ = std::make_unique<shm::ShmComm>(joinSegment(deadline), localRank, config_.backoff, here);

@@ -18,6 +18,7 @@
 
 #include "expect_error.h"
 #include "net_helpers.h"
+#include "transport/net/net_service.h"
 
 namespace loom {
 namespace {
@@ -120,6 +121,30 @@ TEST_F(TwoHosts, ChildrenWorkWithinAndAcrossHosts) {
     std::vector<int32_t> z(3, ctx.rank);
     half->allReduce(z.data(), z.data(), z.size(), DataType::kInt32, ReduceKind::kMax).wait();
     LOOM_CHECK(z[0] == (ctx.rank / 2) * 2 + 1, << z[0]);
+  });
+}
+
+// Each communicator across hosts, made through the store or as a child, is registered with
+// the process's network service once and takes that back when it goes: none stays expected
+// (a registration left behind kept accepting connections for a communicator that is gone).
+TEST_F(TwoHosts, CommunicatorsThatLeaveTakeBackTheirNetworkRegistration) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(4, [&](RankContext& ctx) {
+    hosts.enter(hostOfRank(ctx.rank));
+    const size_t before = net::NetService::instance().expecting();
+    {
+      auto comm = ctx.connect();
+      auto half = comm->split(ctx.rank / 2, ctx.rank);  // each pair spans both hosts
+      std::vector<int32_t> z(3, ctx.rank);
+      half->allReduce(z.data(), z.data(), z.size(), DataType::kInt32, ReduceKind::kSum).wait();
+      comm->allReduce(z.data(), z.data(), z.size(), DataType::kInt32, ReduceKind::kSum).wait();
+      LOOM_CHECK(
+          net::NetService::instance().expecting() == before + 2,
+          << net::NetService::instance().expecting() << " expected, " << before << " before");
+    }
+    LOOM_CHECK(net::NetService::instance().expecting() == before,
+               << net::NetService::instance().expecting() << " communicators still expected, "
+               << before << " before");
   });
 }
 
