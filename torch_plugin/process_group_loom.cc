@@ -461,17 +461,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
-    const c10::intrusive_ptr<c10d::Store>& /*store*/, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   // Every rank of this group calls split; `ranks` are ranks of this group (sorted), and
-  // non-members get nullptr. Members derive the child from this communicator: no store.
+  // non-members get nullptr. Members derive the child from this communicator; the store
+  // (torch's, made for this split_group call) only tells calls apart.
   if (std::find(ranks.begin(), ranks.end(), rank_) == ranks.end()) return nullptr;
   std::lock_guard<std::mutex> lock(derivedMutex_);
-  // torch's ask for the same split's next device type (the same options, named as before).
-  // Making a second communicator there would cost a second segment and worker, only for
-  // torch to drop it, as it keeps one backend per backend type.
-  if (lastSplit_.child && opts && lastSplit_.opts == opts && lastSplit_.name == opts->group_name &&
-      lastSplit_.ranks == ranks) {
+  // torch's ask for the same split's next device type: one split_group passes every device
+  // type's split the same store, made for that call alone (options and names can repeat
+  // across calls, and on some ranks only). Making a second communicator there would cost a
+  // second segment and worker, only for torch to drop it, as it keeps one backend per
+  // backend type.
+  if (lastSplit_.child && store && lastSplit_.store == store && lastSplit_.ranks == ranks) {
     if (auto child = lastSplit_.child->lock()) return child;
   }
   auto childOptions = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
@@ -491,8 +493,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
   auto comm = translated([&] { return comm_->subset(ranks, "split", commOptions(*childOptions)); });
   c10::intrusive_ptr<c10d::Backend> child =
       c10::make_intrusive<ProcessGroupLoom>(std::move(comm), childOptions);
-  lastSplit_ = {opts, childOptions->group_name, ranks,
-                c10::weak_intrusive_ptr<c10d::Backend>(child)};
+  lastSplit_ = {store, ranks, c10::weak_intrusive_ptr<c10d::Backend>(child)};
   return child;
 }
 
@@ -566,6 +567,13 @@ void ProcessGroupLoom::shutdown() {
   // default: 30 minutes): the caller has given up on it, so it is aborted instead, and its
   // peers fail at once, naming this rank.
   if (ties_->givenUp.load() > 0) comm_->abort();
+  {
+    // Groups made later derive from the world only while it serves: after
+    // destroy_process_group() a reference that survives keeps it alive, shut down, and a
+    // world made anew (on another backend, say) must not be taken for it.
+    std::lock_guard<std::mutex> lock(gWorldMutex);
+    if (gWorld.lock() == comm_) gWorld.reset();
+  }
   releasingGil([&] { comm_->shutdown(); });
 }
 

@@ -54,7 +54,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->lastSequence(); }
   /// split_group: a child over `ranks` (of this group), nullptr where this rank is not one.
-  /// torch asks once per device type of this group with the same options; this one backend
+  /// torch asks once per device type of this group with the same store; this one backend
   /// serves them all, so a second ask for the same split returns the child the first made.
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
@@ -250,12 +250,10 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     int size = -1;
     c10::intrusive_ptr<c10d::Backend> merged;
   };
-  // The last split: the options torch passed (held, so that no later options take their
-  // address), the child's name and ranks, and the child, not kept alive by this record
-  // (split()).
+  // The last split: the store torch passed (held, so that no later store takes its
+  // address), the ranks, and the child, not kept alive by this record (split()).
   struct LastSplit {
-    c10::intrusive_ptr<c10d::Backend::Options> opts;
-    std::string name;
+    c10::intrusive_ptr<c10d::Store> store;
     std::vector<int> ranks;
     std::optional<c10::weak_intrusive_ptr<c10d::Backend>> child;
   };

@@ -454,6 +454,54 @@ def body_groups_named_apart(rank: int, world: int) -> list:
     return [local.group_name, split.group_name, sums]
 
 
+def body_split_again(rank: int, world: int) -> float:
+    # torch's split_group, less its device checks (CPU), with the caller's own pg_options
+    # passed to every split (torch copies the parent's only when none are given).
+    c10d = dist.distributed_c10d
+    parent = c10d._get_default_group()
+    opts = parent._get_backend(torch.device("cpu")).options
+
+    def split(ranks):
+        name = c10d._process_group_name(ranks, use_hashed_name=True)
+        group = parent.split_group(ranks, timeout=timedelta(seconds=20), opts=opts, group_name=name)
+        c10d._register_pg_in_world(group, backend_name="loom", store=group.get_group_store(),
+                                   group_name=name, backend_config="cpu:loom,cuda:loom",
+                                   rank_mapping={g: i for i, g in enumerate(ranks)})
+        return group
+
+    first = split([0, 1])
+    dist.destroy_process_group(first)  # `first` lives on, shut down
+    if rank == 1:
+        dist.new_group([1], use_local_synchronization=True)  # so the name recurs on rank 0 only
+    again = split([0, 1])
+    t = torch.full((2,), float(rank + 1))
+    again.allreduce([t]).wait()
+    return t[0].item()
+
+
+def test_a_group_split_again_is_new_even_where_torch_repeats_its_name():
+    # The same options, ranks and (on some ranks) name as a destroyed split: still a new group,
+    # made by every member.
+    assert run_ranks(2, body_split_again) == [3.0, 3.0]
+
+
+def body_world_made_again(rank: int, world: int, init_file: str) -> float:
+    kept = dist.group.WORLD  # a module or mesh that outlives the world keeps it, shut down
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    group = dist.new_group(list(range(world)), backend="loom", timeout=timedelta(seconds=20))
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    del kept
+    return t[0].item()
+
+
+def test_a_loom_group_after_the_world_was_made_again_on_gloo(tmp_path):
+    # The loom world is gone (destroy_process_group): groups made later are not derived from it.
+    assert run_ranks(2, body_world_made_again, str(tmp_path / "init")) == [3.0, 3.0]
+
+
 def test_groups_whose_members_name_them_apart_still_meet():
     got = run_ranks(4, body_groups_named_apart)
     for first, second in ((0, 1), (2, 3)):
