@@ -166,7 +166,7 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)),
                                    &CommState::destroy);
   registration.id.reset();
-  state->join(deadline);
+  state->join(deadline, /*child=*/false);
   return state;
 }
 
@@ -197,7 +197,7 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   // A child across hosts registers here (a top-level one did in exchangeRoster): one
   // registration, which the state's destructor gives back.
   if (state->spansHosts()) listenFor(roster, rank);
-  state->join(deadlineAfter(options.timeout));
+  state->join(deadlineAfter(options.timeout), /*child=*/true);
   return state;
 }
 
@@ -216,13 +216,19 @@ bool CommState::forkedAway() const {
   return ::getpid() != owner_;
 }
 
-void CommState::join(Clock::time_point deadline) {
+void CommState::join(Clock::time_point deadline, bool child) {
   const int localRank = hosts_.localIndex(rank_);
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
-  shm_ = std::make_unique<shm::ShmComm>(joinSegment(deadline), localRank, config_.backoff, here);
+  JoinedSegment joined = joinSegment(deadline, child);
+  shm_ =
+      std::make_unique<shm::ShmComm>(std::move(joined.segment), localRank, config_.backoff, here);
   layout_ = layoutOf(hosts_, rank_);
   failures_ = std::make_unique<FailureDomain>(*shm_, name_, rankLegend_, rank_, roster_, hosts_);
   shm_->setFailures(*failures_);
+  if (joined.broken) {
+    failures_->fail(ErrorCode::kPeerFailure, joined.broken->first, joined.broken->second);
+    throw failures_->failureError("create");
+  }
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
   watchPeers();
@@ -230,7 +236,7 @@ void CommState::join(Clock::time_point deadline) {
   if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);
 }
 
-std::shared_ptr<shm::Segment> CommState::joinSegment(Clock::time_point deadline) {
+CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool child) {
   // The segment holds this host's ranks, at their local index; each host's has its own id.
   // The host's lowest rank makes it and hands it to the others.
   const int host = hosts_.hostOf(rank_);
@@ -263,24 +269,73 @@ std::shared_ptr<shm::Segment> CommState::joinSegment(Clock::time_point deadline)
     hello.secret = roster_.secret;
     hello.rank = localRank;
     hello.pid = static_cast<int32_t>(::getpid());
-    posix::Fd fd =
+    ProcessService::Welcomed welcomed =
         service.joinLeader(roster_.peers[here[0]].address, hello, rank_, deadline, stillAlive);
-    return shm::Segment::attach(std::move(fd), segmentId, localSize);
+    auto segment = shm::Segment::attach(std::move(welcomed.segment), segmentId, localSize);
+    ProcessService::confirmJoined(welcomed);
+    return {std::move(segment), std::nullopt};
   }
-  const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
-  std::shared_ptr<shm::Segment> segment = shm::Segment::create(layout, segmentId);
-  std::vector<Arrival> members =
-      service.acceptMembers(segmentId, roster_.secret, localSize - 1, here, deadline, stillAlive);
+  std::shared_ptr<shm::Segment> segment;
+  try {
+    const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
+    segment = shm::Segment::create(layout, segmentId);
+  } catch (const Error& e) {
+    service.abandon(segmentId, "the leader of this communicator, rank " + std::to_string(rank_) +
+                                   ", could not make its shared segment: " + e.detail());
+    throw;
+  }
+  std::vector<Arrival> members = service.acceptMembers(
+      segmentId, roster_.secret, localSize - 1, here, deadline, stillAlive,
+      child ? "did every member make this group (the same ranks, as many times as the others), "
+              "or did one fail earlier?"
+            : ProcessService::kStoreHint);
+  const auto refuse = [&](std::span<Arrival> whom, const std::string& why) {
+    const auto refusal = handshake::encodeWelcome(
+        handshake::kAbandoned, "the leader of this communicator, rank " + std::to_string(rank_) +
+                                   ", gave up making it: " + why);
+    for (Arrival& member : whom) {
+      unix_socket::sendWithFd(member.socket.get(), refusal.data(), refusal.size(), -1);
+    }
+  };
+  // Deadlines differ by rank (each counts from its own call): a member whose deadline passed
+  // while others were still coming has given up and hung up. Nobody is handed the segment
+  // then: every member learns why now, instead of one holding a communicator that a rank
+  // never joined.
+  for (const Arrival& member : members) {
+    if (!unix_socket::hungUp(member.socket.get())) continue;
+    const std::string why = "rank " + std::to_string(here[member.hello.rank]) +
+                            " gave up joining before every rank had come";
+    refuse(members, why);
+    throw Error(ErrorCode::kTimeout, "create", rank_,
+                why +
+                    " (its own timeout ran out first); make the communicator again, with a "
+                    "timeout that covers the ranks' different start times");
+  }
   const auto welcome = handshake::encodeWelcome(0, "");
-  for (Arrival& member : members) {
-    if (!unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(),
+  std::optional<std::pair<int, std::string>> broken;
+  for (size_t i = 0; i < members.size() && !broken; ++i) {
+    const int rank = here[members[i].hello.rank];
+    if (!unix_socket::sendWithFd(members[i].socket.get(), welcome.data(), welcome.size(),
                                  segment->fd())) {
-      throw Error(ErrorCode::kPeerFailure, "create", rank_,
-                  "rank " + std::to_string(here[member.hello.rank]) +
-                      " disconnected while joining; did it exit?");
+      broken = {rank, "rank " + std::to_string(rank) + " disconnected while joining; did it exit?"};
+      refuse(std::span(members).subspan(i + 1), broken->second);
     }
   }
-  return segment;
+  // Each member says when it holds the segment: one that left before it could (its own
+  // deadline, or it died) would otherwise leave the others with a communicator it never
+  // joined. A live member confirms at once; the grace covers a slow machine.
+  const auto confirmBy = std::max(deadline, Clock::now() + std::chrono::seconds(10));
+  for (size_t i = 0; i < members.size() && !broken; ++i) {
+    const int rank = here[members[i].hello.rank];
+    uint8_t joined = 0;
+    posix::Fd none;
+    if (!unix_socket::recvWithFd(members[i].socket.get(), &joined, 1, &none, confirmBy)) {
+      broken = {rank, "rank " + std::to_string(rank) +
+                          " left while joining, before it held the shared segment (its own "
+                          "timeout ran out, or it exited); make the communicator again"};
+    }
+  }
+  return {std::move(segment), std::move(broken)};
 }
 
 HostLayout CommState::layoutOf(const HostMap& hosts, int rank) {

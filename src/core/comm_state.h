@@ -102,9 +102,18 @@ class CommState final : public FailureSink {
   bool onOwnThread();
   /// Whether this thread is this communicator's CUDA monitor, running its calls' callbacks.
   bool onCudaMonitor() const;
-  void join(std::chrono::steady_clock::time_point deadline);
+  /// Joins the communicator's host segment and starts its threads; `child`: made from a
+  /// parent (split, subset, shrink), not through a store.
+  void join(std::chrono::steady_clock::time_point deadline, bool child);
+  /// This host's segment as joinSegment leaves it; `broken`, where members were handed the
+  /// segment but not all of them took it: the rank to blame and why, which join records in
+  /// the segment, so that the members that did take it fail at once rather than wait.
+  struct JoinedSegment {
+    std::shared_ptr<shm::Segment> segment;
+    std::optional<std::pair<int, std::string>> broken;
+  };
   /// Makes (the host's lowest rank) or receives this host's segment.
-  std::shared_ptr<shm::Segment> joinSegment(std::chrono::steady_clock::time_point deadline);
+  JoinedSegment joinSegment(std::chrono::steady_clock::time_point deadline, bool child);
   /// Where every rank runs, as rank `rank` sees it (for collectives across hosts).
   static HostLayout layoutOf(const HostMap& hosts, int rank);
   /// Starts this rail rank's control plane and waits until the other hosts have met it.

@@ -136,6 +136,9 @@ std::vector<FdOffer> join(const FdExchange& x, int mine, const std::string& note
   posix::Fd none;
   const auto accepted = receiveWelcome(socket.get(), &none, deadline);
   if (!accepted) lost(x, "the leader", deadline);
+  if (accepted->first == handshake::kAbandoned) {
+    throw Error(ErrorCode::kPeerFailure, x.op, x.rank, accepted->second);  // it gave up
+  }
   if (accepted->first != 0) {
     throw Error(ErrorCode::kInternal, x.op, x.rank,
                 "the host's leader refused this rank's device memory: " + accepted->second);

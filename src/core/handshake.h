@@ -37,6 +37,10 @@ std::array<uint8_t, kHelloBytes> encodeHello(const Hello& hello);
 /// Decodes a Hello; nullopt unless `bytes` is exactly a well-formed Hello of this version.
 std::optional<Hello> parseHello(std::span<const uint8_t> bytes);
 
+/// A Welcome's status for members of a communicator whose leader gave up making it
+/// (ProcessService::abandon); its reason says why. (1 and 2 are fd_exchange's.)
+inline constexpr int32_t kAbandoned = 3;
+
 /// Serialises a Welcome: status 0 = accepted, otherwise `reason` says why not.
 std::array<uint8_t, kWelcomeBytes> encodeWelcome(int32_t status, const std::string& reason);
 /// Decodes a Welcome into (status, reason); nullopt if malformed.

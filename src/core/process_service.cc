@@ -26,6 +26,13 @@ constexpr size_t kMaxPending = 1024;  // half-open connections held at once
 constexpr size_t kMaxEarly = 4096;    // arrivals held for leaders not yet asking
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
+// What a member is told when its leader gave up (a Welcome's reason: keep it short), `why`
+// being the leader's own error.
+std::string leaderGaveUp(int leader, const std::string& why) {
+  return "the leader of this communicator, rank " + std::to_string(leader) +
+         ", gave up making it: " + why;
+}
+
 int openPidfd(int pid) {
 #ifdef SYS_pidfd_open
   if (pid <= 0) return -1;
@@ -215,6 +222,11 @@ void ProcessService::readHello(size_t index) {
   }
   Arrival arrival{*hello, std::move(p.socket), p.peerPid};
   std::lock_guard<std::mutex> lock(mutex_);
+  if (auto gaveUp = abandoned_.find(hello->comm); gaveUp != abandoned_.end()) {
+    const auto welcome = handshake::encodeWelcome(handshake::kAbandoned, gaveUp->second);
+    unix_socket::sendWithFd(arrival.socket.get(), welcome.data(), welcome.size(), -1);
+    return;
+  }
   auto it = expected_.find(hello->comm);
   if (it == expected_.end() && completed_.count(hello->comm) != 0) {
     // Every rank of this communicator has joined: whoever this is (a process outside the
@@ -233,11 +245,37 @@ void ProcessService::readHello(size_t index) {
   }
 }
 
-std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
-                                                   const handshake::Secret& secret, int count,
-                                                   std::span<const int> ranks,
-                                                   Clock::time_point deadline,
-                                                   const StillAlive& stillAlive) {
+void ProcessService::abandon(const CommId& comm, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandonLocked(comm, reason);
+}
+
+void ProcessService::abandonLocked(const CommId& comm, const std::string& reason) {
+  const auto refusal = handshake::encodeWelcome(handshake::kAbandoned, reason);
+  const auto refuseAll = [&](std::deque<Arrival>& arrivals) {
+    for (Arrival& a : arrivals) {
+      unix_socket::sendWithFd(a.socket.get(), refusal.data(), refusal.size(), -1);
+    }
+  };
+  if (auto it = expected_.find(comm); it != expected_.end()) {
+    refuseAll(it->second.arrived);
+    expected_.erase(it);
+  }
+  if (auto it = early_.find(comm); it != early_.end()) {
+    refuseAll(it->second);
+    early_.erase(it);
+    wake();  // the service thread may be polling those sockets: let go of them
+  }
+  if (abandoned_.insert_or_assign(comm, reason).second) abandonedOrder_.push_back(comm);
+  if (abandonedOrder_.size() > kRememberCompleted) {
+    abandoned_.erase(abandonedOrder_.front());
+    abandonedOrder_.pop_front();
+  }
+}
+
+std::vector<Arrival> ProcessService::acceptMembers(
+    const CommId& comm, const handshake::Secret& secret, int count, std::span<const int> ranks,
+    Clock::time_point deadline, const StillAlive& stillAlive, std::string_view hint) {
   const int size = static_cast<int>(ranks.size());
   std::vector<Arrival> accepted;
   std::set<int> joined;  // local indices
@@ -261,8 +299,9 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
       if (stillAlive) {
         try {
           stillAlive();
-        } catch (...) {
-          expected_.erase(comm);
+        } catch (const std::exception& e) {
+          const auto* error = dynamic_cast<const Error*>(&e);
+          abandonLocked(comm, leaderGaveUp(ranks[0], error ? error->detail() : e.what()));
           throw;
         }
       }
@@ -275,11 +314,9 @@ std::vector<Arrival> ProcessService::acceptMembers(const CommId& comm,
             missing += (missing.empty() ? "" : ", ") + std::to_string(ranks[r]);
           }
         }
-        expected_.erase(comm);
-        throw Error(ErrorCode::kTimeout, "create", ranks[0],
-                    "rank(s) " + missing +
-                        " never connected to this leader; did they all call create with the "
-                        "same store, or did one fail earlier?");
+        const std::string why = "rank(s) " + missing + " never connected to this leader";
+        abandonLocked(comm, leaderGaveUp(ranks[0], why + " in time"));
+        throw Error(ErrorCode::kTimeout, "create", ranks[0], why + "; " + std::string(hint));
       }
       continue;
     }
@@ -340,9 +377,10 @@ posix::Fd ProcessService::introduce(const std::string& address, const handshake:
   return socket;
 }
 
-posix::Fd ProcessService::joinLeader(const std::string& address, const handshake::Hello& hello,
-                                     int rank, Clock::time_point deadline,
-                                     const StillAlive& stillAlive) {
+ProcessService::Welcomed ProcessService::joinLeader(const std::string& address,
+                                                    const handshake::Hello& hello, int rank,
+                                                    Clock::time_point deadline,
+                                                    const StillAlive& stillAlive) {
   posix::Fd socket = introduce(address, hello, rank, deadline, stillAlive);
   uint8_t reply[handshake::kWelcomeBytes];
   posix::Fd segment;
@@ -370,11 +408,20 @@ posix::Fd ProcessService::joinLeader(const std::string& address, const handshake
     stillAlive();
   }
   const auto welcome = handshake::parseWelcome(reply);
+  if (welcome && welcome->first == handshake::kAbandoned) {
+    throw Error(ErrorCode::kPeerFailure, "create", rank, welcome->second);
+  }
   if (!welcome || welcome->first != 0 || !segment) {
     throw Error(ErrorCode::kInternal, "create", rank,
                 "the leader refused this rank: " + (welcome ? welcome->second : "bad reply"));
   }
-  return segment;
+  return {std::move(segment), std::move(socket)};
+}
+
+void ProcessService::confirmJoined(const Welcomed& welcomed) {
+  const uint8_t joined = 1;
+  // A leader that is gone by now learns nothing either way; its members find out from it.
+  (void)posix::writeAll(welcomed.leader.get(), &joined, sizeof joined);
 }
 
 uint64_t ProcessService::watch(int pid, std::function<void(int)> onExit) {

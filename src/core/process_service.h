@@ -72,16 +72,36 @@ class ProcessService {
   /// each with a local index in [1, ranks.size()); `ranks` holds the communicator rank of
   /// each local index (the leader's first), for messages. Throws Error(kTimeout) at
   /// `deadline` naming the ranks that never came, or what `stillAlive` throws.
+  /// `hint` ends the timeout's message: what the user should check. A leader that fails
+  /// here has abandoned `comm` (below).
   std::vector<Arrival> acceptMembers(const CommId& comm, const handshake::Secret& secret, int count,
                                      std::span<const int> ranks, Clock::time_point deadline,
-                                     const StillAlive& stillAlive = nullptr);
+                                     const StillAlive& stillAlive = nullptr,
+                                     std::string_view hint = kStoreHint);
+  /// What acceptMembers' timeout suggests by default, for communicators made through a store.
+  static constexpr std::string_view kStoreHint =
+      "did they all call create with the same store, or did one fail earlier?";
 
+  /// Leader side: this process will not make `comm` (it failed, or gave up, for `reason`):
+  /// members that come for it, or wait for it already, are refused at once with the reason
+  /// instead of waiting out their own deadline.
+  void abandon(const CommId& comm, const std::string& reason);
+
+  /// What a member is handed: the segment, and its connection to the leader, on which it
+  /// confirms (confirmJoined) once it has attached the segment.
+  struct Welcomed {
+    posix::Fd segment;
+    posix::Fd leader;
+  };
   /// Member side: connects to the leader at `address`, presents itself, and returns the
   /// segment fd it is given. Throws Error on refusal, timeout or a dead leader, or what
   /// `stillAlive` throws; errors name `rank`, this member's communicator rank (the Hello
   /// carries its local index).
-  posix::Fd joinLeader(const std::string& address, const handshake::Hello& hello, int rank,
-                       Clock::time_point deadline, const StillAlive& stillAlive = nullptr);
+  Welcomed joinLeader(const std::string& address, const handshake::Hello& hello, int rank,
+                      Clock::time_point deadline, const StillAlive& stillAlive = nullptr);
+  /// Member side: tells the leader this member holds the segment (the leader waits for
+  /// every member's word before it uses the communicator; see CommState::joinSegment).
+  static void confirmJoined(const Welcomed& welcomed);
   /// Member side, the first half of joinLeader: connects to the leader at `address` (a
   /// process of this uid only) and sends the Hello; returns the socket for what follows.
   posix::Fd introduce(const std::string& address, const handshake::Hello& hello, int rank,
@@ -138,6 +158,10 @@ class ProcessService {
   static constexpr size_t kRememberCompleted = 4096;
   std::set<CommId> completed_;
   std::deque<CommId> completedOrder_;
+  // Communicators this process's leader abandoned, with why (mutex_), bounded as above.
+  std::map<CommId, std::string> abandoned_;
+  std::deque<CommId> abandonedOrder_;
+  void abandonLocked(const CommId& comm, const std::string& reason);  // mutex_ held
   std::thread thread_;
 };
 

@@ -118,4 +118,12 @@ bool recvWithFd(int socket, void* data, size_t n, posix::Fd* received,
   return true;
 }
 
+bool hungUp(int socket) {
+  pollfd p{socket, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) return true;
+  char byte = 0;
+  return (p.revents & POLLIN) != 0 && ::recv(socket, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 }  // namespace loom::unix_socket

@@ -34,4 +34,8 @@ ssize_t recvSome(int socket, void* data, size_t n, posix::Fd* received);
 bool recvWithFd(int socket, void* data, size_t n, posix::Fd* received,
                 std::chrono::steady_clock::time_point deadline);
 
+/// Whether the other end of `socket` has closed it (or it failed), without waiting or
+/// consuming anything; for a peer that is to send nothing until it is answered.
+bool hungUp(int socket);
+
 }  // namespace loom::unix_socket

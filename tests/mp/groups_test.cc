@@ -7,6 +7,7 @@
 
 #include "../common/forked_ranks.h"
 #include "../common/reference.h"
+#include "loom/error.h"
 
 namespace loom {
 namespace {
@@ -18,6 +19,14 @@ void expectOk(int size, const std::function<void(RankContext&)>& body) {
   options.environment = {"LOOM_CHUNK_BYTES=16K"};
   const auto outcomes = testing::runRanks(size, body, options);
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+// Every rank stays alive until all have passed here (a rank that failed would otherwise exit,
+// and its exit, not the code under test, would release the others' waits).
+void awaitEveryRank(RankContext& ctx, int size) {
+  ctx.store->set("done " + std::to_string(ctx.rank), {1});
+  for (int q = 0; q < size; ++q)
+    ctx.store->get("done " + std::to_string(q), std::chrono::seconds(120));
 }
 
 // Sum over the group of each member's parent rank.
@@ -65,6 +74,74 @@ TEST(Groups, SubsetIsCalledByMembersOnly) {
       LOOM_CHECK(sumOfParentRanks(*group, ctx.rank) == 5);
     }
     LOOM_CHECK(sumOfParentRanks(*world, ctx.rank) == 6);
+  });
+}
+
+// Each rank's creation deadline counts from its own call. A member that arrived, then gave
+// up (its short timeout ran out while rank 3 was still coming), leaves no rank holding a
+// communicator it never joined: every rank's subset fails, the others naming it; none is left
+// to find out at its first collective's timeout.
+TEST(Groups, AMemberThatGaveUpWhileOthersCameFailsEveryRanksCreation) {
+  expectOk(4, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    const int all[] = {0, 1, 2, 3};
+    CommOptions options;
+    options.timeout = std::chrono::seconds(20);
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // after rank 2
+      options.timeout = std::chrono::milliseconds(300);
+    }
+    if (ctx.rank == 3) ctx.store->get("rank 1 gave up", std::chrono::seconds(60));
+    std::shared_ptr<Communicator> group;
+    try {
+      group = world->subset(all, "late", options);
+    } catch (const Error& e) {
+      if (ctx.rank == 1) ctx.store->set("rank 1 gave up", {1});
+      const std::string what = e.what();
+      LOOM_CHECK(ctx.rank == 1 || what.find("rank 1 gave up joining") != std::string::npos,
+                 << what);
+    }
+    if (group) {
+      // Made anyway (not on this code): its first collective must fail for the reason, not
+      // wait until the timeout for a rank that never joined.
+      try {
+        group->barrier().wait();
+        LOOM_CHECK(false, << "rank " << ctx.rank << " used a communicator rank 1 never joined");
+      } catch (const Error& e) {
+        LOOM_CHECK(e.code() != ErrorCode::kTimeout, << e.what());
+      }
+    }
+    awaitEveryRank(ctx, 4);
+  });
+}
+
+// A leader that gave up (its own timeout) tells a member that comes later at once, with its
+// reason, instead of the member waiting out its own, longer timeout.
+TEST(Groups, ALeaderThatGaveUpTellsAMemberThatComesLater) {
+  expectOk(2, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    const int both[] = {0, 1};
+    CommOptions options;
+    options.timeout = ctx.rank == 0 ? std::chrono::milliseconds(300) : std::chrono::seconds(20);
+    if (ctx.rank == 1) ctx.store->get("rank 0 gave up", std::chrono::seconds(60));
+    try {
+      world->subset(both, "alone", options);
+      LOOM_CHECK(false, << "made without both ranks");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (ctx.rank == 0) {
+        ctx.store->set("rank 0 gave up", {1});
+        LOOM_CHECK(e.code() == ErrorCode::kTimeout &&
+                       what.find("rank(s) 1 never connected") != std::string::npos &&
+                       what.find("did every member make this group") != std::string::npos,
+                   << what);
+      } else {
+        LOOM_CHECK(e.code() == ErrorCode::kPeerFailure &&
+                       what.find("rank 0, gave up making it") != std::string::npos,
+                   << what);
+      }
+    }
+    awaitEveryRank(ctx, 2);
   });
 }
 
