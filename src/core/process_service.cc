@@ -115,20 +115,20 @@ void ProcessService::wake() {
 void ProcessService::run() {
   gServiceThread = std::this_thread::get_id();
   std::vector<pollfd> fds;
-  std::vector<uint64_t> watchIds;
+  std::vector<int> watchedPids;
   size_t earlyBase = 0;
   std::set<int> hungUp;
   for (;;) {
     fds.clear();
-    watchIds.clear();
+    watchedPids.clear();
     fds.push_back({listener_.get(), POLLIN, 0});
     fds.push_back({wakeFd_.get(), POLLIN, 0});
     for (const Pending& p : pending_) fds.push_back({p.socket.get(), POLLIN, 0});
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& [id, w] : watches_) {
+      for (const auto& [pid, w] : watched_) {
         fds.push_back({w.pidfd.get(), POLLIN, 0});
-        watchIds.push_back(id);
+        watchedPids.push_back(pid);
       }
       // Early arrivals too: a member waiting for its leader sends nothing more, so any event
       // means it hung up (gave up, died) or broke the protocol. Without this its socket would
@@ -165,26 +165,31 @@ void ProcessService::run() {
     const auto now = Clock::now();
     std::erase_if(pending_, [&](const Pending& p) { return !p.socket || p.deadline < now; });
     if (fds[0].revents & POLLIN) acceptConnections();
-    // Exited peers.
-    for (size_t i = 0; i < watchIds.size(); ++i) {
+    // Exited peers: every watch of the process, one after the other.
+    for (size_t i = 0; i < watchedPids.size(); ++i) {
       if ((fds[2 + pendingCount + i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      std::function<void(int)> onExit;
-      int pid = 0;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto it = watches_.find(watchIds[i]);
-        if (it == watches_.end()) continue;
-        onExit = std::move(it->second.onExit);
-        pid = it->second.pid;
-        watches_.erase(it);
-        firing_ = watchIds[i];
+      const int pid = watchedPids[i];
+      for (;;) {
+        std::function<void(int)> onExit;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          auto it = std::find_if(watches_.begin(), watches_.end(),
+                                 [&](const auto& w) { return w.second.pid == pid; });
+          if (it == watches_.end()) {
+            watched_.erase(pid);
+            break;
+          }
+          onExit = std::move(it->second.onExit);
+          firing_ = it->first;
+          watches_.erase(it);
+        }
+        onExit(pid);
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          firing_ = 0;
+        }
+        fired_.notify_all();
       }
-      onExit(pid);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        firing_ = 0;
-      }
-      fired_.notify_all();
     }
   }
 }
@@ -425,22 +430,28 @@ void ProcessService::confirmJoined(const Welcomed& welcomed) {
 }
 
 uint64_t ProcessService::watch(int pid, std::function<void(int)> onExit) {
-  const int fd = openPidfd(pid);
-  const int error = errno;
-  posix::Fd pidfd(fd);
-  if (!pidfd) {
-    // Gone already (a rank that died between joining and being watched): it exited, and
-    // nothing else would say so before the operation timeout. Any other failure (no pidfd
-    // in this kernel) leaves the timeout to find it.
-    if (error == ESRCH) onExit(pid);
-    return 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto known = watched_.find(pid);
+  if (known == watched_.end()) {
+    lock.unlock();
+    const int fd = openPidfd(pid);
+    const int error = errno;
+    posix::Fd pidfd(fd);
+    if (!pidfd) {
+      // Gone already (a rank that died between joining and being watched): it exited, and
+      // nothing else would say so before the operation timeout. Any other failure (no
+      // pidfd in this kernel) leaves the timeout to find it.
+      if (error == ESRCH) onExit(pid);
+      return 0;
+    }
+    lock.lock();
+    known = watched_.find(pid);  // another thread may have opened one meanwhile
+    if (known == watched_.end()) known = watched_.emplace(pid, Watched{std::move(pidfd), 0}).first;
   }
-  uint64_t id;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    id = nextWatch_++;
-    watches_[id] = Watch{pid, std::move(pidfd), std::move(onExit)};
-  }
+  ++known->second.watches;
+  const uint64_t id = nextWatch_++;
+  watches_[id] = Watch{pid, std::move(onExit)};
+  lock.unlock();
   wake();
   return id;
 }
@@ -448,7 +459,11 @@ uint64_t ProcessService::watch(int pid, std::function<void(int)> onExit) {
 void ProcessService::unwatch(uint64_t id) {
   if (id == 0) return;
   std::unique_lock<std::mutex> lock(mutex_);
-  watches_.erase(id);
+  if (auto it = watches_.find(id); it != watches_.end()) {
+    auto process = watched_.find(it->second.pid);
+    if (process != watched_.end() && --process->second.watches == 0) watched_.erase(process);
+    watches_.erase(it);
+  }
   if (gServiceThread.load() != std::this_thread::get_id()) {
     fired_.wait(lock, [&] { return firing_ != id; });
   }

@@ -134,8 +134,13 @@ class ProcessService {
   };
   struct Watch {
     int pid = 0;
-    posix::Fd pidfd;
     std::function<void(int)> onExit;
+  };
+  // One pidfd per watched process, however many watches (communicators) share it: a job
+  // that keeps many groups alive would otherwise spend a descriptor per group and peer.
+  struct Watched {
+    posix::Fd pidfd;
+    int watches = 0;
   };
 
   std::string address_;
@@ -147,6 +152,7 @@ class ProcessService {
   std::map<CommId, Expectation> expected_;       // guarded by mutex_
   std::map<CommId, std::deque<Arrival>> early_;  // arrived before their leader asked; mutex_
   std::map<uint64_t, Watch> watches_;            // guarded by mutex_
+  std::map<int, Watched> watched_;               // by pid; guarded by mutex_
   uint64_t nextWatch_ = 1;
   uint64_t firing_ = 0;  // watch whose callback runs now; mutex_
   std::condition_variable fired_;

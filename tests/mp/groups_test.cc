@@ -1,6 +1,7 @@
 // Sub-communicators: split by color and key, subsets called by members only, nesting, and
 // several communicators running collectives at once from different threads.
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -142,6 +143,35 @@ TEST(Groups, ALeaderThatGaveUpTellsAMemberThatComesLater) {
       }
     }
     awaitEveryRank(ctx, 2);
+  });
+}
+
+int openDescriptors() {
+  int n = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (::readdir(dir) != nullptr) ++n;
+    ::closedir(dir);
+  }
+  return n;
+}
+
+// A process watches each peer process once, however many communicators it shares with it:
+// a job that keeps many groups alive (meshes, subgroups) does not run out of descriptors
+// for pidfds, and a watch that could not be opened would leave a dead peer to be found only
+// by the timeout.
+TEST(Groups, ManyGroupsWatchEachPeerProcessOnce) {
+  expectOk(4, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    const int all[] = {0, 1, 2, 3};
+    std::vector<std::shared_ptr<Communicator>> groups;
+    groups.push_back(world->subset(all, "warm-up"));  // the first group's one-off costs
+    const int before = openDescriptors();
+    constexpr int kGroups = 16;
+    for (int i = 0; i < kGroups; ++i) groups.push_back(world->subset(all, "many"));
+    const int perGroup = (openDescriptors() - before) / kGroups;
+    // A group's own: its segment; not one pidfd per peer (3 here) for every group.
+    LOOM_CHECK(perGroup <= 1, << perGroup << " descriptors per group");
+    LOOM_CHECK(sumOfParentRanks(*groups.back(), ctx.rank) == 6);
   });
 }
 
