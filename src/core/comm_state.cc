@@ -332,7 +332,8 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
     if (!unix_socket::recvWithFd(members[i].socket.get(), &joined, 1, &none, confirmBy)) {
       broken = {rank, "rank " + std::to_string(rank) +
                           " left while joining, before it held the shared segment (its own "
-                          "timeout ran out, or it exited); make the communicator again"};
+                          "timeout ran out, it could not map it, or it exited); make the "
+                          "communicator again"};
     }
   }
   return {std::move(segment), std::move(broken)};

@@ -115,7 +115,7 @@ void ProcessService::wake() {
 void ProcessService::run() {
   gServiceThread = std::this_thread::get_id();
   std::vector<pollfd> fds;
-  std::vector<int> watchedPids;
+  std::vector<std::pair<int, uint64_t>> watchedPids;  // (pid, generation) of each pidfd polled
   size_t earlyBase = 0;
   std::set<int> hungUp;
   for (;;) {
@@ -128,7 +128,7 @@ void ProcessService::run() {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& [pid, w] : watched_) {
         fds.push_back({w.pidfd.get(), POLLIN, 0});
-        watchedPids.push_back(pid);
+        watchedPids.emplace_back(pid, w.generation);
       }
       // Early arrivals too: a member waiting for its leader sends nothing more, so any event
       // means it hung up (gave up, died) or broke the protocol. Without this its socket would
@@ -168,7 +168,14 @@ void ProcessService::run() {
     // Exited peers: every watch of the process, one after the other.
     for (size_t i = 0; i < watchedPids.size(); ++i) {
       if ((fds[2 + pendingCount + i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      const int pid = watchedPids[i];
+      const auto [pid, generation] = watchedPids[i];
+      {
+        // The pidfd polled may have been closed since (its last watch went), and its number
+        // taken by another descriptor: an event there says nothing about this pid.
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto polled = watched_.find(pid);
+        if (polled == watched_.end() || polled->second.generation != generation) continue;
+      }
       for (;;) {
         std::function<void(int)> onExit;
         {
@@ -285,6 +292,7 @@ std::vector<Arrival> ProcessService::acceptMembers(
   std::vector<Arrival> accepted;
   std::set<int> joined;  // local indices
   std::unique_lock<std::mutex> lock(mutex_);
+  abandoned_.erase(comm);  // led now (ids do not repeat today; if one did, it would be new)
   Expectation& expectation = expected_[comm];
   expectation.secret = secret;
   expectation.size = size;
@@ -299,6 +307,16 @@ std::vector<Arrival> ProcessService::acceptMembers(
     const auto welcome = handshake::encodeWelcome(1, why);
     unix_socket::sendWithFd(a.socket.get(), welcome.data(), welcome.size(), -1);
   };
+  // Giving up: every member hears why, those accepted already (waiting for their welcome),
+  // those queued and those still to come.
+  auto giveUp = [&](const std::string& why) {
+    const std::string reason = leaderGaveUp(ranks[0], why);
+    const auto refusal = handshake::encodeWelcome(handshake::kAbandoned, reason);
+    for (Arrival& a : accepted) {
+      unix_socket::sendWithFd(a.socket.get(), refusal.data(), refusal.size(), -1);
+    }
+    abandonLocked(comm, reason);
+  };
   while (static_cast<int>(accepted.size()) < count) {
     if (expectation.arrived.empty()) {
       if (stillAlive) {
@@ -306,7 +324,7 @@ std::vector<Arrival> ProcessService::acceptMembers(
           stillAlive();
         } catch (const std::exception& e) {
           const auto* error = dynamic_cast<const Error*>(&e);
-          abandonLocked(comm, leaderGaveUp(ranks[0], error ? error->detail() : e.what()));
+          giveUp(error ? error->detail() : e.what());
           throw;
         }
       }
@@ -320,7 +338,7 @@ std::vector<Arrival> ProcessService::acceptMembers(
           }
         }
         const std::string why = "rank(s) " + missing + " never connected to this leader";
-        abandonLocked(comm, leaderGaveUp(ranks[0], why + " in time"));
+        giveUp(why + " in time");
         throw Error(ErrorCode::kTimeout, "create", ranks[0], why + "; " + std::string(hint));
       }
       continue;
@@ -446,7 +464,9 @@ uint64_t ProcessService::watch(int pid, std::function<void(int)> onExit) {
     }
     lock.lock();
     known = watched_.find(pid);  // another thread may have opened one meanwhile
-    if (known == watched_.end()) known = watched_.emplace(pid, Watched{std::move(pidfd), 0}).first;
+    if (known == watched_.end()) {
+      known = watched_.emplace(pid, Watched{std::move(pidfd), 0, nextGeneration_++}).first;
+    }
   }
   ++known->second.watches;
   const uint64_t id = nextWatch_++;

@@ -141,6 +141,7 @@ class ProcessService {
   struct Watched {
     posix::Fd pidfd;
     int watches = 0;
+    uint64_t generation = 0;  // tells this pidfd from a later one of the same pid
   };
 
   std::string address_;
@@ -154,7 +155,8 @@ class ProcessService {
   std::map<uint64_t, Watch> watches_;            // guarded by mutex_
   std::map<int, Watched> watched_;               // by pid; guarded by mutex_
   uint64_t nextWatch_ = 1;
-  uint64_t firing_ = 0;  // watch whose callback runs now; mutex_
+  uint64_t nextGeneration_ = 1;  // mutex_
+  uint64_t firing_ = 0;          // watch whose callback runs now; mutex_
   std::condition_variable fired_;
   // Communicators this process has finished leading (mutex_), the latest kRememberCompleted
   // in completedOrder_'s order: a later Hello for one of them is refused at once instead of

@@ -146,6 +146,31 @@ TEST(Groups, ALeaderThatGaveUpTellsAMemberThatComesLater) {
   });
 }
 
+// A member already waiting when its leader gives up hears the leader's reason, not only
+// that the connection closed.
+TEST(Groups, AMemberWaitingOnALeaderThatGaveUpIsToldWhy) {
+  expectOk(3, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    if (ctx.rank != 2) {  // rank 2 never comes
+      const int all[] = {0, 1, 2};
+      CommOptions options;
+      options.timeout = ctx.rank == 0 ? std::chrono::milliseconds(500) : std::chrono::seconds(20);
+      try {
+        world->subset(all, "without 2", options);
+        LOOM_CHECK(false, << "made without rank 2");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        LOOM_CHECK(ctx.rank == 0 ? e.code() == ErrorCode::kTimeout
+                                 : e.code() == ErrorCode::kPeerFailure &&
+                                       what.find("rank 0, gave up making it: rank(s) 2 never "
+                                                 "connected") != std::string::npos,
+                   << what);
+      }
+    }
+    awaitEveryRank(ctx, 3);
+  });
+}
+
 int openDescriptors() {
   int n = 0;
   if (DIR* dir = ::opendir("/proc/self/fd")) {
