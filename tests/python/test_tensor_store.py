@@ -643,6 +643,34 @@ def test_plans_follow_tensors_changed_in_place():
     run_ranks(2, _changed_in_place)
 
 
+def test_the_same_tensors_under_other_names_are_stored_under_those_names():
+    # A writer's plan is kept while it puts the same tensor objects; the names are part of
+    # it: swapped or renamed entries are stored as named, not as the last put named them.
+    from loom.tensor_store import TensorStore
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=20))
+    ts = TensorStore(store, serve_remote=False)
+    x, y = torch.full((4,), 1.0), torch.full((4,), 2.0)
+    try:
+        ts.put_state_dict({"a": x, "b": y}, "k")
+        ts.put_state_dict({"b": x, "a": y}, "k")  # swapped
+        got = ts.get_state_dict("k")
+        assert (got["a"][0].item(), got["b"][0].item()) == (2.0, 1.0), got
+        ts.put_state_dict({"c": x, "d": y}, "k")  # renamed
+        mine = {"c": torch.empty(4), "d": torch.empty(4)}
+        ts.get_state_dict("k", mine)  # strict: every name must be stored
+        assert (mine["c"][0].item(), mine["d"][0].item()) == (1.0, 2.0), mine
+        # A dict read once with strict=False is still checked when read with strict=True.
+        partial = {"c": torch.empty(4), "e": torch.empty(4)}
+        ts.get_state_dict("k", partial, strict=False)
+        with pytest.raises(KeyError, match=r"names differ \(strict=True\): not stored: 'e'; stored but "
+                                           r"not asked for: 'd'"):
+            ts.get_state_dict("k", partial, strict=True)
+    finally:
+        ts.close()
+
+
 def _in_place_gets(rank, world):
     from loom.tensor_store import TensorStore
 

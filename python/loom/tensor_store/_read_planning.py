@@ -50,8 +50,10 @@ class ReadPlanning:
         if parts[0].kind != "state_dict":
             raise ValueError(self._message(f"'{key}' version {version} is {KINDS[parts[0].kind]}, not a "
                                            f"state dict: use get"))
-        # A part's tensor list is shared by every version decoded from the same layout bytes.
-        cache_key = (key, tuple(id(p.tensors) for p in parts), id(user)) if user is not None else None
+        # A part's tensor list is shared by every version decoded from the same layout bytes;
+        # `strict` is part of the key, since a plan made without it skipped the names' check.
+        cache_key = ((key, tuple(id(p.tensors) for p in parts), id(user), strict)
+                     if user is not None else None)
         if cache_key is not None:
             plan = self._read_plans.get(key, {}).get(cache_key)
             # A plan another thread runs now is not shared (its parts and limits are per read).
@@ -76,10 +78,12 @@ class ReadPlanning:
             missing = [self._name(p) for p in leaves if p not in entries]
             unexpected = [self._name(p) for p in entries if p not in leaves]
             if missing or unexpected:
+                def listed(names: list[str]) -> str:
+                    return (", ".join(names[:8]) or "none") + (", ..." if len(names) > 8 else "")
+
                 raise KeyError(self._message(
                     f"get_state_dict('{key}') version {version}: names differ (strict=True): "
-                    f"not stored: {missing[:8]}{'...' if len(missing) > 8 else ''}; stored but "
-                    f"not asked for: {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}"))
+                    f"not stored: {listed(missing)}; stored but not asked for: {listed(unexpected)}"))
         replaced: dict[tuple, torch.Tensor] = {}
         for path, value in leaves.items():
             pieces = entries.get(path)

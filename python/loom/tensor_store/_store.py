@@ -329,8 +329,9 @@ class TensorStore(ReadPlanning):
         """Where each leaf goes in this writer's buffers. Made once for a state dict whose
         tensors are the same objects put after put (a model's parameters), and again when one
         of them changed in place (a new dtype, shape or memory); objects are pickled anew each
-        time, so a state dict holding any is planned every put."""
-        identity = (kind, index, tuple(id(v) for _, v in leaves))
+        time, so a state dict holding any is planned every put. The names are part of what
+        is planned: the same tensors under other names (renamed, or swapped) are a new plan."""
+        identity = (kind, index, tuple((path, id(v)) for path, v in leaves))
         plan = self._write_plans.get(key)
         if plan is not None and plan.identity == identity and plan.alive(leaves):
             return plan
