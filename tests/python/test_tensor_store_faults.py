@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -99,6 +100,56 @@ def _writer_dies(rank, world):
 def test_writer_killed_mid_put_leaves_previous_version():
     results = run_ranks(3, _writer_dies, killed=(0,), finalize=False)
     assert results == ["killed", (2, 2.0, 2.0), "told"]
+
+
+def _writer_gone(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    store = dist.distributed_c10d._get_default_store()
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("w", torch.full((16,), 1.0))
+        sync(store, "read1")
+        os.kill(os.getpid(), signal.SIGKILL)  # between puts, as a trainer that crashed
+    assert float(ts.get("w", version=1)[0]) == 1.0
+    store.set("read1", "1")
+    # The next version will not come: told so, naming the writer, not after the timeout.
+    with pytest.raises(TensorStoreError, match=r"version=2\): rank 0 \(pid \d+\), which wrote version 1, "
+                                               r"has exited"):
+        ts.get("w", version=2, timeout=timedelta(seconds=120))
+    return "told"
+
+
+def test_a_get_waiting_for_a_version_from_a_writer_that_exited_is_told():
+    assert run_ranks(2, _writer_gone, killed=(0,), finalize=False) == ["killed", "told"]
+
+
+def test_a_get_waiting_for_a_version_the_writers_skipped_is_told():
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=60))
+    writer, reader = (TensorStore(store, serve_remote=False, rank=r) for r in (0, 1))
+    try:
+        writer.put("k", torch.ones(4))  # version 1
+        caught = []
+
+        def read():
+            try:
+                reader.get("k", version=3, timeout=timedelta(seconds=120))
+            except Exception as error:  # noqa: BLE001 - checked below
+                caught.append(error)
+
+        waiting = threading.Thread(target=read)
+        waiting.start()
+        time.sleep(0.2)
+        writer.put("k", torch.ones(4), version=5)  # 2 to 4 never come
+        waiting.join()
+        assert len(caught) == 1 and isinstance(caught[0], TensorStoreError), caught
+        assert "went on to version 5 without completing this one" in str(caught[0]), caught
+    finally:
+        writer.close()
+        reader.close()
 
 
 def _reader_dies(rank, world):

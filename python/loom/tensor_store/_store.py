@@ -798,13 +798,53 @@ class TensorStore(ReadPlanning):
                     time.sleep(20e-6)
             pause = min(2 * pause, 1e-3)
 
+    _LOOK_EVERY = 0.25  # seconds between looks at what the writers did meanwhile
+
     def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:
-        try:
-            self._store.wait(names, wait)
-        except Exception as error:  # the Store raises its own error types on timeout
-            raise TimeoutError(self._message(
-                f"get('{key}', version={version}): not put within {wait} (latest: "
-                f"{latest[0] if latest else None})")) from error
+        """Waits up to `wait` for `names` (entries of `version` of `key`). Asked again and
+        again rather than with the Store's blocking wait, which cannot be interrupted and
+        whose timeouts TCPStore logs: a version past this one completed meanwhile (the writers
+        skipped it), or a writer on this host that exited, ends the wait at once, named,
+        instead of at the timeout. The pause grows to 5 ms, so a long wait costs the Store
+        about 200 checks a second."""
+        deadline = time.monotonic() + wait.total_seconds()
+        look = time.monotonic() + self._LOOK_EVERY
+        pause = 50e-6
+        while not self._store.check(names):
+            now = time.monotonic()
+            if now >= look or now >= deadline:
+                look = now + self._LOOK_EVERY
+                newest = self._latest(key)
+                if newest is not None and newest[0] == version:
+                    return  # complete just now: the caller reads it
+                if newest is not None and newest[0] > version:
+                    raise TensorStoreError(self._message(
+                        f"get('{key}', version={version}): the writers went on to version "
+                        f"{newest[0]} without completing this one (they skipped it, or gave it up)"))
+                self._check_writer_alive(key, version, newest)
+                if now >= deadline:
+                    raise TimeoutError(self._message(
+                        f"get('{key}', version={version}): not put within {wait} (latest: "
+                        f"{newest[0] if newest else None})"))
+            time.sleep(pause)
+            pause = min(2 * pause, 5e-3)
+
+    def _check_writer_alive(self, key: str, version: int, latest) -> None:
+        """Raises TensorStoreError if the process that wrote the first part of `key`'s latest
+        version runs on this host and has exited (it will put no other)."""
+        if latest is None or latest[2] is not None:  # nothing out yet, or lent (watched apart)
+            return
+        value = self._get_now(f"k/{key}/v{latest[0]}/p0")
+        if value is None:
+            return
+        writer = self._decode(value, latest[0])
+        if not writer.buffers or writer.host != self._host:
+            return  # a writer elsewhere: its server's connection, or the timeout, tells
+        pid = writer.buffers[0].pid
+        if not os.path.exists(f"/proc/{pid}"):
+            raise TensorStoreError(self._message(
+                f"get('{key}', version={version}): rank {writer.rank} (pid {pid}), which wrote "
+                f"version {latest[0]}, has exited; no later version will come from it"))
 
     def _decode(self, value: bytes, version: int) -> PartMeta:
         """The part a Store value describes, its layout decoded once per layout bytes."""
