@@ -671,6 +671,31 @@ def test_the_same_tensors_under_other_names_are_stored_under_those_names():
         ts.close()
 
 
+def test_targets_that_cannot_be_filled_are_refused_by_name():
+    # A tensor to fill where an object is stored (it was replaced in the dict, leaving a model's
+    # parameter as it was), and a tensor on the meta device (nothing to fill): both refused.
+    from loom.tensor_store import TensorStore
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=20))
+    ts = TensorStore(store, serve_remote=False)
+    try:
+        ts.put_state_dict({"w": torch.ones(4), "extra": "step 3"}, "sd")
+        mine = {"w": torch.zeros(4), "extra": torch.zeros(1)}
+        with pytest.raises(ValueError, match="'extra' is an object, not a tensor"):
+            ts.get_state_dict("sd", mine)
+        assert isinstance(mine["extra"], torch.Tensor)
+        with torch.device("meta"):
+            meta = {"w": torch.empty(4), "extra": None}
+        with pytest.raises(ValueError, match="'w': the tensor to fill is on the meta device"):
+            ts.get_state_dict("sd", meta)
+        ts.put("t", torch.ones(4))
+        with pytest.raises(ValueError, match="the tensor to fill is on the meta device"):
+            ts.get("t", inplace_tensor=torch.empty(4, device="meta"))
+    finally:
+        ts.close()
+
+
 def _in_place_gets(rank, world):
     from loom.tensor_store import TensorStore
 

@@ -89,9 +89,12 @@ class ReadPlanning:
             pieces = entries.get(path)
             if pieces is None:
                 continue
-            if pieces[0][1].pickled:
+            if pieces[0][1].pickled and not isinstance(value, torch.Tensor):
                 plan.add_object(path, pieces[0])
                 continue
+            # (A tensor to fill where an object is stored is refused by _target, by name: it
+            # would otherwise be replaced in the dict, leaving the tensor, a model's
+            # parameter say, as it was.)
             dst = value if isinstance(value, torch.Tensor) else None
             want, into = self._target(key, version, path, pieces, dst, None)
             self._assemble(key, version, path, pieces, want, into, plan)
@@ -142,6 +145,9 @@ class ReadPlanning:
         what = f"'{key}' version {version}, {self._name(path)}"
         if stored.pickled:
             raise ValueError(self._message(f"{what} is an object, not a tensor: get it without a tensor to fill"))
+        if dst is not None and dst.device.type == "meta":
+            raise ValueError(self._message(f"{what}: the tensor to fill is on the meta device and holds no "
+                                           f"data; materialise it first (to_empty), or get without it"))
         if dst is not None and dst.dtype != stored.dtype:
             raise ValueError(self._message(f"{what} is stored as {stored.dtype}; the tensor to fill is {dst.dtype}"))
         if dst is not None and is_dtensor(dst):
