@@ -650,8 +650,9 @@ class TensorStore(ReadPlanning):
                 v, parts = self._parts(key, version, timeout)
                 try:
                     return self._run_plan(plan_for, v, parts, wait)
-                except Released:
-                    tried = True
+                except Released as released:
+                    # Released while planning (mapping a buffer) copied nothing yet.
+                    tried = tried or getattr(released, "while_copying", False)
                     # A put that retired the version just looked up frees its buffer unless it
                     # reuses it: that read of the latest is retried on the newer version. With no
                     # newer one the writer closed or exited, and the error says so.
@@ -671,6 +672,11 @@ class TensorStore(ReadPlanning):
                             f"it was read (it keeps {self._keep}), or gave it up (its put failed "
                             f"midway); read it sooner, or ask for the latest")) from None
                     if parts[0].lent:  # the writer is changing its tensors: wait for the next lend
+                        if time.monotonic() > deadline:  # each lend reclaimed before it was copied
+                            raise TimeoutError(self._message(
+                                f"get('{key}'): rank {parts[0].rank} reclaimed each lent version before "
+                                f"this rank could copy it, for {wait}; lend less often, or read with "
+                                f"get's timeout larger"))
                         self._await_latest(key, parts[0].version, deadline,
                                            f"get('{key}'): rank {parts[0].rank} reclaimed version {parts[0].version} "
                                            f"and did not lend the next within {wait} (or reclaims each version "
@@ -700,6 +706,9 @@ class TensorStore(ReadPlanning):
             plan.in_use = True
         try:
             return plan.run(parts)
+        except Released as released:
+            released.while_copying = True  # the caller's tensors may hold part of it
+            raise
         finally:
             plan.in_use = False
 
