@@ -726,8 +726,11 @@ void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool /
   // monitored barrier is for.
   try {
     comm_->barrier(opOptions(opts.timeout, !opts.asyncOp)).wait();
-  } catch (const std::exception& e) {
-    C10_THROW_ERROR(DistBackendError, std::string("monitored_barrier: ") + e.what());
+  } catch (const Error& e) {
+    // As every call's errors: the legend says which global rank each of this group's is.
+    const std::string message = std::string("monitored_barrier: ") + e.what() + ties_->legend;
+    if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, message);
+    C10_THROW_ERROR(DistBackendError, message);
   }
 }
 

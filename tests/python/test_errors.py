@@ -114,6 +114,15 @@ def body_subgroup_mismatch(rank: int, world: int) -> None:
     fresh = dist.new_group([1, 2], backend="loom")
     expect(RuntimeError, r"loom all_gather_into_tensor \(rank \d\): .*\(ranks in this message are " + legend,
            lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2), group=fresh))
+    # So does a monitored barrier that times out (global rank 2, the group's rank 1, is late).
+    monitored = dist.new_group([1, 2], backend="loom")
+    if rank == 1:
+        expect(dist.DistBackendError,
+               r"monitored_barrier: .*rank\(s\) 1 had not arrived.*\(ranks in this message are " + legend,
+               lambda: monitored.monitored_barrier(timedelta(seconds=1), True))
+        dist.distributed_c10d._get_default_store().set("monitored timed out", "1")
+    else:
+        dist.distributed_c10d._get_default_store().wait(["monitored timed out"])
 
 
 def body_collective_mismatch(rank: int, world: int) -> None:
