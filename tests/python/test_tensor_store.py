@@ -696,6 +696,23 @@ def test_targets_that_cannot_be_filled_are_refused_by_name():
         ts.close()
 
 
+def test_a_key_put_and_deleted_again_and_again_is_listed_once():
+    from loom.tensor_store import TensorStore
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=20))
+    ts = TensorStore(store, serve_remote=False)
+    try:
+        for _ in range(20):
+            ts.put("step", torch.ones(2))
+            ts.delete("step")
+        ts.put("step", torch.ones(2))
+        assert ts.keys() == ["step"]
+        assert ts._store.get("index").decode().split() == ["step"]  # the index does not grow
+    finally:
+        ts.close()
+
+
 def _in_place_gets(rank, world):
     from loom.tensor_store import TensorStore
 

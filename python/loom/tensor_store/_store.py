@@ -578,10 +578,11 @@ class TensorStore(ReadPlanning):
 
     def _forget(self, key: str) -> None:
         """Removes what says `key` exists: readers find no such key, and its next put starts
-        its versions anew."""
+        its versions anew. It stays in the index (keys() asks whether each listed key is
+        readable), so a key put again is not listed again: a loop that puts and deletes one
+        key would grow the index, and each keys(), without bound."""
         self._store.delete_key(f"k/{key}/latest")
         self._store.delete_key(f"k/{key}/mode")
-        self._indexed.discard(key)
 
     def _lends(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` already lives in one of this store's lendable buffers."""
