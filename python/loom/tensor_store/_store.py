@@ -737,19 +737,20 @@ class TensorStore(ReadPlanning):
             else:  # not complete yet: wait for its parts; their bytes are read as written
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
+                by = time.monotonic() + wait.total_seconds()  # one deadline for the waits below
                 if latest is None:  # nothing out yet: is the key put or lent?
                     mode = f"k/{key}/mode"
-                    self._wait(key, version, [mode], wait, latest)
+                    self._wait(key, version, [mode], wait, by)
                     if self._get_now(mode) == b"lent":
                         self._await_lent(key, version, None, timeout)
                         return self._parts(key, version, timeout, retries)
-                self._wait(key, version, [first], wait, latest)
+                self._wait(key, version, [first], wait, by)
                 value = self._get_now(first)
                 if value is None:  # withdrawn: its put failed
                     raise TensorStoreError(self._message(
                         f"get('{key}', version={version}): the writer gave that version up (its put failed)"))
                 parts = self._decode(value, version).parts
-                self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, latest)
+                self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, by)
         if lent is not None:
             return version, [self._decode(lent, version)]
         # One look each (a check, then a get, would wait the Store's timeout for a part retired
@@ -810,14 +811,14 @@ class TensorStore(ReadPlanning):
 
     _LOOK_EVERY = 0.25  # seconds between looks at what the writers did meanwhile
 
-    def _wait(self, key: str, version: int, names: list[str], wait: timedelta, latest) -> None:
-        """Waits up to `wait` for `names` (entries of `version` of `key`). Asked again and
+    def _wait(self, key: str, version: int, names: list[str], wait: timedelta, deadline: float) -> None:
+        """Waits until `deadline` (the get's `wait` from its start) for `names` (entries of
+        `version` of `key`). Asked again and
         again rather than with the Store's blocking wait, which cannot be interrupted and
         whose timeouts TCPStore logs: a version past this one completed meanwhile (the writers
         skipped it), or a writer on this host that exited, ends the wait at once, named,
         instead of at the timeout. The pause grows to 5 ms, so a long wait costs the Store
         about 200 checks a second."""
-        deadline = time.monotonic() + wait.total_seconds()
         look = time.monotonic() + self._LOOK_EVERY
         pause = 50e-6
         while not self._store.check(names):
