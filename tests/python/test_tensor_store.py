@@ -6,6 +6,7 @@ test_tensor_store_faults.py, lending and broadcast mode in test_tensor_store_len
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from datetime import timedelta
@@ -643,16 +644,25 @@ def test_plans_follow_tensors_changed_in_place():
     run_ranks(2, _changed_in_place)
 
 
-def test_the_same_tensors_under_other_names_are_stored_under_those_names():
-    # A writer's plan is kept while it puts the same tensor objects; the names are part of
-    # it: swapped or renamed entries are stored as named, not as the last put named them.
+@contextlib.contextmanager
+def one_process_store():
+    """A TensorStore of this process alone, over a HashStore, closed after."""
     from loom.tensor_store import TensorStore
 
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=20))
     ts = TensorStore(store, serve_remote=False)
-    x, y = torch.full((4,), 1.0), torch.full((4,), 2.0)
     try:
+        yield ts
+    finally:
+        ts.close()
+
+
+def test_the_same_tensors_under_other_names_are_stored_under_those_names():
+    # A writer's plan is kept while it puts the same tensor objects; the names are part of
+    # it: swapped or renamed entries are stored as named, not as the last put named them.
+    x, y = torch.full((4,), 1.0), torch.full((4,), 2.0)
+    with one_process_store() as ts:
         ts.put_state_dict({"a": x, "b": y}, "k")
         ts.put_state_dict({"b": x, "a": y}, "k")  # swapped
         got = ts.get_state_dict("k")
@@ -667,19 +677,12 @@ def test_the_same_tensors_under_other_names_are_stored_under_those_names():
         with pytest.raises(KeyError, match=r"names differ \(strict=True\): not stored: 'e'; stored but "
                                            r"not asked for: 'd'"):
             ts.get_state_dict("k", partial, strict=True)
-    finally:
-        ts.close()
 
 
 def test_targets_that_cannot_be_filled_are_refused_by_name():
     # A tensor to fill where an object is stored (it was replaced in the dict, leaving a model's
     # parameter as it was), and a tensor on the meta device (nothing to fill): both refused.
-    from loom.tensor_store import TensorStore
-
-    store = dist.HashStore()
-    store.set_timeout(timedelta(seconds=20))
-    ts = TensorStore(store, serve_remote=False)
-    try:
+    with one_process_store() as ts:
         ts.put_state_dict({"w": torch.ones(4), "extra": "step 3"}, "sd")
         mine = {"w": torch.zeros(4), "extra": torch.zeros(1)}
         with pytest.raises(ValueError, match="'extra' is an object, not a tensor"):
@@ -692,25 +695,16 @@ def test_targets_that_cannot_be_filled_are_refused_by_name():
         ts.put("t", torch.ones(4))
         with pytest.raises(ValueError, match="the tensor to fill is on the meta device"):
             ts.get("t", inplace_tensor=torch.empty(4, device="meta"))
-    finally:
-        ts.close()
 
 
 def test_a_key_put_and_deleted_again_and_again_is_listed_once():
-    from loom.tensor_store import TensorStore
-
-    store = dist.HashStore()
-    store.set_timeout(timedelta(seconds=20))
-    ts = TensorStore(store, serve_remote=False)
-    try:
+    with one_process_store() as ts:
         for _ in range(20):
             ts.put("step", torch.ones(2))
             ts.delete("step")
         ts.put("step", torch.ones(2))
         assert ts.keys() == ["step"]
         assert ts._store.get("index").decode().split() == ["step"]  # the index does not grow
-    finally:
-        ts.close()
 
 
 def _in_place_gets(rank, world):
