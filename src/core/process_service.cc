@@ -26,13 +26,6 @@ constexpr size_t kMaxPending = 1024;  // half-open connections held at once
 constexpr size_t kMaxEarly = 4096;    // arrivals held for leaders not yet asking
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
-// What a member is told when its leader gave up (a Welcome's reason: keep it short), `why`
-// being the leader's own error.
-std::string leaderGaveUp(int leader, const std::string& why) {
-  return "the leader of this communicator, rank " + std::to_string(leader) +
-         ", gave up making it: " + why;
-}
-
 int openPidfd(int pid) {
 #ifdef SYS_pidfd_open
   if (pid <= 0) return -1;
@@ -235,16 +228,14 @@ void ProcessService::readHello(size_t index) {
   Arrival arrival{*hello, std::move(p.socket), p.peerPid};
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto gaveUp = abandoned_.find(hello->comm); gaveUp != abandoned_.end()) {
-    const auto welcome = handshake::encodeWelcome(handshake::kAbandoned, gaveUp->second);
-    unix_socket::sendWithFd(arrival.socket.get(), welcome.data(), welcome.size(), -1);
+    refuse(arrival, handshake::kAbandoned, gaveUp->second);
     return;
   }
   auto it = expected_.find(hello->comm);
   if (it == expected_.end() && completed_.count(hello->comm) != 0) {
     // Every rank of this communicator has joined: whoever this is (a process outside the
     // job, a second claim on a rank) is refused now rather than parked forever in early_.
-    const auto welcome = handshake::encodeWelcome(1, "this communicator is already complete");
-    unix_socket::sendWithFd(arrival.socket.get(), welcome.data(), welcome.size(), -1);
+    refuse(arrival, 1, "this communicator is already complete");
     return;
   }
   if (it != expected_.end()) {
@@ -257,17 +248,24 @@ void ProcessService::readHello(size_t index) {
   }
 }
 
+void ProcessService::refuse(const Arrival& member, int32_t status, const std::string& reason) {
+  const auto welcome = handshake::encodeWelcome(status, reason);
+  unix_socket::sendWithFd(member.socket.get(), welcome.data(), welcome.size(), -1);
+}
+
+std::string ProcessService::leaderGaveUp(int leader, const std::string& why) {
+  return "the leader of this communicator, rank " + std::to_string(leader) +
+         ", gave up making it: " + why;
+}
+
 void ProcessService::abandon(const CommId& comm, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   abandonLocked(comm, reason);
 }
 
 void ProcessService::abandonLocked(const CommId& comm, const std::string& reason) {
-  const auto refusal = handshake::encodeWelcome(handshake::kAbandoned, reason);
-  const auto refuseAll = [&](std::deque<Arrival>& arrivals) {
-    for (Arrival& a : arrivals) {
-      unix_socket::sendWithFd(a.socket.get(), refusal.data(), refusal.size(), -1);
-    }
+  const auto refuseAll = [&](const std::deque<Arrival>& arrivals) {
+    for (const Arrival& a : arrivals) refuse(a, handshake::kAbandoned, reason);
   };
   if (auto it = expected_.find(comm); it != expected_.end()) {
     refuseAll(it->second.arrived);
@@ -303,18 +301,11 @@ std::vector<Arrival> ProcessService::acceptMembers(
     // closing a refused one below reaches its peer at once (poll holds a file reference).
     wake();
   }
-  auto refuse = [](Arrival& a, const std::string& why) {
-    const auto welcome = handshake::encodeWelcome(1, why);
-    unix_socket::sendWithFd(a.socket.get(), welcome.data(), welcome.size(), -1);
-  };
   // Giving up: every member hears why, those accepted already (waiting for their welcome),
   // those queued and those still to come.
   auto giveUp = [&](const std::string& why) {
     const std::string reason = leaderGaveUp(ranks[0], why);
-    const auto refusal = handshake::encodeWelcome(handshake::kAbandoned, reason);
-    for (Arrival& a : accepted) {
-      unix_socket::sendWithFd(a.socket.get(), refusal.data(), refusal.size(), -1);
-    }
+    for (const Arrival& a : accepted) refuse(a, handshake::kAbandoned, reason);
     abandonLocked(comm, reason);
   };
   while (static_cast<int>(accepted.size()) < count) {
@@ -346,16 +337,16 @@ std::vector<Arrival> ProcessService::acceptMembers(
     Arrival a = std::move(expectation.arrived.front());
     expectation.arrived.pop_front();
     if (!handshake::secretsEqual(a.hello.secret, secret)) {
-      refuse(a, "wrong job secret");
+      refuse(a, 1, "wrong job secret");
     } else if (a.hello.rank <= 0 || a.hello.rank >= size || joined.count(a.hello.rank) != 0) {
-      refuse(a, "rank out of range or already joined");
+      refuse(a, 1, "rank out of range or already joined");
     } else {
       joined.insert(a.hello.rank);
       accepted.push_back(std::move(a));
     }
   }
   // Whoever queued behind the last member is told why, not just hung up on.
-  for (Arrival& a : expectation.arrived) refuse(a, "this communicator is already complete");
+  for (Arrival& a : expectation.arrived) refuse(a, 1, "this communicator is already complete");
   expected_.erase(comm);
   if (completed_.insert(comm).second) completedOrder_.push_back(comm);
   if (completedOrder_.size() > kRememberCompleted) {

@@ -82,6 +82,13 @@ class ProcessService {
   static constexpr std::string_view kStoreHint =
       "did they all call create with the same store, or did one fail earlier?";
 
+  /// Tells a member that came why it is not taken: a Welcome of `status` (not 0) with
+  /// `reason`, and no descriptor.
+  static void refuse(const Arrival& member, int32_t status, const std::string& reason);
+  /// What members hear when their leader, communicator rank `leader`, gives up making the
+  /// communicator (a Welcome's reason, kept short), `why` being the leader's own error.
+  static std::string leaderGaveUp(int leader, const std::string& why);
+
   /// Leader side: this process will not make `comm` (it failed, or gave up, for `reason`):
   /// members that come for it, or wait for it already, are refused at once with the reason
   /// instead of waiting out their own deadline.

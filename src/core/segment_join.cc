@@ -70,13 +70,10 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
       child ? "did every member make this group (the same ranks, as many times as the others), "
               "or did one fail earlier?"
             : ProcessService::kStoreHint);
-  const auto refuse = [&](std::span<Arrival> whom, const std::string& why) {
-    const auto refusal = handshake::encodeWelcome(
-        handshake::kAbandoned, "the leader of this communicator, rank " + std::to_string(rank_) +
-                                   ", gave up making it: " + why);
-    for (Arrival& member : whom) {
-      unix_socket::sendWithFd(member.socket.get(), refusal.data(), refusal.size(), -1);
-    }
+  const auto refuse = [&](std::span<const Arrival> whom, const std::string& why) {
+    const std::string reason = ProcessService::leaderGaveUp(rank_, why);
+    for (const Arrival& member : whom)
+      ProcessService::refuse(member, handshake::kAbandoned, reason);
   };
   // Deadlines differ by rank (each counts from its own call): a member whose deadline passed
   // while others were still coming has given up and hung up. Nobody is handed the segment
