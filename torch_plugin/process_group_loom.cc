@@ -128,6 +128,10 @@ ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() {
+  release_resources();
+}
+
+void ProcessGroupLoom::release_resources() {
   // A copy taken later on this thread must not ask a group that is gone (other threads'
   // marks are set anew by each call's site()).
   forgetPreparing(this);
@@ -501,9 +505,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::merge(
     const c10::intrusive_ptr<c10d::Store>& store,
     const c10::intrusive_ptr<c10d::Backend::Options>& opts, const int& rank, const int& size) {
   std::lock_guard<std::mutex> lock(derivedMutex_);
-  if (lastMerge_.merged && lastMerge_.store == store && lastMerge_.rank == rank &&
+  // torch's ask for this group's next device type: its new ProcessGroup holds the first.
+  if (lastMerge_.merged && store && lastMerge_.store == store && lastMerge_.rank == rank &&
       lastMerge_.size == size) {
-    return lastMerge_.merged;  // torch's ask for this group's next device type
+    if (auto merged = lastMerge_.merged->lock()) return merged;
   }
   auto options = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
   if (opts) {
@@ -518,8 +523,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::merge(
                                     commOptions(*options));
       },
       ties_->legend);
-  lastMerge_ = {store, rank, size, c10::make_intrusive<ProcessGroupLoom>(std::move(comm), options)};
-  return lastMerge_.merged;
+  c10::intrusive_ptr<c10d::Backend> merged =
+      c10::make_intrusive<ProcessGroupLoom>(std::move(comm), options);
+  lastMerge_ = {store, rank, size, c10::weak_intrusive_ptr<c10d::Backend>(merged)};
+  return merged;
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(

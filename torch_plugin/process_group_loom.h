@@ -42,6 +42,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   /// Wraps a communicator derived from another group's (split).
   ProcessGroupLoom(std::shared_ptr<Communicator> comm, c10::intrusive_ptr<Options> options);
   ~ProcessGroupLoom() override;
+  /// The last strong reference is gone while a weak one remains (the parent's record of its
+  /// last split or merge): the communicator goes now, not when that record does.
+  void release_resources() override;
 
   const std::string getBackendName() const override { return "loom"; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
@@ -243,12 +246,12 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     Requests requests;
   };
   // The last merge: its store (held, so that no later store takes its address), rank and
-  // size, and the group it made (merge()).
+  // size, and the group it made, not kept alive by this record (merge()).
   struct LastMerge {
     c10::intrusive_ptr<c10d::Store> store;
     int rank = -1;
     int size = -1;
-    c10::intrusive_ptr<c10d::Backend> merged;
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> merged;
   };
   // The last split: the store torch passed (held, so that no later store takes its
   // address), the ranks, and the child, not kept alive by this record (split()).

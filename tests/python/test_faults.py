@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,52 @@ def test_groups_made_and_destroyed_leave_no_thread_fd_or_mapping(tmp_path):
     threads, fds and mappings it held before (no loom shared memory or thread outlives its
     group)."""
     run_ranks(2, body_groups_come_and_go, str(tmp_path), timeout=240)
+
+
+def _merged(i: int, parent, world: int):
+    store = dist.PrefixStore(f"merged{i}/", dist.distributed_c10d._get_default_store())
+    return parent.merge_remote_group(store, world, timedelta(seconds=60))
+
+
+def _split(i: int, parent, world: int):
+    # torch's split_group less its device checks (CPU), as in test_collectives.py.
+    return parent.split_group(list(range(world)), timeout=timedelta(seconds=60),
+                              group_name=f"split{i}")
+
+
+def body_derived_and_dropped(rank: int, world: int, how: str) -> None:
+    derive = {"merge": _merged, "split": _split}[how]
+    parents = {"merge": lambda: dist.new_group([rank], use_local_synchronization=True),
+               "split": lambda: dist.new_group(list(range(world)))}[how]
+
+    def use_and_drop(i: int, parent) -> None:
+        child = derive(i, parent, world)
+        t = torch.ones(4)
+        child.allreduce([t]).wait()
+        assert torch.equal(t, torch.full((4,), float(world))), t
+        del child
+        gc.collect()
+
+    # What a first group leaves for good (torch's and loom's process state), derived from a
+    # parent that is gone again ...
+    first = parents()
+    use_and_drop(0, first)
+    dist.destroy_process_group(first)
+    del first
+    gc.collect()
+    # ... then one dropped while its parent lives on: its segment and threads go with it, not
+    # with the parent (which remembers its last child, for torch's ask per device type).
+    parent = parents()
+    before = _footprint()
+    use_and_drop(1, parent)
+    after = _settled_footprint(before)
+    assert after == before, f"threads, fds, mappings: {before} before the {how}, {after} after"
+    dist.barrier()
+
+
+@pytest.mark.parametrize("how", ["merge", "split"])
+def test_a_derived_group_dropped_leaves_nothing_behind(how):
+    run_ranks(2, body_derived_and_dropped, how, timeout=120)
 
 
 def test_importing_loom_leaves_ctrl_c_and_kills_to_python():
