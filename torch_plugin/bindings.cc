@@ -60,16 +60,20 @@ PYBIND11_MODULE(_C, m) {
   group
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& groupName,
-                       const std::vector<uint64_t>& globalRanks) {
+                       const std::vector<uint64_t>& globalRanks, bool torchFactory) {
              auto options = c10::make_intrusive<ProcessGroupLoom::Options>(timeout);
              options->group_name = groupName;
              options->global_ranks_in_group = globalRanks;
-             return c10::make_intrusive<ProcessGroupLoom>(store, rank, size, options);
+             return c10::make_intrusive<ProcessGroupLoom>(
+                 store, rank, size, options,
+                 torchFactory ? ProcessGroupLoom::Maker::kTorch : ProcessGroupLoom::Maker::kUser);
            }),
            py::arg("store").none(false), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "", py::arg("global_ranks") = std::vector<uint64_t>{},
+           py::kw_only(), py::arg("_torch_factory") = false,
            py::call_guard<py::gil_scoped_release>(),
-           "Joins a loom communicator of `size` ranks through a c10d store.")
+           "Joins a loom communicator of `size` ranks through a c10d store: a group of its own,\n"
+           "apart from torch's world (`_torch_factory` is for loom's factory that torch calls).")
       .def_property_readonly("options", &ProcessGroupLoom::getBackendOptions,
                              "The backend options (split_group copies them for children).")
       .def_property_readonly("last_sequence",

@@ -78,7 +78,7 @@ int worldRank() {
 }
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                   c10::intrusive_ptr<Options> options)
+                                   c10::intrusive_ptr<Options> options, Maker maker)
     : c10d::Backend(rank, size),
       options_(std::move(options)),
       desyncDebug_(desyncDebugRequested()) {
@@ -86,7 +86,9 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
       ranksOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group));
   const auto& global = options_->global_ranks_in_group;
   std::shared_ptr<Communicator> world;
-  {
+  if (maker == Maker::kTorch) {
+    // Only torch's groups: a group a user builds apart, with a store of its own, neither
+    // derives from torch's world nor takes its place.
     std::lock_guard<std::mutex> lock(gWorldMutex);
     world = gWorld.lock();
   }
@@ -111,7 +113,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
                                     commOptions(*options_));
       },
       ties_->legend);
-  if (global.empty()) {
+  if (maker == Maker::kTorch && global.empty()) {
     std::lock_guard<std::mutex> lock(gWorldMutex);
     gWorld = comm_;
   }

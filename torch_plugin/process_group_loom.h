@@ -36,9 +36,15 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
         : c10d::Backend::Options("loom", timeout) {}
   };
 
-  /// Joins a new communicator through `store` (rank and size within the group).
+  /// Who asks for a group made through a store.
+  enum class Maker {
+    kUser,   // built directly (as vLLM builds its stateless groups): a group of its own
+    kTorch,  // torch's backend factory: its world is what later groups over its ranks derive from
+  };
+  /// Joins a new communicator through `store` (rank and size within the group), or, for
+  /// torch's groups over ranks of its loom world, derives it from that world.
   ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                   c10::intrusive_ptr<Options> options);
+                   c10::intrusive_ptr<Options> options, Maker maker);
   /// Wraps a communicator derived from another group's (split).
   ProcessGroupLoom(std::shared_ptr<Communicator> comm, c10::intrusive_ptr<Options> options);
   ~ProcessGroupLoom() override;

@@ -66,6 +66,7 @@ def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
         # Messages and failure reports name the group: torch calls the world group "0".
         dist_backend_opts.group_id if dist_backend_opts.global_ranks_in_group else "default_pg",
         [int(r) for r in dist_backend_opts.global_ranks_in_group],
+        _torch_factory=True,  # torch's world, and groups over its ranks, derive from one another
     )
 
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import loom
 from harness import run_ranks
 
 DTYPES = [
@@ -508,3 +509,30 @@ def test_groups_whose_members_name_them_apart_still_meet():
         # The condition itself: torch gave the two members different names for both groups.
         assert got[first][0] != got[second][0] and got[first][1] != got[second][1], got
         assert got[first][2] == got[second][2] == [float(first + second + 2)] * 2, got
+
+
+def body_group_built_apart(rank: int, world: int) -> list[float]:
+    # A group a framework builds directly on a store of its own (vLLM's stateless groups),
+    # here over ranks 0 and 1 only, numbered the other way round: torch's later groups still
+    # come from torch's world, not from it.
+    store = dist.PrefixStore("apart/", dist.distributed_c10d._get_default_store())
+    apart = None
+    if rank < 2:
+        apart = loom.ProcessGroupLoom(store, 1 - rank, 2, timedelta(seconds=30))
+        t = torch.full((1,), float(rank + 1))
+        apart.allreduce([t]).wait()
+    pair = dist.new_group([0, 2])
+    got = []
+    if rank != 1:
+        u = torch.full((1,), float(rank + 1))
+        dist.all_reduce(u, group=pair)
+        got.append(u.item())
+    w = torch.ones(1)
+    dist.all_reduce(w)
+    got.append(w.item())
+    del apart
+    return got
+
+
+def test_a_group_built_apart_is_not_where_torchs_groups_come_from():
+    assert run_ranks(3, body_group_built_apart) == [[4.0, 3.0], [3.0], [4.0, 3.0]]
