@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -515,14 +517,33 @@ R runResolvingNegativeViews(R (*kernel)(Args...), std::type_identity_t<Args>... 
   }
 }
 
-/// A tensor of a subclass with its own dispatch (__torch_dispatch__: DTensor, wrapper
-/// subclasses): its memory, if any, is not what the kernel should read.
+/// A tensor whose calls something else must see: a subclass with its own dispatch
+/// (__torch_dispatch__: DTensor, wrapper subclasses), functorch's wrappers (vmap, grad,
+/// functionalize), or any tensor without memory of its own. Its memory, if any, is not
+/// what the kernel should read.
 inline bool dispatchesItself(const at::Tensor& t) {
-  return t.key_set().has(c10::DispatchKey::Python);
+  static const c10::DispatchKeySet kWrapped({
+      c10::DispatchKey::Python,
+      c10::DispatchKey::PythonTLSSnapshot,
+      c10::DispatchKey::Functionalize,
+      c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::BatchedNestedTensor,
+      c10::DispatchKey::FuncTorchGradWrapper,
+  });
+  return t.key_set().has_any(kWrapped) || !t.has_storage();
 }
 template <class T>
 bool dispatchesItself(const T& /*notATensor*/) {
   return false;
+}
+
+/// Whether this thread runs inside something that records or transforms operators: a
+/// torch.jit.trace (which records only what reaches torch's dispatcher: skipped, a
+/// collective would be left out of the trace and its output traced as uninitialised
+/// memory) or a functorch transform (vmap, grad).
+inline bool callsAreRecorded() {
+  return torch::jit::tracer::isTracing() || c10::impl::tls_local_dispatch_key_set().included_.has(
+                                                c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
 }
 
 /// Calls operator `name` (loom::...) through torch's dispatcher, boxed: what
@@ -542,7 +563,7 @@ template <class R, class... Args>
 auto eager(const char* name, R (*kernel)(Args...)) {
   return [name, kernel](Args... args) -> R {
     HANDLE_TH_ERRORS
-    if ((dispatchesItself(args) || ...)) {
+    if ((dispatchesItself(args) || ...) || callsAreRecorded()) {
       return throughDispatcher<R>(name, std::forward<Args>(args)...);
     }
     const EagerEntry entry;
@@ -552,6 +573,60 @@ auto eager(const char* name, R (*kernel)(Args...)) {
     return kernel(std::forward<Args>(args)...);
     END_HANDLE_TH_ERRORS_PYBIND
   };
+}
+
+/// The operator's name without "loom::", for messages.
+std::string shortName(const c10::OperatorHandle& op) {
+  const std::string& full = op.schema().name();
+  return full.substr(full.find("::") + 2);
+}
+
+/// The autograd kernel of the operators that return a new tensor, none of which has a
+/// gradient: an input that requires grad is refused here, ahead of every other kernel, so
+/// that eager calls and torch.compile's traces (whose fake tensors never reach the CPU and
+/// CUDA kernels) refuse it alike, rather than a compiled backward treating the collective
+/// as a constant. Everything else goes on below autograd.
+void refuseGradient(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack) {
+  const size_t count = op.schema().arguments().size();
+  const c10::IValue& input = torch::jit::peek(*stack, 0, count);  // each one's first argument
+  if (input.isTensor() && input.toTensor().requires_grad() && at::GradMode::is_enabled()) {
+    const std::string name = shortName(op);
+    const std::string& group = torch::jit::peek(*stack, count - 1, count).toStringRef();  // last
+    c10::intrusive_ptr<c10d::Backend> backend =
+        loomGroup(name.c_str(), group, input.toTensor().device());
+    requireNoGradient(static_cast<ProcessGroupLoom&>(*backend).directSite(name.c_str()), "input",
+                      input.toTensor());
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+/// Every operator's kernel for negative and conjugate views (torch's math bits): each such
+/// tensor is passed on resolved, and one the operator writes is written back through the
+/// caller's view afterwards. torch's own fallback for these keys expects an operator that
+/// writes a tensor to return it, which loom's do not (functionalization wants them to return
+/// nothing), and reads past the stack. A written view the kernel refuses to write
+/// (writingRefused) goes on as it is, so the refusal names the caller's tensor before
+/// anything is sent.
+void resolveMathBits(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                     torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t count = arguments.size();
+  std::vector<std::pair<at::Tensor, at::Tensor>> writeBack;  // the caller's view, what is written
+  for (size_t i = 0; i < count; ++i) {
+    c10::IValue& value = (*stack)[stack->size() - count + i];
+    if (!value.isTensor()) continue;
+    const at::Tensor view = value.toTensor();
+    if (!view.is_neg() && !view.is_conj()) continue;
+    const bool written = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
+    if (written && writingRefused(view)) continue;
+    at::Tensor resolved = view.resolve_conj().resolve_neg();
+    if (written) writeBack.emplace_back(view, resolved);
+    value = std::move(resolved);
+  }
+  op.redispatchBoxed(keys.remove(c10::DispatchKey::Negative).remove(c10::DispatchKey::Conjugate),
+                     stack);
+  for (auto& [view, resolved] : writeBack) view.copy_(resolved);
 }
 
 }  // namespace
@@ -627,6 +702,41 @@ TORCH_LIBRARY(loom, m) {
   m.impl("all_gather_into_tensor_out", &allGatherIntoTensorOut); \
   m.impl("reduce_scatter_tensor_out", &reduceScatterTensorOut);  \
   m.impl("all_to_all_single_out", &allToAllSingleOut)
+
+namespace {
+
+// The operators that return a new tensor (refuseGradient's), and all of them.
+constexpr const char* kReturningNew[] = {"all_reduce", "all_gather_into_tensor",
+                                         "reduce_scatter_tensor", "all_to_all_single"};
+constexpr const char* kEvery[] = {"all_reduce_",
+                                  "all_reduce",
+                                  "broadcast_",
+                                  "all_gather_into_tensor",
+                                  "reduce_scatter_tensor",
+                                  "all_to_all_single",
+                                  "all_gather_into_tensor_out",
+                                  "reduce_scatter_tensor_out",
+                                  "all_to_all_single_out"};
+
+/// Registers the boxed `kernel` for each operator of `names`.
+template <auto kernel>
+void implementBoxed(torch::Library& m, std::span<const char* const> names) {
+  for (const char* name : names) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<kernel>());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(loom, Autograd, m) {
+  implementBoxed<&refuseGradient>(m, kReturningNew);
+}
+TORCH_LIBRARY_IMPL(loom, Negative, m) {
+  implementBoxed<&resolveMathBits>(m, kEvery);
+}
+TORCH_LIBRARY_IMPL(loom, Conjugate, m) {
+  implementBoxed<&resolveMathBits>(m, kEvery);
+}
 
 TORCH_LIBRARY_IMPL(loom, CPU, m) {
   LOOM_DIRECT_OPS(m);

@@ -23,10 +23,12 @@ torch's functional collectives spell them) write into a tensor the caller keeps.
 The same nine are plain functions of this module too (``loom.ops.all_reduce_(x, "sum",
 name)``, same arguments): called eagerly they go straight to loom without torch's operator
 dispatch, about half the instructions of a small torch.ops.loom call
-(docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile, and
-under any torch dispatch mode (make_fx, fake tensors), and for tensor subclasses with their
-own dispatch (DTensor, wrapper subclasses), they are the operators above, so one spelling
-serves both.
+(docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile,
+under any torch dispatch mode (make_fx, fake tensors), under torch.jit.trace and functorch's
+transforms (vmap, grad, functionalize), and for tensor subclasses with their own dispatch
+(DTensor, wrapper subclasses), they are the operators above, so one spelling serves both.
+(Subclasses that only override __torch_function__ are not consulted by the eager functions:
+call the operators for those.)
 
 reduce_op is one of sum, avg, product, min, max, band, bor, bxor. Results equal those of
 the torch.distributed calls on the same group. Contiguous CPU tensors go straight to the
@@ -144,8 +146,17 @@ def _broadcast_fake(tensor, src, group_name):
     return None
 
 
+def _require_group_size(op: str, group_size: int) -> None:
+    # The eager kernel's refusal, so that a traced call fails with a message, not a
+    # ZeroDivisionError or an empty output.
+    if group_size < 1:
+        raise RuntimeError(f"loom {op}: group_size is {group_size}; pass the group's size "
+                           "(dist.get_world_size(group))")
+
+
 @torch.library.register_fake("loom::all_gather_into_tensor")
 def _all_gather_fake(input, group_size, group_name):
+    _require_group_size("all_gather_into_tensor", group_size)
     shape = list(input.shape) or [1]
     shape[0] = shape[0] * group_size if input.dim() else group_size
     return input.new_empty(shape)
@@ -153,7 +164,8 @@ def _all_gather_fake(input, group_size, group_name):
 
 @torch.library.register_fake("loom::reduce_scatter_tensor")
 def _reduce_scatter_fake(input, reduce_op, group_size, group_name):
-    # The eager kernel's check, so that a traced call fails with its message, not an IndexError.
+    # The eager kernel's checks, so that a traced call fails with its message, not an IndexError.
+    _require_group_size("reduce_scatter_tensor", group_size)
     rows = input.shape[0] if input.dim() else 1
     if input.dim() == 0 or rows % group_size != 0:
         raise RuntimeError(f"loom reduce_scatter_tensor: input has {rows} rows, which do not divide "
