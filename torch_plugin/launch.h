@@ -112,6 +112,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) {
       inBlock = true;
+      forgetEndedInBlock();
       coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
       if (stream) coalescedStream_ = stream;
       held = stream && pointToPoint;

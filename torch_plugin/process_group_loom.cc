@@ -265,6 +265,19 @@ void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
   for (const Request& r : requests) r.onComplete([kept](std::exception_ptr) {});
 }
 
+namespace {
+
+/// The bytes of its storage that `t` spans, [begin, end) (empty if it has no elements).
+std::pair<size_t, size_t> storageBytes(const at::Tensor& t) {
+  if (t.numel() == 0) return {0, 0};
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto item = static_cast<size_t>(t.element_size());
+  return {static_cast<size_t>(t.storage_offset()) * item, static_cast<size_t>(last + 1) * item};
+}
+
+}  // namespace
+
 void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10d::OpType type) {
   if (type == c10d::OpType::SEND) return;                  // it reads its tensor only
   const std::vector<at::Tensor> written = work->result();  // the outputs, without waiting
@@ -276,8 +289,9 @@ void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10
   });
   for (const at::Tensor& t : written) {
     if (t.defined() && t.has_storage()) {
-      pendingWrites_.push_back(
-          {t.storage().unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10d::Work>(work)});
+      const auto [begin, end] = storageBytes(t);
+      pendingWrites_.push_back({t.storage().unsafeGetStorageImpl(), begin, end,
+                                c10::weak_intrusive_ptr<c10d::Work>(work)});
     }
   }
 }
@@ -287,11 +301,15 @@ void ProcessGroupLoom::settle(const at::Tensor& read) const {
   // wait for: it copies without waiting.
   if (Worker::current() != nullptr || !read.defined() || !read.has_storage()) return;
   const void* storage = read.storage().unsafeGetStorageImpl();
+  // Only calls that write bytes this copy reads: a halo exchange sends a column of the
+  // storage that a receive posted before it writes another part of (waiting for that
+  // receive would wait for the peer's send, which waits for this one).
+  const auto [begin, end] = storageBytes(read);
   std::vector<c10::intrusive_ptr<c10d::Work>> writers;
   {
     std::lock_guard<std::mutex> lock(pendingWritesMutex_);
     for (const PendingWrite& p : pendingWrites_) {
-      if (p.storage != storage) continue;
+      if (p.storage != storage || p.end <= begin || end <= p.begin) continue;
       if (c10::intrusive_ptr<c10d::Work> w = p.work.lock()) writers.push_back(std::move(w));
     }
   }
@@ -393,9 +411,23 @@ void ProcessGroupLoom::startCoalescing() {
   coalesced_.clear();
   held_.clear();
   copyingBack_.clear();
+  blockPruneAt_ = kBlockPruneFloor;
   blockError_ = nullptr;
   coalescedStream_.reset();
   comm_->startGroup();
+}
+
+void ProcessGroupLoom::forgetEndedInBlock() {
+  // torch never ends a block whose body raised: it stays open until the group's next block
+  // starts, and every call joins it. A program that goes on without another block would
+  // otherwise keep every later call's requests and tensors. What failed stays, for the
+  // block's work to report.
+  if (coalesced_.size() + copyingBack_.size() < blockPruneAt_) return;
+  std::erase_if(coalesced_, [](const Request& r) { return r.test() && !r.error(); });
+  std::erase_if(copyingBack_, [](const c10::intrusive_ptr<WorkLoom>& w) {
+    return w->isCompleted() && w->isSuccess();
+  });
+  blockPruneAt_ = std::max(kBlockPruneFloor, 2 * (coalesced_.size() + copyingBack_.size()));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {

@@ -230,13 +230,19 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   /// Notes what `work`, an asynchronous call on CPU tensors, writes (its outputs; a send
   /// writes nothing), until it ends.
   void noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10d::OpType type);
+  // Lets go of the open block's calls that ended well, once it has doubled since it last
+  // looked; with coalesceMutex_ held.
+  void forgetEndedInBlock();
 
   std::shared_ptr<Communicator> comm_;
   c10::intrusive_ptr<Options> options_;
   const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
-  // noteAsync's: the storage each asynchronous CPU call still running writes, and its work.
+  // noteAsync's: the storage each asynchronous CPU call still running writes, the bytes of
+  // it that it writes ([begin, end)), and its work.
   struct PendingWrite {
     const void* storage;
+    size_t begin;
+    size_t end;
     c10::weak_intrusive_ptr<c10d::Work> work;
   };
   mutable std::mutex pendingWritesMutex_;
@@ -280,6 +286,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   // (heldInBlock()); guarded by coalesceMutex_.
   std::exception_ptr blockError_;
   std::optional<c10::Stream> coalescedStream_;  // a CUDA call's, if any; coalesceMutex_
+  // The block's size at which forgetEndedInBlock() next looks; guarded by coalesceMutex_.
+  size_t blockPruneAt_ = kBlockPruneFloor;
+  static constexpr size_t kBlockPruneFloor = 8;
 
   std::mutex streamMutex_;
   std::optional<c10::Stream> loomStream_;  // CUDA calls' stream (one GPU per rank); streamMutex_

@@ -139,6 +139,13 @@ WorkLoom::~WorkLoom() {
   if (cudaEnd_) events_->give(std::move(*cudaEnd_));
 }
 
+void WorkLoom::release_resources() {
+  outputs_ = {};
+  reads_ = {};
+  finisher_ = nullptr;
+  future_.reset();
+}
+
 void WorkLoom::track(c10::ArrayRef<Request> requests, const std::vector<at::Tensor>& reads) {
   if (!requests.empty()) seq_ = requests.back().sequence();
   if (!cudaStream_) {

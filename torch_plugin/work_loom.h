@@ -70,6 +70,9 @@ class WorkLoom : public c10d::Work {
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream = std::nullopt,
            std::shared_ptr<EventPool> events = nullptr);
   ~WorkLoom() override;
+  /// The last strong reference is gone while a weak one remains (the group's record of calls
+  /// still writing, noteAsync): the tensors, the finisher and the future go now.
+  void release_resources() override;
 
   /// Starts waiting on `requests` (call exactly once, before the work is shared). If they
   /// have all ended (an empty list included), the work completes here, on this thread.
