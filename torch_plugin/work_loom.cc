@@ -421,6 +421,28 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
     });
     return future_;
   }
+  // Asked on one of loom's threads before the call has ended: a callback chained on another
+  // call's future runs there, and will wait on this one; a future's wait cannot run the
+  // thread's queue, where this call may sit behind the very callback that asks (wait() can).
+  if (!done_.load(std::memory_order_acquire) && awaited_.sequence() != 0 &&
+      (Worker::current() != nullptr || detail::waitsMustDrive())) {
+    try {
+      wait();
+    } catch (...) {
+      // Its outcome is the future's.
+    }
+    if (!future_->completed()) {
+      // Ended, but published only once the thread is back up (complete()): a future of the
+      // same outcome, complete now.
+      auto now = c10::make_intrusive<c10::ivalue::Future>(futureTypeOf(futureLists_));
+      if (outcome_) {
+        now->setError(outcome_);
+      } else {
+        now->markCompleted(futureValueOf(outputs_, futureLists_));
+      }
+      return now;
+    }
+  }
   return future_;
 }
 

@@ -105,7 +105,8 @@ class WorkLoom : public c10d::Work {
   /// CUDA work: the caller's current stream waits for the collectives. CPU work: torch's
   /// way (the current CUDA stream spins until the future completes).
   void blockCurrentStream() override;
-  /// The future of the outputs; for CUDA work, made on the first call.
+  /// The future of the outputs; for CUDA work, made on the first call. Asked on a loom thread
+  /// before the call ended (a callback chained on another call), it runs the call first.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
 

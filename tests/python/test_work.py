@@ -186,6 +186,16 @@ def body_callbacks_that_wait_on_collectives(rank: int, world: int, backend: str)
     second = dist.all_reduce(later, group=group, async_op=True)
     results["queued"] = first.get_future().then(lambda fut: second.wait()).wait()
     results["queued_value"] = later.tolist()
+    # The same, waited for through the later call's future (which cannot run loom's queue:
+    # it waited forever, past the group's timeout). Rank 1 comes late, so that rank 0's
+    # callback is chained while its first call runs, and runs on loom's thread.
+    if rank == 1:
+        time.sleep(0.3)
+    later = torch.full((4,), float(rank + 1))
+    first = dist.all_reduce(torch.ones(1 << 18), group=group, async_op=True)
+    second = dist.all_reduce(later, group=group, async_op=True)
+    results["queued_future"] = first.get_future().then(
+        lambda fut: second.get_future().wait()[0].tolist()).wait()
     return results
 
 
@@ -228,7 +238,7 @@ def test_callbacks_that_issue_collectives_and_wait_for_them(backend):
     results = run_ranks(2, body_callbacks_that_wait_on_collectives, backend, timeout=120)
     assert results[0] == results[1]
     assert results[0] == {"future": [2.0, 2.0], "blocking": [1.0, 1.0, 1.0], "queued": True,
-                          "queued_value": [3.0, 3.0, 3.0, 3.0]}
+                          "queued_value": [3.0, 3.0, 3.0, 3.0], "queued_future": [3.0] * 4}
 
 
 def body_a_long_queue_of_callbacks(rank: int, world: int, calls: int):
