@@ -168,24 +168,26 @@ OpCase::OpCase(Communicator& comm, BenchOp op, DataType type, ReduceOp reduce, s
   }
   // Touch every page now: first-touch page faults must not land in the timed loop.
   refill(0);
-  if (!output_.empty()) std::memset(output_.data(), 0, output_.size());
 }
 
 void OpCase::refill(uint32_t salt) {
   const int me = comm_.rank();
-  const size_t es = elementSize(type_);
   const size_t p = static_cast<size_t>(comm_.size());
+  // The output first (in place, the input lies inside it): a pattern no rank's data
+  // matches, so a result the call never wrote is counted wrong. Every rank's input is its
+  // own: a non-root of a broadcast or a scatter, in place, must not start out holding the
+  // root's data, or a call that moved nothing would pass.
+  if (!output_.empty()) std::memset(output_.data(), 0xA5, output_.size());
   switch (op_) {
     case BenchOp::kAllReduce:
-    case BenchOp::kReduce: testing::fillInput(in_, type_, count_, me, salt); break;
-    case BenchOp::kBroadcast: testing::fillInput(in_, type_, count_, 0, salt); break;
+    case BenchOp::kReduce:
+    case BenchOp::kBroadcast:
     case BenchOp::kAllGather:
     case BenchOp::kGather: testing::fillInput(in_, type_, count_, me, salt); break;
     case BenchOp::kReduceScatter:
-    case BenchOp::kAllToAll: testing::fillInput(in_, type_, count_ * p, me, salt); break;
-    case BenchOp::kScatter: testing::fillInput(in_, type_, count_ * p, 0, salt); break;
+    case BenchOp::kAllToAll:
+    case BenchOp::kScatter: testing::fillInput(in_, type_, count_ * p, me, salt); break;
   }
-  (void)es;
 }
 
 Request OpCase::launch() {

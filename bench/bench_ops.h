@@ -64,7 +64,8 @@ class OpCase {
   /// Elements that differ from the reference (all of them up to 1M elements, else three
   /// windows of 4096 at the start, middle and end).
   size_t wrong(uint32_t salt);
-  /// Refills the inputs for a correctness run with `salt` (timing runs reuse old contents).
+  /// Refills the inputs (every rank its own data) and marks the output unwritten, for a
+  /// correctness run with `salt` (timing runs reuse old contents).
   void refill(uint32_t salt);
   /// The size actually used, after rounding to whole elements per rank.
   size_t bytes() const { return bytes_; }

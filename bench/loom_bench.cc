@@ -124,7 +124,8 @@ algbw = size / time; busbw = algbw x 2(P-1)/P (all_reduce), (P-1)/P (all_gather,
 reduce_scatter, all_to_all), 1 (rooted). roofline = bytes loom's algorithm moves through
 memory / time / the copy bandwidth measured at the start with the same ranks and threads;
 dram = the same with the bytes each rank must read and write once (its input and its
-output), what an algorithm that copies nothing else could reach.
+output), what an algorithm that copies nothing else could reach. With --lent the
+roofline is "-": lent buffers take paths its model does not describe.
 Across H hosts, hostbw = algbw x the same factor with P = H: the rate at which each host's
 link carries its share (compare it with the link's speed).
 Environment: LOOM_THREADS, LOOM_CHUNK_BYTES, LOOM_ALGO, LOOM_ISA tune loom itself.
@@ -496,30 +497,42 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
          s *= o.factor) {
       Timing t[2];
       size_t bytes = 0, count = 0;
+      uint64_t peerReads = 0;  // out-of-place collectives that read peers' memory (rank 0)
       for (int inPlace = 0; inPlace < 2; ++inPlace) {
         OpCase c(*comm, op, o.type, o.reduce, static_cast<size_t>(s), inPlace == 1, o.lent);
         bytes = c.bytes();
         count = c.count();
+        const uint64_t readsBefore = shm::peerReadCollectives();
         t[inPlace] = timeCase(*comm, c, o, salt++);
+        if (inPlace == 0) peerReads = shm::peerReadCollectives() - readsBefore;
       }
       totalWrong += t[0].wrong + t[1].wrong;
       if (!lead) continue;
       const double algbw[2] = {bytes / t[0].us / 1e3, bytes / t[1].us / 1e3};
       const double bus = busFactor(op, world);
-      // The roofline models one host's shared memory; across hosts the network rules.
-      const double k =
-          o.hostCount() > 1 ? 0 : trafficFactor(op, world, bytes, config.tuning.selection);
+      // The roofline models one host's shared memory; across hosts the network rules. An
+      // all_to_all that read peers' memory copied nothing else: its traffic is the DRAM
+      // model's. Lent buffers take paths the model does not describe: no roofline then.
+      const bool modelled = o.hostCount() == 1 && !o.lent;
+      const double k = !modelled ? 0
+                       : op == BenchOp::kAllToAll && peerReads > 0
+                           ? dramFactor(op, world)
+                           : trafficFactor(op, world, bytes, config.tuning.selection);
       const double roof = copyBw > 0 ? k * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
       const double dramK = o.hostCount() > 1 ? 0 : dramFactor(op, world);
       const double dram = copyBw > 0 ? dramK * bytes / (t[0].us * 1e-6) / copyBw * 100 : 0;
       const double hostbw = algbw[0] * busFactor(op, o.hostCount());
       busSum += algbw[0] * bus;
       ++busRows;
-      std::printf(
-          "  %12zu %12zu  %10.2f %9.2f %8.2f %8.2f %6zu  %10.2f %9.2f %8.2f %8.2f %6zu  %7.1f%% "
-          "%6.1f%%",
-          bytes, count, t[0].us, t[0].p90Us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us,
-          t[1].p90Us, algbw[1], algbw[1] * bus, t[1].wrong, roof, dram);
+      std::printf("  %12zu %12zu  %10.2f %9.2f %8.2f %8.2f %6zu  %10.2f %9.2f %8.2f %8.2f %6zu  ",
+                  bytes, count, t[0].us, t[0].p90Us, algbw[0], algbw[0] * bus, t[0].wrong, t[1].us,
+                  t[1].p90Us, algbw[1], algbw[1] * bus, t[1].wrong);
+      if (modelled || o.hostCount() > 1) {
+        std::printf("%7.1f%% ", roof);
+      } else {
+        std::printf("%8s ", "-");
+      }
+      std::printf("%6.1f%%", dram);
       if (o.hostCount() > 1) std::printf(" %9.3f", hostbw);
       std::printf("\n");
       if (o.census) {
@@ -536,7 +549,8 @@ int rankMain(int rank, const Options& o, std::shared_ptr<Store> store) {
                << ",\"inplace\":" << (ip ? "true" : "false") << ",\"time_us\":" << t[ip].us
                << ",\"p90_us\":" << t[ip].p90Us << ",\"algbw\":" << algbw[ip]
                << ",\"busbw\":" << algbw[ip] * bus << ",\"wrong\":" << t[ip].wrong
-               << ",\"copy_bw\":" << copyBw / 1e9 << ",\"roofline\":" << (ip ? 0.0 : roof / 100)
+               << ",\"copy_bw\":" << copyBw / 1e9 << ",\"roofline\":"
+               << (modelled || o.hostCount() > 1 ? std::to_string(ip ? 0.0 : roof / 100) : "null")
                << ",\"dram\":" << (ip ? 0.0 : dram / 100)
                << ",\"lent\":" << (o.lent ? "true" : "false")
                << ",\"hostbw\":" << algbw[ip] * busFactor(op, o.hostCount()) << "}\n";

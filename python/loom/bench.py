@@ -22,8 +22,8 @@ medians and p90s). Every table ends with a steadiness report: the points whose s
 medians disagree by more than 25%, and the cliffs, sizes whose median is over 1.2x the next
 larger size's (the CPU issue's bars). Output: a table with the Gloo/loom
 time ratio per size, a PNG plot of bus bandwidth, and the raw numbers as JSON (--out, default
-./bench-out). The host's copy bandwidth is measured in the same run, so large sizes come with
-a roofline figure. Across hosts (--hosts on this machine, or under torchrun on several), the
+./bench-out). The host's copy bandwidth is measured in the same run and printed above the
+table, to compare large sizes' bus bandwidth with. Across hosts (--hosts on this machine, or under torchrun on several), the
 table also gives each host's link rate: busbw counted over hosts (the nccl-tests factor with
 P = hosts).
 """
@@ -44,6 +44,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ._backend_names import gloo_replaced
+from ._stats import p90
 
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single"]
 # Asked for by name only (not in the default sweep): rank r sends its buffer to rank r ^ 1
@@ -197,7 +198,7 @@ def time_calls(call, group, barrier, n: int, warmup: int = 3) -> tuple[float, fl
         call(group)
         samples.append(time.perf_counter() - t0)
     samples.sort()
-    return statistics.median(samples), samples[min(len(samples) - 1, int(0.9 * len(samples)))]
+    return statistics.median(samples), p90(samples)
 
 
 def barrier_for(backend: str, group):
@@ -289,7 +290,7 @@ def ddp_step_times(groups: dict, params_millions: float, width: int, batch: int,
     times = {}
     for backend, s in samples.items():
         s.sort()
-        times[backend] = {"median": statistics.median(s), "p90": s[min(len(s) - 1, int(0.9 * len(s)))]}
+        times[backend] = {"median": statistics.median(s), "p90": p90(s)}
     return times, parameters
 
 

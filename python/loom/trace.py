@@ -28,6 +28,8 @@ import statistics
 import sys
 from typing import NamedTuple, Optional
 
+from ._stats import p90 as percentile90
+
 # Spans that open a collective on the calling thread (comm_state.cc names them after it).
 COLLECTIVES = {
     "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
@@ -328,7 +330,7 @@ def summary(prefix, slow=1.5, reading=None, skipped=warn_skipped):
             mine = [c for c in calls if c.key == key]
             times = sorted(c.end - c.begin for c in mine)
             median = statistics.median(times)
-            p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+            p90 = percentile90(times)
             name, size = key
             label = name if name == "barrier" else f"{name} of {size} B"
             lines.append(f"  {label}: {len(mine)} calls, median {median:.1f} µs, p90 {p90:.1f} µs")

@@ -25,9 +25,11 @@ t0=$(date +%s)
 # The programs of every stage, whose leftovers quiet.py kills before the next one starts.
 STAGES=(loom-bench loom.bench ds_allreduce_bench oneccl_bench hydra_pmi_proxy mpiexec mpirun orted mpi4py_bench)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; python3 "$HERE/quiet.py" --kill "${STAGES[@]}"; }
-step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+# --after-barrier: rank 0's median of single calls, each after a barrier, as the anchors
+# (mpi4py_bench.py, oneCCL's and DeepSpeed's benchmarks) and python -m loom.bench time theirs.
+step "loom engine: loom-bench -n $P -b 8 -e $MAX -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all --after-barrier"
 "$ENGINE_BENCH" -n "$P" -b 8 -e "$MAX" -f 2 -o all_reduce,all_gather,reduce_scatter,broadcast,all_to_all \
-    -J "$OUT/engine.jsonl" > "$OUT/engine.txt" 2>&1 || echo "loom-bench failed: $(tail -3 "$OUT/engine.txt")"
+    --after-barrier -J "$OUT/engine.jsonl" > "$OUT/engine.txt" 2>&1 || echo "loom-bench failed: $(tail -3 "$OUT/engine.txt")"
 # loom and Gloo in separate processes: a Gloo process group's TCP loop thread wakes about
 # 100 times a second even while idle, and with one rank per core those wake-ups land on the
 # cores loom's ranks wait on (docs/PERFORMANCE.md, "P = 8 and 16 again").

@@ -3,7 +3,8 @@
     python3 scripts/anchors/table.py OUT
 
 One table per op: µs per call (medians) at the anchors' sizes (nccl-tests bytes), the engine
-(loom-bench, out of place), loom through torch (c10d; `torch.ops.loom`; `loom.ops`), Gloo, DeepSpeed's shm
+(loom-bench, out of place, rank 0's single calls after a barrier as the anchors' are timed;
+tables made before run.sh passed --after-barrier have the slowest rank's mean back to back), loom through torch (c10d; `torch.ops.loom`; `loom.ops`), Gloo, DeepSpeed's shm
 all_reduce, oneCCL (Intel MPI shm; libfabric shm), Open MPI (mpi4py); then how loom stands
 against the CPU-speed issue's rules: through torch at most every anchor called through torch
 (Gloo, DeepSpeed) at every size and every anchor from 4 KiB, and the engine at most every

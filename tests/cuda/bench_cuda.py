@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import loom  # noqa: F401
+from loom._stats import p90 as nearest_rank_p90
 from spawned import report, run_spawned
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
@@ -170,7 +171,7 @@ def worker(rank, world, port, args, queue):
             copy = sorted(time_copy(nbytes, dev, args.repeats, 20))
             if rank == 0 and ("copy", nbytes) not in copied:
                 copied.add(("copy", nbytes))
-                rows.append(("copy", nbytes, "loom", statistics.median(copy), copy[int(0.9 * (len(copy) - 1))], 0))
+                rows.append(("copy", nbytes, "loom", statistics.median(copy), nearest_rank_p90(copy), 0))
         for op in args.ops:
             for name in ("loom", "gloo", "fake"):
                 if name != "loom" and (size > args.gloo_max_bytes or op == "send_recv"):
@@ -181,7 +182,7 @@ def worker(rank, world, port, args, queue):
                 wrong = 0 if name == "fake" else wrong  # the no-op group leaves the inputs
                 if rank == 0:
                     s = sorted(samples)
-                    rows.append((op, size, name, statistics.median(s), s[min(len(s) - 1, int(0.9 * len(s)))], wrong))
+                    rows.append((op, size, name, statistics.median(s), nearest_rank_p90(s), wrong))
                     print(f"P={world} {op:<15} {size:>10} B {name:<5} median {rows[-1][3]:10.1f} us  p90 {rows[-1][4]:10.1f} us  #wrong {wrong}", flush=True)
         size *= 4
     if rank == 0:

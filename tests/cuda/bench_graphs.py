@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import loom  # noqa: F401
+from loom._stats import p90 as nearest_rank_p90
 from spawned import report, run_spawned
 
 SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
@@ -89,7 +90,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
 
 
 def p90(s: list[float]) -> float:
-    return s[min(len(s) - 1, int(0.9 * len(s)))]
+    return nearest_rank_p90(s)
 
 
 def main() -> int:

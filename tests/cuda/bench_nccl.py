@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import loom  # noqa: F401  (registers the backend)
+from loom._stats import p90
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 # nccl-tests' bus bandwidth factors (bytes counted: the larger buffer).
@@ -243,7 +244,7 @@ def worker(rank: int, world: int, port: int, args, results) -> None:
                 ok = point.check(group, rank, world)
                 rows.append({"op": op, "bytes": point.count * 4, "backend": name,
                              "median_us": statistics.median(times) * 1e6,
-                             "p90_us": sorted(times)[int(0.9 * (len(times) - 1))] * 1e6,
+                             "p90_us": p90(sorted(times)) * 1e6,
                              "calls": len(times), "ok": ok})
             del point
             if cuda:
@@ -255,7 +256,7 @@ def worker(rank: int, world: int, port: int, args, results) -> None:
         try:
             for name, t in train_steps(kind, groups, dev, args.steps, sync).items():
                 steps.append({"kind": kind, "backend": name, "median_ms": statistics.median(t) * 1e3,
-                              "p90_ms": sorted(t)[int(0.9 * (len(t) - 1))] * 1e3, "steps": len(t)})
+                              "p90_ms": p90(sorted(t)) * 1e3, "steps": len(t)})
         except Exception as e:  # noqa: BLE001 - reported in the table
             steps.append({"kind": kind, "backend": "both", "error": f"{type(e).__name__}: {e}"[:300]})
     oks = [r["ok"] for r in rows]

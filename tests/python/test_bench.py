@@ -256,3 +256,12 @@ def test_benches_refuse_to_call_loom_gloo(capsys, monkeypatch):
     monkeypatch.setattr(_backend_names, "_replaces_gloo", True)
     assert "LOOM_REPLACES_GLOO is set" in _refusal(main, ["--backends", "loom,gloo"], capsys)
     assert "LOOM_REPLACES_GLOO is set" in _refusal(store_main, [], capsys)
+
+
+def test_p90_is_the_nearest_rank_percentile_that_loom_bench_reports():
+    # The smallest value that at least 90% of the values do not exceed (loom-bench's
+    # percentile90); it once took the next one up (the 37th of 40 calls, the largest of 10).
+    from loom._stats import p90
+
+    for n, want in {1: 1, 9: 9, 10: 9, 11: 10, 15: 14, 20: 18, 40: 36}.items():
+        assert p90(list(range(1, n + 1))) == want, n

@@ -41,6 +41,7 @@ import time
 from datetime import timedelta
 
 from .._backend_names import gloo_replaced
+from .._stats import p90
 from ..bench import parse_size
 
 
@@ -58,7 +59,7 @@ def state_dict(total: int, tensors: int, device, fill: float):
 def stats(samples: list[float]) -> dict:
     ordered = sorted(samples)
     return {"median_ms": 1e3 * statistics.median(ordered),
-            "p90_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]}
+            "p90_ms": 1e3 * p90(ordered)}
 
 
 def rank_main(rank: int, world: int, args, init: str, queue) -> None:
