@@ -73,7 +73,10 @@ def _create_backend(dist_backend_opts, backend_options) -> ProcessGroupLoom:
 def _register() -> None:
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    # cuda only where torch has it: torch picks a backend's first non-CPU device for some of
+    # its own work (ShardedTensor.gather) and calls into CUDA there.
+    devices = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=devices)
 
 
 _register()

@@ -422,7 +422,8 @@ def body_merged(rank: int, world: int) -> list[float]:
     store = dist.PrefixStore("merged/", dist.distributed_c10d._get_default_store())
     merged = alone.merge_remote_group(store, world, timedelta(seconds=60))
     assert merged.size() == world
-    assert merged._get_backend(torch.device("cpu")) is merged._get_backend(torch.device("cuda"))
+    if torch.backends.cuda.is_built():  # loom registers for CUDA only where torch has it
+        assert merged._get_backend(torch.device("cpu")) is merged._get_backend(torch.device("cuda"))
     t = torch.full((3,), float(merged.rank() + 1))
     merged.allreduce([t]).wait()
     # The world goes on beside it.

@@ -203,6 +203,10 @@ def test_accelerate_adapter_on_a_gpu_run(monkeypatch):
 
     adapter.patch(types.SimpleNamespace(PartialState=PartialState, DistributedType=kinds))
     monkeypatch.setenv("LOCAL_RANK", "0")
+    # loom registers for CUDA where torch has it, as on that host.
+    import torch.distributed as dist
+
+    monkeypatch.setitem(dist.Backend.backend_capability, "loom", ["cpu", "cuda"])
     monkeypatch.setattr(adapter, "_accelerator_type", lambda: "cuda")
     assert PartialState()._prepare_backend(backend="loom") == ("loom", kinds.MULTI_GPU)
     monkeypatch.setattr(adapter, "_accelerator_type", lambda: "xpu")

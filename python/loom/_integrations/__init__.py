@@ -3,10 +3,13 @@ is imported (before or after loom). Each module says what it changes and why."""
 
 from __future__ import annotations
 
-from . import accelerate
+from torch.distributed import distributed_c10d
+
+from . import accelerate, torch_timeouts
 from ._post_import import when_imported
 
 
 def install() -> None:
     """Arranges every adapter (idempotent)."""
     when_imported("accelerate.state", accelerate.patch)
+    torch_timeouts.patch(distributed_c10d)
