@@ -431,9 +431,9 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
     } catch (...) {
       // Its outcome is the future's.
     }
-    if (!future_->completed()) {
+    if (!future_->completed() && ended_.load(std::memory_order_acquire)) {
       // Ended, but published only once the thread is back up (complete()): a future of the
-      // same outcome, complete now.
+      // same outcome, complete now. (Not ended: aborted, and the future says so when it is.)
       auto now = c10::make_intrusive<c10::ivalue::Future>(futureTypeOf(futureLists_));
       if (outcome_) {
         now->setError(outcome_);
