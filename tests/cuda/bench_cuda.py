@@ -160,7 +160,9 @@ def worker(rank, world, port, args, queue):
     cpu_group = dist.new_group(backend="gloo")
     groups = {"loom": dist.group.WORLD, "gloo": cpu_group}
     if args.floor:
-        import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+        # registers "fake"; a plain `import torch.testing...` here would make `torch` a local
+        # name of this whole function
+        from torch.testing._internal.distributed import fake_pg  # noqa: F401
         groups["fake"] = dist.new_group(backend="fake")
     size = 8
     rows = []
