@@ -265,19 +265,6 @@ void ProcessGroupLoom::abandonIssued(const std::optional<c10::Stream>& stream,
   for (const Request& r : requests) r.onComplete([kept](std::exception_ptr) {});
 }
 
-namespace {
-
-/// The bytes of its storage that `t` spans, [begin, end) (empty if it has no elements).
-std::pair<size_t, size_t> storageBytes(const at::Tensor& t) {
-  if (t.numel() == 0) return {0, 0};
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  const auto item = static_cast<size_t>(t.element_size());
-  return {static_cast<size_t>(t.storage_offset()) * item, static_cast<size_t>(last + 1) * item};
-}
-
-}  // namespace
-
 void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10d::OpType type) {
   if (type == c10d::OpType::SEND) return;                  // it reads its tensor only
   const std::vector<at::Tensor> written = work->result();  // the outputs, without waiting
@@ -289,8 +276,7 @@ void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10
   });
   for (const at::Tensor& t : written) {
     if (t.defined() && t.has_storage()) {
-      const auto [begin, end] = storageBytes(t);
-      pendingWrites_.push_back({t.storage().unsafeGetStorageImpl(), begin, end,
+      pendingWrites_.push_back({t.storage().unsafeGetStorageImpl(), t.data_ptr(), spanBytes(t),
                                 c10::weak_intrusive_ptr<c10d::Work>(work)});
     }
   }
@@ -304,12 +290,12 @@ void ProcessGroupLoom::settle(const at::Tensor& read) const {
   // Only calls that write bytes this copy reads: a halo exchange sends a column of the
   // storage that a receive posted before it writes another part of (waiting for that
   // receive would wait for the peer's send, which waits for this one).
-  const auto [begin, end] = storageBytes(read);
+  const size_t bytes = spanBytes(read);
   std::vector<c10::intrusive_ptr<c10d::Work>> writers;
   {
     std::lock_guard<std::mutex> lock(pendingWritesMutex_);
     for (const PendingWrite& p : pendingWrites_) {
-      if (p.storage != storage || p.end <= begin || end <= p.begin) continue;
+      if (p.storage != storage || !overlap(p.begin, p.bytes, read.data_ptr(), bytes)) continue;
       if (c10::intrusive_ptr<c10d::Work> w = p.work.lock()) writers.push_back(std::move(w));
     }
   }

@@ -238,11 +238,11 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   c10::intrusive_ptr<Options> options_;
   const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
   // noteAsync's: the storage each asynchronous CPU call still running writes, the bytes of
-  // it that it writes ([begin, end)), and its work.
+  // it that it writes (`bytes` from `begin`), and its work.
   struct PendingWrite {
     const void* storage;
-    size_t begin;
-    size_t end;
+    const void* begin;
+    size_t bytes;
     c10::weak_intrusive_ptr<c10d::Work> work;
   };
   mutable std::mutex pendingWritesMutex_;

@@ -170,14 +170,13 @@ Flat movementView(const at::Tensor& t) {
   return Flat{data, view, type, elementsOf(data, type)};
 }
 
-namespace {
-
-// Whether `na` bytes at `a` and `nb` bytes at `b` share any.
 bool overlap(const void* a, size_t na, const void* b, size_t nb) {
   const auto* x = static_cast<const uint8_t*>(a);
   const auto* y = static_cast<const uint8_t*>(b);
   return na > 0 && nb > 0 && x < y + nb && y < x + na;
 }
+
+namespace {
 
 // `in`, or a copy of it where it overlaps the `outBytes` at `out` and is not in place.
 Flat readApart(const Flat& in, const void* out, size_t outBytes, bool inPlace) {
@@ -347,17 +346,12 @@ at::Tensor Outputs::scratch(const at::Tensor& t) {
   return made;
 }
 
-namespace {
-
-// The bytes from `t`'s first element to just past its last, whatever its strides.
 size_t spanBytes(const at::Tensor& t) {
   if (t.numel() == 0) return 0;
   int64_t last = 0;
   for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
   return static_cast<size_t>(last + 1) * t.element_size();
 }
-
-}  // namespace
 
 std::vector<at::Tensor> Outputs::targets(const std::vector<at::Tensor>& outputs) {
   std::vector<bool> clashes(outputs.size(), false);

@@ -30,6 +30,10 @@ struct CallSite {
 
 /// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>", then the legend.
 [[noreturn]] void invalid(const CallSite& site, const std::string& detail);
+/// Whether `na` bytes at `a` and `nb` bytes at `b` share any.
+bool overlap(const void* a, size_t na, const void* b, size_t nb);
+/// The bytes from `t`'s first element to just past its last, whatever its strides.
+size_t spanBytes(const at::Tensor& t);
 /// A tensor's dtype as torch prints it ("Float", "BFloat16"), for messages.
 inline std::string dtypeName(const at::Tensor& t) {
   return c10::toString(t.scalar_type());
