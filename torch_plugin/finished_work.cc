@@ -4,6 +4,10 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <string>
+#include <string_view>
+
+#include "call_timing.h"
 #include "work_loom.h"
 
 namespace loom::torch_plugin {
@@ -11,16 +15,17 @@ namespace loom::torch_plugin {
 FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
                            const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                            const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-                           const std::string& legend)
-    : FinishedWork(rank, type, title, inputs, outputs, finisher, requests, legend,
+                           const std::string& legend, bool timed)
+    : FinishedWork(rank, type, title, inputs, outputs, finisher, requests, legend, timed,
                    profilerListens()) {}
 
 FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
                            const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                            const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-                           const std::string& legend, bool profiling)
+                           const std::string& legend, bool timed, bool profiling)
     : c10d::Work(rank, type, profiling ? title : nullptr, profiledInputs(profiling, inputs)),
-      outputs_(outputs.begin(), outputs.end()) {
+      outputs_(outputs.begin(), outputs.end()),
+      title_(title) {
   std::exception_ptr failure;
   for (const Request& r : requests) {
     if (r.sourceRank() >= 0) source_ = r.sourceRank();
@@ -28,6 +33,7 @@ FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
   }
   if (!requests.empty()) seq_ = requests.back().sequence();
   failure = finishCall(failure, finisher, legend);
+  if (timed) duration_ = millisSinceStart(requests);
   if (profiling) {
     finish(failure);  // also ends the profiler's event for this call
     return;
@@ -40,6 +46,14 @@ FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
 bool FinishedWork::wait(std::chrono::milliseconds /*timeout*/) {
   if (exception_) std::rethrow_exception(exception_);
   return true;
+}
+
+float FinishedWork::getDuration() const {
+  if (duration_ < 0) {
+    const std::string_view title(title_);
+    refuseUntimed(std::string(title.substr(title.find(':') + 1)), rank_);
+  }
+  return duration_;
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> FinishedWork::getFuture() {

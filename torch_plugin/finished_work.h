@@ -27,11 +27,12 @@ class FinishedWork : public c10d::Work {
   /// `requests` have all ended. Unless one failed, runs `finisher` (copy-backs) here; a
   /// failure (a request's or the finisher's) becomes the work's DistBackendError, its
   /// message followed by `legend` (GroupTies). `title` and `inputs` are for the profiler,
-  /// `outputs` are what result() and the future return.
+  /// `outputs` are what result() and the future return. `timed`: its group times its calls
+  /// (GroupTies::timing), and getDuration() answers.
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-               const std::string& legend);
+               const std::string& legend, bool timed = false);
 
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return !exception_; }
@@ -45,6 +46,8 @@ class FinishedWork : public c10d::Work {
   /// A completed future of the outputs (or of the error), made on the first call.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  /// The call's active time in milliseconds (CallTiming); an error if it was not timed.
+  float getDuration() const override;
   /// Makes the future hold the outputs as `lists` equal lists (0, the default: one list);
   /// call before the work is shared.
   void setFutureLists(size_t lists) { futureLists_ = lists; }
@@ -53,13 +56,15 @@ class FinishedWork : public c10d::Work {
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-               const std::string& legend, bool profiling);
+               const std::string& legend, bool timed, bool profiling);
 
   c10::SmallVector<at::Tensor, 1> outputs_;         // one output is the common case: kept inline
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // made by getFuture(), under mutex_
   size_t futureLists_ = 0;
   int source_ = -1;
   uint64_t seq_ = 0;
+  const char* title_;    // "loom:<operation>" (a literal)
+  float duration_ = -1;  // milliseconds; negative: not timed
 };
 
 }  // namespace loom::torch_plugin

@@ -58,6 +58,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   bool supportsShrinking() const override { return true; }
   bool supportsCoalescing() const override { return true; }
   void setTimeout(std::chrono::milliseconds timeout) override;
+  /// Times the calls made from now on, for Work.getDuration() (CallTiming), as NCCL does
+  /// under TORCH_NCCL_ENABLE_TIMING.
+  void enableCollectivesTiming() override { ties_->timing.store(true, std::memory_order_relaxed); }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setSequenceNumberForGroup() override {}
@@ -286,6 +289,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   // (heldInBlock()); guarded by coalesceMutex_.
   std::exception_ptr blockError_;
   std::optional<c10::Stream> coalescedStream_;  // a CUDA call's, if any; coalesceMutex_
+  std::optional<CallTiming> blockTiming_;       // a timed CUDA block's; coalesceMutex_
   // The block's size at which forgetEndedInBlock() next looks; guarded by coalesceMutex_.
   size_t blockPruneAt_ = kBlockPruneFloor;
   static constexpr size_t kBlockPruneFloor = 8;

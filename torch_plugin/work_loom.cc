@@ -214,6 +214,7 @@ void WorkLoom::completeIfEnded() {
 void WorkLoom::complete(std::exception_ptr failure) {
   failure = finishCall(failure, finisher_, ties_ ? ties_->legend : std::string());
   finisher_ = nullptr;  // releases staged tensors
+  if (timing_ && !timing_->onGpu()) timing_->ended();
   reads_.clear();
   outcome_ = failure;
   ended_.store(true, std::memory_order_release);
@@ -275,6 +276,16 @@ void WorkLoom::blockCurrentStream() {
   const c10::Stream current = impl.getStream(cudaStream_->device());
   // A blocking call ran on the current stream itself: its order is already the stream's.
   if (current != *cudaStream_) cudaEnd_->block(current);
+}
+
+float WorkLoom::getDuration() const {
+  if (!timing_) refuseUntimed(what_, rank_);
+  // A host-timed call's time is written before done_ is set (complete()).
+  if (!timing_->onGpu() && !done_.load(std::memory_order_acquire)) {
+    TORCH_CHECK(false, "loom: Work.get_duration() of ", what_, " on rank ", rank_,
+                ": the call has not ended yet; wait() for it first");
+  }
+  return timing_->millis(what_, rank_);
 }
 
 bool WorkLoom::isSuccess() const {

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "call_timing.h"
 #include "event_pool.h"
 #include "loom/request.h"
 
@@ -43,6 +44,9 @@ struct GroupTies {
   /// Works whose wait(timeout) expired and that have not finished since: their caller gave
   /// up on them, so the group's shutdown aborts them rather than wait out their timeout.
   std::atomic<int> givenUp{0};
+  /// The group times its calls for Work.getDuration() (ProcessGroup._enable_collectives_
+  /// timing): calls made from then on are timed (CallTiming).
+  std::atomic<bool> timing{false};
   /// Where the group's ranks are not the global ranks (a new_group, a DeviceMesh dimension),
   /// what its error messages end with: which global rank each of its ranks is (legendOf()).
   std::string legend;
@@ -86,6 +90,9 @@ class WorkLoom : public c10d::Work {
   /// counts in the group's givenUp while a wait(timeout) on it has expired and it has not
   /// finished; call before track().
   void tieTo(std::shared_ptr<GroupTies> ties) { ties_ = std::move(ties); }
+  /// Times the call for getDuration() (its group times its calls: CallTiming); call
+  /// before track().
+  void timeWith(CallTiming timing) { timing_ = std::make_unique<CallTiming>(std::move(timing)); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -109,6 +116,9 @@ class WorkLoom : public c10d::Work {
   /// before the call ended (a callback chained on another call), it runs the call first.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  /// The call's active time in milliseconds (CallTiming), once it has ended; an error if its
+  /// group was not timing its calls when it was made.
+  float getDuration() const override;
 
  private:
   WorkLoom(int rank, c10d::OpType type, const char* profilingTitle, std::string what,
@@ -156,6 +166,7 @@ class WorkLoom : public c10d::Work {
   std::optional<c10::Event> cudaEnd_;      // CUDA work: recorded after everything it queued
   std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
   std::shared_ptr<GroupTies> ties_;        // see tieTo()
+  std::unique_ptr<CallTiming> timing_;     // see timeWith(); null: not timed
   Request awaited_;  // its last request, which a wait on a worker thread may run (wait())
   std::vector<Request> earlier_;      // the others, of a block: driven too on the send/recv thread
   bool countedAsGivenUp_ = false;     // guarded by mutex_ (c10d::Work's)

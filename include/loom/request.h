@@ -33,6 +33,10 @@ class Request {
   uint64_t sequence() const;
   /// For a receive: the rank the message came from (useful with recvAny). -1 otherwise.
   int sourceRank() const;
+  /// When the operation began to run: a collective when its thread took it up (after the
+  /// communicator's earlier collectives), a send or receive when it was issued; the clock's
+  /// epoch for a default-constructed request. Read it once test() is true.
+  std::chrono::steady_clock::time_point startedAt() const;
   /// Asks a send or receive that has not begun to move bytes to end at once with
   /// Error(kAborted) (torch's Work.abort()); one under way finishes, and a collective is not
   /// affected (abort its communicator to end those). Returns at once; test() tells when it

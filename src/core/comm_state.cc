@@ -319,6 +319,7 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
   std::exception_ptr error;
   const trace::Span span(collectiveName(args.kind).data(), args.count * elementSize(args.type));
   FlightRecorder::instance().started(state.flightId, start);
+  state.startedAt = start;
   shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
   try {
     const WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout, start),
@@ -432,6 +433,7 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   const auto timeout = timeoutFor(options);
   Request request(state);
   if (options.device != DeviceKind::kCpu) {
+    state->startedAt = issuedAt;  // queued on its stream now
     if (options.blocking && onCudaMonitor()) {
       throw Error(ErrorCode::kInvalidArgument, collectiveName(args.kind), rank_,
                   "a blocking CUDA call inside a completion callback of this communicator's "
@@ -641,6 +643,7 @@ Request CommState::deviceTransfer(const Transfer& transfer, const OpOptions& opt
   auto state = std::make_shared<OpState>(++deviceMessages_[static_cast<size_t>(transfer.peer)]);
   state->flightId = flightId;
   state->sink = this;
+  state->startedAt = Clock::now();
   if (transfer.kind == Transfer::Kind::kRecv) state->source = transfer.peer;
   Request request(state);
   held_.push_back({transfer, std::move(state), options});

@@ -4,6 +4,7 @@
 // complete() exactly once, with nullptr (success) or the Error that ended it.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -70,7 +71,9 @@ struct OpState {
   std::atomic<int> source{-1};  ///< receives: the rank the message came from
   /// Request::cancel asked the engine to end it (a send or receive not begun), or false.
   std::atomic<bool> cancelAsked{false};
-  uint64_t flightId = 0;        ///< its entry in the flight record, or 0
+  uint64_t flightId = 0;  ///< its entry in the flight record, or 0
+  /// When it began to run (Request::startedAt); written before complete(), which publishes it.
+  std::chrono::steady_clock::time_point startedAt{};
   FailureSink* sink = nullptr;  ///< told of a failure; outlives the operation
   std::mutex mutex;
   std::condition_variable done;

@@ -78,12 +78,13 @@ Request P2pEngine::post(std::vector<std::shared_ptr<Op>>& queue, void* data, siz
   op->state = std::make_shared<detail::OpState>(++nextSeq_);
   op->state->flightId = flightId;
   op->state->sink = sink_;
+  op->state->startedAt = Clock::now();
   op->data = static_cast<uint8_t*>(data);
   op->bytes = bytes;
   op->peer = peer;
   op->tag = tag;
   op->timeout = timeout;
-  op->deadline = deadlineAfter(timeout);
+  op->deadline = deadlineAfter(timeout, op->state->startedAt);
   // Small operations are driven by their caller; larger ones by the engine's thread alone,
   // as before callers drove any: on the 16-core host, with callers driving every size, 16
   // of 18 exchanges of 256 KiB to 1 MiB took longer (up to 1.7x; two threads taking turns

@@ -218,6 +218,10 @@ int Request::sourceRank() const {
   return state_ ? state_->source.load() : -1;
 }
 
+std::chrono::steady_clock::time_point Request::startedAt() const {
+  return state_ ? state_->startedAt : std::chrono::steady_clock::time_point{};
+}
+
 void Request::cancel() const {
   if (!state_ || state_->finished()) return;
   state_->cancelAsked.store(true, std::memory_order_release);

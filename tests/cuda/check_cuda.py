@@ -47,6 +47,7 @@ from check_failures import (PART_ENV, dead_rank_is_named, factor_mismatch,  # no
                             rooted_mismatch, self_rooted, settings_differ, setup_refused,
                             tag_mismatch)
 from check_premul import premul_factors  # noqa: E402
+from check_timing import timing  # noqa: E402
 
 def mps_client() -> bool:
     """Whether this process's CUDA contexts go through NVIDIA's MPS, as the driver says
@@ -738,6 +739,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "late_scatter_root": lambda *a: late_rank(*a[:3], "scatter"),
              "self_rooted_broadcast": lambda *a: self_rooted(*a[:3], "broadcast"),
              "self_rooted_scatter": lambda *a: self_rooted(*a[:3], "scatter"),
+             "timing": timing,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
@@ -770,7 +772,7 @@ def main() -> int:
                                                        "settings_differ", "late_rank",
                                                        "late_root", "late_scatter_root",
                                                        "self_rooted_broadcast",
-                                                       "self_rooted_scatter"])
+                                                       "self_rooted_scatter", "timing"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,

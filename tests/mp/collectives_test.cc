@@ -356,6 +356,41 @@ TEST_P(Collectives, BarrierWaitsForEveryRank) {
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
 }
 
+// Request::startedAt: a collective queued behind another starts when its worker takes it up,
+// after the first has ended, not when it was issued; a send starts when it is issued.
+TEST(Collectives, AQueuedCallStartsWhenTheOneBeforeItEnds) {
+  const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
+    using Clock = std::chrono::steady_clock;
+    auto comm = ctx.connect();
+    LOOM_CHECK(Request().startedAt() == Clock::time_point{});
+    std::vector<float> first(4, 1.0F), second(4, 1.0F);
+    comm->barrier().wait();
+    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const Clock::time_point issued = Clock::now();
+    Request a = comm->allReduce(first.data(), first.data(), first.size(), DataType::kFloat32,
+                                ReduceKind::kSum);
+    Request b = comm->allReduce(second.data(), second.data(), second.size(), DataType::kFloat32,
+                                ReduceKind::kSum);
+    Clock::time_point aEnded{};
+    a.onComplete([&](const std::exception_ptr&) { aEnded = Clock::now(); });
+    b.wait();
+    a.wait();
+    LOOM_CHECK(a.startedAt() >= issued && a.startedAt() <= aEnded);
+    // On rank 0, a ends when rank 1 comes, and its callback runs on the worker before the
+    // worker takes b up (on rank 1, a may end before the callback is added).
+    if (ctx.rank == 0) {
+      LOOM_CHECK(b.startedAt() >= aEnded, << "the second call started before the first ended");
+    }
+    const Clock::time_point sent = Clock::now();
+    std::vector<float> message(2, 1.0F);
+    Request p = ctx.rank == 0 ? comm->send(message.data(), 2, DataType::kFloat32, 1, 0)
+                              : comm->recv(message.data(), 2, DataType::kFloat32, 0, 0);
+    p.wait();
+    LOOM_CHECK(p.startedAt() >= sent && p.startedAt() <= Clock::now());
+  });
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
 // A completion callback runs on the thread that finished the call (the communicator's worker
 // for an asynchronous one). One that issues another collective and waits for it, or waits for
 // a call queued behind its own, must not wait forever behind the call it is a callback of.
