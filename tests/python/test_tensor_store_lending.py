@@ -313,3 +313,30 @@ def _broadcast_parameters(rank, world):
 
 def test_broadcast_mode_fills_parameters_that_are_not_contiguous():
     assert run_ranks(3, _broadcast_parameters) == [["0.bias", "0.weight", "1.bias", "1.weight"]] * 3
+
+
+def _broadcast_saved_for_backward(rank, world):
+    from loom.tensor_store import TensorStore
+
+    # 1 KiB buckets: "small" is packed into one, "big" (4 KiB) goes alone.
+    ts = TensorStore(bucket_bytes=1 << 10)
+    small, big = torch.zeros(4), torch.zeros(1024)
+    if rank == 0:
+        small += 7
+        big += 7
+        ts.broadcast_state_dict({"small": small, "big": big}, "w", src=0)
+        return None
+    x = torch.ones(4, requires_grad=True)
+    y = (x * small).sum() + (x.repeat(256) * big).sum()  # saves both for backward
+    versions = (small._version, big._version)
+    ts.broadcast_state_dict({"small": small, "big": big}, "w", src=0)
+    assert small._version > versions[0] and big._version > versions[1], versions
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    return small.tolist()
+
+
+def test_broadcast_mode_fills_tensors_as_copy_does_for_autograd():
+    # A value saved for backward and then overwritten by a broadcast is refused by backward,
+    # as after load_state_dict, instead of giving a gradient from the new values.
+    assert run_ranks(2, _broadcast_saved_for_backward)[1] == [7.0] * 4

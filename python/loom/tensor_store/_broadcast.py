@@ -227,8 +227,14 @@ class Broadcaster:
         plan = self.plans.get(key)
         if plan is None or plan.signature != leaf_signature(leaves) or plan.bucket_bytes != bucket_bytes:
             plan = self.plans[key] = make_plan(leaves, bucket_bytes)
-        run_broadcasts(plan, [v if isinstance(v, torch.Tensor) else None for _, v in leaves], sending, src, group)
+        tensors = [v if isinstance(v, torch.Tensor) else None for _, v in leaves]
+        run_broadcasts(plan, tensors, sending, src, group)
         if not sending:
+            # Filled behind autograd's back (loom's copies, c10d's broadcast): a tensor saved
+            # for backward must be seen as changed, as after load_state_dict's copy_ (its
+            # backward then refuses to run instead of using the new values).
+            torch.autograd.graph.increment_version(
+                [t for t in tensors if t is not None and not t.is_inference()])
             for i, value in objects.items():
                 node = state_dict
                 for name in leaves[i][0][:-1]:
