@@ -124,6 +124,30 @@ def test_a_get_waiting_for_a_version_from_a_writer_that_exited_is_told():
     assert run_ranks(2, _writer_gone, killed=(0,), finalize=False) == ["killed", "told"]
 
 
+def test_a_writer_that_exited_is_gone_before_its_parent_reaps_it():
+    # A killed writer whose parent has not waited for it yet is a zombie: its /proc entry
+    # stays, and a reader that looked only for that entry waited out its whole timeout.
+    from loom.tensor_store._parts import BufferMeta, process_start
+
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{child}/stat").read().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        assert process_start(child) is None
+        assert not BufferMeta("cpu", child, 0, "r", 0).owner_alive()
+    finally:
+        os.waitpid(child, 0)
+    # A live process is alive, and one with its pid but another start time (a pid reused) is not.
+    me = process_start(os.getpid())
+    assert me is not None and BufferMeta("cpu", os.getpid(), 0, "r", 0, started=me).owner_alive()
+    assert not BufferMeta("cpu", os.getpid(), 0, "r", 0, started=me + 1).owner_alive()
+    assert BufferMeta("cpu", os.getpid(), 0, "r", 0).owner_alive()  # a part without a start time
+
+
 def test_a_get_waiting_for_a_version_the_writers_skipped_is_told():
     from loom.tensor_store import TensorStore, TensorStoreError
 

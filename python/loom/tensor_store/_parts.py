@@ -51,6 +51,12 @@ class BufferMeta:
     region_id: str
     capacity: int  # bytes
     cuda_ipc: tuple | None = None  # torch's rebuild function and arguments, for device memory
+    started: int = 0  # when process `pid` started (process_start): tells it from a later one
+
+    def owner_alive(self) -> bool:
+        """Whether the process that owns this buffer still runs (asked on its host)."""
+        now = process_start(self.pid)
+        return now is not None and (self.started == 0 or now == self.started)
 
 
 @dataclass
@@ -92,6 +98,34 @@ def host_identity() -> str:
     """Processes that can read each other's regions share this: loom's host (a kernel and a
     network namespace) and a pid namespace (so /proc/<pid> names the owner)."""
     return _C.host_identity()
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` of this pid namespace started (clock ticks after boot, the 22nd
+    field of /proc/<pid>/stat), or None if it has exited. A process that exited and waits for
+    its parent to reap it (a zombie) has exited too: it will write nothing more, though its
+    /proc entry stays; and a later process given the same pid starts at another time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # from the 3rd field, the state, on
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+_own_start = (0, 0)  # (pid, process_start(pid)) of this process, once asked
+
+
+def own_start() -> int:
+    """process_start of this process (read once per pid: a forked child reads its own)."""
+    global _own_start
+    pid = os.getpid()
+    if _own_start[0] != pid:
+        _own_start = (pid, process_start(pid) or 0)
+    return _own_start[1]
 
 
 def aligned(n: int) -> int:
@@ -172,6 +206,7 @@ class OwnedBuffer:
             region_id=self.region.id,
             capacity=self.capacity,
             cuda_ipc=self._ipc,
+            started=own_start(),
         )
 
 

@@ -5,7 +5,6 @@ the same), and the errors a read can end in."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -203,7 +202,7 @@ class ReadPlan:
                     f"it within {self.wait_limit}"))
             if now - checked > 0.1:
                 checked = now
-                if not os.path.exists(f"/proc/{pid}"):
+                if not part.buffers[0].owner_alive():
                     raise TensorStoreError(self.store._message(
                         f"'{part.key}' version {part.version}: rank {part.rank} (pid {pid}) died "
                         f"while writing it; the version before is still readable"))

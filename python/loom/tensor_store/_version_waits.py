@@ -4,7 +4,6 @@ writer that exited, a version the writers skipped). TensorStore inherits it."""
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import timedelta
 
@@ -29,7 +28,8 @@ class VersionWaits:
         keys announce versions in `latest` alone), raising TimeoutError(`late`) at the
         deadline and TensorStoreError if `writer`'s process exits first."""
         local = writer is not None and writer.buffers and writer.host == self._host
-        pid = writer.buffers[0].pid if local else None  # a writer elsewhere is watched by its server's connection
+        owner = writer.buffers[0] if local else None  # a writer elsewhere is watched by its server's connection
+        pid = owner.pid if owner is not None else None
         # A writer of this host lends its next version into the buffer it lends now: its
         # generation moves past the next odd one (the reclaim) only when that lend is made,
         # so a shared-memory read says when to ask the Store again (no Store traffic while
@@ -47,7 +47,7 @@ class VersionWaits:
             latest = self._latest(key)
             if latest is None or latest[0] > beyond:
                 return  # a newer version, or the key deleted: the next try says which
-            if pid is not None and not os.path.exists(f"/proc/{pid}"):
+            if owner is not None and not owner.owner_alive():
                 raise TensorStoreError(self._message(
                     f"get('{key}'): rank {writer.rank} (pid {pid}) reclaimed version {writer.version} "
                     f"to change its tensors and exited before lending the next"))
@@ -104,7 +104,7 @@ class VersionWaits:
         if not writer.buffers or writer.host != self._host:
             return  # a writer elsewhere: its server's connection, or the timeout, tells
         pid = writer.buffers[0].pid
-        if not os.path.exists(f"/proc/{pid}"):
+        if not writer.buffers[0].owner_alive():
             raise TensorStoreError(self._message(
                 f"get('{key}', version={version}): rank {writer.rank} (pid {pid}), which wrote "
                 f"version {latest[0]}, has exited; no later version will come from it"))
