@@ -299,6 +299,7 @@ def _leaks(rank, world):
         counts["after_delete"] = store_buffers()
         ts.close()
         counts["after_close"] = store_buffers()
+    counts["dropped"] = _dropped(rank, world)
     return counts
 
 
@@ -308,6 +309,35 @@ def test_buffers_are_bounded_and_freed():
     assert writer["after_delete"][0] == 2 and writer["after_close"] == (0, 0)
     # Readers hold mappings, no descriptors: the writer's two buffers of each key at most.
     assert reader["reader"][0] == 0 and reader["reader"][1] <= 4
+    assert writer["dropped"] and reader["dropped"]
+
+
+def _dropped(rank, world):
+    """A store dropped without close(), as a script's last line or a replaced object drops it,
+    frees its buffers and mappings with its last reference: no reference cycle holds them
+    until Python's cycle collector runs (here it never does)."""
+    import gc
+    import weakref
+
+    from loom.tensor_store import TensorStore
+
+    before = store_buffers()
+    gc.disable()
+    try:
+        ts = TensorStore(namespace="dropped")
+        if rank == 0:
+            ts.put_state_dict({"w": torch.ones(1000), "cfg": 1}, "sd")
+        dist.barrier()
+        if rank == 1:
+            ts.get_state_dict("sd")
+            ts.get_state_dict("sd", {"w": torch.empty(1000), "cfg": None})
+        dist.barrier()
+        alive = weakref.ref(ts)
+        del ts
+        assert alive() is None, "the store outlived its last reference"
+        return store_buffers() == before
+    finally:
+        gc.enable()
 
 
 def _labelled(rank, world):

@@ -38,7 +38,9 @@ class ReadPlan:
     layout again reuses it: no per-tensor work but the copies."""
 
     def __init__(self, store: "TensorStore", parts: list[PartMeta]):
-        self.store = store
+        # Weakly: the store keeps its plans, and a cycle would keep the store's shared memory
+        # until Python's cycle collector ran, not until its last reference went.
+        self.store = weakref.proxy(store)
         self.parts = parts  # holds the layouts whose ids key the cache
         self.dsts: list[torch.Tensor] = []
         self.srcs: list[torch.Tensor] = []

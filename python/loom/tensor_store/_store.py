@@ -36,6 +36,7 @@ import os
 import pickle
 import threading
 import time
+import weakref
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Iterable
@@ -122,8 +123,11 @@ class TensorStore(ReadPlanning, VersionWaits):
         self._write_plans: dict[str, WritePlan] = {}
         self._read_plans: dict[str, dict[tuple, ReadPlan]] = {}
         self._layouts: dict[bytes, PartMeta] = {}  # decoded part layouts, by their bytes
-        self._mappings = ReaderMappings(keep, self._host, store, self._message,
-                                        lambda key: self._read_plans.pop(key, None))
+        # What the mappings call back, held weakly (as ReadPlan holds the store): a store
+        # dropped without close() frees its shared memory with its last reference.
+        me = weakref.ref(self)
+        self._mappings = ReaderMappings(keep, self._host, store, lambda text: me()._message(text),
+                                        lambda key: me()._read_plans.pop(key, None))
         self._lendable: list[OwnedBuffer] = []  # buffers make_lendable moved tensors into
         self._lent: dict[str, Lent] = {}  # keys this writer lends, by key
         self._broadcaster = Broadcaster(self._bucket_bytes)  # broadcast mode's plans and versions
