@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import run_ranks
+from harness import run_alone, run_ranks
 from store_samples import on_wait, refresh_until, store_buffers, sync
 
 
@@ -122,6 +122,32 @@ def _writer_gone(rank, world):
 
 def test_a_get_waiting_for_a_version_from_a_writer_that_exited_is_told():
     assert run_ranks(2, _writer_gone, killed=(0,), finalize=False) == ["killed", "told"]
+
+
+def _two_jobs(rank, world):
+    from loom import _C
+    from loom.tensor_store import TensorStore
+
+    if not getattr(_C, "has_network", False):
+        return "no network transport"
+    first, second = dist.HashStore(), dist.HashStore()
+    TensorStore(first, rank=0).put("x", torch.ones(4))  # this process now serves the first job
+    writer, reader = TensorStore(second, rank=0), TensorStore(second, rank=1)
+    writer.put("x", torch.full((4,), 2.0))  # refused before: "one process serves one job"
+    writer.put("x", torch.full((4,), 3.0))
+    part = reader._decode(reader._get_now("k/x/v2/p0"), 2)
+    return reader.get("x").tolist(), part.server, part.unserved
+
+
+def test_a_second_job_in_one_process_puts_for_readers_on_its_host():
+    # Serving buffers across hosts is one job per process; a TensorStore on a second job's
+    # Store still puts, readable on its host, and says why readers elsewhere cannot read it.
+    result = run_alone(_two_jobs)
+    if result == "no network transport":
+        pytest.skip("this loom was built without its network transport")
+    values, server, unserved = result
+    assert values == [3.0] * 4 and server is None
+    assert "another job" in unserved and "serve_remote=False" in unserved, unserved
 
 
 def test_a_writer_that_exited_is_gone_before_its_parent_reaps_it():

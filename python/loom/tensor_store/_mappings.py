@@ -11,7 +11,7 @@ from typing import Callable
 
 from ._parts import MappedBuffer, PartMeta
 from ._read_plan import Released, TensorStoreError
-from ._remote import RemoteBuffer
+from ._remote import OtherJob, RemoteBuffer
 
 SLOTS = 64
 
@@ -40,7 +40,13 @@ class ReaderMappings:
                 raise TensorStoreError(self._message(
                     f"'{part.key}' version {part.version} was put by rank {part.rank} on another host, "
                     f"and {part.unserved}"))
-            opened = self._open[meta.region_id] = RemoteBuffer(meta, part.server, self._job_store, self._message)
+            try:
+                opened = RemoteBuffer(meta, part.server, self._job_store, self._message)
+            except OtherJob as error:
+                raise TensorStoreError(self._message(
+                    f"'{part.key}' version {part.version} was put by rank {part.rank} on another host, "
+                    f"and {error}")) from error
+            self._open[meta.region_id] = opened
         elif opened is None:
             try:
                 opened = MappedBuffer(meta)

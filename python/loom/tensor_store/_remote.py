@@ -35,16 +35,22 @@ _server = None  # this process's _C.ByteServer, once started
 _unserved = ""  # why this process cannot serve, once it tried and failed
 
 
+class OtherJob(RuntimeError):
+    """This process already reads or serves the buffers of another job across hosts."""
+
+
 def identity(store) -> tuple[bytes, int]:
-    """This process's (credentials, id) in the job whose Store is `store` (the base Store)."""
+    """This process's (credentials, id) in the job whose Store is `store` (the base Store).
+    Raises OtherJob if the process already took an identity in another job."""
     global _identity
     with _lock:
         credentials = store.compare_set(_CREDENTIALS, b"", os.urandom(32))  # the first draw wins
         if _identity is None:
             _identity = (credentials, int(store.add(_IDS, 1)))
         elif _identity[0] != credentials:
-            raise RuntimeError("loom tensor store: this process already reads or serves the buffers of "
-                               "another job (a TensorStore on another Store); one process serves one job")
+            raise OtherJob("this process already reads or serves the buffers of another job across "
+                           "hosts (a TensorStore on another Store), and one process does that for one "
+                           "job only")
         return _identity
 
 
@@ -54,7 +60,11 @@ def serve(store, buffer: "OwnedBuffer") -> tuple[tuple[str, int] | None, str]:
     global _server, _unserved
     if not getattr(_C, "has_network", False):
         return None, "this loom was built without its network transport (libfabric)"
-    credentials, me = identity(store)
+    try:
+        credentials, me = identity(store)
+    except OtherJob as error:
+        # Readers on this host still read the buffer; those on others are told why not.
+        return None, f"{error} (pass serve_remote=False where no reader is on another host)"
     if _server is None and not _unserved:
         try:
             _server = _C.ByteServer.start(credentials, me)
@@ -78,7 +88,7 @@ class RemoteBuffer:
         self.region_id = meta.region_id
         self._message = message  # the TensorStore's: names this rank
         self.address, self.server = server
-        self.credentials, self.me = identity(store)
+        self.credentials, self.me = identity(store)  # OtherJob: ReaderMappings names the part
         self.data = torch.empty(meta.capacity, dtype=torch.uint8)
         self._views: dict[tuple, torch.Tensor] = {}
         self._state = "pending"  # of the last fetch
