@@ -197,6 +197,11 @@ def test_a_get_waiting_for_a_version_the_writers_skipped_is_told():
         waiting.join()
         assert len(caught) == 1 and isinstance(caught[0], TensorStoreError), caught
         assert "went on to version 5 without completing this one" in str(caught[0]), caught
+        # Asked afterwards, a skipped version is said to be one, not one retired: version 1,
+        # before it, is still kept (keep=2).
+        with pytest.raises(TensorStoreError, match=r"version=4\): that version was never completed"):
+            reader.get("k", version=4)
+        assert reader.get("k", version=1).tolist() == [1.0] * 4
     finally:
         writer.close()
         reader.close()

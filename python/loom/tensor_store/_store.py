@@ -736,9 +736,13 @@ class TensorStore(ReadPlanning, VersionWaits):
             if complete is not None:
                 parts = int(complete)
             elif latest is not None and version <= latest[0]:
+                # Within the last `keep` a version missing was never completed; further back
+                # it may have been, and retired since.
+                why = ("was never completed (the writers skipped it, or its put failed)"
+                       if version > latest[0] - self._keep else
+                       f"is no longer kept, or was never completed (writers keep their last {self._keep})")
                 raise TensorStoreError(self._message(
-                    f"get('{key}', version={version}): that version is no longer kept (the "
-                    f"latest is {latest[0]}; writers keep their last {self._keep})"))
+                    f"get('{key}', version={version}): that version {why}; the latest is {latest[0]}"))
             else:  # not complete yet: wait for its parts; their bytes are read as written
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
