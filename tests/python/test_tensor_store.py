@@ -737,6 +737,28 @@ def test_a_key_put_and_deleted_again_and_again_is_listed_once():
         assert ts._store.get("index").decode().split() == ["step"]  # the index does not grow
 
 
+def _deleted_by_another(rank, world):
+    from loom.tensor_store import TensorStore
+
+    ts = TensorStore()
+    if rank == 0:
+        ts.put("k", torch.zeros(3))
+    dist.barrier()
+    out = None
+    if rank == 1:  # deletes a key it never put, then puts it: numbered past the writer's
+        ts.delete("k")
+        assert not ts.exists("k")
+        out = ts.put("k", torch.ones(3)), ts.get("k").tolist()
+    dist.barrier()
+    return out
+
+
+def test_a_key_deleted_by_another_rank_is_put_again_by_it():
+    # The first writer still keeps version 1: a new writer's first put takes 2, not 1 (which
+    # was refused as "put by rank 0").
+    assert run_ranks(2, _deleted_by_another)[1] == (2, [1.0] * 3)
+
+
 def _in_place_gets(rank, world):
     from loom.tensor_store import TensorStore
 

@@ -260,6 +260,8 @@ class TensorStore(ReadPlanning, VersionWaits):
             latest = self._latest(key)
             if latest is None and key not in self._owned and key not in self._lent:
                 raise KeyError(self._message(f"delete('{key}'): no such key"))
+            if latest is not None:
+                self._raise_floor(key, latest[0])
             self._forget(key)
             for kept in self._owned.pop(key, ()):
                 self._unpublish(key, kept)
@@ -429,8 +431,11 @@ class TensorStore(ReadPlanning, VersionWaits):
     def _next_version(self, key: str, version: int | None) -> int:
         last = self._last_version.get(key)
         if last is None:  # this writer's first version of the key (or its first puts failed)
+            # From the latest, or, for a key deleted, from the last version it had: the
+            # writers of those may still hold their numbers.
             latest = self._latest(key)
-            last = latest[0] if latest else 0
+            floor = self._get_now(f"k/{key}/floor")
+            last = max(latest[0] if latest else 0, int(floor) if floor else 0)
         if version is None:
             return last + 1
         if not is_version_number(version) or version <= (last or 0):
@@ -588,6 +593,15 @@ class TensorStore(ReadPlanning, VersionWaits):
         key would grow the index, and each keys(), without bound."""
         self._store.delete_key(f"k/{key}/latest")
         self._store.delete_key(f"k/{key}/mode")
+
+    def _raise_floor(self, key: str, version: int) -> None:
+        """Notes that `key` had versions up to `version` when it was deleted: a writer without
+        versions of its own numbers its first put past them (their writers may keep them,
+        and their numbers, after another rank deleted the key)."""
+        name = f"k/{key}/floor"
+        seen = self._get_now(name) or b""
+        while int(seen or 0) < version:
+            seen = self._store.compare_set(name, seen, str(version).encode())
 
     def _lends(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` already lives in one of this store's lendable buffers."""
