@@ -3,15 +3,34 @@
 #include "core/config.h"
 
 #include <algorithm>
-#include <cstdio>
+#include <charconv>
+#include <cstdint>
+#include <optional>
 #include <string>
 
+#include "core/flight_recorder.h"
 #include "core/topology.h"
 #include "kernels/reduce.h"
 #include "loom/error.h"
 #include "util/env.h"
 
 namespace loom {
+
+namespace {
+
+// A count from 1 written in decimal digits alone (no sign, space or suffix), or nullopt.
+std::optional<uint64_t> countFrom1(const std::string& text) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || text[0] < '0' || text[0] > '9' || error != std::errc() || stop != end ||
+      value == 0) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+}  // namespace
 
 int netLanesRequested() {
   return static_cast<int>(env::integer("LOOM_NET_LANES", 0, 1, Config::kMaxNetLanes));
@@ -87,9 +106,10 @@ Config Config::load(const Sharing& sharing) {
   // 1.23-1.63x at 8 and 16 MiB; at 64 MiB, staging with streaming stores ran 5-22% faster
   // (docs/PERFORMANCE.md, "Peer reads"). LOOM_PEER_READS=0 stages everything.
   const size_t peerReadsFrom = ranks >= 8 ? size_t{256} << 10 : size_t{8} << 20;
-  c.tuning.peerReadBytes = env::integer("LOOM_PEER_READS", 1, 0, 1) == 0
-                               ? SIZE_MAX
-                               : env::bytes("LOOM_PEER_READ_BYTES", peerReadsFrom, 0, SIZE_MAX);
+  // Both read whatever the switch says: a malformed size is an error even while it is off.
+  const size_t peerReadBytes = env::bytes("LOOM_PEER_READ_BYTES", peerReadsFrom, 0, SIZE_MAX);
+  c.tuning.peerReadBytes =
+      env::integer("LOOM_PEER_READS", 1, 0, 1) == 0 ? SIZE_MAX : peerReadBytes;
   c.tuning.peerReadMaxBytes = env::bytes("LOOM_PEER_READ_MAX_BYTES", size_t{32} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {
@@ -123,18 +143,22 @@ Config Config::load(const Sharing& sharing) {
       std::chrono::milliseconds(env::integer("LOOM_NET_SILENCE_MS", 10'000, 200, 3'600'000));
   c.tuning.selection = SelectionTable::fromEnvironment(static_cast<int>(ranks));
   if (const auto kill = env::text("LOOM_FAULT_KILL_AT")) {
-    unsigned long long seq = 0, phase = 0;
-    char tail = 0;
-    if (std::sscanf(kill->c_str(), "%llu:%llu%c", &seq, &phase, &tail) != 2 || seq == 0 ||
-        phase == 0) {
+    const size_t colon = kill->find(':');
+    const auto seq = colon == std::string::npos ? std::nullopt : countFrom1(kill->substr(0, colon));
+    const auto phase =
+        colon == std::string::npos ? std::nullopt : countFrom1(kill->substr(colon + 1));
+    if (!seq || !phase) {
       throw Error(ErrorCode::kInvalidArgument, "config", -1,
                   "LOOM_FAULT_KILL_AT=" + *kill +
                       " must be <collective number>:<phase>, both from 1 (e.g. 3:1); unset it "
                       "outside failure drills");
     }
-    c.killAt = {seq, phase};
+    c.killAt = {*seq, *phase};
   }
-  kernels::activeIsa();  // a bad LOOM_ISA fails here, at creation, not in the first collective
+  // Bad values of these fail here, at creation, not in the first call (where ranks with a
+  // good value would wait in it for the ones that failed).
+  kernels::activeIsa();
+  detail::FlightRecorder::instance();
   return c;
 }
 

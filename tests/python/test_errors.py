@@ -276,3 +276,24 @@ def test_opt_in_default_backend(tmp_path):
     assert out.returncode == 0, out.stderr
     # loom for CPU tensors; on a host with CUDA, NCCL for CUDA tensors beside it.
     assert out.stdout.strip() in ("loom", "cpu:loom,cuda:nccl"), out.stdout
+
+
+def test_a_bad_flight_recorder_size_fails_the_group_at_creation(tmp_path):
+    # Read when the process's first operation was recorded, it failed that first call, and
+    # ranks with a good value waited in it for the timeout. A fresh interpreter: the record's
+    # size is read once per process.
+    script = tmp_path / "recorder.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "os.environ['LOOM_FLIGHT_RECORDER'] = 'abc'\n"
+        "import loom\n"
+        "try:\n"
+        "    dist.init_process_group('loom', init_method='file://" + str(tmp_path / "init") + "', rank=0, world_size=1)\n"
+        "except Exception as e:\n"
+        "    print('refused:', e)\n"
+        "else:\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+        "    print('created')\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "refused:" in out.stdout and "LOOM_FLIGHT_RECORDER=abc" in out.stdout, (out.stdout, out.stderr)

@@ -241,8 +241,31 @@ TEST(Config, PeerReadsStartSoonerWithMoreRanksAndCanBeTurnedOff) {
   EXPECT_EQ(Config::load(16).tuning.peerReadBytes, SIZE_MAX);  // off, whatever the size
   ::setenv("LOOM_PEER_READS", "2", 1);
   EXPECT_THROW(Config::load(16), Error);
+  // Off, a malformed size is still an error (it was read only when on).
+  ::setenv("LOOM_PEER_READS", "0", 1);
+  ::setenv("LOOM_PEER_READ_BYTES", "garbage", 1);
+  EXPECT_THROW(Config::load(16), Error);
   ::unsetenv("LOOM_PEER_READS");
   ::unsetenv("LOOM_PEER_READ_BYTES");
+}
+
+TEST(Config, AFaultDrillsKillPointIsTwoCountsFromOne) {
+  ::setenv("LOOM_FAULT_KILL_AT", "3:2", 1);
+  const Config drill = Config::load(2);
+  EXPECT_EQ(drill.killAt.seq, 3u);
+  EXPECT_EQ(drill.killAt.phase, 2u);
+  // Signs, spaces, overflow and trailing text were read as a kill point that never came.
+  for (const char* bad : {"-1:1", " 1:-1", "1: 1", "99999999999999999999:1", "1:1x", "0:1",
+                          "1:0", "1", ":", "1:", "+1:1", "a:b"}) {
+    ::setenv("LOOM_FAULT_KILL_AT", bad, 1);
+    try {
+      Config::load(2);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("LOOM_FAULT_KILL_AT="), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("LOOM_FAULT_KILL_AT");
 }
 
 TEST(Config, AChildTakesItsOwnHostLayoutAndTheParentsMachine) {
