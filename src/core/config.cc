@@ -108,8 +108,7 @@ Config Config::load(const Sharing& sharing) {
   const size_t peerReadsFrom = ranks >= 8 ? size_t{256} << 10 : size_t{8} << 20;
   // Both read whatever the switch says: a malformed size is an error even while it is off.
   const size_t peerReadBytes = env::bytes("LOOM_PEER_READ_BYTES", peerReadsFrom, 0, SIZE_MAX);
-  c.tuning.peerReadBytes =
-      env::integer("LOOM_PEER_READS", 1, 0, 1) == 0 ? SIZE_MAX : peerReadBytes;
+  c.tuning.peerReadBytes = env::integer("LOOM_PEER_READS", 1, 0, 1) == 0 ? SIZE_MAX : peerReadBytes;
   c.tuning.peerReadMaxBytes = env::bytes("LOOM_PEER_READ_MAX_BYTES", size_t{32} << 20, 0, SIZE_MAX);
   c.ringBytes = env::bytes("LOOM_P2P_RING_BYTES", c.ringBytes, 4096, size_t{1} << 30);
   if ((c.ringBytes & (c.ringBytes - 1)) != 0) {

@@ -255,8 +255,8 @@ TEST(Config, AFaultDrillsKillPointIsTwoCountsFromOne) {
   EXPECT_EQ(drill.killAt.seq, 3u);
   EXPECT_EQ(drill.killAt.phase, 2u);
   // Signs, spaces, overflow and trailing text were read as a kill point that never came.
-  for (const char* bad : {"-1:1", " 1:-1", "1: 1", "99999999999999999999:1", "1:1x", "0:1",
-                          "1:0", "1", ":", "1:", "+1:1", "a:b"}) {
+  for (const char* bad : {"-1:1", " 1:-1", "1: 1", "99999999999999999999:1", "1:1x", "0:1", "1:0",
+                          "1", ":", "1:", "+1:1", "a:b"}) {
     ::setenv("LOOM_FAULT_KILL_AT", bad, 1);
     try {
       Config::load(2);
