@@ -111,6 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       }
     }
   }
+  if (stream) acceptedOn(*stream);
   // A CUDA send or receive inside a coalescing block is held by loom until the block ends
   // (endCoalescing): so are its copy-backs, and its own work waits on the host (the
   // block's work has the stream semantics; batch_isend_irecv returns that one).

@@ -179,6 +179,10 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
   if (!device->is_cuda()) {
     invalid(site, "tensors on " + device->str() + "; loom takes CPU and CUDA tensors");
   }
+  if (const auto bound = getBoundDeviceId(); bound && bound->is_cuda() && *bound != *device) {
+    invalid(site, "tensors on " + device->str() + ", but this group is bound to " + bound->str() +
+                      " (init_process_group's device_id); pass tensors on " + bound->str());
+  }
   const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   // A call the caller waits for (async_op=False) runs on the caller's own stream, as
   // ProcessGroupNCCL's do: there is nothing to overlap, and on a GPU that ranks share, the
@@ -191,7 +195,9 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
   }
   c10::Stream stream = [&] {
     std::lock_guard<std::mutex> lock(streamMutex_);
-    if (!loomStream_) {
+    // Until a call on it is accepted, the stream's device is only the first asynchronous
+    // call's: a call on the wrong GPU, which the engine refuses, must not fix it for good.
+    if (!loomStream_ || (!loomStreamAccepted_ && loomStream_->device() != *device)) {
       loomStream_ = impl.getStreamFromGlobalPool(*device, /*isHighPriority=*/false);
     } else if (loomStream_->device() != *device) {
       invalid(site, "this group's CUDA collectives run on " + loomStream_->device().str() +
@@ -204,6 +210,12 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
   ready.record(impl.getStream(*device));
   ready.block(stream);
   return stream;
+}
+
+void ProcessGroupLoom::acceptedOn(const c10::Stream& stream) {
+  if (loomStreamAccepted_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(streamMutex_);
+  if (loomStream_ == stream) loomStreamAccepted_.store(true, std::memory_order_relaxed);
 }
 
 void ProcessGroupLoom::rejoinRefused(const std::optional<c10::Stream>& stream) noexcept {

@@ -198,6 +198,8 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   std::optional<c10::Stream> cudaStreamFor(const CallSite& site,
                                            const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& outputs);
+  /// A call on `stream` was queued: if it is the loom stream, its device is the group's.
+  void acceptedOn(const c10::Stream& stream);
   /// After a refused call or coalescing block, which returns no work whose wait() would do
   /// it: makes the caller's current stream wait for `stream` (the loom stream where what was
   /// issued before the refusal runs), so the caller's next kernels come after it and a CUDA
@@ -296,6 +298,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
 
   std::mutex streamMutex_;
   std::optional<c10::Stream> loomStream_;  // CUDA calls' stream (one GPU per rank); streamMutex_
+  // A call queued on loomStream_ was accepted, so its device is the group's; streamMutex_
+  // (read first without it: set once, never cleared).
+  std::atomic<bool> loomStreamAccepted_{false};
   const std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();  // CUDA works' ends
   // What this group's works share with it (its legend is set once, in the constructor).
   const std::shared_ptr<GroupTies> ties_ = std::make_shared<GroupTies>();

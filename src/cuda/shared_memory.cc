@@ -32,6 +32,10 @@ std::unique_ptr<SharedMemory> SharedMemory::allocate(CUdevice device, size_t byt
   std::unique_ptr<SharedMemory> memory(new SharedMemory(handle, rounded));
   memory->mapFor(device);
   check(d.cuMemsetD8(memory->address_, 0, rounded), "cuda", -1, "cuMemsetD8");
+  // The memset returns before it has run (device memory), on the legacy default stream,
+  // which torch's streams do not wait for: peers map and use the workspace as soon as it
+  // is shared, and a late memset would wipe the flags they wrote. Waited for here, once.
+  check(d.cuStreamSynchronize(nullptr), "cuda", -1, "cuStreamSynchronize after cuMemsetD8");
   return memory;
 }
 

@@ -45,7 +45,7 @@ from check_common import LARGE, SIZES, same  # noqa: E402
 from check_failures import (PART_ENV, dead_rank_is_named, factor_mismatch,  # noqa: E402
                             killed_rank, late_rank, long_timeout, mismatch, refused_in_block,
                             rooted_mismatch, self_rooted, settings_differ, setup_refused,
-                            tag_mismatch)
+                            tag_mismatch, wrong_device)
 from check_premul import premul_factors  # noqa: E402
 from check_timing import timing  # noqa: E402
 
@@ -719,7 +719,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     os.environ.update(PART_ENV.get(part, lambda r, w: {})(rank, world))
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
     # a send between two ranks, which must not wait for the others.
-    bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block")
+    bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block", "wrong_device")
     dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=60),
@@ -739,7 +739,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "late_scatter_root": lambda *a: late_rank(*a[:3], "scatter"),
              "self_rooted_broadcast": lambda *a: self_rooted(*a[:3], "broadcast"),
              "self_rooted_scatter": lambda *a: self_rooted(*a[:3], "scatter"),
-             "timing": timing,
+             "timing": timing, "wrong_device": wrong_device,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
@@ -772,7 +772,8 @@ def main() -> int:
                                                        "settings_differ", "late_rank",
                                                        "late_root", "late_scatter_root",
                                                        "self_rooted_broadcast",
-                                                       "self_rooted_scatter", "timing"])
+                                                       "self_rooted_scatter", "timing",
+                                                       "wrong_device"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,

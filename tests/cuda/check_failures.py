@@ -251,6 +251,27 @@ def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 1
 
 
+def wrong_device(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A group bound to its GPU (device_id) refuses an asynchronous call on another GPU by
+    name, and its next asynchronous calls on its own GPU run: the refused call used to fix
+    the group's stream on the wrong GPU, and every later one was refused. Needs a second GPU
+    (on a one-GPU host: no checks)."""
+    other = next((i for i in range(torch.cuda.device_count()) if i != dev.index), None)
+    if other is None:
+        return 0
+    wrong = torch.ones(8, device=torch.device("cuda", other))
+    try:
+        dist.all_reduce(wrong, async_op=True).wait()
+        raise AssertionError("an all_reduce on another GPU than the group's was accepted")
+    except RuntimeError as e:
+        assert f"bound to {dev}" in str(e), e
+    right = torch.ones(8, device=dev)
+    dist.all_reduce(right, async_op=True).wait()
+    torch.cuda.synchronize()
+    assert right.tolist() == [float(world)] * 8, right
+    return 2
+
+
 def long_timeout(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """A call's timeout of centuries means none, as on CPU: a CUDA call still queued behind the
     caller's kernel when loom first looks at it is not past a deadline that wrapped around.
