@@ -264,6 +264,12 @@ def _broadcast_mode(rank, world):
     wrong = {"x": torch.zeros(5 if rank == 2 else 4)}
     with pytest.raises(ValueError, match=r"broadcast_state_dict\('bad'\): rank 2: 'x' is torch.float32 \[5\]"):
         ts.broadcast_state_dict(wrong, "bad", src=0)
+    # One member's bad arguments are every member's error, naming it (the others waited in
+    # the broadcasts for the timeout).
+    with pytest.raises(ValueError, match=r"rank 2: needs a dict, got list"):
+        ts.broadcast_state_dict([1] if rank == 2 else {"x": torch.zeros(4)}, "args", src=0)
+    with pytest.raises(ValueError, match=r"rank 1: .*keys are non-empty strings"):
+        ts.broadcast_state_dict({"x": torch.zeros(4)}, "" if rank == 1 else "args", src=0)
     # A version that does not grow is refused on every member, naming the writer.
     with pytest.raises(ValueError, match=r"rank 1: versions must be integers that grow; the last of this key is 3"):
         ts.broadcast_state_dict(mine, "policy", src=writer, version=2)

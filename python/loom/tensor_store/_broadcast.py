@@ -194,15 +194,19 @@ class Broadcaster:
         self.plans: dict[str, BroadcastPlan] = {}
         self.versions: dict[str, int] = {}
 
-    def run(self, state_dict: dict, key: str, src: int, group, version: int | None, what: str) -> int:
+    def run(self, state_dict: dict, key: str, src: int, group, version: int | None, what: str,
+            problem: str | None = None) -> int:
         """TensorStore.broadcast_state_dict after its argument checks: the version, the
-        layouts checked and agreed, the buckets, the objects. Returns the version."""
-        leaves = list(flatten(state_dict))
+        layouts checked and agreed, the buckets, the objects. Returns the version. `problem`:
+        what is wrong with this member's arguments, raised on every member."""
+        leaves = list(flatten(state_dict)) if problem is None else []
         sending = dist.get_rank() == src
         header: list[Any] = [None]
         if sending:
             last = self.versions.get(key, 0)
-            if version is not None and (not is_version_number(version) or version <= last):
+            if problem is not None:
+                header[0] = problem
+            elif version is not None and (not is_version_number(version) or version <= last):
                 header[0] = f"versions must be integers that grow; the last of this key is {last}"
             else:
                 objects = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}
@@ -222,7 +226,8 @@ class Broadcaster:
         if isinstance(header[0], str):
             raise ValueError(f"{what}: rank {src}: {header[0]}")
         version, layout, objects, bucket_bytes = header[0]
-        problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
+        if problem is None:
+            problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
         agreed(problem, group, what)
         plan = self.plans.get(key)
         if plan is None or plan.signature != leaf_signature(leaves) or plan.bucket_bytes != bucket_bytes:

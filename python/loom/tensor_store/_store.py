@@ -192,12 +192,18 @@ class TensorStore(ReadPlanning, VersionWaits):
         `bucket_bytes` over the group's broadcast. Serves many readers with one send per
         link where gets fetch a copy each. Returns the version: the writer's next of `key`
         (or `version`), which every member learns."""
-        self._check_key(key)
-        what = self._message(f"broadcast_state_dict('{key}')")
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"{what}: needs a dict, got {type(state_dict).__name__}")
+        # A bad argument on one member is every member's error (raised on each, naming that
+        # rank): raised here alone, the others would wait in the broadcasts for the timeout.
+        what = self._message(f"broadcast_state_dict({key!r})")
+        problem = None
+        try:
+            self._check_key(key)
+        except ValueError as error:
+            problem = str(error)
+        if problem is None and not isinstance(state_dict, dict):
+            problem = f"needs a dict, got {type(state_dict).__name__}"
         with self._broadcasting:  # a collective: it waits for the group, never under self._lock
-            return self._broadcaster.run(state_dict, key, src, group, version, what)
+            return self._broadcaster.run(state_dict, key, src, group, version, what, problem)
 
     def make_lendable(self, target: Any) -> None:
         """Moves the tensors of `target` (a module's parameters and buffers, or a state dict's
