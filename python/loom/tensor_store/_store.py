@@ -597,8 +597,10 @@ class TensorStore(ReadPlanning, VersionWaits):
         its versions anew. It stays in the index (keys() asks whether each listed key is
         readable), so a key put again is not listed again: a loop that puts and deletes one
         key would grow the index, and each keys(), without bound."""
-        self._store.delete_key(f"k/{key}/latest")
+        # The mode first: a reader that finds no latest then finds no mode either, never a key
+        # that says it is lent with nothing lent (which it would ask about again and again).
         self._store.delete_key(f"k/{key}/mode")
+        self._store.delete_key(f"k/{key}/latest")
 
     def _raise_floor(self, key: str, version: int) -> None:
         """Notes that `key` had versions up to `version` when it was deleted: a writer without
@@ -772,7 +774,13 @@ class TensorStore(ReadPlanning, VersionWaits):
                     self._wait(key, version, [mode], wait, by)
                     if self._get_now(mode) == b"lent":
                         self._await_lent(key, version, None, timeout)
-                        return self._parts(key, version, timeout, retries)
+                        if retries == 0:  # lent, by its mode, yet never a latest
+                            raise TensorStoreError(self._message(
+                                f"get('{key}', version={version}): the key says it is lent but no "
+                                f"version of it is (a rank that deleted it stopped half way?); lend "
+                                f"or put it again"))
+                        time.sleep(0.01)
+                        return self._parts(key, version, timeout, retries - 1)
                 self._wait(key, version, [first], wait, by)
                 value = self._get_now(first)
                 if value is None:  # withdrawn: its put failed
