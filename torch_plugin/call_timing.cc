@@ -5,33 +5,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace loom::torch_plugin {
-
-CallTiming CallTiming::onHost(c10::ArrayRef<Request> requests) {
-  CallTiming timing;
-  timing.requests_.assign(requests.begin(), requests.end());
-  return timing;
-}
-
-CallTiming CallTiming::onStream(const c10::Stream& stream) {
-  CallTiming timing;
-  // BACKEND_DEFAULT: an event that records a time (torch's default event does not).
-  timing.start_.emplace(stream.device_type(), c10::EventFlag::BACKEND_DEFAULT);
-  timing.start_->record(stream);
-  return timing;
-}
-
-void CallTiming::queued(const c10::Stream& stream) {
-  if (!start_) return;
-  end_.emplace(stream.device_type(), c10::EventFlag::BACKEND_DEFAULT);
-  end_->record(stream);
-}
 
 void CallTiming::ended() {
   duration_ = millisSinceStart(requests_);
   requests_.clear();
-  hasEnded_ = true;
 }
 
 float millisSinceStart(c10::ArrayRef<Request> requests) {
@@ -46,23 +26,16 @@ float millisSinceStart(c10::ArrayRef<Request> requests) {
   return std::chrono::duration<float, std::milli>(now - began).count();
 }
 
-float CallTiming::millis(const std::string& what, int rank) const {
-  const std::string call =
-      "loom: Work.get_duration() of " + what + " on rank " + std::to_string(rank) + ": ";
-  if (start_) {
-    TORCH_CHECK(end_.has_value() && end_->query(), call,
-                "the GPU has not run the call yet; wait() for it and synchronize its stream "
-                "(or call the work's synchronize()) first");
-    return static_cast<float>(start_->elapsedTime(*end_));
-  }
-  TORCH_CHECK(hasEnded_, call, "the call has not ended yet; wait() for it first");
-  return duration_;
-}
-
 void refuseUntimed(const std::string& what, int rank) {
   TORCH_CHECK(false, "loom: Work.get_duration() of ", what, " on rank ", rank,
               ": the call was not timed; call the group's _enable_collectives_timing() before "
               "issuing the calls to time");
+}
+
+void refuseCudaTiming(const std::string& what, int rank) {
+  TORCH_CHECK(false, "loom: Work.get_duration() of ", what, " on rank ", rank,
+              ": loom times calls on CPU tensors only, not yet calls on CUDA tensors; time "
+              "them with CUDA events around the call on your stream, or with torch's profiler");
 }
 
 }  // namespace loom::torch_plugin

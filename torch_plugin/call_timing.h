@@ -7,16 +7,14 @@
 // A CPU call is timed on the host: from when the first of its operations began to run (a
 // collective when its group's thread took it up, after the group's earlier calls; a send
 // or receive when it was issued: Request::startedAt) to when the call ended, copy-backs
-// included. A CUDA call is timed by the GPU, as NCCL's are: between two timing events
-// recorded on its stream around everything it queued there, so the time it waited behind
-// earlier kernels on that stream is not counted.
+// included. CUDA calls are not timed yet: their works say so. (Timing them as NCCL does,
+// by events around what a call queues on its stream, was tried; its GPU check did not
+// finish on an H100, cause not found, so it was taken out: docs/PERFORMANCE.md, "CUDA
+// tensors".)
 
-#include <c10/core/Event.h>
-#include <c10/core/Stream.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
-#include <optional>
 #include <string>
 
 #include "loom/request.h"
@@ -27,30 +25,17 @@ class CallTiming {
  public:
   /// Timed on the host: `requests` are the call's operations (their start times are read
   /// once they have ended).
-  static CallTiming onHost(c10::ArrayRef<Request> requests);
-  /// Timed by the GPU: records the start event on `stream` now, before the call queues
-  /// anything there.
-  static CallTiming onStream(const c10::Stream& stream);
+  explicit CallTiming(c10::ArrayRef<Request> requests)
+      : requests_(requests.begin(), requests.end()) {}
 
-  /// A GPU-timed call has queued everything on `stream`: records the end event there.
-  void queued(const c10::Stream& stream);
-  /// A host-timed call ended now (its requests have ended and its copy-backs have run).
+  /// The call ended now (its requests have ended and its copy-backs have run).
   void ended();
-  /// Whether the GPU times this call.
-  bool onGpu() const { return start_.has_value(); }
-  /// The call's active time in milliseconds. `what` and `rank` name the call in the error
-  /// raised while the time is not known yet (a host-timed call not ended, or a GPU that
-  /// has not run the call yet).
-  float millis(const std::string& what, int rank) const;
+  /// The call's active time in milliseconds, once ended().
+  float millis() const { return duration_; }
 
  private:
-  CallTiming() = default;
-
-  c10::SmallVector<Request, 1> requests_;  // host: until ended()
-  float duration_ = 0;                     // host: milliseconds, once ended()
-  bool hasEnded_ = false;
-  std::optional<c10::Event> start_;  // GPU: timing events, recorded on the call's stream
-  std::optional<c10::Event> end_;
+  c10::SmallVector<Request, 1> requests_;  // until ended()
+  float duration_ = 0;
 };
 
 /// Milliseconds from when the first of `requests` (ended operations) began to run until now.
@@ -59,5 +44,8 @@ float millisSinceStart(c10::ArrayRef<Request> requests);
 /// The error Work.getDuration() raises for a call made before its group was asked to time
 /// its calls.
 [[noreturn]] void refuseUntimed(const std::string& what, int rank);
+
+/// The error Work.getDuration() raises for a call on CUDA tensors.
+[[noreturn]] void refuseCudaTiming(const std::string& what, int rank);
 
 }  // namespace loom::torch_plugin

@@ -74,17 +74,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.
   const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
-  // Work.getDuration(): a CUDA call is timed by events around what it queues (CallTiming),
-  // and the first CUDA call of a coalescing block starts the block's timing too.
+  // Work.getDuration(): CPU calls are timed on the host (CallTiming); CUDA calls are not.
   const bool timed = ties_->timing.load(std::memory_order_relaxed);
-  std::optional<CallTiming> gpuTiming;
-  if (timed && stream) {
-    gpuTiming.emplace(CallTiming::onStream(*stream));
-    if (coalescing_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(coalesceMutex_);
-      if (coalescing_ && !blockTiming_) blockTiming_.emplace(CallTiming::onStream(*stream));
-    }
-  }
   {
     // What opOptions() reads for this call, cleared however issue() ends.
     struct CallScope {
@@ -135,7 +126,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   if (stream) {
     if (!held) finishOnStream(*stream, uses, outputs, finisher, requests);
     finisher = nullptr;
-    if (gpuTiming && !held) gpuTiming->queued(*stream);
   }
   // A CPU call over by now (a blocking one ran right here): a work with nothing to track.
   if (!stream && allEnded(requests)) {
@@ -153,8 +143,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       workStream ? events_ : nullptr);
   work->setFutureLists(futureLists);
   work->tieTo(ties_);
-  // A held call's work waits on the host, and is timed there.
-  if (timed) work->timeWith(workStream ? std::move(*gpuTiming) : CallTiming::onHost(requests));
+  if (timed && !stream) work->timeWith(CallTiming(requests));
+  if (held) work->markCudaTensors();  // its getDuration() refuses as a CUDA work's does
   work->track(requests, inputs);
   if (!stream) noteAsync(work, type);
   if (inBlock && copiesBack) {

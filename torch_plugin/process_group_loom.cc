@@ -433,7 +433,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   std::vector<HeldFinish> held;
   std::vector<c10::intrusive_ptr<WorkLoom>> copyingBack;
   std::optional<c10::Stream> stream;
-  std::optional<CallTiming> timing;
   std::exception_ptr refused;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
@@ -443,7 +442,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     held.swap(held_);
     copyingBack.swap(copyingBack_);
     stream.swap(coalescedStream_);
-    timing.swap(blockTiming_);
     refused = std::exchange(blockError_, nullptr);
   }
   // CUDA sends and receives are queued now, together; then their copy-backs.
@@ -463,7 +461,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     throw;
   }
   for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
-  if (stream && timing) timing->queued(*stream);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.
   if (refused) {
@@ -486,8 +483,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       finisher = nullptr;
     }
   }
-  // Timed where the group timed its calls: a CUDA block from its first CUDA call's start
-  // (blockTiming_, made in launch()), a CPU block on the host.
+  // Timed where the group times its calls, if it is a block of CPU calls (CallTiming).
   const bool timed = ties_->timing.load(std::memory_order_relaxed);
   if (!stream && allEnded(requests)) {
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
@@ -498,11 +494,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
       std::vector<at::Tensor>{}, std::move(finisher), stream, stream ? events_ : nullptr);
   work->tieTo(ties_);
-  if (stream && timing) {
-    work->timeWith(std::move(*timing));
-  } else if (timed && !stream) {
-    work->timeWith(CallTiming::onHost(requests));
-  }
+  if (timed && !stream) work->timeWith(CallTiming(requests));
   work->track(requests);
   return work;
 }
