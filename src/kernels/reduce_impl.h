@@ -101,15 +101,17 @@ inline A combine(A a, A b) {
     else
       return a * b;
   } else if constexpr (K == ReduceKind::kMin) {
+    // Ties keep `a`, the earlier ranks' value (+0 and -0 compare equal): torch.minimum's
+    // and Gloo's choice; NaN wins either way.
     if constexpr (std::is_floating_point_v<A>)
-      return (a < b || a != a) ? a : b;
+      return (b < a || b != b) ? b : a;
     else
-      return a < b ? a : b;
+      return b < a ? b : a;
   } else if constexpr (K == ReduceKind::kMax) {
     if constexpr (std::is_floating_point_v<A>)
-      return (a > b || a != a) ? a : b;
+      return (b > a || b != b) ? b : a;
     else
-      return a > b ? a : b;
+      return b > a ? b : a;
   } else if constexpr (K == ReduceKind::kBitAnd) {
     return static_cast<A>(a & b);
   } else if constexpr (K == ReduceKind::kBitOr) {
@@ -197,7 +199,19 @@ void reduceKinds(void* dst, const void* const* srcs, int nsrc, size_t count,
   __builtin_trap();
 }
 
-// Bool: SUM, MAX and BOR are logical or; PRODUCT, MIN and BAND are logical and.
+// Bool: SUM, MAX and BOR are logical or; PRODUCT, MIN and BAND are logical and; BXOR is
+// logical xor. Each byte is a truth value, nonzero true, as torch reads a bool tensor made
+// from other bytes (uint8_mask.view(torch.bool)): combined bit by bit, 2 and 1 (both true)
+// made 0 (false) under PRODUCT and MIN. Results are 0 or 1.
+template <class Combine>
+void reduceTruth(uint8_t* d, const uint8_t* const* s, int nsrc, size_t count, Combine combine) {
+  for (size_t i = 0; i < count; ++i) {
+    bool acc = s[0][i] != 0;
+    for (int k = 1; k < nsrc; ++k) acc = combine(acc, s[k][i] != 0);
+    d[i] = acc ? 1 : 0;
+  }
+}
+
 void reduceBool(void* dst, const void* const* srcs, int nsrc, size_t count,
                 const ReduceSpec& spec) {
   auto* d = static_cast<uint8_t*>(dst);
@@ -206,13 +220,13 @@ void reduceBool(void* dst, const void* const* srcs, int nsrc, size_t count,
     case ReduceKind::kSum:
     case ReduceKind::kMax:
     case ReduceKind::kBitOr:
-      return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitOr>(d, s, nsrc, count, 0, 1);
+      return reduceTruth(d, s, nsrc, count, [](bool a, bool b) { return a || b; });
     case ReduceKind::kProduct:
     case ReduceKind::kMin:
     case ReduceKind::kBitAnd:
-      return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitAnd>(d, s, nsrc, count, 0, 1);
+      return reduceTruth(d, s, nsrc, count, [](bool a, bool b) { return a && b; });
     case ReduceKind::kBitXor:
-      return reduceTyped<uint8_t, uint8_t, ReduceKind::kBitXor>(d, s, nsrc, count, 0, 1);
+      return reduceTruth(d, s, nsrc, count, [](bool a, bool b) { return a != b; });
     default: __builtin_trap();
   }
 }

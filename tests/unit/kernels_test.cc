@@ -156,6 +156,46 @@ TEST(ReduceKernels, MinMaxPropagateNaN) {
   }
 }
 
+// Bool bytes are truth values (nonzero true), as torch reads a bool view of other bytes:
+// 2 and 1 are both true, so PRODUCT and MIN (logical and) give true, not 2 & 1 = 0; every
+// result byte is 0 or 1.
+TEST(ReduceKernels, BoolBytesAreTruthValues) {
+  for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (!kernels::isaAvailable(isa)) continue;
+    const std::vector<uint8_t> a{2, 2, 0, 0, 255}, b{1, 0, 4, 0, 1};
+    const void* srcs[] = {a.data(), b.data()};
+    const auto reduce = [&](ReduceKind kind) {
+      std::vector<uint8_t> out(a.size(), 7);
+      kernels::reduceWith(isa, out.data(), srcs, 2, a.size(), {DataType::kBool, kind, 2});
+      return out;
+    };
+    using V = std::vector<uint8_t>;
+    for (ReduceKind kind : {ReduceKind::kProduct, ReduceKind::kMin, ReduceKind::kBitAnd}) {
+      EXPECT_EQ(reduce(kind), (V{1, 0, 0, 0, 1})) << kernels::isaName(isa);
+    }
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kBitOr}) {
+      EXPECT_EQ(reduce(kind), (V{1, 1, 1, 0, 1})) << kernels::isaName(isa);
+    }
+    EXPECT_EQ(reduce(ReduceKind::kBitXor), (V{0, 1, 1, 0, 0})) << kernels::isaName(isa);
+  }
+}
+
+// MIN and MAX over +0 and -0 keep the first source's zero, as torch.minimum and Gloo do.
+TEST(ReduceKernels, MinMaxKeepTheFirstOfEqualValues) {
+  for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (!kernels::isaAvailable(isa)) continue;
+    const std::vector<float> plus(64, 0.0f), minus(64, -0.0f);
+    for (ReduceKind kind : {ReduceKind::kMin, ReduceKind::kMax}) {
+      for (const auto& [first, second] : {std::pair{&plus, &minus}, std::pair{&minus, &plus}}) {
+        const void* srcs[] = {first->data(), second->data()};
+        std::vector<float> out(64, 1.0f);
+        kernels::reduceWith(isa, out.data(), srcs, 2, 64, {DataType::kFloat32, kind, 2});
+        EXPECT_EQ(std::signbit(out[0]), std::signbit((*first)[0])) << kernels::isaName(isa);
+      }
+    }
+  }
+}
+
 // Streaming copies equal memcpy for every alignment of source and destination and for
 // lengths around the vector and unroll widths.
 TEST(CopyKernels, StreamingCopyMatchesMemcpy) {
