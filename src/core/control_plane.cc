@@ -74,13 +74,24 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
       if (Clock::now() - *failedAt > 20 * kTurn) throw failures_.failureError("create");
     }
     if (Clock::now() >= deadline) {
-      throw Error(ErrorCode::kTimeout, "create", rank_,
-                  "not every rank on the other hosts joined within the timeout (heard from " +
-                      std::to_string(met_.load()) + " of " + std::to_string(n) + " peers" +
-                      missingPeers() + "; this rank's first word written to " +
-                      std::to_string(spokenTo_.load()) +
-                      "): did every rank make this communicator, and can the hosts reach "
-                      "each other (LOOM_NET_IFNAME)?");
+      // Recorded as the communicator's failure, not only thrown: ranks that finished
+      // creating (this host's through the segment, the peers heard from through the links,
+      // before they close) must learn this reason, not that this rank left.
+      int culprit = rank_;
+      for (size_t i = 0; i < peers_.size(); ++i) {
+        if (!heardFrom_[i].load()) {
+          culprit = peers_[i].rank;
+          break;
+        }
+      }
+      failures_.fail(ErrorCode::kTimeout, culprit,
+                     "not every rank on the other hosts joined rank " + std::to_string(rank_) +
+                         " within the timeout (heard from " + std::to_string(met_.load()) + " of " +
+                         std::to_string(n) + " peers" + missingPeers() +
+                         "; its first word written to " + std::to_string(spokenTo_.load()) +
+                         "): did every rank make this communicator, and can the hosts reach "
+                         "each other (LOOM_NET_IFNAME)?");
+      throw failures_.failureError("create");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

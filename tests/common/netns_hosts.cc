@@ -148,4 +148,15 @@ void NetnsHosts::setLink(int h, bool up) const {
   run("ip -n " + hub_ + " link set p" + std::to_string(h) + (up ? " up" : " down"));
 }
 
+void NetnsHosts::cutBetween(int a, int b) const {
+  // A permanent neighbour entry with a hardware address no interface has: the packets
+  // leave, and nothing answers (no error, as on a cut cable between two racks).
+  const auto cut = [&](int from, int to, const char* nowhere) {
+    run("ip -n " + names_[from] + " neigh replace " + address(to) + " lladdr " + nowhere +
+        " dev eth0 nud permanent");
+  };
+  cut(a, b, "02:00:00:00:00:99");
+  cut(b, a, "02:00:00:00:00:98");
+}
+
 }  // namespace loom::testing

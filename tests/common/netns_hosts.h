@@ -30,6 +30,9 @@ class NetnsHosts {
   std::string address(int h) const;
   /// Takes host h's link to the bridge down (false) or up again.
   void setLink(int h, bool up) const;
+  /// Hosts a and b can no longer reach each other (each sends the other's packets to an
+  /// address nobody has), while both still reach every other host.
+  void cutBetween(int a, int b) const;
   /// Limits host h's link to `gbit` Gb/s in each direction (a tc token bucket on both ends
   /// of its veth pair, as a NIC of that speed would).
   void shape(int h, double gbit) const;

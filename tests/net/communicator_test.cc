@@ -254,6 +254,30 @@ TEST_F(ThreeHosts, ARankKilledMidRingFailsBothSurvivorsNamingIt) {
   EXPECT_FALSE(outcomes[2].exited) << "rank 2 was to be killed: " << outcomes[2].output;
 }
 
+// Hosts 0 and 2 cannot reach each other, and both reach host 1. Rank 1 hears from both and
+// finishes creating; ranks 0 and 2 time out waiting for each other. Every rank must learn
+// that reason: rank 1 used to be told, at its first call, that a peer had destroyed its
+// communicator (a false diagnosis, forwarded on to the others).
+TEST_F(ThreeHosts, ACreationThatTimesOutOnSomeRanksTellsEveryRankWhy) {
+  const NetnsHosts& hosts = *hosts_;
+  hosts.cutBetween(0, 2);
+  const auto outcomes = loom::testing::runRanks(3, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(8);
+    std::string error;
+    try {
+      auto comm = ctx.connect(options);
+      comm->barrier().wait();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    LOOM_CHECK(error.find("not every rank on the other hosts joined rank") != std::string::npos,
+               << "rank " << ctx.rank << " was told: " << error);
+  });
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
 TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
   const NetnsHosts& hosts = *hosts_;
   loom::testing::RunOptions run;
