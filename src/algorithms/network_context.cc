@@ -416,10 +416,20 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       }
       // Idle: a short spin, then yield, then sleep a little (the network rings no bell).
       if (Clock::now() >= wait_.deadline) {
+        // The peer waited for may itself wait for a rank behind it, whose own host names that
+        // rank at about the same moment (its deadline is this call's too) and forwards the
+        // reason: that is the one to report, not the healthy peer this rank waited on.
+        const auto until = Clock::now() + kTimeoutReasonGrace;
+        while (!failures_.failed() && Clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (failures_.failed()) throw failures_.failureError(op);
         failWith(ErrorCode::kTimeout, current,
                  op + " #" + std::to_string(wait_.seq) + " hit its timeout of " +
                      std::to_string(wait_.timeout.count()) + " ms waiting over the network for " +
-                     outstandingOf(work, describe_));
+                     outstandingOf(work, describe_) +
+                     " (which may itself wait for a rank behind it: the flight record and the "
+                     "other hosts' reports say where each rank was)");
       }
       if (idleTurns++ == 0 && trace::enabled()) {
         idle.emplace(awaitsProduction ? "wait for bytes to send" : "wait on the network");

@@ -69,14 +69,22 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
     // creating first may already have used the communicator and failed) leaves this thread a
     // few turns to hear them: then creation ends and the failure shows at the first call, as
     // it does on the ranks that were quicker. A peer not heard by then is not coming.
-    if (failures_.failed()) {
-      if (!failedAt) failedAt = Clock::now();
-      if (Clock::now() - *failedAt > 20 * kTurn) throw failures_.failureError("create");
+    // Another rank's creation timing out (recorded below) is that rank's view: this one goes
+    // on waiting until its own deadline, to report what it saw itself.
+    if (failures_.failed() && !failedAt) {
+      failedAt = failures_.failureError("create").code() == ErrorCode::kTimeout
+                     ? Clock::time_point::max()
+                     : Clock::now();
+    }
+    if (failedAt && *failedAt != Clock::time_point::max() &&
+        Clock::now() - *failedAt > 20 * kTurn) {
+      throw failures_.failureError("create");
     }
     if (Clock::now() >= deadline) {
-      // Recorded as the communicator's failure, not only thrown: ranks that finished
-      // creating (this host's through the segment, the peers heard from through the links,
-      // before they close) must learn this reason, not that this rank left.
+      // Recorded as the communicator's failure too (unless one is already): ranks that
+      // finished creating (this host's through the segment, the peers heard from through
+      // the links, before they close) must learn this reason, not that this rank left. This
+      // rank reports what it saw itself.
       int culprit = rank_;
       for (size_t i = 0; i < peers_.size(); ++i) {
         if (!heardFrom_[i].load()) {
@@ -84,14 +92,15 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
           break;
         }
       }
-      failures_.fail(ErrorCode::kTimeout, culprit,
-                     "not every rank on the other hosts joined rank " + std::to_string(rank_) +
-                         " within the timeout (heard from " + std::to_string(met_.load()) + " of " +
-                         std::to_string(n) + " peers" + missingPeers() +
-                         "; its first word written to " + std::to_string(spokenTo_.load()) +
-                         "): did every rank make this communicator, and can the hosts reach "
-                         "each other (LOOM_NET_IFNAME)?");
-      throw failures_.failureError("create");
+      const std::string detail =
+          "not every rank on the other hosts joined rank " + std::to_string(rank_) +
+          " within the timeout (heard from " + std::to_string(met_.load()) + " of " +
+          std::to_string(n) + " peers" + missingPeers() + "; its first word written to " +
+          std::to_string(spokenTo_.load()) +
+          "): did every rank make this communicator, and can the hosts reach each other "
+          "(LOOM_NET_IFNAME)?";
+      failures_.fail(ErrorCode::kTimeout, culprit, detail);
+      throw Error(ErrorCode::kTimeout, "create", rank_, detail);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -4,9 +4,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "algorithms/collective.h"
@@ -165,6 +168,21 @@ void FailureDomain::peerGone(int q, RankState state, const WaitSpec& spec) {
 void FailureDomain::timedOut(uint64_t phase, const WaitSpec& spec) {
   std::vector<int> missing = shm_.laggards(phase);
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
+  // Laggards that are inside this very call wait for something themselves (a rank behind
+  // them, here or on another host): the rank that waits for that one names it, so listen a
+  // while for its reason before naming the laggards. Ranks behind are named at once.
+  const bool allInside =
+      !missing.empty() && std::all_of(missing.begin(), missing.end(), [&](int m) {
+        const shm::ShmComm::Progress p = shm_.progressOf(m);
+        return p.started >= spec.seq && p.finished < p.started;
+      });
+  if (allInside) {
+    const auto until = std::chrono::steady_clock::now() + kTimeoutReasonGrace;
+    while (!failed() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (failed()) throw failureError(spec.op);
+  }
   // Where each laggard is tells behind (finished an earlier collective, never issued this
   // one) from stuck (started one and is waiting inside it).
   std::string where;

@@ -22,6 +22,13 @@ enum class RankState : uint32_t {
   kDead = 2,      ///< its process exited without doing so (set by whoever noticed)
 };
 
+/// How long a wait past its deadline listens for a reason found elsewhere before it reports
+/// its own timeout, where what it waits for is itself waiting (a peer over the network, or
+/// a rank of this host inside the same call): the rank behind them is named by its own
+/// host's ranks, whose deadlines differ from this one's by the skew of the call's start,
+/// and a reason from another host takes a control-plane turn to arrive.
+inline constexpr std::chrono::milliseconds kTimeoutReasonGrace{2000};
+
 /// What a wait needs to fail well: which operation, and until when.
 struct WaitSpec {
   std::string_view op;

@@ -278,6 +278,38 @@ TEST_F(ThreeHosts, ACreationThatTimesOutOnSomeRanksTellsEveryRankWhy) {
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
 
+// Rank 5 (host 2, with ranks 3 and 4) never issues the call. Host 2 names it at its
+// timeout; the ranks of hosts 0 and 1 time out waiting over the network at about the same
+// moment, for peers that are healthy but wait themselves (host 1 for host 0, host 0 for
+// host 2), and used to name those peers. They report host 2's reason now.
+TEST_F(ThreeHosts, ATimeoutAcrossHostsNamesTheRankBehindNotAHealthyPeer) {
+  const NetnsHosts& hosts = *hosts_;
+  const auto outcomes = loom::testing::runRanks(6, [&](RankContext& ctx) {
+    const int hostOf[] = {0, 1, 1, 2, 2, 2};
+    hosts.enter(hostOf[ctx.rank]);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(4);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 5) {  // behind: waits until the others have their errors, then leaves
+      for (int q = 0; q < 5; ++q) {
+        ctx.store->get("told " + std::to_string(q), std::chrono::seconds(60));
+      }
+      return;
+    }
+    std::vector<float> data(100000, 1.0F);
+    expectError(
+        [&] {
+          comm->allReduce(data.data(), data.data(), data.size(), DataType::kFloat32,
+                          ReduceKind::kSum)
+              .wait();
+        },
+        ErrorCode::kTimeout, {"rank(s) 5"});
+    ctx.store->set("told " + std::to_string(ctx.rank), {1});
+  });
+  EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
+}
+
 TEST_F(TwoHosts, ACutLinkFailsBothSidesWithinTheSilenceLimit) {
   const NetnsHosts& hosts = *hosts_;
   loom::testing::RunOptions run;
