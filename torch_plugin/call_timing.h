@@ -9,8 +9,7 @@
 // or receive when it was issued: Request::startedAt) to when the call ended, copy-backs
 // included. CUDA calls are not timed yet: their works say so. (Timing them as NCCL does,
 // by events around what a call queues on its stream, was tried; its GPU check did not
-// finish on an H100, cause not found, so it was taken out: docs/PERFORMANCE.md, "CUDA
-// tensors".)
+// finish on an H100, cause not found, so it was taken out: docs/perf/cuda_floor_h100.txt.)
 
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>

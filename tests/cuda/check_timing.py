@@ -3,7 +3,7 @@ call's Work.get_duration() says that loom does not time CUDA calls yet (torch_pl
 call_timing.h), for an asynchronous call, a blocking call's own work and a coalesced one,
 and the calls' results stay right. Run through check_cuda.py (its worker dispatches here).
 A first version of this part, when loom timed CUDA calls with events, did not finish on an
-H100 within 100 s (docs/PERFORMANCE.md, "CUDA tensors"); that timing was taken out."""
+H100 within 100 s (docs/perf/cuda_floor_h100.txt); that timing was taken out."""
 
 from __future__ import annotations
 
