@@ -568,7 +568,6 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
     const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
     const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
   constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
-  if ((shrinkFlags & kShrinkAbort) != 0) comm_->abort();
   const auto& from = optsOverride ? *optsOverride : static_cast<c10d::Backend::Options&>(*options_);
   auto childOptions = c10::make_intrusive<Options>(from.timeout);
   childOptions->group_name = from.group_name.empty() ? options_->group_name : from.group_name;
@@ -589,7 +588,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
   }
   std::shared_ptr<Communicator> child;
   releasingGil([&] {
-    child = translated([&] { return comm_->shrink(excluded, commOptions(*childOptions)); });
+    // SHRINK_ABORT aborts once every argument is checked: a refused call leaves the group.
+    child = translated([&] {
+      return comm_->shrink(excluded, commOptions(*childOptions), (shrinkFlags & kShrinkAbort) != 0);
+    });
   });
   {
     // Shrinking the world makes the result the communicator later groups derive from.
@@ -601,6 +603,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
 
 void ProcessGroupLoom::abort() {
   comm_->abort();
+  // Groups made later must not derive from an aborted world (torch's _abort_process_group()
+  // and a world made anew, while something still holds this one), as after shutdown().
+  std::lock_guard<std::mutex> lock(gWorldMutex);
+  if (gWorld.lock() == comm_) gWorld.reset();
 }
 
 void ProcessGroupLoom::shutdown() {

@@ -105,9 +105,11 @@ class Communicator {
 
   /// Rebuilds without the `excluded` ranks (typically ones that died): every other rank
   /// calls it, and gets a communicator of the remaining ranks in their old order. Works on
-  /// a communicator that has failed; the old one stays failed (destroy it).
+  /// a communicator that has failed; the old one stays failed (destroy it). `abortFirst`
+  /// (torch's SHRINK_ABORT): aborts this communicator, failing what is pending, once the
+  /// arguments are checked; a call refused for its arguments leaves it as it was.
   std::shared_ptr<Communicator> shrink(std::span<const int> excluded,
-                                       const CommOptions& options = {});
+                                       const CommOptions& options = {}, bool abortFirst = false);
 
   /// Throws what a call named `op` would throw now if this communicator has failed, was shut
   /// down or belongs to the process this one was forked from; otherwise does nothing.

@@ -196,7 +196,11 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   // A child across hosts registers here (a top-level one did in exchangeRoster): one
   // registration, which the state's destructor gives back.
   if (state->spansHosts()) listenFor(roster, rank);
-  state->join(deadlineAfter(options.timeout), /*child=*/true);
+  // A shrink starts from a failed parent (what it is for); split and subset from a serving
+  // one, whose failure meanwhile (a member aborted it instead of joining) is the reason.
+  const Failures* watched =
+      parent.failures_ && !parent.failures_->failed() ? parent.failures_.get() : nullptr;
+  state->join(deadlineAfter(options.timeout), /*child=*/true, watched);
   return state;
 }
 
@@ -215,10 +219,10 @@ bool CommState::forkedAway() const {
   return ::getpid() != owner_;
 }
 
-void CommState::join(Clock::time_point deadline, bool child) {
+void CommState::join(Clock::time_point deadline, bool child, const Failures* parent) {
   const int localRank = hosts_.localIndex(rank_);
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
-  JoinedSegment joined = joinSegment(deadline, child);
+  JoinedSegment joined = joinSegment(deadline, child, parent);
   shm_ =
       std::make_unique<shm::ShmComm>(std::move(joined.segment), localRank, config_.backoff, here);
   layout_ = layoutOf(hosts_, rank_);

@@ -103,8 +103,11 @@ class CommState final : public FailureSink {
   /// Whether this thread is this communicator's CUDA monitor, running its calls' callbacks.
   bool onCudaMonitor() const;
   /// Joins the communicator's host segment and starts its threads; `child`: made from a
-  /// parent (split, subset, shrink), not through a store.
-  void join(std::chrono::steady_clock::time_point deadline, bool child);
+  /// parent (split, subset, shrink), not through a store. `parent`: the parent's failure
+  /// domain where it still served when the child began, whose failure (an abort, a death)
+  /// then ends the wait for the child's members at once, with the parent's reason.
+  void join(std::chrono::steady_clock::time_point deadline, bool child,
+            const Failures* parent = nullptr);
   /// This host's segment as joinSegment leaves it; `broken`, where members were handed the
   /// segment but not all of them took it: the rank to blame and why, which join records in
   /// the segment, so that the members that did take it fail at once rather than wait.
@@ -113,7 +116,8 @@ class CommState final : public FailureSink {
     std::optional<std::pair<int, std::string>> broken;
   };
   /// Makes (the host's lowest rank) or receives this host's segment.
-  JoinedSegment joinSegment(std::chrono::steady_clock::time_point deadline, bool child);
+  JoinedSegment joinSegment(std::chrono::steady_clock::time_point deadline, bool child,
+                            const Failures* parent);
   /// Where every rank runs, as rank `rank` sees it (for collectives across hosts).
   static HostLayout layoutOf(const HostMap& hosts, int rank);
   /// Starts this rail rank's control plane and waits until the other hosts have met it.

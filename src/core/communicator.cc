@@ -142,7 +142,7 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded,
-                                                   const CommOptions& options) {
+                                                   const CommOptions& options, bool abortFirst) {
   // Unlike split and subset this works on a failed communicator: rebuilding without the
   // ranks that died is what it is for. Only the roster is used, never the shared segment.
   const Site site{"shrink", rank(), size()};
@@ -158,6 +158,7 @@ std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded
     validate::fail(site, "this rank (" + std::to_string(rank()) +
                              ") is in 'excluded'; only the ranks that remain call shrink");
   }
+  if (abortFirst) abort();
   std::vector<int> members;
   std::string key = "shrink/";
   for (int q = 0; q < size(); ++q) {

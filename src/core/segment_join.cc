@@ -17,7 +17,8 @@ namespace loom::detail {
 
 using Clock = std::chrono::steady_clock;
 
-CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool child) {
+CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool child,
+                                                const Failures* parent) {
   // The segment holds this host's ranks, at their local index; each host's has its own id.
   // The host's lowest rank makes it and hands it to the others.
   const int host = hosts_.hostOf(rank_);
@@ -37,6 +38,7 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
   }
   const ExitWatch watch(others);
   const auto stillAlive = [&] {
+    if (parent != nullptr && parent->failed()) throw parent->failureError("create");
     if (const auto gone = watch.exited()) {
       throw Error(ErrorCode::kPeerFailure, "create", rank_,
                   "rank " + std::to_string(gone->first) + " (pid " + std::to_string(gone->second) +

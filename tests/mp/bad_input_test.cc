@@ -328,6 +328,10 @@ TEST(BadInput, ShrinkRefusesBadExclusionLists) {
     expectInvalid([&] { comm->shrink(self); }, "shrink", ctx.rank, {"is in 'excluded'"});
     expectInvalid([&] { comm->shrink(outside); }, "shrink", ctx.rank, {"'excluded'", "[0, 3)"});
     expectInvalid([&] { comm->shrink(twice); }, "shrink", ctx.rank, {"listed twice"});
+    // Refused with abortFirst (torch's SHRINK_ABORT) too, before anything is aborted.
+    for (const auto* bad : {&none, &self, &outside, &twice}) {
+      EXPECT_THROW(comm->shrink(*bad, {}, /*abortFirst=*/true), Error);
+    }
     checkStillWorks(*comm);
   });
 }

@@ -8,6 +8,7 @@ import gc
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -487,9 +488,12 @@ def test_a_group_split_again_is_new_even_where_torch_repeats_its_name():
     assert run_ranks(2, body_split_again) == [3.0, 3.0]
 
 
-def body_world_made_again(rank: int, world: int, init_file: str) -> float:
+def body_world_made_again(rank: int, world: int, init_file: str, ended: str) -> float:
     kept = dist.group.WORLD  # a module or mesh that outlives the world keeps it, shut down
-    dist.destroy_process_group()
+    if ended == "destroyed":
+        dist.destroy_process_group()
+    else:  # torch's recovery path: abort, then make the world anew
+        dist.distributed_c10d._abort_process_group()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     group = dist.new_group(list(range(world)), backend="loom", timeout=timedelta(seconds=20))
@@ -499,9 +503,11 @@ def body_world_made_again(rank: int, world: int, init_file: str) -> float:
     return t[0].item()
 
 
-def test_a_loom_group_after_the_world_was_made_again_on_gloo(tmp_path):
-    # The loom world is gone (destroy_process_group): groups made later are not derived from it.
-    assert run_ranks(2, body_world_made_again, str(tmp_path / "init")) == [3.0, 3.0]
+@pytest.mark.parametrize("ended", ["destroyed", "aborted"])
+def test_a_loom_group_after_the_world_was_made_again_on_gloo(tmp_path, ended):
+    # The loom world is gone (destroy_process_group, or _abort_process_group): groups made
+    # later are not derived from it.
+    assert run_ranks(2, body_world_made_again, str(tmp_path / "init"), ended) == [3.0, 3.0]
 
 
 def test_groups_whose_members_name_them_apart_still_meet():

@@ -60,6 +60,56 @@ def body_kill_then_shrink(rank: int, world: int):
     return message
 
 
+def body_child_of_an_aborted_parent(rank: int, world: int, how: str):
+    """Rank 0 makes a child of a group that rank 1 aborts instead of joining it: rank 0's
+    creation fails at once with the abort, not at the creation's timeout without it."""
+    store = dist.distributed_c10d._get_default_store()
+    parent = dist.new_group([0, 1], timeout=timedelta(seconds=60))
+    dist.all_reduce(torch.ones(1), group=parent)
+    if rank == 1:
+        time.sleep(0.5)
+        (parent if how == "split" else dist.group.WORLD).abort()
+        store.wait([f"child of an aborted parent {how}"])
+        return None
+    try:
+        if how == "split":
+            parent.split_group([0, 1], timeout=timedelta(seconds=60), group_name="late")
+        else:
+            dist.new_group([0, 1], timeout=timedelta(seconds=60))
+        message = "made"
+    except RuntimeError as e:
+        message = str(e).splitlines()[0]
+    store.set(f"child of an aborted parent {how}", "1")
+    return message
+
+
+@pytest.mark.parametrize("how", ["split", "new_group"])
+def test_a_child_whose_parent_is_aborted_meanwhile_fails_with_the_abort(how):
+    # Before, it waited out its timeout and was told only that rank 1 never connected.
+    message, _ = run_ranks(2, body_child_of_an_aborted_parent, how, finalize=False)
+    assert "rank 1 aborted communicator" in message, message
+
+
+def body_refused_shrink_with_abort(rank: int, world: int):
+    """The backend's shrink with SHRINK_ABORT and a rank it cannot exclude: refused, and the
+    group still works (it used to be aborted before the arguments were checked)."""
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    messages = []
+    for bad in ([5], [rank]):
+        with pytest.raises(RuntimeError) as refused:
+            backend.shrink(bad, 1, None)  # 1: torch.distributed.SHRINK_ABORT
+        messages.append(str(refused.value).splitlines()[0])
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    return messages, x.tolist()
+
+
+def test_a_refused_shrink_with_abort_leaves_the_group_working():
+    for messages, total in run_ranks(2, body_refused_shrink_with_abort):
+        assert "outside [0, 2)" in messages[0] and "is in 'excluded'" in messages[1], messages
+        assert total == [2.0] * 4
+
+
 @pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="this torch has no shrink_group")
 def test_killed_rank_fails_peers_then_survivors_shrink():
     shm_before = loom_names_in_dev_shm()
