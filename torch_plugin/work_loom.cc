@@ -393,6 +393,9 @@ void WorkLoom::waitOnHost(std::chrono::milliseconds timeout) {
   while (!done_.load(std::memory_order_acquire) && !failureSoFar()) {
     if (limited && std::chrono::steady_clock::now() >= deadline) {
       std::unique_lock<std::mutex> lock(mutex_);
+      // Published since the check above: publish() looked at countedAsGivenUp_ under this
+      // lock already, so counting the work as given up now would count it for good.
+      if (done_.load(std::memory_order_acquire)) break;
       timedOut(timeout);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
