@@ -419,11 +419,7 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
         // The peer waited for may itself wait for a rank behind it, whose own host names that
         // rank at about the same moment (its deadline is this call's too) and forwards the
         // reason: that is the one to report, not the healthy peer this rank waited on.
-        const auto until = Clock::now() + kTimeoutReasonGrace;
-        while (!failures_.failed() && Clock::now() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        if (failures_.failed()) throw failures_.failureError(op);
+        if (failureWithin(failures_, kTimeoutReasonGrace)) throw failures_.failureError(op);
         failWith(ErrorCode::kTimeout, current,
                  op + " #" + std::to_string(wait_.seq) + " hit its timeout of " +
                      std::to_string(wait_.timeout.count()) + " ms waiting over the network for " +
@@ -454,11 +450,7 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       // found, say) leaves at once, and its reason reaches this host over the control plane
       // within milliseconds, maybe before this link noticed: that reason is the error to
       // report, not the refused connection it left behind. Without one soon, name the peer.
-      const auto until = Clock::now() + kReasonGrace;
-      while (!failures_.failed() && Clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (!failures_.failed()) failures_.peerLost(current, e.detail());
+      if (!failureWithin(failures_, kReasonGrace)) failures_.peerLost(current, e.detail());
       throw failures_.failureError(op);
     }
     throw;

@@ -61,7 +61,8 @@ ControlPlane::~ControlPlane() {
 }
 
 void ControlPlane::awaitPeers(Clock::time_point deadline) {
-  std::optional<Clock::time_point> failedAt;
+  bool failureSeen = false;
+  std::optional<Clock::time_point> giveUpAt;
   const int n = static_cast<int>(peers_.size());
   while (met_.load(std::memory_order_acquire) < n ||
          spokenTo_.load(std::memory_order_acquire) < n) {
@@ -71,15 +72,13 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
     // it does on the ranks that were quicker. A peer not heard by then is not coming.
     // Another rank's creation timing out (recorded below) is that rank's view: this one goes
     // on waiting until its own deadline, to report what it saw itself.
-    if (failures_.failed() && !failedAt) {
-      failedAt = failures_.failureError("create").code() == ErrorCode::kTimeout
-                     ? Clock::time_point::max()
-                     : Clock::now();
+    if (!failureSeen && failures_.failed()) {
+      failureSeen = true;
+      if (failures_.failureError("create").code() != ErrorCode::kTimeout) {
+        giveUpAt = Clock::now() + 20 * kTurn;
+      }
     }
-    if (failedAt && *failedAt != Clock::time_point::max() &&
-        Clock::now() - *failedAt > 20 * kTurn) {
-      throw failures_.failureError("create");
-    }
+    if (giveUpAt && Clock::now() > *giveUpAt) throw failures_.failureError("create");
     if (Clock::now() >= deadline) {
       // Recorded as the communicator's failure too (unless one is already): ranks that
       // finished creating (this host's through the segment, the peers heard from through

@@ -5,11 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "algorithms/collective.h"
@@ -176,13 +174,7 @@ void FailureDomain::timedOut(uint64_t phase, const WaitSpec& spec) {
         const shm::ShmComm::Progress p = shm_.progressOf(m);
         return p.started >= spec.seq && p.finished < p.started;
       });
-  if (allInside) {
-    const auto until = std::chrono::steady_clock::now() + kTimeoutReasonGrace;
-    while (!failed() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (failed()) throw failureError(spec.op);
-  }
+  if (allInside && failureWithin(*this, kTimeoutReasonGrace)) throw failureError(spec.op);
   // Where each laggard is tells behind (finished an earlier collective, never issued this
   // one) from stuck (started one and is waiting inside it).
   std::string where;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string_view>
+#include <thread>
 
 #include "loom/error.h"
 
@@ -68,5 +69,15 @@ class Failures {
  protected:
   ~Failures() = default;
 };
+
+/// Waits up to `grace` for a failure recorded (or forwarded) by another rank: true if there
+/// is one, whose reason is then the one to report. Polls every millisecond.
+inline bool failureWithin(const Failures& failures, std::chrono::milliseconds grace) {
+  const auto until = std::chrono::steady_clock::now() + grace;
+  while (!failures.failed() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return failures.failed();
+}
 
 }  // namespace loom

@@ -10,15 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from test_work_timing import refusal
+
 from check_common import same
-
-
-def refusal(work) -> str:
-    try:
-        work._get_duration()
-    except RuntimeError as e:
-        return str(e).splitlines()[0]
-    return "answered"
 
 
 def timing(rank: int, world: int, dev: torch.device, dtypes) -> int:

@@ -20,6 +20,7 @@ AT_LEAST = 0.25  # what rank 0's call must then have lasted, whatever the skew o
 
 
 def refusal(work) -> str:
+    """The first line of what work._get_duration() raises, or "answered"."""
     try:
         work._get_duration()
     except RuntimeError as e:
