@@ -9,6 +9,20 @@
 
 namespace loom::torch_plugin {
 
+CallTiming CallTiming::onStream(const c10::Stream& stream) {
+  CallTiming timing;
+  // BACKEND_DEFAULT: an event that records a time (torch's default one does not).
+  timing.start_.emplace(stream.device_type(), c10::EventFlag::BACKEND_DEFAULT);
+  timing.start_->record(stream);
+  return timing;
+}
+
+void CallTiming::queued(const c10::Stream& stream) {
+  if (!start_) return;
+  end_.emplace(stream.device_type(), c10::EventFlag::BACKEND_DEFAULT);
+  end_->record(stream);
+}
+
 void CallTiming::ended() {
   duration_ = millisSinceStart(requests_);
   requests_.clear();
@@ -26,16 +40,32 @@ float millisSinceStart(c10::ArrayRef<Request> requests) {
   return std::chrono::duration<float, std::milli>(now - began).count();
 }
 
-void refuseUntimed(const std::string& what, int rank) {
-  TORCH_CHECK(false, "loom: Work.get_duration() of ", what, " on rank ", rank,
-              ": the call was not timed; call the group's _enable_collectives_timing() before "
-              "issuing the calls to time");
+float CallTiming::millis(const std::string& what, int rank) const {
+  if (!start_) return duration_;
+  // query() first: elapsedTime() of an event the GPU has not reached raises CUDA's
+  // "device not ready", which names neither the call nor what to do.
+  TORCH_CHECK(end_.has_value() && end_->query(),
+              durationOf(what, rank) +
+                  "the GPU has not run the call yet; call the work's synchronize() (or wait() "
+                  "and synchronize the stream) first");
+  return static_cast<float>(start_->elapsedTime(*end_));
 }
 
-void refuseCudaTiming(const std::string& what, int rank) {
-  TORCH_CHECK(false, "loom: Work.get_duration() of ", what, " on rank ", rank,
-              ": loom times calls on CPU tensors only, not yet calls on CUDA tensors; time "
-              "them with CUDA events around the call on your stream, or with torch's profiler");
+std::string durationOf(const std::string& what, int rank) {
+  return "loom: Work.get_duration() of " + what + " on rank " + std::to_string(rank) + ": ";
+}
+
+void refuseUntimed(const std::string& what, int rank) {
+  TORCH_CHECK(false, durationOf(what, rank) +
+                         "the call was not timed; call the group's _enable_collectives_timing() "
+                         "before issuing the calls to time");
+}
+
+void refuseHeldTiming(const std::string& what, int rank) {
+  TORCH_CHECK(false, durationOf(what, rank) +
+                         "a CUDA send or receive inside a coalescing block runs with the whole "
+                         "block; ask the block's work (the one batch_isend_irecv or the "
+                         "coalescing manager returns) for its duration");
 }
 
 }  // namespace loom::torch_plugin

@@ -74,8 +74,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // CUDA tensors: the collectives go on the loom stream, after the work the caller has
   // queued so far on its current stream.
   const std::optional<c10::Stream> stream = cudaStreamFor(site, inputs, outputs);
-  // Work.getDuration(): CPU calls are timed on the host (CallTiming); CUDA calls are not.
+  const bool pointToPoint = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
+                            type == c10d::OpType::RECVANYSOURCE;
+  // Work.getDuration(): a CUDA call is timed by events around what it queues (CallTiming).
+  // In a coalescing block, the first CUDA collective starts the block's timing too; CUDA
+  // sends and receives there are held until the block ends (below), which starts the
+  // block's timing if no collective did (endCoalescing), and have no time of their own.
   const bool timed = ties_->timing.load(std::memory_order_relaxed);
+  std::optional<CallTiming> gpuTiming;
+  if (timed && stream) {
+    const bool inBlockNow = coalescing_.load(std::memory_order_acquire);
+    if (!(inBlockNow && pointToPoint)) gpuTiming.emplace(CallTiming::onStream(*stream));
+    if (inBlockNow && !pointToPoint) {
+      std::lock_guard<std::mutex> lock(coalesceMutex_);
+      if (coalescing_ && !blockTiming_) blockTiming_.emplace(CallTiming::onStream(*stream));
+    }
+  }
   {
     // What opOptions() reads for this call, cleared however issue() ends.
     struct CallScope {
@@ -106,8 +120,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // A CUDA send or receive inside a coalescing block is held by loom until the block ends
   // (endCoalescing): so are its copy-backs, and its own work waits on the host (the
   // block's work has the stream semantics; batch_isend_irecv returns that one).
-  const bool pointToPoint = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
-                            type == c10d::OpType::RECVANYSOURCE;
   bool held = false;
   bool inBlock = false;
   // Outside a block (nearly every call) no lock: the flag changes only in start/
@@ -126,6 +138,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   if (stream) {
     if (!held) finishOnStream(*stream, uses, outputs, finisher, requests);
     finisher = nullptr;
+    if (gpuTiming) gpuTiming->queued(*stream);
   }
   // A CPU call over by now (a blocking one ran right here): a work with nothing to track.
   if (!stream && allEnded(requests)) {
@@ -143,8 +156,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       workStream ? events_ : nullptr);
   work->setFutureLists(futureLists);
   work->tieTo(ties_);
-  if (timed && !stream) work->timeWith(CallTiming(requests));
-  if (held) work->markCudaTensors();  // its getDuration() refuses as a CUDA work's does
+  if (gpuTiming && !held) {
+    work->timeWith(std::move(*gpuTiming));
+  } else if (timed && !stream) {
+    work->timeWith(CallTiming(requests));
+  }
+  if (held) work->markHeld();  // its getDuration() points to the block's work
   work->track(requests, inputs);
   if (!stream) noteAsync(work, type);
   if (inBlock && copiesBack) {

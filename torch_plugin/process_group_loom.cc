@@ -354,15 +354,17 @@ void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 at::Tensor ProcessGroupLoom::allocateTensor(long size, at::TensorOptions options) {
-  TORCH_CHECK(size >= 0, "loom allocate_tensor (rank ", rank_, "): size must be >= 0, got ", size);
+  // Messages as one ready string here: see invalid() (tensor_args.cc).
+  const std::string called = "loom allocate_tensor (rank " + std::to_string(rank_) + "): ";
+  TORCH_CHECK(size >= 0, called + "size must be >= 0, got " + std::to_string(size));
   // Other devices get what torch would allocate: supportsTensorAlloc answers true for a bare
   // "cuda" too (it sees only the index), and FSDP2 then asks here.
   if (options.has_device() && !options.device().is_cpu()) return at::empty({size}, options);
   const auto cpu = options.device(at::kCPU);
   const size_t itemSize = cpu.dtype().itemsize();
   TORCH_CHECK(static_cast<uint64_t>(size) <= (uint64_t{1} << 48) / itemSize,
-              "loom allocate_tensor (rank ", rank_, "): ", size, " elements of ", itemSize,
-              " bytes is more memory than any host has; ask for fewer");
+              called + std::to_string(size) + " elements of " + std::to_string(itemSize) +
+                  " bytes is more memory than any host has; ask for fewer");
   const size_t bytes = static_cast<size_t>(size) * itemSize;
   // Small buffers are never read in place (LOOM_LEND_BYTES), and a region each would cost a
   // descriptor each: they come from torch's allocator.
@@ -392,7 +394,7 @@ void ProcessGroupLoom::startCoalescing() {
     // torch's _coalescing_manager ends a block only if its body and the call it makes at the
     // end both succeed: after an error the block stays open. As NCCL does, the next block
     // starts anyway; the old one ends first, so what it holds is issued and released.
-    TORCH_WARN("loom (rank ", rank_,
+    TORCH_WARN("loom (rank " + std::to_string(rank_) +
                "): a coalescing block on this group was never ended (an error inside it?); it "
                "ends now, before the next one starts");
     try {
@@ -402,9 +404,9 @@ void ProcessGroupLoom::startCoalescing() {
     }
   }
   std::lock_guard<std::mutex> lock(coalesceMutex_);
-  TORCH_CHECK(!coalescing_, "loom (rank ", rank_,
-              "): startCoalescing raced another thread's on this group; start blocks on one "
-              "thread at a time");
+  TORCH_CHECK(!coalescing_, "loom (rank " + std::to_string(rank_) +
+                                "): startCoalescing raced another thread's on this group; start "
+                                "blocks on one thread at a time");
   coalescing_ = true;
   coalesced_.clear();
   held_.clear();
@@ -412,6 +414,7 @@ void ProcessGroupLoom::startCoalescing() {
   blockPruneAt_ = kBlockPruneFloor;
   blockError_ = nullptr;
   coalescedStream_.reset();
+  blockTiming_.reset();
   comm_->startGroup();
 }
 
@@ -433,6 +436,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   std::vector<HeldFinish> held;
   std::vector<c10::intrusive_ptr<WorkLoom>> copyingBack;
   std::optional<c10::Stream> stream;
+  std::optional<CallTiming> timing;
   std::exception_ptr refused;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
@@ -442,7 +446,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     held.swap(held_);
     copyingBack.swap(copyingBack_);
     stream.swap(coalescedStream_);
+    timing.swap(blockTiming_);
     refused = std::exchange(blockError_, nullptr);
+  }
+  // A block of CUDA sends and receives alone is timed from here, where they are queued.
+  if (stream && !timing && ties_->timing.load(std::memory_order_relaxed)) {
+    timing.emplace(CallTiming::onStream(*stream));
   }
   // CUDA sends and receives are queued now, together; then their copy-backs.
   try {
@@ -461,6 +470,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     throw;
   }
   for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
+  if (stream && timing) timing->queued(*stream);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.
   if (refused) {
@@ -483,7 +493,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       finisher = nullptr;
     }
   }
-  // Timed where the group times its calls, if it is a block of CPU calls (CallTiming).
+  // Timed where the group timed its calls: a CUDA block from its first CUDA call's start
+  // (blockTiming_, begun in launch()), a CPU block on the host (CallTiming).
   const bool timed = ties_->timing.load(std::memory_order_relaxed);
   if (!stream && allEnded(requests)) {
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
@@ -494,7 +505,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
       std::vector<at::Tensor>{}, std::move(finisher), stream, stream ? events_ : nullptr);
   work->tieTo(ties_);
-  if (timed && !stream) work->timeWith(CallTiming(requests));
+  if (stream && timing) {
+    work->timeWith(std::move(*timing));
+  } else if (timed && !stream) {
+    work->timeWith(CallTiming(requests));
+  }
   work->track(requests);
   return work;
 }

@@ -291,6 +291,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   // (heldInBlock()); guarded by coalesceMutex_.
   std::exception_ptr blockError_;
   std::optional<c10::Stream> coalescedStream_;  // a CUDA call's, if any; coalesceMutex_
+  std::optional<CallTiming> blockTiming_;       // a timed CUDA block's; coalesceMutex_
   // The block's size at which forgetEndedInBlock() next looks; guarded by coalesceMutex_.
   size_t blockPruneAt_ = kBlockPruneFloor;
   static constexpr size_t kBlockPruneFloor = 8;

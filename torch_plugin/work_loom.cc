@@ -214,7 +214,7 @@ void WorkLoom::completeIfEnded() {
 void WorkLoom::complete(std::exception_ptr failure) {
   failure = finishCall(failure, finisher_, ties_ ? ties_->legend : std::string());
   finisher_ = nullptr;  // releases staged tensors
-  if (timing_) timing_->ended();
+  if (timing_ && !timing_->onGpu()) timing_->ended();
   reads_.clear();
   outcome_ = failure;
   ended_.store(true, std::memory_order_release);
@@ -279,12 +279,12 @@ void WorkLoom::blockCurrentStream() {
 }
 
 float WorkLoom::getDuration() const {
-  if (cudaStream_ || cudaTensors_) refuseCudaTiming(what_, rank_);
+  if (held_) refuseHeldTiming(what_, rank_);
   if (!timing_) refuseUntimed(what_, rank_);
-  // The time is written before done_ is set (complete()).
-  TORCH_CHECK(done_.load(std::memory_order_acquire), "loom: Work.get_duration() of ", what_,
-              " on rank ", rank_, ": the call has not ended yet; wait() for it first");
-  return timing_->millis();
+  // A host-timed call's time is written before done_ is set (complete()).
+  TORCH_CHECK(timing_->onGpu() || done_.load(std::memory_order_acquire),
+              durationOf(what_, rank_) + "the call has not ended yet; wait() for it first");
+  return timing_->millis(what_, rank_);
 }
 
 bool WorkLoom::isSuccess() const {

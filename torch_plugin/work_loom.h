@@ -90,12 +90,12 @@ class WorkLoom : public c10d::Work {
   /// counts in the group's givenUp while a wait(timeout) on it has expired and it has not
   /// finished; call before track().
   void tieTo(std::shared_ptr<GroupTies> ties) { ties_ = std::move(ties); }
-  /// Times the call for getDuration() (a CPU call whose group times its calls:
-  /// CallTiming); call before track().
+  /// Times the call for getDuration() (its group times its calls: CallTiming); call
+  /// before track().
   void timeWith(CallTiming timing) { timing_ = std::make_unique<CallTiming>(std::move(timing)); }
   /// A CUDA call's work that waits on the host (a send or receive held by a coalescing
-  /// block): getDuration() refuses as for other CUDA works; call before track().
-  void markCudaTensors() { cudaTensors_ = true; }
+  /// block): getDuration() refuses, naming the block's work; call before track().
+  void markHeld() { held_ = true; }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -119,8 +119,9 @@ class WorkLoom : public c10d::Work {
   /// before the call ended (a callback chained on another call), it runs the call first.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
-  /// The call's active time in milliseconds (CallTiming), once it has ended; an error if its
-  /// group was not timing its calls when it was made, or for a CUDA call (not timed yet).
+  /// The call's active time in milliseconds (CallTiming), once it has ended (a CUDA call:
+  /// once the GPU has run it); an error if its group was not timing its calls when it was
+  /// made, or for a CUDA send or receive held by a coalescing block.
   float getDuration() const override;
 
  private:
@@ -170,7 +171,7 @@ class WorkLoom : public c10d::Work {
   std::shared_ptr<EventPool> events_;      // CUDA work: where cudaEnd_ goes back to
   std::shared_ptr<GroupTies> ties_;        // see tieTo()
   std::unique_ptr<CallTiming> timing_;     // see timeWith(); null: not timed
-  bool cudaTensors_ = false;               // see markCudaTensors()
+  bool held_ = false;                      // see markHeld()
   Request awaited_;  // its last request, which a wait on a worker thread may run (wait())
   std::vector<Request> earlier_;      // the others, of a block: driven too on the send/recv thread
   bool countedAsGivenUp_ = false;     // guarded by mutex_ (c10d::Work's)

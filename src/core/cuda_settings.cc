@@ -3,7 +3,6 @@
 #include "core/cuda_settings.h"
 
 #include <array>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -63,11 +62,17 @@ constexpr const char* kMpsClient = "mps";
 
 // The note's words after the MPS word, in sharedSettings() order ("key=value" each).
 std::vector<std::string> settingWords(const std::string& note) {
-  std::istringstream in(note);
+  // Split by hand: no string streams in what the torch extension links
+  // (tests/lint/check_messages.py).
   std::vector<std::string> words;
-  std::string word;
-  in >> word;  // the MPS word
-  while (in >> word) words.push_back(word);
+  size_t at = note.find_first_not_of(' ');
+  at = note.find(' ', at);  // past the MPS word
+  while (at != std::string::npos) {
+    const size_t begin = note.find_first_not_of(' ', at);
+    if (begin == std::string::npos) break;
+    at = note.find(' ', begin);
+    words.push_back(note.substr(begin, at == std::string::npos ? std::string::npos : at - begin));
+  }
   return words;
 }
 
