@@ -1,8 +1,8 @@
 """The timing part of check_cuda.py: Work.get_duration() on CUDA calls after the group's
 _enable_collectives_timing(), timed by the GPU between events around what each call queued
 (torch_plugin/call_timing.h). Run through check_cuda.py (its worker dispatches here).
-A first version of this part did not finish on an H100 within 100 s
-(docs/perf/cuda_floor_h100.txt)."""
+A first version of this part did not finish on an H100 within 100 s: its ranks had died
+of a crash in the refusals' message formatting (docs/perf/cuda_timing_h100.txt)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,9 @@ def timing(rank: int, world: int, dev: torch.device, dtypes) -> int:
     assert works[-1]._get_duration() > 0
     same(got, torch.full((256,), float(peer_from)), "batch_isend_irecv")
     checks += 2
-    with dist._coalescing_manager(async_ops=True) as manager:
+    # With its device named, the manager opens loom's block (without, torch issues each
+    # send apart): a CUDA send there is held until the block ends.
+    with dist._coalescing_manager(device=dev, async_ops=True) as manager:
         held = dist.isend(sent, peer_to)
         dist.irecv(got, peer_from)
     manager.wait()

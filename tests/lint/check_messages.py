@@ -71,7 +71,8 @@ def problems(root: pathlib.Path) -> list[str]:
             if path.suffix not in (".h", ".cc", ".cu", ".cuh"):
                 continue
             text = without_comments(path.read_text())
-            where = lambda pos: f"{path.relative_to(root)}:{text.count(chr(10), 0, pos) + 1}"
+            def where(pos: int, path=path, text=text) -> str:
+                return f"{path.relative_to(root)}:{text.count(chr(10), 0, pos) + 1}"
             for m in STREAMS.finditer(text):
                 found.append(f"{where(m.start())}: {m.group(0).strip()}: no string streams in "
                              "code built into the extension; build the text with std::string")
