@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import os
+import queue
+import signal
 import socket
 import sys
 import time
@@ -713,6 +716,7 @@ def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
 
 
 def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None:
+    faulthandler.enable()  # a crash prints its Python stack (the parent names the rank)
     # Every rank on GPU 0 (how a one-GPU host runs several ranks), or each on its own.
     dev = torch.device("cuda", rank if os.environ.get("LOOM_CHECK_GPU_PER_RANK") else 0)
     torch.cuda.set_device(dev)
@@ -750,6 +754,34 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
                     "rooted_mismatch", "settings_differ", "late_rank", "late_root",
                     "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
         dist.destroy_process_group()
+
+
+def collect(results, procs, expected: int, killing: bool, start: float):
+    """The ranks' reports, until `expected` came, a rank ended without one (its stack, if a
+    signal ended it, is in the output: the worker turns faulthandler on), or 600 s passed;
+    and the ranks that ended silently, as (rank, exit code). A part that kills its last rank
+    expects that one to end by SIGKILL."""
+    got = []
+    while len(got) < expected and time.time() - start < 600:
+        try:
+            got.append(results.get(timeout=1))
+            continue
+        except queue.Empty:
+            pass
+        reported = {g[0] for g in got}
+        ended = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None
+                 and r not in reported
+                 and not (killing and r == len(procs) - 1 and p.exitcode == -signal.SIGKILL)]
+        if ended:
+            # What a rank put just before it ended may still be on its way.
+            try:
+                while len(got) < expected:
+                    got.append(results.get(timeout=2))
+            except queue.Empty:
+                pass
+            reported = {g[0] for g in got}
+            return got, [(r, code) for r, code in ended if r not in reported]
+    return got, []
 
 
 def free_port() -> int:
@@ -794,13 +826,9 @@ def main() -> int:
                      for r in range(world)]
             for p in procs:
                 p.start()
-            expected = world - 1 if part in ("killed", "graph_killed") else world
-            got = []
-            for _ in range(expected):
-                try:
-                    got.append(results.get(timeout=600))
-                except Exception:  # noqa: BLE001
-                    break
+            killing = part in ("killed", "graph_killed")  # their last rank kills itself
+            expected = world - 1 if killing else world
+            got, silent = collect(results, procs, expected, killing, start)
             for p in procs:
                 p.join(timeout=60)
                 if p.is_alive():
@@ -815,6 +843,9 @@ def main() -> int:
                 print(f"  rank {g[0]}:\n{g[3]}", flush=True)
             if len(got) != expected:
                 print(f"  only {len(got)} of {expected} ranks reported", flush=True)
+            for r, code in silent:
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                print(f"  rank {r} ended ({how}) without reporting", flush=True)
     return 1 if failed else 0
 
 
