@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "algorithms/collective.h"
@@ -54,6 +57,22 @@ std::optional<ErrorCode> codeOf(const std::exception_ptr& failure) {
 
 // How many flight-record entries a report on stderr shows; a dump file gets them all.
 constexpr size_t kReportedEntries = 20;
+
+// Appends `text` to the file at `path`, making its folder first (as LOOM_TRACE does); the
+// reason it could not, or nothing. (C stdio, not a stream: see tests/lint/check_messages.py.)
+std::optional<std::string> appendToFile(const std::string& path, const std::string& text) {
+  std::error_code ignored;  // a folder that cannot be made fails the open, with its reason
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
+  FILE* file = std::fopen(path.c_str(), "a");
+  if (file == nullptr) return std::string(std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  const int writeErrno = errno;
+  if (std::fclose(file) != 0 || !written) {
+    return std::string(std::strerror(written ? errno : writeErrno));
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -239,22 +258,27 @@ void FailureDomain::report(const std::exception_ptr& failure) {
   if (!rankLegend_.empty()) report += "loom: the ranks in this report are " + rankLegend_ + "\n";
   report += "loom: what each rank of '" + name_ + "' was doing:\n" + progressReport();
   const std::optional<std::string> dumpPrefix = env::text("LOOM_FLIGHT_RECORDER_DUMP");
+  std::optional<std::string> unwritten;  // why the record did not go to its file
   if (dumpPrefix) {
     // The whole record goes to a file per communicator and rank; stderr gets a pointer.
     const std::string path = *dumpPrefix + name_ + ".rank" + std::to_string(rank_) + ".txt";
-    std::ofstream file(path, std::ios::app);
-    file << report << "loom: this process's flight record (" << records.size()
-         << " operations, oldest first):\n"
-         << formatFlightRecord(records);
-    report += file ? "loom: flight record written to " + path + "\n"
-                   : "loom: could not write the flight record to " + path + "\n";
-  } else {
+    unwritten = appendToFile(
+        path, report + "loom: this process's flight record (" + std::to_string(records.size()) +
+                  " operations, oldest first):\n" + formatFlightRecord(records));
+    if (unwritten) {
+      report += "loom: could not write the flight record to " + path + " (" + *unwritten +
+                "); its last operations follow instead\n";
+    } else {
+      report += "loom: flight record written to " + path + "\n";
+    }
+  }
+  if (!dumpPrefix || unwritten) {
     const size_t shown = std::min(records.size(), kReportedEntries);
     const std::vector<FlightRecord> recent(records.end() - static_cast<std::ptrdiff_t>(shown),
                                            records.end());
-    report += "loom: this process's last " + std::to_string(shown) +
-              " operations (set LOOM_FLIGHT_RECORDER_DUMP=<path prefix> to write all):\n" +
-              formatFlightRecord(recent);
+    report += "loom: this process's last " + std::to_string(shown) + " operations";
+    if (!dumpPrefix) report += " (set LOOM_FLIGHT_RECORDER_DUMP=<path prefix> to write all)";
+    report += ":\n" + formatFlightRecord(recent);
   }
   std::fputs(report.c_str(), stderr);
   std::fflush(stderr);

@@ -17,9 +17,12 @@ namespace {
 // Copies `text` into a fixed buffer, truncating; always NUL-terminated.
 template <size_t N>
 void copyTruncated(char (&dst)[N], std::string_view text) {
-  const size_t n = std::min(text.size(), N - 1);
+  static_assert(N > 4);
+  const bool cut = text.size() > N - 1;
+  const size_t n = cut ? N - 4 : text.size();
   std::memcpy(dst, text.data(), n);
-  dst[n] = '\0';
+  if (cut) std::memcpy(dst + n, "...", 3);  // says the text goes on
+  dst[cut ? N - 1 : n] = '\0';
 }
 
 }  // namespace
@@ -88,8 +91,11 @@ uint64_t FlightRecorder::issued(const Subject& subject, Clock::time_point at) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_++;
   Entry& e = ring_[id % ring_.size()];
-  // The tag goes first: a late mark of the operation this entry held no longer matches.
-  e.tag.store(tagOf(id, FlightRecord::State::kQueued), std::memory_order_relaxed);
+  // The tag goes first: a late mark of the operation this entry held no longer matches. A
+  // send or receive runs from the moment it is issued (its wait for the peer is its run).
+  e.tag.store(tagOf(id, subject.pointToPoint ? FlightRecord::State::kRunning
+                                             : FlightRecord::State::kQueued),
+              std::memory_order_relaxed);
   copyTruncated(e.communicator, subject.communicator);
   e.subject = subject;
   e.subject.communicator = {};
@@ -123,8 +129,8 @@ void FlightRecorder::ended(uint64_t id, std::string_view error) {
   // The error text is read under the mutex, so a failure writes it under the mutex too.
   std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
   if (!error.empty()) lock.lock();
-  // From running, or from queued (send/recv are never marked started: they run from the
-  // moment they are issued), whichever it is when the swap lands.
+  // From running, or from queued (a call refused before it ran), whichever it is when the
+  // swap lands.
   uint64_t tag = e.tag.load(std::memory_order_relaxed);
   do {
     if (idOf(tag) != id) return;  // overwritten by a newer operation

@@ -61,10 +61,11 @@ class FlightRecorder {
     // The operation's id and its state, as one word (tagOf), so a mark checks that the entry
     // is still its operation's and changes the state at once.
     std::atomic<uint64_t> tag{0};
-    char communicator[32] = {};
+    // torch's hashed group names are 40 characters; longer names and errors end in "...".
+    char communicator[64] = {};
     Subject subject;  // string_views into `communicator` and a literal; written under mutex_
     std::atomic<Ticks> issuedAt{0}, startedAt{0}, endedAt{0};
-    char error[160] = {};  // written under mutex_
+    char error[384] = {};  // written under mutex_
   };
   static uint64_t tagOf(uint64_t id, FlightRecord::State state) {
     return id << 8 | static_cast<uint64_t>(state);

@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
+#include <cstdio>
 #include <map>
+#include <string>
+#include <string_view>
 
 #include "util/comm_id.h"
 
@@ -21,6 +23,18 @@ uint64_t namespaceInode(const char* path) {
   return ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
+// The file's first word (up to a space or line end), or "" if it cannot be read. (C stdio,
+// not a stream: see tests/lint/check_messages.py.)
+std::string firstWordOf(const char* path) {
+  FILE* file = std::fopen(path, "r");
+  if (file == nullptr) return {};
+  char text[128] = {};
+  const size_t n = std::fread(text, 1, sizeof text - 1, file);
+  std::fclose(file);
+  const std::string_view read(text, n);
+  return std::string(read.substr(0, read.find_first_of(" \t\n")));
+}
+
 }  // namespace
 
 HostInfo localHost() {
@@ -28,8 +42,7 @@ HostInfo localHost() {
   // forked child that had entered another network namespace since (its ranks took a peer on
   // another namespace host for one of theirs, and read its memory directly).
   HostInfo info;
-  std::string bootId;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
+  const std::string bootId = firstWordOf("/proc/sys/kernel/random/boot_id");
   const uint64_t netns = namespaceInode("/proc/self/ns/net");
   info.pidNamespace = namespaceInode("/proc/self/ns/pid");
   char name[256] = {};

@@ -7,7 +7,8 @@ std::ostream's number output, as c10::str does for TORCH_CHECK and TORCH_WARN wi
 one message argument (seen in tensor_args.cc's invalid(), then in Work.get_duration()'s
 refusals: docs/perf/cuda_timing_h100.txt). The CPU builds never crash, so this lint is what
 keeps the rule: messages are one ready std::string (std::to_string for numbers), and the
-engine's sources (linked into the extension) use no string streams.
+engine's sources (linked into the extension) use no C++ streams (string, file or console):
+C stdio for files.
 Usage: check_messages.py <repository root>
 """
 
@@ -22,8 +23,8 @@ MESSAGE_MACROS = {
     "TORCH_WARN_ONCE": 1, "c10::str": 1,
 }
 CALL = re.compile(r"\b(" + "|".join(re.escape(m) for m in MESSAGE_MACROS) + r")\s*\(")
-STREAMS = re.compile(r"#\s*include\s*<(sstream|iostream|iomanip|ostream|istream)>|"
-                     r"\bstd::(o|i)?stringstream\b")
+STREAMS = re.compile(r"#\s*include\s*<(sstream|fstream|iostream|iomanip|ostream|istream)>|"
+                     r"\bstd::(o|i)?(string|f)stream\b|\bstd::(cout|cerr|clog)\b")
 
 
 def arguments(text: str, start: int) -> list[str]:
@@ -74,8 +75,9 @@ def problems(root: pathlib.Path) -> list[str]:
             def where(pos: int, path=path, text=text) -> str:
                 return f"{path.relative_to(root)}:{text.count(chr(10), 0, pos) + 1}"
             for m in STREAMS.finditer(text):
-                found.append(f"{where(m.start())}: {m.group(0).strip()}: no string streams in "
-                             "code built into the extension; build the text with std::string")
+                found.append(f"{where(m.start())}: {m.group(0).strip()}: no C++ streams in code "
+                             "built into the extension; build text with std::string, write "
+                             "files with C stdio")
             if folder != "torch_plugin":
                 continue
             for m in CALL.finditer(text):

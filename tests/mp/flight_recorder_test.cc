@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -63,6 +64,46 @@ TEST(FlightRecorder, RecordsEveryOperationWithItsState) {
   });
 }
 
+TEST(FlightRecorder, AWaitingReceiveRunsAndNamesAndErrorsAreKeptWhole) {
+  LOOM_RUN_RANKS(2, [](RankContext& ctx) {
+    // As long as torch's hashed group names (40 characters), and then some.
+    const std::string name = std::string(40, 'c') + "-long-name";
+    CommOptions options;
+    options.name = name;
+    auto comm = ctx.connect(options);
+    std::vector<float> v(4, 1.0f);
+    if (ctx.rank == 1) {
+      // A receive waiting for its peer is running (waiting is its work), not queued.
+      Request pending = comm->recv(v.data(), 4, DataType::kFloat32, 0, 5);
+      const std::vector<FlightRecord> records = flightRecord();
+      LOOM_CHECK(!records.empty() && records.back().operation == "recv" &&
+                     records.back().state == FlightRecord::State::kRunning,
+                 << formatFlightRecord(records));
+      LOOM_CHECK(records.back().communicator == name, << records.back().communicator);
+      ctx.store->set("looked", {1});
+      pending.wait();
+    } else {
+      ctx.store->get("looked", std::chrono::seconds(60));
+      comm->send(v.data(), 4, DataType::kFloat32, 1, 5).wait();
+    }
+    // Mismatched collectives: the recorded error is the whole message, both calls named.
+    try {
+      if (ctx.rank == 0) {
+        comm->allReduce(v.data(), v.data(), 4, DataType::kFloat32, ReduceKind::kSum).wait();
+      } else {
+        comm->broadcast(v.data(), v.data(), 4, DataType::kFloat32, 0).wait();
+      }
+      LOOM_CHECK(false, << "mismatched collectives succeeded");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kMismatch, << e.what());
+    }
+    const FlightRecord failed = flightRecord().back();
+    LOOM_CHECK(failed.state == FlightRecord::State::kFailed, << failed.error);
+    LOOM_CHECK(contains(failed.error, "all_reduce") && contains(failed.error, "broadcast"),
+               << failed.error);
+  });
+}
+
 TEST(FlightRecorder, KeepsOnlyTheNewestEntriesAndCanBeTurnedOff) {
   testing::RunOptions small;
   small.environment = {"LOOM_FLIGHT_RECORDER=8"};
@@ -93,14 +134,18 @@ TEST(FlightRecorder, KeepsOnlyTheNewestEntriesAndCanBeTurnedOff) {
 
 TEST(FlightRecorder, TimeoutSaysWhereEachLaggardIsAndPrintsTheRecord) {
   testing::RunOptions run;
-  const std::string dumpPrefix = ::testing::TempDir() + "loom_flight_" + std::to_string(::getpid());
+  // Rank 1's record goes into a folder not made yet; rank 0's to a place no one can write,
+  // so it prints the recent operations instead, with the reason.
+  const std::string dumpFolder =
+      ::testing::TempDir() + "loom_flight_" + std::to_string(::getpid()) + "/";
+  const std::string dumpPrefix = dumpFolder + "fr-";
   run.environment = {"LOOM_TEST_DUMP_PREFIX=" + dumpPrefix};
   const auto outcomes = testing::runRanks(
       3,
       [](RankContext& ctx) {
-        // Rank 1 writes its record to a file; rank 0 prints it on stderr.
         if (ctx.rank == 1)
           ::setenv("LOOM_FLIGHT_RECORDER_DUMP", std::getenv("LOOM_TEST_DUMP_PREFIX"), 1);
+        if (ctx.rank == 0) ::setenv("LOOM_FLIGHT_RECORDER_DUMP", "/proc/loom-none/fr-", 1);
         auto comm = ctx.connect();
         float x = 1;
         comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
@@ -136,6 +181,10 @@ TEST(FlightRecorder, TimeoutSaysWhereEachLaggardIsAndPrintsTheRecord) {
   EXPECT_TRUE(contains(printed, "loom: communicator 'world' failed on rank 0 of 3")) << printed;
   EXPECT_TRUE(contains(printed, "what each rank of 'world' was doing")) << printed;
   EXPECT_TRUE(contains(printed, "(inside it)")) << printed;  // rank 0 or 1 waits in #2
+  EXPECT_TRUE(contains(printed,
+                       "could not write the flight record to "
+                       "/proc/loom-none/fr-world.rank0.txt ("))
+      << printed;
   EXPECT_TRUE(contains(printed, "last 2 operations")) << printed;
   EXPECT_TRUE(contains(printed, "running") || contains(printed, "failed")) << printed;
   // Rank 1's record went to the file, with a pointer on stderr.
@@ -148,6 +197,7 @@ TEST(FlightRecorder, TimeoutSaysWhereEachLaggardIsAndPrintsTheRecord) {
   EXPECT_TRUE(contains(dumped.str(), "flight record (2 operations")) << dumped.str();
   EXPECT_TRUE(contains(dumped.str(), "all_reduce")) << dumped.str();
   std::remove(path.c_str());
+  ::rmdir(dumpFolder.c_str());
 }
 
 TEST(Trace, EveryProcessWritesItsTimelineAsAChromeTrace) {
