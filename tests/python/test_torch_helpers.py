@@ -15,6 +15,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from harness import run_ranks
 
+import loom  # noqa: F401,E402  (registers the backend in this process, which the sharded test reads)
+
 
 def body_pg_timeout(rank: int, world: int, backend: str):
     """A group made with a 2 s timeout, given 60 s by _set_pg_timeout, waits 4 s for a late
@@ -54,3 +56,26 @@ def test_a_sharded_tensor_gathers_on_a_torch_without_cuda():
         pytest.skip("this torch has CUDA: the gather takes a GPU")
     assert dist.Backend.backend_capability["loom"] == ["cpu"]
     assert run_ranks(2, body_sharded_gather) == [12.0, None]
+
+
+def body_default_backend(rank: int, world: int):
+    """Groups of several halves with no NCCL among them, made in a process that imported
+    loom. (torch's check for a plugin among the halves never matched once one was registered,
+    so such groups had no default backend: "undefined" as their name, sequence numbers
+    refused, and a warning when destroyed.)"""
+    gloo = dist.new_group(backend="cpu:gloo")
+    both = dist.new_group(backend="cpu:loom,cuda:gloo")
+    plain = dist.new_group(backend="loom")
+    t = torch.ones(2)
+    dist.all_reduce(t, group=gloo)
+    dist.all_reduce(t, group=both)
+    names = [g._get_backend_name() for g in (gloo, both, plain)]
+    return names, gloo._get_sequence_number_for_group(), t.tolist()
+
+
+def test_groups_of_several_halves_get_the_default_backend_torch_means():
+    for names, sequence, t in run_ranks(2, body_default_backend):
+        # The loom half makes a group named as a plain loom group is; Gloo's is Gloo's.
+        assert names == ["gloo", "custom", "custom"], names
+        assert sequence >= 1, sequence
+        assert t == [4.0, 4.0], t

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch.distributed import distributed_c10d
 
-from . import accelerate, torch_timeouts
+from . import accelerate, default_backend, torch_timeouts
 from ._post_import import when_imported
 
 
@@ -13,3 +13,4 @@ def install() -> None:
     """Arranges every adapter (idempotent)."""
     when_imported("accelerate.state", accelerate.patch)
     torch_timeouts.patch(distributed_c10d)
+    default_backend.patch(distributed_c10d)
