@@ -212,7 +212,9 @@ void CollectiveContext::verifyAll(uint64_t p) {
     const int high = std::max(them, me);
     const char* raw = shm_.signature(q, p).text;
     const std::string_view theirText(raw, ::strnlen(raw, sizeof(shm::OpSignature::text)));
-    const std::string_view myText = *signature_;
+    // Capped as the peer's is (its shared slot's size), so both fit in the failure record.
+    const std::string_view myText =
+        std::string_view(*signature_).substr(0, sizeof(shm::OpSignature::text) - 1);
     const bool iAmLow = low == me;
     failures_.fail(ErrorCode::kMismatch, them,
                    "ranks issued different collectives at the same step: rank " +

@@ -39,6 +39,27 @@ int tryConnect(const std::string& host, uint16_t port) {
   return connected;
 }
 
+// What the server refuses (store_protocol.cc's parseRequest) checked here, where the caller
+// learns why: the server would only close the connection, which reads as a lost server.
+store::Request checkedRequest(store::Command command, const char* op, const std::string& key,
+                              size_t valueBytes = 0) {
+  if (key.empty()) throw Error(ErrorCode::kInvalidArgument, op, -1, "the key is empty");
+  if (key.size() > store::kMaxKeyBytes) {
+    throw Error(ErrorCode::kInvalidArgument, op, -1,
+                "the key has " + std::to_string(key.size()) +
+                    " bytes; the store takes keys of "
+                    "up to " +
+                    std::to_string(store::kMaxKeyBytes));
+  }
+  if (valueBytes > store::kMaxValueBytes) {
+    throw Error(ErrorCode::kInvalidArgument, op, -1,
+                "the value of '" + key + "' has " + std::to_string(valueBytes) +
+                    " bytes; the store takes values of up to " +
+                    std::to_string(store::kMaxValueBytes) + " (64 MiB): keep large data elsewhere");
+  }
+  return store::Request::of(command, key);
+}
+
 }  // namespace
 
 TcpStore::TcpStore(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
@@ -139,14 +160,16 @@ Bytes TcpStore::roundTrip(const Bytes& request, const char* what,
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
-  store::Request request = store::Request::of(store::Command::kSet, key);
+  store::Request request = checkedRequest(store::Command::kSet, "store set", key, value.size());
   request.value = value;
   roundTrip(store::encodeRequest(request), "store set");
 }
 
 Bytes TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
-  store::Request request = store::Request::of(store::Command::kGet, key);
-  request.timeoutMs = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
+  store::Request request = checkedRequest(store::Command::kGet, "store get", key);
+  // A timeout of 0 or less has passed already (as HashStore's): the server answers at once.
+  request.timeoutMs =
+      static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, int64_t{UINT32_MAX}));
   Bytes body = roundTrip(store::encodeRequest(request), "store get",
                          std::chrono::milliseconds(request.timeoutMs));
   if (body[0] == static_cast<uint8_t>(store::Status::kTimeout)) {
@@ -159,7 +182,7 @@ Bytes TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  store::Request request = store::Request::of(store::Command::kAdd, key);
+  store::Request request = checkedRequest(store::Command::kAdd, "store add", key);
   request.delta = delta;
   const Bytes body = roundTrip(store::encodeRequest(request), "store add");
   if (body[0] != static_cast<uint8_t>(store::Status::kOk) || body.size() != 9) {
@@ -170,14 +193,16 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 }
 
 bool TcpStore::check(const std::string& key) {
-  const Bytes body = roundTrip(
-      store::encodeRequest(store::Request::of(store::Command::kCheck, key)), "store check");
+  const Bytes body =
+      roundTrip(store::encodeRequest(checkedRequest(store::Command::kCheck, "store check", key)),
+                "store check");
   return body.size() == 2 && body[1] == 1;
 }
 
 bool TcpStore::erase(const std::string& key) {
-  const Bytes body = roundTrip(
-      store::encodeRequest(store::Request::of(store::Command::kErase, key)), "store erase");
+  const Bytes body =
+      roundTrip(store::encodeRequest(checkedRequest(store::Command::kErase, "store erase", key)),
+                "store erase");
   return body.size() == 2 && body[1] == 1;
 }
 

@@ -531,6 +531,15 @@ TEST(BadInput, SplitAndSubsetWithOddArguments) {
       LOOM_CHECK(child && child->size() == 2 && child->rank() == (r == 1 ? 0 : 1));
       checkStillWorks(*child);
     }
+    // Every member must pass one list, in ascending order; another order is refused at the
+    // call, and a correct call after it still meets its peers.
+    if (r != 1) {
+      const std::vector<int> unsorted{2, 0};
+      expectInvalid([&] { comm->subset(unsorted, "order"); }, "subset", r,
+                    {"'ranks' must be ascending", "0 comes after 2"});
+      const std::vector<int> sorted{0, 2};
+      checkStillWorks(*comm->subset(sorted, "order"));
+    }
     // An empty tag is a tag like any other.
     if (r != 1) {
       const std::vector<int> pair{0, 2};
@@ -553,6 +562,18 @@ TEST(BadInput, TcpStoreArguments) {
     expectError([&] { store.add("text", 1); }, ErrorCode::kInvalidArgument, {"not a counter"});
     LOOM_CHECK(store.add("n", INT64_MIN + 1) == INT64_MIN + 1);
     LOOM_CHECK(!store.check("absent") && !store.erase("absent"));
+    // A timeout already past is one: it did not wrap into 49 days.
+    expectError([&] { store.get("never-set", std::chrono::milliseconds(-1)); }, ErrorCode::kTimeout,
+                {"'never-set'"});
+    // What the server refuses is refused at the call, naming it (the server only closed the
+    // connection, which read as a lost server).
+    expectError([&] { store.set("", {1}); }, ErrorCode::kInvalidArgument, {"key is empty"});
+    expectError([&] { store.get(std::string(5000, 'k'), std::chrono::seconds(1)); },
+                ErrorCode::kInvalidArgument, {"5000 bytes", "up to 4096"});
+    expectError([&] { store.set("big", Bytes((64u << 20) + 1)); }, ErrorCode::kInvalidArgument,
+                {"'big'", "up to 67108864"});
+    store.set("after", {7});
+    LOOM_CHECK(store.get("after", std::chrono::seconds(10)) == (Bytes{7}));
     auto comm = ctx.connect();  // the store still serves the communicator's bootstrap
     checkStillWorks(*comm);
   });

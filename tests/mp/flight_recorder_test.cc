@@ -274,6 +274,26 @@ TEST(Desync, DifferentSignaturesFailNamingBothSides) {
   });
 }
 
+TEST(Desync, ALongSignatureLeavesRoomForTheOtherRanks) {
+  LOOM_RUN_RANKS(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    std::vector<float> v(4, 1.0f);
+    OpOptions options;
+    // Each side is quoted up to 127 characters, whichever rank detects the mismatch.
+    options.signature = ctx.rank == 0 ? "shapes [" + std::string(300, '7') + "]"
+                                      : std::string("shapes [3, 4] RANK1_SIGNATURE");
+    try {
+      comm->allReduce(v.data(), v.data(), 4, DataType::kFloat32, ReduceKind::kSum, options).wait();
+      LOOM_CHECK(false, << "ranks with different signatures were not told");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kMismatch, << e.what());
+      LOOM_CHECK(contains(e.what(), "shapes [3, 4] RANK1_SIGNATURE"), << e.what());
+      LOOM_CHECK(contains(e.what(), "shapes [" + std::string(119, '7')), << e.what());
+      LOOM_CHECK(!contains(e.what(), std::string(120, '7')), << e.what());
+    }
+  });
+}
+
 TEST(Desync, EqualSignaturesPass) {
   LOOM_RUN_RANKS(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
