@@ -8,7 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <vector>
 
 #include "../common/forked_ranks.h"
 #include "../common/lendable_buffer.h"
@@ -55,6 +58,44 @@ TEST(LendingPool, FindsOnlyRangesInsideLiveAllocations) {
   pool.release(a);
   pool.release(big);
   pool.release(big);  // twice is harmless
+}
+
+// The descriptors this process has open.
+size_t openDescriptors() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+TEST(LendingPool, KeepsWhatTheProcessOnceUsedNotEverySizeItAskedFor) {
+  // In a process of its own: the pool is the process's, and other tests fill it too.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto& pool = LendingPool::instance();
+    const size_t fdsBefore = openDescriptors();
+    // Growing sizes, one live at a time: no freed region fits the next request. Every region
+    // was kept (32 regions, 1056 MiB, and a descriptor each) before.
+    for (size_t mib = 2; mib <= 64; mib += 2) pool.release(pool.allocate(mib << 20));
+    const bool bounded =
+        pool.heldBytes() <= 2 * LendingPool::kKeptFloor && openDescriptors() <= fdsBefore + 2;
+    // Many small regions live at once, then freed: at most kMaxKept stay, with their
+    // descriptors, and the ones kept are reused.
+    std::vector<void*> live;
+    for (int i = 0; i < 200; ++i) live.push_back(pool.allocate(size_t{64} << 10));
+    for (void* p : live) pool.release(p);
+    const bool fewKept = openDescriptors() <= fdsBefore + LendingPool::kMaxKept + 2;
+    void* again = pool.allocate(size_t{64} << 10);
+    const bool reused = std::find(live.begin(), live.end(), again) != live.end();
+    ::_exit((bounded ? 0 : 1) | (fewKept ? 0 : 2) | (reused ? 0 : 4));
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: too much kept of growing sizes; 2: too many small "
+                                       "regions kept; 4: a kept region not reused";
 }
 
 TEST(LendingPool, AForkedChildNeverHandsOutItsParentsRegions) {

@@ -59,6 +59,8 @@ void LendingPool::forgetInChild() {
   pool.byAddress_.clear();
   pool.available_.clear();
   pool.held_ = 0;
+  pool.inUse_ = 0;
+  pool.peakInUse_ = 0;
   pool.mutex_.unlock();
 }
 
@@ -70,6 +72,7 @@ void* LendingPool::allocate(size_t bytes) {
   auto fit = available_.lower_bound(capacity);
   if (fit != available_.end() && fit->first <= 2 * capacity) {
     const uintptr_t address = fit->second;
+    noteInUse(fit->first);
     available_.erase(fit);
     byAddress_.at(address).inUse = true;
     return reinterpret_cast<void*>(address);
@@ -80,12 +83,22 @@ void* LendingPool::allocate(size_t bytes) {
   } catch (const Error& e) {
     throw Error(ErrorCode::kSystem, "allocate_tensor", -1,
                 "could not make " + std::to_string(capacity) +
-                    " bytes of lendable shared memory: " + e.detail());
+                    " bytes of lendable shared memory: " + e.detail() + " (this process holds " +
+                    std::to_string(byAddress_.size()) + " lendable regions, " +
+                    std::to_string(held_) +
+                    " bytes, each with a file descriptor: free lent tensors, allocate fewer and "
+                    "larger buffers, or raise the limits, `ulimit -n` or /dev/shm's size)");
   }
   const auto address = reinterpret_cast<uintptr_t>(region->data());
   held_ += capacity;
+  noteInUse(capacity);
   byAddress_.emplace(address, Entry{std::move(region), true});
   return reinterpret_cast<void*>(address);
+}
+
+void LendingPool::noteInUse(size_t capacity) {
+  inUse_ += capacity;
+  peakInUse_ = std::max(peakInUse_, inUse_);
 }
 
 void LendingPool::release(void* data) {
@@ -94,7 +107,21 @@ void LendingPool::release(void* data) {
   auto it = byAddress_.find(address);
   if (it == byAddress_.end() || !it->second.inUse) return;  // not ours, or released already
   it->second.inUse = false;
+  inUse_ -= it->second.region->capacity();
   available_.emplace(it->second.region->capacity(), address);
+  // Kept for reuse: as much as the process once had in use at once (kKeptFloor at least),
+  // and kMaxKept regions (a descriptor each). Beyond that the smallest go first: a region
+  // serves requests from half its size to its size, so a process whose requests grow would
+  // otherwise keep every size it ever used. Freed here, a region is gone for good: a peer's
+  // mapping keeps its pages until the peer drops it (LentMappings), and a peer that opens
+  // the descriptor's number again finds another region's id there and copies instead.
+  const size_t keep = std::max(peakInUse_, kKeptFloor);
+  while (!available_.empty() && (held_ - inUse_ > keep || available_.size() > kMaxKept)) {
+    const auto smallest = available_.begin();
+    held_ -= smallest->first;
+    byAddress_.erase(smallest->second);  // unmaps the region and closes its descriptor
+    available_.erase(smallest);
+  }
 }
 
 std::optional<LentBuffer> LendingPool::find(const void* data, size_t bytes) {

@@ -6,9 +6,10 @@
 //
 // The owner side is one pool per process: regions (sealed memfds, see Region) carved into
 // nothing smaller than the request, kept for reuse when their tensor is freed, like torch's
-// caching allocators. They are never unmapped while the process lives, so a peer's mapping
-// of one never outlives what it maps. The reader side keeps, per communicator, the peers'
-// regions it mapped (read-only, through /proc/<pid>/fd), so each is opened once.
+// caching allocators, up to what the process once had in use at once (release()); a region
+// in use is never unmapped. The reader side keeps, per communicator, the peers' regions it
+// mapped (read-only, through /proc/<pid>/fd, checked by the id in their header), so each is
+// opened once.
 
 #include <algorithm>
 #include <atomic>
@@ -35,7 +36,13 @@ class LendingPool {
   /// At least `bytes` bytes (64-byte aligned, page-aligned in fact) of lendable memory.
   /// Throws Error(kSystem) if the host has not enough memory.
   void* allocate(size_t bytes);
-  /// Returns memory from allocate() for reuse (from any thread).
+  /// Bytes of free regions kept for reuse at least (more where the process once had more
+  /// in use at once), and free regions kept at most.
+  static constexpr size_t kKeptFloor = size_t{64} << 20;
+  static constexpr size_t kMaxKept = 64;
+
+  /// Returns memory from allocate() for reuse (from any thread); frees the smallest free
+  /// regions beyond what is kept (kKeptFloor, kMaxKept).
   void release(void* data);
   /// Where [data, data + bytes) lies if it is inside one lendable allocation; nullopt if not
   /// (memory from anywhere else, or a range that runs past its allocation).
@@ -62,7 +69,12 @@ class LendingPool {
   std::mutex mutex_;
   std::map<uintptr_t, Entry> byAddress_;        // every region, by its data address
   std::multimap<size_t, uintptr_t> available_;  // regions not in use, by capacity
-  size_t held_ = 0;
+  /// Counts `capacity` bytes more in use (mutex_ held).
+  void noteInUse(size_t capacity);
+
+  size_t held_ = 0;       // bytes of every region (mutex_)
+  size_t inUse_ = 0;      // bytes of regions in use (mutex_)
+  size_t peakInUse_ = 0;  // the most inUse_ has been (mutex_)
   std::atomic<bool> everLent_{false};
 };
 
