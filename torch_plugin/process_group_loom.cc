@@ -493,8 +493,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       finisher = nullptr;
     }
   }
-  // Timed where the group timed its calls: a CUDA block from its first CUDA call's start
-  // (blockTiming_, begun in launch()), a CPU block on the host (CallTiming).
+  // Timed where the group timed its calls: a CUDA block from its first collective's start
+  // (blockTiming_, begun in launch()) or from where its sends and receives were queued
+  // (above), a CPU block on the host (CallTiming).
   const bool timed = ties_->timing.load(std::memory_order_relaxed);
   if (!stream && allEnded(requests)) {
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",

@@ -760,7 +760,7 @@ def collect(results, procs, expected: int, killing: bool, start: float):
     """The ranks' reports, until `expected` came, a rank ended without one (its stack, if a
     signal ended it, is in the output: the worker turns faulthandler on), or 600 s passed;
     and the ranks that ended silently, as (rank, exit code). A part that kills its last rank
-    expects that one to end by SIGKILL."""
+    (os._exit) expects that one to end without a report."""
     got = []
     while len(got) < expected and time.time() - start < 600:
         try:
@@ -770,8 +770,7 @@ def collect(results, procs, expected: int, killing: bool, start: float):
             pass
         reported = {g[0] for g in got}
         ended = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None
-                 and r not in reported
-                 and not (killing and r == len(procs) - 1 and p.exitcode == -signal.SIGKILL)]
+                 and r not in reported and not (killing and r == len(procs) - 1)]
         if ended:
             # What a rank put just before it ended may still be on its way.
             try:
@@ -826,7 +825,7 @@ def main() -> int:
                      for r in range(world)]
             for p in procs:
                 p.start()
-            killing = part in ("killed", "graph_killed")  # their last rank kills itself
+            killing = part in ("killed", "graph_killed")  # their last rank leaves (os._exit)
             expected = world - 1 if killing else world
             got, silent = collect(results, procs, expected, killing, start)
             for p in procs:
