@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -102,6 +103,11 @@ class Communicator {
   /// `tag` tells apart several subsets of the same ranks; members must pass the same one.
   std::shared_ptr<Communicator> subset(std::span<const int> ranks, const std::string& tag,
                                        const CommOptions& options = {});
+  /// subset() of a braced list: `comm->subset({0, 2}, "pair")`.
+  std::shared_ptr<Communicator> subset(std::initializer_list<int> ranks, const std::string& tag,
+                                       const CommOptions& options = {}) {
+    return subset(std::span<const int>(ranks.begin(), ranks.size()), tag, options);
+  }
 
   /// Rebuilds without the `excluded` ranks (typically ones that died): every other rank
   /// calls it, and gets a communicator of the remaining ranks in their old order. Works on
@@ -110,6 +116,11 @@ class Communicator {
   /// arguments are checked; a call refused for its arguments leaves it as it was.
   std::shared_ptr<Communicator> shrink(std::span<const int> excluded,
                                        const CommOptions& options = {}, bool abortFirst = false);
+  /// shrink() of a braced list: `comm->shrink({dead})`.
+  std::shared_ptr<Communicator> shrink(std::initializer_list<int> excluded,
+                                       const CommOptions& options = {}, bool abortFirst = false) {
+    return shrink(std::span<const int>(excluded.begin(), excluded.size()), options, abortFirst);
+  }
 
   /// Throws what a call named `op` would throw now if this communicator has failed, was shut
   /// down or belongs to the process this one was forked from; otherwise does nothing.

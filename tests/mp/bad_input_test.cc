@@ -328,6 +328,8 @@ TEST(BadInput, ShrinkRefusesBadExclusionLists) {
     expectInvalid([&] { comm->shrink(self); }, "shrink", ctx.rank, {"is in 'excluded'"});
     expectInvalid([&] { comm->shrink(outside); }, "shrink", ctx.rank, {"'excluded'", "[0, 3)"});
     expectInvalid([&] { comm->shrink(twice); }, "shrink", ctx.rank, {"listed twice"});
+    // A braced list, as RELIABILITY.md writes it.
+    expectInvalid([&] { comm->shrink({ctx.rank}); }, "shrink", ctx.rank, {"is in 'excluded'"});
     // Refused with abortFirst (torch's SHRINK_ABORT) too, before anything is aborted.
     for (const auto* bad : {&none, &self, &outside, &twice}) {
       EXPECT_THROW(comm->shrink(*bad, {}, /*abortFirst=*/true), Error);
@@ -537,8 +539,7 @@ TEST(BadInput, SplitAndSubsetWithOddArguments) {
       const std::vector<int> unsorted{2, 0};
       expectInvalid([&] { comm->subset(unsorted, "order"); }, "subset", r,
                     {"'ranks' must be ascending", "0 comes after 2"});
-      const std::vector<int> sorted{0, 2};
-      checkStillWorks(*comm->subset(sorted, "order"));
+      checkStillWorks(*comm->subset({0, 2}, "order"));  // a braced list
     }
     // An empty tag is a tag like any other.
     if (r != 1) {
