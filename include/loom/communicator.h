@@ -99,8 +99,10 @@ class Communicator {
   /// communicator, ordered by (`key`, old rank). A negative color returns nullptr.
   std::shared_ptr<Communicator> split(int color, int key, const CommOptions& options = {});
   /// Collective over the listed ranks only (others do not call): a communicator of
-  /// `ranks` (ranks of this communicator, ascending), new rank = position in the list.
-  /// `tag` tells apart several subsets of the same ranks; members must pass the same one.
+  /// `ranks` (ranks of this communicator, in any order), new rank = position in the list.
+  /// Every member must pass the same list in the same order, and the same `tag` (which
+  /// tells apart several subsets of the same ranks): members that differ do not meet, and
+  /// fail at the timeout.
   std::shared_ptr<Communicator> subset(std::span<const int> ranks, const std::string& tag,
                                        const CommOptions& options = {});
   /// subset() of a braced list: `comm->subset({0, 2}, "pair")`.

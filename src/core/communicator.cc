@@ -124,16 +124,10 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
   if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
   state_->requireUsable("subset");
   std::set<int> seen;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int q = ranks[i];
+  for (int q : ranks) {
     validate::rankInRange(site, "ranks", q);
     if (!seen.insert(q).second)
       validate::fail(site, "rank " + std::to_string(q) + " is listed twice");
-    // Every member must pass the same list: ascending makes it one list per set of ranks.
-    if (i > 0 && q < ranks[i - 1]) {
-      validate::fail(site, "'ranks' must be ascending, but " + std::to_string(q) + " comes after " +
-                               std::to_string(ranks[i - 1]) + "; sort the list");
-    }
   }
   if (seen.count(rank()) == 0) {
     validate::fail(site, "this rank (" + std::to_string(rank()) +
