@@ -48,6 +48,11 @@ bool FinishedWork::wait(std::chrono::milliseconds /*timeout*/) {
   return true;
 }
 
+int FinishedWork::sourceRank() const {
+  const std::string_view title(title_);
+  return sourceOfReceive(opType_, source_, std::string(title.substr(title.find(':') + 1)), rank_);
+}
+
 float FinishedWork::getDuration() const {
   if (duration_ < 0) {
     const std::string_view title(title_);

@@ -37,7 +37,8 @@ class FinishedWork : public c10d::Work {
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return !exception_; }
   std::exception_ptr exception() const override { return exception_; }
-  int sourceRank() const override { return source_; }
+  /// The sender, for a receive's work; torch's error for any other (sourceOfReceive).
+  int sourceRank() const override;
   std::vector<at::Tensor> result() override { return {outputs_.begin(), outputs_.end()}; }
   /// Returns at once, raising the call's error if it failed.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;

@@ -599,15 +599,23 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
   }
   for (int r = 0; r < size_; ++r) {
     if (std::find(excluded.begin(), excluded.end(), r) != excluded.end()) continue;
+    // The world's ranks too (as split() does): the child's messages then name each of its
+    // ranks' global rank, the failure of its own creation included.
     const auto& parentGlobal = options_->global_ranks_in_group;
-    if (!parentGlobal.empty()) childOptions->global_ranks_in_group.push_back(parentGlobal.at(r));
+    childOptions->global_ranks_in_group.push_back(
+        parentGlobal.empty() ? static_cast<uint64_t>(r) : parentGlobal.at(static_cast<size_t>(r)));
   }
+  const std::string childLegend = legendOf(ranksOf(
+      childOptions->group_name, childOptions->group_desc, childOptions->global_ranks_in_group));
   std::shared_ptr<Communicator> child;
   releasingGil([&] {
     // SHRINK_ABORT aborts once every argument is checked: a refused call leaves the group.
-    child = translated([&] {
-      return comm_->shrink(excluded, commOptions(*childOptions), (shrinkFlags & kShrinkAbort) != 0);
-    });
+    child = translated(
+        [&] {
+          return comm_->shrink(excluded, commOptions(*childOptions),
+                               (shrinkFlags & kShrinkAbort) != 0);
+        },
+        childLegend);
   });
   {
     // Shrinking the world makes the result the communicator later groups derive from.

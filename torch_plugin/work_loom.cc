@@ -35,6 +35,14 @@ std::string ranksOf(const std::string& name, const std::string& desc,
   return s;
 }
 
+int sourceOfReceive(c10d::OpType type, int source, const std::string& what, int rank) {
+  if (type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) {
+    TORCH_CHECK(false, "loom: Work.source_rank() of " + what + " on rank " + std::to_string(rank) +
+                           ": only the work of a receive (recv or irecv) has a source rank");
+  }
+  return source;
+}
+
 std::string legendOf(const std::string& ranks) {
   return ranks.empty() ? std::string() : " (ranks in this message are " + ranks + ")";
 }
@@ -296,7 +304,7 @@ std::exception_ptr WorkLoom::exception() const {
 }
 
 int WorkLoom::sourceRank() const {
-  return source_.load(std::memory_order_relaxed);
+  return sourceOfReceive(opType_, source_.load(std::memory_order_relaxed), what_, rank_);
 }
 
 std::vector<at::Tensor> WorkLoom::result() {

@@ -61,6 +61,10 @@ std::string ranksOf(const std::string& name, const std::string& desc,
 /// The legend the group's messages end with (GroupTies::legend), from ranksOf's sentence.
 std::string legendOf(const std::string& ranks);
 
+/// Work.source_rank() of a call of `type` named `what` on `rank`: `source` for a receive;
+/// for any other call the error torch's own works raise (Gloo's too).
+int sourceOfReceive(c10d::OpType type, int source, const std::string& what, int rank);
+
 class WorkLoom : public c10d::Work {
  public:
   /// `what` names the operation for messages ("all_reduce"); `inputs` give the profiler

@@ -576,3 +576,35 @@ def test_outputs_of_ended_calls_go_when_dropped(after_a_failed_block):
     # A failed block lets go in batches (it looks again each time it has doubled).
     bound = 20 if after_a_failed_block else 0
     assert all(n <= bound for n in alive), f"{alive} of 80 dropped outputs still alive per rank"
+
+
+def body_source_rank(rank: int, world: int):
+    """A receive's work names its sender (from any source too); any other call's work raises,
+    as Gloo's and torch's own do (loom's answered -1)."""
+    if rank == 0:
+        named = dist.irecv(torch.zeros(2), 1)
+        named.wait()
+        anyone = dist.irecv(torch.zeros(2))
+        anyone.wait()
+        sources = [named._source_rank(), anyone._source_rank()]
+    else:
+        dist.send(torch.ones(2), 0)
+        dist.send(torch.ones(2), 0)
+        sources = None
+    others = []
+    for work in (dist.all_reduce(torch.ones(2), async_op=True),
+                 dist.broadcast(torch.ones(2), 0, async_op=True)):
+        work.wait()
+        try:
+            others.append(f"answered {work._source_rank()}")
+        except RuntimeError as e:
+            others.append(str(e))
+    return sources, others
+
+
+def test_only_a_receives_work_has_a_source_rank():
+    for rank, (sources, others) in enumerate(run_ranks(2, body_source_rank)):
+        if rank == 0:
+            assert sources == [1, 1], sources
+        for message in others:
+            assert "only the work of a receive" in message, message
