@@ -47,9 +47,7 @@ store::Request checkedRequest(store::Command command, const char* op, const std:
   if (key.size() > store::kMaxKeyBytes) {
     throw Error(ErrorCode::kInvalidArgument, op, -1,
                 "the key has " + std::to_string(key.size()) +
-                    " bytes; the store takes keys of "
-                    "up to " +
-                    std::to_string(store::kMaxKeyBytes));
+                    " bytes; the store takes keys of up to " + std::to_string(store::kMaxKeyBytes));
   }
   if (valueBytes > store::kMaxValueBytes) {
     throw Error(ErrorCode::kInvalidArgument, op, -1,
