@@ -37,7 +37,7 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
                          const at::Tensor& input) {
   requireDense(s, "input", input);
   requirePerRank(s, "output list", outputs.size());
-  GatherPlan plan{Outputs{}, movementView(input), {}, {}};
+  GatherPlan plan{Outputs(s), movementView(input), {}, {}};
   const DataType type = plan.in.type;
   for (size_t q = 0; q < outputs.size(); ++q) {
     requireDense(s, "outputs", outputs[q]);
@@ -121,10 +121,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   const Flat flat = movementView(tensors[0]);
-  Outputs outputs;
-  outputs.inOut(flat);
+  Outputs outputs(s);
+  // The root's tensor is only read: a staged copy of it is kept until the call is done, and
+  // nothing is copied back.
+  const bool root = rank_ == opts.rootRank;
+  if (!root) outputs.inOut(flat);
   return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors,
-                copyBack(std::move(outputs)), [&](Requests& r) {
+                root ? copyBack(std::move(outputs), flat) : copyBack(std::move(outputs)),
+                [&](Requests& r) {
                   r.push_back(comm_->broadcast(flat.ptr(), flat.ptr(), flat.count, flat.type,
                                                static_cast<int>(opts.rootRank),
                                                opOptions(opts.timeout, !opts.asyncOp)));
@@ -140,7 +144,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   if (opts.sparseIndices) invalid(s, "all_reduce with sparse indices is not supported");
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
-  Outputs outputs;
+  Outputs outputs(s);
   outputs.inOut(flat);
   return launch(s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors,
                 copyBack(std::move(outputs)), [&](Requests& r) {
@@ -263,7 +267,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   requireRoot(s, opts.rootRank);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
-  Outputs outputs;
+  Outputs outputs(s);
   outputs.inOut(flat);
   return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, copyBack(std::move(outputs)),
                 [&](Requests& r) {
@@ -293,7 +297,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather_into_tensor", !opts.asyncOp);
   requireWholeOfParts(s, "output", output, "input", input);
-  Outputs outputs;
+  Outputs outputs(s);
   const at::Tensor target = outputs.target(output);
   const Flat in = gatherReadApart(s, movementView(input), target);
   return launch(s, OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {input}, {output},
@@ -344,7 +348,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
   return heldInBlock(OpType::COALESCED, [&]() -> c10::intrusive_ptr<c10d::Work> {
     const CallSite s = site("all_gather_into_tensor_coalesced", !opts.asyncOp);
     requireCount(s, "outputs", outputs.size(), inputs.size());
-    auto staged = std::make_shared<Outputs>();
+    auto staged = std::make_shared<Outputs>(s);
     std::vector<Flat> ins;
     std::vector<at::Tensor> targets;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -374,7 +378,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   requireCount(s, "inputs", inputs.size(), 1);
   requireDense(s, "input", inputs[0]);
   const bool root = rank_ == opts.rootRank;
-  auto staged = std::make_shared<Outputs>();
+  auto staged = std::make_shared<Outputs>(s);
   std::vector<at::Tensor> targets;
   std::vector<at::Tensor> results;
   if (root) {
@@ -417,7 +421,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   } else if (!inputs.empty() && !inputs[0].empty()) {
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes input tensors");
   }
-  auto staged = std::make_shared<Outputs>();
+  auto staged = std::make_shared<Outputs>(s);
   const at::Tensor target = staged->target(outputs[0]);
   // The root's inputs read apart from its output (the engine would refuse on the root alone).
   listScatterReadApart(s, ins, target);
@@ -462,7 +466,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   listScatterReadApart(s, ins, out.data);
   for (const Flat& in : ins) sources.push_back(in.ptr());
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out);
-  auto staged = std::make_shared<Outputs>();
+  auto staged = std::make_shared<Outputs>(s);
   staged->inOut(out);
   return launch(
       s, OpType::REDUCE_SCATTER, "loom:reduce_scatter", inputs[0], outputs,
@@ -480,7 +484,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
   const Flat out = reductionView(s, output, opts.reduceOp);
   const Flat in = scatterReadApart(s, reductionView(s, input, opts.reduceOp), out.data);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, out);
-  Outputs outputs;
+  Outputs outputs(s);
   outputs.inOut(out);
   return launch(s, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {input}, {output},
                 copyBack(std::move(outputs), in), [&](Requests& r) {
@@ -499,7 +503,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
     requireCount(s, "outputs", outputs.size(), inputs.size());
     std::vector<Flat> ins, outs;
     std::vector<ReduceOp> ops;
-    auto staged = std::make_shared<Outputs>();
+    auto staged = std::make_shared<Outputs>(s);
     for (size_t i = 0; i < inputs.size(); ++i) {
       const std::string n = "[" + std::to_string(i) + "]";
       requireWholeOfParts(s, "inputs" + n, inputs[i], "outputs" + n, outputs[i]);
@@ -535,7 +539,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     invalid(s, "the output is " + dtypeName(output) + " but the input is " + dtypeName(input) +
                    "; give both one dtype");
   }
-  Outputs outputs;
+  Outputs outputs(s);
   const at::Tensor target = outputs.target(output);
   const bool equalBlocks = inputSplitSizes.empty() && outputSplitSizes.empty();
   const Flat in = allToAllReadApart(movementView(input), target, equalBlocks);
@@ -630,7 +634,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   std::vector<Flat> ins;
   std::vector<const void*> sources;
   std::vector<size_t> sendCounts, recvCounts;
-  auto staged = std::make_shared<Outputs>();
+  auto staged = std::make_shared<Outputs>(s);
   for (int q = 0; q < size_; ++q) {
     requireDense(s, "inputs", inputs[q]);
     requireDense(s, "outputs", outputs[q]);
@@ -695,7 +699,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>
   const CallSite s = site("recv");
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
-  auto staged = std::make_shared<Outputs>();
+  auto staged = std::make_shared<Outputs>(s);
   // A message shorter than the tensor fills its front and leaves the rest as it was.
   const at::Tensor target = staged->target(tensors[0], /*keep=*/true);
   return launch(

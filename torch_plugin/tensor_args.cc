@@ -2,6 +2,8 @@
 
 #include "tensor_args.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
@@ -339,7 +341,17 @@ at::Tensor Outputs::target(const at::Tensor& t, bool keep) {
   return staged;
 }
 
+void Outputs::requireOwnElements(const at::Tensor& t) const {
+  if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+    invalid(site_,
+            "an output of the call has elements that share memory (a stride of 0, as expand() "
+            "makes), so several results would land in one place; pass a tensor whose elements "
+            "are its own (clone() it, or make it with torch.empty)");
+  }
+}
+
 at::Tensor Outputs::scratch(const at::Tensor& t) {
+  requireOwnElements(t);
   at::Tensor made = at::empty_like(t, at::MemoryFormat::Contiguous);
   noteStaged(made);
   staged_.emplace_back(made, t);
@@ -371,7 +383,9 @@ std::vector<at::Tensor> Outputs::targets(const std::vector<at::Tensor>& outputs)
 }
 
 void Outputs::inOut(const Flat& flat) {
-  if (!flat.data.is_alias_of(flat.view)) staged_.emplace_back(flat.data, flat.view);
+  if (flat.data.is_alias_of(flat.view)) return;
+  requireOwnElements(flat.view);
+  staged_.emplace_back(flat.data, flat.view);
 }
 
 void Outputs::finish() {

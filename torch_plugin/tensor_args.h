@@ -158,9 +158,13 @@ size_t elementsOf(const at::Tensor& t, DataType type);
 ReduceOp reduceOpOf(const CallSite& site, const c10d::ReduceOp& op, const Flat& data);
 
 /// Output tensors whose data loom writes: contiguous ones directly, others through scratch
-/// tensors copied back by finish().
+/// tensors copied back by finish(). A staged one whose elements share memory (a stride of
+/// 0, as expand() makes) is refused as it is staged, naming `site`: its copy-back would
+/// fail only after the call had run on every rank.
 class Outputs {
  public:
+  explicit Outputs(const CallSite& site) : site_(site) {}
+
   /// A tensor loom can write into that ends up in `t` once finish() runs; with `keep`, one
   /// that starts with `t`'s values, for a call that may write only part of it (a recv).
   at::Tensor target(const at::Tensor& t, bool keep = false);
@@ -179,6 +183,9 @@ class Outputs {
  private:
   // A contiguous scratch tensor for `t`, copied into it by finish().
   at::Tensor scratch(const at::Tensor& t);
+  // Refuses `t` if its elements share memory.
+  void requireOwnElements(const at::Tensor& t) const;
+  CallSite site_;  // a copy: the legend it points to outlives the call
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (scratch, original)
 };
 

@@ -398,3 +398,42 @@ def body_null_store(rank: int, world: int) -> None:
 
 def test_process_group_refuses_a_null_store():
     run_ranks(1, body_null_store)
+
+
+
+def body_outputs_sharing_memory(rank: int, world: int):
+    """A written tensor whose elements share memory (expand()) is refused at the call, naming
+    it: its copy-back used to fail with torch's message after the call had run on every rank
+    (a receive had taken its message). A broadcast root's tensor is only read: it may be one."""
+    refusals = []
+    shared = torch.zeros(1).expand(2 * world)
+    for name, call in (("all_reduce", lambda: dist.all_reduce(shared)),
+                       ("all_gather_into_tensor",
+                        lambda: dist.all_gather_into_tensor(shared, torch.ones(2)))):
+        try:
+            call()
+            refusals.append(f"{name} accepted")
+        except RuntimeError as e:
+            refusals.append(str(e).splitlines()[0])
+    if rank == 0:
+        try:
+            dist.recv(torch.zeros(1).expand(2), 1)
+            refusals.append("recv accepted")
+        except RuntimeError as e:
+            refusals.append(str(e).splitlines()[0])
+        got = torch.zeros(2)
+        dist.recv(got, 1)  # the message the refused receive never took
+        assert got.tolist() == [1.0, 1.0], got
+    else:
+        dist.send(torch.ones(2), 0)
+    root_tensor = torch.full((1,), 7.0).expand(4) if rank == 0 else torch.zeros(4)
+    dist.broadcast(root_tensor, 0)
+    return refusals, root_tensor.tolist()
+
+
+def test_outputs_whose_elements_share_memory_are_refused_at_the_call():
+    for rank, (refusals, received) in enumerate(run_ranks(2, body_outputs_sharing_memory)):
+        assert received == [7.0] * 4, received
+        assert len(refusals) == (3 if rank == 0 else 2), refusals
+        for message in refusals:
+            assert "elements that share memory" in message and f"(rank {rank})" in message, message
