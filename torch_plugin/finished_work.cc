@@ -48,15 +48,18 @@ bool FinishedWork::wait(std::chrono::milliseconds /*timeout*/) {
   return true;
 }
 
-int FinishedWork::sourceRank() const {
+std::string FinishedWork::what() const {
   const std::string_view title(title_);
-  return sourceOfReceive(opType_, source_, std::string(title.substr(title.find(':') + 1)), rank_);
+  return std::string(title.substr(title.find(':') + 1));
+}
+
+int FinishedWork::sourceRank() const {
+  return sourceOfReceive(opType_, source_, what(), rank_);
 }
 
 float FinishedWork::getDuration() const {
   if (duration_ < 0) {
-    const std::string_view title(title_);
-    refuseUntimed(std::string(title.substr(title.find(':') + 1)), rank_);
+    refuseUntimed(what(), rank_);
   }
   return duration_;
 }

@@ -16,6 +16,7 @@
 
 #include <exception>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "loom/request.h"
@@ -54,6 +55,8 @@ class FinishedWork : public c10d::Work {
   void setFutureLists(size_t lists) { futureLists_ = lists; }
 
  private:
+  /// The call's name for messages: its title without the "loom:" prefix.
+  std::string what() const;
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                const std::function<void()>& finisher, c10::ArrayRef<Request> requests,

@@ -515,6 +515,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   return work;
 }
 
+uint64_t ProcessGroupLoom::globalRankOf(int r) const {
+  const auto& global = options_->global_ranks_in_group;
+  return global.empty() ? static_cast<uint64_t>(r) : global.at(static_cast<size_t>(r));
+}
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
@@ -536,11 +541,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
     childOptions->group_name = opts->group_name;
     childOptions->group_desc = opts->group_desc;
   }
-  for (int r : ranks) {
-    const auto& parentGlobal = options_->global_ranks_in_group;
-    childOptions->global_ranks_in_group.push_back(
-        parentGlobal.empty() ? static_cast<uint64_t>(r) : parentGlobal.at(static_cast<size_t>(r)));
-  }
+  for (int r : ranks) childOptions->global_ranks_in_group.push_back(globalRankOf(r));
   // Not torch's name as the meeting key: split_group hashes the ranks with how many groups
   // this process knows, which differs between members that are in different earlier groups
   // (a 2-D device mesh after a new_group: each pair of the second dimension named its child
@@ -599,11 +600,9 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::shrink(
   }
   for (int r = 0; r < size_; ++r) {
     if (std::find(excluded.begin(), excluded.end(), r) != excluded.end()) continue;
-    // The world's ranks too (as split() does): the child's messages then name each of its
-    // ranks' global rank, the failure of its own creation included.
-    const auto& parentGlobal = options_->global_ranks_in_group;
-    childOptions->global_ranks_in_group.push_back(
-        parentGlobal.empty() ? static_cast<uint64_t>(r) : parentGlobal.at(static_cast<size_t>(r)));
+    // The world's ranks too: the child's messages then name each of its ranks' global rank,
+    // the failure of its own creation included.
+    childOptions->global_ranks_in_group.push_back(globalRankOf(r));
   }
   const std::string childLegend = legendOf(ranksOf(
       childOptions->group_name, childOptions->group_desc, childOptions->global_ranks_in_group));

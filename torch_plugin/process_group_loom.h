@@ -172,6 +172,9 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   }
 
  private:
+  /// The global rank of this group's rank `r` (the world's numbering where the group is
+  /// numbered as the world is), for a child's global_ranks_in_group.
+  uint64_t globalRankOf(int r) const;
   /// Runs `issue` (which queues loom operations) and wraps its requests in a WorkLoom (a
   /// FinishedWork for a CPU call whose requests have all ended by then); loom's argument
   /// errors become RuntimeError, its other errors DistBackendError.

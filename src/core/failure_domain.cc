@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "core/flight_recorder.h"
 #include "core/op_state.h"
 #include "util/env.h"
+#include "util/posix.h"
 
 namespace loom::detail {
 
@@ -61,10 +61,7 @@ constexpr size_t kReportedEntries = 20;
 // Appends `text` to the file at `path`, making its folder first (as LOOM_TRACE does); the
 // reason it could not, or nothing. (C stdio, not a stream: see tests/lint/check_messages.py.)
 std::optional<std::string> appendToFile(const std::string& path, const std::string& text) {
-  std::error_code ignored;  // a folder that cannot be made fails the open, with its reason
-  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
-  FILE* file = std::fopen(path.c_str(), "a");
+  FILE* file = posix::openMakingFolder(path, "a");
   if (file == nullptr) return std::string(std::strerror(errno));
   const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
   const int writeErrno = errno;

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "loom/error.h"
@@ -42,6 +43,13 @@ bool readAll(int fd, void* data, size_t n) {
     n -= static_cast<size_t>(k);
   }
   return true;
+}
+
+std::FILE* openMakingFolder(const std::string& path, const char* mode) {
+  std::error_code ignored;  // a folder that cannot be made fails the open, with its errno
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
+  return std::fopen(path.c_str(), mode);
 }
 
 void closeFd(int& fd) {

@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
+#include <string>
 #include <string_view>
 
 namespace loom::posix {
@@ -16,6 +18,11 @@ bool writeAll(int fd, const void* data, size_t n);
 
 /// Reads exactly `n` bytes; false on error or end of stream.
 bool readAll(int fd, void* data, size_t n);
+
+/// std::fopen(path, mode) after making `path`'s folder and its parents where missing (a
+/// LOOM_TRACE or dump prefix in a folder not made yet); nullptr, with errno set, if the file
+/// cannot be opened.
+std::FILE* openMakingFolder(const std::string& path, const char* mode);
 
 /// Closes `fd` if it is >= 0 and sets it to -1.
 void closeFd(int& fd);

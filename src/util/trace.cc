@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "util/env.h"
+#include "util/posix.h"
 
 namespace loom::trace {
 
@@ -131,10 +131,7 @@ void flush() {
   const long pid = static_cast<long>(::getpid());
   const std::string path = r.prefix + "." + std::to_string(pid) + ".json";
   // A prefix in a folder not made yet (LOOM_TRACE=/tmp/trace/run) gets its folder.
-  std::error_code ignored;
-  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (!folder.empty()) std::filesystem::create_directories(folder, ignored);
-  FILE* out = std::fopen(path.c_str(), "w");
+  FILE* out = posix::openMakingFolder(path, "w");
   if (!out) {
     std::fprintf(stderr, "loom: LOOM_TRACE: cannot write %s\n", path.c_str());
     return;

@@ -65,16 +65,15 @@ class LendingPool {
   static void lockForFork();
   static void unlockAfterFork();
   static void forgetInChild();
+  /// Counts `capacity` bytes more in use (mutex_ held).
+  void noteInUse(size_t capacity);
 
   std::mutex mutex_;
   std::map<uintptr_t, Entry> byAddress_;        // every region, by its data address
   std::multimap<size_t, uintptr_t> available_;  // regions not in use, by capacity
-  /// Counts `capacity` bytes more in use (mutex_ held).
-  void noteInUse(size_t capacity);
-
-  size_t held_ = 0;       // bytes of every region (mutex_)
-  size_t inUse_ = 0;      // bytes of regions in use (mutex_)
-  size_t peakInUse_ = 0;  // the most inUse_ has been (mutex_)
+  size_t held_ = 0;                             // bytes of every region (mutex_)
+  size_t inUse_ = 0;                            // bytes of regions in use (mutex_)
+  size_t peakInUse_ = 0;                        // the most inUse_ has been (mutex_)
   std::atomic<bool> everLent_{false};
 };
 
