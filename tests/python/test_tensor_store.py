@@ -269,12 +269,31 @@ def _waiting_get(rank, world):
         value, version = await asyncio.gather(store.get("a", version=1, timeout=timedelta(seconds=20)), writer())
         return version, value.tolist()
 
+    async def many():
+        # More waiting gets than asyncio's default executor has threads (at most 32): the
+        # puts they wait for are not queued behind them.
+        store = AsyncTensorStore()
+        waiting = 40
+        asked = threading.Semaphore(0)
+        on_wait(store.sync, asked.release)
+        gets = [store.get(f"k{i}", version=1, timeout=timedelta(seconds=20)) for i in range(waiting)]
+
+        async def writer():
+            for _ in range(waiting):
+                await asyncio.to_thread(asked.acquire)
+            return [await store.put(f"k{i}", torch.full((2,), float(i))) for i in range(waiting)]
+
+        *values, versions = await asyncio.gather(*gets, writer())
+        return versions == [1] * waiting and [v[0].item() for v in values] == list(range(waiting))
+
     out["async"] = asyncio.run(main())
+    out["many"] = asyncio.run(many())
     return out
 
 
 def test_a_get_waiting_for_a_version_holds_up_no_other_verb():
-    assert run_ranks(1, _waiting_get, backend="gloo") == [{"thread": (1, [7.0] * 3), "async": (1, [0, 1, 2, 3])}]
+    assert run_ranks(1, _waiting_get, backend="gloo") == [
+        {"thread": (1, [7.0] * 3), "async": (1, [0, 1, 2, 3]), "many": True}]
 
 
 def _leaks(rank, world):

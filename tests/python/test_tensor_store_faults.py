@@ -124,6 +124,45 @@ def test_a_get_waiting_for_a_version_from_a_writer_that_exited_is_told():
     assert run_ranks(2, _writer_gone, killed=(0,), finalize=False) == ["killed", "told"]
 
 
+def _writer_dies_as_read(rank, world):
+    from loom.tensor_store import TensorStore, TensorStoreError, _parts
+
+    store = dist.distributed_c10d._get_default_store()
+    # 4 KiB buckets, a tensor of 4 KiB in each: the reader copies bucket by bucket as written.
+    ts = TensorStore(bucket_bytes=4096, timeout=timedelta(seconds=60))
+    weights = {"a": torch.full((1024,), 1.0), "b": torch.full((1024,), 1.0)}
+    if rank == 0:
+        ts.put_state_dict(weights, "w")
+        sync(store, "reading")
+        copies = _parts.run_copies
+        done = []
+
+        def die_in_the_second_bucket(groups, *args):
+            copies(groups, *args)
+            done.append(1)
+            if len(done) == 2:  # bucket 1's progress is published as the next copy starts
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        _parts.run_copies = die_in_the_second_bucket
+        for t in weights.values():
+            t.fill_(2.0)
+        ts.put_state_dict(weights, "w")
+    mine = {"a": torch.zeros(1024), "b": torch.zeros(1024)}
+    ts.get_state_dict("w", mine, version=1)
+    store.set("reading", "1")
+    # Filled as version 2 is written; the writer dies half way: the error says the version
+    # before is readable and that the tensors may hold part of version 2 (a holds it).
+    with pytest.raises(TensorStoreError, match=r"died while writing it.*the tensors this get was filling may "
+                                               r"hold part of a version it could not read whole"):
+        ts.get_state_dict("w", mine, version=2)
+    return mine["a"][0].item(), mine["b"][0].item()
+
+
+def test_a_get_filling_as_written_whose_writer_dies_says_the_tensors_hold_part_of_it():
+    assert run_ranks(2, _writer_dies_as_read, killed=(0,), finalize=False) == ["killed", (2.0, 1.0)]
+
+
 def _two_jobs(rank, world):
     from loom import _C
     from loom.tensor_store import TensorStore
@@ -711,7 +750,7 @@ def test_a_get_that_fails_after_filling_part_of_the_callers_tensors_says_so():
     _read_plan.run_copies = reclaimed_between
     try:
         with pytest.raises(TimeoutError, match="did not lend the next.*the tensors this get was filling "
-                                               "may hold part of a version replaced while it was read"):
+                                               "may hold part of a version it could not read whole"):
             reader.get_state_dict("policy", weights)
     finally:
         _read_plan.run_copies = copies

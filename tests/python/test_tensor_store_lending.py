@@ -95,6 +95,10 @@ def _lending(rank, world):
     dist.barrier()  # the writer has reclaimed version 4
     with pytest.raises(TensorStoreError, match="reclaimed that lent version"):
         ts.get_state_dict("policy", mine, version=4)
+    # An older version by number: reclaimed when the next was lent (it said "never completed").
+    with pytest.raises(TensorStoreError, match=r"version=2\): that lent version was reclaimed when a "
+                                               r"newer one was lent .*the latest is 4"):
+        ts.get_state_dict("policy", mine, version=2)
     dist.barrier()
     return out
 
@@ -315,6 +319,30 @@ def _broadcast_parameters(rank, world):
     assert list(mine.parameters()) == params and all(p.requires_grad for p in params)
     want = model(0).state_dict()
     return sorted(name for name, value in mine.state_dict().items() if torch.equal(value, want[name]))
+
+
+def _broadcast_lazy_views(rank, world):
+    from loom.tensor_store import TensorStore
+
+    # 4 KiB buckets: "big" tensors (8 KiB) go alone, "small" ones are packed. The writer sends
+    # conjugate and negative views, a receiver fills negative views; values move, as copy_
+    # moves them (alone, the conjugate view was refused by torch on the writer only, leaving
+    # the others in the broadcast; the negative view was left unfilled).
+    ts = TensorStore(bucket_bytes=4 << 10)
+    values = torch.complex(torch.arange(1.0, 1025.0), -torch.arange(1.0, 1025.0))
+    real = torch.arange(1.0, 2049.0)
+    if rank == 0:
+        sd = {"big_conj": values.conj(), "big_neg": torch._neg_view(-real), "small": torch._neg_view(-real[:8])}
+    else:
+        sd = {"big_conj": torch.zeros(1024, dtype=torch.complex64), "big_neg": torch._neg_view(torch.zeros(2048)),
+              "small": torch._neg_view(torch.zeros(8))}
+    ts.broadcast_state_dict(sd, "lazy", src=0)
+    return [torch.equal(sd["big_conj"], values.conj()), torch.equal(sd["big_neg"], real),
+            torch.equal(sd["small"], real[:8])]
+
+
+def test_broadcast_mode_moves_conjugate_and_negative_views_by_value():
+    assert run_ranks(2, _broadcast_lazy_views) == [[True, True, True]] * 2
 
 
 def test_broadcast_mode_fills_parameters_that_are_not_contiguous():

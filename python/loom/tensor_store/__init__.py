@@ -13,7 +13,9 @@ docs/STORE.md says how it works, what it guarantees and what it costs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
+import threading
 from typing import Any
 
 from ._store import TensorStore, TensorStoreError
@@ -22,9 +24,9 @@ __all__ = ["TensorStore", "AsyncTensorStore", "TensorStoreError"]
 
 
 class AsyncTensorStore:
-    """TensorStore's verbs as coroutines: each runs on a worker thread (the copies release
+    """TensorStore's verbs as coroutines: each runs on a thread of its own (the copies release
     the GIL), so an event loop keeps serving while bytes move, and a get waiting for a version
-    holds up no other coroutine's verb. Takes TensorStore's arguments."""
+    holds up no other coroutine's verb, however many wait. Takes TensorStore's arguments."""
 
     _VERBS = ("put", "get", "put_state_dict", "get_state_dict", "put_batch", "get_batch", "delete",
               "exists", "keys", "latest_version", "make_lendable", "lend", "lend_state_dict", "reclaim",
@@ -40,10 +42,40 @@ class AsyncTensorStore:
 
         @functools.wraps(verb)
         async def call(*args: Any, **kwargs: Any):
-            return await asyncio.to_thread(verb, *args, **kwargs)
+            return await _on_own_thread(name, verb, *args, **kwargs)
 
         return call
 
     def close(self) -> None:
         """Frees this process's buffers (see TensorStore.close)."""
         self.sync.close()
+
+
+async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
+    """verb(*args, **kwargs) on a new thread, awaited. Not the loop's executor (what
+    asyncio.to_thread uses): its few threads, all taken by gets waiting for a version, would
+    queue the very put they wait for behind them."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    context = contextvars.copy_context()  # as asyncio.to_thread passes the caller's context
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        try:
+            outcome = (context.run(verb, *args, **kwargs), None)
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
+            outcome = (None, error)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed meanwhile: no one awaits the verb any more
+            pass
+
+    threading.Thread(target=run, name=f"loom-tensor-store-{name}").start()
+    return await done

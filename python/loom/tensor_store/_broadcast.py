@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ._arguments import is_version_number
 from ._layout import flatten, is_dtensor, leaf_signature, path_text
-from ._parts import CopyGroup, copy_groups, run_copies, typed_view
+from ._parts import CopyGroup, _lazy, copy_groups, run_copies, typed_view
 
 # A tensor of at least 1/_ALONE_FRACTION of a bucket is broadcast on its own, in place.
 _ALONE_FRACTION = 2
@@ -130,7 +130,7 @@ def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], send
             unpack(*in_flight.popleft())
         if bucket.alone is not None:
             tensor = tensors[bucket.alone]
-            staged = None if tensor.is_contiguous() else tensor.contiguous()  # strided: moved through a copy
+            staged = None if tensor.is_contiguous() and not _lazy(tensor) else _staged(tensor, sending)
             work = dist.broadcast(tensor if staged is None else staged, src=src, group=group, async_op=True)
             in_flight.append((work, bucket, staged))
             continue
@@ -144,6 +144,15 @@ def run_broadcasts(plan: BroadcastPlan, tensors: list[torch.Tensor | None], send
         in_flight.append((work, bucket, buffer))
     while in_flight:
         unpack(*in_flight.popleft())
+
+
+def _staged(tensor: torch.Tensor, sending: bool) -> torch.Tensor:
+    """The plain contiguous tensor a strided tensor, or a conjugate or negative view (whose
+    bytes are not its values), moves through: its values, to send; memory to receive into,
+    copied back as copy_ does."""
+    if sending:
+        return tensor.resolve_conj().resolve_neg().contiguous()
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
 
 
 def make_plan(leaves: list[tuple[tuple, Any]], bucket_bytes: int) -> BroadcastPlan:

@@ -133,7 +133,11 @@ class ReadPlan:
         torch.autograd.graph.increment_version(self.targets)
         for slot, end in self.needs_for_objects:
             if slot in writing:
-                self._await(writing[slot], end)
+                try:
+                    self._await(writing[slot], end)
+                except (TensorStoreError, TimeoutError) as error:
+                    error.while_copying = bool(self.dsts)  # the tensors are filled already
+                    raise
         raw = {path: src.clone() for path, src in self.objects}
         for slot, (mapped, generation) in zip(self.buffers, checks):
             # Copied as written: valid as far as the write had got.
@@ -174,7 +178,12 @@ class ReadPlan:
             chunk = order[start:end]
             for slot in {self.needs[i][0] for i in chunk}:
                 if slot in writing:
-                    self._await(writing[slot], max(self.needs[i][1] for i in chunk if self.needs[i][0] == slot))
+                    try:
+                        self._await(writing[slot], max(self.needs[i][1] for i in chunk if self.needs[i][0] == slot))
+                    except (TensorStoreError, TimeoutError) as error:
+                        # The buckets before this one are in the targets already.
+                        error.while_copying = start > 0
+                        raise
             run_copies(copy_groups([self.dsts[i] for i in chunk], [self.srcs[i] for i in chunk]), self.nbytes())
             start = end
 

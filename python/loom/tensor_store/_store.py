@@ -715,13 +715,14 @@ class TensorStore(ReadPlanning, VersionWaits):
                 f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
                 f"the writer puts faster than this rank can read"))
         except (TensorStoreError, TimeoutError) as error:
-            if not (fills and tried):
+            if not (fills and (tried or getattr(error, "while_copying", False))):
                 raise
             # The copies go straight into the caller's tensors and are checked after (staging
             # them would double the memory and the copying of every refresh): a version
-            # replaced or reclaimed meanwhile leaves them mixed, and the caller must know.
+            # replaced or reclaimed meanwhile, or one whose writer died or stalled as it was
+            # read, leaves them mixed, and the caller must know.
             raise type(error)(f"{error}; the tensors this get was filling may hold part of a "
-                              f"version replaced while it was read: get them again before using "
+                              f"version it could not read whole: get them again before using "
                               f"them") from error
 
     def _run_plan(self, plan_for, version: int, parts: list[PartMeta], wait: timedelta) -> Any:
@@ -757,6 +758,13 @@ class TensorStore(ReadPlanning, VersionWaits):
             complete = self._get_now(f"k/{key}/v{version}/complete")  # one look: it may be retired
             if complete is not None:
                 parts = int(complete)
+            elif latest is not None and latest[2] is not None and version < latest[0]:
+                # A lent key keeps its latest version only (no version of it is ever marked
+                # complete): an older one was reclaimed when the next was lent.
+                raise TensorStoreError(self._message(
+                    f"get('{key}', version={version}): that lent version was reclaimed when a newer "
+                    f"one was lent (a lent key keeps only its latest); the latest is {latest[0]}: "
+                    f"ask for it"))
             elif latest is not None and version <= latest[0]:
                 # Within the last `keep` a version missing was never completed; further back
                 # it may have been, and retired since.
