@@ -415,6 +415,40 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
   runAcrossHosts(ctx, args);
 }
 
+// A call of this communicator's on its way from its check to the engine: a send or receive,
+// or a CUDA call or group end on its way into the device executor. The count and shutDown_
+// are a pair of flags (each side raises its own, then reads the other's, both sequentially
+// consistent), so either shutdown sees the post and waits for it, or the post sees the
+// shutdown and is refused. A completion callback run inside a post may call
+// shutdown: the thread's chain of postings makes that refuse rather than wait for itself.
+class CommState::Posting {
+ public:
+  explicit Posting(CommState& state) : state_(state), outer_(innermost_) {
+    state_.posting_.fetch_add(1, std::memory_order_seq_cst);
+    innermost_ = this;
+  }
+  ~Posting() {
+    innermost_ = outer_;
+    state_.posting_.fetch_sub(1, std::memory_order_release);
+  }
+  Posting(const Posting&) = delete;
+  Posting& operator=(const Posting&) = delete;
+  /// Whether this thread is posting on `state` (a callback inside one of its posts).
+  static bool within(const CommState& state) {
+    for (const Posting* p = innermost_; p != nullptr; p = p->outer_) {
+      if (&p->state_ == &state) return true;
+    }
+    return false;
+  }
+
+ private:
+  CommState& state_;
+  const Posting* const outer_;
+  static thread_local const Posting* innermost_;
+};
+
+thread_local const CommState::Posting* CommState::Posting::innermost_ = nullptr;
+
 Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
   requireUsable(collectiveName(args.kind));
   if (!options.signature.empty()) args.signature = options.signature;
@@ -445,6 +479,10 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
                   "them; issue it without blocking, or from another thread");
     }
     try {
+      // Queued before a shutdown on another thread resets the executor, or refused after it
+      // (Posting): the executor must not go while this call is on its way into it.
+      Posting posting(*this);
+      requireUsable(collectiveName(args.kind));
       deviceExecutor(options, collectiveName(args.kind)).enqueue(args, state, options, timeout);
     } catch (const Error& e) {
       FlightRecorder::instance().ended(state->flightId, e.what());  // refused: never ran
@@ -554,39 +592,6 @@ std::unique_ptr<MessageLink> CommState::linkTo(int q, uint32_t channel) {
 #endif
 }
 
-// A send or receive of this communicator's on its way from its check to the engine. The
-// count and shutDown_ are a pair of flags (each side raises its own, then reads the other's,
-// both sequentially consistent), so either shutdown sees the post and waits for it, or the
-// post sees the shutdown and is refused. A completion callback run inside a post may call
-// shutdown: the thread's chain of postings makes that refuse rather than wait for itself.
-class CommState::Posting {
- public:
-  explicit Posting(CommState& state) : state_(state), outer_(innermost_) {
-    state_.posting_.fetch_add(1, std::memory_order_seq_cst);
-    innermost_ = this;
-  }
-  ~Posting() {
-    innermost_ = outer_;
-    state_.posting_.fetch_sub(1, std::memory_order_release);
-  }
-  Posting(const Posting&) = delete;
-  Posting& operator=(const Posting&) = delete;
-  /// Whether this thread is posting on `state` (a callback inside one of its posts).
-  static bool within(const CommState& state) {
-    for (const Posting* p = innermost_; p != nullptr; p = p->outer_) {
-      if (&p->state_ == &state) return true;
-    }
-    return false;
-  }
-
- private:
-  CommState& state_;
-  const Posting* const outer_;
-  static thread_local const Posting* innermost_;
-};
-
-thread_local const CommState::Posting* CommState::Posting::innermost_ = nullptr;
-
 P2pEngine& CommState::p2p() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
   if (!p2p_) {
@@ -657,6 +662,7 @@ Request CommState::deviceTransfer(const Transfer& transfer, const OpOptions& opt
 
 void CommState::connectDevice(DeviceKind device, int deviceIndex) {
   if (device == DeviceKind::kCpu) return;
+  Posting posting(*this);  // a shutdown meanwhile neither resets nor sees a half-made executor
   requireUsable("connect_device");
   OpOptions options;
   options.device = device;
@@ -670,6 +676,7 @@ void CommState::startGroup() {
 }
 
 void CommState::endGroup() {
+  Posting posting(*this);  // the transfers it queues reach the executor before a shutdown
   std::lock_guard<std::mutex> lock(groupMutex_);
   if (groupDepth_ == 0) {
     throw Error(ErrorCode::kInvalidArgument, "end_group", rank_,
@@ -694,6 +701,7 @@ void CommState::flushGroup() {
   const char* op = held.size() == 1 ? (transfers[0].kind == Transfer::Kind::kSend ? "send" : "recv")
                                     : "send/recv group";
   try {
+    requireUsable(op);  // shut down meanwhile: refused, not queued on a new executor
     for (const HeldTransfer& h : held) {
       if (h.options.stream != options.stream || h.options.deviceIndex != options.deviceIndex) {
         throw Error(ErrorCode::kInvalidArgument, op, rank_,

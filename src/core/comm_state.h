@@ -180,9 +180,9 @@ class CommState final : public FailureSink {
 
   std::mutex p2pMutex_;
   std::unique_ptr<P2pEngine> p2p_;  // created on first send/recv; guarded by p2pMutex_
-  // Sends and receives between their check (requireUsable) and their post on the engine:
-  // shutdown takes the engine away only once none is, and one that begins later sees it shut
-  // down (Posting, comm_state.cc).
+  // Sends, receives and CUDA calls between their check (requireUsable) and their post on
+  // the engine or the device executor: shutdown takes those away only once none is, and one
+  // that begins later sees it shut down (Posting, comm_state.cc).
   std::atomic<int> posting_{0};
   class Posting;
 

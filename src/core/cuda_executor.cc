@@ -43,6 +43,8 @@ constexpr auto kStaleGrace = std::chrono::seconds(1);
 // the flags again while failed calls are still on the GPU.
 constexpr auto kIdlePoll = std::chrono::milliseconds(10);
 constexpr auto kReleaseEvery = std::chrono::milliseconds(2);
+// How often the monitor looks for a peer that left behind this rank's steps.
+constexpr auto kLeftEvery = std::chrono::milliseconds(10);
 // With graphs captured and nothing queued, a failed communicator's flags are released again
 // at doubling intervals, up to this (a replay's streams are not tracked).
 constexpr auto kGraphReleaseMost = std::chrono::milliseconds(1000);
@@ -734,38 +736,75 @@ void CudaExecutor::reportMismatch() {
   failures_.fail(ErrorCode::kMismatch, r.peer, message);
 }
 
-std::string CudaExecutor::lateness(const Pending& late) {
-  const std::string unknown = "some rank has not issued it, or its GPU is stuck";
-  if (late.firstStep == 0) return unknown;
-  // Each peer's last step, as its "ready" flags of both parities say (every rank raises ready
-  // in the first step of every collective, fused ones included, before it waits for any
-  // peer), read on loom's own stream, which no caller's stream holds up.
+std::vector<uint64_t> CudaExecutor::lastSteps(const Lane& lane) {
+  // Read on loom's own stream, which no caller's stream holds up.
   const Driver& d = Driver::get();
   std::vector<std::array<uint64_t, 2>> ready(static_cast<size_t>(size_));
   bool read = true;
   for (int q = 0; q < size_ && read; ++q) {
-    if (q == rank_) continue;
     for (int parity = 0; parity < 2 && read; ++parity) {
-      const size_t at = (parity ? eager_.oddFlagsAt : eager_.flagsAt) + kReady * kFlagStride;
+      const size_t at = (parity ? lane.oddFlagsAt : lane.flagsAt) + kReady * kFlagStride;
       read = d.cuMemcpyDtoHAsync(&ready[q][parity], reinterpret_cast<CUdeviceptr>(bases_[q] + at),
                                  sizeof(uint64_t), abortStream_) == CUDA_SUCCESS;
     }
   }
   // Synchronized whatever happened: no copy may still be writing into `ready` after this.
-  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return unknown;
+  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return {};
+  std::vector<uint64_t> last(static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) last[q] = std::max(ready[q][0], ready[q][1]);
+  return last;
+}
+
+void CudaExecutor::failIfPeerLeft() {
+  const Clock::time_point now = Clock::now();
+  if (now - leftChecked_ < kLeftEvery) return;
+  leftChecked_ = now;
+  std::vector<int> left;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && failures_.stateOf(q) == RankState::kDeparted) left.push_back(q);
+  }
+  if (left.empty()) return;
+  // A rank that shut down had finished every call it issued (shutdown waits for them), so
+  // it took its part in every step it reached; a step of this rank's beyond its last one
+  // waits for it in vain. (The graph lane numbers its steps alike on every rank that
+  // replays the same captures.)
+  for (const Lane* lane : {&eager_, &graph_}) {
+    if (lane == &graph_ && !graphsCaptured_) continue;
+    const std::vector<uint64_t> last = lastSteps(*lane);
+    if (last.empty()) return;
+    for (int q : left) {
+      if (last[q] >= last[rank_]) continue;
+      failures_.fail(ErrorCode::kMismatch, q,
+                     "on CUDA tensors, rank " + std::to_string(q) +
+                         " had already destroyed its communicator, so it issued fewer "
+                         "collectives than rank " +
+                         std::to_string(rank_) +
+                         (lane == &graph_ ? " (in replays of captured calls)" : "") +
+                         ": its last step was " + std::to_string(last[q]) + ", rank " +
+                         std::to_string(rank_) + "'s is " + std::to_string(last[rank_]));
+      return;
+    }
+  }
+}
+
+std::string CudaExecutor::lateness(const Pending& late) {
+  const std::string unknown = "some rank has not issued it, or its GPU is stuck";
+  if (late.firstStep == 0) return unknown;
+  // Each peer's last step, as its "ready" flags of both parities say.
+  const std::vector<uint64_t> last = lastSteps(eager_);
+  if (last.empty()) return unknown;
   std::string behind;
   int named = 0;
   int more = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    const uint64_t last = std::max(ready[q][0], ready[q][1]);
-    if (last >= late.firstStep) continue;
+    if (last[q] >= late.firstStep) continue;
     if (named == 8) {  // the failure record holds a few hundred characters
       ++more;
       continue;
     }
     behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
-              " (its last step " + std::to_string(last) + ")";
+              " (its last step " + std::to_string(last[q]) + ")";
     ++named;
   }
   if (more > 0) behind += " and " + std::to_string(more) + " more";
@@ -811,6 +850,7 @@ void CudaExecutor::monitor() {
       // of them found, a dead peer or an abort must release them too (and again, as long
       // as the executor lives: a replay's streams are not tracked here).
       if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
+      if (graphsCaptured_ && !failures_.failed()) failIfPeerLeft();
       if (failures_.failed() &&
           (lastRelease_ == Clock::time_point{} ||
            (graphsCaptured_ && Clock::now() - lastRelease_ >= graphRelease_))) {
@@ -829,6 +869,7 @@ void CudaExecutor::monitor() {
     // call's outputs are undefined, as with NCCL.)
     const bool reported = reportHost_->raised != 0;
     if (reported && !failures_.failed()) reportMismatch();
+    if (state == CUDA_ERROR_NOT_READY && !failures_.failed()) failIfPeerLeft();
     std::exception_ptr failure;
     // A report not yet a failure (a peer's stopped kernels, given time for its own failure
     // to arrive): the call waits for it, never succeeding on work its kernels skipped.

@@ -299,6 +299,15 @@ class CudaExecutor final : public DeviceExecutor {
   /// Why `late`, a call past its deadline, has not finished: the peers whose collective
   /// steps have not reached its first (read from their flags), or what else may hold it.
   std::string lateness(const Pending& late);
+  /// Every rank's last collective step in `lane`, read from its "ready" flags (raised in the
+  /// first step of every collective before any wait, fused ones included) on loom's own
+  /// stream; empty if the GPU could not be read (monitor thread).
+  std::vector<uint64_t> lastSteps(const Lane& lane);
+  /// Fails the communicator where a peer that destroyed its communicator normally stopped
+  /// short of a step this rank's kernels have begun: they would wait for it until their
+  /// timeout, a replay of a captured call forever (monitor thread, at most once per
+  /// kLeftEvery while calls are pending or graphs were captured).
+  void failIfPeerLeft();
   /// Turns a kernel's mismatch report into the communicator's failure (a peer's stopped
   /// kernels: once kStaleGrace has passed without that peer's own failure; monitor thread).
   void reportMismatch();
@@ -353,6 +362,7 @@ class CudaExecutor final : public DeviceExecutor {
   bool stopping_ = false;             // guarded by pendingMutex_
   // When the monitor first read a report of a peer's stopped kernels (reportMismatch).
   std::optional<std::chrono::steady_clock::time_point> staleSince_;
+  std::chrono::steady_clock::time_point leftChecked_{};  // failIfPeerLeft's last look
   std::deque<CUevent> draining_;  // of calls failed before they ran; guarded by pendingMutex_
   std::chrono::steady_clock::time_point lastRelease_;  // release()'s last; monitor thread
   std::chrono::milliseconds graphRelease_{10};  // failed, graphs captured: next release after

@@ -45,7 +45,8 @@ from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: 
 
 import loom  # noqa: E402,F401  (registers the backend)
 from check_common import LARGE, SIZES, same  # noqa: E402
-from check_failures import (PART_ENV, dead_rank_is_named, factor_mismatch,  # noqa: E402
+from check_failures import (PART_ENV, dead_rank_is_named, destroyed_meanwhile,  # noqa: E402
+                            factor_mismatch, left_rank,
                             killed_rank, late_rank, long_timeout, mismatch, refused_in_block,
                             rooted_mismatch, self_rooted, settings_differ, setup_refused,
                             tag_mismatch, wrong_device)
@@ -661,6 +662,36 @@ def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 2
 
 
+def graph_left(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank destroys its group (a clean leave) and lives on while the others replay
+    a captured all_reduce: their replays' waits end (they waited forever before), and the
+    next call names the rank that left."""
+    x = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
+    dist.barrier()
+    if rank == world - 1:
+        dist.destroy_process_group()
+        time.sleep(15)  # alive: a departure, not a death
+        return 1
+    graph.replay()  # waits on the GPU for a rank that left
+    torch.cuda.synchronize()  # must return once the rank is found to have left
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        raise AssertionError("an all_reduce after a rank left succeeded")
+    except RuntimeError as e:
+        assert f"rank {world - 1} had already destroyed its communicator" in str(e), e
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 2
+
+
 def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """torch.ops.loom.* and loom.ops.* (its eager functions) on CUDA tensors (they take the
     group's c10d path on the caller's stream): each equal to the torch.distributed call,
@@ -734,6 +765,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
+             "left": left_rank, "graph_left": graph_left, "destroyed_meanwhile": destroyed_meanwhile,
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
              "factor_mismatch": lambda *a: factor_mismatch(*a[:3], on_device=False),
@@ -749,7 +781,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part not in ("killed", "graph_killed", "mismatch", "tag_mismatch", "setup_refused",
+    if part not in ("killed", "graph_killed", "left", "graph_left", "mismatch", "tag_mismatch", "setup_refused",
                     "factor_mismatch", "device_factor_mismatch",
                     "rooted_mismatch", "settings_differ", "late_rank", "late_root",
                     "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
@@ -798,7 +830,8 @@ def main() -> int:
                                                        "mismatch", "factor_mismatch",
                                                        "device_factor_mismatch",
                                                        "tag_mismatch", "dtensor", "killed",
-                                                       "graphs", "graph_killed", "direct",
+                                                       "graphs", "graph_killed", "left",
+                                                       "graph_left", "destroyed_meanwhile", "direct",
                                                        "setup_refused", "rooted_mismatch",
                                                        "settings_differ", "late_rank",
                                                        "late_root", "late_scatter_root",

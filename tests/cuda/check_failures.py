@@ -1,6 +1,7 @@
 """The failure parts of check_cuda.py: calls that disagree (collectives, send/recv tags, a
 rooted call's roots, a root against non-roots that name another), a rank killed
-mid-collective, a rank that never issues a call, one that cannot make its CUDA workspace and
+mid-collective, a rank that never issues a call, one that destroys its group and lives on, one
+that cannot make its CUDA workspace and
 one whose LOOM_CUDA_* settings differ, PREMUL_SUM factors that differ by rank. Each checks that
 every rank gets an error naming the cause, never a wrong answer or a hang, and that the GPU is
 usable afterwards. Also the refusals and deadlines that must not fail the group: a call's
@@ -225,6 +226,81 @@ def killed_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     torch.cuda.synchronize()  # must return: the waits are released once the rank is found dead
     dead_rank_is_named(world, dev, x)
     return 1
+
+
+def left_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank takes part in a call, then destroys its group (a clean leave) and lives
+    on: the others' next CUDA call fails long before the group's 120 s timeout, naming it as
+    having destroyed its communicator (it waited out the timeout before), and the GPU stays
+    usable."""
+    group = dist.new_group(timeout=timedelta(seconds=120))
+    x = torch.ones(1000, device=dev)
+    dist.all_reduce(x, group=group)
+    torch.cuda.synchronize()
+    if rank == world - 1:
+        dist.destroy_process_group(group)
+        time.sleep(15)  # alive: a departure, not a death
+        return 1
+    start = time.time()
+    try:
+        dist.all_reduce(x, group=group, async_op=True).wait(timeout=timedelta(seconds=90))
+        raise AssertionError("an all_reduce succeeded though a rank had destroyed its group")
+    except RuntimeError as e:
+        for part in (f"rank {world - 1} had already destroyed its communicator", "fewer collectives"):
+            assert part in str(e), f"the error lacks {part!r}: {e}"
+    assert time.time() - start < 60, "the call waited for its timeout instead of naming the rank that left"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 1
+
+
+def destroyed_meanwhile(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A thread issues CUDA all_reduces on a group while the main thread destroys it, 20
+    groups in a row: each call is queued before the shutdown (it runs, or fails naming a
+    rank that left before it) or is refused; nothing crashes (the executor went while a
+    call was on its way into it), nothing waits out the group's timeout, and the GPU stays
+    usable."""
+    import threading
+
+    # Refused by loom (shut down), failed by loom (a peer left before a call it queued), or
+    # refused by torch once the group is gone from its map.
+    allowed = ("has been shut down", "had already destroyed its communicator", "Invalid process group",
+               "not initialized in the world group map")
+    checks = 0
+    for round_ in range(20):
+        group = dist.new_group(timeout=timedelta(seconds=60))
+        x = torch.ones(1024, device=dev)
+        dist.all_reduce(x, group=group)  # the group's CUDA path is set up
+        torch.cuda.synchronize()
+        issuing = threading.Event()
+        outcome = []
+
+        def calls():
+            torch.cuda.set_device(dev)
+            try:
+                for i in range(8):
+                    work = dist.all_reduce(x, group=group, async_op=True)
+                    if i == 0:
+                        issuing.set()  # calls are on their way: the destroy meets them
+                    work.wait(timeout=timedelta(seconds=50))
+                outcome.append("ran")
+            except Exception as e:  # noqa: BLE001 - classified below
+                outcome.append(str(e))
+            issuing.set()
+
+        thread = threading.Thread(target=calls)
+        thread.start()
+        issuing.wait(timeout=30)
+        time.sleep(0.0002 * ((rank + round_) % 4))  # each round meets the calls at another point
+        start = time.time()
+        dist.destroy_process_group(group)
+        thread.join(timeout=90)
+        assert not thread.is_alive(), f"round {round_}: the calls still wait 90 s after the group was destroyed"
+        assert time.time() - start < 45, f"round {round_}: destroying the group waited out its timeout"
+        what = outcome[0]
+        assert what == "ran" or any(a in what for a in allowed), f"round {round_}: {what}"
+        checks += 1
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return checks
 
 
 def setup_refused(rank: int, world: int, dev: torch.device, dtypes) -> int:
