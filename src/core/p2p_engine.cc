@@ -56,9 +56,10 @@ P2pEngine::~P2pEngine() {
 
 Error P2pEngine::opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const {
   std::string peer = op.peer == kAnySource ? "any rank" : "rank " + std::to_string(op.peer);
-  return Error(code, isSend ? "send" : "recv", rank_,
-               std::string(isSend ? "to " : "from ") + peer + " (tag " + std::to_string(op.tag) +
-                   ", " + std::to_string(op.bytes) + " bytes): " + what);
+  const std::string said = std::string(isSend ? "to " : "from ") + peer + " (tag " +
+                           std::to_string(op.tag) + ", " + std::to_string(op.bytes) + " bytes): ";
+  // A failure this very operation caused already says which it is (failAll passes it on).
+  return Error(code, isSend ? "send" : "recv", rank_, what.starts_with(said) ? what : said + what);
 }
 
 Request P2pEngine::send(const void* data, size_t bytes, int peer, int tag,
@@ -315,6 +316,12 @@ bool P2pEngine::progressReceives() {
         linkFailed(source, e);
       }
       return true;  // failAll picks everything up on the next turn
+    } catch (const std::exception& e) {
+      // Anything else (the engine's thread has no one above it to catch it) fails the
+      // communicator with its cause rather than end the process.
+      failures_.fail(ErrorCode::kSystem, source,
+                     "receiving from rank " + std::to_string(source) + " broke off: " + e.what());
+      return true;
     }
   }
   return progressed;

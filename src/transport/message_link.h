@@ -13,6 +13,10 @@
 
 namespace loom {
 
+/// The largest message a link carries (16 TiB): an envelope announcing more is a corrupt or
+/// hostile stream, never a message to make room for.
+inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 44;
+
 /// The envelope of one point-to-point message: its tag and its payload's size.
 struct Envelope {
   int tag = 0;

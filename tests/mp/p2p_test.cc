@@ -284,6 +284,36 @@ TEST(SendRecv, AReceiveWhoseSenderStopsMidMessageEndsAtItsDeadline) {
   EXPECT_TRUE(outcomes[1].exited && outcomes[1].status == 0) << outcomes[1].output;
 }
 
+// A send part-way into a receiver that never drains it ends at its deadline, and its error
+// names the send once (the failure it records already named it, and was wrapped in the
+// send's description a second time on its way out).
+TEST(SendRecv, ASendNeverDrainedEndsAtItsDeadlineNamingItOnce) {
+  expectOk(2, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank == 1) {
+      ctx.store->get("sent", std::chrono::seconds(30));  // alive, and receives nothing
+      return;
+    }
+    std::vector<float> data(size_t{1} << 20, 1.0F);  // 4 MiB through a 16 KiB ring
+    OpOptions options;
+    options.timeout = std::chrono::milliseconds(300);
+    try {
+      comm->send(data.data(), data.size(), DataType::kFloat32, 1, 5, options).wait();
+      LOOM_CHECK(false, << "a send nobody received succeeded");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      LOOM_CHECK(e.code() == ErrorCode::kTimeout, << what);
+      const std::string named = "to rank 1 (tag 5, 4194304 bytes): ";
+      const size_t first = what.find(named);
+      LOOM_CHECK(first != std::string::npos, << what);
+      LOOM_CHECK(what.find(named, first + 1) == std::string::npos, << what);
+      LOOM_CHECK(what.find("the receiver is not draining its channel") != std::string::npos,
+                 << what);
+    }
+    ctx.store->set("sent", {1});
+  });
+}
+
 TEST(SendRecv, ACompletionCallbackMaySendTheNextMessage) {
   // A turn of the engine, on its thread or a caller's, completes what it ended only after
   // letting go of the engine: a callback that queues the next send (as a pipeline stage's

@@ -87,6 +87,11 @@ TEST(NetWire, FrameHeadersRoundTripAndMustMatchTheirFrame) {
   EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, 1000), 99)));   // length != frame
   EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, 1000), 101)));  // trailing bytes
   EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, 50), 100)));    // more than the message
+  // A message larger than any link carries is refused, not made room for (2^63 bytes killed
+  // the receiving rank with an uncaught length_error).
+  EXPECT_TRUE(parseFrameHeader(frame(data(true, 100, kMaxMessageBytes), 100)));
+  EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, kMaxMessageBytes + 1), 100)));
+  EXPECT_FALSE(parseFrameHeader(frame(data(true, 100, uint64_t{1} << 63), 100)));
   EXPECT_FALSE(parseFrameHeader(std::span(first).first(kFrameHeaderBytes - 1)));
   auto reserved = first;
   reserved[2] = 1;

@@ -104,7 +104,9 @@ std::optional<FrameHeader> parseFrameHeader(std::span<const uint8_t> bytes) {
     if (!h.first && (h.envelope.tag != 0 || h.envelope.bytes != 0 || h.envelope.stamp != 0)) {
       return std::nullopt;
     }
-    if (h.first && h.length > h.envelope.bytes) return std::nullopt;
+    if (h.first && (h.length > h.envelope.bytes || h.envelope.bytes > kMaxMessageBytes)) {
+      return std::nullopt;
+    }
     return h;
   }
   if (type == static_cast<uint8_t>(FrameType::kGoodbye)) {

@@ -11,8 +11,6 @@ namespace loom::shm {
 
 namespace {
 
-// Largest message a ring accepts; anything larger means a corrupted stream.
-constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 44;
 constexpr uint32_t kHeaderMagic = 0x6d6f6f6c;  // "loom"
 
 void encodeHeader(uint8_t* out, const Envelope& envelope) {
