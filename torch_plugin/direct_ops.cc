@@ -519,8 +519,8 @@ R runResolvingNegativeViews(R (*kernel)(Args...), std::type_identity_t<Args>... 
 
 /// A tensor whose calls something else must see: a subclass with its own dispatch
 /// (__torch_dispatch__: DTensor, wrapper subclasses), functorch's wrappers (vmap, grad,
-/// functionalize), or any tensor without memory of its own. Its memory, if any, is not
-/// what the kernel should read.
+/// functionalize), a meta tensor (its fake kernel gives the shape), or any tensor without
+/// memory of its own. Its memory, if any, is not what the kernel should read.
 inline bool dispatchesItself(const at::Tensor& t) {
   static const c10::DispatchKeySet kWrapped({
       c10::DispatchKey::Python,
@@ -530,7 +530,7 @@ inline bool dispatchesItself(const at::Tensor& t) {
       c10::DispatchKey::BatchedNestedTensor,
       c10::DispatchKey::FuncTorchGradWrapper,
   });
-  return t.key_set().has_any(kWrapped) || !t.has_storage();
+  return t.key_set().has_any(kWrapped) || !t.has_storage() || t.is_meta();
 }
 template <class T>
 bool dispatchesItself(const T& /*notATensor*/) {

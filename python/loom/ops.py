@@ -26,9 +26,10 @@ dispatch, about half the instructions of a small torch.ops.loom call
 (docs/PERFORMANCE.md), which is what a latency-bound caller wants; inside torch.compile,
 under any torch dispatch mode (make_fx, fake tensors), under torch.jit.trace and functorch's
 transforms (vmap, grad, functionalize), and for tensor subclasses with their own dispatch
-(DTensor, wrapper subclasses), they are the operators above, so one spelling serves both.
-(Subclasses that only override __torch_function__ are not consulted by the eager functions:
-call the operators for those.)
+(DTensor, wrapper subclasses), for meta tensors and for torch.fx.symbolic_trace's proxies,
+they are the operators above, so one spelling serves both. (Tensor subclasses that only
+override __torch_function__ are not consulted by the eager functions: call the operators for
+those.)
 
 reduce_op is one of sum, avg, product, min, max, band, bor, bxor. Results equal those of
 the torch.distributed calls on the same group. Contiguous CPU tensors go straight to the
@@ -48,6 +49,10 @@ _is_compiling = torch.compiler.is_compiling
 # their mode too) and under FakeTensorMode: the operator must be called then so that the
 # trace records it and fake tensors reach its fake kernel, not the communicator.
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+# What is no tensor but has a __torch_function__ (torch.fx.symbolic_trace's proxies) reaches
+# the operator, which consults it: the eager function refuses it (a TypeError from its
+# argument conversion), so the check costs the tensors' path nothing.
+_torch_function = torch._C._has_torch_function
 
 # The nine wrappers below are written out rather than made by one helper taking *args: the
 # helper (argument packing and a lookup by name) cost 851 more instructions per call, 12% of
@@ -58,28 +63,48 @@ def all_reduce_(tensor: torch.Tensor, reduce_op: str, group_name: str) -> None:
     """Reduces `tensor` across the group in place (torch.ops.loom.all_reduce_)."""
     if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_reduce_(tensor, reduce_op, group_name)
-    return _C.eager_all_reduce_(tensor, reduce_op, group_name)
+    try:
+        return _C.eager_all_reduce_(tensor, reduce_op, group_name)
+    except TypeError:
+        if not _torch_function((tensor,)):
+            raise
+    return torch.ops.loom.all_reduce_(tensor, reduce_op, group_name)
 
 
 def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
     """The reduction of `input` across the group, in a new tensor (torch.ops.loom.all_reduce)."""
     if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_reduce(input, reduce_op, group_name)
-    return _C.eager_all_reduce(input, reduce_op, group_name)
+    try:
+        return _C.eager_all_reduce(input, reduce_op, group_name)
+    except TypeError:
+        if not _torch_function((input,)):
+            raise
+    return torch.ops.loom.all_reduce(input, reduce_op, group_name)
 
 
 def broadcast_(tensor: torch.Tensor, src: int, group_name: str) -> None:
     """Overwrites `tensor` with rank `src`'s (torch.ops.loom.broadcast_)."""
     if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.broadcast_(tensor, src, group_name)
-    return _C.eager_broadcast_(tensor, src, group_name)
+    try:
+        return _C.eager_broadcast_(tensor, src, group_name)
+    except TypeError:
+        if not _torch_function((tensor,)):
+            raise
+    return torch.ops.loom.broadcast_(tensor, src, group_name)
 
 
 def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
     """Every rank's `input`, rows in rank order (torch.ops.loom.all_gather_into_tensor)."""
     if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_gather_into_tensor(input, group_size, group_name)
-    return _C.eager_all_gather_into_tensor(input, group_size, group_name)
+    try:
+        return _C.eager_all_gather_into_tensor(input, group_size, group_name)
+    except TypeError:
+        if not _torch_function((input,)):
+            raise
+    return torch.ops.loom.all_gather_into_tensor(input, group_size, group_name)
 
 
 def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
@@ -87,7 +112,12 @@ def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
     """This rank's block of rows of the reduction (torch.ops.loom.reduce_scatter_tensor)."""
     if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.reduce_scatter_tensor(input, reduce_op, group_size, group_name)
-    return _C.eager_reduce_scatter_tensor(input, reduce_op, group_size, group_name)
+    try:
+        return _C.eager_reduce_scatter_tensor(input, reduce_op, group_size, group_name)
+    except TypeError:
+        if not _torch_function((input,)):
+            raise
+    return torch.ops.loom.reduce_scatter_tensor(input, reduce_op, group_size, group_name)
 
 
 def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int],
@@ -95,7 +125,12 @@ def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int], input_
     """Rows exchanged with every rank ([] for equal splits; torch.ops.loom.all_to_all_single)."""
     if _is_compiling() or _dispatch_modes():
         return torch.ops.loom.all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
-    return _C.eager_all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
+    try:
+        return _C.eager_all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
+    except TypeError:
+        if not _torch_function((input,)):
+            raise
+    return torch.ops.loom.all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
 
 
 def all_gather_into_tensor_out(input: torch.Tensor, group_size: int, group_name: str, *,
@@ -104,8 +139,13 @@ def all_gather_into_tensor_out(input: torch.Tensor, group_size: int, group_name:
     (torch.ops.loom.all_gather_into_tensor_out)."""
     if _is_compiling() or _dispatch_modes():
         torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
-    else:
+        return out
+    try:
         _C.eager_all_gather_into_tensor_out(input, group_size, group_name, out)
+    except TypeError:
+        if not _torch_function((input, out)):
+            raise
+        torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
     return out
 
 
@@ -115,8 +155,13 @@ def reduce_scatter_tensor_out(input: torch.Tensor, reduce_op: str, group_size: i
     (torch.ops.loom.reduce_scatter_tensor_out)."""
     if _is_compiling() or _dispatch_modes():
         torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
-    else:
+        return out
+    try:
         _C.eager_reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out)
+    except TypeError:
+        if not _torch_function((input, out)):
+            raise
+        torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
     return out
 
 
@@ -126,8 +171,13 @@ def all_to_all_single_out(input: torch.Tensor, output_split_sizes: list[int], in
     if _is_compiling() or _dispatch_modes():
         torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name,
                                              out=out)
-    else:
+        return out
+    try:
         _C.eager_all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out)
+    except TypeError:
+        if not _torch_function((input, out)):
+            raise
+        torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out=out)
     return out
 
 

@@ -498,6 +498,46 @@ def test_make_fx_records_the_eager_functions_as_operators():
     run_ranks(2, make_fx_body)
 
 
+def symbolic_trace_and_meta_body(rank: int, world: int) -> None:
+    """torch.fx.symbolic_trace records loom.ops's functions as the operators (its proxies are
+    no tensors: the eager functions refused them with a TypeError), and the graph replays
+    the collectives; on meta tensors they give the fake kernels' shapes (they asked the group
+    for a meta backend, and told the user to make one)."""
+    import loom.ops
+
+    name = dist.group.WORLD.group_name
+
+    class Step(torch.nn.Module):
+        def forward(self, x):
+            gathered = torch.zeros(world * 4)
+            loom.ops.all_gather_into_tensor_out(x, world, name, out=gathered)
+            return loom.ops.all_reduce(x * 2, "sum", name) + 1, gathered
+
+    traced = torch.fx.symbolic_trace(Step())
+    targets = [str(n.target) for n in traced.graph.nodes if n.op == "call_function"]
+    assert "loom.all_reduce" in targets and "loom.all_gather_into_tensor_out" in targets, targets
+    reduced, gathered = traced(torch.full((4,), float(rank + 1)))
+    torch.testing.assert_close(reduced, torch.full((4,), 2.0 * world * (world + 1) / 2 + 1))
+    torch.testing.assert_close(gathered, torch.arange(1.0, world + 1).repeat_interleave(4))
+
+    meta = torch.empty(4, device="meta")
+    got = loom.ops.all_reduce(meta, "sum", name)
+    assert got.is_meta and got.shape == (4,)
+    loom.ops.all_reduce_(meta, "sum", name)
+    loom.ops.broadcast_(meta, 0, name)
+    assert loom.ops.all_gather_into_tensor(meta, world, name).shape == (world * 4,)
+    # A model made on the meta device, as deferred initialisation does (without grad: the
+    # operators refuse inputs that require it, on every device).
+    with torch.device("meta"), torch.no_grad():
+        layer = torch.nn.Linear(4, 4)
+        out = loom.ops.all_reduce(layer(torch.empty(2, 4)), "sum", name)
+    assert out.is_meta and out.shape == (2, 4)
+
+
+def test_symbolic_trace_and_meta_tensors_reach_the_operators():
+    run_ranks(2, symbolic_trace_and_meta_body)
+
+
 def data_dependent_splits_body(rank: int, world: int) -> None:
     """all_to_all_single with split sizes read from a tensor inside torch.compile (unbacked
     SymInts, as a mixture-of-experts layer makes them): the schema takes SymInt[], as torch's
