@@ -207,7 +207,7 @@ Roster exchangeRoster(int rank, int size, Store& store,
     std::string refusal;
     try {
       address = listen(roster);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // loom's errors, and any other cause, are published
       failure = std::current_exception();
       refusal = e.what();
     }

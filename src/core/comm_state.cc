@@ -85,6 +85,10 @@ std::string listenFor(const Roster& roster, int rank) {
   } catch (const Error& e) {
     if (e.rank() >= 0) throw;
     throw Error(e.code(), "create", rank, e.detail());  // the same, naming this rank
+  } catch (const std::exception& e) {
+    // Its thread that would not start (a pids limit) or memory: a cause the other ranks must
+    // hear at once (exchangeRoster publishes it), not a raw exception and their timeout.
+    throw Error(ErrorCode::kSystem, "create", rank, e.what());
   }
 #else
   (void)roster;
