@@ -398,8 +398,10 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
         // One that left before it ever connected to this rank (its communicator shut down
         // before any collective with it) has no link to say so on: its host's control link
         // did (ControlPlane), and nothing can be in flight from it.
+        // So did one a send-only step writes to over a link first made after it left (its
+        // service still takes the connection, and the first frames' credits).
         const bool leftUnmet =
-            waitsToReceive && !link.inboundMade() && failures_.saidGoodbye(w.peer);
+            failures_.saidGoodbye(w.peer) && (!waitsToReceive || !link.inboundMade());
         if ((waitsToReceive && link.inboundEnded() && !link.readable()) ||
             (!waitsToReceive && link.outboundEnded()) || leftUnmet) {
           const auto now = Clock::now();

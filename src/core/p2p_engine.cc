@@ -463,8 +463,8 @@ void P2pEngine::expire(Clock::time_point now) {
     if (op.state->cancelAsked.load(std::memory_order_acquire)) {
       code = ErrorCode::kAborted;
       why = "aborted before any of its message arrived";
-    } else if (op.peer != kAnySource && failures_.stateOf(op.peer) != RankState::kAlive &&
-               !links_[op.peer]->readable() && !inbound_[op.peer].active) {
+    } else if (op.peer != kAnySource && senderGone(op.peer) && !links_[op.peer]->readable() &&
+               !inbound_[op.peer].active) {
       code = ErrorCode::kPeerFailure;
       why = failures_.stateOf(op.peer) == RankState::kDead
                 ? "the sender's process exited"
@@ -542,8 +542,18 @@ void P2pEngine::expire(Clock::time_point now) {
 }
 
 bool P2pEngine::receiverGone(int q) const {
-  // A receiver on another host that left says so on this rank's channel to it.
-  return failures_.stateOf(q) != RankState::kAlive || links_[q]->outboundEnded();
+  // A receiver on another host that left says so on this rank's channel to it, or, where
+  // that channel was made after it left (its service still takes the connection) or never,
+  // on its host's control link (saidGoodbye).
+  return failures_.stateOf(q) != RankState::kAlive || links_[q]->outboundEnded() ||
+         failures_.saidGoodbye(q);
+}
+
+bool P2pEngine::senderGone(int q) const {
+  // A sender on another host that left before it ever connected to this rank has no channel
+  // to say so on: its control link did, and nothing can be in flight from it.
+  return failures_.stateOf(q) != RankState::kAlive ||
+         (failures_.saidGoodbye(q) && !links_[q]->inboundMade());
 }
 
 void P2pEngine::releaseClaim(Unexpected& message) {

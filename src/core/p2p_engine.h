@@ -147,8 +147,11 @@ class P2pEngine {
   /// the message to the next posted receive it matches (messages keep their order).
   void releaseClaim(Unexpected& message);
   /// Whether sends to rank q can never be taken: it died or left (its state), or it left and
-  /// said so on this rank's channel to it.
+  /// said so on this rank's channel to it or on its host's control link.
   bool receiverGone(int q) const;
+  /// Whether no message can come from rank q any more: it died or left (its state), or it
+  /// left, saying so on its host's control link, without ever connecting to this rank.
+  bool senderGone(int q) const;
   /// Fails every operation with `reason`'s code and detail, each error naming its operation.
   void failAll(const Error& reason);
   void finish(Op& op, std::exception_ptr error);

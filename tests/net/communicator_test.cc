@@ -674,10 +674,14 @@ TEST_F(TwoHosts, AProcessForkedAfterConnectingAcrossHostsIsRefusedByName) {
   });
 }
 
+// What rank 0 asks of a rank 1 that shut down.
+enum class AskOfTheLeft { kAllReduce, kBroadcastFromHere, kReceive, kSend };
+
 // Rank 1 shuts its communicator down while its handle lives (torch's destroy_process_group
 // while Python holds the group), after a first barrier or before any collective: rank 0's
-// all_reduce names it at once, not at the timeout.
-void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst) {
+// call (`ask`) names it at once, not at the timeout.
+void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst,
+                                     AskOfTheLeft ask = AskOfTheLeft::kAllReduce) {
   LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
     hosts.enter(ctx.rank);
     CommOptions options;
@@ -690,10 +694,22 @@ void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst)
       return;
     }
     float x = 1;
+    std::vector<uint8_t> large(size_t{64} << 20, 1);
     const auto start = std::chrono::steady_clock::now();
     try {
-      comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
-      LOOM_CHECK(false, << "an all_reduce with a rank that shut down succeeded");
+      switch (ask) {
+        case AskOfTheLeft::kAllReduce:
+          comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+          break;
+        case AskOfTheLeft::kBroadcastFromHere:  // it only sends: no receive waits on rank 1
+          comm->broadcast(large.data(), large.data(), large.size(), DataType::kUInt8, 0).wait();
+          break;
+        case AskOfTheLeft::kReceive: comm->recv(&x, 1, DataType::kFloat32, 1, 7).wait(); break;
+        case AskOfTheLeft::kSend:  // small: it used to "succeed", the message lost
+          comm->send(&x, 1, DataType::kFloat32, 1, 7).wait();
+          break;
+      }
+      LOOM_CHECK(false, << "a call with a rank that shut down succeeded");
     } catch (const Error& e) {
       // Named as a peer gone, or as the calls it did not issue: either way, now and by name.
       LOOM_CHECK(e.code() == ErrorCode::kPeerFailure || e.code() == ErrorCode::kMismatch,
@@ -717,6 +733,22 @@ TEST_F(TwoHosts, APeerThatShutsDownIsNamedAcrossHostsWhileItsHandleLives) {
 // from the control link (its peers waited out the whole timeout).
 TEST_F(TwoHosts, APeerThatShutsDownBeforeAnyCollectiveIsNamedAcrossHosts) {
   expectAPeerThatShutsDownIsNamed(*hosts_, false);
+}
+
+// The same where rank 0's first word to it is a broadcast it roots (it waits for no receive),
+// a receive or a small send: the links they open reach a rank that has left, whose service
+// still takes them (a receive and a broadcast waited out the timeout; the send succeeded and
+// its message was lost). The control link's goodbye is what names it.
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedByABroadcastThatOnlySendsToIt) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, false, AskOfTheLeft::kBroadcastFromHere);
+}
+
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedByAReceiveFromIt) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, true, AskOfTheLeft::kReceive);
+}
+
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedByASendToIt) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, true, AskOfTheLeft::kSend);
 }
 
 // Rank 3 makes a child of all four ranks `lateness` after the others, with `environment`
