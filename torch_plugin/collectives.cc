@@ -1,5 +1,6 @@
 // ProcessGroupLoom's collectives: checks, staging and the loom call for each c10d entry.
 
+#include <algorithm>
 #include <numeric>
 
 #include "launch.h"
@@ -227,34 +228,51 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   return heldInBlock(OpType::COALESCED, [&]() -> c10::intrusive_ptr<c10d::Work> {
     const CallSite s = site("all_reduce_coalesced", !opts.asyncOp);
     if (tensors.empty()) invalid(s, "needs at least one tensor");
-    for (const auto& t : tensors) {
-      requireDense(s, "tensors", t);
-      if (t.scalar_type() != tensors[0].scalar_type()) {
-        invalid(s, "all tensors must share one dtype (got " +
-                       std::string(c10::toString(t.scalar_type())) + " and " +
-                       c10::toString(tensors[0].scalar_type()) + ")");
+    // One all_reduce per dtype (in the order each first appears, which every rank's list
+    // shares), over that dtype's tensors laid end to end, then the pieces copied back: a
+    // block may mix dtypes, as NCCL's does.
+    std::vector<std::vector<size_t>> byType;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      requireDense(s, "tensors", tensors[i]);
+      auto same = std::find_if(byType.begin(), byType.end(), [&](const std::vector<size_t>& g) {
+        return tensors[g[0]].scalar_type() == tensors[i].scalar_type();
+      });
+      if (same == byType.end()) {
+        byType.push_back({i});
+      } else {
+        same->push_back(i);
       }
     }
-    // One all_reduce over the tensors laid end to end, then the pieces copied back.
-    std::vector<at::Tensor> pieces;
-    for (const auto& t : tensors) pieces.push_back(t.reshape(-1));
-    for (const at::Tensor& piece : pieces) settleBeforeCopying(piece);
-    const at::Tensor packed = at::cat(pieces);
-    noteStaged(packed);
-    const Flat flat = reductionView(s, packed, opts.reduceOp);
-    const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
-    auto finisher = [tensors, packed, flat] {
-      if (!flat.data.is_alias_of(flat.view)) copyBackInto(flat.view, flat.data);
-      int64_t offset = 0;
-      for (const auto& t : tensors) {
-        writeResult(t, packed.narrow(0, offset, t.numel()).view(t.sizes()));
-        offset += t.numel();
+    std::vector<at::Tensor> packs;
+    std::vector<Flat> flats;
+    std::vector<ReduceOp> ops;
+    for (const std::vector<size_t>& group : byType) {
+      std::vector<at::Tensor> pieces;
+      for (size_t i : group) pieces.push_back(tensors[i].reshape(-1));
+      for (const at::Tensor& piece : pieces) settleBeforeCopying(piece);
+      packs.push_back(at::cat(pieces));
+      noteStaged(packs.back());
+      flats.push_back(reductionView(s, packs.back(), opts.reduceOp));
+      ops.push_back(reduceOpOf(s, opts.reduceOp, flats.back()));
+    }
+    auto finisher = [tensors, byType, packs, flats] {
+      for (size_t g = 0; g < byType.size(); ++g) {
+        if (!flats[g].data.is_alias_of(flats[g].view)) copyBackInto(flats[g].view, flats[g].data);
+        int64_t offset = 0;
+        for (size_t i : byType[g]) {
+          const at::Tensor& t = tensors[i];
+          writeResult(t, packs[g].narrow(0, offset, t.numel()).view(t.sizes()));
+          offset += t.numel();
+        }
       }
     };
     return launch(s, OpType::ALLREDUCE_COALESCED, "loom:all_reduce", tensors, tensors, finisher,
                   [&](Requests& r) {
-                    r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
-                                                 opOptions(opts.timeout, !opts.asyncOp)));
+                    for (size_t g = 0; g < flats.size(); ++g) {
+                      r.push_back(comm_->allReduce(flats[g].ptr(), flats[g].ptr(), flats[g].count,
+                                                   flats[g].type, ops[g],
+                                                   opOptions(opts.timeout, !opts.asyncOp)));
+                    }
                   });
   });
 }

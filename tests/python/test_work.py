@@ -423,9 +423,10 @@ def test_ddp_with_the_powersgd_hook_trains_as_on_gloo():
 
 
 def body_coalescing_block_after_an_error(rank: int, world: int):
-    """A _coalescing_manager block whose closing call raises (mixed dtypes), and one whose body
+    """A _coalescing_manager block whose closing call raises (AVG of bools), and one whose body
     raises: torch never ends either block. The error is the caller's, and the group goes on:
-    sends and receives, loom.ops and the next block work."""
+    sends and receives, loom.ops and the next block (of mixed dtypes, which NCCL takes too)
+    work."""
     import loom.ops
     from torch.distributed.distributed_c10d import _coalescing_manager
 
@@ -433,10 +434,10 @@ def body_coalescing_block_after_an_error(rank: int, world: int):
     outcome = {}
     try:
         with _coalescing_manager(device=cpu):
-            dist.all_reduce(torch.ones(2))
-            dist.all_reduce(torch.ones(2, dtype=torch.float64))
-    except RuntimeError as e:
-        outcome["mixed"] = "all tensors must share one dtype" in str(e)
+            dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG)
+            dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG)
+    except (RuntimeError, ValueError) as e:
+        outcome["refused"] = "AVG" in str(e)
     received = torch.zeros(2)
     ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank)), 1 - rank),
            dist.P2POp(dist.irecv, received, 1 - rank)]
@@ -450,19 +451,21 @@ def body_coalescing_block_after_an_error(rank: int, world: int):
             raise ValueError("the body's own error")
     except ValueError:
         pass
-    tensors = [torch.ones(2), torch.ones(3)]
+    tensors = [torch.ones(2), torch.ones(3, dtype=torch.float64), torch.full((2, 2), rank, dtype=torch.int32),
+               torch.ones(1)]
     with _coalescing_manager(device=cpu):  # ends the one left open first (a warning says so)
         for t in tensors:
             dist.all_reduce(t)
-    outcome["next_block"] = [t.tolist() for t in tensors]
+    outcome["next_block"] = [(t.tolist(), t.dtype) for t in tensors]
     return outcome
 
 
 def test_a_coalescing_block_that_raised_leaves_the_group_usable():
     outcomes = run_ranks(2, body_coalescing_block_after_an_error)
     for outcome in outcomes:
-        assert outcome["mixed"] and outcome["ops"] == [2.0]
-        assert outcome["next_block"] == [[2.0, 2.0], [2.0, 2.0, 2.0]]
+        assert outcome["refused"] and outcome["ops"] == [2.0]
+        assert outcome["next_block"] == [([2.0, 2.0], torch.float32), ([2.0, 2.0, 2.0], torch.float64),
+                                         ([[1, 1], [1, 1]], torch.int32), ([2.0], torch.float32)]
     assert [o["p2p"] for o in outcomes] == [[1.0, 1.0], [0.0, 0.0]]
 
 
