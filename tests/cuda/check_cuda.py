@@ -235,6 +235,17 @@ def streams_and_staging(rank: int, world: int, dev: torch.device, dtypes) -> int
     w = dist.all_reduce(e, async_op=True)
     assert w.wait(timeout=timedelta(seconds=60)) and w.is_completed(), "wait(timeout) returned early"
     same(e[-4:], torch.full((4,), world * (world + 1) / 2), "after wait(timeout)")
+    # A coalesced block of all_reduces may mix dtypes (one all_reduce per dtype), as NCCL's.
+    mixed = [torch.full((3,), float(rank + 1), device=dev),
+             torch.full((2, 2), float(rank + 1), dtype=torch.float64, device=dev),
+             torch.full((5,), rank + 1, dtype=torch.int32, device=dev)]
+    with dist._coalescing_manager(device=dev, async_ops=True) as manager:
+        for t in mixed:
+            dist.all_reduce(t)
+    manager.wait()
+    torch.cuda.synchronize()
+    for t in mixed:
+        same(t.flatten()[:2], torch.full((2,), world * (world + 1) / 2).to(t.dtype), f"coalesced {t.dtype}")
     # all_gather_coalesced's future holds one list per rank, as on CPU.
     outs = [[torch.empty(2, device=dev), torch.empty(3, device=dev)] for _ in range(world)]
     with warnings.catch_warnings():
