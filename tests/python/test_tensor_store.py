@@ -181,6 +181,9 @@ def _versions(rank, world):
             ts.put("x", torch.full((4,), float(step)))
         with pytest.raises(ValueError, match="versions must be integers that grow"):
             ts.put("x", torch.zeros(4), version=4)
+        # Not a Python int: said so (it read as a version that does not grow).
+        with pytest.raises(ValueError, match=r"versions are Python ints \(got float"):
+            ts.put("x", torch.zeros(4), version=11.0)
         assert ts.put("x", torch.full((4,), 10.0), version=10) == 10
         assert store_buffers()[0] == 3  # keep=3: three regions alive, the rest freed
     dist.barrier()
@@ -440,7 +443,7 @@ def _errors(rank, world):
         ts.delete("missing")
     # A bool is no version (True would be stored as the text "True", breaking every reader of
     # the namespace), nor is 0; a timeout may be a number of seconds, not a string.
-    with pytest.raises(ValueError, match=r"put\('b%d', version=True\): versions must be integers" % rank):
+    with pytest.raises(ValueError, match=r"put\('b%d', version=True\): versions are Python ints \(got bool" % rank):
         ts.put(f"b{rank}", torch.zeros(1), version=True)
     assert f"b{rank}" not in ts.keys()
     with pytest.raises(ValueError, match=r"get\('f32', version=0\): versions are integers from 1"):

@@ -215,7 +215,10 @@ class Broadcaster:
             last = self.versions.get(key, 0)
             if problem is not None:
                 header[0] = problem
-            elif version is not None and (not is_version_number(version) or version <= last):
+            elif version is not None and not is_version_number(version):
+                header[0] = (f"versions are Python ints (got {type(version).__name__}; int(...) "
+                             f"converts a numpy integer)")
+            elif version is not None and version <= last:
                 header[0] = f"versions must be integers that grow; the last of this key is {last}"
             else:
                 objects = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}

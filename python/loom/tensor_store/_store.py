@@ -313,6 +313,7 @@ class TensorStore(ReadPlanning, VersionWaits):
             self._write_plans.clear()
             self._read_plans.clear()
             self._mappings.clear()
+            self._broadcaster.plans.clear()  # their bucket buffers (GPU memory for CUDA tensors)
             self._closed = True
 
     def __enter__(self) -> "TensorStore":
@@ -444,7 +445,11 @@ class TensorStore(ReadPlanning, VersionWaits):
             last = max(latest[0] if latest else 0, int(floor) if floor else 0)
         if version is None:
             return last + 1
-        if not is_version_number(version) or version <= (last or 0):
+        if not is_version_number(version):
+            raise ValueError(self._message(
+                f"put('{key}', version={version!r}): versions are Python ints (got "
+                f"{type(version).__name__}; int(...) converts a numpy integer)"))
+        if version <= (last or 0):
             raise ValueError(self._message(
                 f"put('{key}', version={version}): versions must be integers that grow; the last "
                 f"version of this key is {last}"))
