@@ -281,26 +281,42 @@ Fabric::Fabric() : opener_(::getpid()) {
   fi_freeinfo(all);
   description_ = provider + " on " + info_->domain_attr->name;
 
-  check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
-  check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
-  fi_eq_attr eqAttr{};
-  eqAttr.wait_obj = FI_WAIT_UNSPEC;
-  check(fi_eq_open(fabric_, &eqAttr, &listenEq_, nullptr), "fi_eq_open");
-  check(fi_passive_ep(fabric_, info_, &listener_, nullptr), "fi_passive_ep");
-  check(fi_pep_bind(listener_, &listenEq_->fid, 0), "fi_pep_bind");
-  check(fi_listen(listener_), "fi_listen");
-  std::vector<uint8_t> name(128);
-  size_t length = name.size();
-  check(fi_getname(&listener_->fid, name.data(), &length), "fi_getname");
-  address_ = addressText(name.data(), length);
+  try {
+    check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
+    check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
+    fi_eq_attr eqAttr{};
+    eqAttr.wait_obj = FI_WAIT_UNSPEC;
+    check(fi_eq_open(fabric_, &eqAttr, &listenEq_, nullptr), "fi_eq_open");
+    check(fi_passive_ep(fabric_, info_, &listener_, nullptr), "fi_passive_ep");
+    check(fi_pep_bind(listener_, &listenEq_->fid, 0), "fi_pep_bind");
+    check(fi_listen(listener_), "fi_listen");
+    std::vector<uint8_t> name(128);
+    size_t length = name.size();
+    check(fi_getname(&listener_->fid, name.data(), &length), "fi_getname");
+    address_ = addressText(name.data(), length);
+  } catch (...) {
+    // No destructor runs for a constructor that throws, and instance() tries again on the
+    // next call: what was opened so far is closed here, or each try would leak it.
+    closeAll();
+    throw;
+  }
 }
 
 Fabric::~Fabric() {
+  closeAll();
+}
+
+void Fabric::closeAll() noexcept {
   if (listener_) fi_close(&listener_->fid);
   if (listenEq_) fi_close(&listenEq_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
   if (info_) fi_freeinfo(info_);
+  listener_ = nullptr;
+  listenEq_ = nullptr;
+  domain_ = nullptr;
+  fabric_ = nullptr;
+  info_ = nullptr;
 }
 
 std::unique_ptr<Endpoint> Fabric::open(fi_info* info, std::string peer) {

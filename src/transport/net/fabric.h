@@ -112,6 +112,8 @@ class Fabric {
   Fabric();
   std::unique_ptr<Endpoint> open(fi_info* info, std::string peer);
   fi_info* hints() const;
+  /// Closes what the constructor opened (the destructor, or a constructor that failed).
+  void closeAll() noexcept;
 
   const pid_t opener_;       // the process that opened it
   fi_info* info_ = nullptr;  // the chosen interface's
