@@ -345,6 +345,34 @@ def test_broadcast_mode_moves_conjugate_and_negative_views_by_value():
     assert run_ranks(2, _broadcast_lazy_views) == [[True, True, True]] * 2
 
 
+def _broadcast_unfillable(rank, world):
+    from loom.tensor_store import TensorStore
+
+    # 4 KiB buckets: "big" (8 KiB) goes alone, "small" is packed. A receiver whose tensor
+    # cannot be filled in place (its elements share memory; an inference tensor outside
+    # inference mode) is every member's error, found before any broadcast: it used to raise
+    # on that receiver alone, after the broadcasts had begun (the writer went on as if all
+    # was well, and members with buckets still to come waited in them until their timeout).
+    ts = TensorStore(bucket_bytes=4 << 10)
+    refused = []
+    for case in ("expanded", "inference"):
+        big = torch.ones(2048) if rank == 0 else torch.zeros(1).expand(2048)
+        if rank == 1 and case == "inference":
+            with torch.inference_mode():
+                big = torch.zeros(2048)
+        try:
+            ts.broadcast_state_dict({"big": big, "small": torch.zeros(4)}, f"w_{case}", src=0)
+        except ValueError as error:
+            refused.append("rank 1: 'big'" in str(error))
+    sd = {"x": torch.full((4,), float(rank))}
+    ts.broadcast_state_dict(sd, "after", src=0)  # the group goes on
+    return refused, sd["x"].tolist()
+
+
+def test_broadcast_mode_refuses_a_receivers_unfillable_tensor_on_every_member():
+    assert run_ranks(2, _broadcast_unfillable) == [([True, True], [0.0] * 4)] * 2
+
+
 def test_broadcast_mode_fills_parameters_that_are_not_contiguous():
     assert run_ranks(3, _broadcast_parameters) == [["0.bias", "0.weight", "1.bias", "1.weight"]] * 3
 

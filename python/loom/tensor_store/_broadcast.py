@@ -167,6 +167,23 @@ def make_plan(leaves: list[tuple[tuple, Any]], bucket_bytes: int) -> BroadcastPl
     return BroadcastPlan(leaf_signature(leaves), bucket_bytes, buckets, buffers)
 
 
+def unfillable(leaves: list[tuple[tuple, Any]]) -> str | None:
+    """Why a receiver cannot fill one of its tensors in place, as copy_ would refuse it, or
+    None. Found before any broadcast: a receiver that raised while unpacking a bucket would
+    stop issuing the later ones, and the others would wait in them until their timeout."""
+    for path, value in leaves:
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.is_inference() and not torch.is_inference_mode_enabled():
+            return (f"'{path_text(path)}' is an inference tensor, which torch lets no one change in "
+                    f"place outside torch.inference_mode(): call it inside inference_mode(), or "
+                    f"with tensors made outside it")
+        if torch._debug_has_internal_overlap(value) == 1:  # 1: its elements share memory
+            return (f"'{path_text(path)}' has elements that share memory (an expanded tensor), so "
+                    f"it cannot take one value per element: pass a tensor of its own memory")
+    return None
+
+
 def dtensor_problem(leaves: list[tuple[tuple, Any]]) -> str | None:
     """Why broadcast mode cannot send these leaves (DTensors), or None."""
     for path, value in leaves:
@@ -239,7 +256,8 @@ class Broadcaster:
             raise ValueError(f"{what}: rank {src}: {header[0]}")
         version, layout, objects, bucket_bytes = header[0]
         if problem is None:
-            problem = dtensor_problem(leaves) or (None if sending else mismatch(layout_of(leaves), layout))
+            problem = dtensor_problem(leaves) or (
+                None if sending else mismatch(layout_of(leaves), layout) or unfillable(leaves))
         agreed(problem, group, what)
         plan = self.plans.get(key)
         if plan is None or plan.signature != leaf_signature(leaves) or plan.bucket_bytes != bucket_bytes:
