@@ -142,10 +142,11 @@ def all_gather_into_tensor_out(input: torch.Tensor, group_size: int, group_name:
         return out
     try:
         _C.eager_all_gather_into_tensor_out(input, group_size, group_name, out)
+        return out
     except TypeError:
         if not _torch_function((input, out)):
             raise
-        torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
+    torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
     return out
 
 
@@ -158,10 +159,11 @@ def reduce_scatter_tensor_out(input: torch.Tensor, reduce_op: str, group_size: i
         return out
     try:
         _C.eager_reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out)
+        return out
     except TypeError:
         if not _torch_function((input, out)):
             raise
-        torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
+    torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
     return out
 
 
@@ -174,10 +176,11 @@ def all_to_all_single_out(input: torch.Tensor, output_split_sizes: list[int], in
         return out
     try:
         _C.eager_all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out)
+        return out
     except TypeError:
         if not _torch_function((input, out)):
             raise
-        torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out=out)
+    torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out=out)
     return out
 
 

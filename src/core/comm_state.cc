@@ -760,7 +760,7 @@ void CommState::shutdown() {
   if (onOwnThread() || Posting::within(*this)) {
     throw Error(ErrorCode::kInvalidArgument, "shutdown", rank_,
                 "called from a completion callback of this communicator's (on its own thread, "
-                "or inside one of its sends or receives), where it would wait for the callback "
+                "or inside one of its calls on its way in), where it would wait for the callback "
                 "itself; shut the communicator down once the callback has returned, from "
                 "another thread");
   }

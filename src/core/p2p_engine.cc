@@ -279,6 +279,12 @@ bool P2pEngine::progressSends() {
       } catch (const Error& e) {
         linkFailed(q, e);
         return true;  // failAll picks everything up on the next turn
+      } catch (const std::exception& e) {
+        // Anything else (a connection's set-up out of memory or threads) fails the
+        // communicator with its cause rather than end the process: nothing above catches it.
+        failures_.fail(ErrorCode::kSystem, q,
+                       "sending to rank " + std::to_string(q) + " broke off: " + e.what());
+        return true;
       }
       wrote |= op.done != before;
       if (!complete) break;  // the link is full

@@ -690,11 +690,20 @@ void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst,
     if (barrierFirst) comm->barrier().wait();
     if (ctx.rank == 1) {
       comm->shutdown();
+      ctx.store->set("rank 1 left", {1});
       ctx.store->get("rank 0 failed", std::chrono::seconds(120));
       return;
     }
     float x = 1;
     std::vector<uint8_t> large(size_t{64} << 20, 1);
+    if (ask == AskOfTheLeft::kSend) {
+      // A send completes once its bytes are in the link, which a service that still takes
+      // connections of a communicator shut down lets them into: only rank 1's goodbye on the
+      // control link, which reaches this rank a few of its 5 ms turns after rank 1 left,
+      // names it. So the send comes after that goodbye (a send before it is lost).
+      ctx.store->get("rank 1 left", std::chrono::seconds(60));
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const auto start = std::chrono::steady_clock::now();
     try {
       switch (ask) {
@@ -705,7 +714,7 @@ void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst,
           comm->broadcast(large.data(), large.data(), large.size(), DataType::kUInt8, 0).wait();
           break;
         case AskOfTheLeft::kReceive: comm->recv(&x, 1, DataType::kFloat32, 1, 7).wait(); break;
-        case AskOfTheLeft::kSend:  // small: it used to "succeed", the message lost
+        case AskOfTheLeft::kSend:  // small: it "succeeded", the message lost
           comm->send(&x, 1, DataType::kFloat32, 1, 7).wait();
           break;
       }
@@ -738,7 +747,8 @@ TEST_F(TwoHosts, APeerThatShutsDownBeforeAnyCollectiveIsNamedAcrossHosts) {
 // The same where rank 0's first word to it is a broadcast it roots (it waits for no receive),
 // a receive or a small send: the links they open reach a rank that has left, whose service
 // still takes them (a receive and a broadcast waited out the timeout; the send succeeded and
-// its message was lost). The control link's goodbye is what names it.
+// its message was lost). The control link's goodbye is what names it: the send is made once
+// that has arrived (see expectAPeerThatShutsDownIsNamed).
 TEST_F(TwoHosts, APeerThatShutsDownIsNamedByABroadcastThatOnlySendsToIt) {
   expectAPeerThatShutsDownIsNamed(*hosts_, false, AskOfTheLeft::kBroadcastFromHere);
 }

@@ -448,6 +448,8 @@ def _errors(rank, world):
     assert f"b{rank}" not in ts.keys()
     with pytest.raises(ValueError, match=r"get\('f32', version=0\): versions are integers from 1"):
         ts.get("f32", version=0)
+    with pytest.raises(ValueError, match=r"get\('f32', version=1.0\): versions are Python ints \(got float"):
+        ts.get("f32", version=1.0)
     assert torch.equal(ts.get("f32", timeout=5), torch.zeros(4, 4))
     assert torch.equal(TensorStore(timeout=5.5).get("f32"), torch.zeros(4, 4))
     with pytest.raises(TypeError, match=r"get\('f32'\): timeout must be a datetime.timedelta or a number of seconds, not str"):

@@ -349,10 +349,12 @@ def _broadcast_unfillable(rank, world):
     from loom.tensor_store import TensorStore
 
     # 4 KiB buckets: "big" (8 KiB) goes alone, "small" is packed. A receiver whose tensor
-    # cannot be filled in place (its elements share memory; an inference tensor outside
-    # inference mode) is every member's error, found before any broadcast: it used to raise
-    # on that receiver alone, after the broadcasts had begun (the writer went on as if all
-    # was well, and members with buckets still to come waited in them until their timeout).
+    # cannot be filled in place is every member's error, found before any broadcast. One whose
+    # elements share memory used to raise on that receiver alone, after the broadcasts had
+    # begun (the writer went on as if all was well, and members with buckets still to come
+    # waited in them until their timeout). An inference tensor outside inference mode, which
+    # copy_ and get() refuse, used to be filled where loom's own copies or the broadcast
+    # itself wrote it, and refused where torch's copy ran: now refused alike.
     ts = TensorStore(bucket_bytes=4 << 10)
     refused = []
     for case in ("expanded", "inference"):

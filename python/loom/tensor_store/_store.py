@@ -673,7 +673,11 @@ class TensorStore(ReadPlanning, VersionWaits):
         tried = False  # a plan ran, and its version was replaced or released meanwhile
         try:
             timeout = as_timeout(timeout, f"loom tensor store get('{key}')")
-            if version is not None and (not is_version_number(version) or version < 1):
+            if version is not None and not is_version_number(version):
+                raise ValueError(self._message(
+                    f"get('{key}', version={version!r}): versions are Python ints (got "
+                    f"{type(version).__name__}; int(...) converts a numpy integer)"))
+            if version is not None and version < 1:
                 raise ValueError(self._message(
                     f"get('{key}', version={version!r}): versions are integers from 1 (None reads the latest)"))
             wait = timeout if timeout is not None else self._timeout
