@@ -1,0 +1,292 @@
+// The CUDA executor's monitor thread: it completes queued calls from their events, and turns
+// what goes wrong (a peer's mismatch report, a dead or departed peer, a deadline, abort) into
+// the communicator's failure, releasing every kernel that waits on a peer. The executor's
+// set-up, workspaces and queueing are in cuda_executor.cc.
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/cuda_descriptors.h"
+#include "core/cuda_executor.h"
+#include "core/cuda_workspace.h"
+#include "cuda/driver.h"
+#include "loom/error.h"
+
+namespace loom::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using cuda::Driver;
+
+// A value above any epoch: written into every flag to release waits when the
+// communicator fails (waits compare as (int64_t)(flag - epoch) >= 0).
+constexpr uint64_t kReleased = uint64_t{1} << 62;
+// How long a call whose kernels found a peer's stopped ones waits for that peer's failure.
+constexpr auto kStaleGrace = std::chrono::seconds(1);
+// How often the monitor looks for failures with nothing queued, and how often it releases
+// the flags again while failed calls are still on the GPU.
+constexpr auto kIdlePoll = std::chrono::milliseconds(10);
+constexpr auto kReleaseEvery = std::chrono::milliseconds(2);
+// How often the monitor looks for a peer that left behind this rank's steps.
+constexpr auto kLeftEvery = std::chrono::milliseconds(10);
+// With graphs captured and nothing queued, a failed communicator's flags are released again
+// at doubling intervals, up to this (a replay's streams are not tracked).
+constexpr auto kGraphReleaseMost = std::chrono::milliseconds(1000);
+
+}  // namespace
+
+void CudaExecutor::release() {
+  const Clock::time_point now = Clock::now();
+  if (lastRelease_ != Clock::time_point{} && now - lastRelease_ < kReleaseEvery) return;
+  lastRelease_ = now;
+  const Driver& d = Driver::get();
+  auto write = [&](uint8_t* word, uint64_t value) {
+    d.cuStreamWriteValue64(abortStream_, reinterpret_cast<CUdeviceptr>(word), value,
+                           CU_STREAM_WRITE_VALUE_DEFAULT);
+  };
+  // Every rank's abort word first (their kernels still queued skip their work, and none
+  // reads a slot or a descriptor that a released wait let it reach early), then every flag.
+  for (uint8_t* base : bases_) write(base + kAbortOffset, 1);
+  for (int q = 0; q < size_; ++q) {
+    for (const Lane* lane : {&eager_, &graph_}) {
+      for (int f = kReady; f <= kDone; ++f) {
+        write(bases_[q] + lane->flagsAt + f * kFlagStride, kReleased);
+        write(bases_[q] + lane->oddFlagsAt + f * kFlagStride, kReleased);
+      }
+      for (int peer = 0; peer < size_; ++peer) {
+        uint8_t* block = bases_[q] + lane->pairsAt + static_cast<size_t>(peer) * kPairStride;
+        write(block + kSent * kFlagStride, kReleased);
+        write(block + kTaken * kFlagStride, kReleased);
+      }
+    }
+  }
+}
+
+void CudaExecutor::reportMismatch() {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const cuda::MismatchReport& r = *reportHost_;
+  const std::string peer = "rank " + std::to_string(r.peer);
+  const std::string self = "rank " + std::to_string(rank_);
+  const auto what = static_cast<uint8_t>(r.mine.words[0]);
+  std::string message;
+  if (staleStep(r.mine, r.theirs)) {
+    // The peer's kernels stopped (its communicator failed) before this step: its own
+    // failure, told through the failure domain, is the one to report. Given a moment to
+    // arrive, it is; meanwhile the calls that found this wait (monitor()).
+    const Clock::time_point now = Clock::now();
+    if (!staleSince_) staleSince_ = now;
+    if (now - *staleSince_ < kStaleGrace) return;
+    failures_.fail(ErrorCode::kPeerFailure, r.peer,
+                   "on CUDA tensors, " + peer + " did not take part in " + explain(r.mine) +
+                       " (its kernels had stopped, as they do once its communicator fails), "
+                       "and no failure of " +
+                       peer + " reached " + self + "; see " + peer + "'s error");
+    return;
+  }
+  if (what == kSendRecv || what == kAllToAllBlock) {
+    message = "on CUDA tensors, " + peer + "'s next message to " + self + " is " +
+              explain(r.theirs) + ", but " + self + " is receiving " + explain(r.mine) +
+              " from it; a pair's sends and receives on CUDA tensors match in the order they "
+              "are issued (as with NCCL), so issue them in the same order and sizes on both";
+    // Fused and stepped transfers cut messages alike but signal differently.
+    if ((r.theirs.words[0] ^ r.mine.words[0]) & kFusedBit) {
+      const auto how = [&](const cuda::Descriptor& d) {
+        return std::string(d.words[0] & kFusedBit ? "a fused kernel" : "the stepped path");
+      };
+      message += "; and " + peer + " moves its messages with " + how(r.theirs) + ", " + self +
+                 " with " + how(r.mine) +
+                 ": LOOM_CUDA_FUSED and LOOM_CUDA_CHUNK_BYTES must be the same on every rank";
+    }
+  } else {
+    message = collectiveMismatch(r.peer, rank_, r.theirs, r.mine);
+  }
+  failures_.fail(ErrorCode::kMismatch, r.peer, message);
+}
+
+std::vector<uint64_t> CudaExecutor::lastSteps(const Lane& lane) {
+  // Read on loom's own stream, which no caller's stream holds up.
+  const Driver& d = Driver::get();
+  std::vector<std::array<uint64_t, 2>> ready(static_cast<size_t>(size_));
+  bool read = true;
+  for (int q = 0; q < size_ && read; ++q) {
+    for (int parity = 0; parity < 2 && read; ++parity) {
+      const size_t at = (parity ? lane.oddFlagsAt : lane.flagsAt) + kReady * kFlagStride;
+      read = d.cuMemcpyDtoHAsync(&ready[q][parity], reinterpret_cast<CUdeviceptr>(bases_[q] + at),
+                                 sizeof(uint64_t), abortStream_) == CUDA_SUCCESS;
+    }
+  }
+  // Synchronized whatever happened: no copy may still be writing into `ready` after this.
+  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return {};
+  std::vector<uint64_t> last(static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) last[q] = std::max(ready[q][0], ready[q][1]);
+  return last;
+}
+
+void CudaExecutor::failIfPeerLeft() {
+  const Clock::time_point now = Clock::now();
+  if (now - leftChecked_ < kLeftEvery) return;
+  leftChecked_ = now;
+  std::vector<int> left;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && failures_.stateOf(q) == RankState::kDeparted) left.push_back(q);
+  }
+  if (left.empty()) return;
+  // A rank that shut down had finished every call it issued (shutdown waits for them), so
+  // it took its part in every step it reached; a step of this rank's beyond its last one
+  // waits for it in vain. (The graph lane numbers its steps alike on every rank that
+  // replays the same captures.)
+  for (const Lane* lane : {&eager_, &graph_}) {
+    if (lane == &graph_ && !graphsCaptured_) continue;
+    const std::vector<uint64_t> last = lastSteps(*lane);
+    if (last.empty()) return;
+    for (int q : left) {
+      if (last[q] >= last[rank_]) continue;
+      failures_.fail(ErrorCode::kMismatch, q,
+                     "on CUDA tensors, rank " + std::to_string(q) +
+                         " had already destroyed its communicator, so it issued fewer "
+                         "collectives than rank " +
+                         std::to_string(rank_) +
+                         (lane == &graph_ ? " (in replays of captured calls)" : "") +
+                         ": its last step was " + std::to_string(last[q]) + ", rank " +
+                         std::to_string(rank_) + "'s is " + std::to_string(last[rank_]));
+      return;
+    }
+  }
+}
+
+std::string CudaExecutor::lateness(const Pending& late) {
+  const std::string unknown = "some rank has not issued it, or its GPU is stuck";
+  if (late.firstStep == 0) return unknown;
+  // Each peer's last step, as its "ready" flags of both parities say.
+  const std::vector<uint64_t> last = lastSteps(eager_);
+  if (last.empty()) return unknown;
+  std::string behind;
+  int named = 0;
+  int more = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    if (last[q] >= late.firstStep) continue;
+    if (named == 8) {  // the failure record holds a few hundred characters
+      ++more;
+      continue;
+    }
+    behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
+              " (its last step " + std::to_string(last[q]) + ")";
+    ++named;
+  }
+  if (more > 0) behind += " and " + std::to_string(more) + " more";
+  if (behind.empty()) {
+    return "every rank has started it (this call's first step is " +
+           std::to_string(late.firstStep) + "), so a GPU may be stuck, or held by other work";
+  }
+  return "not yet reached by " + behind + ", where this call's first step is " +
+         std::to_string(late.firstStep) +
+         ": those ranks have not issued it (or an earlier call of theirs is held up)";
+}
+
+void CudaExecutor::drain() {
+  const Driver& d = Driver::get();
+  if (draining_.empty()) return;
+  std::erase_if(draining_, [&](CUevent event) {
+    if (d.cuEventQuery(event) == CUDA_ERROR_NOT_READY) return false;
+    spareEvents_.push_back(event);
+    return true;
+  });
+  // A stream still behind may have written its own flags after the last release (every
+  // flag write sets a value), holding a later wait of a peer's, or of this rank's: the
+  // flags are released again until every failed call has left the GPU.
+  if (!draining_.empty()) release();
+  if (draining_.empty()) pendingChanged_.notify_all();
+}
+
+void CudaExecutor::monitor() {
+  const Driver& d = Driver::get();
+  cuda::ContextGuard guard(context_);
+  cuda::RelaxedCaptureGuard relaxed;  // polls while the caller's thread may be capturing
+  // Poll often while a collective is young (its request completes within microseconds of
+  // its event), every 100 us once it has run for half a millisecond.
+  Clock::time_point since = Clock::now();
+  std::unique_lock<std::mutex> lock(pendingMutex_);
+  while (true) {
+    drain();
+    if (pending_.empty()) {
+      if (stopping_) return;
+      pendingChanged_.wait_for(lock, draining_.empty() ? kIdlePoll : kReleaseEvery,
+                               [this] { return stopping_ || !pending_.empty(); });
+      // With nothing queued, replays of captured calls may still be running: a mismatch one
+      // of them found, a dead peer or an abort must release them too (and again, as long
+      // as the executor lives: a replay's streams are not tracked here).
+      if (reportHost_->raised != 0 && !failures_.failed()) reportMismatch();
+      if (graphsCaptured_ && !failures_.failed()) failIfPeerLeft();
+      if (failures_.failed() &&
+          (lastRelease_ == Clock::time_point{} ||
+           (graphsCaptured_ && Clock::now() - lastRelease_ >= graphRelease_))) {
+        release();
+        // Replays still behind are released within the first tries; after that, rarely.
+        graphRelease_ = std::min<std::chrono::milliseconds>(2 * graphRelease_, kGraphReleaseMost);
+      }
+      since = Clock::now();
+      continue;
+    }
+    Pending& first = pending_.front();  // one stream per enqueue order: finish in order
+    const CUresult state = d.cuEventQuery(first.event);
+    // After the query: a kernel's report is visible once the event behind it has fired. A
+    // kernel that found a mismatch did nothing, so its call must not succeed. (Its later
+    // steps, on loom's second stream, may have run before the abort word was set: a failed
+    // call's outputs are undefined, as with NCCL.)
+    const bool reported = reportHost_->raised != 0;
+    if (reported && !failures_.failed()) reportMismatch();
+    if (state == CUDA_ERROR_NOT_READY && !failures_.failed()) failIfPeerLeft();
+    std::exception_ptr failure;
+    // A report not yet a failure (a peer's stopped kernels, given time for its own failure
+    // to arrive): the call waits for it, never succeeding on work its kernels skipped.
+    const bool held = state == CUDA_SUCCESS && reported && !failures_.failed();
+    bool finished = state == CUDA_SUCCESS && !held;
+    if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
+      failure = std::make_exception_ptr(
+          Error(ErrorCode::kSystem, first.op, rank_,
+                "the GPU reported an error while running it (a fault in a kernel before it, "
+                "or the device was lost); see the CUDA error from PyTorch"));
+      finished = true;
+    } else if (failures_.failed() || (!finished && !held && Clock::now() >= first.deadline)) {
+      if (!failures_.failed()) {
+        failures_.fail(
+            ErrorCode::kTimeout, -1,
+            first.op + " on CUDA tensors did not finish within its timeout: " + lateness(first));
+      }
+      release();
+      failure = std::make_exception_ptr(failures_.failureError(first.op));
+      finished = true;
+    }
+    if (!finished) {
+      lock.unlock();
+      if (Clock::now() - since > std::chrono::microseconds(500)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      } else {
+        std::this_thread::yield();
+      }
+      lock.lock();
+      continue;
+    }
+    Pending done = std::move(first);
+    pending_.pop_front();
+    lock.unlock();
+    for (const auto& state : done.states) state->complete(failure);
+    since = Clock::now();
+    lock.lock();
+    // Failed before its event fired: its kernels, released, are still on the GPU, reading
+    // workspaces the destructor must not unmap before they are done.
+    if (state == CUDA_ERROR_NOT_READY) {
+      draining_.push_back(done.event);
+    } else {
+      spareEvents_.push_back(done.event);
+    }
+    pendingChanged_.notify_all();
+  }
+}
+
+}  // namespace loom::detail
