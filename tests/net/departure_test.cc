@@ -1,0 +1,111 @@
+// A rank on one host shuts its communicator down while its handle lives (torch's
+// destroy_process_group while Python holds the group): whatever its peer on the other host asks
+// of it next, a collective, a broadcast that only sends to it, a receive or a send, names it at
+// once as having destroyed its communicator, not at the timeout.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net_helpers.h"
+
+namespace loom {
+namespace {
+
+using loom::testing::NetnsHosts;
+using loom::testing::RankContext;
+using net::testing::TwoHosts;
+
+// What rank 0 asks of a rank 1 that shut down.
+enum class AskOfTheLeft { kAllReduce, kBroadcastFromHere, kReceive, kSend };
+
+// Rank 1 shuts its communicator down while its handle lives (torch's destroy_process_group
+// while Python holds the group), after a first barrier or before any collective: rank 0's
+// call (`ask`) names it at once, not at the timeout.
+void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst,
+                                     AskOfTheLeft ask = AskOfTheLeft::kAllReduce) {
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    if (barrierFirst) comm->barrier().wait();
+    if (ctx.rank == 1) {
+      comm->shutdown();
+      ctx.store->set("rank 1 left", {1});
+      ctx.store->get("rank 0 failed", std::chrono::seconds(120));
+      return;
+    }
+    float x = 1;
+    std::vector<uint8_t> large(size_t{64} << 20, 1);
+    if (ask == AskOfTheLeft::kSend) {
+      // A send completes once its bytes are in the link, which a service that still takes
+      // connections of a communicator shut down lets them into: only rank 1's goodbye on the
+      // control link, which reaches this rank a few of its 5 ms turns after rank 1 left,
+      // names it. So the send comes after that goodbye (a send before it is lost).
+      ctx.store->get("rank 1 left", std::chrono::seconds(60));
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      switch (ask) {
+        case AskOfTheLeft::kAllReduce:
+          comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+          break;
+        case AskOfTheLeft::kBroadcastFromHere:  // it only sends: no receive waits on rank 1
+          comm->broadcast(large.data(), large.data(), large.size(), DataType::kUInt8, 0).wait();
+          break;
+        case AskOfTheLeft::kReceive: comm->recv(&x, 1, DataType::kFloat32, 1, 7).wait(); break;
+        case AskOfTheLeft::kSend:  // small: it "succeeded", the message lost
+          comm->send(&x, 1, DataType::kFloat32, 1, 7).wait();
+          break;
+      }
+      LOOM_CHECK(false, << "a call with a rank that shut down succeeded");
+    } catch (const Error& e) {
+      // Named as a peer gone, or as the calls it did not issue: either way, now and by name.
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure || e.code() == ErrorCode::kMismatch,
+                 << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos &&
+                     std::string(e.what()).find("destroyed its communicator") != std::string::npos,
+                 << e.what());
+    }
+    ctx.store->set("rank 0 failed", {1});
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+               << "named only at the timeout");
+  });
+}
+
+// Its network links stayed open until the handle went: the peer waited out its timeout.
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedAcrossHostsWhileItsHandleLives) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, true);
+}
+
+// Before any collective no collective link exists to carry the goodbye: rank 0 learns of it
+// from the control link (its peers waited out the whole timeout).
+TEST_F(TwoHosts, APeerThatShutsDownBeforeAnyCollectiveIsNamedAcrossHosts) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, false);
+}
+
+// The same where rank 0's first word to it is a broadcast it roots (it waits for no receive),
+// a receive or a small send: the links they open reach a rank that has left, whose service
+// still takes them (a receive and a broadcast waited out the timeout; the send succeeded and
+// its message was lost). The control link's goodbye is what names it: the send is made once
+// that has arrived (see expectAPeerThatShutsDownIsNamed).
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedByABroadcastThatOnlySendsToIt) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, false, AskOfTheLeft::kBroadcastFromHere);
+}
+
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedByAReceiveFromIt) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, true, AskOfTheLeft::kReceive);
+}
+
+TEST_F(TwoHosts, APeerThatShutsDownIsNamedByASendToIt) {
+  expectAPeerThatShutsDownIsNamed(*hosts_, true, AskOfTheLeft::kSend);
+}
+
+}  // namespace
+}  // namespace loom
