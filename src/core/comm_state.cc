@@ -289,9 +289,6 @@ CommState::~CommState() {
   }
   shutdown();
   for (uint64_t id : watches_) ProcessService::instance().unwatch(id);
-#ifdef LOOM_HAVE_NET
-  if (spansHosts()) net::NetService::instance().forget(roster_.id, rank_);
-#endif
   // Processes that end without running atexit handlers (Python's multiprocessing children
   // leave through os._exit) still leave their timeline: written at each communicator's end.
   trace::flush();
@@ -818,6 +815,11 @@ void CommState::shutdown() {
   // Nothing of this rank's runs any more: peers waiting for it fail now, naming a rank that
   // left, instead of at their timeout (torch's destroy_process_group shuts a group down while
   // Python may hold it, and its communicator is destroyed only with the last reference).
+#ifdef LOOM_HAVE_NET
+  // Before the goodbye below: a peer that has not heard it yet and connects to send is turned
+  // away (its message would be taken in and lost), and connects again until it hears.
+  if (spansHosts()) net::NetService::instance().forget(roster_.id, rank_);
+#endif
   if (shm_) shm_->depart();
   control_.reset();  // last: a failure while draining still reaches the other hosts
 }

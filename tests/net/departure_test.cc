@@ -43,12 +43,10 @@ void expectAPeerThatShutsDownIsNamed(const NetnsHosts& hosts, bool barrierFirst,
     float x = 1;
     std::vector<uint8_t> large(size_t{64} << 20, 1);
     if (ask == AskOfTheLeft::kSend) {
-      // A send completes once its bytes are in the link, which a service that still takes
-      // connections of a communicator shut down lets them into: only rank 1's goodbye on the
-      // control link, which reaches this rank a few of its 5 ms turns after rank 1 left,
-      // names it. So the send comes after that goodbye (a send before it is lost).
+      // A send completes once its bytes are in the link: made right after rank 1 left, before
+      // its goodbye on the control link can have arrived, its connection must be refused (a
+      // service that took it let the message in, and it was lost).
       ctx.store->get("rank 1 left", std::chrono::seconds(60));
-      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     const auto start = std::chrono::steady_clock::now();
     try {

@@ -278,5 +278,60 @@ TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersNamingUnknownCommunicato
   expectAMemberGetsPastStrangers(*hosts_, true);
 }
 
+// Drives `out` until its peer's service closes the connection before answering its Hello
+// (TurnedAway); fails if the channel is proven instead (its frames would be taken and lost).
+void expectTurnedAway(SendChannel& out, const std::string& what) {
+  const auto deadline = Clock::now() + kPatience;
+  try {
+    while (!out.ready()) {
+      LOOM_CHECK(Clock::now() < deadline, << what << " was held, not turned away");
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  } catch (const TurnedAway&) {
+    return;
+  }
+  LOOM_CHECK(false, << what << " was taken in: a message on it would be lost");
+}
+
+// A rank that shut its communicator down (forget) takes no more connections: one made to it
+// afterwards, before its peers have heard it left, is turned away at once, while other ranks
+// of its process that still use the communicator take theirs. Such connections used to be
+// proven and filed where nobody would claim them, so a small send on one "succeeded" and its
+// message was lost (or, once no rank here used it, held for the unexpected hold).
+TEST_F(TwoHosts, ServiceTurnsAwayConnectionsToARankThatLeft) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService::Limits limits;
+      limits.unexpectedHold = milliseconds(600'000);  // a held connection would outlast kPatience
+      NetService service(Fabric::instance(), limits);
+      service.expect(kComm, kSecret, shape);  // ranks 0 and 2 of the communicator live here
+      service.expect(kComm, kSecret, shape);
+      service.forget(kComm, 0);
+      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      LOOM_CHECK(readText(service, kComm, 1, 2, 0) == "to the rank that stays");
+      ctx.store->get("turned away while rank 2 stays", kPatience);
+      service.forget(kComm, 2);
+      ctx.store->set("rank 2 left", Bytes{1});
+      ctx.store->get("turned away once all left", kPatience);
+      LOOM_CHECK(service.claim(kComm, 1, 0, 0) == nullptr && service.expecting() == 0);
+      return;
+    }
+    const Bytes address = ctx.store->get("address", kPatience);
+    const std::string to(address.begin(), address.end());
+    SendChannel toLeft(Fabric::instance(), to, traffic(1, 0), kSecret, shape);
+    SendChannel toStaying(Fabric::instance(), to, traffic(1, 2), kSecret, shape);
+    writeText(toStaying, "to the rank that stays");
+    expectTurnedAway(toLeft, "a connection to rank 0, which left");
+    ctx.store->set("turned away while rank 2 stays", Bytes{1});
+    ctx.store->get("rank 2 left", kPatience);
+    SendChannel toLastLeft(Fabric::instance(), to, traffic(1, 2, 1), kSecret, shape);
+    expectTurnedAway(toLastLeft, "a connection to rank 2, the last of its process to leave");
+    ctx.store->set("turned away once all left", Bytes{1});
+  });
+}
+
 }  // namespace
 }  // namespace loom::net

@@ -60,6 +60,11 @@ void NetService::expect(const CommId& comm, const JobSecret& secret, ShapeOf sha
 void NetService::forget(const CommId& comm, int receiver) {
   std::vector<std::unique_ptr<ReceiveChannel>> closing;  // closed outside the lock
   std::lock_guard<std::mutex> lock(mutex_);
+  // A peer that has not heard yet that this rank left may still connect to it (a send's
+  // first message): proven and filed here, nobody would read what it sends.
+  const auto now = Clock::now();
+  std::erase_if(departed_, [now](const auto& entry) { return entry.second < now; });
+  departed_[{comm, receiver}] = now + limits_.handshake + limits_.unexpectedHold;
   // Ranks of this process that still use it keep it: closing their channels would tell
   // their peers they left.
   const auto expected = expected_.find(comm);
@@ -117,6 +122,12 @@ std::unique_ptr<ReceiveChannel> NetService::claimAny(const CommId& comm, int rec
 
 std::optional<Expectation> NetService::lookup(const Hello& hello) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (departed_.count({hello.comm, hello.receiver}) != 0) {
+    // Closed unanswered: the initiator connects again until its own communicator hears of
+    // the departure (the goodbye on its control link) and fails what it meant to send.
+    throw Error(ErrorCode::kPeerFailure, "connect", hello.receiver,
+                "this rank has destroyed its communicator; connections to it are turned away");
+  }
   const auto it = expected_.find(hello.comm);
   if (it == expected_.end()) return std::nullopt;
   return Expectation{it->second.secret, it->second.shapeOf(hello.channel)};

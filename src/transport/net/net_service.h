@@ -18,6 +18,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "transport/net/channel.h"
@@ -60,8 +61,10 @@ class NetService {
   void expect(const CommId& comm, const JobSecret& secret, ChannelShape shape) {
     expect(comm, secret, [shape](uint32_t) { return shape; });
   }
-  /// Rank `receiver` of `comm` leaves: closes the proven channels to it nobody claimed, and
-  /// once no user of `comm` is left here, stops accepting for it and closes the rest.
+  /// Rank `receiver` of `comm` leaves: closes the proven channels to it nobody claimed, turns
+  /// away connections to it from now on (for the hold limits: its peers learn of its
+  /// departure a little later), and once no user of `comm` is left here, stops accepting for
+  /// it and closes the rest.
   void forget(const CommId& comm, int receiver);
   /// The proven channel carrying `sender` -> `receiver` on `channel` of `comm`, or nullptr if
   /// it has not arrived yet. Each is handed out once.
@@ -99,6 +102,8 @@ class NetService {
   // Every slot taken: closes the connection unproven longest, if past crowdedHold, of those
   // not waiting for their communicator, or else of those that do.
   void makeRoom(Clock::time_point now);
+  /// What a Hello's traffic needs, nullopt while its communicator is not registered here;
+  /// throws for a receiver that has left (forget), which turns the connection away.
   std::optional<Expectation> lookup(const Hello& hello);
   /// Says on stderr why a connection could not be taken, where that is this process's fault
   /// (at most every 10 s).
@@ -112,11 +117,12 @@ class NetService {
     ShapeOf shapeOf;
     int users = 0;  ///< expect() calls not yet forgotten
   };
-  std::map<CommId, Expected> expected_;                    // guarded by mutex_
-  std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;  // guarded by mutex_
-  std::map<Key, Clock::time_point> discarded_;             // guarded by mutex_: until when
-  std::vector<Pending> pending_;                           // service thread only
-  Clock::time_point lastReport_{};                         // service thread only
+  std::map<CommId, Expected> expected_;                           // guarded by mutex_
+  std::map<Key, std::unique_ptr<ReceiveChannel>> proven_;         // guarded by mutex_
+  std::map<Key, Clock::time_point> discarded_;                    // guarded by mutex_: until when
+  std::map<std::pair<CommId, int>, Clock::time_point> departed_;  // guarded by mutex_: ditto
+  std::vector<Pending> pending_;                                  // service thread only
+  Clock::time_point lastReport_{};                                // service thread only
   std::atomic<uint64_t> refused_{0};
   std::atomic<bool> stopping_{false};
   const pid_t owner_;  // the process whose thread thread_ is
