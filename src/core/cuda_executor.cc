@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <climits>
 #include <cstdio>
 #include <mutex>
 #include <new>
@@ -132,8 +133,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
           CUDA_SUCCESS) {
         mpsClient = 0;
       }
-      const std::vector<FdOffer> offers =
-          exchangeFds(exchange, exported.get(), cudaSettingsNote(tuning, mpsClient != 0), deadline);
+      const std::vector<FdOffer> offers = exchangeFds(
+          exchange, exported.get(),
+          cudaSettingsNote(tuning, mpsClient != 0, kernels_->residentFusedBlocks()), deadline);
       std::vector<std::string> notes;
       for (const FdOffer& o : offers) notes.push_back(o.note);
       // Every rank holds every note, so all refuse alike, before any uses a peer's workspace:
@@ -157,10 +159,15 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
                                       peers_[q]->address()),
               op, exchange.rank, "cuPointerGetAttribute");
       }
-      // Every rank sees every workspace's device and every rank's MPS state, so all reach
-      // the same paths.
-      paths_ = chooseCudaPaths(tuning, devices, everyRankUnderMps, kernels_->residentFusedBlocks(),
-                               kernels_->fusedFits());
+      // Every rank sees every workspace's device, every rank's MPS state and the least
+      // resident fused blocks of every rank's GPU (GPU models differ), so all reach the same
+      // paths: ranks that chose apart would wait in kernels their peers do not run.
+      int leastResident = INT_MAX;
+      for (const std::string& note : notes) {
+        leastResident = std::min(leastResident, notesResidentFusedBlocks(note));
+      }
+      paths_ = chooseCudaPaths(tuning, devices, everyRankUnderMps, leastResident,
+                               cuda::fusedFitsIn(leastResident));
       if (paths_.takingTurns && exchange.localRank == 0) hintMps(paths_.crowd);
       // A fused transfer's blocks each move at least 32 KiB of a chunk (64 of 128 KiB by
       // default); how many a call runs per stream is its own (fusedTransfer).

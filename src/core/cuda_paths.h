@@ -2,8 +2,9 @@
 
 // Which ways a communicator's CUDA calls take, from where its ranks sit: one-shot or two-shot
 // all_reduce, one stream or two, fused kernels or steps (and up to what size), and how many
-// blocks a fused grid may take. Every rank reads the same facts (every rank's GPU and whether
-// its process is an MPS client, told with the workspaces), so all reach the same choices.
+// blocks a fused grid may take. Every rank reads the same facts (every rank's GPU, whether its
+// process is an MPS client and how many fused blocks its GPU keeps resident, told with the
+// workspaces), so all reach the same choices.
 // The measurements behind each default are in docs/PERFORMANCE.md; CudaExecutor applies them.
 
 #include <algorithm>
@@ -41,8 +42,8 @@ struct CudaPaths {
 };
 
 /// The paths for ranks on GPUs `devices` (every rank's ordinal, by rank), all MPS clients or
-/// not, where this rank's GPU keeps `residentFusedBlocks` fused blocks at once and fits a
-/// fused call (`fusedFits`; Kernels), as `tuning` asks.
+/// not, where the least of their GPUs keeps `residentFusedBlocks` fused blocks at once and
+/// every one fits a fused call (`fusedFits`; cuda::fusedFitsIn), as `tuning` asks.
 inline CudaPaths chooseCudaPaths(const CudaTuning& tuning, std::span<const int> devices,
                                  bool everyRankUnderMps, int residentFusedBlocks, bool fusedFits) {
   std::vector<int> sorted(devices.begin(), devices.end());

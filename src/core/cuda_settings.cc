@@ -3,6 +3,7 @@
 #include "core/cuda_settings.h"
 
 #include <array>
+#include <climits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -78,14 +79,27 @@ std::vector<std::string> settingWords(const std::string& note) {
 
 }  // namespace
 
-std::string cudaSettingsNote(const CudaTuning& tuning, bool mpsClient) {
-  std::string note = mpsClient ? kMpsClient : "-";
+std::string cudaSettingsNote(const CudaTuning& tuning, bool mpsClient, int residentFusedBlocks) {
+  // The first word is the rank's own facts ("mps:264"), the others the shared settings.
+  std::string note = std::string(mpsClient ? kMpsClient : "-") + ":" + text(residentFusedBlocks);
   for (const Shared& s : sharedSettings()) note += std::string(" ") + s.key + "=" + s.value(tuning);
   return note;
 }
 
 bool notesMpsClient(const std::string& note) {
-  return note.compare(0, note.find(' '), kMpsClient) == 0;
+  return note.compare(0, note.find_first_of(": "), kMpsClient) == 0;
+}
+
+int notesResidentFusedBlocks(const std::string& note) {
+  const size_t colon = note.find(':');
+  if (colon == std::string::npos || colon > note.find(' ')) return 0;
+  int blocks = 0;
+  for (size_t i = colon + 1; i < note.size() && note[i] >= '0' && note[i] <= '9'; ++i) {
+    const int digit = note[i] - '0';
+    if (blocks > (INT_MAX - digit) / 10) return 0;  // no GPU keeps that many: not a count
+    blocks = blocks * 10 + digit;
+  }
+  return blocks;
 }
 
 std::optional<std::string> cudaSettingsDisagree(std::span<const std::string> notes) {

@@ -6,8 +6,9 @@
 // address its peers' slots at other offsets (wrong answers, or a fault), one with another
 // threshold would wait in a protocol its peers do not run. So each rank's workspace offer
 // carries its settings as a note (with whether its process is an MPS client, which may
-// differ), and every rank compares them before it uses any workspace. Internal to the CUDA
-// executor.
+// differ, and how many fused blocks its GPU keeps resident, which differs between GPU models:
+// every rank takes the least, so that all choose the same kernels), and every rank compares
+// them before it uses any workspace. Internal to the CUDA executor.
 
 #include <optional>
 #include <span>
@@ -17,12 +18,16 @@
 
 namespace loom::detail {
 
-/// The note a rank offers with its workspace: whether its process is an MPS client, and
-/// every setting of `tuning` its peers must share (at most kMaxFdNote characters).
-std::string cudaSettingsNote(const CudaTuning& tuning, bool mpsClient);
+/// The note a rank offers with its workspace: whether its process is an MPS client, the
+/// fused blocks its GPU keeps resident at once (cuda::Kernels::residentFusedBlocks), and every
+/// setting of `tuning` its peers must share (at most kMaxFdNote characters).
+std::string cudaSettingsNote(const CudaTuning& tuning, bool mpsClient, int residentFusedBlocks);
 
 /// Whether `note` (cudaSettingsNote's) says its process is an MPS client.
 bool notesMpsClient(const std::string& note);
+
+/// The resident fused blocks `note` (cudaSettingsNote's) gives, 0 if it gives none.
+int notesResidentFusedBlocks(const std::string& note);
 
 /// nullopt where every rank's note (by rank) carries the same settings; otherwise what to
 /// tell the user: the first rank whose settings differ from rank 0's, the setting by its

@@ -105,6 +105,11 @@ inline constexpr int kMaxFusedBlocks = 64;
 /// (Kernels::fusedFits): the same bound on every rank, whatever its GPU.
 inline constexpr int kMaxTwoShotBlocks = 2 * kMaxFusedBlocks / 3;
 
+/// Whether a GPU that keeps `resident` fused blocks at once fits every fused kernel's
+/// kMaxFusedBlocks block pairs, as a cooperative launch needs.
+inline bool fusedFitsIn(int resident) {
+  return resident >= 2 * kMaxFusedBlocks;
+}
 /// The most blocks one rank's fused grid may take where `crowd` ranks spin on one GPU that
 /// keeps `resident` fused blocks at once: an equal share each, so that every rank's grid is
 /// placed together (a block still waiting for room would hold up the peers' blocks that wait

@@ -85,7 +85,7 @@ Kernels::Kernels() {
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     residentFusedBlocks_ = std::min(residentFusedBlocks_, perSm * sms_);
   }
-  fusedFits_ = residentFusedBlocks_ >= 2 * kMaxFusedBlocks;
+  fusedFits_ = fusedFitsIn(residentFusedBlocks_);
 }
 
 Kernels::~Kernels() {

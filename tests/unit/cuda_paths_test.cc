@@ -114,7 +114,9 @@ TEST(CudaPaths, TransfersFuseOnlyWhereAGridForEveryPeerBothWaysFitsTheShare) {
     EXPECT_EQ(p.fusedTransfers, 2 * (ranks - 1) <= 2 * p.fusedBlocks) << ranks;
     EXPECT_EQ(p.fusedTransfers, ranks <= 12) << ranks;
     // Every rank's widest transfer grid placed at once.
-    if (p.fusedTransfers) EXPECT_LE(ranks * 2 * (ranks - 1), kResident) << ranks;
+    if (p.fusedTransfers) {
+      EXPECT_LE(ranks * 2 * (ranks - 1), kResident) << ranks;
+    }
   }
   // A GPU per rank: every transfer fuses; where the collectives do not, neither do they.
   EXPECT_TRUE(pathsFor({0, 1, 2, 3}, false).fusedTransfers);
