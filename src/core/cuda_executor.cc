@@ -67,7 +67,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
              layout_.eagerMailboxes, layout_.eagerMailSlot, false, exchange.localSize),
       graph_(kGraphOffset, kGraphOddFlagsOffset, kGraphDescOffset, layout_.graphSlots,
              kGraphPairOffset, layout_.graphMailboxes, layout_.graphMailSlot, true,
-             exchange.localSize) {
+             exchange.localSize),
+      issuedSent_(static_cast<size_t>(exchange.localSize)),
+      issuedTaken_(static_cast<size_t>(exchange.localSize)) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
   // until the deadline. Once it has offered, a failure of this rank (a peer gone mid-way, a
@@ -248,6 +250,7 @@ CudaExecutor::~CudaExecutor() {
     (void)kernels_.release();  // their module too (and the mismatch report's host memory)
     return;
   }
+  leaveFinalCounts();
   d.cuStreamSynchronize(abortStream_);
   d.cuStreamDestroy(abortStream_);
   d.cuStreamSynchronize(side_);
@@ -580,6 +583,9 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
     pending_.push_back(
         Pending{event, {states.begin(), states.end()}, deadlineAfter(timeout), op, firstStep});
+    // Same sizes: copies without allocating.
+    issuedSent_ = eager_.sent;
+    issuedTaken_ = eager_.taken;
   }
   pendingChanged_.notify_all();
 }
@@ -657,6 +663,17 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
                     " in one group where every rank has a GPU of its own; split it into "
                     "several groups (batch_isend_irecv calls), keeping each pair's sends and "
                     "receives in the same order on both ranks");
+  }
+  // A peer that has destroyed its communicator had finished every call it issued: nothing
+  // sent to it now is ever taken (a small send would end in its mailbox, "sent"), nothing
+  // received from it ever sent. Refused alone, as on CPU; the communicator goes on.
+  for (const Transfer& t : transfers) {
+    if (failures_.stateOf(t.peer) != RankState::kDeparted) continue;
+    const bool isSend = t.kind == Transfer::Kind::kSend;
+    throw Error(ErrorCode::kPeerFailure, isSend ? "send" : "recv", rank_,
+                std::string(isSend ? "to" : "from") + " rank " + std::to_string(t.peer) + " (tag " +
+                    std::to_string(t.tag) + ", " + std::to_string(t.bytes) + " bytes, CUDA): the " +
+                    (isSend ? "receiver" : "sender") + " destroyed its communicator");
   }
   queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
 }

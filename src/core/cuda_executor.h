@@ -304,10 +304,18 @@ class CudaExecutor final : public DeviceExecutor {
   /// stream; empty if the GPU could not be read (monitor thread).
   std::vector<uint64_t> lastSteps(const Lane& lane);
   /// Fails the communicator where a peer that destroyed its communicator normally stopped
-  /// short of a step this rank's kernels have begun: they would wait for it until their
-  /// timeout, a replay of a captured call forever (monitor thread, at most once per
-  /// kLeftEvery while calls are pending or graphs were captured).
+  /// short of a step this rank's kernels have begun, or of a chunk this rank sends to it or
+  /// receives from it (its final counts): they would wait for it until their timeout, a
+  /// replay of a captured call forever (monitor thread, at most once per kLeftEvery while
+  /// calls are pending or graphs were captured).
   void failIfPeerLeft();
+  /// The eager lane's send and receive chunks that departed peer `q` never took or sent
+  /// (its final counts against this rank's issued ones), said for the failure; empty if
+  /// none, or if its counts cannot be read (monitor thread, under pendingMutex_).
+  std::string transfersLeftBy(int q);
+  /// Leaves this rank's final counts in its workspace for peers that outlive it
+  /// (destructor, once every call has finished).
+  void leaveFinalCounts() noexcept;
   /// Turns a kernel's mismatch report into the communicator's failure (a peer's stopped
   /// kernels: once kStaleGrace has passed without that peer's own failure; monitor thread).
   void reportMismatch();
@@ -357,7 +365,11 @@ class CudaExecutor final : public DeviceExecutor {
 
   std::mutex pendingMutex_;
   std::condition_variable pendingChanged_;
-  std::deque<Pending> pending_;       // guarded by pendingMutex_
+  std::deque<Pending> pending_;  // guarded by pendingMutex_
+  // The eager lane's chunks sent to and taken from each peer by the calls queued so far
+  // (copies of its counts for the monitor); guarded by pendingMutex_.
+  std::vector<uint64_t> issuedSent_;
+  std::vector<uint64_t> issuedTaken_;
   std::vector<CUevent> spareEvents_;  // recorded and finished; guarded by pendingMutex_
   bool stopping_ = false;             // guarded by pendingMutex_
   // When the monitor first read a report of a peer's stopped kernels (reportMismatch).

@@ -156,6 +156,61 @@ void CudaExecutor::failIfPeerLeft() {
       return;
     }
   }
+  // Sends and receives take no steps: their chunks are counted per pair instead.
+  for (int q : left) {
+    const std::string missing = transfersLeftBy(q);
+    if (missing.empty()) continue;
+    failures_.fail(ErrorCode::kPeerFailure, q,
+                   "on CUDA tensors, rank " + std::to_string(q) +
+                       " had already destroyed its communicator, so " + missing);
+    return;
+  }
+}
+
+std::string CudaExecutor::transfersLeftBy(int q) {
+  // Its final counts: a word that says they are written, then sent to and taken from each
+  // rank (leaveFinalCounts; the workspace stays mapped here after its process let it go).
+  const Driver& d = Driver::get();
+  std::vector<uint64_t> finals(1 + 2 * static_cast<size_t>(size_));
+  const bool read =
+      d.cuMemcpyDtoHAsync(finals.data(),
+                          reinterpret_cast<CUdeviceptr>(bases_[q] + kFinalCountsOffset),
+                          finals.size() * sizeof(uint64_t), abortStream_) == CUDA_SUCCESS;
+  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read || finals[0] == 0) return {};
+  const uint64_t tookFromHere = finals[1 + 2 * static_cast<size_t>(rank_) + 1];
+  const uint64_t sentHere = finals[1 + 2 * static_cast<size_t>(rank_)];
+  const std::string chunks = " chunks of ";
+  if (issuedSent_[q] > tookFromHere) {
+    return "it never takes what rank " + std::to_string(rank_) + " sends it (it took " +
+           std::to_string(tookFromHere) + " of the " + std::to_string(issuedSent_[q]) + chunks +
+           "sends rank " + std::to_string(rank_) + " has issued to it)";
+  }
+  if (issuedTaken_[q] > sentHere) {
+    return "it never sends what rank " + std::to_string(rank_) + " receives from it (it sent " +
+           std::to_string(sentHere) + " of the " + std::to_string(issuedTaken_[q]) + chunks +
+           "receives rank " + std::to_string(rank_) + " has issued from it)";
+  }
+  return {};
+}
+
+void CudaExecutor::leaveFinalCounts() noexcept {
+  // Every call has finished: the eager lane's counts are what this rank ever took part in.
+  // The counts go first, then the word that says they are there (peers read them only
+  // once this rank has departed, after this returned, but a torn read must not count).
+  std::vector<uint64_t> counts(2 * static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    counts[2 * static_cast<size_t>(q)] = eager_.sent[static_cast<size_t>(q)];
+    counts[2 * static_cast<size_t>(q) + 1] = eager_.taken[static_cast<size_t>(q)];
+  }
+  const Driver& d = Driver::get();
+  const auto at = reinterpret_cast<CUdeviceptr>(bases_[rank_] + kFinalCountsOffset);
+  const uint64_t written = 1;
+  if (d.cuMemcpyHtoDAsync(at + sizeof(uint64_t), counts.data(), counts.size() * sizeof(uint64_t),
+                          abortStream_) == CUDA_SUCCESS &&
+      d.cuStreamSynchronize(abortStream_) == CUDA_SUCCESS) {
+    d.cuMemcpyHtoDAsync(at, &written, sizeof(written), abortStream_);
+  }
+  d.cuStreamSynchronize(abortStream_);  // `counts` and `written` live no longer than this
 }
 
 std::string CudaExecutor::lateness(const Pending& late) {

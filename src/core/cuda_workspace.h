@@ -23,7 +23,10 @@ inline constexpr size_t kFlagStride = 64;
 // from it) and the descriptors of the chunks sent to it (by chunk parity). At 32 KiB the
 // graph lane's: its collective flags of even epochs, device epoch, descriptors and flags of
 // odd epochs, its device counts of chunks sent to and taken from each peer, and its pair
-// blocks. Then, from kDataOffset, the data parts (WorkspaceLayout).
+// blocks; after them the counts a rank leaves as it destroys its communicator (a word that
+// says they are written, then per peer the eager lane's chunks sent to it and taken from it,
+// which a peer's monitor compares with its own). Then, from kDataOffset, the data parts
+// (WorkspaceLayout).
 inline constexpr size_t kAbortOffset = 3 * kFlagStride;
 inline constexpr size_t kClaimOffset = 4 * kFlagStride;
 inline constexpr size_t kDescOffset = 5 * kFlagStride;
@@ -46,9 +49,11 @@ static_assert(kGraphOddFlagsOffset + 3 * kFlagStride <= kGraphCountsOffset);
 static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
 static_assert(kGraphCountsOffset + cuda::kMaxSources * 16 <= kGraphPairOffset);
 
+inline constexpr size_t kFinalCountsOffset = kGraphPairOffset + cuda::kMaxSources * kPairStride;
+
 /// Where the collective slots start, after both lanes' flag pages.
 inline constexpr size_t kDataOffset = 64 << 10;
-static_assert(kGraphPairOffset + cuda::kMaxSources * kPairStride <= kDataOffset);
+static_assert(kFinalCountsOffset + (1 + 2 * cuda::kMaxSources) * sizeof(uint64_t) <= kDataOffset);
 /// Slots of two chunks in the eager lane. Stepped calls and the one- and two-shot fused
 /// kernels take turns on two; a chained broadcast, whose steps travel the chain one link
 /// after another, keeps a step of a chunk in each of the eight halves: with two slots (four

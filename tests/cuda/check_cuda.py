@@ -46,7 +46,7 @@ from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: 
 import loom  # noqa: E402,F401  (registers the backend)
 from check_common import LARGE, SIZES, same  # noqa: E402
 from check_failures import (PART_ENV, dead_rank_is_named, destroyed_meanwhile,  # noqa: E402
-                            factor_mismatch, left_rank,
+                            factor_mismatch, left_p2p, left_rank,
                             killed_rank, late_rank, long_timeout, mismatch, refused_in_block,
                             rooted_mismatch, self_rooted, settings_differ, setup_refused,
                             tag_mismatch, wrong_device)
@@ -776,7 +776,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
-             "left": left_rank, "graph_left": graph_left, "destroyed_meanwhile": destroyed_meanwhile,
+             "left": left_rank, "left_p2p": left_p2p, "graph_left": graph_left,
+             "destroyed_meanwhile": destroyed_meanwhile,
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
              "factor_mismatch": lambda *a: factor_mismatch(*a[:3], on_device=False),
@@ -792,7 +793,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part not in ("killed", "graph_killed", "left", "graph_left", "mismatch", "tag_mismatch", "setup_refused",
+    if part not in ("killed", "graph_killed", "left", "left_p2p", "graph_left", "mismatch", "tag_mismatch", "setup_refused",
                     "factor_mismatch", "device_factor_mismatch",
                     "rooted_mismatch", "settings_differ", "late_rank", "late_root",
                     "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
@@ -842,7 +843,7 @@ def main() -> int:
                                                        "device_factor_mismatch",
                                                        "tag_mismatch", "dtensor", "killed",
                                                        "graphs", "graph_killed", "left",
-                                                       "graph_left", "destroyed_meanwhile", "direct",
+                                                       "left_p2p", "graph_left", "destroyed_meanwhile", "direct",
                                                        "setup_refused", "rooted_mismatch",
                                                        "settings_differ", "late_rank",
                                                        "late_root", "late_scatter_root",

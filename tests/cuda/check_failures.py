@@ -253,6 +253,48 @@ def left_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return 1
 
 
+def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank destroys two groups (a clean leave) and lives on while rank 0 waits on a
+    receive from it in one that it never sends: the receive fails long before the group's
+    120 s timeout, naming it as having destroyed its communicator, and a send to it in the
+    other is refused at once; the GPU stays usable. (The receive waited out the timeout
+    before, and a small send "succeeded" into the mailbox of a rank that had left.)"""
+    group = dist.new_group(timeout=timedelta(seconds=120))
+    other = dist.new_group(timeout=timedelta(seconds=120))
+    last = world - 1
+    x = torch.ones(1000, device=dev)
+    for g in (group, other):
+        dist.all_reduce(x, group=g)
+    torch.cuda.synchronize()
+    work = dist.irecv(x, src=last, group=group) if rank == 0 else None  # never sent
+    dist.barrier()
+    if rank == last:
+        dist.destroy_process_group(group)
+        dist.destroy_process_group(other)
+    dist.barrier()
+    if rank != 0:
+        time.sleep(15 if rank == last else 0)  # alive: a departure, not a death
+        return 1
+    start = time.time()
+    try:
+        work.wait(timeout=timedelta(seconds=90))
+        raise AssertionError("a receive from a rank that had destroyed its group succeeded")
+    except RuntimeError as e:
+        for part in (f"rank {last} had already destroyed its communicator", "never sends"):
+            assert part in str(e), f"the error lacks {part!r}: {e}"
+    assert time.time() - start < 60, "the receive waited for its timeout instead of naming the rank that left"
+    start = time.time()
+    try:
+        dist.send(torch.ones(4, device=dev), dst=last, group=other)
+        torch.cuda.synchronize()
+        raise AssertionError("a send to a rank that had destroyed its group succeeded")
+    except RuntimeError as e:
+        assert "the receiver destroyed its communicator" in str(e), str(e)
+    assert time.time() - start < 10, "the send was not refused at once"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 2
+
+
 def destroyed_meanwhile(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """A thread issues CUDA all_reduces on a group while the main thread destroys it, 20
     groups in a row: each call is queued before the shutdown (it runs, or fails naming a
