@@ -343,8 +343,8 @@ void allGatherIntoTensorOut(const at::Tensor& input, int64_t groupSize, const st
   written(out);
 }
 
-/// The checks of both reduce_scatter_tensor forms, after startCall: the group size and rows
-/// that divide evenly among the ranks.
+/// The checks of reduce_scatter_tensor, after startCall: the group size and rows that divide
+/// evenly among the ranks (its output's shape is the input's with fewer rows).
 void requireScatterable(const CallSite& s, const at::Tensor& input, int64_t groupSize) {
   requireGroupSize(s, groupSize);
   if (input.dim() == 0 || input.size(0) % groupSize != 0) {
@@ -392,7 +392,9 @@ void reduceScatterTensorOut(const at::Tensor& input, const std::string& reduceOp
                             const std::string& group, at::Tensor& out) {
   auto [pg, s, alive] = startCall("reduce_scatter_tensor_out", group, input, "input");
   requireWritable(s, "out", out);
-  requireScatterable(s, input, groupSize);
+  // out says the block's size: the input's elements, not its rows, must divide among the
+  // ranks (torch's functional form and dist.reduce_scatter_tensor ask no more).
+  requireGroupSize(s, groupSize);
   requireWholeOfParts(s, "input", input, "out", out);
   reduceScatterInto(pg, s, input, reduceOp, out);
   written(out);

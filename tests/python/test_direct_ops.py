@@ -121,6 +121,18 @@ def ops_body(rank: int, world: int, entry: str) -> None:
         in_place = whole.clone()
         ops.all_to_all_single_out(in_place, [], [], name, out=in_place)
         torch.testing.assert_close(in_place, want_a, rtol=0, atol=0)
+    # The _out form takes its block's size from out, as torch's functional form and
+    # dist.reduce_scatter_tensor do: rows that do not divide among the ranks are fine where
+    # the elements do.
+    k = 2 * world + 1
+    whole = torch.arange(world * k, dtype=torch.float32).reshape(k, world) + rank
+    out = torch.full((k,), -1.0)
+    ops.reduce_scatter_tensor_out(whole, "sum", world, name, out=out)
+    by_dist = torch.empty(k)
+    dist.reduce_scatter_tensor(by_dist, whole)
+    want = world * torch.arange(rank * k, (rank + 1) * k, dtype=torch.float32) + sum(range(world))
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(by_dist, want, rtol=0, atol=0)
     src = torch.full((world * (rank + 1),), float(rank))
     got = ops.all_to_all_single(src, [q + 1 for q in range(world)], [rank + 1] * world, name)
     torch.testing.assert_close(got, torch.cat([torch.full((q + 1,), float(q)) for q in range(world)]))
