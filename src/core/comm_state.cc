@@ -763,8 +763,18 @@ void CommState::shutdown() {
   }
   if (shutDown_.exchange(true) || forkedAway()) return;
   // Sends and receives that passed their check before this reach the engine (or the group)
-  // first; later ones are refused. A post is short: it queues, and takes a turn at most.
-  while (posting_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  // first; later ones are refused. A post is short: it queues, and takes a turn at most. But
+  // the first CUDA call sets the device path up (the driver, workspaces shared with the
+  // host's ranks), which can take seconds: past a millisecond the wait sleeps, leaving the
+  // core to it.
+  const auto yieldUntil = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  while (posting_.load(std::memory_order_seq_cst) != 0) {
+    if (std::chrono::steady_clock::now() < yieldUntil) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
   if (worker_) {
     // The network lanes close on the worker (where collectives run), after the calls queued:
     // ranks on other hosts that wait for this one see their links' goodbye at once, not
