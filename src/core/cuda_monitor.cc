@@ -179,16 +179,16 @@ std::string CudaExecutor::transfersLeftBy(int q) {
   if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read || finals[0] == 0) return {};
   const uint64_t tookFromHere = finals[1 + 2 * static_cast<size_t>(rank_) + 1];
   const uint64_t sentHere = finals[1 + 2 * static_cast<size_t>(rank_)];
-  const std::string chunks = " chunks of ";
+  const std::string r = "rank " + std::to_string(rank_);
   if (issuedSent_[q] > tookFromHere) {
-    return "it never takes what rank " + std::to_string(rank_) + " sends it (it took " +
-           std::to_string(tookFromHere) + " of the " + std::to_string(issuedSent_[q]) + chunks +
-           "sends rank " + std::to_string(rank_) + " has issued to it)";
+    return "it never takes what " + r + " sends it (it took " + std::to_string(tookFromHere) +
+           " chunks from " + r + "; " + r + "'s sends to it have " +
+           std::to_string(issuedSent_[q]) + ")";
   }
   if (issuedTaken_[q] > sentHere) {
-    return "it never sends what rank " + std::to_string(rank_) + " receives from it (it sent " +
-           std::to_string(sentHere) + " of the " + std::to_string(issuedTaken_[q]) + chunks +
-           "receives rank " + std::to_string(rank_) + " has issued from it)";
+    return "it never sends what " + r + " receives from it (it sent " + std::to_string(sentHere) +
+           " chunks to " + r + "; " + r + "'s receives from it wait for " +
+           std::to_string(issuedTaken_[q]) + ")";
   }
   return {};
 }
