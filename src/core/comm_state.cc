@@ -299,6 +299,13 @@ std::chrono::milliseconds CommState::timeoutFor(const OpOptions& options) const 
                                      : std::chrono::milliseconds(timeoutMs_.load());
 }
 
+void CommState::refuseIfShutDown(std::string_view op) const {
+  if (shutDown_.load(std::memory_order_seq_cst)) {  // against Posting: see there
+    throw Error(ErrorCode::kAborted, op, rank_,
+                "communicator '" + name_ + "' has been shut down; create a new one");
+  }
+}
+
 void CommState::requireUsable(std::string_view op) {
   if (forkedAway()) {
     throw Error(ErrorCode::kUnsupported, op, rank_,
@@ -307,10 +314,7 @@ void CommState::requireUsable(std::string_view op) {
                     ") is a fork of it: a forked process cannot use its parent's communicator; "
                     "make one of its own (init_process_group in the child)");
   }
-  if (shutDown_.load(std::memory_order_seq_cst)) {  // against Posting: see there
-    throw Error(ErrorCode::kAborted, op, rank_,
-                "communicator '" + name_ + "' has been shut down; create a new one");
-  }
+  refuseIfShutDown(op);
   if (failures_->failed()) {
     // Failing at the call is a failure too: report it like one that ends a running operation.
     Error error = failures_->failureError(op);
@@ -417,7 +421,8 @@ void CommState::executeAcrossHosts(const CollectiveArgs& args, const WaitSpec& w
 }
 
 // A call of this communicator's on its way from its check to the engine: a send or receive,
-// or a CUDA call or group end on its way into the device executor. The count and shutDown_
+// a CPU collective until it is queued on the worker (or has run on the caller's thread), or
+// a CUDA call or group end on its way into the device executor. The count and shutDown_
 // are a pair of flags (each side raises its own, then reads the other's, both sequentially
 // consistent), so either shutdown sees the post and waits for it, or the post sees the
 // shutdown and is refused. A completion callback run inside a post may call
@@ -496,14 +501,25 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
     execute(args, *state, timeout, issuedAt);
     return request;
   }
-  if (options.blocking &&
-      worker_->runHereIfIdle([&] { execute(args, *state, timeout, issuedAt); })) {
-    return request;
+  {
+    // Run here or queued before a shutdown on another thread drains the worker, or refused
+    // once it has begun (Posting): one queued after the drain would run after this rank left.
+    Posting posting(*this);
+    try {
+      refuseIfShutDown(collectiveName(args.kind));
+    } catch (const Error& e) {
+      FlightRecorder::instance().ended(state->flightId, e.what());  // refused: never ran
+      throw;
+    }
+    if (options.blocking &&
+        worker_->runHereIfIdle([&] { execute(args, *state, timeout, issuedAt); })) {
+      return request;
+    }
+    state->queuedOn = worker_.get();
+    state->queuedAs = worker_->submit([this, args = std::move(args), state, timeout] {
+      execute(args, *state, timeout, Clock::now());
+    });
   }
-  state->queuedOn = worker_.get();
-  state->queuedAs = worker_->submit([this, args = std::move(args), state, timeout] {
-    execute(args, *state, timeout, Clock::now());
-  });
   if (options.blocking) settle(request);
   return request;
 }

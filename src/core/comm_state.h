@@ -85,6 +85,8 @@ class CommState final : public FailureSink {
   /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed;
   /// Error(kUnsupported) in a process forked from the one that made this communicator.
   void requireUsable(std::string_view op);
+  /// Throws Error(kAborted) naming `op` if shut down (requireUsable's first check alone).
+  void refuseIfShutDown(std::string_view op) const;
 
   /// A table of what every rank of this communicator last started and finished, read from
   /// shared memory (so it shows the other ranks too).
