@@ -341,6 +341,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     }
     plans->push_back(planAllgather(s, perRank, inputs[i]));
   }
+  {
+    std::vector<Flat> ins;
+    std::vector<std::vector<at::Tensor>> written;
+    for (const GatherPlan& p : *plans) {
+      ins.push_back(p.in);
+      written.push_back(p.targets);
+    }
+    readApartAcrossPairs(ins, written);
+    for (size_t i = 0; i < ins.size(); ++i) (*plans)[i].in = ins[i];
+  }
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
   // The future holds one list per rank, as Gloo's does (a flat list with one rank).
   const size_t futureLists = outputs.size() > 1 ? outputs.size() : 0;

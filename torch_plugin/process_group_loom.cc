@@ -288,7 +288,7 @@ void ProcessGroupLoom::noteAsync(const c10::intrusive_ptr<c10d::Work>& work, c10
   });
   for (const at::Tensor& t : written) {
     if (t.defined() && t.has_storage()) {
-      pendingWrites_.push_back({t.storage().unsafeGetStorageImpl(), t.data_ptr(), spanBytes(t),
+      pendingWrites_.push_back({t.storage().unsafeGetStorageImpl(), TensorBytes::of(t),
                                 c10::weak_intrusive_ptr<c10d::Work>(work)});
     }
   }
@@ -300,14 +300,15 @@ void ProcessGroupLoom::settle(const at::Tensor& read) const {
   if (Worker::current() != nullptr || !read.defined() || !read.has_storage()) return;
   const void* storage = read.storage().unsafeGetStorageImpl();
   // Only calls that write bytes this copy reads: a halo exchange sends a column of the
-  // storage that a receive posted before it writes another part of (waiting for that
-  // receive would wait for the peer's send, which waits for this one).
-  const size_t bytes = spanBytes(read);
+  // storage that a receive posted before it writes another column of (waiting for that
+  // receive would wait for the peer's send, which waits for this one). Their byte ranges
+  // interleave, so the bytes themselves are compared, not the extents.
+  const TensorBytes bytes = TensorBytes::of(read);
   std::vector<c10::intrusive_ptr<c10d::Work>> writers;
   {
     std::lock_guard<std::mutex> lock(pendingWritesMutex_);
     for (const PendingWrite& p : pendingWrites_) {
-      if (p.storage != storage || !overlap(p.begin, p.bytes, read.data_ptr(), bytes)) continue;
+      if (p.storage != storage || !shareBytes(p.bytes, bytes)) continue;
       if (c10::intrusive_ptr<c10d::Work> w = p.work.lock()) writers.push_back(std::move(w));
     }
   }

@@ -21,6 +21,7 @@
 
 #include "loom/communicator.h"
 #include "tensor_args.h"
+#include "tensor_bytes.h"
 #include "work_loom.h"
 
 namespace loom::torch_plugin {
@@ -246,11 +247,10 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   c10::intrusive_ptr<Options> options_;
   const bool desyncDebug_;  // LOOM_DESYNC_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL
   // noteAsync's: the storage each asynchronous CPU call still running writes, the bytes of
-  // it that it writes (`bytes` from `begin`), and its work.
+  // it that it writes, and its work.
   struct PendingWrite {
     const void* storage;
-    const void* begin;
-    size_t bytes;
+    TensorBytes bytes;
     c10::weak_intrusive_ptr<c10d::Work> work;
   };
   mutable std::mutex pendingWritesMutex_;

@@ -228,13 +228,24 @@ void allToAllReadApart(std::vector<Flat>& ins, const std::vector<at::Tensor>& ou
 }
 
 void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
+  std::vector<std::vector<at::Tensor>> byPair;
+  for (const at::Tensor& t : outputs) byPair.push_back({t});
+  readApartAcrossPairs(ins, byPair);
+}
+
+void readApartAcrossPairs(std::vector<Flat>& ins,
+                          const std::vector<std::vector<at::Tensor>>& outputsByPair) {
   for (size_t i = 0; i < ins.size(); ++i) {
-    for (size_t j = 0; j < outputs.size(); ++j) {
-      if (j == i) continue;  // its own output: gatherReadApart / scatterReadApart
-      const Flat apart = readApart(ins[i], outputs[j].data_ptr(), outputs[j].nbytes(), false);
-      if (apart.data.data_ptr() != ins[i].data.data_ptr()) {
-        ins[i] = apart;
-        break;
+    bool copied = false;
+    for (size_t j = 0; j < outputsByPair.size() && !copied; ++j) {
+      if (j == i) continue;  // its own outputs: gatherReadApart / scatterReadApart
+      for (const at::Tensor& out : outputsByPair[j]) {
+        const Flat apart = readApart(ins[i], out.data_ptr(), out.nbytes(), false);
+        if (apart.data.data_ptr() != ins[i].data.data_ptr()) {
+          ins[i] = apart;
+          copied = true;
+          break;
+        }
       }
     }
   }

@@ -142,6 +142,9 @@ void allToAllReadApart(std::vector<Flat>& ins, const std::vector<at::Tensor>& ou
 /// engine runs the pairs one after another, so such an input would be read after an earlier
 /// pair wrote it (Gloo reads every input first).
 void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs);
+/// The same where each pair writes several outputs (all_gather_coalesced: one per rank).
+void readApartAcrossPairs(std::vector<Flat>& ins,
+                          const std::vector<std::vector<at::Tensor>>& outputsByPair);
 
 /// original.copy_(values) as a collective's result: below autograd and in-place tracking, so
 /// that a Parameter that requires grad or an inference tensor takes it on any thread.

@@ -5,6 +5,7 @@ works after; empty and non-contiguous tensors and a world of one give the right 
 from __future__ import annotations
 
 import re
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -336,6 +337,16 @@ def body_overlapping_lists(rank: int, world: int) -> None:
     ins[0].fill_(10.0 * rank)
     dist.all_to_all(outs, ins)
     assert [t.tolist() for t in outs] == [[10.0 * q + rank] * 2 for q in range(world)], outs
+    # all_gather_coalesced whose second input is where the first pair writes rank 1's input:
+    # gathered as it was (the pairs run one after another; it was read once overwritten).
+    outs = [[torch.zeros(2), torch.zeros(2)] for _ in range(world)]
+    second = outs[1][0]
+    second.fill_(100.0 + rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_gather_coalesced is deprecated, not gone
+        dist.all_gather_coalesced(outs, [torch.full((2,), rank + 1.0), second])
+    assert [o[1].tolist() for o in outs] == [[100.0 + q] * 2 for q in range(world)], outs
+    assert [o[0].tolist() for o in outs] == [[q + 1.0] * 2 for q in range(world)], outs
     # all_to_all_single whose output starts inside its input (on rank 0 only), equal blocks
     # and with split sizes, through c10d and the direct entry: the input is sent as it was.
     import loom.ops  # noqa: F401  (registers torch.ops.loom)

@@ -539,6 +539,42 @@ def test_a_halo_exchange_sends_a_column_of_the_grid_its_receive_writes():
     assert run_ranks(2, body_halo_exchange, timeout=60) == [True, True]
 
 
+def body_column_halo_exchange(rank: int, world: int):
+    """Halos in columns: each rank posts receives into the first and last columns of its grid,
+    then sends the second and third (strided: loom stages copies of them). The copies waited
+    for the receives, whose byte extents span the sent columns though they share no byte
+    with them, and the receives wait for the peers' sends: every rank hung until the timeout.
+    Then a receive into part of a row while an all_reduce reads a column the peer writes
+    only after it: the same wait."""
+    group = dist.new_group(timeout=timedelta(seconds=30))
+    left, right = (rank - 1) % world, (rank + 1) % world
+    grid = torch.full((6, 4), float(rank))
+    works = [dist.irecv(grid[:, 0], left, group=group, tag=1),
+             dist.irecv(grid[:, 3], right, group=group, tag=0),
+             dist.isend(grid[:, 1], left, group=group, tag=0),
+             dist.isend(grid[:, 2], right, group=group, tag=1)]
+    for work in works:
+        work.wait()
+    halos = (grid[:, 0].tolist() == [float(left)] * 6, grid[:, 3].tolist() == [float(right)] * 6)
+    x = torch.zeros(8, 4)
+    x[:, 1] = rank + 1
+    if rank == 0:
+        work = dist.irecv(x[0, 2:4], 1, group=group)
+        dist.all_reduce(x[:, 1], group=group)
+        work.wait()
+    else:
+        dist.all_reduce(x[:, 1], group=group)
+        if rank == 1:
+            dist.send(torch.full((2,), 7.0), 0, group=group)
+    total = float(sum(range(1, world + 1)))
+    row = x[0, 2:4].tolist() == [7.0, 7.0] if rank == 0 else True
+    return halos == (True, True) and x[:, 1].tolist() == [total] * 8 and row
+
+
+def test_a_halo_exchange_in_columns_waits_only_for_bytes_it_reads():
+    assert run_ranks(3, body_column_halo_exchange, timeout=90) == [True, True, True]
+
+
 def body_dropped_outputs_go(rank: int, world: int, after_a_failed_block: bool):
     """Outputs of asynchronous calls that ended and were dropped are freed, as on Gloo:
     the group's record of calls still writing held their works (a c10 weak reference keeps
