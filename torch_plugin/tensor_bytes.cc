@@ -27,6 +27,10 @@ Run extentOf(const TensorBytes& t) {
 // `t`'s bytes as runs, sorted by start into `runs`; false, with `runs` unfilled, where there
 // would be more than kMostRuns of them.
 bool runsOf(const TensorBytes& t, std::vector<Run>& runs) {
+  if (t.dense) {  // one run, whatever the order of its dimensions (channels-last, transposed)
+    runs.push_back(extentOf(t));
+    return true;
+  }
   // The run is the dimension of stride 1 (or one element): the other dimensions enumerate.
   int runDim = -1;
   for (size_t d = 0; d < t.sizes.size(); ++d) {
@@ -68,6 +72,7 @@ TensorBytes TensorBytes::of(const at::Tensor& t) {
   b.elementBytes = t.element_size();
   b.sizes = t.sizes().vec();
   b.strides = t.strides().vec();
+  b.dense = t.is_non_overlapping_and_dense();
   return b;
 }
 

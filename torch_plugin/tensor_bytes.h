@@ -18,6 +18,7 @@ struct TensorBytes {
   size_t elementBytes = 0;
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;  ///< in elements, possibly negative or zero
+  bool dense = false;            ///< its elements fill their extent, each once
   /// `t`'s layout.
   static TensorBytes of(const at::Tensor& t);
 };

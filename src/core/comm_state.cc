@@ -3,6 +3,8 @@
 #include "core/comm_state.h"
 
 #include <unistd.h>
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <map>
 #include <new>
@@ -781,14 +783,16 @@ void CommState::shutdown() {
   // Sends and receives that passed their check before this reach the engine (or the group)
   // first; later ones are refused. A post is short: it queues, and takes a turn at most. But
   // the first CUDA call sets the device path up (the driver, workspaces shared with the
-  // host's ranks), which can take seconds: past a millisecond the wait sleeps, leaving the
-  // core to it.
+  // host's ranks), and a blocking collective run on the caller's thread lasts as long as it
+  // takes: past a millisecond the wait sleeps, longer each time (to 5 ms), leaving the core.
   const auto yieldUntil = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  auto nap = std::chrono::microseconds(100);
   while (posting_.load(std::memory_order_seq_cst) != 0) {
     if (std::chrono::steady_clock::now() < yieldUntil) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(2 * nap, std::chrono::microseconds(5000));
     }
   }
   if (worker_) {

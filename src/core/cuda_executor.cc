@@ -69,7 +69,9 @@ CudaExecutor::CudaExecutor(int device, const CudaTuning& tuning, FdExchange exch
              kGraphPairOffset, layout_.graphMailboxes, layout_.graphMailSlot, true,
              exchange.localSize),
       issuedSent_(static_cast<size_t>(exchange.localSize)),
-      issuedTaken_(static_cast<size_t>(exchange.localSize)) {
+      issuedTaken_(static_cast<size_t>(exchange.localSize)),
+      finishedSent_(static_cast<size_t>(exchange.localSize)),
+      finishedTaken_(static_cast<size_t>(exchange.localSize)) {
   // Until this rank offers its workspace, a failure here (no driver, no memory, ...) is
   // told to the host's other ranks, which would otherwise wait in the exchange for its offer
   // until the deadline. Once it has offered, a failure of this rank (a peer gone mid-way, a
@@ -581,11 +583,14 @@ void CudaExecutor::queue(const std::string& op, std::span<const std::shared_ptr<
     std::lock_guard<std::mutex> pendingLock(pendingMutex_);
     // A call of collective steps took epochs from firstEpoch_ on; sends and receives none.
     const uint64_t firstStep = eager_.epoch >= firstEpoch_ ? firstEpoch_ : 0;
-    pending_.push_back(
-        Pending{event, {states.begin(), states.end()}, deadlineAfter(timeout), op, firstStep});
-    // Same sizes: copies without allocating.
-    issuedSent_ = eager_.sent;
-    issuedTaken_ = eager_.taken;
+    pending_.push_back(Pending{
+        event, {states.begin(), states.end()}, deadlineAfter(timeout), op, firstStep, {}, {}});
+    if (eager_.sent != issuedSent_ || eager_.taken != issuedTaken_) {
+      pending_.back().sentAfter = eager_.sent;
+      pending_.back().takenAfter = eager_.taken;
+      issuedSent_ = eager_.sent;  // same sizes: copies without allocating
+      issuedTaken_ = eager_.taken;
+    }
   }
   pendingChanged_.notify_all();
 }
@@ -666,16 +671,40 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
   }
   // A peer that has destroyed its communicator had finished every call it issued: nothing
   // sent to it now is ever taken (a small send would end in its mailbox, "sent"), nothing
-  // received from it ever sent. Refused alone, as on CPU; the communicator goes on.
-  for (const Transfer& t : transfers) {
-    if (failures_.stateOf(t.peer) != RankState::kDeparted) continue;
+  // received from it ever sent. Each such transfer is refused alone, as on CPU, and the
+  // group's others go on: their peers run their halves (a live peer's send held back here
+  // would be taken by this rank's next receive from it).
+  auto departedError = [&](const Transfer& t) {
     const bool isSend = t.kind == Transfer::Kind::kSend;
-    throw Error(ErrorCode::kPeerFailure, isSend ? "send" : "recv", rank_,
-                std::string(isSend ? "to" : "from") + " rank " + std::to_string(t.peer) + " (tag " +
-                    std::to_string(t.tag) + ", " + std::to_string(t.bytes) + " bytes, CUDA): the " +
-                    (isSend ? "receiver" : "sender") + " destroyed its communicator");
+    return Error(ErrorCode::kPeerFailure, isSend ? "send" : "recv", rank_,
+                 std::string(isSend ? "to" : "from") + " rank " + std::to_string(t.peer) +
+                     " (tag " + std::to_string(t.tag) + ", " + std::to_string(t.bytes) +
+                     " bytes, CUDA): the " + (isSend ? "receiver" : "sender") +
+                     " destroyed its communicator");
+  };
+  std::vector<size_t> refused;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    if (failures_.stateOf(transfers[i].peer) == RankState::kDeparted) refused.push_back(i);
   }
-  queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
+  if (refused.empty()) {
+    queue(op, states, options, timeout, [&] { transfer(transfers, kSendRecv); });
+    return;
+  }
+  if (refused.size() == transfers.size()) throw departedError(transfers[refused[0]]);
+  std::vector<Transfer> live;
+  std::vector<std::shared_ptr<OpState>> liveStates;
+  for (size_t i = 0, r = 0; i < transfers.size(); ++i) {
+    if (r < refused.size() && refused[r] == i) {
+      ++r;
+      const Error error = departedError(transfers[i]);
+      FlightRecorder::instance().ended(states[i]->flightId, error.what());  // never ran
+      states[i]->complete(std::make_exception_ptr(error));
+      continue;
+    }
+    live.push_back(transfers[i]);
+    liveStates.push_back(states[i]);
+  }
+  queue(op, liveStates, options, timeout, [&] { transfer(live, kSendRecv); });
 }
 
 }  // namespace loom::detail

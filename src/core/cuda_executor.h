@@ -131,6 +131,10 @@ class CudaExecutor final : public DeviceExecutor {
     std::chrono::steady_clock::time_point deadline;
     std::string op;
     uint64_t firstStep = 0;  // its first collective step in the eager lane; 0: none
+    // For a call with sends or receives: the eager lane's chunk counts once it is queued
+    // (empty otherwise), which are what this rank has done once it has finished.
+    std::vector<uint64_t> sentAfter;
+    std::vector<uint64_t> takenAfter;
   };
   // The segments of one step's copies, and the sources of its reductions.
   struct Segments;
@@ -367,9 +371,11 @@ class CudaExecutor final : public DeviceExecutor {
   std::condition_variable pendingChanged_;
   std::deque<Pending> pending_;  // guarded by pendingMutex_
   // The eager lane's chunks sent to and taken from each peer by the calls queued so far
-  // (copies of its counts for the monitor); guarded by pendingMutex_.
+  // (copies of its counts for the monitor), and by those finished; guarded by pendingMutex_.
   std::vector<uint64_t> issuedSent_;
   std::vector<uint64_t> issuedTaken_;
+  std::vector<uint64_t> finishedSent_;
+  std::vector<uint64_t> finishedTaken_;
   std::vector<CUevent> spareEvents_;  // recorded and finished; guarded by pendingMutex_
   bool stopping_ = false;             // guarded by pendingMutex_
   // When the monitor first read a report of a peer's stopped kernels (reportMismatch).

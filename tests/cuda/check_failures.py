@@ -254,26 +254,42 @@ def left_rank(rank: int, world: int, dev: torch.device, dtypes) -> int:
 
 
 def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank destroys two groups (a clean leave) and lives on while rank 0 waits on a
-    receive from it in one that it never sends: the receive fails long before the group's
-    120 s timeout, naming it as having destroyed its communicator, and a send to it in the
-    other is refused at once; the GPU stays usable. (The receive waited out the timeout
-    before, and a small send "succeeded" into the mailbox of a rank that had left.)"""
+    """The last rank destroys its groups (a clean leave) and lives on while rank 0 waits on a
+    receive from it that it never sends: the receive fails long before the group's 120 s
+    timeout, naming it as having destroyed its communicator, and a send to it in another group
+    is refused at once; the GPU stays usable. (The receive waited out the timeout before, and
+    a small send "succeeded" into the mailbox of a rank that had left.) From P = 3, ranks 0
+    and 1 go on: in a batch that also sends to the departed rank only that send is refused,
+    and a small send to it that had finished before it left fails none of their later
+    transfers."""
     group = dist.new_group(timeout=timedelta(seconds=120))
     other = dist.new_group(timeout=timedelta(seconds=120))
+    third = dist.new_group(timeout=timedelta(seconds=120))
     last = world - 1
     x = torch.ones(1000, device=dev)
-    for g in (group, other):
+    for g in (group, other, third):
         dist.all_reduce(x, group=g)
     torch.cuda.synchronize()
     work = dist.irecv(x, src=last, group=group) if rank == 0 else None  # never sent
+    if rank == 0 and world >= 3:
+        dist.isend(torch.ones(4, device=dev), dst=last, group=third).wait()  # never received
+        torch.cuda.synchronize()
     dist.barrier()
     if rank == last:
-        dist.destroy_process_group(group)
-        dist.destroy_process_group(other)
+        for g in (group, other, third):
+            dist.destroy_process_group(g)
     dist.barrier()
+    if rank == 1 and world >= 3:
+        got = torch.zeros(4, device=dev)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, 0, other),
+                                         dist.P2POp(dist.isend, torch.full((4,), 1.0, device=dev), 0, other)]):
+            w.wait()
+        dist.recv(got[:2], src=0, group=third)
+        dist.send(torch.full((2,), 3.0, device=dev), dst=0, group=third)
+        torch.cuda.synchronize()
+        assert got.tolist() == [5.0, 5.0, 2.0, 2.0], got.tolist()  # the batch's, then third's
     if rank != 0:
-        time.sleep(15 if rank == last else 0)  # alive: a departure, not a death
+        time.sleep(15)  # alive: a departure, not a death (and no rank's exit fails the others)
         return 1
     start = time.time()
     try:
@@ -291,8 +307,29 @@ def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
     except RuntimeError as e:
         assert "the receiver destroyed its communicator" in str(e), str(e)
     assert time.time() - start < 10, "the send was not refused at once"
+    checks = 2
+    if world >= 3:
+        theirs = torch.zeros(4, device=dev)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(4, device=dev), last, other),
+                                        dist.P2POp(dist.isend, torch.full((4,), 2.0, device=dev), 1, other),
+                                        dist.P2POp(dist.irecv, theirs, 1, other)])
+        try:
+            works[0].wait()
+            raise AssertionError("a batched send to a rank that had destroyed its group succeeded")
+        except RuntimeError as e:
+            assert "the receiver destroyed its communicator" in str(e), str(e)
+        for w in works[1:]:
+            w.wait()
+        torch.cuda.synchronize()
+        assert theirs.tolist() == [1.0] * 4, theirs.tolist()
+        dist.send(torch.full((2,), 5.0, device=dev), dst=1, group=third)
+        back = torch.zeros(2, device=dev)
+        dist.recv(back, src=1, group=third)
+        torch.cuda.synchronize()
+        assert back.tolist() == [3.0, 3.0], back.tolist()
+        checks += 2
     assert torch.ones(4, device=dev).sum().item() == 4.0
-    return 2
+    return checks
 
 
 def destroyed_meanwhile(rank: int, world: int, dev: torch.device, dtypes) -> int:

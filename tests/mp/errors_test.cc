@@ -385,7 +385,11 @@ TEST(Errors, ACollectiveIssuedDuringAShutdownIsRefusedOrWaitedFor) {
             std::lock_guard<std::mutex> lock(mutex);
             issued.push_back(r);
           } catch (const Error& e) {
-            LOOM_CHECK(e.code() == ErrorCode::kAborted, << e.what());
+            // Refused once the shutdown began, or the communicator failed: the ranks shut
+            // down at different points, so one's last barriers find the other gone.
+            LOOM_CHECK(e.code() == ErrorCode::kAborted || e.code() == ErrorCode::kMismatch ||
+                           e.code() == ErrorCode::kPeerFailure,
+                       << e.what());
             return;
           }
         }

@@ -120,9 +120,17 @@ std::unique_ptr<ReceiveChannel> NetService::claimAny(const CommId& comm, int rec
   return nullptr;
 }
 
+bool NetService::departedNow(const CommId& comm, int receiver) {
+  const auto it = departed_.find({comm, receiver});
+  if (it == departed_.end()) return false;
+  if (it->second >= Clock::now()) return true;
+  departed_.erase(it);
+  return false;
+}
+
 std::optional<Expectation> NetService::lookup(const Hello& hello) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (departed_.count({hello.comm, hello.receiver}) != 0) {
+  if (departedNow(hello.comm, hello.receiver)) {
     // Closed unanswered: the initiator connects again until its own communicator hears of
     // the departure (the goodbye on its control link) and fails what it meant to send.
     throw Error(ErrorCode::kPeerFailure, "connect", hello.receiver,
@@ -233,8 +241,10 @@ void NetService::advance(Clock::time_point now) {
       const Hello& h = p.channel->announced();
       const Key key{h.comm, h.sender, h.receiver, h.channel};
       std::lock_guard<std::mutex> lock(mutex_);
-      // Otherwise it closes with its entry below, outside the lock.
-      if (discarded_.erase(key) == 0 && expected_.count(h.comm)) {
+      // Otherwise it closes with its entry below, outside the lock (its receiver may have
+      // left while it proved itself: nobody would claim it).
+      if (discarded_.erase(key) == 0 && expected_.count(h.comm) &&
+          !departedNow(h.comm, h.receiver)) {
         proven_[key] = std::move(p.channel);
       }
     }

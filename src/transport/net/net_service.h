@@ -105,6 +105,8 @@ class NetService {
   /// What a Hello's traffic needs, nullopt while its communicator is not registered here;
   /// throws for a receiver that has left (forget), which turns the connection away.
   std::optional<Expectation> lookup(const Hello& hello);
+  /// Whether `receiver` of `comm` has left within the hold limits (mutex_ held).
+  bool departedNow(const CommId& comm, int receiver);
   /// Says on stderr why a connection could not be taken, where that is this process's fault
   /// (at most every 10 s).
   void reportRefusal(const Error& e);
