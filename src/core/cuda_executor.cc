@@ -696,15 +696,15 @@ void CudaExecutor::enqueueTransfers(std::span<const Transfer> transfers,
   for (size_t i = 0, r = 0; i < transfers.size(); ++i) {
     if (r < refused.size() && refused[r] == i) {
       ++r;
-      const Error error = departedError(transfers[i]);
-      FlightRecorder::instance().ended(states[i]->flightId, error.what());  // never ran
-      states[i]->complete(std::make_exception_ptr(error));
       continue;
     }
     live.push_back(transfers[i]);
     liveStates.push_back(states[i]);
   }
   queue(op, liveStates, options, timeout, [&] { transfer(live, kSendRecv); });
+  // Only once the rest is queued: a throw above leaves every request to the caller to fail.
+  for (size_t i : refused)
+    states[i]->complete(std::make_exception_ptr(departedError(transfers[i])));
 }
 
 }  // namespace loom::detail
