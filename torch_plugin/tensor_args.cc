@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <span>
 #include <utility>
 
 namespace loom::torch_plugin {
@@ -227,19 +228,16 @@ void allToAllReadApart(std::vector<Flat>& ins, const std::vector<at::Tensor>& ou
   }
 }
 
-void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
-  std::vector<std::vector<at::Tensor>> byPair;
-  for (const at::Tensor& t : outputs) byPair.push_back({t});
-  readApartAcrossPairs(ins, byPair);
-}
+namespace {
 
-void readApartAcrossPairs(std::vector<Flat>& ins,
-                          const std::vector<std::vector<at::Tensor>>& outputsByPair) {
+// readApartAcrossPairs over `pairs` pairs whose outputs `outputsOf(j)` gives as a span.
+template <class OutputsOf>
+void readApartAcrossPairsOf(std::vector<Flat>& ins, size_t pairs, OutputsOf outputsOf) {
   for (size_t i = 0; i < ins.size(); ++i) {
     bool copied = false;
-    for (size_t j = 0; j < outputsByPair.size() && !copied; ++j) {
+    for (size_t j = 0; j < pairs && !copied; ++j) {
       if (j == i) continue;  // its own outputs: gatherReadApart / scatterReadApart
-      for (const at::Tensor& out : outputsByPair[j]) {
+      for (const at::Tensor& out : outputsOf(j)) {
         const Flat apart = readApart(ins[i], out.data_ptr(), out.nbytes(), false);
         if (apart.data.data_ptr() != ins[i].data.data_ptr()) {
           ins[i] = apart;
@@ -249,6 +247,19 @@ void readApartAcrossPairs(std::vector<Flat>& ins,
       }
     }
   }
+}
+
+}  // namespace
+
+void readApartAcrossPairs(std::vector<Flat>& ins, const std::vector<at::Tensor>& outputs) {
+  readApartAcrossPairsOf(ins, outputs.size(),
+                         [&](size_t j) { return std::span<const at::Tensor>(&outputs[j], 1); });
+}
+
+void readApartAcrossPairs(std::vector<Flat>& ins,
+                          const std::vector<std::vector<at::Tensor>>& outputsByPair) {
+  readApartAcrossPairsOf(ins, outputsByPair.size(),
+                         [&](size_t j) { return std::span<const at::Tensor>(outputsByPair[j]); });
 }
 
 Flat gatherReadApart(const CallSite& site, const Flat& in, const at::Tensor& output) {

@@ -78,6 +78,17 @@ CommId commNumber(uint8_t n) {
   return id;
 }
 
+// Tells the peer rank where `service` takes connections (publishedAddress reads it).
+void publishAddress(RankContext& ctx, const NetService& service) {
+  ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+}
+
+// Where the peer rank's service takes connections (publishAddress), waiting for it.
+std::string publishedAddress(RankContext& ctx) {
+  const Bytes address = ctx.store->get("address", kPatience);
+  return std::string(address.begin(), address.end());
+}
+
 // Writes one message of `text` on `out`, driving the handshake first.
 void writeText(SendChannel& out, const std::string& text) {
   uint64_t done = 0;
@@ -116,7 +127,7 @@ TEST_F(TwoHosts, ServiceRoutesEachProvenChannelToItsTraffic) {
       NetService service(Fabric::instance(), NetService::Limits{});
       service.expect(commNumber(1), kSecret, shape);
       service.expect(commNumber(2), kSecret, shape);
-      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      publishAddress(ctx, service);
       // Communicator 3 is registered only after its connection has arrived.
       ctx.store->get("sent", kPatience);
       std::this_thread::sleep_for(milliseconds(300));
@@ -130,8 +141,7 @@ TEST_F(TwoHosts, ServiceRoutesEachProvenChannelToItsTraffic) {
       ctx.store->set("read", Bytes{1});
       return;
     }
-    const Bytes address = ctx.store->get("address", kPatience);
-    const std::string to(address.begin(), address.end());
+    const std::string to = publishedAddress(ctx);
     auto channel = [&](uint8_t comm, uint32_t number) {
       Hello hello = traffic(1, 0, number);
       hello.comm = commNumber(comm);
@@ -161,7 +171,7 @@ TEST_F(TwoHosts, ServiceClosesChannelsGivenUpOnBeforeOrAfterTheyArrive) {
       NetService service(Fabric::instance(), NetService::Limits{});
       service.expect(kComm, kSecret, shape);
       service.discard(kComm, 1, 0, 5);  // before it arrives
-      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      publishAddress(ctx, service);
       LOOM_CHECK(readText(service, kComm, 1, 0, 6) == "kept");
       ctx.store->get("sent 7", kPatience);
       std::this_thread::sleep_for(milliseconds(200));  // filed by now, most likely
@@ -172,8 +182,7 @@ TEST_F(TwoHosts, ServiceClosesChannelsGivenUpOnBeforeOrAfterTheyArrive) {
           << "a discarded channel was handed out");
       return;
     }
-    const Bytes address = ctx.store->get("address", kPatience);
-    const std::string to(address.begin(), address.end());
+    const std::string to = publishedAddress(ctx);
     auto channel = [&](uint32_t number) {
       return std::make_unique<SendChannel>(Fabric::instance(), to, traffic(1, 0, number), kSecret,
                                            shape);
@@ -208,14 +217,13 @@ TEST_F(TwoHosts, ServiceDropsStrangersInTimeWithoutHoldingUpMembers) {
       limits.unexpectedHold = milliseconds(4000);
       NetService service(Fabric::instance(), limits);
       service.expect(kComm, kSecret, shape);
-      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      publishAddress(ctx, service);
       LOOM_CHECK(readText(service, kComm, 1, 0, 0) == "member");
       ctx.store->get("strangers gone", kPatience);
       LOOM_CHECK(service.refused() == 3, << service.refused() << " refused, not 3");
       return;
     }
-    const Bytes address = ctx.store->get("address", kPatience);
-    const std::string to(address.begin(), address.end());
+    const std::string to = publishedAddress(ctx);
     // A stranger that never speaks, one for a communicator nobody registers, one with junk.
     Rogue silent(to);
     Rogue unknown(to);
@@ -254,7 +262,7 @@ void expectAMemberGetsPastStrangers(const NetnsHosts& hosts, bool namingUnknown)
       limits.unexpectedHold = milliseconds(120'000);
       NetService service(Fabric::instance(), limits);
       service.expect(kComm, kSecret, shape);
-      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      publishAddress(ctx, service);
       ctx.store->get("strangers waiting", kPatience);
       const auto start = std::chrono::steady_clock::now();
       LOOM_CHECK(readText(service, kComm, 1, 0, 0) == "member");
@@ -264,8 +272,7 @@ void expectAMemberGetsPastStrangers(const NetnsHosts& hosts, bool namingUnknown)
       LOOM_CHECK(service.refused() >= 1, << "no stranger was closed to make room");
       return;
     }
-    const Bytes address = ctx.store->get("address", kPatience);
-    const std::string to(address.begin(), address.end());
+    const std::string to = publishedAddress(ctx);
     std::vector<std::unique_ptr<Rogue>> strangers;
     for (int i = 0; i < 2; ++i) {
       strangers.push_back(std::make_unique<Rogue>(to));
@@ -328,7 +335,7 @@ TEST_F(TwoHosts, ServiceTurnsAwayConnectionsToARankThatLeft) {
       service.expect(kComm, kSecret, shape);  // ranks 0 and 2 of the communicator live here
       service.expect(kComm, kSecret, shape);
       service.forget(kComm, 0);
-      ctx.store->set("address", Bytes(service.address().begin(), service.address().end()));
+      publishAddress(ctx, service);
       LOOM_CHECK(readText(service, kComm, 1, 2, 0) == "to the rank that stays");
       ctx.store->get("turned away while rank 2 stays", kPatience);
       service.forget(kComm, 2);
@@ -337,8 +344,7 @@ TEST_F(TwoHosts, ServiceTurnsAwayConnectionsToARankThatLeft) {
       LOOM_CHECK(service.claim(kComm, 1, 0, 0) == nullptr && service.expecting() == 0);
       return;
     }
-    const Bytes address = ctx.store->get("address", kPatience);
-    const std::string to(address.begin(), address.end());
+    const std::string to = publishedAddress(ctx);
     SendChannel toLeft(Fabric::instance(), to, traffic(1, 0), kSecret, shape);
     SendChannel toStaying(Fabric::instance(), to, traffic(1, 2), kSecret, shape);
     writeText(toStaying, "to the rank that stays");
