@@ -299,6 +299,44 @@ def test_a_get_waiting_for_a_version_holds_up_no_other_verb():
         {"thread": (1, [7.0] * 3), "async": (1, [0, 1, 2, 3]), "many": True}]
 
 
+def test_a_cancelled_async_get_stops_before_it_fills_the_callers_tensors():
+    # Its thread used to wait on and fill the tensors once the version came, after the caller
+    # had read another version into them (two threads could fill them at once, each check
+    # passing, leaving a mix of two versions).
+    from loom.tensor_store import AsyncTensorStore, TensorStore
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=20))
+    writer = TensorStore(store, serve_remote=False)
+    reader = AsyncTensorStore(store, serve_remote=False)
+    mine = {"w": torch.zeros(1000)}
+
+    def verb_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("loom-tensor-store-get")]
+
+    async def main():
+        writer.put_state_dict({"w": torch.full((1000,), 1.0)}, "p")
+        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+            await asyncio.wait_for(reader.get_state_dict("p", mine, version=2, timeout=timedelta(seconds=60)), 0.2)
+        assert verb_threads() == []  # ended with the cancel, not at the version or the timeout
+        await reader.get_state_dict("p", mine, version=1)
+        task = asyncio.ensure_future(reader.get("p", version=3, timeout=timedelta(seconds=60)))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert verb_threads() == []
+        writer.put_state_dict({"w": torch.full((1000,), 2.0)}, "p")
+        writer.put_state_dict({"w": torch.full((1000,), 3.0)}, "p")
+        return mine["w"].unique().tolist()
+
+    try:
+        assert asyncio.run(main()) == [1.0]
+    finally:
+        writer.close()
+        reader.close()
+
+
 def _leaks(rank, world):
     from loom.tensor_store import TensorStore
 
@@ -382,6 +420,30 @@ def test_a_meshs_parts_follow_global_ranks_whatever_the_stores_label():
     assert run_ranks(2, _labelled) == [True, True]
 
 
+def test_a_reader_maps_at_most_keep_buffers_of_writers_it_read():
+    # One writer after another (a trainer restarted), each read once into the same state
+    # dict: the reader's cached plans of copies used to keep every writer's buffer mapped, up
+    # to 2 * keep + 1, after ReaderMappings had let go of all but `keep`.
+    from loom.tensor_store import TensorStore
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=20))
+    reader = TensorStore(store, serve_remote=False)  # keep=2
+    mine = {"w": torch.empty(1 << 16)}
+    mapped = []
+    try:
+        for i in range(5):
+            writer = TensorStore(store, serve_remote=False)
+            writer.put_state_dict({"w": torch.full((1 << 16,), float(i))}, "k", version=i + 1)
+            reader.get_state_dict("k", mine)
+            assert mine["w"].unique().tolist() == [float(i)]
+            writer.close()
+            mapped.append(store_buffers()[1])  # the writer's memory lives on in these mappings
+    finally:
+        reader.close()
+    assert max(mapped) <= 2, mapped
+
+
 def _many_keys(rank, world):
     from loom.tensor_store import TensorStore
 
@@ -413,8 +475,10 @@ def _errors(rank, world):
     from loom.tensor_store import TensorStore, _store
 
     ts = TensorStore()
-    with pytest.raises(ValueError, match="at least 2 versions"):
+    with pytest.raises(ValueError, match="an int of at least 2"):
         TensorStore(keep=1)
+    with pytest.raises(ValueError, match=r"keep=3.0; an int of at least 2"):  # used to fail at the fourth put
+        TensorStore(keep=3.0)
     with pytest.raises(ValueError, match=r"bucket_bytes=0; a positive number of bytes"):
         TensorStore(bucket_bytes=0)
     if rank == 0:
@@ -431,6 +495,14 @@ def _errors(rank, world):
         ts.get("f32", tensor_slice_spec=((3, 0), (2, 4)))
     with pytest.raises(ValueError, match="'obj'.*is an object, not a tensor"):
         ts.get("obj", inplace_tensor=torch.zeros(2))
+    # Containers of the wrong kind, and a target that cannot take one value per element (an
+    # expanded tensor: torch's own error came after the copies into the others), by name.
+    with pytest.raises(TypeError, match=r"get\('f32'\): inplace_tensor is a tensor to fill .*got list"):
+        ts.get("f32", inplace_tensor=[torch.zeros(4, 4)])
+    with pytest.raises(TypeError, match=r"get_state_dict\('f32'\): user_state_dict is a .*dict.*got list"):
+        ts.get_state_dict("f32", [torch.zeros(4, 4)])
+    with pytest.raises(ValueError, match=r"'f32'.*the tensor to fill has elements that share memory"):
+        ts.get("f32", inplace_tensor=torch.zeros(1, 4).expand(4, 4))
     with pytest.raises(ValueError, match="keys are non-empty strings"):
         ts.put("", torch.zeros(1))
     with pytest.raises(ValueError, match=r"'f32' version 1 is a tensor, not a state dict: use get"):
@@ -735,7 +807,8 @@ def test_the_same_tensors_under_other_names_are_stored_under_those_names():
 
 def test_targets_that_cannot_be_filled_are_refused_by_name():
     # A tensor to fill where an object is stored (it was replaced in the dict, leaving a model's
-    # parameter as it was), and a tensor on the meta device (nothing to fill): both refused.
+    # parameter as it was), a tensor on the meta device (nothing to fill) and one whose
+    # elements share memory: all refused.
     with one_process_store() as ts:
         ts.put_state_dict({"w": torch.ones(4), "extra": "step 3"}, "sd")
         mine = {"w": torch.zeros(4), "extra": torch.zeros(1)}
@@ -749,6 +822,12 @@ def test_targets_that_cannot_be_filled_are_refused_by_name():
         ts.put("t", torch.ones(4))
         with pytest.raises(ValueError, match="the tensor to fill is on the meta device"):
             ts.get("t", inplace_tensor=torch.empty(4, device="meta"))
+        # An expanded tensor beside one that can be filled: refused by name before either is.
+        ts.put_state_dict({"a": torch.ones(4), "b": torch.full((4,), 2.0)}, "two")
+        mine = {"a": torch.zeros(4), "b": torch.zeros(1).expand(4)}
+        with pytest.raises(ValueError, match="'b': the tensor to fill has elements that share memory"):
+            ts.get_state_dict("two", mine)
+        assert mine["a"].tolist() == [0.0] * 4
 
 
 def test_a_key_put_and_deleted_again_and_again_is_listed_once():

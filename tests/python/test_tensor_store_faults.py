@@ -684,6 +684,110 @@ def test_a_mesh_put_refused_on_one_rank_never_mixes_two_steps():
     assert run_ranks(2, _mesh_put_refused_on_one_rank) == [(False, 3, [3.0]), (True, 3, [3.0])]
 
 
+def _mesh_rank_fails_its_parts(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from loom.tensor_store import _parts
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    ts = TensorStore()
+    mesh = init_device_mesh("cpu", (world,))
+
+    def sd(step):
+        # From the local shard (distribute_tensor would scatter: a collective per put).
+        return {"w": DTensor.from_local(torch.full((1 << 11, 4), float(step)), mesh, [Shard(0)])}
+
+    ts.put_state_dict(sd(1), "policy")
+    ts.put_state_dict(sd(2), "policy")
+    dist.barrier()
+    waited = []
+    if rank == 0:  # a reader waiting for version 3, which the mesh never completes
+        def wait_for_3():
+            try:
+                TensorStore().get_state_dict("policy", version=3, timeout=timedelta(seconds=120))
+            except TensorStoreError as error:
+                waited.append(str(error))
+        waiting = threading.Thread(target=wait_for_3)
+        waiting.start()
+    copies = _parts.run_copies
+    if rank == 1:  # rank 1's parts of steps 3 and 4 fail midway; rank 0's are written
+        def interrupted(*args):
+            raise KeyboardInterrupt("injected: the put is interrupted midway")
+        _parts.run_copies = interrupted
+    for step in (3, 4):
+        try:
+            ts.put_state_dict(sd(step), "policy")
+        except KeyboardInterrupt:
+            assert rank == 1
+    _parts.run_copies = copies
+    dist.barrier()
+    # Rank 0 kept its part of version 2, the latest complete one, rather than the parts of
+    # 3 and 4 that will never be complete.
+    out = ts.latest_version("policy"), sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist()))
+    if rank == 0:
+        waiting.join(timeout=60)
+        out += (waited,)
+    dist.barrier()
+    ts.put_state_dict(sd(5), "policy")  # both ranks go on, and its part of 5 completes it
+    dist.barrier()
+    out += (ts.latest_version("policy"), sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist())))
+    dist.barrier()
+    return out
+
+
+def test_failed_mesh_parts_leave_the_latest_complete_version_readable():
+    # Rank 0 used to retire its part of version 2 at its put of version 4, counting its part
+    # of version 3 (which rank 1 failed) as kept: no complete version was readable.
+    out = run_ranks(2, _mesh_rank_fails_its_parts)
+    assert out[1] == (2, [2.0], 5, [5.0]), out[1]
+    assert out[0][:2] == (2, [2.0]) and out[0][3:] == (5, [5.0]), out[0]
+    assert len(out[0][2]) == 1 and "failed its part" in out[0][2][0], out[0][2]
+
+
+def _mesh_rank_runs_ahead(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    ts = TensorStore()  # keep=2
+    mesh = init_device_mesh("cpu", (world,))
+
+    def sd(step):
+        # From the local shard (distribute_tensor would scatter: a collective per put).
+        return {"w": DTensor.from_local(torch.full((1 << 11, 4), float(step)), mesh, [Shard(0)])}
+
+    ts.put_state_dict(sd(1), "policy")
+    dist.barrier()
+    refused = ""
+    if rank == 0:  # rank 1 has not put versions 2-4 yet: rank 0 keeps its parts of them
+        for step in (2, 3, 4):
+            ts.put_state_dict(sd(step), "policy")
+        try:
+            ts.put_state_dict(sd(5), "policy")  # 4 kept, none complete but the first
+        except TensorStoreError as error:
+            refused = str(error)
+    dist.barrier()
+    read_behind = sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist()))
+    dist.barrier()
+    if rank == 1:  # it catches up: each of its parts completes a version rank 0 kept
+        for step in (2, 3, 4):
+            ts.put_state_dict(sd(step), "policy")
+    dist.barrier()
+    out = refused, read_behind, ts.latest_version("policy"), sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist()))
+    dist.barrier()
+    return out
+
+
+def test_a_mesh_rank_ahead_of_its_peers_keeps_its_parts_until_they_complete():
+    out = run_ranks(2, _mesh_rank_runs_ahead)
+    assert out[1] == ("", [1.0], 4, [4.0]), out[1]
+    refused, *rest = out[0]
+    assert rest == [[1.0], 4, [4.0]], out[0]
+    assert "has not completed version 2" in refused and "global ranks [1]" in refused, refused
+
+
 def _named_version_retired_as_read(rank, world):
     from loom.tensor_store import TensorStore, TensorStoreError
 

@@ -2,7 +2,7 @@
 hosts on this machine: a bridge, a veth each, removed afterwards), so a read goes over loom's
 byte fetch (libfabric) instead of shared memory. State dicts and slices read bit-exact, no
 torn read while the writer puts as fast as it can, lent weights read across the link, and a
-writer killed or not serving gives the reader an error that names it, never a hang. Needs
+writer killed, closed or not serving gives the reader an error that names it, never a hang. Needs
 root and iproute2: skipped otherwise, a failure under LOOM_REQUIRE_NETNS=1."""
 
 from __future__ import annotations
@@ -185,3 +185,34 @@ def _not_served(rank, world, hosts):
 
 def test_writer_that_does_not_serve_is_named(hosts):
     run_ranks(2, _not_served, hosts, backend="gloo")
+
+
+def _writer_closed(rank, world, hosts):
+    from loom.tensor_store import TensorStore, TensorStoreError
+
+    _on_host(hosts, rank)
+    ts = TensorStore(timeout=timedelta(seconds=60))
+    if rank == 0:
+        ts.put("x", torch.full((1024,), 1.0))
+    dist.barrier()
+    if rank == 1:
+        assert ts.get("x")[0].item() == 1.0
+    dist.barrier()
+    if rank == 0:
+        ts.close()  # its process lives on: its server withdraws the freed buffer
+    dist.barrier()
+    text = ""
+    if rank == 1:
+        with pytest.raises(TensorStoreError) as caught:
+            ts.get("x", inplace_tensor=torch.zeros(1024))
+        text = str(caught.value)
+    dist.barrier()
+    return text
+
+
+def test_a_reader_of_a_writer_that_closed_its_store_is_told_so(hosts):
+    # It used to be told that 8 newer versions were put while it read (none was), and that
+    # the tensor it was filling might hold part of one (nothing had been copied).
+    text = run_ranks(2, _writer_closed, hosts, backend="gloo")[1]
+    assert "'x' version 1: rank 0 at" in text and "closed its TensorStore" in text, text
+    assert "newer versions" not in text and "may hold part" not in text, text

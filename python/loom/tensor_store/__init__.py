@@ -18,6 +18,7 @@ import functools
 import threading
 from typing import Any
 
+from ._cancellation import run_cancellable
 from ._store import TensorStore, TensorStoreError
 
 __all__ = ["TensorStore", "AsyncTensorStore", "TensorStoreError"]
@@ -54,9 +55,12 @@ class AsyncTensorStore:
 async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
     """verb(*args, **kwargs) on a new thread, awaited. Not the loop's executor (what
     asyncio.to_thread uses): its few threads, all taken by gets waiting for a version, would
-    queue the very put they wait for behind them."""
+    queue the very put they wait for behind them. Cancelled, it stops the verb (at its next
+    wait, or before it copies into the caller's tensors) and ends once the thread is done
+    with them: a get cancelled by a timeout never fills them later, beside the next get."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
+    cancel = threading.Event()
     context = contextvars.copy_context()  # as asyncio.to_thread passes the caller's context
 
     def settle(result: Any, error: BaseException | None) -> None:
@@ -69,7 +73,7 @@ async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
 
     def run() -> None:
         try:
-            outcome = (context.run(verb, *args, **kwargs), None)
+            outcome = (context.run(run_cancellable, cancel, verb, *args, **kwargs), None)
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
             outcome = (None, error)
         try:
@@ -78,4 +82,12 @@ async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
             pass
 
     threading.Thread(target=run, name=f"loom-tensor-store-{name}").start()
-    return await done
+    try:
+        return await asyncio.shield(done)  # shielded: a cancel leaves `done` to tell the end
+    except asyncio.CancelledError:
+        cancel.set()
+        try:
+            await asyncio.shield(done)
+        except BaseException:  # noqa: BLE001 - its outcome (Cancelled, most often) goes unread
+            pass
+        raise

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._cancellation import stop_if_cancelled
 from ._layout import flatten, shards_signature
 from ._parts import MappedBuffer, PartMeta, TensorMeta, copy_groups, run_copies, unpickled
 
@@ -29,7 +30,12 @@ class Released(TensorStoreError):
 
 
 class Stale(Exception):
-    """The version being read was rewritten while it was read (retried when reading latest)."""
+    """The version being read was rewritten while it was read (retried when reading latest);
+    `copied`: whether copies into the reader's tensors had begun."""
+
+    def __init__(self, copied: bool = True):
+        super().__init__()
+        self.copied = copied
 
 
 class ReadPlan:
@@ -113,7 +119,7 @@ class ReadPlan:
             mapped.prepare(generation, self.ranges.get((p, b), []), parts[p], self.wait_limit)
             state = mapped.state(generation)
             if state == "replaced":
-                raise Stale()
+                raise Stale(copied=False)
             if state in ("writing", "pending"):
                 writing[(p, b)] = (mapped, generation, parts[p])
         # Under no_grad, as load_state_dict fills: with grad mode on, torch's copies (those
@@ -213,6 +219,10 @@ class ReadPlan:
                     f"it within {self.wait_limit}"))
             if now - checked > 0.1:
                 checked = now
+                # Cancelled, it stops here too, its tensors holding part of the version as
+                # written so far: waiting on for the writer would hold the cancel up to the
+                # get's timeout (the coroutine that cancelled it reads none of this get).
+                stop_if_cancelled()
                 if not part.buffers[0].owner_alive():
                     raise TensorStoreError(self.store._message(
                         f"'{part.key}' version {part.version}: rank {part.rank} (pid {pid}) died "

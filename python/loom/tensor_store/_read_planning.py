@@ -115,9 +115,11 @@ class ReadPlanning:
         if not replaced:  # tensors filled in place: the same copies serve the next version
             plan.remember_leaves(leaves)
             # One plan per layout the writer rotates through (its `keep` buffers), for one
-            # state dict of the reader's: a new one replaces them all.
+            # state dict of the reader's: a new one replaces them all. At most `keep`: each
+            # plan holds its mappings of the writer's buffers, which would otherwise outlive
+            # ReaderMappings' `keep` per buffer (a restarted writer's every buffer, say).
             plans = self._read_plans.setdefault(key, {})
-            if any(k[2] != cache_key[2] for k in plans) or len(plans) > 2 * self._keep:
+            if any(k[2] != cache_key[2] for k in plans) or len(plans) >= self._keep:
                 plans.clear()
             plans[cache_key] = plan
         return plan
@@ -148,6 +150,10 @@ class ReadPlanning:
         if dst is not None and dst.device.type == "meta":
             raise ValueError(self._message(f"{what}: the tensor to fill is on the meta device and holds no "
                                            f"data; materialise it first (to_empty), or get without it"))
+        if dst is not None and torch._debug_has_internal_overlap(dst.to_local() if is_dtensor(dst) else dst) == 1:
+            raise ValueError(self._message(f"{what}: the tensor to fill has elements that share memory (an "
+                                           f"expanded tensor), so it cannot take one value per element: "
+                                           f"pass a tensor of its own memory"))
         if dst is not None and dst.dtype != stored.dtype:
             raise ValueError(self._message(f"{what} is stored as {stored.dtype}; the tensor to fill is {dst.dtype}"))
         if dst is not None and is_dtensor(dst):

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import _C
+from ._cancellation import stop_if_cancelled
 from ._parts import BufferMeta, cached_view
-from ._read_plan import TensorStoreError
+from ._read_plan import Released, TensorStoreError
 
 if TYPE_CHECKING:
     from ._parts import OwnedBuffer, PartMeta
@@ -111,6 +112,7 @@ class RemoteBuffer:
         pause = 1e-3
         what = f"'{part.key}' version {part.version}: rank {part.rank} at {self.address}"
         while True:
+            stop_if_cancelled()
             left = max(deadline - time.monotonic(), 0.0)
             state, now, _, unchanged, why = _C.fetch_bytes(
                 self.credentials, self.me, self.address, self.server, self.region_id, generation,
@@ -119,9 +121,17 @@ class RemoteBuffer:
                 raise TimeoutError(self._message(f"{what} did not answer within {wait}: {why}"))
             if state == "failed":
                 raise TensorStoreError(self._message(f"{what} cannot be read (did it exit?): {why}"))
-            if state in ("whole", "replaced", "unknown"):
-                # A buffer the writer no longer serves held an older version: replaced too.
-                self._state = "whole" if state == "whole" else "replaced"
+            if state == "unknown":
+                # Withdrawn: a put of the writer retired the version and freed its buffer, or
+                # the writer closed its store. The read says which (Released: a newer version
+                # is read instead; with none, this is the error).
+                released = Released(self._message(
+                    f"{what} no longer serves that buffer: a newer put retired the version, or "
+                    f"the writer closed its TensorStore"))
+                released.while_copying = False  # fetched before any copy into the tensors
+                raise released
+            if state in ("whole", "replaced"):
+                self._state = state
                 self._unchanged = unchanged
                 return
             if time.monotonic() > deadline:

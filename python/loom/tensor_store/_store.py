@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ._arguments import as_timeout, is_version_number
 from ._broadcast import Broadcaster
+from ._cancellation import stop_if_cancelled
 from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text,
                       unstorable, whole)
 from ._lending import Lent, home_of, lendable_tensors, lent_metas, move_into, take_back
@@ -53,7 +54,7 @@ from ._mappings import ReaderMappings
 from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
 from ._read_planning import ReadPlanning
 from ._remote import serve
-from ._version_waits import VersionWaits
+from ._version_waits import ABANDONED, VersionWaits
 from ._write_plan import Kept, WritePlan
 from ._parts import (
     OwnedBuffer,
@@ -96,8 +97,8 @@ class TensorStore(ReadPlanning, VersionWaits):
                 raise RuntimeError("loom tensor store: pass a c10d Store, or call "
                                    "torch.distributed.init_process_group() first")
             store = dist.distributed_c10d._get_default_store()
-        if keep < 2:
-            raise ValueError(f"loom tensor store: keep={keep}; at least 2 versions must be kept, so "
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 2:
+            raise ValueError(f"loom tensor store: keep={keep!r}; an int of at least 2 (versions kept), so "
                              f"that a put never overwrites the version readers may be reading")
         self._store = dist.PrefixStore(f"loom_ts/{namespace}/", store)
         self._job_store = store  # the byte fetch's credentials are the job's, whatever the namespace
@@ -150,6 +151,9 @@ class TensorStore(ReadPlanning, VersionWaits):
         names (offsets and local_shape). A version not yet put is waited for up to `timeout`.
         `inplace_tensor` is filled as copy_ would: under torch.no_grad() if it requires grad."""
         self._check_key(key)
+        if inplace_tensor is not None and not isinstance(inplace_tensor, torch.Tensor):
+            raise TypeError(self._message(f"get('{key}'): inplace_tensor is a tensor to fill (or None), "
+                                          f"got {type(inplace_tensor).__name__}"))
         return self._read(key, version, timeout,
                           lambda v, parts: self._value_plan(key, v, parts, inplace_tensor, tensor_slice_spec),
                           fills=inplace_tensor is not None)
@@ -169,6 +173,9 @@ class TensorStore(ReadPlanning, VersionWaits):
         one side has, as load_state_dict does. Its tensors are filled as load_state_dict fills
         a module's (parameters too, whatever the grad mode), each one's version bumped."""
         self._check_key(key)
+        if user_state_dict is not None and not isinstance(user_state_dict, dict):
+            raise TypeError(self._message(f"get_state_dict('{key}'): user_state_dict is a (nested) dict of "
+                                          f"tensors to fill (or None), got {type(user_state_dict).__name__}"))
         return self._read(key, version, timeout,
                           lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict),
                           fills=user_state_dict is not None)
@@ -388,12 +395,12 @@ class TensorStore(ReadPlanning, VersionWaits):
             raise ValueError(self._message(f"put('{key}'): global rank {me} is not in its DTensors' mesh {writers}"))
         return writers, writers.index(me)
 
-    def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> None:
+    def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> int:
         """Takes version number `version` of `key` for `writers` (this store alone, or a
         DTensor's mesh, which put one version together), or refuses it: a key's versions are
         one sequence, and two writers that numbered a put alike would each publish one, and
         readers would lose one of the pair. Another writer may go on with a key (it numbers
-        from the latest)."""
+        from the latest). Returns the latest complete version it found (0 for none)."""
         mine = self._writer_record(writers)
         owner = self._store.compare_set(f"k/{key}/v{version}/writers", b"", mine)
         if owner != mine:
@@ -412,6 +419,7 @@ class TensorStore(ReadPlanning, VersionWaits):
                 f"{verb}('{key}'): version {version} is not above the latest, {latest[0]}: another "
                 f"writer went on with the key since this one's last {verb} (the versions between are "
                 f"no longer kept); pass version= above it, or put a key per writer"))
+        return latest[0] if latest else 0
 
     def _writer_record(self, writers: list[int]) -> bytes:
         """What k/<key>/v<V>/writers holds for a version `writers` put: a DTensor's mesh by its
@@ -459,13 +467,13 @@ class TensorStore(ReadPlanning, VersionWaits):
                  sources: list[torch.Tensor]) -> int:
         parts = len(writers)
         # First, before an old version is retired to make room: a refused number changes nothing.
-        self._take_version(key, version, writers, "put")
+        latest = self._take_version(key, version, writers, "put")
         kept = self._owned.get(key, collections.deque())  # this rank owns the key once it keeps a version
         # The oldest versions go to make room, and their buffers may be reused; but only once
         # this put has its buffers: a put refused for memory or its device keeps them all.
-        retiring = list(kept)[:max(0, len(kept) - self._keep + 1)]
-        spare = [buffer for old in retiring for buffer in old.buffers]
         try:
+            retiring = self._retiring(key, kept, latest, writers)
+            spare = [buffer for old in retiring for buffer in old.buffers]
             buffers = [self._buffer(f"put('{key}')", device, capacity, spare)
                        for device, capacity in zip(plan.devices, plan.capacity)]
         except BaseException:
@@ -474,11 +482,13 @@ class TensorStore(ReadPlanning, VersionWaits):
             else:
                 # The mesh's other ranks publish their parts of this number and number their
                 # next put after it: so must this rank, or that put would complete this
-                # number with their parts of the step before.
+                # number with their parts of the step before. Nor may they wait for it.
                 self._last_version[key] = version
+                self._abandon(key, version)
             raise
-        for _ in retiring:
-            self._unpublish(key, kept.popleft())
+        for old in retiring:
+            kept.remove(old)
+            self._unpublish(key, old)
         del spare, retiring  # buffers not reused are freed here
         self._announce(key)
         regions = tuple(b.region.id for b in buffers)
@@ -508,6 +518,8 @@ class TensorStore(ReadPlanning, VersionWaits):
             self._store.delete_key(f"{base}/p{index}")  # never complete: readers of it are told
             if parts == 1:  # its number stays skipped; nobody else's part needs the record
                 self._store.delete_key(f"{base}/writers")
+            else:
+                self._abandon(key, version)
             # Nor kept: it must not take one of the `keep` places, or the next put would
             # retire the latest readable version to make room.
             kept.pop()
@@ -520,6 +532,53 @@ class TensorStore(ReadPlanning, VersionWaits):
                 self._store.set(f"{base}/complete", str(parts))
                 self._advance_latest(key, version, parts)
         return version
+
+    def _retiring(self, key: str, kept: collections.deque, latest: int, writers: list[int]) -> list[Kept]:
+        """The kept versions to retire so that this put leaves `keep`, oldest first, never the
+        latest complete one. A single writer's kept versions are all complete. A mesh rank's
+        may not be: the version after the latest complete one may still be written by a slower
+        rank (retiring this rank's part of it would leave readers of the latest a version they
+        cannot read once it completes), or a rank's part of it failed (it never completes; its
+        done count was pushed past the parts: _abandon). Those still awaited are kept beyond
+        `keep`, up to twice it: further ahead than that, the put is refused by name."""
+        excess = len(kept) - self._keep + 1
+        if excess <= 0:
+            return []
+        if len(writers) == 1:
+            return list(kept)[:excess]
+        # The done counts of those after the latest this put found: equal to the parts once
+        # complete (one may have completed since: it is the latest now), ABANDONED or more
+        # once abandoned, below the parts while awaited, missing once rank 0 of the mesh
+        # retired it.
+        done = {}
+        for old in kept:
+            if old.version > latest:
+                count = self._get_now(f"k/{key}/v{old.version}/done")
+                done[old.version] = None if count is None else int(count)
+                if done[old.version] == old.parts:
+                    latest = max(latest, old.version)
+        awaited = [old for old in kept if old.version > latest
+                   and done[old.version] is not None and done[old.version] < old.parts]
+        waiting = {old.version for old in awaited}
+        retiring = [old for old in kept if old.version != latest and old.version not in waiting]
+        if len(kept) - len(retiring) >= 2 * self._keep:
+            oldest = awaited[0]
+            base = f"k/{key}/v{oldest.version}"
+            missing = [rank for index, rank in enumerate(writers)
+                       if self._get_now(f"{base}/p{index}") is None]
+            raise TensorStoreError(self._message(
+                f"put('{key}'): this rank's mesh has not completed version {oldest.version} nor any "
+                f"of the {len(awaited) - 1} after it that this rank put (global ranks {missing} have "
+                f"not published their parts of it): they are behind by more than the {self._keep} "
+                f"versions kept, or stopped; put from every rank of the mesh in step"))
+        return retiring[:excess]
+
+    def _abandon(self, key: str, version: int) -> None:
+        """Says a mesh's version will never be complete (this rank's part of it failed): its
+        done count goes past any number of parts, so no rank's count can complete it, the
+        mesh's other ranks may retire their parts of it (_retiring), and readers waiting for
+        it are told (_wait)."""
+        self._store.add(f"k/{key}/v{version}/done", ABANDONED)
 
     def _buffer(self, what: str, device: torch.device, capacity: int, spare: list[OwnedBuffer]) -> OwnedBuffer:
         """A buffer of at least `capacity` bytes on `device`: a spare one of the retired
@@ -643,7 +702,11 @@ class TensorStore(ReadPlanning, VersionWaits):
         if kept.index == 0:
             self._store.delete_key(f"{base}/complete")
             self._store.delete_key(f"{base}/writers")
-            if kept.parts > 1:  # a single writer never counts its parts
+            # A single writer never counts its parts. An abandoned version's count stays (a
+            # few bytes per failed part): a reader waiting for it learns from it that it never
+            # comes, where the version's parts it waits for are gone.
+            done = self._get_now(f"{base}/done") if kept.parts > 1 else None
+            if done is not None and int(done) < ABANDONED:
                 self._store.delete_key(f"{base}/done")
 
     # ---- reading --------------------------------------------------------------------------
@@ -697,8 +760,8 @@ class TensorStore(ReadPlanning, VersionWaits):
                     if version is not None or latest is None or latest[0] <= v:
                         raise
                     retries += 1
-                except Stale:
-                    tried = True
+                except Stale as stale:
+                    tried = tried or stale.copied
                     if version is not None and parts[0].lent:
                         raise TensorStoreError(self._message(
                             f"get('{key}', version={version}): rank {parts[0].rank} reclaimed that lent "
@@ -743,9 +806,11 @@ class TensorStore(ReadPlanning, VersionWaits):
             plan.wait_limit = wait
             plan.in_use = True
         try:
+            stop_if_cancelled()  # the last point before copies into the caller's tensors begin
             return plan.run(parts)
         except Released as released:
-            released.while_copying = True  # the caller's tensors may hold part of it
+            if not hasattr(released, "while_copying"):  # said where it is known
+                released.while_copying = True  # the caller's tensors may hold part of it
             raise
         finally:
             plan.in_use = False

@@ -7,8 +7,14 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+from ._cancellation import stop_if_cancelled
 from ._parts import PartMeta
 from ._read_plan import TensorStoreError
+
+
+# What a mesh rank whose part of a version failed adds to the version's done count: no sum of
+# parts' counts reaches it, and a count at or past it says the version will never be complete.
+ABANDONED = 1 << 40
 
 
 class VersionWaits:
@@ -44,6 +50,7 @@ class VersionWaits:
                 pass
         pause = 50e-6
         while True:
+            stop_if_cancelled()
             latest = self._latest(key)
             if latest is None or latest[0] > beyond:
                 return  # a newer version, or the key deleted: the next try says which
@@ -74,6 +81,7 @@ class VersionWaits:
         look = time.monotonic() + self._LOOK_EVERY
         pause = 50e-6
         while not self._store.check(names):
+            stop_if_cancelled()
             now = time.monotonic()
             if now >= look or now >= deadline:
                 look = now + self._LOOK_EVERY
@@ -84,6 +92,11 @@ class VersionWaits:
                     raise TensorStoreError(self._message(
                         f"get('{key}', version={version}): the writers went on to version "
                         f"{newest[0]} without completing this one (they skipped it, or gave it up)"))
+                done = self._get_now(f"k/{key}/v{version}/done")
+                if done is not None and int(done) >= ABANDONED:
+                    raise TensorStoreError(self._message(
+                        f"get('{key}', version={version}): a rank of the mesh that put it failed its "
+                        f"part (its put raised), so it will never be complete; read the latest instead"))
                 self._check_writer_alive(key, version, newest)
                 if now >= deadline:
                     raise TimeoutError(self._message(
