@@ -256,9 +256,18 @@ void CommState::startControlPlane(Clock::time_point deadline) {
   for (int h = 0; h < hosts_.hosts(); ++h) {
     if (h != layout_.host) railPeers.push_back(hosts_.ranksOn(h)[layout_.localIndex]);
   }
+  // This host's ranks that left, for the peers' ranks that wait on one over no link of its.
+  auto departedHere = [this] {
+    std::vector<int> departed;
+    for (int q : hosts_.ranksOn(layout_.host)) {
+      if (failures_->stateOf(q) == RankState::kDeparted) departed.push_back(q);
+    }
+    return departed;
+  };
   control_ = std::make_unique<ControlPlane>(
-      rank_, railPeers, [this](int q) { return linkTo(q, kControl); },
-      [this](int q) { return describeRemote(roster_, q); }, *failures_, config_.netSilence);
+      rank_, size_, railPeers, [this](int q) { return linkTo(q, kControl); },
+      [this](int q) { return describeRemote(roster_, q); }, departedHere, *failures_,
+      config_.netSilence);
   control_->awaitPeers(deadline);  // the hosts meet before the communicator is used
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/control_plane.h"
 
+#include <cstring>
 #include <optional>
 
 #include "loom/error.h"
@@ -13,14 +14,21 @@ namespace {
 
 constexpr int kHeartbeat = 1;
 constexpr int kFailure = 2;
+constexpr int kDeparted = 3;  // the sender's host's ranks that left so far, int32 each
 constexpr size_t kMaxText = 4096;
 constexpr auto kTurn = std::chrono::milliseconds(5);
 
 }  // namespace
 
-ControlPlane::ControlPlane(int rank, const std::vector<int>& peers, const MakeLink& makeLink,
-                           Describe describe, Failures& failures, std::chrono::milliseconds silence)
-    : rank_(rank), describe_(std::move(describe)), failures_(failures), silence_(silence) {
+ControlPlane::ControlPlane(int rank, int size, const std::vector<int>& peers,
+                           const MakeLink& makeLink, Describe describe, DepartedHere departedHere,
+                           Failures& failures, std::chrono::milliseconds silence)
+    : rank_(rank),
+      size_(size),
+      describe_(std::move(describe)),
+      departedHere_(std::move(departedHere)),
+      failures_(failures),
+      silence_(silence) {
   for (int q : peers) {
     Peer peer;
     peer.rank = q;
@@ -50,7 +58,7 @@ ControlPlane::~ControlPlane() {
         // Asking the link whether it drained drives it, and a broken link throws.
         if (peer.forwarded && !peer.sending && peer.link->drained()) continue;  // delivered
         pending = true;
-        serve(peer, now, true);
+        serve(peer, now, true, peer.announced);
       } catch (const Error&) {
         peer.done = true;  // gone already: nobody to tell
       }
@@ -118,10 +126,11 @@ void ControlPlane::run() {
   while (!stopping_.load(std::memory_order_acquire)) {
     const auto now = Clock::now();
     const bool failedHere = failures_.failed();
+    const std::vector<int> departed = departedHere_();
     for (Peer& peer : peers_) {
       if (peer.done) continue;
       try {
-        serve(peer, now, failedHere);
+        serve(peer, now, failedHere, departed);
       } catch (const Error& e) {
         peer.done = true;
         // A failure on this side (out of descriptors) is this rank's, not the peer's.
@@ -138,8 +147,10 @@ void ControlPlane::run() {
   }
 }
 
-void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
-  // Out: the failure once (unless it came from this peer), else a heartbeat when due.
+void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere,
+                         const std::vector<int>& departed) {
+  // Out: the failure once (unless it came from this peer), else this host's departures when
+  // they grew, else a heartbeat when due.
   if (!peer.sending) {
     if (failedHere && !peer.forwarded && !peer.toldUs) {
       // The failure's code (one byte), then its message.
@@ -148,6 +159,15 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere) {
       peer.out += failure.detail().substr(0, kMaxText - 1);
       peer.outTag = kFailure;
       peer.forwarded = peer.sending = true;
+    } else if (departed != peer.announced && departed.size() * sizeof(int32_t) <= kMaxText) {
+      peer.out.resize(departed.size() * sizeof(int32_t));
+      for (size_t i = 0; i < departed.size(); ++i) {
+        const auto q = static_cast<int32_t>(departed[i]);
+        std::memcpy(peer.out.data() + i * sizeof q, &q, sizeof q);
+      }
+      peer.outTag = kDeparted;
+      peer.sending = true;
+      peer.announced = departed;
     } else if (now >= peer.nextBeat) {
       peer.out.clear();
       peer.outTag = kHeartbeat;
@@ -198,7 +218,9 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
     if (!peer.in) {
       peer.in = peer.link->nextEnvelope();
       if (!peer.in) return;
-      if ((peer.in->tag != kHeartbeat && peer.in->tag != kFailure) || peer.in->bytes > kMaxText) {
+      const bool known = peer.in->tag == kHeartbeat || peer.in->tag == kFailure ||
+                         (peer.in->tag == kDeparted && peer.in->bytes % sizeof(int32_t) == 0);
+      if (!known || peer.in->bytes > kMaxText) {
         throw Error(ErrorCode::kPeerFailure, "network", rank_,
                     "a malformed control message (tag " + std::to_string(peer.in->tag) + ", " +
                         std::to_string(peer.in->bytes) + " bytes)");
@@ -231,7 +253,22 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
                      describe_(peer.rank) +
                          " reports: " + (peer.text.empty() ? std::string() : peer.text.substr(1)));
     }
+    if (peer.in->tag == kDeparted) noteDeparted(peer);
     peer.in.reset();
+  }
+}
+
+void ControlPlane::noteDeparted(const Peer& peer) {
+  for (size_t at = 0; at + sizeof(int32_t) <= peer.text.size(); at += sizeof(int32_t)) {
+    int32_t q = 0;
+    std::memcpy(&q, peer.text.data() + at, sizeof q);
+    if (q < 0 || q >= size_) {
+      throw Error(ErrorCode::kPeerFailure, "network", rank_,
+                  "a malformed control message: " + describe_(peer.rank) + " says rank " +
+                      std::to_string(q) + " left, and this communicator has " +
+                      std::to_string(size_) + " ranks");
+    }
+    failures_.noteGoodbye(q);
   }
 }
 

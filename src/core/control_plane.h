@@ -8,7 +8,11 @@
 //     an abort) to those peers, which record it on theirs: every rank on every host then
 //     fails with the same reason, whichever host it began on;
 //   - fails the communicator when a peer that has spoken stays silent past `silence` (a dead
-//     host or a cut link sends no closing) or its connection breaks without a goodbye.
+//     host or a cut link sends no closing) or its connection breaks without a goodbye;
+//   - tells those peers which ranks of this host have left (destroyed their communicator),
+//     and notes what they tell of theirs (Failures::noteGoodbye, in each host's segment): a
+//     send or receive on any host with a rank that left before it ever connected there ends
+//     at once, whether or not that rank held a control link itself.
 // Creation waits until a word has come from every peer and this rank's first word is in each
 // link (awaitPeers), so the hosts have met before the communicator is used, each peer's
 // silence is timed from its first word, and a rank that leaves at once has spoken first: its
@@ -32,10 +36,14 @@ class ControlPlane {
  public:
   using MakeLink = std::function<std::unique_ptr<MessageLink>(int q)>;
   using Describe = std::function<std::string(int q)>;
+  /// The ranks of this host that have left, in increasing order.
+  using DepartedHere = std::function<std::vector<int>()>;
 
-  /// Starts the thread for rank `rank`, whose rail peers on other hosts are `peers`.
-  ControlPlane(int rank, const std::vector<int>& peers, const MakeLink& makeLink, Describe describe,
-               Failures& failures, std::chrono::milliseconds silence);
+  /// Starts the thread for rank `rank` of a communicator of `size`, whose rail peers on
+  /// other hosts are `peers`.
+  ControlPlane(int rank, int size, const std::vector<int>& peers, const MakeLink& makeLink,
+               Describe describe, DepartedHere departedHere, Failures& failures,
+               std::chrono::milliseconds silence);
   /// Stops the thread; the links say goodbye.
   ~ControlPlane();
   /// Waits until a word has come from every peer (so each peer's control plane runs: it has
@@ -56,7 +64,8 @@ class ControlPlane {
     bool done = false;    ///< left, broke or failed: nothing more to do with it
     bool toldUs = false;  ///< it sent the failure: no need to send it back
     bool forwarded = false;
-    bool spoke = false;  ///< this rank's first word to it is written
+    bool spoke = false;          ///< this rank's first word to it is written
+    std::vector<int> announced;  ///< this host's departed ranks, as last told to it
     // the message going out
     bool sending = false;
     int outTag = 0;
@@ -69,11 +78,15 @@ class ControlPlane {
   };
 
   void run();
-  void serve(Peer& peer, Clock::time_point now, bool failedHere);
+  void serve(Peer& peer, Clock::time_point now, bool failedHere, const std::vector<int>& departed);
   void receive(Peer& peer, Clock::time_point now);
+  /// Notes the ranks a peer's departure message names (checked: ranks of this communicator).
+  void noteDeparted(const Peer& peer);
 
   const int rank_;
+  const int size_;
   Describe describe_;
+  DepartedHere departedHere_;
   Failures& failures_;
   const std::chrono::milliseconds silence_;
   /// ", not from <peer>, ..." for the peers not heard from yet.

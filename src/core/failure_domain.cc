@@ -81,12 +81,8 @@ FailureDomain::FailureDomain(shm::ShmComm& shm, std::string name, std::string ra
       rank_(rank),
       roster_(roster),
       hosts_(hosts),
-      remote_(new std::atomic<uint8_t>[roster.peers.size()]),
-      goodbye_(new std::atomic<bool>[roster.peers.size()]) {
-  for (size_t q = 0; q < roster.peers.size(); ++q) {
-    remote_[q].store(0);
-    goodbye_[q].store(false);
-  }
+      remote_(new std::atomic<uint8_t>[roster.peers.size()]) {
+  for (size_t q = 0; q < roster.peers.size(); ++q) remote_[q].store(0);
 }
 
 std::string FailureDomain::describe(int q) const {
@@ -105,11 +101,13 @@ void FailureDomain::peerLeft(int q) {
 }
 
 void FailureDomain::noteGoodbye(int q) {
-  goodbye_[q].store(true, std::memory_order_release);
+  // In the host's segment: only the host's rail ranks hold control links, and any rank here
+  // may be the one whose send or receive waits on q over a link q never made.
+  shm_.goodbye(q).store(1, std::memory_order_release);
 }
 
 bool FailureDomain::saidGoodbye(int q) const {
-  return goodbye_[q].load(std::memory_order_acquire);
+  return shm_.goodbye(q).load(std::memory_order_acquire) != 0;
 }
 
 void FailureDomain::peerLost(int q, std::string_view why) {

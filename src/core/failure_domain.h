@@ -67,8 +67,9 @@ class FailureDomain final : public Failures {
   const int rank_;
   const Roster& roster_;
   const HostMap& hosts_;
-  std::unique_ptr<std::atomic<uint8_t>[]> remote_;  // RankState of ranks on other hosts
-  std::unique_ptr<std::atomic<bool>[]> goodbye_;    // noteGoodbye, by rank
+  // RankState of ranks on other hosts, as this rank's own links found them (a channel's
+  // goodbye comes after everything sent on it: another rank's says nothing of this one's).
+  std::unique_ptr<std::atomic<uint8_t>[]> remote_;
   std::atomic<bool> reported_{false};
 };
 

@@ -54,13 +54,15 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
     hello.pid = static_cast<int32_t>(::getpid());
     ProcessService::Welcomed welcomed =
         service.joinLeader(roster_.peers[here[0]].address, hello, rank_, deadline, stillAlive);
-    auto segment = shm::Segment::attach(std::move(welcomed.segment), segmentId, localSize);
+    auto segment = shm::Segment::attach(std::move(welcomed.segment), segmentId, localSize,
+                                        static_cast<int>(roster_.peers.size()));
     ProcessService::confirmJoined(welcomed);
     return {std::move(segment), std::nullopt};
   }
   std::shared_ptr<shm::Segment> segment;
   try {
-    const auto layout = shm::Layout::compute(localSize, config_.chunkBytes, config_.ringBytes);
+    const auto layout = shm::Layout::compute(localSize, static_cast<int>(roster_.peers.size()),
+                                             config_.chunkBytes, config_.ringBytes);
     segment = shm::Segment::create(layout, segmentId);
   } catch (const Error& e) {
     service.abandon(segmentId, "the leader of this communicator, rank " + std::to_string(rank_) +

@@ -1,7 +1,8 @@
 // A rank on one host shuts its communicator down while its handle lives (torch's
 // destroy_process_group while Python holds the group): whatever its peer on the other host asks
 // of it next, a collective, a broadcast that only sends to it, a receive or a send, names it at
-// once as having destroyed its communicator, not at the timeout.
+// once as having destroyed its communicator, not at the timeout; so too where the one that
+// left or the one that asks holds no control link (a host's ranks beyond its rails).
 
 #include <gtest/gtest.h>
 
@@ -103,6 +104,62 @@ TEST_F(TwoHosts, APeerThatShutsDownIsNamedByAReceiveFromIt) {
 
 TEST_F(TwoHosts, APeerThatShutsDownIsNamedByASendToIt) {
   expectAPeerThatShutsDownIsNamed(*hosts_, true, AskOfTheLeft::kSend);
+}
+
+// Three ranks on two hosts, one of them with two: rank `leaving` shuts down before any
+// traffic, and rank `asking` (on the other host) then receives from it or sends to it. Where
+// either holds no control link (local index 1: the hosts have one rail), its goodbye reached
+// only a rail rank's process: the call waited out its timeout ("the receiver is not
+// draining its channel" for the send).
+void expectARankBeyondTheRailsToBeNamed(const NetnsHosts& hosts, const std::vector<int>& hostOf,
+                                        int leaving, int asking, bool send) {
+  LOOM_RUN_RANKS(3, [&](RankContext& ctx) {
+    hosts.enter(hostOf[static_cast<size_t>(ctx.rank)]);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    if (ctx.rank == leaving) {
+      comm->shutdown();
+      ctx.store->set("left", {1});
+    }
+    if (ctx.rank != asking) {
+      ctx.store->get("asked", std::chrono::seconds(120));
+      return;
+    }
+    ctx.store->get("left", std::chrono::seconds(60));
+    float x = 1;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (send) {
+        comm->send(&x, 1, DataType::kFloat32, leaving, 7).wait();
+      } else {
+        comm->recv(&x, 1, DataType::kFloat32, leaving, 7).wait();
+      }
+      LOOM_CHECK(
+          false, << "a " << (send ? "send to" : "receive from") << " a rank that left succeeded");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      LOOM_CHECK(what.find("rank " + std::to_string(leaving)) != std::string::npos &&
+                     what.find("destroyed its communicator") != std::string::npos,
+                 << what);
+    }
+    ctx.store->set("asked", {1});
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+               << "named only at the timeout");
+  });
+}
+
+// Ranks 0 1 | 2: rank 1 holds no control link; rank 2's goodbye came to rank 0's process.
+TEST_F(TwoHosts, ARankWithoutAControlLinkNamesARailRankThatLeft) {
+  expectARankBeyondTheRailsToBeNamed(*hosts_, {0, 0, 1}, 2, 1, false);
+  expectARankBeyondTheRailsToBeNamed(*hosts_, {0, 0, 1}, 2, 1, true);
+}
+
+// Ranks 0 | 1 2: rank 2 holds no control link to say its goodbye on; its host's rail rank
+// tells the other hosts.
+TEST_F(TwoHosts, ARankWithoutAControlLinkThatLeftIsNamedOnOtherHosts) {
+  expectARankBeyondTheRailsToBeNamed(*hosts_, {0, 1, 1}, 2, 0, false);
+  expectARankBeyondTheRailsToBeNamed(*hosts_, {0, 1, 1}, 2, 0, true);
 }
 
 }  // namespace

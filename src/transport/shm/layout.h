@@ -10,13 +10,15 @@
 //   signatures        per rank, per half: the caller's text for that operation (desync debug)
 //   lent buffers      per rank, per half: where that operation's input lies if the rank lends
 //                     it (memory from the lending pool, which peers map and read in place)
+//   goodbyes          one byte per rank of the communicator: set once that rank, on another
+//                     host, said goodbye on its control link (heard by a rail rank here)
 //   ring controls     per ordered pair (src, dst): two cache lines (head, tail)
 //   slots             per rank, two halves of chunkBytes each (page-aligned)
 //   rings             per ordered pair: ringBytes of byte stream (touched only if used)
 //
 // Each line is written by one rank only (its owner), except the failure record, which the
-// first rank to see a failure claims with a compare-and-swap, and the `sleepers` counters,
-// which waiters bump before sleeping.
+// first rank to see a failure claims with a compare-and-swap, the `sleepers` counters,
+// which waiters bump before sleeping, and the goodbyes, which are only ever set.
 
 #include <atomic>
 #include <cstddef>
@@ -29,7 +31,7 @@ namespace loom::shm {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kMagic = 0x6d68732d6d6f6f6cULL;  // "loom-shm"
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -120,6 +122,7 @@ struct alignas(kPage) SegmentHeader {
   uint64_t magic;
   uint32_t version;
   int32_t size;
+  int32_t ranks;  ///< of the communicator, on every host (the goodbyes' length)
   uint64_t chunkBytes;
   uint64_t ringBytes;
   uint64_t totalBytes;
@@ -127,9 +130,10 @@ struct alignas(kPage) SegmentHeader {
   FailureRecord failure;
 };
 
-/// Byte offsets of each area for a given (size, chunkBytes, ringBytes).
+/// Byte offsets of each area for a given (size, ranks, chunkBytes, ringBytes).
 struct Layout {
   int size = 0;
+  int ranks = 0;
   size_t chunkBytes = 0;
   size_t ringBytes = 0;
   size_t rankLines = 0;
@@ -137,17 +141,20 @@ struct Layout {
   size_t descs = 0;
   size_t signatures = 0;
   size_t lent = 0;
+  size_t goodbyes = 0;
   size_t ringControls = 0;
   size_t slots = 0;
   size_t rings = 0;
   size_t total = 0;
 
-  /// Computes the offsets; chunkBytes and ringBytes must be multiples of kPage.
-  static Layout compute(int size, size_t chunkBytes, size_t ringBytes) {
+  /// Computes the offsets for `size` ranks here of a communicator of `ranks`; chunkBytes
+  /// and ringBytes must be multiples of kPage.
+  static Layout compute(int size, int ranks, size_t chunkBytes, size_t ringBytes) {
     auto roundUp = [](size_t v, size_t a) { return (v + a - 1) / a * a; };
     const auto p = static_cast<size_t>(size);
     Layout l;
     l.size = size;
+    l.ranks = ranks;
     l.chunkBytes = chunkBytes;
     l.ringBytes = ringBytes;
     l.rankLines = sizeof(SegmentHeader);
@@ -155,7 +162,8 @@ struct Layout {
     l.descs = l.doorbells + p * sizeof(Doorbell);
     l.signatures = l.descs + 2 * p * sizeof(OpDesc);
     l.lent = l.signatures + 2 * p * sizeof(OpSignature);
-    l.ringControls = l.lent + 2 * p * sizeof(LentBuffer);
+    l.goodbyes = l.lent + 2 * p * sizeof(LentBuffer);
+    l.ringControls = roundUp(l.goodbyes + static_cast<size_t>(ranks), kCacheLine);
     l.slots = roundUp(l.ringControls + p * p * sizeof(RingControl), kPage);
     l.rings = l.slots + 2 * p * chunkBytes;
     l.total = l.rings + p * p * ringBytes;

@@ -56,6 +56,7 @@ std::shared_ptr<Segment> Segment::create(const Layout& layout, const CommId& id)
   header->magic = kMagic;
   header->version = kLayoutVersion;
   header->size = layout.size;
+  header->ranks = layout.ranks;
   header->chunkBytes = layout.chunkBytes;
   header->ringBytes = layout.ringBytes;
   header->totalBytes = layout.total;
@@ -72,7 +73,7 @@ std::shared_ptr<Segment> Segment::findMapped(const CommId& id) {
   return it == registry().end() ? nullptr : it->second.lock();
 }
 
-std::shared_ptr<Segment> Segment::attach(posix::Fd fd, const CommId& id, int size) {
+std::shared_ptr<Segment> Segment::attach(posix::Fd fd, const CommId& id, int size, int ranks) {
   if (auto mapped = findMapped(id)) return mapped;
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) posix::throwErrno("create", "fstat of the shared segment");
@@ -82,7 +83,7 @@ std::shared_ptr<Segment> Segment::attach(posix::Fd fd, const CommId& id, int siz
     throw Error(ErrorCode::kInternal, "create", -1, "the segment received is too small");
   }
   if (header.magic != kMagic || header.version != kLayoutVersion || header.size != size ||
-      std::memcmp(header.commId, id.data(), id.size()) != 0 ||
+      header.ranks != ranks || std::memcmp(header.commId, id.data(), id.size()) != 0 ||
       header.totalBytes != static_cast<uint64_t>(st.st_size)) {
     throw Error(ErrorCode::kInternal, "create", -1,
                 "the segment received does not belong to this communicator (or comes from a "
@@ -93,7 +94,7 @@ std::shared_ptr<Segment> Segment::attach(posix::Fd fd, const CommId& id, int siz
     throw Error(ErrorCode::kInternal, "create", -1,
                 "the segment received is not sealed against resizing; refusing to map it");
   }
-  const Layout layout = Layout::compute(size, header.chunkBytes, header.ringBytes);
+  const Layout layout = Layout::compute(size, ranks, header.chunkBytes, header.ringBytes);
   if (layout.total != header.totalBytes) {
     throw Error(ErrorCode::kInternal, "create", -1, "the segment received has a foreign layout");
   }

@@ -17,9 +17,10 @@ class Segment {
   /// Creates, sizes, seals and maps a new segment and writes its header.
   static std::shared_ptr<Segment> create(const Layout& layout, const CommId& id);
   /// Maps a segment received from the leader after checking that it is one (magic,
-  /// version, id, size); throws Error(kSystem / kInternal) otherwise. Reuses this process's
-  /// mapping of the same communicator if there is one.
-  static std::shared_ptr<Segment> attach(posix::Fd fd, const CommId& id, int size);
+  /// version, id, sizes: `size` ranks here of a communicator of `ranks`); throws
+  /// Error(kSystem / kInternal) otherwise. Reuses this process's mapping of the same
+  /// communicator if there is one.
+  static std::shared_ptr<Segment> attach(posix::Fd fd, const CommId& id, int size, int ranks);
   /// This process's mapping of `id`, if another rank here already created or attached it.
   static std::shared_ptr<Segment> findMapped(const CommId& id);
   ~Segment();

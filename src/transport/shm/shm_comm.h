@@ -163,6 +163,11 @@ class ShmComm {
   }
   /// Rank q's pid as it recorded it.
   int pidOf(int q) const { return lines_[q].pid; }
+  /// Nonzero once communicator rank q, on another host, said goodbye on its control link:
+  /// the rail rank here that holds the link sets it, every rank here reads it.
+  std::atomic<uint8_t>& goodbye(int q) const {
+    return reinterpret_cast<std::atomic<uint8_t>*>(base_ + layout_.goodbyes)[q];
+  }
 
   /// True once any rank has recorded a failure.
   bool failed() const { return header_.failure.state.load(std::memory_order_acquire) != 0; }
