@@ -1,8 +1,10 @@
 // The tensor store's byte fetch across hosts: a reader on another host copies ranges of a
 // region exactly, learns where the region stands when it does not hold the generation asked
 // for, is told by name when the server is gone, a reader that dies mid-reply costs the
-// server that session alone, a fetch behind one that times out gets its bytes, and readers of
-// one staged source at once each get their bytes.
+// server that session alone, a fetch behind one that times out gets its bytes, readers of
+// one staged source at once each get their bytes, a reader whose host vanished costs the
+// server its session only until the quiet limit, and a live reader whose idle session ended
+// fetches again.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -45,9 +47,10 @@ void fill(shm::Region& region, uint64_t generation) {
 
 // Rank 0's server in host 0: publishes a region and tells the store where it is.
 struct Served {
-  explicit Served(RankContext& ctx, size_t capacity)
+  explicit Served(RankContext& ctx, size_t capacity,
+                  std::chrono::milliseconds quietLimit = ByteServer::kQuietLimit)
       : service(Fabric::instance(), NetService::Limits{}),
-        server(service, Fabric::instance(), as(1000)),
+        server(service, Fabric::instance(), as(1000), ByteServer::defaultShape(), quietLimit),
         region(shm::Region::create(capacity)) {
     region->beginWrite();
     fill(*region, 2);
@@ -319,6 +322,82 @@ TEST_F(TwoHosts, ReadersOfOneStagedSourceAtOnceEachGetItsOwnBytes) {
       }
     }
     ctx.store->set("done " + std::to_string(ctx.rank), Bytes{1});
+  });
+}
+
+// A reader whose host vanishes (the link cut, then the process gone: no goodbye and no
+// reset reach the server) idle after a fetch, or mid-reply over a slow link: its session ends
+// after the server's quiet limit and lets go of the source it was sending (withdrawn, it
+// was kept by the session alone). Both stayed open, the source held, for as long as the
+// test looked (40 s).
+void expectAVanishedReadersSessionToEnd(const NetnsHosts& hosts, bool midReply) {
+  const size_t big = midReply ? size_t{64} << 20 : 4096;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 0) {
+      if (midReply) hosts.shape(0, 0.1);  // 64 MiB take seconds: the cut lands mid-reply
+      Served served(ctx, big, std::chrono::milliseconds(1500));
+      ctx.store->get("reader gone", kPatience);
+      hosts.cutBetween(0, 1);
+      served.server.withdraw(served.region->id());
+      awaitSessions(served.server, 0);
+      // The session's reference to the source is gone with it (the server's was withdrawn).
+      LOOM_CHECK(served.region.use_count() == 1, << served.region.use_count());
+      return;
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> dst(big);
+    std::thread fetching;
+    if (midReply) {
+      fetching = std::thread([&] {
+        try {
+          reader.fetch(2, {{0, big}}, dst);
+        } catch (const Error&) {
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } else {
+      LOOM_CHECK(reader.fetch(2, {{0, big}}, dst).state == SourceState::kWhole);
+    }
+    ctx.store->set("reader gone", Bytes{1});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the cut is in place
+    _exit(0);  // its FIN cannot reach the server: as far as the server knows, the host is gone
+  });
+}
+
+TEST_F(TwoHosts, AnIdleReaderWhoseHostVanishedCostsTheServerNothingForLong) {
+  expectAVanishedReadersSessionToEnd(*hosts_, false);
+}
+
+TEST_F(TwoHosts, AReaderWhoseHostVanishedMidReplyCostsTheServerNothingForLong) {
+  expectAVanishedReadersSessionToEnd(*hosts_, true);
+}
+
+// A live reader whose idle session the server ended (its quiet limit) fetches again on a
+// new connection, without an error.
+TEST_F(TwoHosts, AReaderWhoseIdleSessionEndedFetchesOnANewConnection) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 0) {
+      Served served(ctx, kCapacity, std::chrono::milliseconds(300));
+      ctx.store->get("quiet", kPatience);
+      awaitSessions(served.server, 0);
+      ctx.store->set("ended", Bytes{1});
+      ctx.store->get("fetched", kPatience);
+      return;
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> dst(kCapacity);
+    const std::vector<ByteRange> all{{0, kCapacity}};
+    LOOM_CHECK(reader.fetch(2, all, dst).state == SourceState::kWhole);
+    ctx.store->set("quiet", Bytes{1});
+    ctx.store->get("ended", kPatience);
+    std::fill(dst.begin(), dst.end(), 0);
+    const auto outcome = reader.fetch(2, all, dst);
+    LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
+    expectPattern(dst, all, 2);
+    ctx.store->set("fetched", Bytes{1});
   });
 }
 

@@ -43,6 +43,7 @@ struct ByteFetcher::Connection {
   std::unique_ptr<SendChannel> out;    // requests
   std::unique_ptr<ReceiveChannel> in;  // replies, once the server connected back
   uint64_t sequence = 0;
+  uint64_t fetched = 0;             // exchanges it finished
   std::atomic<bool> broken{false};  // written under `mutex`, read under the fetcher's too
   std::string peer() const {
     return "the tensor-store server " + std::to_string(server) + " at " + address;
@@ -107,19 +108,33 @@ ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
                       std::to_string(dstBytes) + " bytes of the destination");
     }
   }
+  std::optional<Error> closedBefore;  // a kept connection the server had closed, tried again
   for (;;) {
     const auto c = connection(address, server);
     std::lock_guard<std::mutex> lock(c->mutex);
     // The fetch this one waited for broke it: connection() now makes a new one.
     if (c->broken) continue;
     try {
-      return exchange(*c, source, generation, ranges, dst, deadline);
+      const Outcome outcome = exchange(*c, source, generation, ranges, dst, deadline);
+      ++c->fetched;
+      return outcome;
     } catch (const Error& e) {
+      const bool closed = (c->out && c->out->peerLeft()) || (c->in && c->in->peerLeft());
       // Whatever was under way is lost mid-stream: the next fetch starts a new connection.
       drop(c);
       if (e.code() == ErrorCode::kTimeout) throw;
-      throw Error(e.code(), "fetch", identity_.id,
+      Error broke(e.code(), "fetch", identity_.id,
                   "the connection to " + c->peer() + " broke: " + e.detail());
+      // A server ends a reader's session after ByteServer::kQuietLimit without a word: a
+      // connection kept since then is closed, and the fetch goes again on a new one, once (a
+      // fetch only reads, so it may). A server that is gone fails that one too: then the
+      // first reason is the one to give.
+      if (closed && c->fetched > 0 && !closedBefore) {
+        closedBefore = std::move(broke);
+        continue;
+      }
+      if (closedBefore) throw *closedBefore;
+      throw broke;
     }
   }
 }

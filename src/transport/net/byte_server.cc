@@ -24,6 +24,7 @@ struct ByteServer::Session {
   explicit Session(std::unique_ptr<ReceiveChannel> channel) : in(std::move(channel)) {}
   int reader() const { return in->announced().sender; }
 
+  std::chrono::steady_clock::time_point lastMoved = std::chrono::steady_clock::now();
   std::unique_ptr<ReceiveChannel> in;  // the reader's requests
   std::unique_ptr<SendChannel> out;    // the replies, once the reader introduced itself
   // The message being read.
@@ -49,8 +50,12 @@ struct ByteServer::Worker {
 };
 
 ByteServer::ByteServer(NetService& service, Fabric& fabric, FetchIdentity identity,
-                       ChannelShape shape)
-    : service_(service), fabric_(fabric), identity_(identity), shape_(shape) {
+                       ChannelShape shape, std::chrono::milliseconds quietLimit)
+    : service_(service),
+      fabric_(fabric),
+      identity_(identity),
+      shape_(shape),
+      quietLimit_(quietLimit) {
   service_.expect(identity_.comm, identity_.secret, shape_);
   thread_ = std::thread([this] {
     posix::nameThisThread("loom-bytes");
@@ -118,14 +123,25 @@ void ByteServer::serve(Worker& worker) {
       moved = !worker.arriving.empty();
       worker.arriving.clear();
     }
+    const auto now = Clock::now();
     for (size_t i = 0; i < sessions.size();) {
       bool drop = false;
+      Session& s = *sessions[i];
       try {
-        moved |= advance(*sessions[i]);
+        if (advance(s)) {
+          moved = true;
+          s.lastMoved = now;
+        }
         // The reader closed normally: either of its channels says so (one waiting for a
         // reply is not read until the reply is out, which the reader no longer takes).
-        const Session& s = *sessions[i];
         drop = s.in->peerLeft() || (s.out && s.out->peerLeft());
+        if (!drop && now - s.lastMoved > quietLimit_) {
+          // Quiet too long: idle, or a reply no credits come back for. Its reader's host may
+          // be gone without a word (no FIN over a cut link); a live reader connects again.
+          // Not flushed: its frames would wait out a vanished reader.
+          drop = true;
+          if (s.out) s.out->closeWithoutFlush();
+        }
       } catch (const Error&) {
         drop = true;  // the reader died or broke the protocol: its session alone ends
       }
@@ -138,7 +154,6 @@ void ByteServer::serve(Worker& worker) {
     }
     // Idle, the worker naps: briefly while readers are fetching (their next request follows
     // soon), longer the longer nothing comes.
-    const auto now = Clock::now();
     if (moved) {
       idleSince = now;
       continue;

@@ -63,9 +63,17 @@ struct FetchIdentity {
 
 class ByteServer {
  public:
-  /// Serves over `service` (which it tells to expect the identity's traffic).
+  /// How long a reader's session may go without moving a byte or a request before it ends:
+  /// a reader whose host vanished (no goodbye, no reset) would otherwise hold its session,
+  /// its staging and the source it was sent forever. A live reader whose session ended
+  /// this way connects again on its next fetch.
+  static constexpr std::chrono::milliseconds kQuietLimit{60000};
+
+  /// Serves over `service` (which it tells to expect the identity's traffic); sessions end
+  /// after `quietLimit` without a word.
   ByteServer(NetService& service, Fabric& fabric, FetchIdentity identity,
-             ChannelShape shape = defaultShape());
+             ChannelShape shape = defaultShape(),
+             std::chrono::milliseconds quietLimit = kQuietLimit);
   /// Stops the thread; readers' sessions close (their fetches fail as the writer's leaving).
   ~ByteServer();
   ByteServer(const ByteServer&) = delete;
@@ -109,6 +117,7 @@ class ByteServer {
   Fabric& fabric_;
   const FetchIdentity identity_;
   const ChannelShape shape_;
+  const std::chrono::milliseconds quietLimit_;
   std::mutex mutex_;
   std::map<SourceId, std::shared_ptr<ByteSource>> sources_;  // guarded by mutex_
   std::vector<std::unique_ptr<Worker>> workers_;             // the acceptor's (and ~ByteServer's)
