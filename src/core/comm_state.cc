@@ -266,7 +266,8 @@ void CommState::startControlPlane(Clock::time_point deadline) {
   };
   control_ = std::make_unique<ControlPlane>(
       rank_, size_, railPeers, [this](int q) { return linkTo(q, kControl); },
-      [this](int q) { return describeRemote(roster_, q); }, departedHere, *failures_,
+      [this](int q) { return describeRemote(roster_, q); }, departedHere,
+      [this](int a, int b) { return hosts_.hostOf(a) == hosts_.hostOf(b); }, *failures_,
       config_.netSilence);
   control_->awaitPeers(deadline);  // the hosts meet before the communicator is used
 }

@@ -22,11 +22,12 @@ constexpr auto kTurn = std::chrono::milliseconds(5);
 
 ControlPlane::ControlPlane(int rank, int size, const std::vector<int>& peers,
                            const MakeLink& makeLink, Describe describe, DepartedHere departedHere,
-                           Failures& failures, std::chrono::milliseconds silence)
+                           SameHost sameHost, Failures& failures, std::chrono::milliseconds silence)
     : rank_(rank),
       size_(size),
       describe_(std::move(describe)),
       departedHere_(std::move(departedHere)),
+      sameHost_(std::move(sameHost)),
       failures_(failures),
       silence_(silence) {
   for (int q : peers) {
@@ -262,11 +263,12 @@ void ControlPlane::noteDeparted(const Peer& peer) {
   for (size_t at = 0; at + sizeof(int32_t) <= peer.text.size(); at += sizeof(int32_t)) {
     int32_t q = 0;
     std::memcpy(&q, peer.text.data() + at, sizeof q);
-    if (q < 0 || q >= size_) {
+    // A peer speaks for its own host's ranks only: a goodbye noted here is every local
+    // rank's to act on, and is never taken back.
+    if (q < 0 || q >= size_ || !sameHost_(q, peer.rank)) {
       throw Error(ErrorCode::kPeerFailure, "network", rank_,
                   "a malformed control message: " + describe_(peer.rank) + " says rank " +
-                      std::to_string(q) + " left, and this communicator has " +
-                      std::to_string(size_) + " ranks");
+                      std::to_string(q) + " left, which is not a rank of its host");
     }
     failures_.noteGoodbye(q);
   }

@@ -38,11 +38,13 @@ class ControlPlane {
   using Describe = std::function<std::string(int q)>;
   /// The ranks of this host that have left, in increasing order.
   using DepartedHere = std::function<std::vector<int>()>;
+  /// Whether ranks a and b share a host.
+  using SameHost = std::function<bool(int a, int b)>;
 
   /// Starts the thread for rank `rank` of a communicator of `size`, whose rail peers on
   /// other hosts are `peers`.
   ControlPlane(int rank, int size, const std::vector<int>& peers, const MakeLink& makeLink,
-               Describe describe, DepartedHere departedHere, Failures& failures,
+               Describe describe, DepartedHere departedHere, SameHost sameHost, Failures& failures,
                std::chrono::milliseconds silence);
   /// Stops the thread; the links say goodbye.
   ~ControlPlane();
@@ -80,13 +82,15 @@ class ControlPlane {
   void run();
   void serve(Peer& peer, Clock::time_point now, bool failedHere, const std::vector<int>& departed);
   void receive(Peer& peer, Clock::time_point now);
-  /// Notes the ranks a peer's departure message names (checked: ranks of this communicator).
+  /// Notes the ranks a peer's departure message names (checked: ranks of the peer's host,
+  /// the only ones it speaks for).
   void noteDeparted(const Peer& peer);
 
   const int rank_;
   const int size_;
   Describe describe_;
   DepartedHere departedHere_;
+  SameHost sameHost_;
   Failures& failures_;
   const std::chrono::milliseconds silence_;
   /// ", not from <peer>, ..." for the peers not heard from yet.

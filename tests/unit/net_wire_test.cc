@@ -55,7 +55,7 @@ TEST(NetWire, RejectsMalformedHellos) {
   wrongMagic[0] ^= 1;
   EXPECT_FALSE(parseHello(wrongMagic));
   auto wrongVersion = bytes;
-  wrongVersion[8] = 2;
+  wrongVersion[8] ^= 1;  // the version before, or after
   EXPECT_FALSE(parseHello(wrongVersion));
   auto wrongRole = bytes;
   wrongRole[12] = 3;
