@@ -303,7 +303,7 @@ def test_a_cancelled_async_get_stops_before_it_fills_the_callers_tensors():
     # Its thread used to wait on and fill the tensors once the version came, after the caller
     # had read another version into them (two threads could fill them at once, each check
     # passing, leaving a mix of two versions).
-    from loom.tensor_store import AsyncTensorStore, TensorStore
+    from loom.tensor_store import AsyncTensorStore, TensorStore, _read_plan, _store
 
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=20))
@@ -314,24 +314,81 @@ def test_a_cancelled_async_get_stops_before_it_fills_the_callers_tensors():
     def verb_threads():
         return [t for t in threading.enumerate() if t.name.startswith("loom-tensor-store-get")]
 
-    async def main():
+    def ended():  # the verbs' threads stop at their next wait (the version is minutes away)
+        for thread in verb_threads():
+            thread.join(30)
+        return verb_threads() == []
+
+    async def cancelled_waits():
         writer.put_state_dict({"w": torch.full((1000,), 1.0)}, "p")
         with pytest.raises((asyncio.TimeoutError, TimeoutError)):
             await asyncio.wait_for(reader.get_state_dict("p", mine, version=2, timeout=timedelta(seconds=60)), 0.2)
-        assert verb_threads() == []  # ended with the cancel, not at the version or the timeout
+        assert ended()  # stopped at its wait, not at the version or the timeout
         await reader.get_state_dict("p", mine, version=1)
         task = asyncio.ensure_future(reader.get("p", version=3, timeout=timedelta(seconds=60)))
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert verb_threads() == []
+        assert ended()
         writer.put_state_dict({"w": torch.full((1000,), 2.0)}, "p")
         writer.put_state_dict({"w": torch.full((1000,), 3.0)}, "p")
         return mine["w"].unique().tolist()
 
+    async def cancelled_while_blocked_elsewhere():
+        # Blocked where it does not look (a fetch from a vanished host, say): the cancel ends
+        # at once, the thread later stops before its copies.
+        release = threading.Event()
+        lookup = _store.TensorStore._parts
+
+        def blocked(self, *args, **kwargs):
+            release.wait(30)
+            return lookup(self, *args, **kwargs)
+
+        _store.TensorStore._parts = blocked
+        try:
+            task = asyncio.ensure_future(reader.get_state_dict("p", mine))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            waiting = [t.is_alive() for t in verb_threads()]
+        finally:
+            release.set()
+            _store.TensorStore._parts = lookup
+        for thread in verb_threads():
+            thread.join(10)
+        return waiting, mine["w"].unique().tolist()
+
+    async def cancelled_twice_while_copying():
+        # Cancelled twice during its copies: it ends only once they are done, never later.
+        copying = threading.Event()
+        copies = _read_plan.run_copies
+
+        def slow(groups):
+            copying.set()
+            time.sleep(0.4)
+            copies(groups)
+
+        _read_plan.run_copies = slow
+        try:
+            task = asyncio.ensure_future(reader.get_state_dict("p", mine))
+            await asyncio.to_thread(copying.wait, 10)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            at_the_end = mine["w"].unique().tolist()
+        finally:
+            _read_plan.run_copies = copies
+        await asyncio.sleep(0.5)
+        return at_the_end, mine["w"].unique().tolist()
+
     try:
-        assert asyncio.run(main()) == [1.0]
+        assert asyncio.run(cancelled_waits()) == [1.0]
+        assert asyncio.run(cancelled_while_blocked_elsewhere()) == ([True], [1.0])
+        assert asyncio.run(cancelled_twice_while_copying()) == ([3.0], [3.0])
     finally:
         writer.close()
         reader.close()

@@ -733,6 +733,12 @@ def _mesh_rank_fails_its_parts(rank, world):
     dist.barrier()
     out += (ts.latest_version("policy"), sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist())))
     dist.barrier()
+    ts.put_state_dict(sd(6), "policy")  # with 5 complete, the abandoned versions' entries go
+    dist.barrier()
+    left = [name for v in (3, 4) for name in (f"k/policy/v{v}/done", f"k/policy/v{v}/writers")
+            if ts._get_now(name) is not None]
+    assert left == [], f"entries of abandoned versions left in the Store: {left}"
+    dist.barrier()
     return out
 
 

@@ -18,7 +18,7 @@ import functools
 import threading
 from typing import Any
 
-from ._cancellation import run_cancellable
+from ._cancellation import Token, run_cancellable
 from ._store import TensorStore, TensorStoreError
 
 __all__ = ["TensorStore", "AsyncTensorStore", "TensorStoreError"]
@@ -56,11 +56,12 @@ async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
     """verb(*args, **kwargs) on a new thread, awaited. Not the loop's executor (what
     asyncio.to_thread uses): its few threads, all taken by gets waiting for a version, would
     queue the very put they wait for behind them. Cancelled, it stops the verb (at its next
-    wait, or before it copies into the caller's tensors) and ends once the thread is done
-    with them: a get cancelled by a timeout never fills them later, beside the next get."""
+    wait, or before it touches the caller's tensors) and ends once the verb no longer
+    touches them (a copy under way finishes first): a get cancelled by a timeout never fills
+    them later, beside the next get."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    cancel = threading.Event()
+    token = Token()
     context = contextvars.copy_context()  # as asyncio.to_thread passes the caller's context
 
     def settle(result: Any, error: BaseException | None) -> None:
@@ -73,9 +74,11 @@ async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
 
     def run() -> None:
         try:
-            outcome = (context.run(run_cancellable, cancel, verb, *args, **kwargs), None)
+            outcome = (context.run(run_cancellable, token, verb, *args, **kwargs), None)
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
-            outcome = (None, error)
+            # Cancelled, nobody reads it: not kept, nor its traceback's frames (their reads'
+            # mappings of writers' buffers would live on until the cycle collector ran).
+            outcome = (None, None if token.event.is_set() else error)
         try:
             loop.call_soon_threadsafe(settle, *outcome)
         except RuntimeError:  # the loop closed meanwhile: no one awaits the verb any more
@@ -83,11 +86,16 @@ async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
 
     threading.Thread(target=run, name=f"loom-tensor-store-{name}").start()
     try:
-        return await asyncio.shield(done)  # shielded: a cancel leaves `done` to tell the end
+        return await asyncio.shield(done)  # shielded: a cancel leaves `done` to the verb
     except asyncio.CancelledError:
-        cancel.set()
-        try:
-            await asyncio.shield(done)
-        except BaseException:  # noqa: BLE001 - its outcome (Cancelled, most often) goes unread
-            pass
+        # Its outcome is nobody's: read, so asyncio logs no "exception was never retrieved".
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # Off the loop's thread (a copy under way may take a while); cancelled again
+        # meanwhile, it still waits: returning early would break the promise above.
+        stopped = loop.run_in_executor(None, token.cancel)
+        while not stopped.done():
+            try:
+                await asyncio.shield(stopped)
+            except asyncio.CancelledError:
+                pass
         raise

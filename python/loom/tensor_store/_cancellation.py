@@ -1,9 +1,12 @@
-"""Cancellation of an AsyncTensorStore verb: the thread that runs it is told, and the verb
-stops at its next wait, or before its copies into the caller's tensors begin (copies begun
-finish: stopped half way they would leave the tensors holding part of a version)."""
+"""Cancellation of an AsyncTensorStore verb. The verb runs on a thread of its own; a cancel
+tells that thread, which stops at its next wait, and waits only for the verb's section that
+reads or writes the caller's tensors (its copies, or a broadcast it takes part in), if one
+runs: after that the verb never touches them again, whatever it still waits for (a fetch
+from a vanished host, say) before it notices."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 
@@ -11,20 +14,50 @@ class Cancelled(Exception):
     """The coroutine awaiting this verb was cancelled; nobody reads this verb's outcome."""
 
 
+class Token:
+    """One verb's cancellation: `event` says it was cancelled; `section` is held while the
+    verb touches the caller's tensors."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.section = threading.Lock()
+
+    def cancel(self) -> None:
+        """Cancels the verb, returning once it no longer touches the caller's tensors."""
+        self.event.set()
+        with self.section:  # a section under way ends; none starts after (it checks the event)
+            pass
+
+
 _current = threading.local()
 
 
-def run_cancellable(cancel: threading.Event, verb, *args, **kwargs):
-    """verb(*args, **kwargs) on this thread, stopping where it checks once `cancel` is set."""
-    _current.event = cancel
+def run_cancellable(token: Token, verb, *args, **kwargs):
+    """verb(*args, **kwargs) on this thread, stopping where it checks once `token` is cancelled."""
+    _current.token = token
     try:
         return verb(*args, **kwargs)
     finally:
-        _current.event = None
+        _current.token = None
 
 
 def stop_if_cancelled() -> None:
     """Raises Cancelled if the verb this thread runs for a coroutine was cancelled."""
-    event = getattr(_current, "event", None)
-    if event is not None and event.is_set():
+    token = getattr(_current, "token", None)
+    if token is not None and token.event.is_set():
         raise Cancelled()
+
+
+@contextlib.contextmanager
+def touching_callers_tensors(stoppable: bool = True):
+    """Held while a verb reads or writes the caller's tensors: a cancel waits for it to end,
+    and a verb cancelled before it enters stops there (Cancelled), unless not `stoppable` (a
+    collective, which the group's other members wait in)."""
+    token = getattr(_current, "token", None)
+    if token is None:
+        yield
+        return
+    with token.section:
+        if stoppable:
+            stop_if_cancelled()
+        yield

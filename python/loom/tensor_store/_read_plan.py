@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._cancellation import stop_if_cancelled
+from ._cancellation import stop_if_cancelled, touching_callers_tensors
 from ._layout import flatten, shards_signature
 from ._parts import MappedBuffer, PartMeta, TensorMeta, copy_groups, run_copies, unpickled
 
@@ -122,35 +122,38 @@ class ReadPlan:
                 raise Stale(copied=False)
             if state in ("writing", "pending"):
                 writing[(p, b)] = (mapped, generation, parts[p])
-        # Under no_grad, as load_state_dict fills: with grad mode on, torch's copies (those
-        # loom's own copies do not take, into a tensor that is not contiguous) refuse a leaf
-        # that requires grad (a Parameter), and a state dict would be left half filled.
-        # Whether such a tensor may be filled at all was settled by _check_writable, before
-        # any byte moved.
-        with torch.no_grad():
-            if not writing:
-                if self.groups is None:
-                    self.groups = copy_groups(self.dsts, self.srcs)
-                run_copies(self.groups)
-            else:
-                self._run_as_written(writing)
-        # loom's copies write memory behind autograd's back: a tensor saved for backward
-        # must be seen as changed, as after copy_ (its backward then refuses to run).
-        torch.autograd.graph.increment_version(self.targets)
-        for slot, end in self.needs_for_objects:
-            if slot in writing:
-                try:
-                    self._await(writing[slot], end)
-                except (TensorStoreError, TimeoutError) as error:
-                    error.while_copying = bool(self.dsts)  # the tensors are filled already
-                    raise
-        raw = {path: src.clone() for path, src in self.objects}
-        for slot, (mapped, generation) in zip(self.buffers, checks):
-            # Copied as written: valid as far as the write had got.
-            written = self.ends[slot] if slot in writing else None
-            if not mapped.check(generation, written):
-                raise Stale()
-        return self.result({path: unpickled(data) for path, data in raw.items()})
+        # From here on the caller's tensors (and dict) are written: a cancelled verb's cancel
+        # waits for this to end, and one cancelled before it stops here.
+        with touching_callers_tensors():
+            # Under no_grad, as load_state_dict fills: with grad mode on, torch's copies (those
+            # loom's own copies do not take, into a tensor that is not contiguous) refuse a leaf
+            # that requires grad (a Parameter), and a state dict would be left half filled.
+            # Whether such a tensor may be filled at all was settled by _check_writable, before
+            # any byte moved.
+            with torch.no_grad():
+                if not writing:
+                    if self.groups is None:
+                        self.groups = copy_groups(self.dsts, self.srcs)
+                    run_copies(self.groups)
+                else:
+                    self._run_as_written(writing)
+            # loom's copies write memory behind autograd's back: a tensor saved for backward
+            # must be seen as changed, as after copy_ (its backward then refuses to run).
+            torch.autograd.graph.increment_version(self.targets)
+            for slot, end in self.needs_for_objects:
+                if slot in writing:
+                    try:
+                        self._await(writing[slot], end)
+                    except (TensorStoreError, TimeoutError) as error:
+                        error.while_copying = bool(self.dsts)  # the tensors are filled already
+                        raise
+            raw = {path: src.clone() for path, src in self.objects}
+            for slot, (mapped, generation) in zip(self.buffers, checks):
+                # Copied as written: valid as far as the write had got.
+                written = self.ends[slot] if slot in writing else None
+                if not mapped.check(generation, written):
+                    raise Stale()
+            return self.result({path: unpickled(data) for path, data in raw.items()})
 
     def _check_writable(self) -> None:
         """Refuses, as copy_ does, to fill an inference tensor outside inference mode, and

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from ._arguments import as_timeout, is_version_number
 from ._broadcast import Broadcaster
-from ._cancellation import stop_if_cancelled
+from ._cancellation import stop_if_cancelled, touching_callers_tensors
 from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text,
                       unstorable, whole)
 from ._lending import Lent, home_of, lendable_tensors, lent_metas, move_into, take_back
@@ -119,6 +119,7 @@ class TensorStore(ReadPlanning, VersionWaits):
         self._broadcasting = threading.Lock()  # one broadcast at a time: they share plans
         self._owned: dict[str, collections.deque[Kept]] = {}
         self._last_version: dict[str, int] = {}
+        self._abandoned: dict[str, list[int]] = {}  # mesh versions this rank's part failed (_abandon)
         self._indexed: set[str] = set()
         self._latest_seen: dict[str, bytes] = {}  # the latest value this writer set, per key
         self._write_plans: dict[str, WritePlan] = {}
@@ -278,6 +279,7 @@ class TensorStore(ReadPlanning, VersionWaits):
             self._forget(key)
             for kept in self._owned.pop(key, ()):
                 self._unpublish(key, kept)
+            self._forget_abandoned(key, latest[0] + 1 if latest else 1 << 62)
             lent = self._lent.pop(key, None)
             if lent is not None:
                 self._withdraw(key, lent)
@@ -395,12 +397,12 @@ class TensorStore(ReadPlanning, VersionWaits):
             raise ValueError(self._message(f"put('{key}'): global rank {me} is not in its DTensors' mesh {writers}"))
         return writers, writers.index(me)
 
-    def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> int:
+    def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> None:
         """Takes version number `version` of `key` for `writers` (this store alone, or a
         DTensor's mesh, which put one version together), or refuses it: a key's versions are
         one sequence, and two writers that numbered a put alike would each publish one, and
         readers would lose one of the pair. Another writer may go on with a key (it numbers
-        from the latest). Returns the latest complete version it found (0 for none)."""
+        from the latest)."""
         mine = self._writer_record(writers)
         owner = self._store.compare_set(f"k/{key}/v{version}/writers", b"", mine)
         if owner != mine:
@@ -419,7 +421,6 @@ class TensorStore(ReadPlanning, VersionWaits):
                 f"{verb}('{key}'): version {version} is not above the latest, {latest[0]}: another "
                 f"writer went on with the key since this one's last {verb} (the versions between are "
                 f"no longer kept); pass version= above it, or put a key per writer"))
-        return latest[0] if latest else 0
 
     def _writer_record(self, writers: list[int]) -> bytes:
         """What k/<key>/v<V>/writers holds for a version `writers` put: a DTensor's mesh by its
@@ -466,13 +467,16 @@ class TensorStore(ReadPlanning, VersionWaits):
     def _publish(self, key: str, kind: str, version: int, index: int, writers: list[int], plan: "WritePlan",
                  sources: list[torch.Tensor]) -> int:
         parts = len(writers)
-        # First, before an old version is retired to make room: a refused number changes nothing.
-        latest = self._take_version(key, version, writers, "put")
         kept = self._owned.get(key, collections.deque())  # this rank owns the key once it keeps a version
+        # The versions that make room, chosen first: a mesh rank too far ahead of its peers is
+        # refused before it takes a number (it leaves nothing behind, and its next put
+        # numbers as its peers' will).
+        retiring = self._retiring(key, kept, writers)
+        # Then the number, before an old version is retired: a refused number changes nothing.
+        self._take_version(key, version, writers, "put")
         # The oldest versions go to make room, and their buffers may be reused; but only once
         # this put has its buffers: a put refused for memory or its device keeps them all.
         try:
-            retiring = self._retiring(key, kept, latest, writers)
             spare = [buffer for old in retiring for buffer in old.buffers]
             buffers = [self._buffer(f"put('{key}')", device, capacity, spare)
                        for device, capacity in zip(plan.devices, plan.capacity)]
@@ -511,7 +515,7 @@ class TensorStore(ReadPlanning, VersionWaits):
         self._owned[key] = kept
         self._last_version[key] = version
         try:
-            with torch.no_grad():
+            with touching_callers_tensors(), torch.no_grad():  # a cancel waits for the copies
                 for buffer, on_device in zip(buffers, plan.pieces_on):
                     buffer.write([(sources[i], plan.metas[i].offset) for i in on_device], self._bucket_bytes)
         except BaseException:
@@ -533,7 +537,7 @@ class TensorStore(ReadPlanning, VersionWaits):
                 self._advance_latest(key, version, parts)
         return version
 
-    def _retiring(self, key: str, kept: collections.deque, latest: int, writers: list[int]) -> list[Kept]:
+    def _retiring(self, key: str, kept: collections.deque, writers: list[int]) -> list[Kept]:
         """The kept versions to retire so that this put leaves `keep`, oldest first, never the
         latest complete one. A single writer's kept versions are all complete. A mesh rank's
         may not be: the version after the latest complete one may still be written by a slower
@@ -541,11 +545,14 @@ class TensorStore(ReadPlanning, VersionWaits):
         cannot read once it completes), or a rank's part of it failed (it never completes; its
         done count was pushed past the parts: _abandon). Those still awaited are kept beyond
         `keep`, up to twice it: further ahead than that, the put is refused by name."""
+        if len(writers) == 1:
+            return list(kept)[:max(0, len(kept) - self._keep + 1)]
+        found = self._latest(key)
+        latest = found[0] if found else 0
+        self._forget_abandoned(key, latest)
         excess = len(kept) - self._keep + 1
         if excess <= 0:
             return []
-        if len(writers) == 1:
-            return list(kept)[:excess]
         # The done counts of those after the latest this put found: equal to the parts once
         # complete (one may have completed since: it is the latest now), ABANDONED or more
         # once abandoned, below the parts while awaited, missing once rank 0 of the mesh
@@ -577,8 +584,22 @@ class TensorStore(ReadPlanning, VersionWaits):
         """Says a mesh's version will never be complete (this rank's part of it failed): its
         done count goes past any number of parts, so no rank's count can complete it, the
         mesh's other ranks may retire their parts of it (_retiring), and readers waiting for
-        it are told (_wait)."""
+        it are told (_wait). Its entries go once a later version is complete
+        (_forget_abandoned)."""
         self._store.add(f"k/{key}/v{version}/done", ABANDONED)
+        self._abandoned.setdefault(key, []).append(version)
+
+    def _forget_abandoned(self, key: str, latest: int) -> None:
+        """Deletes the done count and writers record of versions of `key` this rank abandoned
+        below `latest`: nobody waits for those any more (a reader waiting for one was told the
+        writers went on past it), and no writer may take their numbers (they are below the
+        latest). Without this each failed part would leave two Store entries for good."""
+        below = [v for v in self._abandoned.get(key, []) if v < latest]
+        for version in below:
+            self._store.delete_key(f"k/{key}/v{version}/done")
+            self._store.delete_key(f"k/{key}/v{version}/writers")
+        if below:
+            self._abandoned[key] = [v for v in self._abandoned[key] if v >= latest]
 
     def _buffer(self, what: str, device: torch.device, capacity: int, spare: list[OwnedBuffer]) -> OwnedBuffer:
         """A buffer of at least `capacity` bytes on `device`: a spare one of the retired
