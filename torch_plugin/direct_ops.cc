@@ -267,6 +267,7 @@ at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
     allReduceDirect(pg, s, op, input, output.data_ptr());
     return output;
   }
+  settleBeforeCopying(input);  // a copy taken at issue reads what earlier calls wrote
   output.copy_(input);
   allReduceInPlace(output, reduceOp, group);
   return output;
@@ -461,6 +462,24 @@ void allToAllSingleOut(const at::Tensor& input, at::IntArrayRef outputSplitSizes
   written(out);
 }
 
+/// Before a negative or conjugate view (a math bit) of operator `op`'s argument on group
+/// `group` is resolved into a copy: the copy waits for the group's earlier asynchronous calls
+/// that write the view's memory, as c10d's staging does (it read what they had not written
+/// yet), and a written view whose elements share memory is refused now, by name, before
+/// anything is sent (its write back after the collective is what failed).
+void prepareResolving(const std::string& op, const std::string& group, const at::Tensor& view,
+                      bool written) {
+  c10::intrusive_ptr<c10d::Backend> backend = loomGroup(op.c_str(), group, view.device());
+  const CallSite site = static_cast<ProcessGroupLoom&>(*backend).directSite(op.c_str());
+  if (written && at::has_internal_overlap(view) == at::MemOverlap::Yes) {
+    invalid(site,
+            "the tensor it writes has elements that share memory (a stride of 0, as expand() "
+            "makes), so several results would land in one place; pass a tensor whose elements "
+            "are its own");
+  }
+  settleBeforeCopying(view);
+}
+
 /// An argument of an eager call as its kernel gets it. Negative views (whose memory holds
 /// the values unnegated) are what torch's dispatcher resolves before an operator's kernel
 /// runs, and the eager entry skips the dispatcher: a tensor read is passed as a resolved
@@ -487,7 +506,7 @@ struct EagerArg<at::Tensor&> {
   explicit EagerArg(at::Tensor& t) : view(t), resolved(writingRefused(t) ? t : t.resolve_neg()) {}
   at::Tensor& get() { return resolved; }
   void writeBack() {
-    if (view.is_neg()) view.copy_(resolved);
+    if (view.is_neg()) writeResult(view, resolved);  // as the kernels write (inference tensors too)
   }
   at::Tensor& view;
   at::Tensor resolved;
@@ -501,9 +520,38 @@ bool negativeView(const T& /*notATensor*/) {
   return false;
 }
 
-/// Runs `kernel` on `args` with negative views resolved (EagerArg).
+/// prepareResolving for an eager call's argument of type A, if it is a negative view.
+template <class A>
+struct PrepareArg {
+  static void run(const std::string& /*op*/, const std::string& /*group*/, const A& /*arg*/) {}
+};
+template <>
+struct PrepareArg<const at::Tensor&> {
+  static void run(const std::string& op, const std::string& group, const at::Tensor& t) {
+    if (t.is_neg()) prepareResolving(op, group, t, false);
+  }
+};
+template <>
+struct PrepareArg<at::Tensor&> {
+  static void run(const std::string& op, const std::string& group, const at::Tensor& t) {
+    if (t.is_neg() && !writingRefused(t)) prepareResolving(op, group, t, true);
+  }
+};
+
+/// Notes `arg` in `group` if it is a string: every operator's last string is its group's name.
+inline void noteGroupName(const std::string*& group, const std::string& arg) {
+  group = &arg;
+}
+template <class T>
+void noteGroupName(const std::string*& /*group*/, const T& /*notAString*/) {}
+
+/// Runs `kernel` (operator `op`) on `args` with negative views resolved (EagerArg).
 template <class R, class... Args>
-R runResolvingNegativeViews(R (*kernel)(Args...), std::type_identity_t<Args>... args) {
+R runResolvingNegativeViews(const std::string& op, R (*kernel)(Args...),
+                            std::type_identity_t<Args>... args) {
+  const std::string* group = nullptr;
+  (noteGroupName(group, args), ...);
+  (PrepareArg<Args>::run(op, *group, args), ...);
   std::tuple<EagerArg<Args>...> resolved{EagerArg<Args>(std::forward<Args>(args))...};
   const auto run = [&] {
     return std::apply([&](auto&... a) { return kernel(a.get()...); }, resolved);
@@ -570,7 +618,8 @@ auto eager(const char* name, R (*kernel)(Args...)) {
     }
     const EagerEntry entry;
     if ((negativeView(args) || ...)) {
-      return runResolvingNegativeViews(kernel, std::forward<Args>(args)...);
+      const std::string op = std::string(name).substr(std::string(name).find("::") + 2);
+      return runResolvingNegativeViews(op, kernel, std::forward<Args>(args)...);
     }
     return kernel(std::forward<Args>(args)...);
     END_HANDLE_TH_ERRORS_PYBIND
@@ -614,6 +663,12 @@ void resolveMathBits(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                      torch::jit::Stack* stack) {
   const auto& arguments = op.schema().arguments();
   const size_t count = arguments.size();
+  const std::string name = shortName(op);
+  std::string group;  // every operator's last string argument
+  for (size_t i = 0; i < count; ++i) {
+    const c10::IValue& value = (*stack)[stack->size() - count + i];
+    if (value.isString()) group = value.toStringRef();
+  }
   std::vector<std::pair<at::Tensor, at::Tensor>> writeBack;  // the caller's view, what is written
   for (size_t i = 0; i < count; ++i) {
     c10::IValue& value = (*stack)[stack->size() - count + i];
@@ -622,13 +677,14 @@ void resolveMathBits(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     if (!view.is_neg() && !view.is_conj()) continue;
     const bool written = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
     if (written && writingRefused(view)) continue;
+    prepareResolving(name, group, view, written);
     at::Tensor resolved = view.resolve_conj().resolve_neg();
     if (written) writeBack.emplace_back(view, resolved);
     value = std::move(resolved);
   }
   op.redispatchBoxed(keys.remove(c10::DispatchKey::Negative).remove(c10::DispatchKey::Conjugate),
                      stack);
-  for (auto& [view, resolved] : writeBack) view.copy_(resolved);
+  for (auto& [view, resolved] : writeBack) writeResult(view, resolved);  // inference tensors too
 }
 
 }  // namespace

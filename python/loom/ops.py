@@ -29,7 +29,9 @@ transforms (vmap, grad, functionalize), and for tensor subclasses with their own
 (DTensor, wrapper subclasses), for meta tensors and for torch.fx.symbolic_trace's proxies,
 they are the operators above, so one spelling serves both. (Tensor subclasses that only
 override __torch_function__ are not consulted by the eager functions: call the operators for
-those.)
+those. torch.func.functionalize refuses custom operators that write their arguments, so
+under it only the forms that return a new tensor work; torch.compile (auto_functionalized)
+functionalizes the written forms as well.)
 
 reduce_op is one of sum, avg, product, min, max, band, bor, bxor. Results equal those of
 the torch.distributed calls on the same group. Contiguous CPU tensors go straight to the

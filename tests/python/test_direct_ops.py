@@ -216,6 +216,81 @@ def test_a_copy_taken_at_issue_waits_for_the_groups_earlier_calls(on_new_thread)
         assert got == want, got
 
 
+def staged_copy_body(rank: int, world: int, case: str, entry: str) -> list:
+    # Inputs the direct entry copies at issue of its own (a complex or strided input staged
+    # by all_reduce, a negative or conjugate view resolved) hold what this group's earlier
+    # asynchronous call writes into them: they read its input before it ran (4 or 3, not 6).
+    ops = entry_ops(entry)
+    name = dist.group.WORLD.group_name
+    if case == "complex":
+        x = torch.full((4,), complex(rank + 1, 0), dtype=torch.complex64)
+        read = x
+    elif case == "strided":
+        x = torch.zeros(4, 2)
+        x[:, 0] = rank + 1
+        read = x[:, 0]
+    elif case == "neg":
+        x = torch.full((4,), float(rank + 1))
+        read = torch._neg_view(x)
+    else:  # conj, written in place
+        x = torch.full((4,), complex(rank + 1, rank + 1), dtype=torch.complex64)
+        read = x.conj()
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's asynchronous call still waits as its direct call is issued
+    work = dist.all_reduce(x, async_op=True)  # x becomes 3 (3+3j) on both ranks
+    if case == "conj":
+        ops.all_reduce_(read, "sum", name)
+        work.wait()
+        return x.tolist()
+    got = ops.all_reduce(read, "sum", name)
+    work.wait()
+    return got.real.tolist() if got.is_complex() else got.tolist()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("case", ["complex", "strided", "neg", "conj"])
+def test_inputs_copied_or_resolved_at_issue_wait_for_the_groups_earlier_calls(case, entry):
+    want = {"complex": [6.0] * 4, "strided": [6.0] * 4, "neg": [-6.0] * 4, "conj": [6 + 6j] * 4}[case]
+    assert run_ranks(2, staged_copy_body, case, entry) == [want, want]
+
+
+def math_bit_write_body(rank: int, world: int, kind: str, entry: str):
+    ops = entry_ops(entry)
+    name = dist.group.WORLD.group_name
+    if kind == "inference-neg":
+        with torch.inference_mode():
+            view = torch._neg_view(torch.full((4,), float(rank + 1)))
+    elif kind == "inference-conj":
+        with torch.inference_mode():
+            view = torch.full((4,), complex(rank + 1, 1), dtype=torch.complex64).conj()
+    else:  # an expanded conjugate view: its elements share memory
+        view = torch.ones(1, dtype=torch.complex64).expand(4).conj()
+    want = view.clone()
+    if kind.startswith("inference"):
+        dist.all_reduce(want)
+    try:
+        ops.all_reduce_(view, "sum", name)
+    except RuntimeError as e:
+        return str(e)
+    return torch.equal(view, want)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("kind", ["inference-neg", "inference-conj"])
+def test_a_negative_or_conjugate_view_of_an_inference_tensor_is_written(kind, entry):
+    # Its result was written back with copy_, which refuses inference tensors outside
+    # inference mode: the call ran on every rank, then failed, its result lost.
+    assert run_ranks(2, math_bit_write_body, kind, entry) == [True, True]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_an_expanded_conjugate_view_to_write_is_refused_before_anything_is_sent(entry):
+    # Its resolved copy passed the kernel's check, and torch's copy_ back failed after the
+    # call had run on every rank.
+    for got in run_ranks(2, math_bit_write_body, "expanded-conj", entry):
+        assert "share memory" in got and "all_reduce" in got, got
+
+
 def compiled_body(rank: int, world: int, entry: str) -> None:
     ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
