@@ -178,7 +178,7 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
 std::shared_ptr<CommState> CommState::createChild(CommState& parent,
                                                   const std::vector<int>& members,
                                                   const std::string& salt,
-                                                  const CommOptions& options) {
+                                                  const CommOptions& options, bool watchParent) {
   Roster roster;
   roster.secret = parent.roster_.secret;
   std::string key = salt + "/";
@@ -202,10 +202,13 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   // A child across hosts registers here (a top-level one did in exchangeRoster): one
   // registration, which the state's destructor gives back.
   if (state->spansHosts()) listenFor(roster, rank);
-  // A shrink starts from a failed parent (what it is for); split and subset from a serving
-  // one, whose failure meanwhile (a member aborted it instead of joining) is the reason.
-  const Failures* watched =
-      parent.failures_ && !parent.failures_->failed() ? parent.failures_.get() : nullptr;
+  // Split and subset start from a serving parent, whose failure meanwhile (a member aborted
+  // it instead of joining) is the reason to stop. A shrink does not watch it: its parent has
+  // failed, or is about to, for the ranks it leaves out (one that dies while the others
+  // shrink made their shrink fail); a member that dies is seen by the join itself.
+  const Failures* watched = watchParent && parent.failures_ && !parent.failures_->failed()
+                                ? parent.failures_.get()
+                                : nullptr;
   state->join(deadlineAfter(options.timeout), /*child=*/true, watched);
   return state;
 }
@@ -318,7 +321,7 @@ void CommState::refuseIfShutDown(std::string_view op) const {
   }
 }
 
-void CommState::requireUsable(std::string_view op) {
+void CommState::refuseInAFork(std::string_view op) const {
   if (forkedAway()) {
     throw Error(ErrorCode::kUnsupported, op, rank_,
                 "communicator '" + name_ + "' belongs to process " + std::to_string(owner_) +
@@ -326,6 +329,10 @@ void CommState::requireUsable(std::string_view op) {
                     ") is a fork of it: a forked process cannot use its parent's communicator; "
                     "make one of its own (init_process_group in the child)");
   }
+}
+
+void CommState::requireUsable(std::string_view op) {
+  refuseInAFork(op);
   refuseIfShutDown(op);
   if (failures_->failed()) {
     // Failing at the call is a failure too: report it like one that ends a running operation.

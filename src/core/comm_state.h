@@ -46,9 +46,12 @@ class CommState final : public FailureSink {
                                                     const CommOptions& options);
   /// Joins the child of `parent` whose members are the parent ranks `members` (new rank =
   /// index). `salt` tells apart children with the same members; members pass the same.
+  /// `watchParent`: the parent's failure while the child is made ends the making (split and
+  /// subset: a member aborted the parent instead of joining); not for a shrink, which
+  /// starts from a parent failed or about to fail for the very ranks it leaves out.
   static std::shared_ptr<CommState> createChild(CommState& parent, const std::vector<int>& members,
-                                                const std::string& salt,
-                                                const CommOptions& options);
+                                                const std::string& salt, const CommOptions& options,
+                                                bool watchParent);
   ~CommState();
   CommState(const CommState&) = delete;
   CommState& operator=(const CommState&) = delete;
@@ -87,6 +90,9 @@ class CommState final : public FailureSink {
   void requireUsable(std::string_view op);
   /// Throws Error(kAborted) naming `op` if shut down (requireUsable's first check alone).
   void refuseIfShutDown(std::string_view op) const;
+  /// Throws Error(kUnsupported) naming `op` in a process forked from the one that made this
+  /// communicator (requireUsable's fork check alone: a shrink works on a failed one).
+  void refuseInAFork(std::string_view op) const;
 
   /// A table of what every rank of this communicator last started and finished, read from
   /// shared memory (so it shows the other ranks too).

@@ -110,7 +110,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, const Comm
                    [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
   const std::string salt = "split/" + std::to_string(number) + "/" + std::to_string(color);
   return std::make_shared<Communicator>(
-      detail::CommState::createChild(*state_, members, salt, options));
+      detail::CommState::createChild(*state_, members, salt, options, /*watchParent=*/true));
 }
 
 void Communicator::requireUsable(std::string_view op) const {
@@ -138,7 +138,7 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
   for (int q : members) key += std::to_string(q) + ",";
   const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
   return std::make_shared<Communicator>(
-      detail::CommState::createChild(*state_, members, salt, options));
+      detail::CommState::createChild(*state_, members, salt, options, /*watchParent=*/true));
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded,
@@ -146,6 +146,7 @@ std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded
   // Unlike split and subset this works on a failed communicator: rebuilding without the
   // ranks that died is what it is for. Only the roster is used, never the shared segment.
   const Site site{"shrink", rank(), size()};
+  state_->refuseInAFork("shrink");
   if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
   std::set<int> gone;
   for (int q : excluded) {
@@ -168,7 +169,7 @@ std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded
   }
   const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
   return std::make_shared<Communicator>(
-      detail::CommState::createChild(*state_, members, salt, options));
+      detail::CommState::createChild(*state_, members, salt, options, /*watchParent=*/false));
 }
 
 std::string Communicator::progressReport() const {

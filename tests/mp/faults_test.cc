@@ -336,6 +336,32 @@ TEST(Faults, AShrinkThatKeepsADeadRankFailsAtOnceNamingIt) {
   }
 }
 
+// A rank that a shrink leaves out dies while the others make it, before their communicator
+// has failed for it: the shrink is made (it watched its parent, whose failure for that very
+// rank ended the making on every survivor).
+TEST(Faults, AShrinkIsMadeWhileTheRankItLeavesOutDies) {
+  const auto outcomes = testing::runRanks(3, [](RankContext& ctx) {
+    CommOptions options;
+    options.timeout = std::chrono::seconds(30);
+    auto world = ctx.connect(options);
+    world->barrier().wait();
+    if (ctx.rank == 2) {
+      ctx.store->get("shrinking", std::chrono::seconds(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ::_exit(0);  // without destroying its communicator: a crash
+    }
+    if (ctx.rank == 0) ctx.store->set("shrinking", {1});
+    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    auto child = world->shrink(std::vector<int>{2}, options);
+    float x = 1;
+    child->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    LOOM_CHECK(x == 2.0f, << x);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+}
+
 TEST(Faults, ExitingWithLiveCommunicatorsAndPendingOperationsDoesNotHang) {
   // std::exit runs static destructors and atexit handlers; no loom thread may hold it up,
   // even with a communicator never destroyed and a receive that can never complete.
@@ -422,6 +448,14 @@ TEST(Faults, AForkedChildCannotUseNorTearDownItsParentsCommunicator) {
           const std::string what = e.what();
           if (e.code() != ErrorCode::kUnsupported || what.find("is a fork of it") == what.npos)
             status = 3;
+        }
+        // Nor a shrink, which works on a failed communicator (it made a communicator of its
+        // own from the parent's roster, the members' hellos going to the parent's process).
+        try {
+          comm->shrink(std::vector<int>{1}, patientOptions());
+          status = 4;
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kUnsupported) status = 5;
         }
         comm->abort();
         comm->shutdown();
