@@ -546,8 +546,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
   // Not torch's name as the meeting key: split_group hashes the ranks with how many groups
   // this process knows, which differs between members that are in different earlier groups
   // (a 2-D device mesh after a new_group: each pair of the second dimension named its child
-  // apart and waited for the other until the timeout).
-  auto comm = translated([&] { return comm_->subset(ranks, "split", commOptions(*childOptions)); });
+  // apart and waited for the other until the timeout). Its creation's errors name the
+  // child's ranks: the child's legend maps them to global ranks.
+  const std::string childLegend = legendOf(ranksOf(
+      childOptions->group_name, childOptions->group_desc, childOptions->global_ranks_in_group));
+  auto comm = translated([&] { return comm_->subset(ranks, "split", commOptions(*childOptions)); },
+                         childLegend);
   c10::intrusive_ptr<c10d::Backend> child =
       c10::make_intrusive<ProcessGroupLoom>(std::move(comm), childOptions);
   lastSplit_ = {store, ranks, c10::weak_intrusive_ptr<c10d::Backend>(child)};
@@ -569,13 +573,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::merge(
     options->group_desc = opts->group_desc;
   }
   // A world of its own, joined through the caller's store, beside this group's world (which
-  // new_group keeps subsetting).
-  auto comm = translated(
-      [&] {
-        return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
-                                    commOptions(*options));
-      },
-      ties_->legend);
+  // new_group keeps subsetting). Its errors number its own ranks, 0 to size - 1: not with
+  // this group's legend, which maps this group's ranks.
+  auto comm = translated([&] {
+    return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
+                                commOptions(*options));
+  });
   c10::intrusive_ptr<c10d::Backend> merged =
       c10::make_intrusive<ProcessGroupLoom>(std::move(comm), options);
   lastMerge_ = {store, rank, size, c10::weak_intrusive_ptr<c10d::Backend>(merged)};

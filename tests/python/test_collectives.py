@@ -457,6 +457,31 @@ def body_groups_named_apart(rank: int, world: int) -> list:
     return [local.group_name, split.group_name, sums]
 
 
+def body_split_waits_for_a_member(rank: int, world: int) -> str:
+    # Global rank 1 never joins the split of ranks [1, 3]: global rank 3's creation times out
+    # waiting for the child's rank 0, its leader, and the message says which global ranks
+    # the child's are (it came with no legend, so its "rank 1" read as global rank 1).
+    parent = dist.distributed_c10d._get_default_group()
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 3:
+        store.wait(["split over"])  # alive meanwhile: a member gone is named otherwise
+        return ""
+    name = dist.distributed_c10d._process_group_name([1, 3], use_hashed_name=True)
+    try:
+        parent.split_group([1, 3], timeout=timedelta(seconds=2), group_name=name)
+        return "made"
+    except Exception as e:  # noqa: BLE001 - checked by the test
+        return str(e)
+    finally:
+        store.set("split over", "1")
+
+
+def test_a_split_that_a_member_never_joins_names_it_by_global_rank_too():
+    message = run_ranks(4, body_split_waits_for_a_member)[3]
+    assert message.startswith("loom create (rank 1): the leader did not hand over"), message
+    assert "its ranks 0 to 1 are global ranks 1, 3" in message, message
+
+
 def body_split_again(rank: int, world: int) -> float:
     # torch's split_group, less its device checks (CPU), with the caller's own pg_options
     # passed to every split (torch copies the parent's only when none are given).
