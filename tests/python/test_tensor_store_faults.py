@@ -778,19 +778,25 @@ def _mesh_rank_runs_ahead(rank, world):
     read_behind = sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist()))
     dist.barrier()
     if rank == 1:  # it catches up: each of its parts completes a version rank 0 kept
-        for step in (2, 3, 4):
+        for step in (2, 3, 4, 5):  # (5: the one rank 0 was refused; never complete)
             ts.put_state_dict(sd(step), "policy")
     dist.barrier()
     out = refused, read_behind, ts.latest_version("policy"), sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist()))
+    dist.barrier()
+    # Both go on in step: the next version is one step's parts (rank 0 numbered it past the
+    # one refused, as rank 1 did; it used to number it 5, completing it with rank 1's step 5).
+    assert ts.put_state_dict(sd(6), "policy") == 6
+    dist.barrier()
+    out += (ts.latest_version("policy"), sorted(set(ts.get_state_dict("policy")["w"].flatten().tolist())))
     dist.barrier()
     return out
 
 
 def test_a_mesh_rank_ahead_of_its_peers_keeps_its_parts_until_they_complete():
     out = run_ranks(2, _mesh_rank_runs_ahead)
-    assert out[1] == ("", [1.0], 4, [4.0]), out[1]
+    assert out[1] == ("", [1.0], 4, [4.0], 6, [6.0]), out[1]
     refused, *rest = out[0]
-    assert rest == [[1.0], 4, [4.0]], out[0]
+    assert rest == [[1.0], 4, [4.0], 6, [6.0]], out[0]
     assert "has not completed version 2" in refused and "global ranks [1]" in refused, refused
 
 

@@ -404,3 +404,33 @@ def test_broadcast_mode_fills_tensors_as_copy_does_for_autograd():
     # A value saved for backward and then overwritten by a broadcast is refused by backward,
     # as after load_state_dict, instead of giving a gradient from the new values.
     assert run_ranks(2, _broadcast_saved_for_backward)[1] == [7.0] * 4
+
+
+def _broadcast_cancelled(rank, world):
+    import asyncio
+
+    from loom.tensor_store import AsyncTensorStore, TensorStore
+
+    if rank == 0:  # the writer broadcasts a second after the receiver's cancel
+        time.sleep(1.0)
+        TensorStore().broadcast_state_dict({"w": torch.full((4,), 7.0), "obj": "from-src"}, "k", src=0)
+        return None
+    ats = AsyncTensorStore()
+    mine = {"w": torch.zeros(4), "obj": "mine"}
+
+    async def main():
+        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+            await asyncio.wait_for(ats.broadcast_state_dict(mine, "k", src=0), 0.2)
+        at_the_end = (mine["w"].tolist(), mine["obj"])
+        mine["w"].fill_(5.0)  # the caller's again
+        await asyncio.sleep(0.5)
+        return at_the_end, (mine["w"].tolist(), mine["obj"])
+
+    return asyncio.run(main())
+
+
+def test_a_cancelled_broadcast_takes_its_part_and_then_touches_nothing():
+    # A collective cannot stop (the other members wait in it): the cancel ends once this
+    # member's part is done. It used to return at once, and the broadcast filled the
+    # receiver's tensors and replaced its objects later, over what it had written since.
+    assert run_ranks(2, _broadcast_cancelled)[1] == (([7.0] * 4, "from-src"), ([5.0] * 4, "from-src"))

@@ -52,6 +52,10 @@ class AsyncTensorStore:
         self.sync.close()
 
 
+# Verbs every member of a group takes part in: a cancel waits for them to end.
+_COLLECTIVE_VERBS = frozenset({"broadcast_state_dict"})
+
+
 async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
     """verb(*args, **kwargs) on a new thread, awaited. Not the loop's executor (what
     asyncio.to_thread uses): its few threads, all taken by gets waiting for a version, would
@@ -91,8 +95,10 @@ async def _on_own_thread(name: str, verb, *args: Any, **kwargs: Any):
         # Its outcome is nobody's: read, so asyncio logs no "exception was never retrieved".
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
         # Off the loop's thread (a copy under way may take a while); cancelled again
-        # meanwhile, it still waits: returning early would break the promise above.
-        stopped = loop.run_in_executor(None, token.cancel)
+        # meanwhile, it still waits: returning early would break the promise above. A
+        # collective cannot stop (the group's other members wait in it): its whole run is
+        # waited for.
+        stopped = done if name in _COLLECTIVE_VERBS else loop.run_in_executor(None, token.cancel)
         while not stopped.done():
             try:
                 await asyncio.shield(stopped)

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from ._arguments import is_version_number
-from ._cancellation import touching_callers_tensors
 from ._layout import flatten, is_dtensor, leaf_signature, path_text
 from ._parts import CopyGroup, _lazy, copy_groups, run_copies, typed_view
 
@@ -264,20 +263,17 @@ class Broadcaster:
         if plan is None or plan.signature != leaf_signature(leaves) or plan.bucket_bytes != bucket_bytes:
             plan = self.plans[key] = make_plan(leaves, bucket_bytes)
         tensors = [v if isinstance(v, torch.Tensor) else None for _, v in leaves]
-        # A collective: cancelled, this member still takes its part (the others wait in it),
-        # and the cancel waits until its tensors and dict are written.
-        with touching_callers_tensors(stoppable=False):
-            run_broadcasts(plan, tensors, sending, src, group)
-            if not sending:
-                # Filled behind autograd's back (loom's copies, c10d's broadcast): a tensor saved
-                # for backward must be seen as changed, as after load_state_dict's copy_ (its
-                # backward then refuses to run instead of using the new values).
-                torch.autograd.graph.increment_version(
-                    [t for t in tensors if t is not None and not t.is_inference()])
-                for i, value in objects.items():
-                    node = state_dict
-                    for name in leaves[i][0][:-1]:
-                        node = node[name]
-                    node[leaves[i][0][-1]] = value
+        run_broadcasts(plan, tensors, sending, src, group)
+        if not sending:
+            # Filled behind autograd's back (loom's copies, c10d's broadcast): a tensor saved
+            # for backward must be seen as changed, as after load_state_dict's copy_ (its
+            # backward then refuses to run instead of using the new values).
+            torch.autograd.graph.increment_version(
+                [t for t in tensors if t is not None and not t.is_inference()])
+            for i, value in objects.items():
+                node = state_dict
+                for name in leaves[i][0][:-1]:
+                    node = node[name]
+                node[leaves[i][0][-1]] = value
         self.versions[key] = version
         return version

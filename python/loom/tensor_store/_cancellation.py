@@ -1,8 +1,8 @@
 """Cancellation of an AsyncTensorStore verb. The verb runs on a thread of its own; a cancel
 tells that thread, which stops at its next wait, and waits only for the verb's section that
-reads or writes the caller's tensors (its copies, or a broadcast it takes part in), if one
-runs: after that the verb never touches them again, whatever it still waits for (a fetch
-from a vanished host, say) before it notices."""
+reads or writes the caller's tensors (its copies), if one runs: after that the verb never
+touches them again, whatever it still waits for (a fetch from a vanished host, say) before
+it notices."""
 
 from __future__ import annotations
 
@@ -49,15 +49,14 @@ def stop_if_cancelled() -> None:
 
 
 @contextlib.contextmanager
-def touching_callers_tensors(stoppable: bool = True):
+def touching_callers_tensors():
     """Held while a verb reads or writes the caller's tensors: a cancel waits for it to end,
-    and a verb cancelled before it enters stops there (Cancelled), unless not `stoppable` (a
-    collective, which the group's other members wait in)."""
+    and a verb cancelled before it enters stops there (Cancelled). (A collective verb cannot
+    stop: its cancel waits for all of it, _COLLECTIVE_VERBS.)"""
     token = getattr(_current, "token", None)
     if token is None:
         yield
         return
     with token.section:
-        if stoppable:
-            stop_if_cancelled()
+        stop_if_cancelled()
         yield

@@ -469,9 +469,16 @@ class TensorStore(ReadPlanning, VersionWaits):
         parts = len(writers)
         kept = self._owned.get(key, collections.deque())  # this rank owns the key once it keeps a version
         # The versions that make room, chosen first: a mesh rank too far ahead of its peers is
-        # refused before it takes a number (it leaves nothing behind, and its next put
-        # numbers as its peers' will).
-        retiring = self._retiring(key, kept, writers)
+        # refused before it takes a number. Its peers will put this number (their parts of
+        # the same step), and number their next put after it: so does this rank, its part
+        # abandoned (or that put would complete this number with their parts of the step
+        # before, and every later version would mix two steps).
+        try:
+            retiring = self._retiring(key, kept, writers)
+        except TensorStoreError:
+            self._last_version[key] = version
+            self._abandon(key, version)
+            raise
         # Then the number, before an old version is retired: a refused number changes nothing.
         self._take_version(key, version, writers, "put")
         # The oldest versions go to make room, and their buffers may be reused; but only once
