@@ -506,7 +506,9 @@ struct EagerArg<at::Tensor&> {
   explicit EagerArg(at::Tensor& t) : view(t), resolved(writingRefused(t) ? t : t.resolve_neg()) {}
   at::Tensor& get() { return resolved; }
   void writeBack() {
-    if (view.is_neg()) writeResult(view, resolved);  // as the kernels write (inference tensors too)
+    if (!view.is_neg()) return;
+    writeResult(view, resolved);  // as the kernels write (inference tensors too)
+    written(view);                // the kernel bumped the resolved copy's version, not this
   }
   at::Tensor& view;
   at::Tensor resolved;
@@ -684,7 +686,10 @@ void resolveMathBits(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
   op.redispatchBoxed(keys.remove(c10::DispatchKey::Negative).remove(c10::DispatchKey::Conjugate),
                      stack);
-  for (auto& [view, resolved] : writeBack) writeResult(view, resolved);  // inference tensors too
+  for (auto& [view, resolved] : writeBack) {
+    writeResult(view, resolved);  // inference tensors too
+    written(view);  // the kernel bumped the resolved copy's version, not the caller's view's
+  }
 }
 
 }  // namespace

@@ -291,6 +291,36 @@ def test_an_expanded_conjugate_view_to_write_is_refused_before_anything_is_sent(
         assert "share memory" in got and "all_reduce" in got, got
 
 
+def math_bit_version_body(rank: int, world: int, entry: str) -> list:
+    # A tensor autograd saved, written through a negative or conjugate view: its version
+    # moves, so the backward that saved it refuses to run on the new values (the write back
+    # went below autograd and left it where it was: backward ran on overwritten values).
+    ops = entry_ops(entry)
+    name = dist.group.WORLD.group_name
+    out = []
+    for view_of in (torch._neg_view, torch.conj):
+        a = torch.ones(4, dtype=torch.complex64 if view_of is torch.conj else torch.float32,
+                       requires_grad=True)
+        y = a.exp()
+        before = y._version
+        with torch.no_grad():
+            ops.all_reduce_(view_of(y), "sum", name)
+        moved = y._version > before
+        try:
+            y.abs().sum().backward()
+            refused = False
+        except RuntimeError as e:
+            refused = "modified by an inplace operation" in str(e)
+        out.append((moved, refused))
+    return out
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_tensor_written_through_a_math_bit_view_is_marked_written(entry):
+    for got in run_ranks(2, math_bit_version_body, entry):
+        assert got == [(True, True), (True, True)], got
+
+
 def compiled_body(rank: int, world: int, entry: str) -> None:
     ops = entry_ops(entry)
     name = dist.group.WORLD.group_name
