@@ -17,6 +17,9 @@
 #include "transport/shm/lending.h"
 #include "util/env.h"
 #include "util/worker.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/driver.h"
+#endif
 
 namespace loom::torch_plugin {
 
@@ -183,6 +186,9 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
     invalid(site, "tensors on " + device->str() + ", but this group is bound to " + bound->str() +
                       " (init_process_group's device_id); pass tensors on " + bound->str());
   }
+  if (lastGpu_.load(std::memory_order_relaxed) != device->index()) {
+    lastGpu_.store(device->index(), std::memory_order_relaxed);
+  }
   const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   // A call the caller waits for (async_op=False) runs on the caller's own stream, as
   // ProcessGroupNCCL's do: there is nothing to overlap, and on a GPU that ranks share, the
@@ -216,6 +222,57 @@ void ProcessGroupLoom::acceptedOn(const c10::Stream& stream) {
   if (loomStreamAccepted_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(streamMutex_);
   if (loomStream_ == stream) loomStreamAccepted_.store(true, std::memory_order_relaxed);
+}
+
+std::optional<c10::Device> ProcessGroupLoom::barrierGpu(const c10d::BarrierOptions& opts) const {
+  if (opts.device && opts.device->is_cuda()) return opts.device;
+  // torch hands a backend's barrier device_ids (barrier(device_ids=[i])) but not the device
+  // its Python side chose, which is the bound one when the group has one.
+  if (!opts.device_ids.empty() && c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(opts.device_ids[0]));
+  }
+  if (const auto bound = getBoundDeviceId(); bound && bound->is_cuda()) return bound;
+  const int last = lastGpu_.load(std::memory_order_relaxed);
+  if (last >= 0) return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(last));
+  return std::nullopt;
+}
+
+namespace {
+
+/// Whether `stream` is being captured into a CUDA graph: what it was given runs at replay,
+/// and waiting for it on the host would end the capture.
+bool capturing(const c10::Stream& stream) {
+#ifdef LOOM_HAVE_CUDA
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  const CUresult r =
+      cuda::Driver::get().cuStreamGetCaptureInfo(static_cast<CUstream>(stream.native_handle()),
+                                                 &status, &id, nullptr, nullptr, nullptr, nullptr);
+  return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+#else
+  (void)stream;
+  return false;  // no CUDA collectives here, so no captured ones either
+#endif
+}
+
+}  // namespace
+
+void ProcessGroupLoom::settleGpuWork(c10::Device device) {
+  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  if (device.index() < 0) device = impl.getDevice();
+  std::optional<c10::Stream> loom;
+  {
+    std::lock_guard<std::mutex> lock(streamMutex_);
+    if (loomStream_ && loomStream_->device() == device) loom = loomStream_;
+  }
+  const c10::Stream current = impl.getStream(device);
+  // A barrier inside a capture meets the others on the host only: the captured work has
+  // not run, and a host wait would invalidate the capture.
+  if (capturing(current)) return;
+  releasingGil([&] {
+    current.synchronize();
+    if (loom && *loom != current) loom->synchronize();
+  });
 }
 
 void ProcessGroupLoom::rejoinRefused(const std::optional<c10::Stream>& stream) noexcept {

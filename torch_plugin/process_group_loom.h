@@ -204,6 +204,13 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
                                            const std::vector<at::Tensor>& outputs);
   /// A call on `stream` was queued: if it is the loom stream, its device is the group's.
   void acceptedOn(const c10::Stream& stream);
+  /// barrier(): the GPU whose work a barrier settles (BarrierOptions' device_ids, else the
+  /// device this group is bound to, else the one its last CUDA call ran on), nullopt if none.
+  std::optional<c10::Device> barrierGpu(const c10d::BarrierOptions& opts) const;
+  /// Blocks (without the GIL) until this rank's GPU work on `device` for this group has run:
+  /// the caller's current stream and the group's loom stream (nothing while the current
+  /// stream is captured into a CUDA graph).
+  void settleGpuWork(c10::Device device);
   /// After a refused call or coalescing block, which returns no work whose wait() would do
   /// it: makes the caller's current stream wait for `stream` (the loom stream where what was
   /// issued before the refusal runs), so the caller's next kernels come after it and a CUDA
@@ -304,6 +311,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   // A call queued on loomStream_ was accepted, so its device is the group's; streamMutex_
   // (read first without it: set once, never cleared).
   std::atomic<bool> loomStreamAccepted_{false};
+  std::atomic<int> lastGpu_{-1};  // the GPU of this group's latest CUDA call (-1: none yet)
   const std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();  // CUDA works' ends
   // What this group's works share with it (its legend is set once, in the constructor).
   const std::shared_ptr<GroupTies> ties_ = std::make_shared<GroupTies>();

@@ -8,7 +8,8 @@ staging, DDP/FSDP2/DTensor equivalence, compiled functional collectives, CUDA gr
 and replay, mismatched calls (also a scatter's root against gathering non-roots), a rank
 killed mid-collective (also during a replay), a rank that never issues a call (named in the
 others' timeout), a rank that cannot set up its CUDA workspace and one whose LOOM_CUDA_*
-settings differ (those failure parts are in check_failures.py). Not part of scripts/test.sh (CI has no GPU): run by hand on
+settings differ (those failure parts are in check_failures.py), and barriers that settle the
+GPU's work (check_barrier.py). Not part of scripts/test.sh (CI has no GPU): run by hand on
 the device with scripts/cuda_check.sh, which records its output.
 
     python tests/cuda/check_cuda.py --ranks 2 3 4
@@ -44,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: E402
 
 import loom  # noqa: E402,F401  (registers the backend)
+from check_barrier import barrier_in_capture, barrier_settles  # noqa: E402
 from check_common import LARGE, SIZES, same  # noqa: E402
 from check_failures import (PART_ENV, dead_rank_is_named, destroyed_meanwhile,  # noqa: E402
                             factor_mismatch, left_p2p, left_rank,
@@ -765,7 +767,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     os.environ.update(PART_ENV.get(part, lambda r, w: {})(rank, world))
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
     # a send between two ranks, which must not wait for the others.
-    bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block", "wrong_device")
+    bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block", "wrong_device",
+                     "barrier_settles")
     dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=60),
@@ -787,7 +790,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "late_scatter_root": lambda *a: late_rank(*a[:3], "scatter"),
              "self_rooted_broadcast": lambda *a: self_rooted(*a[:3], "broadcast"),
              "self_rooted_scatter": lambda *a: self_rooted(*a[:3], "scatter"),
-             "timing": timing, "wrong_device": wrong_device,
+             "timing": timing, "wrong_device": wrong_device, "barrier_settles": barrier_settles,
+             "barrier_settles_unbound": barrier_settles, "barrier_in_capture": barrier_in_capture,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
@@ -837,19 +841,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--parts", nargs="+", default=["reductions", "premul", "long_timeout",
-                                                       "refused_in_block", "movement", "streams",
-                                                       "ddp", "fsdp2", "device_bound", "p2p",
-                                                       "mismatch", "factor_mismatch",
-                                                       "device_factor_mismatch",
-                                                       "tag_mismatch", "dtensor", "killed",
-                                                       "graphs", "graph_killed", "left",
-                                                       "left_p2p", "graph_left", "destroyed_meanwhile", "direct",
-                                                       "setup_refused", "rooted_mismatch",
-                                                       "settings_differ", "late_rank",
-                                                       "late_root", "late_scatter_root",
-                                                       "self_rooted_broadcast",
-                                                       "self_rooted_scatter", "timing",
-                                                       "wrong_device"])
+        "refused_in_block", "movement", "streams", "ddp", "fsdp2", "device_bound", "p2p",
+        "mismatch", "factor_mismatch", "device_factor_mismatch", "tag_mismatch", "dtensor",
+        "killed", "graphs", "graph_killed", "left", "left_p2p", "graph_left",
+        "destroyed_meanwhile", "direct", "setup_refused", "rooted_mismatch", "settings_differ",
+        "late_rank", "late_root", "late_scatter_root", "self_rooted_broadcast",
+        "self_rooted_scatter", "timing", "wrong_device", "barrier_settles",
+        "barrier_settles_unbound", "barrier_in_capture"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,

@@ -1,0 +1,60 @@
+"""The barrier parts of check_cuda.py: dist.barrier() on a group with GPU work returns only
+once every rank's earlier GPU work of the group has run, as NCCL's does (its barrier is an
+all_reduce on the GPU whose stream the host then waits for); inside a CUDA graph capture it
+stays a barrier of the hosts and leaves the capture intact. Run through check_cuda.py (its
+worker dispatches here; `barrier_settles` runs on a bound group, `barrier_settles_unbound`
+on one without init_process_group's device_id)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from check_common import same
+
+# About 0.3 s of GPU time on an H100 or H200 (torch.cuda._sleep spins for clock cycles).
+SLEEP_CYCLES = 600_000_000
+
+
+def barrier_settles(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Rank 0's GPU is kept busy before an asynchronous all_reduce and a blocking one that
+    nobody waits for on the host; after dist.barrier() every rank finds both done on its
+    GPU (the all_reduce needs rank 0's data, so no rank's can end before rank 0's GPU got to
+    it), with the right sums."""
+    x = torch.full((1 << 20,), float(rank + 1), device=dev)
+    y = torch.full((4096,), float(rank + 1), device=dev)
+    dist.barrier()
+    torch.cuda.synchronize()
+    if rank == 0:
+        torch.cuda._sleep(SLEEP_CYCLES)
+    work = dist.all_reduce(x, async_op=True)
+    dist.all_reduce(y)  # on the caller's stream, not waited for by the host
+    dist.barrier()
+    assert work.is_completed(), "the barrier returned before this rank's all_reduce ran on the GPU"
+    assert torch.cuda.current_stream().query(), "the barrier returned with the caller's stream busy"
+    total = world * (world + 1) / 2
+    work.wait()
+    assert same(x, torch.full_like(x, total)) and same(y, torch.full_like(y, total))
+    return 3
+
+
+def barrier_in_capture(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A barrier issued while the caller's stream is captured meets the other ranks' on the
+    host and leaves the capture whole: the replayed all_reduce sums as it should."""
+    x = torch.full((1024,), float(rank + 1), device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        dist.all_reduce(x)  # warm up outside the capture, as torch's graph docs ask
+        torch.cuda.synchronize()
+        x.fill_(float(rank + 1))
+        with torch.cuda.graph(graph, stream=side):
+            dist.all_reduce(x)
+            dist.barrier()
+    torch.cuda.current_stream().wait_stream(side)
+    x.fill_(float(rank + 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same(x, torch.full_like(x, world * (world + 1) / 2)), x[:4].tolist()
+    return 1
