@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -22,6 +23,12 @@ namespace py = pybind11;
 using loom::shm::Region;
 
 namespace loom::torch_plugin {
+
+/// loom._C.StopFlag: set by a cancelled tensor-store read, so that its fetch from another
+/// host stops waiting (and gives up its connection) instead of holding on to its deadline.
+struct StopFlag {
+  std::atomic<bool> set{false};
+};
 
 #ifdef LOOM_HAVE_NET
 namespace {
@@ -125,7 +132,7 @@ void bindByteFetch(py::module_& m) {
       [](const py::bytes& credentials, int id, const std::string& address, int server,
          const std::string& source, uint64_t generation,
          const std::vector<std::pair<uint64_t, uint64_t>>& ranges, const at::Tensor& dst,
-         double timeout) {
+         double timeout, const std::shared_ptr<StopFlag>& stop) {
         if (dst.device().type() != c10::kCPU || dst.scalar_type() != at::kByte ||
             !dst.is_contiguous()) {
           throw std::invalid_argument("fetch_bytes: dst must be a contiguous CPU uint8 tensor");
@@ -147,11 +154,17 @@ void bindByteFetch(py::module_& m) {
           py::gil_scoped_release unlocked;
           try {
             outcome = net::ByteFetcher::instance(identity).fetch(
-                address, server, sourceId, generation, wanted, out, bytes, deadline);
+                address, server, sourceId, generation, wanted, out, bytes, deadline,
+                stop ? &stop->set : nullptr);
             state = stateName(outcome.state);
           } catch (const Error& e) {
-            if (e.code() != ErrorCode::kTimeout && e.code() != ErrorCode::kPeerFailure) throw;
-            state = e.code() == ErrorCode::kTimeout ? "timeout" : "failed";
+            if (e.code() == ErrorCode::kAborted && stop && stop->set) {
+              state = "stopped";
+            } else if (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) {
+              state = e.code() == ErrorCode::kTimeout ? "timeout" : "failed";
+            } else {
+              throw;
+            }
             failure = e.detail();
           }
         }
@@ -160,17 +173,24 @@ void bindByteFetch(py::module_& m) {
       },
       py::arg("credentials"), py::arg("id"), py::arg("address"), py::arg("server"),
       py::arg("source"), py::arg("generation"), py::arg("ranges"), py::arg("dst"),
-      py::arg("timeout"),
+      py::arg("timeout"), py::arg("stop") = nullptr,
       "Copies `ranges` of region `source` of the server at `address` into `dst` at their "
       "offsets if it holds `generation` whole; returns (state, generation now, progress, "
-      "unchanged, why): state 'whole', 'writing', 'pending', 'replaced' or 'unknown', or "
-      "'timeout' / 'failed' (the server unreachable or gone) with `why` saying more.");
+      "unchanged, why): state 'whole', 'writing', 'pending', 'replaced' or 'unknown', "
+      "'timeout' / 'failed' (the server unreachable or gone) with `why` saying more, or "
+      "'stopped' once `stop` (a StopFlag) was set while it waited.");
 }
 
 }  // namespace
 #endif
 
 void bindTensorStore(py::module_& m) {
+  py::class_<StopFlag, std::shared_ptr<StopFlag>>(
+      m, "StopFlag", "Set to stop a fetch_bytes waiting on the network (a cancelled read).")
+      .def(py::init<>())
+      .def(
+          "set", [](StopFlag& f) { f.set = true; }, "Stops the fetches given this flag.")
+      .def("is_set", [](const StopFlag& f) { return f.set.load(); });
 #ifdef LOOM_HAVE_NET
   m.attr("has_network") = true;
   bindByteFetch(m);

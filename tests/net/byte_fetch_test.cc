@@ -3,8 +3,8 @@
 // for, is told by name when the server is gone, a reader that dies mid-reply costs the
 // server that session alone, a fetch behind one that times out gets its bytes, readers of
 // one staged source at once each get their bytes, a reader whose host vanished costs the
-// server its session only until the quiet limit, and a live reader whose idle session ended
-// fetches again.
+// server its session only until the quiet limit, a fetch from a vanished host stops when
+// told, and a live reader whose idle session ended fetches again.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -371,6 +371,50 @@ TEST_F(TwoHosts, AnIdleReaderWhoseHostVanishedCostsTheServerNothingForLong) {
 
 TEST_F(TwoHosts, AReaderWhoseHostVanishedMidReplyCostsTheServerNothingForLong) {
   expectAVanishedReadersSessionToEnd(*hosts_, true);
+}
+
+// A fetch from a host that vanished mid-reply (the link cut) stops as soon as its caller
+// sets its stop flag (a cancelled tensor-store read), not at its deadline, and gives up its
+// connection, so the next fetch of that server does not wait behind it. It waited out its
+// deadline before (the read's buffer lock held all that time).
+TEST_F(TwoHosts, AFetchFromAVanishedHostStopsWhenToldAndGivesUpItsConnection) {
+  const NetnsHosts& hosts = *hosts_;
+  constexpr size_t kBig = size_t{64} << 20;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    if (ctx.rank == 0) {
+      hosts.shape(0, 0.1);  // 64 MiB take seconds: the cut lands mid-reply
+      Served served(ctx, kBig, std::chrono::milliseconds(1500));
+      ctx.store->get("fetching", kPatience);
+      hosts.cutBetween(0, 1);
+      ctx.store->set("cut", Bytes{1});
+      ctx.store->get("stopped", kPatience);
+      awaitSessions(served.server, 0);  // its quiet limit (torn down sooner, it took 10 s more)
+      return;
+    }
+    Reader reader(ctx);
+    std::vector<uint8_t> dst(kBig);
+    const std::vector<ByteRange> all{{0, kBig}};
+    std::atomic<bool> stop{false};
+    std::string outcome;
+    std::thread fetching([&] {
+      try {
+        reader.fetcher.fetch(reader.address, 1000, reader.source, 2, all, dst.data(), dst.size(),
+                             Clock::now() + std::chrono::seconds(40), &stop);
+        outcome = "fetched";
+      } catch (const Error& e) {
+        outcome = e.code() == ErrorCode::kAborted ? "stopped" : e.what();
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // under way
+    ctx.store->set("fetching", Bytes{1});
+    ctx.store->get("cut", kPatience);
+    stop = true;
+    fetching.join();
+    LOOM_CHECK(outcome == "stopped", << "the fetch: " << outcome);
+    LOOM_CHECK(reader.fetcher.connections() == 0, << reader.fetcher.connections());
+    ctx.store->set("stopped", Bytes{1});
+  });
 }
 
 // A live reader whose idle session the server ended (its quiet limit) fetches again on a

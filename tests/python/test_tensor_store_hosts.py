@@ -2,7 +2,8 @@
 hosts on this machine: a bridge, a veth each, removed afterwards), so a read goes over loom's
 byte fetch (libfabric) instead of shared memory. State dicts and slices read bit-exact, no
 torn read while the writer puts as fast as it can, lent weights read across the link, and a
-writer killed, closed or not serving gives the reader an error that names it, never a hang. Needs
+writer killed, closed or not serving gives the reader an error that names it, never a hang, and
+an async get cancelled while its writer does not answer stops its fetch at once. Needs
 root and iproute2: skipped otherwise, a failure under LOOM_REQUIRE_NETNS=1."""
 
 from __future__ import annotations
@@ -216,3 +217,47 @@ def test_a_reader_of_a_writer_that_closed_its_store_is_told_so(hosts):
     text = run_ranks(2, _writer_closed, hosts, backend="gloo")[1]
     assert "'x' version 1: rank 0 at" in text and "closed its TensorStore" in text, text
     assert "newer versions" not in text and "may hold part" not in text, text
+
+
+def _cancelled_mid_fetch(rank, world, hosts):
+    import asyncio
+    import threading
+    import time
+
+    from loom.tensor_store import AsyncTensorStore
+
+    _on_host(hosts, rank)
+    ts = AsyncTensorStore(timeout=timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        asyncio.run(ts.put("w", torch.ones(1 << 22)))  # 16 MiB
+        store.set("writer/pid", str(os.getpid()).encode())
+    dist.barrier()
+    if rank == 1:
+        assert asyncio.run(ts.get("w"))[0].item() == 1.0  # the connection made, then kept
+        writer = int(store.get("writer/pid"))
+        os.kill(writer, signal.SIGSTOP)  # as a vanished host: the fetch's reply never comes
+        try:
+            async def cancelled_while_fetching():
+                task = asyncio.ensure_future(ts.get("w"))
+                await asyncio.sleep(0.5)  # in the fetch by now, waiting for the reply
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+            asyncio.run(cancelled_while_fetching())
+            # The cancelled get's thread ends while the writer still does not answer: its
+            # fetch stopped, and so let go of the buffer's lock (the next get of "w" does not
+            # wait behind it). Before, it waited for its 60 s deadline.
+            give_up = time.monotonic() + 30
+            while any(t.name == "loom-tensor-store-get" for t in threading.enumerate()):
+                assert time.monotonic() < give_up, "the cancelled get still waits for the writer"
+                time.sleep(0.05)
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        assert asyncio.run(ts.get("w"))[0].item() == 1.0
+    dist.barrier()
+
+
+def test_a_get_cancelled_while_its_writer_does_not_answer_stops_its_fetch(hosts):
+    run_ranks(2, _cancelled_mid_fetch, hosts, backend="gloo")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import _C
-from ._cancellation import stop_if_cancelled
+from ._cancellation import Cancelled, current_stop_flag, stop_if_cancelled
 from ._parts import BufferMeta, cached_view
 from ._read_plan import Released, TensorStoreError
 
@@ -111,12 +111,15 @@ class RemoteBuffer:
         deadline = time.monotonic() + wait.total_seconds()
         pause = 1e-3
         what = f"'{part.key}' version {part.version}: rank {part.rank} at {self.address}"
+        stop = current_stop_flag()  # a cancelled async get stops its fetch, and this buffer's lock
         while True:
             stop_if_cancelled()
             left = max(deadline - time.monotonic(), 0.0)
             state, now, _, unchanged, why = _C.fetch_bytes(
                 self.credentials, self.me, self.address, self.server, self.region_id, generation,
-                ranges, self.data, left)
+                ranges, self.data, left, stop)
+            if state == "stopped":
+                raise Cancelled()
             if state == "timeout":
                 raise TimeoutError(self._message(f"{what} did not answer within {wait}: {why}"))
             if state == "failed":

@@ -13,13 +13,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Paces a wait on a connection: spins while bytes flow, then naps up to 100 us (the reader
-// is waiting, so never long), and throws Error(kTimeout) at the deadline.
+// is waiting, so never long), throws Error(kAborted) once `stop` is set and Error(kTimeout)
+// at the deadline.
 class Pacer {
  public:
-  Pacer(Clock::time_point deadline, int id) : deadline_(deadline), id_(id) {}
+  Pacer(Clock::time_point deadline, int id, const std::atomic<bool>* stop)
+      : deadline_(deadline), id_(id), stop_(stop) {}
   void moved() { pause_ = std::chrono::microseconds(0); }
   template <class Describe>
   void idle(const Describe& what) {
+    if (stop_ != nullptr && stop_->load(std::memory_order_relaxed)) {
+      throw Error(ErrorCode::kAborted, "fetch", id_, what() + " was stopped by its caller");
+    }
     if (Clock::now() > deadline_) {
       throw Error(ErrorCode::kTimeout, "fetch", id_, what() + " took longer than the timeout");
     }
@@ -30,6 +35,7 @@ class Pacer {
  private:
   const Clock::time_point deadline_;
   const int id_;
+  const std::atomic<bool>* const stop_;
   std::chrono::microseconds pause_{0};
 };
 
@@ -92,7 +98,8 @@ std::shared_ptr<ByteFetcher::Connection> ByteFetcher::connection(const std::stri
 ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
                                         const SourceId& source, uint64_t generation,
                                         std::span<const ByteRange> ranges, uint8_t* dst,
-                                        uint64_t dstBytes, Clock::time_point deadline) {
+                                        uint64_t dstBytes, Clock::time_point deadline,
+                                        const std::atomic<bool>* stop) {
   if (ranges.empty() || ranges.size() > kMaxRanges) {
     throw Error(ErrorCode::kInvalidArgument, "fetch", identity_.id,
                 "a fetch takes 1 to " + std::to_string(kMaxRanges) + " ranges, not " +
@@ -115,14 +122,14 @@ ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
     // The fetch this one waited for broke it: connection() now makes a new one.
     if (c->broken) continue;
     try {
-      const Outcome outcome = exchange(*c, source, generation, ranges, dst, deadline);
+      const Outcome outcome = exchange(*c, source, generation, ranges, dst, deadline, stop);
       ++c->fetched;
       return outcome;
     } catch (const Error& e) {
       const bool closed = (c->out && c->out->peerLeft()) || (c->in && c->in->peerLeft());
       // Whatever was under way is lost mid-stream: the next fetch starts a new connection.
       drop(c);
-      if (e.code() == ErrorCode::kTimeout) throw;
+      if (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) throw;
       Error broke(e.code(), "fetch", identity_.id,
                   "the connection to " + c->peer() + " broke: " + e.detail());
       // A server ends a reader's session after ByteServer::kQuietLimit without a word: a
@@ -159,8 +166,9 @@ void ByteFetcher::drop(const std::shared_ptr<Connection>& c) {
 
 ByteFetcher::Outcome ByteFetcher::exchange(Connection& c, const SourceId& source,
                                            uint64_t generation, std::span<const ByteRange> ranges,
-                                           uint8_t* dst, Clock::time_point deadline) {
-  Pacer pacer(deadline, identity_.id);
+                                           uint8_t* dst, Clock::time_point deadline,
+                                           const std::atomic<bool>* stop) {
+  Pacer pacer(deadline, identity_.id, stop);
   const auto violation = [&](const std::string& what) {
     throw Error(ErrorCode::kPeerFailure, "fetch", identity_.id, c.peer() + " " + what);
   };

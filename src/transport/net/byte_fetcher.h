@@ -44,12 +44,13 @@ class ByteFetcher {
   /// Asks server `server` at `address` for `ranges` (merged, ascending) of `source` as of
   /// `generation`; if the source holds that generation whole, its bytes land in `dst` at
   /// their offsets (`dst` holds `dstBytes`). Throws Error(kTimeout) at `deadline`,
-  /// Error(kPeerFailure) if the server is unreachable, gone, or breaks the protocol (the
-  /// connection is then dropped, and the next fetch, or one waiting for this one, makes a
-  /// new one).
+  /// Error(kPeerFailure) if the server is unreachable, gone, or breaks the protocol, and
+  /// Error(kAborted) once `stop` (if given) is set while it waits (the connection is then
+  /// dropped, and the next fetch, or one waiting for this one, makes a new one).
   Outcome fetch(const std::string& address, int server, const SourceId& source, uint64_t generation,
                 std::span<const ByteRange> ranges, uint8_t* dst, uint64_t dstBytes,
-                std::chrono::steady_clock::time_point deadline);
+                std::chrono::steady_clock::time_point deadline,
+                const std::atomic<bool>* stop = nullptr);
 
   /// Connections open now (tests).
   size_t connections();
@@ -61,7 +62,7 @@ class ByteFetcher {
   void drop(const std::shared_ptr<Connection>& c);
   Outcome exchange(Connection& c, const SourceId& source, uint64_t generation,
                    std::span<const ByteRange> ranges, uint8_t* dst,
-                   std::chrono::steady_clock::time_point deadline);
+                   std::chrono::steady_clock::time_point deadline, const std::atomic<bool>* stop);
 
   NetService& service_;
   Fabric& fabric_;
