@@ -117,7 +117,7 @@ void requireRoot(const CallSite& site, int64_t root) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
-  const CallSite s = site("broadcast", !opts.asyncOp);
+  CallSite s = site("broadcast", !opts.asyncOp);
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
@@ -126,6 +126,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   // The root's tensor is only read: a staged copy of it is kept until the call is done, and
   // nothing is copied back.
   const bool root = rank_ == opts.rootRank;
+  s.writes = !root;
   if (!root) outputs.inOut(flat);
   return launch(s, OpType::BROADCAST, "loom:broadcast", tensors, tensors,
                 root ? copyBack(std::move(outputs), flat) : copyBack(std::move(outputs)),
@@ -279,15 +280,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
-  const CallSite s = site("reduce", !opts.asyncOp);
+  CallSite s = site("reduce", !opts.asyncOp);
   requireCount(s, "tensors", tensors.size(), 1);
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
   Outputs outputs(s);
-  outputs.inOut(flat);
-  return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors, copyBack(std::move(outputs)),
+  // A non-root's tensor is only read, as NCCL's is: a staged copy of it is kept until the
+  // call is done, and nothing is copied back (over what the caller wrote there meanwhile).
+  const bool root = rank_ == opts.rootRank;
+  s.writes = root;
+  if (root) outputs.inOut(flat);
+  return launch(s, OpType::REDUCE, "loom:reduce", tensors, tensors,
+                root ? copyBack(std::move(outputs)) : copyBack(std::move(outputs), flat),
                 [&](Requests& r) {
                   r.push_back(comm_->reduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                             static_cast<int>(opts.rootRank),
@@ -697,6 +703,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
                                                       int tag) {
   return heldInBlock(OpType::SEND, [&] {
     const CallSite s = site("send");
+    if (dstRank < 0 || dstRank >= size_) {
+      invalid(s, "argument 'dst' is " + std::to_string(dstRank) + ", outside [0, " +
+                     std::to_string(size_) + "); pass a rank of this group");
+    }
     requireCount(s, "tensors", tensors.size(), 1);
     requireDense(s, "tensor", tensors[0]);
     const Flat in = movementView(tensors[0]);

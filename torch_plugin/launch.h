@@ -163,7 +163,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   }
   if (held) work->markHeld();  // its getDuration() points to the block's work
   work->track(requests, inputs);
-  if (!stream) noteAsync(work, type);
+  if (!stream && site.writes) noteAsync(work, type);
   if (inBlock && copiesBack) {
     // Its requests end before its finisher has copied the results back (their callbacks
     // run after they are marked done): the block's work must wait for this work itself.

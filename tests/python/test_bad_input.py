@@ -92,8 +92,8 @@ def body_wrong_arguments(rank: int, world: int) -> None:
         ropts.rootRank = bad
         expect(RuntimeError, r"loom reduce \(rank \d\): root %d is outside" % bad,
                lambda: backend.reduce([t], ropts))
-        expect(RuntimeError, r"loom send \(rank \d\): argument 'peer' is %d" % bad,
-               lambda: backend.send([t], bad, 0))
+        expect(RuntimeError, r"loom send \(rank \d\): argument 'dst' is %d, outside \[0, %d\); pass a rank"
+               % (bad, world), lambda: backend.send([t], bad, 0))
     # Sparse and meta tensors, and wrong list lengths at the backend.
     sparse = torch.ones(4).to_sparse()
     expect(RuntimeError, r"loom broadcast \(rank \d\): tensor is not a dense tensor \(layout sparse COO\)",

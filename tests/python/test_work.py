@@ -575,6 +575,36 @@ def test_a_halo_exchange_in_columns_waits_only_for_bytes_it_reads():
     assert run_ranks(3, body_column_halo_exchange, timeout=90) == [True, True, True]
 
 
+def body_read_only_calls_are_not_waited_for(rank: int, world: int):
+    """An asynchronous broadcast's root and a reduce's non-root only read their tensors, so a
+    send of a strided view of them (loom stages a copy) need not wait for the call: the
+    peer joins the call only after that send. The copy waited for the call, which waited for
+    the peer, which waited for the send: both ranks hung until the group's timeout."""
+    group = dist.new_group(timeout=timedelta(seconds=30))
+    peer = 1 - rank
+    grid = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    results = []
+    # Rank 0 only reads x: the broadcast's root, then the reduce's non-root.
+    for call, root in (("broadcast", 0), ("reduce", 1)):
+        x = grid.clone() if rank == 0 or call == "reduce" else torch.zeros(8, 8)
+        if rank == 0:
+            work = getattr(dist, call)(x, root, group=group, async_op=True)
+            dist.send(x.t(), peer, group=group)
+            work.wait()
+            results.append(True)
+        else:
+            got = torch.zeros(8, 8)
+            dist.recv(got, peer, group=group)
+            getattr(dist, call)(x, root, group=group)
+            results.append(torch.equal(got, grid.t()) and
+                           torch.equal(x, grid if call == "broadcast" else 2 * grid))
+    return results
+
+
+def test_a_call_that_only_reads_a_tensor_is_not_waited_for_by_a_copy_of_it():
+    assert run_ranks(2, body_read_only_calls_are_not_waited_for, timeout=90) == [[True, True]] * 2
+
+
 def body_dropped_outputs_go(rank: int, world: int, after_a_failed_block: bool):
     """Outputs of asynchronous calls that ended and were dropped are freed, as on Gloo:
     the group's record of calls still writing held their works (a c10 weak reference keeps
