@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -601,6 +602,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--hosts must divide --ranks")
     if args.link_gbit and args.hosts == 1:
         parser.error("--link-gbit needs --hosts")
+    if not math.isfinite(args.link_gbit) or args.link_gbit < 0 or 0 < args.link_gbit < 1e-3:
+        parser.error("--link-gbit must be 0 (no limit) or at least 0.001 Gb/s (what tc can set)")
+    if args.threads < 0:
+        parser.error("--threads must be at least 1 (0: the machine's cores shared among its ranks)")
+    for flag, steps, asked in (("--ddp-steps", args.ddp_steps, args.ddp_step),
+                               ("--fsdp-steps", args.fsdp_steps, args.fsdp_step)):
+        if asked and steps < 1:
+            parser.error(f"{flag} must be at least 1 (a median needs a step)")
 
     trace_prefix = None
     if args.trace:

@@ -69,6 +69,7 @@ def all_reduce_(tensor: torch.Tensor, reduce_op: str, group_name: str) -> None:
         return _C.eager_all_reduce_(tensor, reduce_op, group_name)
     except TypeError:
         if not _torch_function((tensor,)):
+            _explain("all_reduce_", reduce_op=reduce_op, group_name=group_name)
             raise
     return torch.ops.loom.all_reduce_(tensor, reduce_op, group_name)
 
@@ -81,6 +82,7 @@ def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Te
         return _C.eager_all_reduce(input, reduce_op, group_name)
     except TypeError:
         if not _torch_function((input,)):
+            _explain("all_reduce", reduce_op=reduce_op, group_name=group_name)
             raise
     return torch.ops.loom.all_reduce(input, reduce_op, group_name)
 
@@ -93,6 +95,7 @@ def broadcast_(tensor: torch.Tensor, src: int, group_name: str) -> None:
         return _C.eager_broadcast_(tensor, src, group_name)
     except TypeError:
         if not _torch_function((tensor,)):
+            _explain("broadcast_", group_name=group_name)
             raise
     return torch.ops.loom.broadcast_(tensor, src, group_name)
 
@@ -105,6 +108,7 @@ def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str
         return _C.eager_all_gather_into_tensor(input, group_size, group_name)
     except TypeError:
         if not _torch_function((input,)):
+            _explain("all_gather_into_tensor", group_name=group_name)
             raise
     return torch.ops.loom.all_gather_into_tensor(input, group_size, group_name)
 
@@ -118,6 +122,7 @@ def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
         return _C.eager_reduce_scatter_tensor(input, reduce_op, group_size, group_name)
     except TypeError:
         if not _torch_function((input,)):
+            _explain("reduce_scatter_tensor", reduce_op=reduce_op, group_name=group_name)
             raise
     return torch.ops.loom.reduce_scatter_tensor(input, reduce_op, group_size, group_name)
 
@@ -131,6 +136,7 @@ def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int], input_
         return _C.eager_all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
     except TypeError:
         if not _torch_function((input,)):
+            _explain("all_to_all_single", group_name=group_name)
             raise
     return torch.ops.loom.all_to_all_single(input, output_split_sizes, input_split_sizes, group_name)
 
@@ -147,6 +153,7 @@ def all_gather_into_tensor_out(input: torch.Tensor, group_size: int, group_name:
         return out
     except TypeError:
         if not _torch_function((input, out)):
+            _explain("all_gather_into_tensor_out", group_name=group_name)
             raise
     torch.ops.loom.all_gather_into_tensor_out(input, group_size, group_name, out=out)
     return out
@@ -164,6 +171,7 @@ def reduce_scatter_tensor_out(input: torch.Tensor, reduce_op: str, group_size: i
         return out
     except TypeError:
         if not _torch_function((input, out)):
+            _explain("reduce_scatter_tensor_out", reduce_op=reduce_op, group_name=group_name)
             raise
     torch.ops.loom.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)
     return out
@@ -181,9 +189,27 @@ def all_to_all_single_out(input: torch.Tensor, output_split_sizes: list[int], in
         return out
     except TypeError:
         if not _torch_function((input, out)):
+            _explain("all_to_all_single_out", group_name=group_name)
             raise
     torch.ops.loom.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name, out=out)
     return out
+
+
+_REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+
+
+def _explain(op: str, **arguments) -> None:
+    """After the eager function refused its arguments' types: raises a TypeError that names
+    loom.ops.`op`, the argument and what to pass where one of `arguments` is the usual slip
+    (a ProcessGroup for its name, torch's ReduceOp for a string); returns otherwise."""
+    group_name = arguments.get("group_name")
+    if not isinstance(group_name, str):
+        hint = " (pass its .group_name)" if hasattr(group_name, "group_name") else ""
+        raise TypeError(f"loom.ops.{op}: group_name must be a str, a group's name such as "
+                        f"dist.group.WORLD.group_name, not {type(group_name).__name__}{hint}") from None
+    if "reduce_op" in arguments and not isinstance(arguments["reduce_op"], str):
+        raise TypeError(f"loom.ops.{op}: reduce_op must be a str, one of {', '.join(_REDUCE_OPS)}, "
+                        f"not {type(arguments['reduce_op']).__name__}") from None
 
 
 @torch.library.register_fake("loom::all_reduce_")

@@ -230,6 +230,20 @@ def test_bench_refuses_arguments_that_leave_nothing_to_time(capsys):
     assert "--backends names no backend" in _refusal(main, ["--backends", ","], capsys)
 
 
+def test_bench_refuses_values_it_cannot_run_by_name(capsys):
+    """Values that crashed every rank after the sweep (no steps to take a median of, a
+    negative thread count) or shaped a link to nothing (tc rate 0, NaN, or a negative rate
+    left unlimited but recorded) are refused before any rank starts."""
+    from loom.bench import main
+
+    for flag, step in (("--ddp-steps", "--ddp-step"), ("--fsdp-steps", "--fsdp-step")):
+        assert f"{flag} must be at least 1" in _refusal(main, [step, flag, "0"], capsys)
+    assert "--threads must be at least 1" in _refusal(main, ["--threads", "-1"], capsys)
+    for rate in ("-1", "nan", "1e-9", "inf"):
+        err = _refusal(main, ["--ranks", "2", "--hosts", "2", "--link-gbit", rate], capsys)
+        assert "--link-gbit must be 0 (no limit) or at least 0.001 Gb/s" in err, (rate, err)
+
+
 def test_tensor_store_bench_refuses_counts_below_one(capsys):
     from loom.tensor_store.bench import main
 

@@ -415,6 +415,15 @@ def errors_body(rank: int, world: int, entry: str) -> None:
             call()
         assert entry in str(caught.value) or f"(rank {rank})" in str(caught.value)
         assert entry == "torch.ops.loom" or "torch.ops.loom" not in str(caught.value)
+    if entry == "loom.ops":
+        # The usual slips of a caller of torch's functional collectives, named (they were
+        # the eager function's argument conversion error, naming loom's internals).
+        with pytest.raises(TypeError, match=r"loom.ops.all_reduce_: group_name must be a str.*"
+                                            r"not ProcessGroup \(pass its .group_name\)"):
+            ops.all_reduce_(t, "sum", dist.group.WORLD)
+        with pytest.raises(TypeError, match=r"loom.ops.reduce_scatter_tensor: reduce_op must be a "
+                                            r"str, one of sum, avg.*not (RedOpType|ReduceOp)"):
+            ops.reduce_scatter_tensor(torch.ones(4 * world), dist.ReduceOp.SUM, world, name)
     # The group still works after the refusals.
     ops.all_reduce_(t, "sum", name)
     assert torch.all(t == world)

@@ -24,6 +24,8 @@ def patch(c10d) -> None:
         looms, others = {}, False
         for device in target._device_types:
             backend = target._get_backend(device)
+            while hasattr(backend, "wrapped_pg"):  # TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
+                backend = backend.wrapped_pg
             if isinstance(backend, ProcessGroupLoom):
                 looms[id(backend)] = backend
             else:
