@@ -230,6 +230,16 @@ void requireGroupSize(const CallSite& site, int64_t groupSize) {
   }
 }
 
+/// Held while a call takes its group's c10d path: that path's messages name the call's
+/// operator (tDirectOp), not the c10d collective underneath.
+class NamedAs {
+ public:
+  explicit NamedAs(const CallSite& site) { tDirectOp = site.op; }
+  ~NamedAs() { tDirectOp = nullptr; }
+  NamedAs(const NamedAs&) = delete;
+  NamedAs& operator=(const NamedAs&) = delete;
+};
+
 /// The direct path of both all_reduce forms: `input` reduced into `output` (may be its data).
 void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
                      const at::Tensor& input, void* output) {
@@ -241,19 +251,25 @@ void allReduceDirect(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
   });
 }
 
+/// Reduces `tensor` in place for call `s`: directly, or through the group's c10d path.
+void allReduceWithin(ProcessGroupLoom& pg, const CallSite& s, c10d::ReduceOp op,
+                     at::Tensor& tensor) {
+  if (direct({&tensor})) {
+    allReduceDirect(pg, s, op, tensor, tensor.data_ptr());
+    return;
+  }
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  opts.asyncOp = false;
+  const NamedAs named(s);
+  waitFor(pg.allreduce(tensors, opts));
+}
+
 void allReduceInPlace(at::Tensor& tensor, const std::string& reduceOp, const std::string& group) {
   auto [pg, s, alive] = startCall("all_reduce_", group, tensor, "tensor");
   requireWritable(s, "tensor", tensor);
-  const c10d::ReduceOp op = reduceOpNamed(s, reduceOp);
-  if (direct({&tensor})) {
-    allReduceDirect(pg, s, op, tensor, tensor.data_ptr());
-  } else {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = op;
-    opts.asyncOp = false;
-    waitFor(pg.allreduce(tensors, opts));
-  }
+  allReduceWithin(pg, s, reduceOpNamed(s, reduceOp), tensor);
   written(tensor);
 }
 
@@ -269,7 +285,7 @@ at::Tensor allReduce(const at::Tensor& input, const std::string& reduceOp,
   }
   settleBeforeCopying(input);  // a copy taken at issue reads what earlier calls wrote
   output.copy_(input);
-  allReduceInPlace(output, reduceOp, group);
+  allReduceWithin(pg, s, op, output);
   return output;
 }
 
@@ -292,6 +308,7 @@ void broadcastInPlace(at::Tensor& tensor, int64_t src, const std::string& group)
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
     opts.asyncOp = false;
+    const NamedAs named(s);
     waitFor(pg.broadcast(tensors, opts));
   }
   written(tensor);
@@ -321,6 +338,7 @@ void allGatherInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& in
   at::Tensor in = input;
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;
+  const NamedAs named(s);
   waitFor(pg._allgather_base(output, in, opts));
 }
 
@@ -374,6 +392,7 @@ void reduceScatterInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = op;
   opts.asyncOp = false;
+  const NamedAs named(s);
   waitFor(pg._reduce_scatter_base(output, in, opts));
 }
 
@@ -429,6 +448,7 @@ void allToAllInto(ProcessGroupLoom& pg, const CallSite& s, const at::Tensor& inp
   std::vector<int64_t> inSplits = inputSplitSizes.vec();
   c10d::AllToAllOptions opts;
   opts.asyncOp = false;
+  const NamedAs named(s);
   waitFor(pg.alltoall_base(output, in, outSplits, inSplits, opts));
 }
 

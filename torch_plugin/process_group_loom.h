@@ -26,6 +26,11 @@
 
 namespace loom::torch_plugin {
 
+/// The operator a call of the direct entry (direct_ops.cc) names while it takes its group's
+/// c10d path on this thread, so that the path's messages name what the caller called; null
+/// otherwise.
+inline thread_local const char* tDirectOp = nullptr;
+
 /// This process's rank in its world loom group, or -1 while there is none (for messages
 /// about a call that names no group of loom's).
 int worldRank();
@@ -239,7 +244,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   CallSite site(const char* op, bool blocking = false) const {
     discardStaged();  // a call refused before its launch() left its copies noted
     prepareCallOf(this);
-    return CallSite{op, rank_, size_, blocking, &ties_->legend};
+    return CallSite{tDirectOp != nullptr ? tDirectOp : op, rank_, size_, blocking, &ties_->legend};
   }
   /// EarlierCalls: waits for the pendingWrites_ of `read`'s storage.
   void settle(const at::Tensor& read) const override;

@@ -403,8 +403,12 @@ def errors_body(rank: int, world: int, entry: str) -> None:
          "input has .* elements; it needs"),
         (lambda: ops.all_to_all_single_out(t, [], [], name, out=torch.empty(4).int()),
          "out has dtype Int but input has Float"),
+        # Refused on the group's c10d path, named as the operator called (they named the
+        # in-place all_reduce_, and c10d's all_to_all_single).
         (lambda: ops.all_to_all_single_out(torch.ones(world), [], [], name, out=torch.empty(world + 1)),
-         "without split sizes they must be the same size"),
+         rf"all_to_all_single_out \(rank {rank}\): .*without split sizes they must be the same size"),
+        (lambda: ops.all_reduce(torch.ones(4, 2).t(), "band", name),
+         rf"loom all_reduce \(rank {rank}\): .*band|loom all_reduce \(rank {rank}\): .*BAND"),
         (lambda: ops.all_to_all_single(torch.ones(world + 1), [], [], name), "do not divide evenly"),
     ]
     gloo = dist.new_group(backend="gloo")
