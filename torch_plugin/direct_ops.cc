@@ -674,6 +674,30 @@ void refuseGradient(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
+/// Every operator's kernel for sparse tensors, whose dispatch keys never reach the CPU and
+/// CUDA kernels: the refusal those give (requireDense), naming the operator and the
+/// argument, instead of torch's "Could not run 'loom::...' with arguments from the
+/// 'SparseCPU' backend".
+void refuseSparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t count = arguments.size();
+  const std::string name = shortName(op);
+  std::string group;  // every operator's last string argument
+  for (size_t i = 0; i < count; ++i) {
+    const c10::IValue& value = (*stack)[stack->size() - count + i];
+    if (value.isString()) group = value.toStringRef();
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const c10::IValue& value = (*stack)[stack->size() - count + i];
+    if (!value.isTensor() || value.toTensor().layout() == at::kStrided) continue;
+    const at::Tensor& t = value.toTensor();
+    c10::intrusive_ptr<c10d::Backend> backend = loomGroup(name.c_str(), group, t.device());
+    requireDense(static_cast<ProcessGroupLoom&>(*backend).directSite(name.c_str()),
+                 arguments[i].name().c_str(), t);
+  }
+  TORCH_CHECK(false, "loom " + name + ": sparse tensors are not taken; pass dense ones");
+}
+
 /// Every operator's kernel for negative and conjugate views (torch's math bits): each such
 /// tensor is passed on resolved, and one the operator writes is written back through the
 /// caller's view afterwards. torch's own fallback for these keys expects an operator that
@@ -819,6 +843,19 @@ TORCH_LIBRARY_IMPL(loom, Negative, m) {
 }
 TORCH_LIBRARY_IMPL(loom, Conjugate, m) {
   implementBoxed<&resolveMathBits>(m, kEvery);
+}
+
+TORCH_LIBRARY_IMPL(loom, SparseCPU, m) {
+  implementBoxed<&refuseSparse>(m, kEvery);
+}
+TORCH_LIBRARY_IMPL(loom, SparseCUDA, m) {
+  implementBoxed<&refuseSparse>(m, kEvery);
+}
+TORCH_LIBRARY_IMPL(loom, SparseCsrCPU, m) {
+  implementBoxed<&refuseSparse>(m, kEvery);
+}
+TORCH_LIBRARY_IMPL(loom, SparseCsrCUDA, m) {
+  implementBoxed<&refuseSparse>(m, kEvery);
 }
 
 TORCH_LIBRARY_IMPL(loom, CPU, m) {

@@ -407,6 +407,13 @@ def errors_body(rank: int, world: int, entry: str) -> None:
         # in-place all_reduce_, and c10d's all_to_all_single).
         (lambda: ops.all_to_all_single_out(torch.ones(world), [], [], name, out=torch.empty(world + 1)),
          rf"all_to_all_single_out \(rank {rank}\): .*without split sizes they must be the same size"),
+        # Sparse tensors, which torch's dispatcher sends to no kernel of loom's CPU ones.
+        (lambda: ops.all_reduce_(torch.ones(4).to_sparse(), "sum", name),
+         rf"all_reduce_ \(rank {rank}\): tensor is not a dense tensor \(layout sparse COO\)"),
+        (lambda: ops.all_reduce(torch.ones(2, 2).to_sparse_csr(), "sum", name),
+         rf"all_reduce \(rank {rank}\): input is not a dense tensor \(layout sparse CSR\)"),
+        (lambda: ops.all_gather_into_tensor_out(t, world, name, out=torch.zeros(4 * world).to_sparse()),
+         rf"all_gather_into_tensor_out \(rank {rank}\): out is not a dense tensor"),
         (lambda: ops.all_reduce(torch.ones(4, 2).t(), "band", name),
          rf"loom all_reduce \(rank {rank}\): .*band|loom all_reduce \(rank {rank}\): .*BAND"),
         (lambda: ops.all_to_all_single(torch.ones(world + 1), [], [], name), "do not divide evenly"),
