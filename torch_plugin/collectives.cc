@@ -762,7 +762,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOpti
   // the host), one on a group with GPU work returns only once every rank's earlier GPU work
   // of the group has run: each rank settles its own before it arrives. An asynchronous
   // barrier settles at issue too (NCCL's would in wait()).
-  if (const std::optional<c10::Device> gpu = barrierGpu(opts)) settleGpuWork(*gpu);
+  if (const std::optional<c10::Device> gpu = barrierGpu()) settleGpuWork(*gpu);
   return launch(s, OpType::BARRIER, "loom:barrier", {}, {}, nullptr, [&](Requests& r) {
     r.push_back(comm_->barrier(opOptions(opts.timeout, !opts.asyncOp)));
   });

@@ -186,9 +186,6 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
     invalid(site, "tensors on " + device->str() + ", but this group is bound to " + bound->str() +
                       " (init_process_group's device_id); pass tensors on " + bound->str());
   }
-  if (lastGpu_.load(std::memory_order_relaxed) != device->index()) {
-    lastGpu_.store(device->index(), std::memory_order_relaxed);
-  }
   const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   // A call the caller waits for (async_op=False) runs on the caller's own stream, as
   // ProcessGroupNCCL's do: there is nothing to overlap, and on a GPU that ranks share, the
@@ -219,22 +216,22 @@ std::optional<c10::Stream> ProcessGroupLoom::cudaStreamFor(const CallSite& site,
 }
 
 void ProcessGroupLoom::acceptedOn(const c10::Stream& stream) {
+  // The group has GPU work there now (barrier() settles it); a refused call does not count.
+  if (lastGpu_.load(std::memory_order_relaxed) != stream.device_index()) {
+    lastGpu_.store(stream.device_index(), std::memory_order_relaxed);
+  }
   if (loomStreamAccepted_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(streamMutex_);
   if (loomStream_ == stream) loomStreamAccepted_.store(true, std::memory_order_relaxed);
 }
 
-std::optional<c10::Device> ProcessGroupLoom::barrierGpu(const c10d::BarrierOptions& opts) const {
-  if (opts.device && opts.device->is_cuda()) return opts.device;
-  // torch hands a backend's barrier device_ids (barrier(device_ids=[i])) but not the device
-  // its Python side chose, which is the bound one when the group has one.
-  if (!opts.device_ids.empty() && c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
-    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(opts.device_ids[0]));
-  }
-  if (const auto bound = getBoundDeviceId(); bound && bound->is_cuda()) return bound;
+std::optional<c10::Device> ProcessGroupLoom::barrierGpu() const {
+  // Only a group whose calls have run on a GPU has GPU work to settle: a CPU group of a job
+  // bound to a GPU (torch gives new groups the default group's device) waits for nothing
+  // there, not even for the caller's stream.
   const int last = lastGpu_.load(std::memory_order_relaxed);
-  if (last >= 0) return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(last));
-  return std::nullopt;
+  if (last < 0) return std::nullopt;
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(last));
 }
 
 namespace {
@@ -259,7 +256,6 @@ bool capturing(const c10::Stream& stream) {
 
 void ProcessGroupLoom::settleGpuWork(c10::Device device) {
   const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-  if (device.index() < 0) device = impl.getDevice();
   std::optional<c10::Stream> loom;
   {
     std::lock_guard<std::mutex> lock(streamMutex_);
@@ -270,8 +266,15 @@ void ProcessGroupLoom::settleGpuWork(c10::Device device) {
   // not run, and a host wait would invalidate the capture.
   if (capturing(current)) return;
   releasingGil([&] {
+#ifdef LOOM_HAVE_CUDA
+    // Another thread may be capturing in global mode (torch.cuda.graph's default), which
+    // forbids this thread's synchronizes unless it asks for relaxed mode.
+    const cuda::RelaxedCaptureGuard relaxed;
+#endif
     current.synchronize();
-    if (loom && *loom != current) loom->synchronize();
+    // The loom stream captured by another thread (its asynchronous calls) has nothing to
+    // settle until replay.
+    if (loom && *loom != current && !capturing(*loom)) loom->synchronize();
   });
 }
 

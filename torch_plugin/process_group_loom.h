@@ -207,11 +207,12 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   std::optional<c10::Stream> cudaStreamFor(const CallSite& site,
                                            const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& outputs);
-  /// A call on `stream` was queued: if it is the loom stream, its device is the group's.
+  /// A call on `stream` was queued: the group has GPU work on its device, and if it is the
+  /// loom stream, its device is the group's.
   void acceptedOn(const c10::Stream& stream);
-  /// barrier(): the GPU whose work a barrier settles (BarrierOptions' device_ids, else the
-  /// device this group is bound to, else the one its last CUDA call ran on), nullopt if none.
-  std::optional<c10::Device> barrierGpu(const c10d::BarrierOptions& opts) const;
+  /// barrier(): the GPU whose work a barrier settles (the one the group's last accepted
+  /// CUDA call ran on), nullopt for a group that has run none.
+  std::optional<c10::Device> barrierGpu() const;
   /// Blocks (without the GIL) until this rank's GPU work on `device` for this group has run:
   /// the caller's current stream and the group's loom stream (nothing while the current
   /// stream is captured into a CUDA graph).
@@ -316,7 +317,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   // A call queued on loomStream_ was accepted, so its device is the group's; streamMutex_
   // (read first without it: set once, never cleared).
   std::atomic<bool> loomStreamAccepted_{false};
-  std::atomic<int> lastGpu_{-1};  // the GPU of this group's latest CUDA call (-1: none yet)
+  std::atomic<int> lastGpu_{-1};  // the GPU of its latest accepted CUDA call (-1: none yet)
   const std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();  // CUDA works' ends
   // What this group's works share with it (its legend is set once, in the constructor).
   const std::shared_ptr<GroupTies> ties_ = std::make_shared<GroupTies>();

@@ -23,12 +23,12 @@ struct CallSite {
   int rank;
   int size;
   bool blocking = false;  ///< async_op=False: the caller waits for the call
-  /// The call writes its outputs; false for a broadcast's root and a reduce's non-roots,
-  /// which only read theirs (later calls that copy those bytes need not wait for it).
-  bool writes = true;
   /// What the group's messages end with (which global ranks its ranks are; empty for the
   /// world), or null: the group outlives the call.
   const std::string* legend = nullptr;
+  /// The call writes its outputs; false for a broadcast's root and a reduce's non-roots,
+  /// which only read theirs (later calls that copy those bytes need not wait for it).
+  bool writes = true;
 };
 
 /// Throws c10::Error (RuntimeError in Python) "loom <op> (rank r): <detail>", then the legend.

@@ -2,8 +2,9 @@
 once every rank's earlier GPU work of the group has run, as NCCL's does (its barrier is an
 all_reduce on the GPU whose stream the host then waits for); inside a CUDA graph capture it
 stays a barrier of the hosts and leaves the capture intact. Run through check_cuda.py (its
-worker dispatches here; `barrier_settles` runs on a bound group, `barrier_settles_unbound`
-on one without init_process_group's device_id)."""
+worker dispatches here; `barrier_settles` and `barrier_of_a_cpu_group` run on a bound
+group, `barrier_settles_unbound` on one without init_process_group's device_id). A group that
+has run no CUDA call waits for no stream."""
 
 from __future__ import annotations
 
@@ -36,6 +37,23 @@ def barrier_settles(rank: int, world: int, dev: torch.device, dtypes) -> int:
     work.wait()
     assert same(x, torch.full_like(x, total)) and same(y, torch.full_like(y, total))
     return 3
+
+
+def barrier_of_a_cpu_group(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """A loom group that has run no CUDA call, in a job bound to the GPU (torch binds its new
+    groups too), waits for no stream: its barrier returns while the caller's stream still
+    sleeps (1 s of GPU time against a host barrier of milliseconds), as Gloo's does."""
+    cpu_group = dist.new_group(backend="loom")
+    t = torch.ones(4)
+    dist.all_reduce(t, group=cpu_group)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(4 * SLEEP_CYCLES)
+    dist.barrier(group=cpu_group)
+    busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert busy, "the barrier of a group without GPU work waited for the caller's stream"
+    assert t.tolist() == [float(world)] * 4
+    return 1
 
 
 def barrier_in_capture(rank: int, world: int, dev: torch.device, dtypes) -> int:

@@ -375,8 +375,9 @@ TEST_F(TwoHosts, AReaderWhoseHostVanishedMidReplyCostsTheServerNothingForLong) {
 
 // A fetch from a host that vanished mid-reply (the link cut) stops as soon as its caller
 // sets its stop flag (a cancelled tensor-store read), not at its deadline, and gives up its
-// connection, so the next fetch of that server does not wait behind it. It waited out its
-// deadline before (the read's buffer lock held all that time).
+// connection, so the next fetch of that server does not wait behind it; a fetch waiting
+// behind it for their connection stops when told, too. Both waited out their deadlines
+// before (the reads' buffer locks held all that time).
 TEST_F(TwoHosts, AFetchFromAVanishedHostStopsWhenToldAndGivesUpItsConnection) {
   const NetnsHosts& hosts = *hosts_;
   constexpr size_t kBig = size_t{64} << 20;
@@ -395,7 +396,7 @@ TEST_F(TwoHosts, AFetchFromAVanishedHostStopsWhenToldAndGivesUpItsConnection) {
     Reader reader(ctx);
     std::vector<uint8_t> dst(kBig);
     const std::vector<ByteRange> all{{0, kBig}};
-    std::atomic<bool> stop{false};
+    std::atomic<bool> stop{false}, firstEnded{false};
     std::string outcome;
     std::thread fetching([&] {
       try {
@@ -405,10 +406,29 @@ TEST_F(TwoHosts, AFetchFromAVanishedHostStopsWhenToldAndGivesUpItsConnection) {
       } catch (const Error& e) {
         outcome = e.code() == ErrorCode::kAborted ? "stopped" : e.what();
       }
+      firstEnded = true;
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // under way
     ctx.store->set("fetching", Bytes{1});
     ctx.store->get("cut", kPatience);
+    // A second fetch of that server waits behind the first for their connection: told to
+    // stop, it stops too, the first still stalled.
+    std::vector<uint8_t> other(kBig);
+    std::atomic<bool> stopBehind{false};
+    std::string behind;
+    std::thread waiting([&] {
+      try {
+        reader.fetcher.fetch(reader.address, 1000, reader.source, 2, all, other.data(),
+                             other.size(), Clock::now() + std::chrono::seconds(40), &stopBehind);
+        behind = "fetched";
+      } catch (const Error& e) {
+        behind = e.code() == ErrorCode::kAborted ? "stopped" : e.what();
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // waiting behind the first
+    stopBehind = true;
+    waiting.join();
+    LOOM_CHECK(behind == "stopped" && !firstEnded, << "the fetch behind: " << behind);
     stop = true;
     fetching.join();
     LOOM_CHECK(outcome == "stopped", << "the fetch: " << outcome);

@@ -204,7 +204,7 @@ def body_refused_batch(rank: int, world: int) -> None:
     ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank)), peer),
            dist.P2POp(dist.irecv, got, peer),
            dist.P2POp(dist.isend, torch.ones(2), 5)]
-    expect(RuntimeError, r"argument 'peer' is 5, outside \[0, 2\)", lambda: dist.batch_isend_irecv(ops))
+    expect(RuntimeError, r"argument 'dst' is 5, outside \[0, 2\)", lambda: dist.batch_isend_irecv(ops))
     t = torch.full((2,), float(rank + 1))
     dist.all_reduce(t)
     assert t.tolist() == [3.0, 3.0], t

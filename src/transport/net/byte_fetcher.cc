@@ -42,7 +42,7 @@ class Pacer {
 }  // namespace
 
 struct ByteFetcher::Connection {
-  std::mutex mutex;  // one fetch at a time
+  std::timed_mutex mutex;  // one fetch at a time (timed: a waiting fetch may be stopped)
   std::string address;
   int server = 0;
   uint32_t requestChannel = 0;         // even; the replies come on the next
@@ -118,7 +118,20 @@ ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
   std::optional<Error> closedBefore;  // a kept connection the server had closed, tried again
   for (;;) {
     const auto c = connection(address, server);
-    std::lock_guard<std::mutex> lock(c->mutex);
+    // Behind another fetch of this server (one stalled on a vanished host, say), this one
+    // still honours its own stop flag and deadline.
+    std::unique_lock<std::timed_mutex> lock(c->mutex, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(1))) {
+      if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
+        throw Error(ErrorCode::kAborted, "fetch", identity_.id,
+                    "waiting for another fetch from " + c->peer() + " was stopped by its caller");
+      }
+      if (Clock::now() > deadline) {
+        throw Error(
+            ErrorCode::kTimeout, "fetch", identity_.id,
+            "waiting for another fetch from " + c->peer() + " took longer than the timeout");
+      }
+    }
     // The fetch this one waited for broke it: connection() now makes a new one.
     if (c->broken) continue;
     try {
