@@ -635,9 +635,13 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::merge(
   // A world of its own, joined through the caller's store, beside this group's world (which
   // new_group keeps subsetting). Its errors number its own ranks, 0 to size - 1: not with
   // this group's legend, which maps this group's ranks.
+  // The engine's name for it is the same on every process: torch names a merged group
+  // after each process's own group ("<its name>:merge"), and the processes that make one
+  // communicator through a store must agree on its name (exchangeRoster).
+  CommOptions engineOptions = commOptions(*options);
+  engineOptions.name = "merge";
   auto comm = translated([&] {
-    return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store),
-                                commOptions(*options));
+    return Communicator::create(rank, size, std::make_shared<StoreAdapter>(store), engineOptions);
   });
   c10::intrusive_ptr<c10d::Backend> merged =
       c10::make_intrusive<ProcessGroupLoom>(std::move(comm), options);

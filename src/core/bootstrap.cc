@@ -35,6 +35,8 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.integer(peer.cores);
   w.integer(peer.netLanes);
   w.string(peer.refusal);
+  w.string(peer.making);
+  w.integer(peer.makingSize);
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
@@ -43,7 +45,8 @@ bool readPeer(ByteReader& r, PeerInfo* peer) {
          r.integer(&peer->pid) && r.string(&peer->hostname, kMaxName) &&
          r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName) &&
          r.integer(&peer->cpus) && r.integer(&peer->cores) && r.integer(&peer->netLanes) &&
-         r.string(&peer->refusal, kMaxName);
+         r.string(&peer->refusal, kMaxName) && r.string(&peer->making, kMaxName) &&
+         r.integer(&peer->makingSize);
 }
 
 }  // namespace
@@ -199,8 +202,9 @@ void exchangeNetAddresses(int rank, Roster& roster, Store& store, const std::str
 }  // namespace
 
 Roster exchangeRoster(int rank, int size, Store& store,
-                      std::chrono::steady_clock::time_point deadline, const Listen& listen) {
-  Roster roster = exchangeRosterOnly(rank, size, store, deadline);
+                      std::chrono::steady_clock::time_point deadline, const Listen& listen,
+                      const std::string& name) {
+  Roster roster = exchangeRosterOnly(rank, size, store, deadline, name);
   if (hostMapOf(roster).hosts() > 1) {
     std::string address;
     std::exception_ptr failure;
@@ -218,7 +222,7 @@ Roster exchangeRoster(int rank, int size, Store& store,
 }
 
 Roster exchangeRosterOnly(int rank, int size, Store& store,
-                          std::chrono::steady_clock::time_point deadline) {
+                          std::chrono::steady_clock::time_point deadline, const std::string& name) {
   // Several communicators may bootstrap through one store one after another: each rank
   // counts its own creations, and the n-th creation of every rank uses round n's keys.
   const int64_t round = store.add("loom/rounds/" + std::to_string(rank), 1);
@@ -232,7 +236,17 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
     Config::load(Config::Sharing{});  // the LOOM_* variables' checks, before anyone waits
   } catch (const Error& e) {
     me.refusal = std::string(e.what()).substr(0, kMaxName / 2);  // fits the roster's string
+  } catch (const std::exception& e) {
+    // Not loom's own words (a library's or the standard library's): the peers learn it all
+    // the same, rather than wait out the timeout for a rank that never joins.
+    me.refusal =
+        ("loom create (rank " + std::to_string(rank) + "): " + e.what()).substr(0, kMaxName / 2);
   }
+  // What it makes: threads of one process that make communicators through one store at
+  // once number their rounds in their own order, and a round would join one thread's
+  // communicator on one rank to another's elsewhere, silently.
+  me.making = name.substr(0, kMaxName / 2);
+  me.makingSize = static_cast<uint32_t>(size);
   store.set(prefix + "peer/" + std::to_string(rank), encodePeer(me));
   const auto refuse = [&](int q, const std::string& why) {
     Roster refused;
@@ -267,6 +281,14 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
                         "versions?)");
       }
       if (!peer->refusal.empty()) refuse(q, peer->refusal);
+      if (peer->making != me.making || peer->makingSize != me.makingSize) {
+        refuse(q, "it makes communicator '" + peer->making + "' of " +
+                      std::to_string(peer->makingSize) + " ranks where rank 0 makes '" + me.making +
+                      "' of " + std::to_string(size) +
+                      " in the same round of their store; make communicators that share a store "
+                      "one at a time, in the same order on every rank, or give each its own "
+                      "prefix (PrefixStore)");
+      }
       roster.peers.push_back(std::move(*peer));
     }
     store.set(prefix + "roster", encodeRoster(roster));

@@ -27,12 +27,14 @@ struct PeerInfo {
   uint64_t pidNamespace = 0;
   int32_t pid = 0;
   std::string hostname;
-  std::string address;     ///< its process service's socket name
-  std::string netAddress;  ///< where it listens for other hosts ("ip:port"), if it does
-  uint64_t cpus = 0;       ///< a fingerprint of the CPUs it may run on (processCpus())
-  uint32_t cores = 0;      ///< how many CPUs it may run on (availableCores())
-  uint32_t netLanes = 0;   ///< the LOOM_NET_LANES it asks for, 0 where unset
-  std::string refusal;     ///< why it cannot join (its own settings are bad); empty if it can
+  std::string address;      ///< its process service's socket name
+  std::string netAddress;   ///< where it listens for other hosts ("ip:port"), if it does
+  uint64_t cpus = 0;        ///< a fingerprint of the CPUs it may run on (processCpus())
+  uint32_t cores = 0;       ///< how many CPUs it may run on (availableCores())
+  uint32_t netLanes = 0;    ///< the LOOM_NET_LANES it asks for, 0 where unset
+  std::string refusal;      ///< why it cannot join (its own settings are bad); empty if it can
+  std::string making;       ///< the name of the communicator it makes (CommOptions::name)
+  uint32_t makingSize = 0;  ///< and its size: a round's ranks must all make the same one
 };
 
 /// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.
@@ -63,11 +65,15 @@ using Listen = std::function<std::string(const Roster&)>;
 /// round fills every peer's netAddress with what `listen` returns on that rank (called once
 /// the roster is known, before the address is published, so no peer can connect early).
 /// Throws Error(kTimeout) naming the ranks that did not show up by `deadline`.
+/// `name` (CommOptions::name) must be the same on every rank of the round: ranks that make
+/// different communicators through one store at once are refused, naming both.
 Roster exchangeRoster(int rank, int size, Store& store,
-                      std::chrono::steady_clock::time_point deadline, const Listen& listen);
+                      std::chrono::steady_clock::time_point deadline, const Listen& listen,
+                      const std::string& name = {});
 /// The first round alone (one host, or a caller that opens no network).
 Roster exchangeRosterOnly(int rank, int size, Store& store,
-                          std::chrono::steady_clock::time_point deadline);
+                          std::chrono::steady_clock::time_point deadline,
+                          const std::string& name = {});
 
 /// Where the roster's ranks run.
 HostMap hostMapOf(const Roster& roster);

@@ -146,12 +146,14 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
     }
   } registration;
   registration.rank = rank;
-  const Roster roster =
-      exchangeRoster(rank, size, store, deadline, [&registration, rank](const Roster& r) {
+  const Roster roster = exchangeRoster(
+      rank, size, store, deadline,
+      [&registration, rank](const Roster& r) {
         std::string address = listenFor(r, rank);
         registration.id = r.id;
         return address;
-      });
+      },
+      options.name);
   const HostMap hosts = hostMapOf(roster);
   requireSupportedLinks(roster, hosts, rank);
   // Tunables that share out the host count this host's ranks (chunk sizes) or, for the

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <set>
+#include <string>
+#include <system_error>
 
 #include "loom/error.h"
 #include "util/posix.h"
@@ -93,10 +95,17 @@ ProcessService::ProcessService() : address_(randomName()) {
   listener_ = unix_socket::listenAbstract(address_);
   wakeFd_ = posix::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wakeFd_) posix::throwErrno("create", "eventfd");
-  thread_ = std::thread([this] {
-    posix::nameThisThread("loom-service");
-    run();
-  });
+  try {
+    thread_ = std::thread([this] {
+      posix::nameThisThread("loom-service");
+      run();
+    });
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kSystem, "create", -1,
+                std::string("cannot start loom's service thread (") + e.what() +
+                    "); this process or its cgroup may be at its limit of threads (ulimit -u, "
+                    "pids.max): raise it or start fewer processes");
+  }
   thread_.detach();
 }
 

@@ -42,8 +42,9 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
     if (const auto gone = watch.exited()) {
       throw Error(ErrorCode::kPeerFailure, "create", rank_,
                   "rank " + std::to_string(gone->first) + " (pid " + std::to_string(gone->second) +
-                      ") exited while this communicator was being made; make it without that "
-                      "rank (shrink) or restart the job");
+                      ") exited while this communicator was being made; " +
+                      (child ? "make it without that rank (shrink) or restart the job"
+                             : "restart the job"));
     }
   };
   if (localRank != 0) {

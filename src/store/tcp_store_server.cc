@@ -11,10 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/error.h"
@@ -42,6 +45,9 @@ struct ParkedGet {
   Clock::time_point deadline;
 };
 
+// How long accepting pauses once the process is out of descriptors.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+
 // The server's state; lives on the server thread only.
 class Server {
  public:
@@ -60,6 +66,10 @@ class Server {
   int listenFd_;
   int wakeFd_;
   int nextId_ = 0;
+  // Out of descriptors (EMFILE, ENFILE), new connections wait in the listener's backlog
+  // until then: polled meanwhile, the still-readable listener would spin this thread.
+  Clock::time_point acceptPausedUntil_{};
+  bool toldOutOfFds_ = false;
   std::map<int, Client> clients_;
   std::map<std::string, Bytes> data_;
   std::vector<ParkedGet> parked_;
@@ -71,7 +81,8 @@ void Server::run() {
   for (;;) {
     fds.clear();
     ids.clear();
-    fds.push_back({listenFd_, POLLIN, 0});
+    const bool accepting = Clock::now() >= acceptPausedUntil_;
+    fds.push_back({accepting ? listenFd_ : -1, POLLIN, 0});  // -1: poll ignores it
     fds.push_back({wakeFd_, POLLIN, 0});
     for (auto& [id, client] : clients_) {
       short events = POLLIN;
@@ -106,7 +117,19 @@ void Server::run() {
 void Server::accept() {
   for (;;) {
     const int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        acceptPausedUntil_ = Clock::now() + kAcceptPause;
+        if (!std::exchange(toldOutOfFds_, true)) {
+          std::fprintf(stderr,
+                       "loom store server: this process is out of file descriptors with %zu "
+                       "clients connected; later ones wait until some leave. Raise the limit "
+                       "(ulimit -n) for jobs of this size\n",
+                       clients_.size());
+        }
+      }
+      return;
+    }
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     clients_[nextId_++].fd = posix::Fd(fd);
@@ -242,6 +265,10 @@ void Server::expireParked(Clock::time_point now) {
 
 int Server::pollTimeoutMs(Clock::time_point now) const {
   int timeout = -1;
+  if (now < acceptPausedUntil_) {  // back to accepting then
+    timeout = static_cast<int>(
+        std::chrono::ceil<std::chrono::milliseconds>(acceptPausedUntil_ - now).count());
+  }
   for (const ParkedGet& p : parked_) {
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(p.deadline - now).count();
     const int clamped = ms < 0 ? 0 : static_cast<int>(std::min<int64_t>(ms, 60'000));

@@ -113,6 +113,55 @@ TEST(Errors, ABadSettingOnOneRankFailsEveryRankAtCreation) {
   expectBadSettingOfOneRankRefusedEverywhere(0, "LOOM_SPIN_US", "many");      // rank 0's own
 }
 
+// A rank that cannot start loom's service thread (its thread limit reached) says why, and
+// the others learn it at once from the store. Its error was the standard library's
+// ("Resource temporarily unavailable", naming nothing), and the others waited out the
+// timeout for a rank that "did not join".
+TEST(Errors, ARankThatCannotStartItsThreadFailsEveryRankAtCreation) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: the rank runs as another user, limited";
+  expectOk(3, [&](RankContext& ctx) {
+    if (ctx.rank == 1) {
+      // As nobody, whose processes the limit counts (root's it does not): no new thread.
+      const rlimit one{1, 1};
+      LOOM_CHECK(::setgid(65534) == 0 && ::setuid(65534) == 0 &&
+                 ::setrlimit(RLIMIT_NPROC, &one) == 0);
+    }
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const auto start = std::chrono::steady_clock::now();
+    expectError([&] { ctx.connect(options); }, ErrorCode::kInvalidArgument,
+                {ctx.rank == 1 ? "create" : "rank 1 cannot join",
+                 "cannot start loom's service thread", "ulimit -u"});
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30),
+               << "the refusal took the timeout");
+  });
+}
+
+// Ranks that make different communicators in the same round of one store (two threads
+// making theirs at once number their rounds in their own orders; here, two ranks that
+// make two communicators in opposite orders) are refused, naming both. The round joined
+// one rank's "a" to the other's "b", silently, and their sums mixed.
+TEST(Errors, RanksMakingDifferentCommunicatorsInOneStoreRoundAreRefused) {
+  expectOk(2, [](RankContext& ctx) {
+    const char* order[2][2] = {{"a", "b"}, {"b", "a"}};
+    for (const char* name : order[ctx.rank]) {
+      CommOptions options;
+      options.name = name;
+      options.timeout = std::chrono::seconds(60);
+      expectError([&] { ctx.connect(options); }, ErrorCode::kInvalidArgument,
+                  {"rank 1 cannot join: it makes communicator", "in the same round of their store",
+                   "one at a time"});
+    }
+    // In the same order, they meet.
+    CommOptions options;
+    options.name = "c";
+    auto comm = ctx.connect(options);
+    float x = 1, y = 0;
+    comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    LOOM_CHECK(y == 2.0f);
+  });
+}
+
 TEST(Errors, MismatchedCollectivesNameBothSides) {
   expectOk(3, [](RankContext& ctx) {
     auto comm = ctx.connect();

@@ -412,3 +412,44 @@ def test_importing_loom_leaves_ctrl_c_and_kills_to_python():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
     assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)
+
+
+def _join_through_a_tcp_store(rank: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        dist.init_process_group("loom", rank=rank, world_size=3, timeout=timedelta(seconds=60))
+        results.put((rank, "made"))
+    except BaseException as error:  # noqa: BLE001 - reported to the test
+        results.put((rank, f"{type(error).__name__}: {error}"))
+
+
+def test_a_rank_whose_store_dies_while_it_joins_is_told_so_by_loom():
+    """Rank 0, which holds torch's TCPStore, dies while rank 1 waits in loom's creation (rank
+    2 never starts): rank 1 is told in loom's words that the store is gone and where it
+    lived. It got torch's bare "Failed to recv, got 0 bytes" with a C++ trace."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    holder = ctx.Process(target=_join_through_a_tcp_store, args=(0, port, results), daemon=True)
+    holder.start()
+    deadline = time.monotonic() + 60
+    while True:  # the store listens
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "rank 0's store never listened"
+            time.sleep(0.1)
+    joiner = ctx.Process(target=_join_through_a_tcp_store, args=(1, port, results), daemon=True)
+    joiner.start()
+    time.sleep(3)  # rank 1 waits in loom's creation for rank 2
+    os.kill(holder.pid, signal.SIGKILL)
+    rank, text = results.get(timeout=90)
+    joiner.join(30)
+    assert rank == 1, text
+    assert "lost torch's store" in text and "rank 0 (or at MASTER_ADDR): did it exit?" in text, text

@@ -2,12 +2,18 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "loom/error.h"
@@ -97,6 +103,72 @@ TEST(TcpStore, ServesManyClientsAndSurvivesGarbage) {
   TcpStore check("127.0.0.1", server.port());
   EXPECT_EQ(check.add("shared", 0), 400);
   EXPECT_EQ(check.get("k", std::chrono::seconds(1)), bytes("v"));
+}
+
+// The CPU time (user + system, in clock ticks) process `pid` has used so far.
+long cpuTicksOf(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));  // past "pid (comm) "
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; fields >> field; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) {
+      stime = std::stol(field);
+      break;
+    }
+  }
+  return utime + stime;
+}
+
+// A server out of file descriptors (a job of more ranks than its process's limit) pauses
+// accepting and leaves later clients in the listener's backlog, rather than spin a core
+// on a listener it cannot drain (it took a whole core: 199 ticks in 2 s); once clients
+// leave, a waiting one is served.
+TEST(TcpStore, AServerOutOfDescriptorsWaitsInsteadOfSpinning) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const rlimit few{32, 32};
+    ::setrlimit(RLIMIT_NOFILE, &few);
+    TcpStoreServer server("127.0.0.1", 0);
+    server.start();
+    const uint16_t port = server.port();
+    [[maybe_unused]] ssize_t k = ::write(ready[1], &port, sizeof port);
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  std::vector<int> connections;  // each takes one of the server's descriptors, or waits
+  for (int i = 0; i < 40; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    connections.push_back(fd);
+  }
+  const long before = cpuTicksOf(child);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const long spent = cpuTicksOf(child) - before;
+  for (int i = 0; i < 20; ++i) ::close(connections[i]);
+  {
+    TcpStore store("127.0.0.1", port);
+    store.set("k", bytes("v"));
+    EXPECT_EQ(store.get("k", std::chrono::seconds(10)), bytes("v"));
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  for (int i = 20; i < 40; ++i) ::close(connections[i]);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  // A spinning server takes the whole second; a waiting one next to nothing.
+  EXPECT_LT(spent, ::sysconf(_SC_CLK_TCK) / 2) << "the server spun: " << spent << " ticks in 1 s";
 }
 
 TEST(TcpStore, ConnectTimesOutWithAClearError) {
