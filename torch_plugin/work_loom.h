@@ -111,7 +111,7 @@ class WorkLoom : public c10d::Work {
   /// Ends its sends and receives that have not begun (Request::cancel; Gloo's SendWork and
   /// RecvWork abort too): wait() then returns false, as torch's Work::wait says of an
   /// aborted work. A send or receive under way, and a collective, run on (abort the group
-  /// to end those).
+  /// to end those); a CUDA call is under way once it is queued, so this ends none.
   void abort() override;
   /// CPU work: nothing (wait() is the way to wait). CUDA work: the current stream waits for
   /// the collectives, and the host blocks until the GPU has run them.

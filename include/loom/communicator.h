@@ -80,7 +80,9 @@ class Communicator {
   /// communicators it creates through one store, and its n-th meets the others' n-th: ranks
   /// that create communicators independently of each other (two jobs, or two groups of one
   /// job, on one store) give each its own store, such as a PrefixStore per group, as torch
-  /// does for its process groups.
+  /// does for its process groups. A round whose ranks make communicators of different
+  /// names or sizes (threads that create at once through one store) is refused on every
+  /// rank, naming both, rather than joined.
   static std::shared_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
                                               const CommOptions& options = {});
   ~Communicator();
