@@ -84,7 +84,12 @@ void ShmComm::slowWait(int q, uint64_t phase, const WaitSpec& spec) {
       case Backoff::Stage::kYield: sched_yield(); break;
       case Backoff::Stage::kSleep: {
         const auto now = std::chrono::steady_clock::now();
-        if (now >= spec.deadline) failures_->timedOut(phase, spec);
+        if (now >= spec.deadline) {
+          // Posted since the check above, just as the time ran out: arrived, not late (a
+          // timeout now would fail the communicator naming no laggard).
+          if (line.posted.load(std::memory_order_acquire) >= phase) return;
+          failures_->timedOut(phase, spec);
+        }
         line.sleepers.fetch_add(1, std::memory_order_seq_cst);
         const uint64_t seen = line.posted.load(std::memory_order_seq_cst);
         if (seen < phase && !failed()) {
