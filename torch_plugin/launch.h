@@ -121,6 +121,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // (endCoalescing): so are its copy-backs, and its own work waits on the host (the
   // block's work has the stream semantics; batch_isend_irecv returns that one).
   bool held = false;
+  std::shared_ptr<HeldEnd> heldEnd;  // a held call's end, marked once the block queues it
   bool inBlock = false;
   // Outside a block (nearly every call) no lock: the flag changes only in start/
   // endCoalescing, which a caller orders with its own calls.
@@ -132,7 +133,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       coalesced_.insert(coalesced_.end(), requests.begin(), requests.end());
       if (stream) coalescedStream_ = stream;
       held = stream && pointToPoint;
-      if (held) held_.push_back({*stream, uses, outputs, finisher, requests});
+      if (held) {
+        heldEnd = std::make_shared<HeldEnd>();
+        held_.push_back({*stream, uses, outputs, finisher, requests, heldEnd});
+      }
     }
   }
   if (stream) {
@@ -161,7 +165,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   } else if (timed && !stream) {
     work->timeWith(CallTiming(requests));
   }
-  if (held) work->markHeld();  // its getDuration() points to the block's work
+  if (held) work->markHeld(heldEnd);  // its getDuration() points to the block's work
   work->track(requests, inputs);
   if (!stream && site.writes) noteAsync(work, type);
   if (inBlock && copiesBack) {

@@ -530,7 +530,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     rejoinRefused(stream);  // a block that ends in an error leaves no work to join it
     throw;
   }
-  for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
+  for (HeldFinish& h : held) {
+    finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
+    // Its own work's wait() orders the caller after its copy-back. Not in a capture: a mark
+    // made there cannot be waited for after it, and the block's work orders the replay.
+    if (!capturing(h.stream)) h.end->record(h.stream);
+  }
   if (stream && timing) timing->queued(*stream);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.

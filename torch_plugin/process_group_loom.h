@@ -277,6 +277,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     std::vector<at::Tensor> outputs;
     std::function<void()> finisher;
     Requests requests;
+    std::shared_ptr<HeldEnd> end;  // marked once the call and its copy-back are queued
   };
   // The last merge: its store (held, so that no later store takes its address), rank and
   // size, and the group it made, not kept alive by this record (merge()).

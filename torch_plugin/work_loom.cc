@@ -270,6 +270,11 @@ std::exception_ptr WorkLoom::failureSoFar() {
 }
 
 void WorkLoom::synchronize() {
+  if (heldEnd_) {  // a held CUDA send or receive: its requests, then its copy-back
+    wait();
+    heldEnd_->synchronize();
+    return;
+  }
   if (!cudaStream_) return;
   blockCurrentStream();
   cudaEnd_->synchronize();  // and the host waits for the GPU too
@@ -311,6 +316,25 @@ std::vector<at::Tensor> WorkLoom::result() {
   return outputs_;
 }
 
+void HeldEnd::record(const c10::Stream& stream) {
+  c10::Event event(stream.device_type());
+  event.record(stream);
+  std::lock_guard<std::mutex> lock(mutex_);
+  event_.emplace(std::move(event));
+}
+
+void HeldEnd::blockCurrentStream() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!event_) return;
+  const c10::impl::VirtualGuardImpl impl(event_->device_type());
+  event_->block(impl.getStream(event_->device()));
+}
+
+void HeldEnd::synchronize() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (event_) event_->synchronize();
+}
+
 bool WorkLoom::wait(std::chrono::milliseconds timeout) {
   const trace::Span span("work wait");
   if (cudaStream_) {
@@ -321,6 +345,14 @@ bool WorkLoom::wait(std::chrono::milliseconds timeout) {
     blockCurrentStream();
     return true;
   }
+  const bool ended = waitWithoutStream(timeout);
+  // A held CUDA send or receive: its requests end with the transfer, before the copy-back
+  // the block queued after it (a staged receive's), which the caller's stream must follow.
+  if (ended && heldEnd_) heldEnd_->blockCurrentStream();
+  return ended;
+}
+
+bool WorkLoom::waitWithoutStream(std::chrono::milliseconds timeout) {
   // After abort(), a call that ended failing (its cancelled send or receive) reads as
   // aborted: false, not an error.
   const auto ended = [&](const std::exception_ptr& failure) {

@@ -65,6 +65,23 @@ std::string legendOf(const std::string& ranks);
 /// for any other call the error torch's own works raise (Gloo's too).
 int sourceOfReceive(c10d::OpType type, int source, const std::string& what, int rank);
 
+/// Where a CUDA send or receive held by a coalescing block ends: recorded on its stream once
+/// the block has queued it and its copy-back (endCoalescing), so that its own work's wait()
+/// orders the caller's stream after that copy-back, not only after the transfer.
+class HeldEnd {
+ public:
+  /// Marks the end of what `stream` has been given so far.
+  void record(const c10::Stream& stream);
+  /// The caller's current stream waits for the mark (nothing before it is recorded).
+  void blockCurrentStream();
+  /// The host waits for the mark.
+  void synchronize();
+
+ private:
+  std::mutex mutex_;
+  std::optional<c10::Event> event_;
+};
+
 class WorkLoom : public c10d::Work {
  public:
   /// `what` names the operation for messages ("all_reduce"); `inputs` give the profiler
@@ -98,8 +115,13 @@ class WorkLoom : public c10d::Work {
   /// before track().
   void timeWith(CallTiming timing) { timing_ = std::make_unique<CallTiming>(std::move(timing)); }
   /// A CUDA call's work that waits on the host (a send or receive held by a coalescing
-  /// block): getDuration() refuses, naming the block's work; call before track().
-  void markHeld() { held_ = true; }
+  /// block, which ends at `end`): wait() also orders the caller's stream after `end`,
+  /// synchronize() waits for it, and getDuration() refuses, naming the block's work; call
+  /// before track().
+  void markHeld(std::shared_ptr<HeldEnd> end) {
+    held_ = true;
+    heldEnd_ = std::move(end);
+  }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -134,6 +156,8 @@ class WorkLoom : public c10d::Work {
            std::function<void()> finisher, std::optional<c10::Stream> cudaStream,
            std::shared_ptr<EventPool> events, bool profiling);
   void requestDone(std::exception_ptr error, int source);
+  /// wait() of a work without a CUDA stream: on the host, until its requests have ended.
+  bool waitWithoutStream(std::chrono::milliseconds timeout);
   /// Completes the work on this thread if every request has ended though their callbacks
   /// have not all run: they run one operation after another on the thread that ended them,
   /// and a callback of an earlier one may be what waits for this work (wait()).
@@ -176,6 +200,7 @@ class WorkLoom : public c10d::Work {
   std::shared_ptr<GroupTies> ties_;        // see tieTo()
   std::unique_ptr<CallTiming> timing_;     // see timeWith(); null: not timed
   bool held_ = false;                      // see markHeld()
+  std::shared_ptr<HeldEnd> heldEnd_;       // see markHeld()
   Request awaited_;  // its last request, which a wait on a worker thread may run (wait())
   std::vector<Request> earlier_;      // the others, of a block: driven too on the send/recv thread
   bool countedAsGivenUp_ = false;     // guarded by mutex_ (c10d::Work's)

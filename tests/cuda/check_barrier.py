@@ -1,10 +1,12 @@
-"""The barrier parts of check_cuda.py: dist.barrier() on a group with GPU work returns only
+"""The ordering parts of check_cuda.py. dist.barrier() on a group with GPU work returns only
 once every rank's earlier GPU work of the group has run, as NCCL's does (its barrier is an
 all_reduce on the GPU whose stream the host then waits for); inside a CUDA graph capture it
 stays a barrier of the hosts and leaves the capture intact. Run through check_cuda.py (its
 worker dispatches here; `barrier_settles` and `barrier_of_a_cpu_group` run on a bound
 group, `barrier_settles_unbound` on one without init_process_group's device_id). A group that
-has run no CUDA call waits for no stream."""
+has run no CUDA call waits for no stream. And a receive held by a coalescing block
+(`held_copy_back`): its own work's wait() orders the caller's stream after the copy of a
+staged receive back into the caller's tensor, not only after the transfer."""
 
 from __future__ import annotations
 
@@ -75,4 +77,27 @@ def barrier_in_capture(rank: int, world: int, dev: torch.device, dtypes) -> int:
     graph.replay()
     torch.cuda.synchronize()
     assert same(x, torch.full_like(x, world * (world + 1) / 2)), x[:4].tolist()
+    return 1
+
+
+def held_copy_back(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Ranks 0 and 1 swap 256 MiB in a coalescing block, each receiving into a transposed
+    view (staged: copied back after the transfer, a slow transposing copy). Right after the
+    receive's own work's wait(), a kernel on the caller's stream reads the tensor: it must
+    see every element. (The work ended with the transfer, and nothing ordered the caller's
+    stream after the copy-back.)"""
+    if rank >= 2:
+        return 0
+    peer = 1 - rank
+    n = 8192
+    grid = torch.zeros(n, n, device=dev)
+    mine = torch.full((n, n), float(rank + 1), device=dev)  # what the peer receives
+    torch.cuda.synchronize()
+    with dist._coalescing_manager(device=dev, async_ops=True):
+        received = dist.irecv(grid.t(), src=peer)
+        dist.isend(mine, dst=peer)
+    received.wait()
+    total = grid.sum()  # on the caller's stream, right after the wait
+    torch.cuda.synchronize()
+    assert total.item() == float(peer + 1) * n * n, (total.item(), float(peer + 1) * n * n)
     return 1

@@ -45,7 +45,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from test_collectives import DTYPES, data, op_name, ops_for, reference  # noqa: E402
 
 import loom  # noqa: E402,F401  (registers the backend)
-from check_barrier import barrier_in_capture, barrier_of_a_cpu_group, barrier_settles  # noqa: E402
+from check_barrier import (barrier_in_capture, barrier_of_a_cpu_group,  # noqa: E402
+                           barrier_settles, held_copy_back)
 from check_common import LARGE, SIZES, same  # noqa: E402
 from check_failures import (PART_ENV, dead_rank_is_named, destroyed_meanwhile,  # noqa: E402
                             factor_mismatch, left_p2p, left_rank,
@@ -768,7 +769,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
     # a send between two ranks, which must not wait for the others.
     bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block", "wrong_device",
-                     "barrier_settles", "barrier_of_a_cpu_group")
+                     "barrier_settles", "barrier_of_a_cpu_group", "held_copy_back")
     dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=60),
@@ -792,7 +793,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "self_rooted_scatter": lambda *a: self_rooted(*a[:3], "scatter"),
              "timing": timing, "wrong_device": wrong_device, "barrier_settles": barrier_settles,
              "barrier_settles_unbound": barrier_settles, "barrier_in_capture": barrier_in_capture,
-             "barrier_of_a_cpu_group": barrier_of_a_cpu_group,
+             "barrier_of_a_cpu_group": barrier_of_a_cpu_group, "held_copy_back": held_copy_back,
              }[part](rank, world, dev, dtypes)
         torch.cuda.synchronize()
         results.put((rank, part, n, None))
@@ -848,7 +849,7 @@ def main() -> int:
         "destroyed_meanwhile", "direct", "setup_refused", "rooted_mismatch", "settings_differ",
         "late_rank", "late_root", "late_scatter_root", "self_rooted_broadcast",
         "self_rooted_scatter", "timing", "wrong_device", "barrier_settles",
-        "barrier_settles_unbound", "barrier_in_capture", "barrier_of_a_cpu_group"])
+        "barrier_settles_unbound", "barrier_in_capture", "barrier_of_a_cpu_group", "held_copy_back"])
     parser.add_argument("--gpu-per-rank", action="store_true",
                         help="rank r on GPU r (a multi-GPU host) instead of every rank on GPU 0")
     parser.add_argument("--dtypes", nargs="+", default=None,
