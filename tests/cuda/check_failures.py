@@ -260,8 +260,10 @@ def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
     is refused at once; the GPU stays usable. (The receive waited out the timeout before, and
     a small send "succeeded" into the mailbox of a rank that had left.) From P = 3, ranks 0
     and 1 go on: in a batch that also sends to the departed rank only that send is refused,
-    and a small send to it that had finished before it left fails none of their later
-    transfers."""
+    and a send to it that had finished before it left fails none of their later transfers.
+    (On a GPU a send ends only once received, as NCCL's: the part first had the departing
+    rank never receive it, and rank 0's GPU waited for its receiver, call 21; and rank 0
+    synchronized the whole device, which holds its pending receive, call 22.)"""
     group = dist.new_group(timeout=timedelta(seconds=120))
     other = dist.new_group(timeout=timedelta(seconds=120))
     third = dist.new_group(timeout=timedelta(seconds=120))
@@ -271,8 +273,13 @@ def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
         dist.all_reduce(x, group=g)
     torch.cuda.synchronize()
     work = dist.irecv(x, src=last, group=group) if rank == 0 else None  # never sent
-    if rank == 0 and world >= 3:
-        dist.isend(torch.ones(4, device=dev), dst=last, group=third).wait()  # never received
+    if rank == 0 and world >= 3:  # a send that ended before its receiver left
+        dist.isend(torch.ones(4, device=dev), dst=last, group=third).wait()
+        # Not torch.cuda.synchronize(): the device's work includes the receive above, which
+        # waits on the GPU until the departure fails it.
+        torch.cuda.current_stream().synchronize()
+    if rank == last and world >= 3:  # on a GPU a send ends only once received, as NCCL's
+        dist.recv(torch.empty(4, device=dev), src=0, group=third)
         torch.cuda.synchronize()
     dist.barrier()
     if rank == last:
