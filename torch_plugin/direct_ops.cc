@@ -14,8 +14,8 @@
 // boxing the arguments, the autograd fallback): 7,037 instructions for a small all_reduce_
 // where the operator took 15,283 (docs/PERFORMANCE.md, "loom.ops").
 
-#include <ATen/MemoryOverlap.h>
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>

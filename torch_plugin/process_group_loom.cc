@@ -492,6 +492,24 @@ void ProcessGroupLoom::forgetEndedInBlock() {
   blockPruneAt_ = std::max(kBlockPruneFloor, 2 * (coalesced_.size() + copyingBack_.size()));
 }
 
+void ProcessGroupLoom::markHeldEnds(std::vector<HeldFinish>& held) {
+  // One mark per stream (the block's calls share the loom stream), after every copy-back:
+  // each held call's own work's wait() orders the caller after it. Not in a capture: a mark
+  // made there cannot be waited for after it, and the block's work orders the replay.
+  std::vector<std::pair<c10::Stream, std::shared_ptr<const c10::Event>>> marks;
+  for (HeldFinish& h : held) {
+    auto mark = std::find_if(marks.begin(), marks.end(),
+                             [&](const auto& m) { return m.first == h.stream; });
+    if (mark == marks.end()) {
+      if (capturing(h.stream)) continue;
+      auto event = std::make_shared<c10::Event>(h.stream.device_type());
+      event->record(h.stream);
+      mark = marks.emplace(marks.end(), h.stream, std::move(event));
+    }
+    h.end->set(mark->second);
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   std::vector<Request> requests;
   std::vector<HeldFinish> held;
@@ -530,12 +548,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     rejoinRefused(stream);  // a block that ends in an error leaves no work to join it
     throw;
   }
-  for (HeldFinish& h : held) {
-    finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
-    // Its own work's wait() orders the caller after its copy-back. Not in a capture: a mark
-    // made there cannot be waited for after it, and the block's work orders the replay.
-    if (!capturing(h.stream)) h.end->record(h.stream);
-  }
+  for (HeldFinish& h : held) finishOnStream(h.stream, h.uses, h.outputs, h.finisher, h.requests);
+  markHeldEnds(held);
   if (stream && timing) timing->queued(*stream);
   // An operation of the block was refused (heldInBlock): the ones issued run on, and the
   // caller learns why now, once torch's coalescing manager has closed its block.

@@ -279,6 +279,10 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
     Requests requests;
     std::shared_ptr<HeldEnd> end;  // marked once the call and its copy-back are queued
   };
+  /// endCoalescing, once the block's held CUDA sends and receives and their copy-backs are
+  /// queued: marks where each ends (HeldEnd), for its own work's wait().
+  void markHeldEnds(std::vector<HeldFinish>& held);
+
   // The last merge: its store (held, so that no later store takes its address), rank and
   // size, and the group it made, not kept alive by this record (merge()).
   struct LastMerge {

@@ -316,11 +316,9 @@ std::vector<at::Tensor> WorkLoom::result() {
   return outputs_;
 }
 
-void HeldEnd::record(const c10::Stream& stream) {
-  c10::Event event(stream.device_type());
-  event.record(stream);
+void HeldEnd::set(std::shared_ptr<const c10::Event> event) {
   std::lock_guard<std::mutex> lock(mutex_);
-  event_.emplace(std::move(event));
+  event_ = std::move(event);
 }
 
 void HeldEnd::blockCurrentStream() {

@@ -70,8 +70,9 @@ int sourceOfReceive(c10d::OpType type, int source, const std::string& what, int 
 /// orders the caller's stream after that copy-back, not only after the transfer.
 class HeldEnd {
  public:
-  /// Marks the end of what `stream` has been given so far.
-  void record(const c10::Stream& stream);
+  /// The mark: an event recorded on the call's stream after its copy-back (one per block
+  /// and stream, shared by the block's held calls there).
+  void set(std::shared_ptr<const c10::Event> event);
   /// The caller's current stream waits for the mark (nothing before it is recorded).
   void blockCurrentStream();
   /// The host waits for the mark.
@@ -79,7 +80,7 @@ class HeldEnd {
 
  private:
   std::mutex mutex_;
-  std::optional<c10::Event> event_;
+  std::shared_ptr<const c10::Event> event_;
 };
 
 class WorkLoom : public c10d::Work {
