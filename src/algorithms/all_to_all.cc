@@ -117,6 +117,10 @@ void allToAll(CollectiveContext& ctx, const CollectiveArgs& original) {
       // call, not their next one (every rank read the same counts, so all take it).
       const uint64_t meet = ctx.startPhase(false);
       ctx.finishPhase(meet, CollectiveContext::Await::kAll);
+      // Then nothing is left to do, and every rank, having read the same counts, ends here:
+      // before it reads the opening's words again, which a faster rank's next phase (the
+      // opening's half, in this call or its next) may be rewriting by now.
+      return;
     }
     // Peers would read blocks that a rank in place overwrites as it receives: setting its
     // input aside first cost more than staging (0.26-0.67x, docs/PERFORMANCE.md), so then
