@@ -836,28 +836,19 @@ void implementBoxed(torch::Library& m, std::span<const char* const> names) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(loom, Autograd, m) {
-  implementBoxed<&refuseGradient>(m, kReturningNew);
-}
-TORCH_LIBRARY_IMPL(loom, Negative, m) {
-  implementBoxed<&resolveMathBits>(m, kEvery);
-}
-TORCH_LIBRARY_IMPL(loom, Conjugate, m) {
-  implementBoxed<&resolveMathBits>(m, kEvery);
-}
+// The boxed `kernel` for each operator of `names` under dispatch key `key`.
+#define LOOM_BOXED(key, kernel, names) \
+  TORCH_LIBRARY_IMPL(loom, key, m) {   \
+    implementBoxed<kernel>(m, names);  \
+  }
 
-TORCH_LIBRARY_IMPL(loom, SparseCPU, m) {
-  implementBoxed<&refuseSparse>(m, kEvery);
-}
-TORCH_LIBRARY_IMPL(loom, SparseCUDA, m) {
-  implementBoxed<&refuseSparse>(m, kEvery);
-}
-TORCH_LIBRARY_IMPL(loom, SparseCsrCPU, m) {
-  implementBoxed<&refuseSparse>(m, kEvery);
-}
-TORCH_LIBRARY_IMPL(loom, SparseCsrCUDA, m) {
-  implementBoxed<&refuseSparse>(m, kEvery);
-}
+LOOM_BOXED(Autograd, &refuseGradient, kReturningNew)
+LOOM_BOXED(Negative, &resolveMathBits, kEvery)
+LOOM_BOXED(Conjugate, &resolveMathBits, kEvery)
+LOOM_BOXED(SparseCPU, &refuseSparse, kEvery)
+LOOM_BOXED(SparseCUDA, &refuseSparse, kEvery)
+LOOM_BOXED(SparseCsrCPU, &refuseSparse, kEvery)
+LOOM_BOXED(SparseCsrCUDA, &refuseSparse, kEvery)
 
 TORCH_LIBRARY_IMPL(loom, CPU, m) {
   LOOM_DIRECT_OPS(m);

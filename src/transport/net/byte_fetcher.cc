@@ -121,16 +121,9 @@ ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
     // Behind another fetch of this server (one stalled on a vanished host, say), this one
     // still honours its own stop flag and deadline.
     std::unique_lock<std::timed_mutex> lock(c->mutex, std::defer_lock);
+    Pacer pacer(deadline, identity_.id, stop);
     while (!lock.try_lock_for(std::chrono::milliseconds(1))) {
-      if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
-        throw Error(ErrorCode::kAborted, "fetch", identity_.id,
-                    "waiting for another fetch from " + c->peer() + " was stopped by its caller");
-      }
-      if (Clock::now() > deadline) {
-        throw Error(
-            ErrorCode::kTimeout, "fetch", identity_.id,
-            "waiting for another fetch from " + c->peer() + " took longer than the timeout");
-      }
+      pacer.idle([&] { return "waiting for another fetch from " + c->peer(); });
     }
     // The fetch this one waited for broke it: connection() now makes a new one.
     if (c->broken) continue;
