@@ -412,6 +412,7 @@ cuda::Agreement CudaExecutor::publishing(uint64_t epoch) {
   if (epoch == firstEpoch_) {
     a.publish[a.npublish++] = {descriptor(rank_, epoch), stepTagged(described_, epoch)};
     a.factorAt = describedFactor_;
+    a.replayEpoch = epochBase();
   }
   return a;
 }
@@ -424,6 +425,7 @@ cuda::Agreement CudaExecutor::expecting(uint64_t epoch, int only) {
     a.expect[a.nexpect++] = {descriptor(q, epoch), stepTagged(described_, epoch), q};
   }
   a.factorAt = describedFactor_;
+  a.replayEpoch = epochBase();
   return a;
 }
 

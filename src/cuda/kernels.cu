@@ -37,9 +37,10 @@ namespace {
 // the communicator failed or a peer is doing something else (reported here).
 __device__ bool agree(const Agreement& a) {
   if (*a.abort != 0) return false;
+  const uint64_t replayStart = a.replayEpoch != nullptr ? *a.replayEpoch : 0;
   for (int i = 0; i < a.nexpect; ++i) {
     const Agreement::Expect& x = a.expect[i];
-    const Descriptor mine = withFactor(x.words, a.factorAt);
+    const Descriptor mine = withFactor(replayTagged(x.words, replayStart), a.factorAt);
     const Descriptor theirs = readDescriptor(x.theirs);
     if (sameDescriptor(mine, theirs)) continue;
     // Every block finds the same; one thread of all of them writes the report.
@@ -47,7 +48,8 @@ __device__ bool agree(const Agreement& a) {
     return false;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.npublish) {
-    *a.publish[threadIdx.x].at = withFactor(a.publish[threadIdx.x].words, a.factorAt);
+    *a.publish[threadIdx.x].at =
+        withFactor(replayTagged(a.publish[threadIdx.x].words, replayStart), a.factorAt);
   }
   return true;
 }

@@ -40,6 +40,23 @@ TEST(CudaDescriptors, ADescriptorLeftFromAnotherStepIsStaleNotAMismatch) {
   EXPECT_EQ(stepTagged(call, 7).words[1], stepTagged(call, 7 + 65536).words[1]);
 }
 
+TEST(CudaDescriptors, AReplayTellsItsStepsFromAnEarlierReplays) {
+  // A captured call's third step, tagged by the host from the capture's start; replays of its
+  // graph (8 steps) start at device epochs 0, 8, 16, ...
+  const cuda::Descriptor call = describe(allReduceOf(1000));
+  const cuda::Descriptor captured = stepTagged(call, 3);
+  const cuda::Descriptor now = cuda::replayTagged(captured, 16);
+  EXPECT_TRUE(staleStep(now, cuda::replayTagged(captured, 8)));  // left by the replay before
+  EXPECT_FALSE(staleStep(now, cuda::replayTagged(captured, 16)));
+  EXPECT_EQ(now.words[1], stepTagged(call, 19).words[1]);  // the step's device epoch
+  EXPECT_EQ(now.words[0], call.words[0]);
+  EXPECT_EQ(now.words[2], call.words[2]);
+  EXPECT_EQ(now.words[1] & kCountMask, 1000u);
+  // Past 2^16 the tag wraps as an eager step's does, the count untouched.
+  EXPECT_EQ(cuda::replayTagged(captured, 65535).words[1], stepTagged(call, 3 + 65535).words[1]);
+  EXPECT_EQ(cuda::replayTagged(captured, (uint64_t{1} << 40) + 5).words[1] & kCountMask, 1000u);
+}
+
 TEST(CudaDescriptors, TransfersAreNeverTakenForStale) {
   // A chunk's index is in its descriptor already: another index is another message's chunk.
   const Transfer t{Transfer::Kind::kSend, 1, 3, nullptr, 1 << 20};
