@@ -371,6 +371,7 @@ void CudaExecutor::queueFlagSteps(std::span<const FlagStep> steps,
   }
   for (const cuda::Advance& a : advances) params.advances[params.nadvance++] = a;
   params.abort = reinterpret_cast<const volatile uint64_t*>(bases_[rank_] + kAbortOffset);
+  params.waiting = reinterpret_cast<volatile uint64_t*>(bases_[rank_] + kGraphWaitOffset);
   kernels_->flags(stream_, params);
 }
 

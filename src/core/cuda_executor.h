@@ -309,10 +309,19 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<uint64_t> lastSteps(const Lane& lane);
   /// Fails the communicator where a peer that destroyed its communicator normally stopped
   /// short of a step this rank's kernels have begun, or of a chunk this rank sends to it or
-  /// receives from it (its final counts): they would wait for it until their timeout, a
-  /// replay of a captured call forever (monitor thread, at most once per kLeftEvery while
-  /// calls are pending or graphs were captured).
+  /// receives from it (its final counts), or a replay's flag wait on it (the graph lane's
+  /// wait record): they would wait for it until their timeout, a replay of a captured call
+  /// forever (monitor thread, at most once per kLeftEvery while calls are pending or graphs
+  /// were captured).
   void failIfPeerLeft();
+  /// A replay's flag wait, seen the same at this check and the one before, on a flag of a
+  /// rank in `left` that stays below the value awaited: that rank and what waits (monitor
+  /// thread).
+  struct ReplayWait {
+    int peer;
+    const char* what;
+  };
+  std::optional<ReplayWait> replayWaitingOn(const std::vector<int>& left);
   /// The eager lane's send and receive chunks that departed peer `q` never took or sent
   /// (its final counts against this rank's issued ones), said for the failure; empty if
   /// none, or if its counts cannot be read (monitor thread, under pendingMutex_).
@@ -381,6 +390,7 @@ class CudaExecutor final : public DeviceExecutor {
   // When the monitor first read a report of a peer's stopped kernels (reportMismatch).
   std::optional<std::chrono::steady_clock::time_point> staleSince_;
   std::chrono::steady_clock::time_point leftChecked_{};  // failIfPeerLeft's last look
+  std::array<uint64_t, 2> replayWaitSeen_{};             // replayWaitingOn's last record
   std::deque<CUevent> draining_;  // of calls failed before they ran; guarded by pendingMutex_
   std::chrono::steady_clock::time_point lastRelease_;  // release()'s last; monitor thread
   std::chrono::milliseconds graphRelease_{10};  // failed, graphs captured: next release after

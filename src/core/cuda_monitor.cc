@@ -156,6 +156,17 @@ void CudaExecutor::failIfPeerLeft() {
       return;
     }
   }
+  // A replay's wait has no deadline, and its sends and receives take no steps.
+  if (graphsCaptured_) {
+    if (const std::optional<ReplayWait> stuck = replayWaitingOn(left)) {
+      failures_.fail(ErrorCode::kPeerFailure, stuck->peer,
+                     "on CUDA tensors, rank " + std::to_string(stuck->peer) +
+                         " had already destroyed its communicator, so a replay of a captured "
+                         "call waits for it in vain (" +
+                         stuck->what + ")");
+      return;
+    }
+  }
   // Sends and receives take no steps: their chunks are counted per pair instead.
   for (int q : left) {
     const std::string missing = transfersLeftBy(q);
@@ -165,6 +176,38 @@ void CudaExecutor::failIfPeerLeft() {
                        " had already destroyed its communicator, so " + missing);
     return;
   }
+}
+
+std::optional<CudaExecutor::ReplayWait> CudaExecutor::replayWaitingOn(
+    const std::vector<int>& left) {
+  const Driver& d = Driver::get();
+  std::array<uint64_t, 2> record{};  // the flag's address, the value awaited
+  const auto at = reinterpret_cast<CUdeviceptr>(bases_[rank_] + kGraphWaitOffset);
+  bool read = d.cuMemcpyDtoHAsync(&record[1], at + sizeof(uint64_t), sizeof(uint64_t),
+                                  abortStream_) == CUDA_SUCCESS &&
+              d.cuMemcpyDtoHAsync(&record[0], at, sizeof(uint64_t), abortStream_) == CUDA_SUCCESS;
+  if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return std::nullopt;
+  // The same record twice in a row, kLeftEvery apart: not one the kernel was rewriting, nor a
+  // wait that ended between the two.
+  const bool steady = record == replayWaitSeen_;
+  replayWaitSeen_ = record;
+  if (record[0] == 0 || !steady) return std::nullopt;
+  for (int q : left) {
+    const auto base = reinterpret_cast<uint64_t>(bases_[q]);
+    if (record[0] < base + kGraphOffset || record[0] >= base + kDataOffset) continue;
+    uint64_t value = 0;
+    read = d.cuMemcpyDtoHAsync(&value, static_cast<CUdeviceptr>(record[0]), sizeof value,
+                               abortStream_) == CUDA_SUCCESS;
+    if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return std::nullopt;
+    // A departed rank finished every call it issued: its flags move no more.
+    if (static_cast<int64_t>(value - record[1]) >= 0) return std::nullopt;
+    const uint64_t pairAt = base + graph_.pairsAt + static_cast<uint64_t>(rank_) * kPairStride;
+    const char* what = record[0] == pairAt + kSent * kFlagStride    ? "a receive from it"
+                       : record[0] == pairAt + kTaken * kFlagStride ? "a send to it"
+                                                                    : "a collective step";
+    return ReplayWait{q, what};
+  }
+  return std::nullopt;
 }
 
 std::string CudaExecutor::transfersLeftBy(int q) {

@@ -25,8 +25,8 @@ inline constexpr size_t kFlagStride = 64;
 // odd epochs, its device counts of chunks sent to and taken from each peer, and its pair
 // blocks; after them the counts a rank leaves as it destroys its communicator (a word that
 // says they are written, then per peer the eager lane's chunks sent to it and taken from it,
-// which a peer's monitor compares with its own). Then, from kDataOffset, the data parts
-// (WorkspaceLayout).
+// which a peer's monitor compares with its own), and the graph lane's record of the flag wait
+// in progress. Then, from kDataOffset, the data parts (WorkspaceLayout).
 inline constexpr size_t kAbortOffset = 3 * kFlagStride;
 inline constexpr size_t kClaimOffset = 4 * kFlagStride;
 inline constexpr size_t kDescOffset = 5 * kFlagStride;
@@ -50,10 +50,14 @@ static_assert(kPairOffset + cuda::kMaxSources * kPairStride <= kGraphOffset);
 static_assert(kGraphCountsOffset + cuda::kMaxSources * 16 <= kGraphPairOffset);
 
 inline constexpr size_t kFinalCountsOffset = kGraphPairOffset + cuda::kMaxSources * kPairStride;
+/// The graph lane's record of the flag wait in progress (cuda::FlagParams::waiting).
+inline constexpr size_t kGraphWaitOffset = kFinalCountsOffset + 9 * kFlagStride;
+static_assert(kFinalCountsOffset + (1 + 2 * cuda::kMaxSources) * sizeof(uint64_t) <=
+              kGraphWaitOffset);
 
 /// Where the collective slots start, after both lanes' flag pages.
 inline constexpr size_t kDataOffset = 64 << 10;
-static_assert(kFinalCountsOffset + (1 + 2 * cuda::kMaxSources) * sizeof(uint64_t) <= kDataOffset);
+static_assert(kGraphWaitOffset + 2 * sizeof(uint64_t) <= kDataOffset);
 /// Slots of two chunks in the eager lane. Stepped calls and the one- and two-shot fused
 /// kernels take turns on two; a chained broadcast, whose steps travel the chain one link
 /// after another, keeps a step of a chunk in each of the eight halves: with two slots (four

@@ -472,6 +472,10 @@ struct FlagParams {
   Advance advances[2 * kMaxSources + 1];
   int nadvance;
   const volatile uint64_t* abort;  ///< nonzero: stop waiting
+  /// This rank's record of the wait in progress, for its monitor (a peer that left never
+  /// raises the flag, and a replay has no deadline): the value, then the flag's address,
+  /// which goes back to 0 once the wait is over.
+  volatile uint64_t* waiting;
 };
 
 }  // namespace loom::cuda

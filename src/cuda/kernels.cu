@@ -251,10 +251,16 @@ extern "C" __global__ void loom_flags(FlagParams p) {
       flag.store(value, ::cuda::memory_order_release);
       continue;
     }
+    if (static_cast<int64_t>(flag.load(::cuda::memory_order_acquire) - value) >= 0) continue;
+    p.waiting[1] = value;  // the value first: a record with an address is whole
+    __threadfence_system();
+    p.waiting[0] = reinterpret_cast<uint64_t>(p.ops[i].flag);
+    __threadfence_system();
     while (static_cast<int64_t>(flag.load(::cuda::memory_order_acquire) - value) < 0) {
       if (*p.abort != 0) return;
       __nanosleep(200);
     }
+    p.waiting[0] = 0;
   }
   for (int i = 0; i < p.nadvance; ++i) *p.advances[i].word += p.advances[i].by;
 }

@@ -48,8 +48,8 @@ import loom  # noqa: E402,F401  (registers the backend)
 from check_barrier import (barrier_in_capture, barrier_of_a_cpu_group,  # noqa: E402
                            barrier_settles, held_copy_back)
 from check_common import LARGE, SIZES, same  # noqa: E402
-from check_failures import (PART_ENV, dead_rank_is_named, destroyed_meanwhile,  # noqa: E402
-                            factor_mismatch, left_p2p, left_rank,
+from check_failures import (PART_ENV, destroyed_meanwhile, graph_killed,  # noqa: E402
+                            graph_left, graph_left_p2p, factor_mismatch, left_p2p, left_rank,
                             killed_rank, late_rank, long_timeout, mismatch, refused_in_block,
                             rooted_mismatch, self_rooted, settings_differ, setup_refused,
                             tag_mismatch, wrong_device)
@@ -655,57 +655,6 @@ def graphs(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return checks
 
 
-def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank exits while the others replay a captured all_reduce: their GPUs are
-    released (the replay's waits end), and the next call names the dead rank."""
-    x = torch.ones(1 << 16, device=dev)
-    dist.all_reduce(torch.ones(8, device=dev))
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dist.all_reduce(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
-    dist.barrier()
-    if rank == world - 1:
-        os._exit(0)
-    graph.replay()  # waits on the GPU for a rank that is gone
-    torch.cuda.synchronize()  # must return once the rank is found dead
-    dead_rank_is_named(world, dev, x)
-    return 2
-
-
-def graph_left(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank destroys its group (a clean leave) and lives on while the others replay
-    a captured all_reduce: their replays' waits end (they waited forever before), and the
-    next call names the rank that left."""
-    x = torch.ones(1 << 16, device=dev)
-    dist.all_reduce(torch.ones(8, device=dev))
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dist.all_reduce(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
-    dist.barrier()
-    if rank == world - 1:
-        dist.destroy_process_group()
-        time.sleep(15)  # alive: a departure, not a death
-        return 1
-    graph.replay()  # waits on the GPU for a rank that left
-    torch.cuda.synchronize()  # must return once the rank is found to have left
-    try:
-        dist.all_reduce(x)
-        torch.cuda.synchronize()
-        raise AssertionError("an all_reduce after a rank left succeeded")
-    except RuntimeError as e:
-        assert f"rank {world - 1} had already destroyed its communicator" in str(e), e
-    assert torch.ones(4, device=dev).sum().item() == 4.0
-    return 2
-
-
 def direct_ops(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """torch.ops.loom.* and loom.ops.* (its eager functions) on CUDA tensors (they take the
     group's c10d path on the caller's stream): each equal to the torch.distributed call,
@@ -781,6 +730,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
              "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
              "left": left_rank, "left_p2p": left_p2p, "graph_left": graph_left,
+             "graph_left_p2p": graph_left_p2p,
              "destroyed_meanwhile": destroyed_meanwhile,
              "direct": direct_ops, "setup_refused": setup_refused,
              "rooted_mismatch": rooted_mismatch, "settings_differ": settings_differ,
@@ -799,7 +749,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
         results.put((rank, part, n, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
-    if part not in ("killed", "graph_killed", "left", "left_p2p", "graph_left", "mismatch", "tag_mismatch", "setup_refused",
+    if part not in ("killed", "graph_killed", "left", "left_p2p", "graph_left", "graph_left_p2p",
+                    "mismatch", "tag_mismatch", "setup_refused",
                     "factor_mismatch", "device_factor_mismatch",
                     "rooted_mismatch", "settings_differ", "late_rank", "late_root",
                     "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
@@ -845,7 +796,7 @@ def main() -> int:
     parser.add_argument("--parts", nargs="+", default=["reductions", "premul", "long_timeout",
         "refused_in_block", "movement", "streams", "ddp", "fsdp2", "device_bound", "p2p",
         "mismatch", "factor_mismatch", "device_factor_mismatch", "tag_mismatch", "dtensor",
-        "killed", "graphs", "graph_killed", "left", "left_p2p", "graph_left",
+        "killed", "graphs", "graph_killed", "left", "left_p2p", "graph_left", "graph_left_p2p",
         "destroyed_meanwhile", "direct", "setup_refused", "rooted_mismatch", "settings_differ",
         "late_rank", "late_root", "late_scatter_root", "self_rooted_broadcast",
         "self_rooted_scatter", "timing", "wrong_device", "barrier_settles",

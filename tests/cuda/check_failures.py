@@ -1,7 +1,8 @@
 """The failure parts of check_cuda.py: calls that disagree (collectives, send/recv tags, a
 rooted call's roots, a root against non-roots that name another), a rank killed
-mid-collective, a rank that never issues a call, one that destroys its group and lives on, one
-that cannot make its CUDA workspace and
+mid-collective or while the others replay a captured call, a rank that never issues a call, one
+that destroys its group and lives on (also while the others replay a captured all_reduce or
+receive from it), one that cannot make its CUDA workspace and
 one whose LOOM_CUDA_* settings differ, PREMUL_SUM factors that differ by rank. Each checks that
 every rank gets an error naming the cause, never a wrong answer or a hang, and that the GPU is
 usable afterwards. Also the refusals and deadlines that must not fail the group: a call's
@@ -337,6 +338,102 @@ def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
         checks += 2
     assert torch.ones(4, device=dev).sum().item() == 4.0
     return checks
+
+
+def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank exits while the others replay a captured all_reduce: their GPUs are
+    released (the replay's waits end), and the next call names the dead rank."""
+    x = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
+    dist.barrier()
+    if rank == world - 1:
+        os._exit(0)
+    graph.replay()  # waits on the GPU for a rank that is gone
+    torch.cuda.synchronize()  # must return once the rank is found dead
+    dead_rank_is_named(world, dev, x)
+    return 2
+
+
+def graph_left(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank destroys its group (a clean leave) and lives on while the others replay
+    a captured all_reduce: their replays' waits end (they waited forever before), and the
+    next call names the rank that left."""
+    x = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
+    dist.barrier()
+    if rank == world - 1:
+        dist.destroy_process_group()
+        time.sleep(15)  # alive: a departure, not a death
+        return 1
+    graph.replay()  # waits on the GPU for a rank that left
+    torch.cuda.synchronize()  # must return once the rank is found to have left
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        raise AssertionError("an all_reduce after a rank left succeeded")
+    except RuntimeError as e:
+        assert f"rank {world - 1} had already destroyed its communicator" in str(e), e
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 2
+
+
+def graph_left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Rank 0 captures a receive from the last rank, which captures the matching send; after a
+    replay together the last rank destroys its group and lives on while rank 0 replays again:
+    that replay waits on the GPU for a send that never comes, and a replay has no deadline
+    (it waited forever before). It must end, and the next call names the rank that left. The
+    ranks between them capture nothing."""
+    last = world - 1
+    x = torch.zeros(1 << 12, device=dev)
+    payload = torch.full((1 << 12,), 7.0, device=dev)
+    dist.all_reduce(torch.ones(8, device=dev))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    if rank in (0, last):
+        with torch.cuda.graph(graph):
+            if rank == 0:
+                dist.recv(x, src=last)
+            else:
+                dist.send(payload, dst=0)
+        graph.replay()
+        torch.cuda.synchronize()
+    if rank == 0:
+        same(x, torch.full((1 << 12,), 7.0), "a replayed receive with its sender there")
+    dist.barrier()
+    if rank == last:
+        dist.destroy_process_group()
+        time.sleep(15)  # alive: a departure, not a death
+        return 1
+    if rank != 0:
+        return 1
+    start = time.time()
+    graph.replay()  # waits on the GPU for a send from a rank that left
+    torch.cuda.synchronize()  # must return once the rank is found to have left
+    assert time.time() - start < 60, "the replay waited a minute for the rank that left"
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        raise AssertionError("an all_reduce after a replay waited on a rank that left succeeded")
+    except RuntimeError as e:
+        for part in (f"rank {last} had already destroyed its communicator",
+                     "a replay of a captured call waits for it in vain (a receive from it)"):
+            assert part in str(e), f"the error lacks {part!r}: {e}"
+    assert torch.ones(4, device=dev).sum().item() == 4.0
+    return 2
 
 
 def destroyed_meanwhile(rank: int, world: int, dev: torch.device, dtypes) -> int:
