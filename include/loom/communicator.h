@@ -97,6 +97,10 @@ class Communicator {
   /// Changes the default deadline for operations issued from now on.
   void setTimeout(std::chrono::milliseconds timeout);
 
+  /// Making a child (split, subset, shrink): errors name the child's ranks, and where
+  /// `options.rankLegend` is empty they end saying which rank of this communicator each is
+  /// (the child's failure report too).
+  ///
   /// Collective over this communicator: ranks passing the same `color` form a new
   /// communicator, ordered by (`key`, old rank). A negative color returns nullptr.
   std::shared_ptr<Communicator> split(int color, int key, const CommOptions& options = {});

@@ -54,6 +54,43 @@ size_t sum(std::span<const size_t> counts) {
   return total;
 }
 
+// Which rank of communicator `parent` each rank of a child made of `members` is; empty where
+// they are the same numbers.
+std::string childLegend(const std::string& parent, const std::vector<int>& members) {
+  bool same = true;
+  for (size_t i = 0; i < members.size(); ++i) same = same && members[i] == static_cast<int>(i);
+  if (same) return {};
+  constexpr size_t kListed = 64;
+  std::string s = "ranks of a communicator made from '" + parent + "'; its ranks 0 to " +
+                  std::to_string(members.size() - 1) + " are ranks ";
+  for (size_t i = 0; i < members.size() && i < kListed; ++i) {
+    s += (i > 0 ? ", " : "") + std::to_string(members[i]);
+  }
+  if (members.size() > kListed) s += ", ... (" + std::to_string(members.size()) + " in all)";
+  return s + " of '" + parent + "'";
+}
+
+// Makes the child of `parent` made of `members` (its ranks, in the child's order). Its
+// creation's errors name the child's ranks, which its members do not know yet: where the
+// caller gave no legend, they and the child's failure report say which rank of the parent
+// each one is (a shrink's "rank 2 exited" would send its caller to leave out its own rank 2).
+std::shared_ptr<Communicator> makeChild(detail::CommState& parent, const std::vector<int>& members,
+                                        const std::string& salt, const CommOptions& options,
+                                        bool watchParent) {
+  CommOptions childOptions = options;
+  const std::string legend = options.rankLegend.empty() ? childLegend(parent.name(), members) : "";
+  if (!legend.empty()) childOptions.rankLegend = legend;
+  try {
+    return std::make_shared<Communicator>(
+        detail::CommState::createChild(parent, members, salt, childOptions, watchParent));
+  } catch (const Error& e) {
+    // A split or subset stops for its parent's failure, whose message names the parent's ranks.
+    if (legend.empty() || (watchParent && parent.failed())) throw;
+    throw Error(e.code(), e.op(), e.rank(),
+                e.detail() + " (ranks in this message are " + legend + ")");
+  }
+}
+
 }  // namespace
 
 Communicator::Communicator(std::shared_ptr<detail::CommState> state) : state_(std::move(state)) {}
@@ -109,8 +146,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, const Comm
   std::stable_sort(members.begin(), members.end(),
                    [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
   const std::string salt = "split/" + std::to_string(number) + "/" + std::to_string(color);
-  return std::make_shared<Communicator>(
-      detail::CommState::createChild(*state_, members, salt, options, /*watchParent=*/true));
+  return makeChild(*state_, members, salt, options, /*watchParent=*/true);
 }
 
 void Communicator::requireUsable(std::string_view op) const {
@@ -137,8 +173,7 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
   std::string key = "subset/" + tag + "/";
   for (int q : members) key += std::to_string(q) + ",";
   const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
-  return std::make_shared<Communicator>(
-      detail::CommState::createChild(*state_, members, salt, options, /*watchParent=*/true));
+  return makeChild(*state_, members, salt, options, /*watchParent=*/true);
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded,
@@ -168,8 +203,7 @@ std::shared_ptr<Communicator> Communicator::shrink(std::span<const int> excluded
     key += std::to_string(q) + ",";
   }
   const std::string salt = key + "#" + std::to_string(state_->nextChildNumber(key));
-  return std::make_shared<Communicator>(
-      detail::CommState::createChild(*state_, members, salt, options, /*watchParent=*/false));
+  return makeChild(*state_, members, salt, options, /*watchParent=*/false);
 }
 
 std::string Communicator::progressReport() const {

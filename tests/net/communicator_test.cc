@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -821,6 +822,67 @@ TEST_F(TwoHosts, SurvivorsShrinkAcrossHostsAndGoOn) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
   }
+}
+
+// Ranks 0 to 3 (0 and 2 on host 0, 1 and 3 on host 1) lose rank 3, and the survivors but
+// `left` shrink without `left` instead, so rank 3 is kept: every one of them must fail
+// within seconds, at the shrink or (a rank whose part of the making ended before the hosts
+// met) at its first call, with an error containing `says` (the shrink's, where it fails
+// there, saying which rank of 'world' each of its ranks is), never wait out the timeout.
+void shrinkKeepingTheDeadFails(const NetnsHosts& hosts, int left,
+                               std::function<std::vector<const char*>(int)> says) {
+  const auto outcomes = loom::testing::runRanks(4, [&](RankContext& ctx) {
+    hosts.enter(hostOfRank(ctx.rank));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    killRank3OnceTheOthersLeftTheBarrier(*comm, ctx.rank);
+    expectError([&] { comm->barrier().wait(); }, ErrorCode::kPeerFailure, {"rank 3"});
+    if (ctx.rank == left) return;
+    const int wrong[] = {left};
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      comm->shrink(wrong, options)->barrier().wait();
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+      message = e.what();
+    }
+    LOOM_CHECK(!message.empty(), << "a shrink that kept a dead rank made a working communicator");
+    for (const char* part : says(ctx.rank)) {
+      LOOM_CHECK(message.find(part) != std::string::npos, << "lacks '" << part << "': " << message);
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    LOOM_CHECK(took < std::chrono::seconds(30),
+               << "failed only after "
+               << std::chrono::duration_cast<std::chrono::seconds>(took).count() << " s");
+  });
+  ASSERT_EQ(outcomes.size(), 4u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+}
+
+TEST_F(TwoHosts, AShrinkKeepingADeadRankFailsOnEveryHostWithinSeconds) {
+  // Rank 3 is rank 2 of the shrink (0, 1, 3): rank 1 sees it exit as host 1's segment is
+  // made (before, its error said "rank 2 exited" with nothing to tell it from the rank 2 the
+  // caller left out); rank 0, alone on host 0, hears that rank 1 gave up.
+  shrinkKeepingTheDeadFails(*hosts_, 2, [](int rank) {
+    return rank == 1 ? std::vector<const char*>{"rank 2 (pid", "exited",
+                                                "its ranks 0 to 2 are ranks 0, 1, 3 of 'world'"}
+                     : std::vector<const char*>{"rank 1", "are ranks 0, 1, 3 of 'world'"};
+  });
+}
+
+TEST_F(TwoHosts, AShrinkKeepingADeadRankAloneOnItsHostFailsWithinSeconds) {
+  // The shrink (0, 2, 3) leaves rank 3 alone on host 1: rank 0, host 0's rail to it, finds
+  // its connection refused; rank 2, which has no rail of its own, finishes making its part
+  // and fails at its first call, as host 0's segment tells it.
+  shrinkKeepingTheDeadFails(*hosts_, 1, [](int rank) {
+    return rank == 0 ? std::vector<const char*>{"rank 2", "are ranks 0, 2, 3 of 'world'"}
+                     : std::vector<const char*>{"rank 2"};
+  });
 }
 
 }  // namespace
