@@ -35,8 +35,8 @@ inline constexpr uint64_t kChainBit = uint64_t{1} << 62;
 // 16 bits of its first step (stepTagged). A rank whose kernels stopped (its communicator failed)
 // still raises its flags but publishes nothing, so its peers would read the descriptor it left two
 // steps before, of a call that may have been the same: the tag tells the two apart. A captured
-// call's steps count from its capture's start, and its kernels add where the replay starts
-// (cuda::replayTagged), so a replay tells its steps from an earlier replay's too. Counts and
+// call's steps count from the call's start, and its kernels add the device epoch that its
+// replay starts from (cuda::replayTagged), so a replay tells its steps from an earlier replay's too. Counts and
 // hashes keep the 48 bits below it.
 using cuda::kStepTagShift;
 inline constexpr uint64_t kCountMask = (uint64_t{1} << kStepTagShift) - 1;

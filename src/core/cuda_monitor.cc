@@ -183,9 +183,10 @@ std::optional<CudaExecutor::ReplayWait> CudaExecutor::replayWaitingOn(
   const Driver& d = Driver::get();
   std::array<uint64_t, 2> record{};  // the flag's address, the value awaited
   const auto at = reinterpret_cast<CUdeviceptr>(bases_[rank_] + kGraphWaitOffset);
-  bool read = d.cuMemcpyDtoHAsync(&record[1], at + sizeof(uint64_t), sizeof(uint64_t),
-                                  abortStream_) == CUDA_SUCCESS &&
-              d.cuMemcpyDtoHAsync(&record[0], at, sizeof(uint64_t), abortStream_) == CUDA_SUCCESS;
+  // The address first, in stream order: its value was written before it (loom_flags).
+  bool read = d.cuMemcpyDtoHAsync(&record[0], at, sizeof(uint64_t), abortStream_) == CUDA_SUCCESS &&
+              d.cuMemcpyDtoHAsync(&record[1], at + sizeof(uint64_t), sizeof(uint64_t),
+                                  abortStream_) == CUDA_SUCCESS;
   if (d.cuStreamSynchronize(abortStream_) != CUDA_SUCCESS || !read) return std::nullopt;
   // The same record twice in a row, kLeftEvery apart: not one the kernel was rewriting, nor a
   // wait that ended between the two.

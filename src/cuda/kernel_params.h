@@ -59,8 +59,9 @@ struct Agreement {
   /// every descriptor above, expected and published, so ranks whose factors differ meet a
   /// named mismatch rather than sums that differ by rank.
   const double* factorAt;
-  /// A captured call's (null: an eager one's): the device epoch its replay starts from, which
-  /// the kernel adds to the step tag of every collective descriptor above (replayTagged).
+  /// A captured call's (null: an eager one's): the device epoch before the call's first step
+  /// as it is replayed, which the kernel adds to the step tag of every collective descriptor
+  /// above (replayTagged).
   const uint64_t* replayEpoch;
 };
 
@@ -291,9 +292,9 @@ struct TransferParams {
 /// Where a collective's step tag sits in word 1 of its descriptor (core/cuda_descriptors.h).
 inline constexpr int kStepTagShift = 48;
 
-/// Collective descriptor `d`, step-tagged by the host with a step counted from its capture's
-/// start, as a replay starting at device epoch `start` runs it: tagged with the step's device
-/// epoch (mod 2^16, as every tag). So what a stopped peer left in an earlier replay of the same
+/// Collective descriptor `d`, step-tagged by the host with a step counted from its captured
+/// call's start, as a replay of the call starting at device epoch `start` runs it: tagged
+/// with the step's device epoch (mod 2^16, as every tag). So what a stopped peer left in an earlier replay of the same
 /// graph reads as another step's (stale), never as this one's.
 LOOM_HOST_DEVICE inline Descriptor replayTagged(Descriptor d, uint64_t start) {
   d.words[1] += start << kStepTagShift;  // the carry out of the tag's 16 bits falls off

@@ -419,6 +419,7 @@ def graph_left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
         time.sleep(15)  # alive: a departure, not a death
         return 1
     if rank != 0:
+        time.sleep(15)  # alive: the ranks between must not exit (a death) before rank 0 is done
         return 1
     start = time.time()
     graph.replay()  # waits on the GPU for a send from a rank that left

@@ -41,8 +41,8 @@ TEST(CudaDescriptors, ADescriptorLeftFromAnotherStepIsStaleNotAMismatch) {
 }
 
 TEST(CudaDescriptors, AReplayTellsItsStepsFromAnEarlierReplays) {
-  // A captured call's third step, tagged by the host from the capture's start; replays of its
-  // graph (8 steps) start at device epochs 0, 8, 16, ...
+  // A captured call's third step, tagged by the host from the call's start; replays of its
+  // graph (one call of 8 steps) start it at device epochs 0, 8, 16, ...
   const cuda::Descriptor call = describe(allReduceOf(1000));
   const cuda::Descriptor captured = stepTagged(call, 3);
   const cuda::Descriptor now = cuda::replayTagged(captured, 16);
