@@ -98,8 +98,9 @@ class HostRanges {
 // float16's 65504 (two ranks of 40000 sum to inf, and inf divided stays inf). Such sums run
 // in a wide type (int64; float32 for float16), and each element is divided and narrowed once,
 // as the one-host kernels do. float16 AVG across hosts so moves twice its bytes between
-// hosts; bfloat16 and the wider floats keep their own (their sums do not overflow where the
-// inputs do not).
+// hosts; bfloat16 and the wider floats keep their own, whose sums overflow only near the
+// type's largest finite value (bfloat16 and float32 sum in float32: two ranks of 3e38 make
+// inf, as Gloo's AVG does; NCCL scales each input by 1/P first and keeps 3e38).
 std::optional<DataType> sumsWiden(DataType type, ReduceOp op) {
   if (op.kind() != ReduceKind::kAvg) return std::nullopt;
   if (type == DataType::kFloat16) return DataType::kFloat32;

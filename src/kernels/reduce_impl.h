@@ -101,8 +101,9 @@ inline A combine(A a, A b) {
     else
       return a * b;
   } else if constexpr (K == ReduceKind::kMin) {
-    // Ties keep `a`, the earlier ranks' value (+0 and -0 compare equal): torch.minimum's
-    // and Gloo's choice; NaN wins either way.
+    // Ties keep `a`, the earlier ranks' value (+0 and -0 compare equal), at every size and
+    // on every rank (torch.minimum's and Gloo's choice between -0 and +0 depends on the
+    // element's place); NaN wins either way.
     if constexpr (std::is_floating_point_v<A>)
       return (b < a || b != b) ? b : a;
     else
