@@ -4,10 +4,13 @@
 // channels given up on are closed.
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -301,6 +304,58 @@ TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersFillIt) {
 // held every slot of the service, stalling every new connection of the job.
 TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersNamingUnknownCommunicatorsFillIt) {
   expectAMemberGetsPastStrangers(*hosts_, true);
+}
+
+// Strangers that connect and say nothing, more than the acceptor's open-file limit holds (an
+// accepted connection holds several descriptors: libfabric's endpoint, its queues and
+// sockets): the service keeps its unproven connections within a share of that limit, so a
+// member's connection still gets through and the process can still open files of its own.
+// (40 silent strangers at a limit of 160 used them all up: the member was refused.)
+TEST_F(TwoHosts, ServiceLeavesDescriptorsForMembersWhenStrangersCrowdIt) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      rlimit files{};
+      LOOM_CHECK(::getrlimit(RLIMIT_NOFILE, &files) == 0);
+      files.rlim_cur = 160;
+      LOOM_CHECK(::setrlimit(RLIMIT_NOFILE, &files) == 0);
+      NetService::Limits limits;
+      limits.crowdedHold = milliseconds(200);
+      NetService service(Fabric::instance(), limits);
+      service.expect(kComm, kSecret, shape);
+      publishAddress(ctx, service);
+      ctx.store->get("strangers waiting", kPatience);
+      LOOM_CHECK(readText(service, kComm, 1, 0, 0) == "member");
+      const int file = ::open("/dev/null", O_RDONLY);
+      LOOM_CHECK(file >= 0, << "no descriptor left: " << std::strerror(errno));
+      ::close(file);
+      ctx.store->get("member through", kPatience);
+      return;
+    }
+    const std::string to = publishedAddress(ctx);
+    std::vector<std::unique_ptr<Endpoint>> strangers;
+    for (int i = 0; i < 40; ++i) {
+      strangers.push_back(Fabric::instance().connect(to));
+      strangers.back()->start();
+    }
+    // Driven until taken in (their connection requests go out as they are polled), before
+    // the member.
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    while (Clock::now() < until) {
+      for (auto& stranger : strangers) {
+        try {
+          (void)stranger->connected();
+        } catch (const Error&) {
+        }
+      }
+    }
+    ctx.store->set("strangers waiting", Bytes{1});
+    SendChannel member(Fabric::instance(), to, traffic(1, 0), kSecret, shape);
+    writeText(member, "member");
+    ctx.store->set("member through", Bytes{1});
+  });
 }
 
 // Drives `out` until its peer's service closes the connection before answering its Hello

@@ -2,8 +2,10 @@
 
 #include "transport/net/net_service.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -13,6 +15,24 @@
 #include "util/posix.h"
 
 namespace loom::net {
+
+namespace {
+
+// Descriptors one accepted connection holds before it is proven: libfabric's endpoint, its
+// queues and their wait objects (8 with libfabric 1.17's tcp provider, counted).
+constexpr size_t kDescriptorsPerConnection = 8;
+
+// The most connections that may wait unproven: `most`, and no more than take a quarter of
+// the process's open-file limit. Strangers that connect and say nothing would otherwise use up
+// the descriptors that members' connections, the process's own and its files need (40 at a
+// limit of 160 did); those beyond wait in the listener's queue, holding none here.
+size_t pendingBudget(size_t most) {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) return most;
+  return std::clamp<size_t>(files.rlim_cur / 4 / kDescriptorsPerConnection, 1, most);
+}
+
+}  // namespace
 
 NetService& NetService::instance() {
   // Leaked on purpose, as the process service is: a communicator in static storage (made
@@ -143,8 +163,9 @@ std::optional<Expectation> NetService::lookup(const Hello& hello) {
 
 void NetService::run() {
   while (!stopping_.load(std::memory_order_acquire)) {
-    if (pending_.size() >= limits_.maxPending) makeRoom(Clock::now());
-    if (pending_.size() >= limits_.maxPending) {
+    const size_t most = pendingBudget(limits_.maxPending);
+    if (pending_.size() >= most) makeRoom(Clock::now(), limits_.crowdedHold);
+    if (pending_.size() >= most) {
       // Full: new requests wait in the listener's queue, unanswered but not dropped (a large
       // job's connections may all arrive at once), until a handshake ends or makes room.
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -159,6 +180,9 @@ void NetService::run() {
     } catch (const Error& e) {
       refused_.fetch_add(1, std::memory_order_relaxed);  // the request could not be accepted
       reportRefusal(e);
+      // Out of descriptors (the process's own files took them): the connection unproven
+      // longest goes at once, so that the next may be a member's.
+      makeRoom(Clock::now(), Clock::duration::zero());
     }
     if (endpoint) {
       try {
@@ -168,6 +192,7 @@ void NetService::run() {
       } catch (const Error& e) {
         refused_.fetch_add(1, std::memory_order_relaxed);
         reportRefusal(e);
+        makeRoom(Clock::now(), Clock::duration::zero());
       }
     }
     advance(Clock::now());
@@ -189,7 +214,7 @@ void NetService::reportRefusal(const Error& e) {
                static_cast<int>(::getpid()), e.detail().c_str());
 }
 
-void NetService::makeRoom(Clock::time_point now) {
+void NetService::makeRoom(Clock::time_point now, Clock::duration hold) {
   // Strangers that connect and never say or prove anything would otherwise hold every slot
   // for the handshake's 10 s: when crowded, the oldest of them goes. One that named a
   // communicator this process does not know yet may be a member whose process registers it
@@ -208,7 +233,7 @@ void NetService::makeRoom(Clock::time_point now) {
   };
   size_t oldest = oldestOf(false);
   if (oldest == pending_.size()) oldest = oldestOf(true);
-  if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;
+  if (oldest == pending_.size() || now - pending_[oldest].since < hold) return;
   refused_.fetch_add(1, std::memory_order_relaxed);
   pending_[oldest] = std::move(pending_.back());
   pending_.pop_back();

@@ -6,7 +6,8 @@
 // link claims it. A connection for a communicator this process has not registered yet is
 // held (a peer may be faster to make a child communicator) until `unexpectedHold`; one that
 // has not completed its handshake within `handshake` is dropped, and at most `maxPending`
-// wait at once, so strangers cost little and nothing lasts.
+// wait at once (fewer where a quarter of the open-file limit holds fewer), so strangers
+// cost little and nothing lasts.
 
 #include <sys/types.h>
 
@@ -31,7 +32,9 @@ class NetService {
   struct Limits {
     std::chrono::milliseconds handshake{10'000};       ///< to prove the secret, once known
     std::chrono::milliseconds unexpectedHold{60'000};  ///< to wait for its communicator
-    size_t maxPending = 256;                           ///< connections not yet proven
+    /// Connections not yet proven, at most (and no more than a quarter of the process's
+    /// open-file limit holds: each holds several descriptors).
+    size_t maxPending = 256;
     /// With every slot taken: how long one may go unproven before it is closed to make room
     /// for the next; those that wait for their communicator (a member whose process
     /// registers late looks like that) go only where every slot is one of them.
@@ -99,9 +102,10 @@ class NetService {
 
   void run();
   void advance(Clock::time_point now);
-  // Every slot taken: closes the connection unproven longest, if past crowdedHold, of those
-  // not waiting for their communicator, or else of those that do.
-  void makeRoom(Clock::time_point now);
+  // Every slot taken (or no descriptor left): closes the connection unproven longest, if
+  // unproven for `hold` or more, of those not waiting for their communicator, or else of
+  // those that do.
+  void makeRoom(Clock::time_point now, Clock::duration hold);
   /// What a Hello's traffic needs, nullopt while its communicator is not registered here;
   /// throws for a receiver that has left (forget), which turns the connection away.
   std::optional<Expectation> lookup(const Hello& hello);
