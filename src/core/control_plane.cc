@@ -189,7 +189,11 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere,
     }
   }
   receive(peer, now);
-  if (peer.link->peerLeft()) {
+  // Its goodbye on its own channel comes after every frame it sent here (a failure it
+  // forwards, its host's departures). The goodbye on this rank's channel to it, which it says
+  // first as it closes its links, may come while those are still on their way: it ends the
+  // peer only where nothing was ever heard from it (its part was never made).
+  if (peer.link->inboundEnded() || (!peer.heard && peer.link->outboundEnded())) {
     peer.done = true;  // it destroyed its communicator normally: silence is expected now
     // Said for the collectives here: one that still waits on it over a link it never made
     // (it left before any collective with this rank) learns of it only so (drive()).

@@ -469,7 +469,7 @@ void P2pEngine::expire(Clock::time_point now) {
     if (op.state->cancelAsked.load(std::memory_order_acquire)) {
       code = ErrorCode::kAborted;
       why = "aborted before any of its message arrived";
-    } else if (op.peer != kAnySource && senderGone(op.peer) && !links_[op.peer]->readable() &&
+    } else if (op.peer != kAnySource && senderGone(op.peer) && !stillReadable(op.peer) &&
                !inbound_[op.peer].active) {
       code = ErrorCode::kPeerFailure;
       why = failures_.stateOf(op.peer) == RankState::kDead
@@ -494,7 +494,7 @@ void P2pEngine::expire(Clock::time_point now) {
     const Inbound& in = inbound_[q];
     if (!in.active) continue;
     const RankState state = failures_.stateOf(q);
-    const bool gone = state != RankState::kAlive && !links_[q]->readable();
+    const bool gone = state != RankState::kAlive && !stillReadable(q);
     const bool late = in.recv && now >= in.recv->deadline;
     if (!gone && !late) continue;
     const std::string arrived = " (" + std::to_string(in.bytes - in.payloadLeft) + " of its " +
@@ -545,6 +545,20 @@ void P2pEngine::expire(Clock::time_point now) {
       it = queue.erase(it);
     }
   }
+}
+
+bool P2pEngine::stillReadable(int q) {
+  try {
+    return links_[q]->readable();
+  } catch (const Error& e) {
+    // The link broke as the peer went (its process killed before its goodbye): this runs on
+    // the engine's thread, or a caller's wait, with nobody above to catch it.
+    linkFailed(q, e);
+  } catch (const std::exception& e) {
+    failures_.fail(ErrorCode::kSystem, q,
+                   "reading from rank " + std::to_string(q) + " broke off: " + e.what());
+  }
+  return false;
 }
 
 bool P2pEngine::receiverGone(int q) const {

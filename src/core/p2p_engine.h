@@ -146,6 +146,10 @@ class P2pEngine {
   /// Ends the receive of `message` that waited for the rest of it at its deadline, and hands
   /// the message to the next posted receive it matches (messages keep their order).
   void releaseClaim(Unexpected& message);
+  /// Whether bytes from rank q are waiting on its link, for the checks that end waits on a
+  /// peer that left: a link that broke meanwhile fails the communicator (as drain() would)
+  /// and reads as empty, rather than throw out of expire().
+  bool stillReadable(int q);
   /// Whether sends to rank q can never be taken: it died or left (its state), or it left and
   /// said so on this rank's channel to it or on its host's control link.
   bool receiverGone(int q) const;
