@@ -179,6 +179,13 @@ ByteFetcher::Outcome ByteFetcher::exchange(Connection& c, const SourceId& source
     throw Error(ErrorCode::kPeerFailure, "fetch", identity_.id, c.peer() + " " + what);
   };
   const auto requireOpen = [&] {
+    if (c.out && c.out->peerLeft() && !c.in) {
+      // Closed before its reply channel ever came: the writer left, or it could not connect
+      // back to this reader (it drops the session then; its stderr says why).
+      violation("closed before it connected back to this reader at " + service_.address() +
+                ": its writer closed the store or exited, or it cannot reach that address "
+                "(LOOM_NET_IFNAME chooses this host's interface)");
+    }
     if ((c.out && c.out->peerLeft()) || (c.in && c.in->peerLeft())) {
       violation("closed: its writer closed the store or exited");
     }

@@ -3,6 +3,7 @@
 #include "transport/net/byte_server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "loom/error.h"
@@ -27,6 +28,7 @@ struct ByteServer::Session {
   std::chrono::steady_clock::time_point lastMoved = std::chrono::steady_clock::now();
   std::unique_ptr<ReceiveChannel> in;  // the reader's requests
   std::unique_ptr<SendChannel> out;    // the replies, once the reader introduced itself
+  bool replied = false;                // a reply went out on `out`: it reached the reader
   // The message being read.
   std::optional<Envelope> incoming;
   std::vector<uint8_t> message;
@@ -142,8 +144,16 @@ void ByteServer::serve(Worker& worker) {
           drop = true;
           if (s.out) s.out->closeWithoutFlush();
         }
-      } catch (const Error&) {
+      } catch (const Error& e) {
         drop = true;  // the reader died or broke the protocol: its session alone ends
+        // Where connecting back to it failed, the reader sees only this session close (its
+        // error names that too): said here, where the cause is known.
+        if (s.out && !s.replied) {
+          std::fprintf(stderr,
+                       "loom: tensor store server %d could not connect back to reader %d at %s "
+                       "(the address it introduced): %s\n",
+                       static_cast<int>(identity_.id), s.reader(), s.out->peer().c_str(), e.what());
+        }
       }
       if (drop) {
         sessions.erase(sessions.begin() + static_cast<std::ptrdiff_t>(i));
@@ -262,6 +272,7 @@ bool ByteServer::writeReply(Session& s) {
   };
   if (s.stage == Stage::kReply) {
     if (!writeHead(FetchTag::kReply)) return moved;
+    s.replied = true;
     s.done = 0;
     if (!s.source) {
       s.stage = Stage::kIdle;
