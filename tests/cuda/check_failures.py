@@ -340,9 +340,9 @@ def left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
     return checks
 
 
-def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
-    """The last rank exits while the others replay a captured all_reduce: their GPUs are
-    released (the replay's waits end), and the next call names the dead rank."""
+def replayed_all_reduce(world: int, dev: torch.device):
+    """An all_reduce of 2^16 ones captured in a CUDA graph and replayed once with every rank
+    (checked), then a barrier: the tensor and the graph."""
     x = torch.ones(1 << 16, device=dev)
     dist.all_reduce(torch.ones(8, device=dev))
     torch.cuda.synchronize()
@@ -353,6 +353,13 @@ def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
     torch.cuda.synchronize()
     same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
     dist.barrier()
+    return x, graph
+
+
+def graph_killed(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """The last rank exits while the others replay a captured all_reduce: their GPUs are
+    released (the replay's waits end), and the next call names the dead rank."""
+    x, graph = replayed_all_reduce(world, dev)
     if rank == world - 1:
         os._exit(0)
     graph.replay()  # waits on the GPU for a rank that is gone
@@ -365,16 +372,7 @@ def graph_left(rank: int, world: int, dev: torch.device, dtypes) -> int:
     """The last rank destroys its group (a clean leave) and lives on while the others replay
     a captured all_reduce: their replays' waits end (they waited forever before), and the
     next call names the rank that left."""
-    x = torch.ones(1 << 16, device=dev)
-    dist.all_reduce(torch.ones(8, device=dev))
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dist.all_reduce(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    same(x, torch.full((1 << 16,), float(world)), "a replay with every rank")
-    dist.barrier()
+    x, graph = replayed_all_reduce(world, dev)
     if rank == world - 1:
         dist.destroy_process_group()
         time.sleep(15)  # alive: a departure, not a death
