@@ -36,8 +36,8 @@ inline constexpr uint64_t kChainBit = uint64_t{1} << 62;
 // still raises its flags but publishes nothing, so its peers would read the descriptor it left two
 // steps before, of a call that may have been the same: the tag tells the two apart. A captured
 // call's steps count from the call's start, and its kernels add the device epoch that its
-// replay starts from (cuda::replayTagged), so a replay tells its steps from an earlier replay's too. Counts and
-// hashes keep the 48 bits below it.
+// replay starts from (cuda::replayTagged), so a replay tells its steps from an earlier replay's
+// too. Counts and hashes keep the 48 bits below it.
 using cuda::kStepTagShift;
 inline constexpr uint64_t kCountMask = (uint64_t{1} << kStepTagShift) - 1;
 

@@ -294,8 +294,8 @@ inline constexpr int kStepTagShift = 48;
 
 /// Collective descriptor `d`, step-tagged by the host with a step counted from its captured
 /// call's start, as a replay of the call starting at device epoch `start` runs it: tagged
-/// with the step's device epoch (mod 2^16, as every tag). So what a stopped peer left in an earlier replay of the same
-/// graph reads as another step's (stale), never as this one's.
+/// with the step's device epoch (mod 2^16, as every tag). So what a stopped peer left in an earlier
+/// replay of the same graph reads as another step's (stale), never as this one's.
 LOOM_HOST_DEVICE inline Descriptor replayTagged(Descriptor d, uint64_t start) {
   d.words[1] += start << kStepTagShift;  // the carry out of the tag's 16 bits falls off
   return d;
