@@ -88,8 +88,12 @@ class CommState final : public FailureSink {
   /// Throws Error(kAborted) naming `op` if shut down, or the recorded failure if failed;
   /// Error(kUnsupported) in a process forked from the one that made this communicator.
   void requireUsable(std::string_view op);
-  /// Whether a rank has failed this communicator (a split or subset of it stops for that).
-  bool failed() const { return failures_ && failures_->failed(); }
+  /// Whether `e` is this communicator's recorded failure, as a split or subset of it that
+  /// stops for that failure throws it (its message names this communicator's ranks).
+  bool isItsFailure(const Error& e) const {
+    return failures_ && failures_->failed() &&
+           failures_->failureError(e.op()).detail() == e.detail();
+  }
   /// Throws Error(kAborted) naming `op` if shut down (requireUsable's first check alone).
   void refuseIfShutDown(std::string_view op) const;
   /// Throws Error(kUnsupported) naming `op` in a process forked from the one that made this

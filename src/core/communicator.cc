@@ -85,7 +85,7 @@ std::shared_ptr<Communicator> makeChild(detail::CommState& parent, const std::ve
         detail::CommState::createChild(parent, members, salt, childOptions, watchParent));
   } catch (const Error& e) {
     // A split or subset stops for its parent's failure, whose message names the parent's ranks.
-    if (legend.empty() || (watchParent && parent.failed())) throw;
+    if (legend.empty() || (watchParent && parent.isItsFailure(e))) throw;
     throw Error(e.code(), e.op(), e.rank(),
                 e.detail() + " (ranks in this message are " + legend + ")");
   }

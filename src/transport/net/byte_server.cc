@@ -19,6 +19,15 @@ constexpr uint64_t kDataMessageBytes = uint64_t{16} << 20;
 
 using Clock = std::chrono::steady_clock;
 
+// A reader whose session ends so sees only its request channel close (its error names that
+// cause among others): said here, where the cause is known.
+void sayCannotConnectBack(int server, int reader, const std::string& address, const Error& e) {
+  std::fprintf(stderr,
+               "loom: tensor store server %d could not connect back to reader %d at %s (the "
+               "address it introduced): %s\n",
+               server, reader, address.c_str(), e.what());
+}
+
 }  // namespace
 
 struct ByteServer::Session {
@@ -146,13 +155,10 @@ void ByteServer::serve(Worker& worker) {
         }
       } catch (const Error& e) {
         drop = true;  // the reader died or broke the protocol: its session alone ends
-        // Where connecting back to it failed, the reader sees only this session close (its
-        // error names that too): said here, where the cause is known.
-        if (s.out && !s.replied) {
-          std::fprintf(stderr,
-                       "loom: tensor store server %d could not connect back to reader %d at %s "
-                       "(the address it introduced): %s\n",
-                       static_cast<int>(identity_.id), s.reader(), s.out->peer().c_str(), e.what());
+        // Connecting back to it failed (the reply channel's errors name its peer, the address
+        // the reader introduced; the request channel's the reader's own end).
+        if (s.out && !s.replied && e.detail().find(s.out->peer()) != std::string::npos) {
+          sayCannotConnectBack(identity_.id, s.reader(), s.out->peer(), e);
         }
       }
       if (drop) {
@@ -214,7 +220,13 @@ bool ByteServer::readRequest(Session& s) {
     hello.sender = identity_.id;
     hello.receiver = s.reader();
     hello.channel = intro->replyChannel;
-    s.out = std::make_unique<SendChannel>(fabric_, intro->address, hello, identity_.secret, shape_);
+    try {
+      s.out =
+          std::make_unique<SendChannel>(fabric_, intro->address, hello, identity_.secret, shape_);
+    } catch (const Error& e) {
+      sayCannotConnectBack(identity_.id, s.reader(), intro->address, e);
+      throw;
+    }
     return true;
   }
   auto request = tag == FetchTag::kRequest ? parseRequest(s.message) : std::nullopt;

@@ -151,6 +151,9 @@ class ReceiveChannel {
   bool ready();
   /// True while the Hello has arrived but `lookup` does not know its traffic yet.
   bool awaitingLookup() const { return step_ == Step::kAwaitLookup; }
+  /// Whether the initiator has said nothing yet (no Hello): nothing of a handshake is lost if
+  /// it is closed now.
+  bool saidNothing() const { return step_ == Step::kConnecting || step_ == Step::kAwaitHello; }
   /// The traffic this channel carries (meaningful once the Hello has arrived).
   const Hello& announced() const { return theirs_; }
 

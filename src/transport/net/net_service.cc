@@ -164,7 +164,7 @@ std::optional<Expectation> NetService::lookup(const Hello& hello) {
 void NetService::run() {
   while (!stopping_.load(std::memory_order_acquire)) {
     const size_t most = pendingBudget(limits_.maxPending);
-    if (pending_.size() >= most) makeRoom(Clock::now(), limits_.crowdedHold);
+    if (pending_.size() >= most) makeRoom(Clock::now());
     if (pending_.size() >= most) {
       // Full: new requests wait in the listener's queue, unanswered but not dropped (a large
       // job's connections may all arrive at once), until a handshake ends or makes room.
@@ -180,9 +180,7 @@ void NetService::run() {
     } catch (const Error& e) {
       refused_.fetch_add(1, std::memory_order_relaxed);  // the request could not be accepted
       reportRefusal(e);
-      // Out of descriptors (the process's own files took them): the connection unproven
-      // longest goes at once, so that the next may be a member's.
-      makeRoom(Clock::now(), Clock::duration::zero());
+      makeRoomForShortage(e);
     }
     if (endpoint) {
       try {
@@ -192,7 +190,7 @@ void NetService::run() {
       } catch (const Error& e) {
         refused_.fetch_add(1, std::memory_order_relaxed);
         reportRefusal(e);
-        makeRoom(Clock::now(), Clock::duration::zero());
+        makeRoomForShortage(e);
       }
     }
     advance(Clock::now());
@@ -214,7 +212,28 @@ void NetService::reportRefusal(const Error& e) {
                static_cast<int>(::getpid()), e.detail().c_str());
 }
 
-void NetService::makeRoom(Clock::time_point now, Clock::duration hold) {
+void NetService::makeRoomForShortage(const Error& e) {
+  // This process out of descriptors or memory (kSystem; a peer's failure is the peer's):
+  // the connection waiting longest that has said nothing goes at once (or else the oldest
+  // waiting for its communicator), so that the next may be a member's. One in the middle
+  // of its handshake stays: closing it would fail a member's communicator.
+  if (e.code() != ErrorCode::kSystem) return;
+  size_t oldest = pending_.size();
+  for (bool awaiting : {false, true}) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const ReceiveChannel& c = *pending_[i].channel;
+      if (!(awaiting ? c.awaitingLookup() : c.saidNothing())) continue;
+      if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
+    }
+    if (oldest != pending_.size()) break;
+  }
+  if (oldest == pending_.size()) return;
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  pending_[oldest] = std::move(pending_.back());
+  pending_.pop_back();
+}
+
+void NetService::makeRoom(Clock::time_point now) {
   // Strangers that connect and never say or prove anything would otherwise hold every slot
   // for the handshake's 10 s: when crowded, the oldest of them goes. One that named a
   // communicator this process does not know yet may be a member whose process registers it
@@ -233,7 +252,7 @@ void NetService::makeRoom(Clock::time_point now, Clock::duration hold) {
   };
   size_t oldest = oldestOf(false);
   if (oldest == pending_.size()) oldest = oldestOf(true);
-  if (oldest == pending_.size() || now - pending_[oldest].since < hold) return;
+  if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;
   refused_.fetch_add(1, std::memory_order_relaxed);
   pending_[oldest] = std::move(pending_.back());
   pending_.pop_back();

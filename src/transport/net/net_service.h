@@ -102,10 +102,12 @@ class NetService {
 
   void run();
   void advance(Clock::time_point now);
-  // Every slot taken (or no descriptor left): closes the connection unproven longest, if
-  // unproven for `hold` or more, of those not waiting for their communicator, or else of
-  // those that do.
-  void makeRoom(Clock::time_point now, Clock::duration hold);
+  // Every slot taken: closes the connection unproven longest, if past crowdedHold, of those
+  // not waiting for their communicator, or else of those that do.
+  void makeRoom(Clock::time_point now);
+  // Accepting failed with `e`: where this process ran short (kSystem), closes at once the
+  // connection waiting longest that has said nothing, or else waits for its communicator.
+  void makeRoomForShortage(const Error& e);
   /// What a Hello's traffic needs, nullopt while its communicator is not registered here;
   /// throws for a receiver that has left (forget), which turns the connection away.
   std::optional<Expectation> lookup(const Hello& hello);
