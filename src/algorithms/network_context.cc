@@ -451,8 +451,16 @@ void NetworkContext::drive(std::span<const NetTransfer> sends,
       // A link broke (or its peer's listener is gone). A peer that failed (a mismatch it
       // found, say) leaves at once, and its reason reaches this host over the control plane
       // within milliseconds, maybe before this link noticed: that reason is the error to
-      // report, not the refused connection it left behind. Without one soon, name the peer.
-      if (!failureWithin(failures_, kReasonGrace)) failures_.peerLost(current, e.detail());
+      // report, not the refused connection it left behind. Without one soon, name the peer:
+      // as departed where its host's control link said goodbye for it (a peer that destroyed
+      // its communicator closes its links right after their goodbyes, and a send failing on
+      // the closed connection can be read before the goodbye behind it), else as lost.
+      if (!failureWithin(failures_, kReasonGrace)) {
+        if (failures_.saidGoodbye(current) || failures_.stateOf(current) == RankState::kDeparted) {
+          failures_.peerGone(current, RankState::kDeparted, wait_);
+        }
+        failures_.peerLost(current, e.detail());
+      }
       throw failures_.failureError(op);
     }
     throw;
