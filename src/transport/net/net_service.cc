@@ -32,6 +32,18 @@ size_t pendingBudget(size_t most) {
   return std::clamp<size_t>(files.rlim_cur / 4 / kDescriptorsPerConnection, 1, most);
 }
 
+// The index of the connection waiting longest of those in `pending` that `which` picks, or
+// pending.size() if it picks none.
+template <class Pending, class Which>
+size_t oldestOf(const std::vector<Pending>& pending, Which which) {
+  size_t oldest = pending.size();
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (!which(*pending[i].channel)) continue;
+    if (oldest == pending.size() || pending[i].since < pending[oldest].since) oldest = i;
+  }
+  return oldest;
+}
+
 }  // namespace
 
 NetService& NetService::instance() {
@@ -218,18 +230,16 @@ void NetService::makeRoomForShortage(const Error& e) {
   // waiting for its communicator), so that the next may be a member's. One in the middle
   // of its handshake stays: closing it would fail a member's communicator.
   if (e.code() != ErrorCode::kSystem) return;
-  size_t oldest = pending_.size();
-  for (bool awaiting : {false, true}) {
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      const ReceiveChannel& c = *pending_[i].channel;
-      if (!(awaiting ? c.awaitingLookup() : c.saidNothing())) continue;
-      if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
-    }
-    if (oldest != pending_.size()) break;
+  size_t oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return c.saidNothing(); });
+  if (oldest == pending_.size()) {
+    oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return c.awaitingLookup(); });
   }
-  if (oldest == pending_.size()) return;
+  if (oldest != pending_.size()) closePending(oldest);
+}
+
+void NetService::closePending(size_t i) {
   refused_.fetch_add(1, std::memory_order_relaxed);
-  pending_[oldest] = std::move(pending_.back());
+  pending_[i] = std::move(pending_.back());
   pending_.pop_back();
 }
 
@@ -242,20 +252,12 @@ void NetService::makeRoom(Clock::time_point now) {
   // stranger renewing such Hellos would otherwise hold every slot and stall every new
   // connection of the job. A member's connection closed so is turned away and made again
   // (NetLink), a little later.
-  const auto oldestOf = [&](bool awaiting) {
-    size_t oldest = pending_.size();
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].channel->awaitingLookup() != awaiting) continue;
-      if (oldest == pending_.size() || pending_[i].since < pending_[oldest].since) oldest = i;
-    }
-    return oldest;
-  };
-  size_t oldest = oldestOf(false);
-  if (oldest == pending_.size()) oldest = oldestOf(true);
+  size_t oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return !c.awaitingLookup(); });
+  if (oldest == pending_.size()) {
+    oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return c.awaitingLookup(); });
+  }
   if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;
-  refused_.fetch_add(1, std::memory_order_relaxed);
-  pending_[oldest] = std::move(pending_.back());
-  pending_.pop_back();
+  closePending(oldest);
 }
 
 void NetService::advance(Clock::time_point now) {

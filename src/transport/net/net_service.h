@@ -108,6 +108,8 @@ class NetService {
   // Accepting failed with `e`: where this process ran short (kSystem), closes at once the
   // connection waiting longest that has said nothing, or else waits for its communicator.
   void makeRoomForShortage(const Error& e);
+  // Closes pending connection `i` unproven (counted as refused).
+  void closePending(size_t i);
   /// What a Hello's traffic needs, nullopt while its communicator is not registered here;
   /// throws for a receiver that has left (forget), which turns the connection away.
   std::optional<Expectation> lookup(const Hello& hello);
