@@ -365,7 +365,7 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
     // Sends: once the receiver has taken what this slot held, fill it and say so. (In the
     // graph lane the count is relative, and the chunk two back may be an earlier call's.)
     Segments segments;
-    cuda::Agreement agreement = noAgreement();
+    cuda::Agreement agreement = transferAgreement();
     for (int q = 0; q < size_; ++q) {
       if (k >= out[q].size()) continue;
       const Chunk& c = out[q][k];
@@ -376,8 +376,8 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       const size_t lo = c.index * mailSlot;
       segments.add(mailbox(q, rank_, seq), at(c.transfer->data, lo),
                    clipped(c.transfer->bytes, lo, mailSlot));
-      agreement.publish[agreement.npublish++] = {pairDescriptor(rank_, q, seq),
-                                                 describeChunk(*c.transfer, purpose, c.index)};
+      agreement.publish[agreement.npublish++] = {
+          pairDescriptor(rank_, q, seq), describeChunk(*c.transfer, purpose, c.index, seq), q};
     }
     if (agreement.npublish > 0) {
       finishRound({waits.data(), nwaits}, segments, agreement, out, kSent);
@@ -386,7 +386,7 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
     // free the slot.
     nwaits = 0;
     segments = Segments{};
-    agreement = noAgreement();
+    agreement = transferAgreement();
     for (int q = 0; q < size_; ++q) {
       if (k >= in[q].size()) continue;
       const Chunk& c = in[q][k];
@@ -395,8 +395,8 @@ void CudaExecutor::transfer(std::span<const Transfer> transfers, uint8_t purpose
       const size_t lo = c.index * mailSlot;
       segments.add(at(c.transfer->data, lo), mailbox(rank_, q, seq),
                    clipped(c.transfer->bytes, lo, mailSlot));
-      agreement.expect[agreement.nexpect++] = {pairDescriptor(q, rank_, seq),
-                                               describeChunk(*c.transfer, purpose, c.index), q};
+      agreement.expect[agreement.nexpect++] = {
+          pairDescriptor(q, rank_, seq), describeChunk(*c.transfer, purpose, c.index, seq), q};
     }
     if (agreement.nexpect > 0) {
       finishRound({waits.data(), nwaits}, segments, agreement, in, kTaken);

@@ -41,16 +41,23 @@ cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step) {
 
 bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs) {
   const auto what = static_cast<uint8_t>(mine.words[0]);
-  const bool collective = what != kSendRecv && what != kAllToAllBlock;
+  if (what == kSendRecv || what == kAllToAllBlock) {
+    // A pair's chunks agree up to the first that differs, which the receiver stops at: so its
+    // number is the same on both ends, and another number is a chunk the sender's stopped
+    // kernels never replaced (their flag still went up: a stream's flag write cannot look at
+    // the abort word).
+    return mine.words[2] != theirs.words[2];
+  }
   // Ranks at the same step tag it alike, whatever they issued: another tag is a descriptor
   // left from another call, of any kind, size or path.
-  return collective && (mine.words[1] ^ theirs.words[1]) >> kStepTagShift != 0;
+  return (mine.words[1] ^ theirs.words[1]) >> kStepTagShift != 0;
 }
 
-cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk) {
+cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk,
+                               uint64_t sequence) {
   const uint64_t bytes = t.bytes & ((uint64_t{1} << kChunkShift) - 1);
   return {{word0(purpose, DataType{}, ReduceKind{}, false, static_cast<uint32_t>(t.tag)),
-           bytes | chunk << kChunkShift, 0}};
+           bytes | chunk << kChunkShift, sequence}};
 }
 
 std::string explain(const cuda::Descriptor& d) {

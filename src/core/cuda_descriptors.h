@@ -47,13 +47,17 @@ inline constexpr uint8_t kAllToAllBlock = 0x41;
 
 /// The descriptor of collective `args` (its first step; fused calls add their bits).
 cuda::Descriptor describe(const CollectiveArgs& args);
-/// The descriptor of chunk number `chunk` of transfer `t`, made for `purpose`.
-cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk);
+/// The descriptor of chunk number `chunk` of transfer `t`, made for `purpose`, which is
+/// number `sequence` of the pair's chunks in its direction (what tells it from an identical
+/// chunk of an earlier message left in the same mailbox slot).
+cuda::Descriptor describeChunk(const Transfer& t, uint8_t purpose, uint64_t chunk,
+                               uint64_t sequence);
 /// `d` (a collective's) tagged with step `step`.
 cuda::Descriptor stepTagged(cuda::Descriptor d, uint64_t step);
-/// Whether `theirs` (a peer's descriptor where `mine`, a collective's, expects it) carries
-/// another step's tag: the peer published nothing for this step (its kernels stopped), which
-/// is no mismatch of the caller's making, whatever that earlier call was.
+/// Whether `theirs` (a peer's descriptor where `mine` expects it) was left from an earlier
+/// step or chunk: a collective's with another step's tag, a transfer's with another chunk
+/// number. The peer published nothing for this one (its kernels stopped), which is no
+/// mismatch of the caller's making, whatever that earlier call was.
 bool staleStep(const cuda::Descriptor& mine, const cuda::Descriptor& theirs);
 /// A descriptor in words, for the mismatch error.
 std::string explain(const cuda::Descriptor& d);

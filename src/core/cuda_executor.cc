@@ -408,6 +408,12 @@ cuda::Descriptor* CudaExecutor::pairDescriptor(int sender, int receiver, uint64_
                                              (chunk % 2) * sizeof(cuda::Descriptor));
 }
 
+cuda::Agreement CudaExecutor::transferAgreement() {
+  cuda::Agreement a = noAgreement();
+  a.pairCounts = sentBase(0);  // [peer][sent, taken] in the graph lane; null in the eager one
+  return a;
+}
+
 cuda::Agreement CudaExecutor::publishing(uint64_t epoch) {
   cuda::Agreement a = noAgreement();
   if (epoch == firstEpoch_) {

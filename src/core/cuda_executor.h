@@ -227,6 +227,9 @@ class CudaExecutor final : public DeviceExecutor {
   cuda::Agreement publishing(uint64_t epoch);
   cuda::Agreement expecting(uint64_t epoch, int only = -1);
   cuda::Agreement noAgreement();
+  /// What a round of a transfer checks, its entries added by the caller: with the pair
+  /// counts a replay numbers its chunks from (cuda::Agreement::pairCounts).
+  cuda::Agreement transferAgreement();
   /// Whether the call being filled may run as one fused kernel: its sends and receives
   /// (cuda::TransferParams), and a collective whose largest buffer on this rank is `largest`
   /// bytes (cuda::FusedParams).

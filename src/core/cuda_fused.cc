@@ -126,7 +126,7 @@ void CudaExecutor::fusedTransfer(std::span<const Transfer> transfers, uint8_t pu
         if (t.kind != kind || t.peer != q) continue;
         // Marked fused: a peer on the stepped path signals otherwise and must get the named
         // mismatch, not a wait that never ends.
-        const uint64_t word0 = describeChunk(t, purpose, 0).words[0] | kFusedBit;
+        const uint64_t word0 = describeChunk(t, purpose, 0, 0).words[0] | kFusedBit;
         messages[nmessages++] = {static_cast<uint8_t*>(t.data), t.bytes, word0};
         count += std::max<uint64_t>(1, (t.bytes + lane_->mailSlot - 1) / lane_->mailSlot);
         ++st.count;

@@ -90,7 +90,8 @@ __device__ inline void fusedTransfer(const TransferParams& p) {
       const uint64_t lo = c * p.mailSlot;
       const uint64_t n = msg.bytes - lo < p.mailSlot ? msg.bytes - lo : p.mailSlot;
       const TransferPieces s = transferPieces(p.mailSlot, p.blocks, block, n);
-      const Descriptor d{{msg.word0, (msg.bytes & ((uint64_t{1} << 40) - 1)) | c << 40, 0}};
+      // As core/cuda_descriptors.cc's describeChunk writes it, the pair's chunk number last.
+      const Descriptor d{{msg.word0, (msg.bytes & ((uint64_t{1} << 40) - 1)) | c << 40, chunk}};
       const bool ok = st.sends ? sendPieces(p, st.peer, chunk, msg.data + lo, s, d)
                                : receivePieces(p, st.peer, chunk, msg.data + lo, s, d);
       if (!ok) return;

@@ -18,8 +18,9 @@ inline constexpr int kMaxSegments = 32;
 inline constexpr int kMaxSpreadPieces = 120;
 
 /// What a rank says it is doing in a step, so its peers can check they do the same: three
-/// words (core/cuda_descriptors.h encodes them; kernels only compare, and write a PREMUL_SUM
-/// factor kept in device memory into the third).
+/// words (core/cuda_descriptors.h encodes them; kernels compare them, write a PREMUL_SUM
+/// factor kept in device memory into the third, and add device counts to a replay's tags and
+/// chunk numbers).
 struct Descriptor {
   uint64_t words[3];
 };
@@ -47,6 +48,7 @@ struct Agreement {
   struct Publish {
     Descriptor* at;
     Descriptor words;
+    int32_t peer;  ///< a transfer's: the receiver (pairCounts)
   };
   Expect expect[kMaxSources];
   int nexpect;
@@ -63,6 +65,12 @@ struct Agreement {
   /// as it is replayed, which the kernel adds to the step tag of every collective descriptor
   /// above (replayTagged).
   const uint64_t* replayEpoch;
+  /// A captured transfer's (null: otherwise): this rank's pair counts in device memory,
+  /// [peer][chunks sent, chunks taken], as the replay finds them. A transfer descriptor's third
+  /// word is the pair's chunk number in its direction, which the host counts from the call's
+  /// start; the kernel adds the count before it (sent for a published descriptor, taken for
+  /// an expected one), so a chunk left from another call or replay never reads as this one.
+  const uint64_t* pairCounts;
 };
 
 /// dst[i] = op over s = 0..nsrc-1, in that order, of srcs[s][i], for i < count; the
@@ -298,6 +306,15 @@ inline constexpr int kStepTagShift = 48;
 /// replay of the same graph reads as another step's (stale), never as this one's.
 LOOM_HOST_DEVICE inline Descriptor replayTagged(Descriptor d, uint64_t start) {
   d.words[1] += start << kStepTagShift;  // the carry out of the tag's 16 bits falls off
+  return d;
+}
+
+/// Transfer descriptor `d` with a chunk number counted from its captured call's start, as a
+/// replay runs it: counted on from the pair's count before the replay (Agreement::pairCounts;
+/// null: an eager call's, whose numbers are whole already), sent to or taken from `peer`.
+LOOM_HOST_DEVICE inline Descriptor sequenced(Descriptor d, const uint64_t* pairCounts, int peer,
+                                             bool taken) {
+  if (pairCounts != nullptr) d.words[2] += pairCounts[2 * peer + (taken ? 1 : 0)];
   return d;
 }
 

@@ -40,7 +40,8 @@ __device__ bool agree(const Agreement& a) {
   const uint64_t replayStart = a.replayEpoch != nullptr ? *a.replayEpoch : 0;
   for (int i = 0; i < a.nexpect; ++i) {
     const Agreement::Expect& x = a.expect[i];
-    const Descriptor mine = withFactor(replayTagged(x.words, replayStart), a.factorAt);
+    const Descriptor mine = withFactor(
+        replayTagged(sequenced(x.words, a.pairCounts, x.peer, true), replayStart), a.factorAt);
     const Descriptor theirs = readDescriptor(x.theirs);
     if (sameDescriptor(mine, theirs)) continue;
     // Every block finds the same; one thread of all of them writes the report.
@@ -48,8 +49,9 @@ __device__ bool agree(const Agreement& a) {
     return false;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.npublish) {
-    *a.publish[threadIdx.x].at =
-        withFactor(replayTagged(a.publish[threadIdx.x].words, replayStart), a.factorAt);
+    const Agreement::Publish& x = a.publish[threadIdx.x];
+    *x.at = withFactor(replayTagged(sequenced(x.words, a.pairCounts, x.peer, false), replayStart),
+                       a.factorAt);
   }
   return true;
 }

@@ -52,7 +52,7 @@ from check_failures import (PART_ENV, destroyed_meanwhile, graph_killed,  # noqa
                             graph_left, graph_left_p2p, factor_mismatch, left_p2p, left_rank,
                             killed_rank, late_rank, long_timeout, mismatch, refused_in_block,
                             rooted_mismatch, self_rooted, settings_differ, setup_refused,
-                            tag_mismatch, wrong_device)
+                            stale_chunk, tag_mismatch, wrong_device)
 from check_premul import premul_factors  # noqa: E402
 from check_timing import timing  # noqa: E402
 
@@ -717,8 +717,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     os.environ.update(PART_ENV.get(part, lambda r, w: {})(rank, world))
     # Bound to the GPU (eager set-up of the CUDA workspaces): the first CUDA call of p2p is
     # a send between two ranks, which must not wait for the others.
-    bound = part in ("device_bound", "p2p", "tag_mismatch", "refused_in_block", "wrong_device",
-                     "barrier_settles", "barrier_of_a_cpu_group", "held_copy_back")
+    bound = part in ("device_bound", "p2p", "tag_mismatch", "stale_chunk", "refused_in_block",
+                     "wrong_device", "barrier_settles", "barrier_of_a_cpu_group", "held_copy_back")
     dist.init_process_group("cpu:loom,cuda:loom" if bound else "loom",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=60),
@@ -727,7 +727,8 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
         n = {"reductions": reductions, "premul": premul_factors, "long_timeout": long_timeout,
              "refused_in_block": refused_in_block, "movement": movement, "streams": streams_and_staging,
              "ddp": ddp, "fsdp2": fsdp2, "device_bound": device_bound, "p2p": point_to_point,
-             "mismatch": mismatch, "tag_mismatch": tag_mismatch, "dtensor": dtensor,
+             "mismatch": mismatch, "tag_mismatch": tag_mismatch, "stale_chunk": stale_chunk,
+             "dtensor": dtensor,
              "killed": killed_rank, "graphs": graphs, "graph_killed": graph_killed,
              "left": left_rank, "left_p2p": left_p2p, "graph_left": graph_left,
              "graph_left_p2p": graph_left_p2p,
@@ -750,7 +751,7 @@ def worker(rank: int, world: int, port: int, part: str, dtypes, results) -> None
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, part, 0, traceback.format_exc()))
     if part not in ("killed", "graph_killed", "left", "left_p2p", "graph_left", "graph_left_p2p",
-                    "mismatch", "tag_mismatch", "setup_refused",
+                    "mismatch", "tag_mismatch", "stale_chunk", "setup_refused",
                     "factor_mismatch", "device_factor_mismatch",
                     "rooted_mismatch", "settings_differ", "late_rank", "late_root",
                     "late_scatter_root", "self_rooted_broadcast", "self_rooted_scatter"):
@@ -795,8 +796,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--parts", nargs="+", default=["reductions", "premul", "long_timeout",
         "refused_in_block", "movement", "streams", "ddp", "fsdp2", "device_bound", "p2p",
-        "mismatch", "factor_mismatch", "device_factor_mismatch", "tag_mismatch", "dtensor",
-        "killed", "graphs", "graph_killed", "left", "left_p2p", "graph_left", "graph_left_p2p",
+        "mismatch", "factor_mismatch", "device_factor_mismatch", "tag_mismatch", "stale_chunk",
+        "dtensor", "killed", "graphs", "graph_killed", "left", "left_p2p", "graph_left", "graph_left_p2p",
         "destroyed_meanwhile", "direct", "setup_refused", "rooted_mismatch", "settings_differ",
         "late_rank", "late_root", "late_scatter_root", "self_rooted_broadcast",
         "self_rooted_scatter", "timing", "wrong_device", "barrier_settles",

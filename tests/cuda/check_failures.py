@@ -2,7 +2,8 @@
 rooted call's roots, a root against non-roots that name another), a rank killed
 mid-collective or while the others replay a captured call, a rank that never issues a call, one
 that destroys its group and lives on (also while the others replay a captured all_reduce or
-receive from it), one that cannot make its CUDA workspace and
+receive from it), a sender whose kernels stopped (its peers must not take a chunk left in its
+mailbox slot for a new one), one that cannot make its CUDA workspace and
 one whose LOOM_CUDA_* settings differ, PREMUL_SUM factors that differ by rank. Each checks that
 every rank gets an error naming the cause, never a wrong answer or a hang, and that the GPU is
 usable afterwards. Also the refusals and deadlines that must not fail the group: a call's
@@ -433,6 +434,42 @@ def graph_left_p2p(rank: int, world: int, dev: torch.device, dtypes) -> int:
             assert part in str(e), f"the error lacks {part!r}: {e}"
     assert torch.ones(4, device=dev).sum().item() == 4.0
     return 2
+
+
+def stale_chunk(rank: int, world: int, dev: torch.device, dtypes) -> int:
+    """Rank 0 sends rank 1 two messages, then a receive from the last rank finds it sent
+    another size (a mismatch: rank 0's kernels stop), then rank 0 sends rank 1 a third message
+    like its first. Its third send's flag still goes up (a stream's flag write cannot look at
+    the abort word) over the mailbox slot the first went through, holding the first's chunk
+    and a descriptor alike but for its chunk number: rank 1 must never take the first message
+    for the third (it did before chunk numbers were in the descriptors). Every rank then gets
+    the mismatch by name. Needs 3 ranks."""
+    last = world - 1
+    if world < 3:
+        return 0
+    words = ["of 128 bytes", "of 256 bytes", "in the order they are issued"]
+    got = [torch.full((64,), -1.0, device=dev) for _ in range(3)]
+    try:  # a call issued once the mismatch is known fails at once
+        if rank == 0:
+            dist.send(torch.full((64,), 1.0, device=dev), dst=1)
+            dist.send(torch.full((64,), 2.0, device=dev), dst=1)
+            dist.recv(torch.empty(32, device=dev), src=last)
+            dist.send(torch.full((64,), 3.0, device=dev), dst=1)
+        elif rank == 1:
+            for g in got:
+                dist.recv(g, src=0)
+        elif rank == last:
+            dist.send(torch.ones(64, device=dev), dst=0)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return expect_named(e, dev, words)
+    if rank == 1:
+        third = got[2].cpu()
+        assert not torch.equal(third, torch.full((64,), 1.0)), \
+            "rank 1 took rank 0's first message, left in its slot, for the third"
+        assert torch.equal(third, torch.full((64,), -1.0)) or \
+            torch.equal(third, torch.full((64,), 3.0)), f"the third message read {third[:4]}"
+    return 1 + expect_failure(rank, dev, words)
 
 
 def destroyed_meanwhile(rank: int, world: int, dev: torch.device, dtypes) -> int:

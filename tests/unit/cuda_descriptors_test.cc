@@ -57,10 +57,41 @@ TEST(CudaDescriptors, AReplayTellsItsStepsFromAnEarlierReplays) {
   EXPECT_EQ(cuda::replayTagged(captured, (uint64_t{1} << 40) + 5).words[1] & kCountMask, 1000u);
 }
 
-TEST(CudaDescriptors, TransfersAreNeverTakenForStale) {
-  // A chunk's index is in its descriptor already: another index is another message's chunk.
+TEST(CudaDescriptors, AChunkLeftInItsSlotByAnIdenticalMessageIsStale) {
+  // The pair's chunk number 5 is this message's chunk 2; number 3 went through the same
+  // mailbox slot, chunk 2 of an identical earlier message, and a sender whose kernels stopped
+  // leaves it there while its flag still goes up.
   const Transfer t{Transfer::Kind::kSend, 1, 3, nullptr, 1 << 20};
-  EXPECT_FALSE(staleStep(describeChunk(t, kSendRecv, 2), describeChunk(t, kSendRecv, 0)));
+  const cuda::Descriptor now = describeChunk(t, kSendRecv, 2, 5);
+  EXPECT_NE(now.words[2], describeChunk(t, kSendRecv, 2, 3).words[2]);
+  EXPECT_TRUE(staleStep(now, describeChunk(t, kSendRecv, 2, 3)));
+  EXPECT_FALSE(staleStep(now, now));
+  // At the same number, another chunk, tag or size is the caller's mismatch.
+  EXPECT_FALSE(staleStep(now, describeChunk(t, kSendRecv, 0, 5)));
+  Transfer other = t;
+  other.tag = 4;
+  EXPECT_FALSE(staleStep(now, describeChunk(other, kSendRecv, 2, 5)));
+  EXPECT_FALSE(staleStep(describeChunk(t, kAllToAllBlock, 0, 7),
+                         describeChunk(other, kAllToAllBlock, 0, 7)));
+}
+
+TEST(CudaDescriptors, AReplayNumbersItsChunksOnFromThePairsCounts) {
+  // Rank 2's counts [peer][sent, taken] before a replay; the host numbered the captured
+  // call's chunks from its start. Sent to peer 1 as the pair's first chunk of the call, the
+  // chunk reads as number 41 + 1, as an eager call's would, and rank 1 expects it taken from
+  // peer 2 (its taken count, 41) at the same number.
+  const uint64_t senderCounts[] = {0, 0, 41, 9};
+  const uint64_t receiverCounts[] = {0, 0, 0, 0, 7, 41};
+  const Transfer t{Transfer::Kind::kSend, 1, 3, nullptr, 4096};
+  const cuda::Descriptor captured = describeChunk(t, kSendRecv, 0, 1);
+  const cuda::Descriptor sent = cuda::sequenced(captured, senderCounts, 1, false);
+  const cuda::Descriptor expected = cuda::sequenced(captured, receiverCounts, 2, true);
+  EXPECT_EQ(sent.words[2], describeChunk(t, kSendRecv, 0, 42).words[2]);
+  EXPECT_FALSE(staleStep(expected, sent));
+  // The replay before left the same message as number 40: stale.
+  EXPECT_TRUE(staleStep(expected, describeChunk(t, kSendRecv, 0, 40)));
+  // Eager calls number their chunks whole.
+  EXPECT_EQ(cuda::sequenced(captured, nullptr, 1, false).words[2], 1u);
 }
 
 TEST(CudaDescriptors, TheErrorReadsTheCountWithoutTheStep) {
@@ -74,7 +105,7 @@ TEST(CudaDescriptors, TheErrorReadsTheCountWithoutTheStep) {
   EXPECT_NE(hashed.find("per-rank sizes with hash ba9876543210"), std::string::npos) << hashed;
   // A message of a transfer keeps its bytes and chunk.
   const Transfer t{Transfer::Kind::kSend, 1, 3, nullptr, 4096};
-  const std::string message = explain(describeChunk(t, kSendRecv, 2));
+  const std::string message = explain(describeChunk(t, kSendRecv, 2, 9));
   EXPECT_NE(message.find("a message with tag 3 of 4096 bytes (chunk 2)"), std::string::npos)
       << message;
 }
