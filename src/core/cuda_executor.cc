@@ -417,7 +417,7 @@ cuda::Agreement CudaExecutor::transferAgreement() {
 cuda::Agreement CudaExecutor::publishing(uint64_t epoch) {
   cuda::Agreement a = noAgreement();
   if (epoch == firstEpoch_) {
-    a.publish[a.npublish++] = {descriptor(rank_, epoch), stepTagged(described_, epoch)};
+    a.publish[a.npublish++] = {descriptor(rank_, epoch), stepTagged(described_, epoch), -1};
     a.factorAt = describedFactor_;
     a.replayEpoch = epochBase();
   }

@@ -48,7 +48,7 @@ struct Agreement {
   struct Publish {
     Descriptor* at;
     Descriptor words;
-    int32_t peer;  ///< a transfer's: the receiver (pairCounts)
+    int32_t peer;  ///< a transfer's receiver (pairCounts); -1 for a collective
   };
   Expect expect[kMaxSources];
   int nexpect;
