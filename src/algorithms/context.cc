@@ -273,6 +273,12 @@ std::vector<const uint8_t*> CollectiveContext::openLent(const void* input,
 void CollectiveContext::closeReads() {
   const uint64_t p = startPhase(false);
   finishPhase(p, Await::kAll);
+  // Every peer posted this phase, but one may have posted it and then left its call early,
+  // failing the communicator (its deadline, an abort, a failure from elsewhere): its caller
+  // may have rewritten the input this rank was still reading. A rank that leaves early
+  // records the failure first, so one not seen here, after this rank's reads, means no
+  // peer left before they were done.
+  if (failures_.failed()) throw failures_.failureError(collectiveName(args_->kind));
 }
 
 bool CollectiveContext::peersReadable(uint64_t p) {

@@ -245,6 +245,9 @@ void CommState::join(Clock::time_point deadline, bool child, const Failures* par
   }
   shm_->attachSelf(static_cast<int>(::getpid()));
   if (config_.killAt.seq != 0) shm_->setKillPoint(config_.killAt.seq, config_.killAt.phase);
+  if (config_.stallAt.seq != 0) {
+    shm_->setStallPoint(config_.stallAt.seq, config_.stallAt.phase, config_.stallAt.pause);
+  }
   watchPeers();
   worker_ = std::make_unique<Worker>("loom-worker", config_.backoff, /*serveItsOwnWaits=*/true);
   if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);

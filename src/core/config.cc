@@ -154,6 +154,25 @@ Config Config::load(const Sharing& sharing) {
     }
     c.killAt = {*seq, *phase};
   }
+  if (const auto stall = env::text("LOOM_FAULT_STALL_AT")) {
+    // <seq>:<phase>:<ms>, each a whole number, the first two from 1.
+    const size_t first = stall->find(':');
+    const size_t second = first == std::string::npos ? first : stall->find(':', first + 1);
+    const auto seq =
+        second == std::string::npos ? std::nullopt : countFrom1(stall->substr(0, first));
+    const auto phase = second == std::string::npos
+                           ? std::nullopt
+                           : countFrom1(stall->substr(first + 1, second - first - 1));
+    const auto pause =
+        second == std::string::npos ? std::nullopt : countFrom1(stall->substr(second + 1));
+    if (!seq || !phase || !pause) {
+      throw Error(ErrorCode::kInvalidArgument, "config", -1,
+                  "LOOM_FAULT_STALL_AT=" + *stall +
+                      " must be <collective number>:<phase>:<milliseconds>, each from 1 (e.g. "
+                      "2:1:3000); unset it outside failure drills");
+    }
+    c.stallAt = {*seq, *phase, std::chrono::milliseconds(*pause)};
+  }
   // Bad values of these fail here, at creation, not in the first call (where ranks with a
   // good value would wait in it for the ones that failed).
   kernels::activeIsa();

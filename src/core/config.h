@@ -84,6 +84,13 @@ struct Config {
     uint64_t seq = 0;
     uint64_t phase = 0;
   } killAt;
+  /// The same for a pause (LOOM_FAULT_STALL_AT="<seq>:<phase>:<ms>"): this process sleeps
+  /// that long right after posting that phase, as a rank the scheduler leaves out would.
+  struct StallPoint {
+    uint64_t seq = 0;
+    uint64_t phase = 0;
+    std::chrono::milliseconds pause{0};
+  } stallAt;
 
   /// Who a rank shares its host and its cores with, for the defaults that share them out.
   struct Sharing {

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include "../common/expect_error.h"
 #include "../common/forked_ranks.h"
@@ -217,6 +218,42 @@ TEST(PeerReads, AReadRefusedMidJobFailsEveryRankNamingThePeer) {
         testing::expectError(
             [&] { comm->allToAll(in.data(), out.data(), 3000, DataType::kFloat32).wait(); },
             ErrorCode::kSystem, {"all_to_all", "rank 1 could not read rank", "LOOM_PEER_READS=0"});
+      },
+      options);
+  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
+}
+
+TEST(PeerReads, AReaderLeftBehindFailsRatherThanReturnWhatItsPeersWroteAfterTheirCalls) {
+  // Rank 0 stalls right after opening its second all_to_all (LOOM_FAULT_STALL_AT), before it
+  // reads its peers' inputs. Ranks 1 and 2 read and close, time out waiting for it (after
+  // the 2 s in which a timeout listens for a reason), fail the communicator and rewrite their
+  // inputs at once, as a caller may. Rank 0 wakes, reads the rewritten inputs and finds
+  // every peer's close posted: it returned them as its result, with success, until
+  // closeReads looked for the failure; now every rank's call fails.
+  testing::RunOptions options;
+  options.environment = {"LOOM_PEER_READ_BYTES=0"};
+  const auto outcomes = testing::runRanks(
+      3,
+      [&](RankContext& ctx) {
+        if (ctx.rank == 0) ::setenv("LOOM_FAULT_STALL_AT", "2:1:4500", 1);
+        auto comm = ctx.connect();
+        const size_t count = 3000;
+        std::vector<float> in(count * 3, static_cast<float>(ctx.rank)), out(count * 3);
+        comm->allToAll(in.data(), out.data(), count, DataType::kFloat32).wait();
+        LOOM_CHECK(shm::peerReadCollectives() == 1, << "the first call did not read peers");
+        OpOptions patience;
+        patience.timeout = std::chrono::milliseconds(200);
+        try {
+          comm->allToAll(in.data(), out.data(), count, DataType::kFloat32, patience).wait();
+          LOOM_CHECK(false, << "rank " << ctx.rank << "'s call succeeded; its block from rank 1 "
+                            << "begins " << out[count] << " (1 was sent, 99 written after)");
+        } catch (const Error& e) {
+          std::fill(in.begin(), in.end(), 99.0F);  // at once
+          LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+          LOOM_CHECK(std::string(e.what()).find("rank 0") != std::string::npos, << e.what());
+        }
+        // Alive while rank 0 reads (a rank gone is a read refused, which fails it anyway).
+        if (ctx.rank != 0) std::this_thread::sleep_for(std::chrono::seconds(4));
       },
       options);
   EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);

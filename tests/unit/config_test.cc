@@ -268,6 +268,25 @@ TEST(Config, AFaultDrillsKillPointIsTwoCountsFromOne) {
   ::unsetenv("LOOM_FAULT_KILL_AT");
 }
 
+TEST(Config, AFaultDrillsStallPointIsThreeCountsFromOne) {
+  ::setenv("LOOM_FAULT_STALL_AT", "2:1:4500", 1);
+  const Config drill = Config::load(2);
+  EXPECT_EQ(drill.stallAt.seq, 2u);
+  EXPECT_EQ(drill.stallAt.phase, 1u);
+  EXPECT_EQ(drill.stallAt.pause, std::chrono::milliseconds(4500));
+  for (const char* bad :
+       {"2:1", "2:1:", "2:1:0", "0:1:5", "2:0:5", "2:1:5x", "2:1:-5", "2::5", "a:b:c", "2:1:5:6"}) {
+    ::setenv("LOOM_FAULT_STALL_AT", bad, 1);
+    try {
+      Config::load(2);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("LOOM_FAULT_STALL_AT="), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("LOOM_FAULT_STALL_AT");
+}
+
 TEST(Config, AChildTakesItsOwnHostLayoutAndTheParentsMachine) {
   ::unsetenv("LOOM_THREADS");
   ::unsetenv("LOOM_CHUNK_BYTES");

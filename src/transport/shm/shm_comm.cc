@@ -41,6 +41,7 @@ void ShmComm::post(uint64_t phase) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (line.sleepers.load(std::memory_order_relaxed) != 0) futexWakeAll(lowWord(&line.posted));
   if (phase == killPhase_) ::raise(SIGKILL);  // fault injection; killPhase_ is 0 normally
+  if (phase == stallPhase_) std::this_thread::sleep_for(stall_);  // the same; 0 normally
 }
 
 void ShmComm::attachSelf(int pid) {

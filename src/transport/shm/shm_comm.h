@@ -126,12 +126,20 @@ class ShmComm {
     lines_[rank_].startedKind.store(kind, std::memory_order_relaxed);
     lines_[rank_].startedSeq.store(seq, std::memory_order_relaxed);
     if (killSeq_ == seq) killPhase_ = lastPosted() + killOffset_;
+    if (stallSeq_ == seq) stallPhase_ = lastPosted() + stallOffset_;
   }
   /// Fault injection: die (SIGKILL) right after posting the `phase`-th phase of collective
   /// `seq` (see LOOM_FAULT_KILL_AT).
   void setKillPoint(uint64_t seq, uint64_t phase) {
     killSeq_ = seq;
     killOffset_ = phase;
+  }
+  /// Fault injection: sleep for `pause` right after posting the `phase`-th phase of
+  /// collective `seq` (see LOOM_FAULT_STALL_AT).
+  void setStallPoint(uint64_t seq, uint64_t phase, std::chrono::milliseconds pause) {
+    stallSeq_ = seq;
+    stallOffset_ = phase;
+    stall_ = pause;
   }
   /// Publishes that this rank finished collective `seq`.
   void noteFinished(uint64_t seq) {
@@ -225,6 +233,10 @@ class ShmComm {
   uint64_t killSeq_ = 0;    // fault injection: the collective to die in, or 0
   uint64_t killOffset_ = 0;
   uint64_t killPhase_ = 0;  // the absolute phase to die after, once that collective starts
+  uint64_t stallSeq_ = 0;   // the same for a pause (stall_ long)
+  uint64_t stallOffset_ = 0;
+  uint64_t stallPhase_ = 0;
+  std::chrono::milliseconds stall_{0};
   LentMappings lentMappings_;
   bool everyRankLends_ = false;
   PeerReads peerReads_ = PeerReads::kUnknown;
