@@ -84,6 +84,7 @@ Bytes encodeRoster(const Roster& roster) {
   w.raw(roster.id.data(), roster.id.size());
   w.raw(roster.secret.data(), roster.secret.size());
   w.string(roster.refusal);
+  w.integer(static_cast<uint32_t>(roster.refusalCode));
   w.integer(static_cast<uint32_t>(roster.peers.size()));
   for (const PeerInfo& peer : roster.peers) writePeer(w, peer);
   return std::move(w.bytes());
@@ -92,12 +93,15 @@ Bytes encodeRoster(const Roster& roster) {
 std::optional<Roster> parseRoster(std::span<const uint8_t> bytes, int size) {
   ByteReader r(bytes);
   Roster roster;
+  uint32_t code = 0;
   uint32_t count = 0;
   if (!r.raw(roster.id.data(), roster.id.size()) ||
       !r.raw(roster.secret.data(), roster.secret.size()) || !r.string(&roster.refusal, kMaxName) ||
+      !r.integer(&code) || code > static_cast<uint32_t>(ErrorCode::kInternal) ||
       !r.integer(&count) || count != (roster.refusal.empty() ? static_cast<uint32_t>(size) : 0)) {
     return std::nullopt;
   }
+  roster.refusalCode = static_cast<ErrorCode>(code);
   roster.peers.resize(count);
   for (PeerInfo& peer : roster.peers) {
     if (!readPeer(r, &peer)) return std::nullopt;
@@ -268,10 +272,24 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
         bytes = store.get(prefix + "peer/" + std::to_string(q), remaining(deadline));
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout) throw;
-        throw Error(ErrorCode::kTimeout, "create", rank,
-                    "rank(s) " + missingRanks(store, prefix, size) +
-                        " did not join within the timeout; check that all " + std::to_string(size) +
-                        " ranks start and use the same store");
+        const std::string why = "rank(s) " + missingRanks(store, prefix, size) +
+                                " did not join within the timeout; check that all " +
+                                std::to_string(size) + " ranks start and use the same store";
+        // The round is over. A rank that joins it later learns so at once, rather than wait
+        // out its own timeout for a roster that never comes; and its next creation takes the
+        // next round, as rank 0's does (the rounds are counted per rank: without this a
+        // late rank stayed a round behind for every creation after).
+        Roster abandoned;
+        abandoned.refusal = ("rank 0 gave up making communicator '" + me.making +
+                             "' at its timeout: " + why + "; then create again on every rank")
+                                .substr(0, kMaxName);
+        abandoned.refusalCode = ErrorCode::kTimeout;
+        try {
+          store.set(prefix + "roster", encodeRoster(abandoned));
+        } catch (const Error&) {
+          // The store itself failing: the late ranks learn it from their own calls.
+        }
+        throw Error(ErrorCode::kTimeout, "create", rank, why);
       }
       auto peer = parsePeer(bytes);
       if (!peer) {
@@ -314,9 +332,7 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
                 "the roster rank 0 published does not describe " + std::to_string(size) +
                     " ranks; do all ranks pass the same size (and run the same loom version)?");
   }
-  if (!roster->refusal.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, "create", rank, roster->refusal);
-  }
+  if (!roster->refusal.empty()) throw Error(roster->refusalCode, "create", rank, roster->refusal);
   roster->storePrefix = prefix;
   return std::move(*roster);
 }

@@ -15,6 +15,7 @@
 
 #include "core/handshake.h"
 #include "core/topology.h"
+#include "loom/error.h"
 #include "loom/store.h"
 #include "util/comm_id.h"
 
@@ -45,6 +46,9 @@ struct Roster {
   /// Set instead of the peers where a rank cannot join: why ("rank 1 cannot join: ..."),
   /// so that every rank refuses at once rather than wait out the timeout for it.
   std::string refusal;
+  /// What the refusal is: a rank's bad setting (the default), or kTimeout where rank 0
+  /// gave the round up waiting for a rank.
+  ErrorCode refusalCode = ErrorCode::kInvalidArgument;
   std::string storePrefix;  ///< the store keys of this exchange (not sent)
 };
 

@@ -261,6 +261,40 @@ TEST(Faults, RankThatNeverJoinsFailsCreateNamingIt) {
   EXPECT_TRUE(outcomes[1].exited && outcomes[1].status == 0) << outcomes[1].output;
 }
 
+// A rank that comes after rank 0 gave the creation up (its timeout) learns so at once from
+// the store, rather than wait out its own timeout for a roster that never comes, and the
+// next creation of every rank meets. The late rank waited its whole timeout, and stayed a
+// store round behind rank 0 for every creation after (the rounds are counted per rank).
+TEST(Faults, ARankLaterThanRank0sTimeoutIsToldAtOnceAndTheNextCreationMeets) {
+  const auto outcomes = testing::runRanks(3, [](RankContext& ctx) {
+    CommOptions options;
+    options.timeout = std::chrono::seconds(ctx.rank == 2 ? 60 : 1);
+    if (ctx.rank == 2) std::this_thread::sleep_for(std::chrono::seconds(3));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ctx.connect(options);
+      LOOM_CHECK(false, << "create succeeded though rank 0 gave up");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+      LOOM_CHECK(std::string(e.what()).find("rank(s) 2 did not join") != std::string::npos,
+                 << e.what());
+      if (ctx.rank == 2) {
+        LOOM_CHECK(std::string(e.what()).find("rank 0 gave up") != std::string::npos, << e.what());
+      }
+    }
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20),
+               << "rank " << ctx.rank << " was told only at its own timeout");
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    float x = 1, y = 0;
+    comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    LOOM_CHECK(y == 3.0f, << y);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << r << ": " << outcomes[r].output;
+  }
+}
+
 // Rank `victim` dies while the others make a child of all of them: each names it at once,
 // whether it is a member waited for by the child's leader or the leader itself (whose
 // socket closes before its exit shows: the members used to say only that the leader closed

@@ -148,6 +148,14 @@ TEST(Bootstrap, RosterRoundTripsAndRejectsWrongSizes) {
   refused.refusal = "rank 1 cannot join: LOOM_NET_LANES=8";
   const auto parsedRefusal = parseRoster(encodeRoster(refused), 3);
   ASSERT_TRUE(parsedRefusal.has_value());
+  EXPECT_EQ(parsedRefusal->refusalCode, ErrorCode::kInvalidArgument);
+  // Rank 0's giving up at its timeout keeps its code.
+  Roster abandoned;
+  abandoned.refusal = "rank 0 gave up";
+  abandoned.refusalCode = ErrorCode::kTimeout;
+  const auto parsedAbandoned = parseRoster(encodeRoster(abandoned), 3);
+  ASSERT_TRUE(parsedAbandoned.has_value());
+  EXPECT_EQ(parsedAbandoned->refusalCode, ErrorCode::kTimeout);
   EXPECT_EQ(parsedRefusal->refusal, refused.refusal);
   EXPECT_TRUE(parsedRefusal->peers.empty());
   roster.refusal = "peers and a refusal at once";
