@@ -564,13 +564,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   // runs on the thread that ends the block's last request, every call's completion
   // callbacks for that request have already run there (they were registered first).
   std::function<void()> finisher;
+  // A failed block runs no finisher, yet must not fail before its calls' copy-backs are
+  // over: a request reads as ended just before its own work's callback copies back, and the
+  // caller, told of the failure, may reuse the tensor that copy writes.
+  std::function<void()> settle;
   if (!copyingBack.empty()) {
+    settle = [copyingBack] {
+      for (const auto& work : copyingBack) {
+        try {
+          work->wait();
+        } catch (...) {  // its failure is the block's too: the finisher or the block says it
+        }
+      }
+    };
     finisher = [copyingBack = std::move(copyingBack)] {
       for (const auto& work : copyingBack) work->wait();
     };
     if (stream) {  // CPU calls in a block of CUDA ones: a CUDA work has no host finisher
       releasingGil(finisher);
       finisher = nullptr;
+      settle = nullptr;
     }
   }
   // Timed where the group timed its calls: a CUDA block from its first collective's start
@@ -578,6 +591,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
   // (above), a CPU block on the host (CallTiming).
   const bool timed = ties_->timing.load(std::memory_order_relaxed);
   if (!stream && allEnded(requests)) {
+    if (settle) releasingGil(settle);
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
                                              std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
                                              finisher, requests, ties_->legend, timed);
@@ -586,6 +600,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},
       std::vector<at::Tensor>{}, std::move(finisher), stream, stream ? events_ : nullptr);
   work->tieTo(ties_);
+  if (settle) work->settleFirst(std::move(settle));
   if (stream && timing) {
     work->timeWith(std::move(*timing));
   } else if (timed && !stream) {

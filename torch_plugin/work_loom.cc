@@ -220,6 +220,10 @@ void WorkLoom::completeIfEnded() {
 }
 
 void WorkLoom::complete(std::exception_ptr failure) {
+  if (settle_) {
+    settle_();
+    settle_ = nullptr;
+  }
   failure = finishCall(failure, finisher_, ties_ ? ties_->legend : std::string());
   finisher_ = nullptr;  // releases staged tensors
   if (timing_ && !timing_->onGpu()) timing_->ended();

@@ -112,6 +112,10 @@ class WorkLoom : public c10d::Work {
   /// counts in the group's givenUp while a wait(timeout) on it has expired and it has not
   /// finished; call before track().
   void tieTo(std::shared_ptr<GroupTies> ties) { ties_ = std::move(ties); }
+  /// Runs `settle` (which must not throw) before the work completes, failed or not: a
+  /// coalescing block's wait for its calls' copy-backs, which must be over before its caller
+  /// learns of a failure and reuses their tensors; call before track().
+  void settleFirst(std::function<void()> settle) { settle_ = std::move(settle); }
   /// Times the call for getDuration() (its group times its calls: CallTiming); call
   /// before track().
   void timeWith(CallTiming timing) { timing_ = std::make_unique<CallTiming>(std::move(timing)); }
@@ -180,6 +184,7 @@ class WorkLoom : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> reads_;  // CPU work, until complete()
   std::function<void()> finisher_;
+  std::function<void()> settle_;  // settleFirst()
   // CUDA work: null until getFuture() makes it (once, under futureOnce_); CPU work: set in
   // track(), before the work is shared.
   c10::intrusive_ptr<c10::ivalue::Future> future_;

@@ -219,6 +219,30 @@ def body_refused_batch(rank: int, world: int) -> None:
     assert again.tolist() == [7.0, 7.0], again
 
 
+def body_failed_batch_settles(rank: int, world: int) -> None:
+    """A batch whose one receive fails (its message is larger than its tensor) raises at its
+    wait only once its other receive, staged (a transposed tensor), has copied its message
+    back: the caller, told of the failure, may reuse that tensor at once. Rank 1 sends the
+    staged receive's message last, so its copy-back is the block's last work."""
+    for round in range(20):
+        if rank == 1:
+            dist.send(torch.full((16,), -1.0), 0, tag=1)  # for a receive of 2: too large
+            dist.send(torch.arange(8.0) + round, 0, tag=0)
+            continue
+        staged = torch.zeros(2, 4).t()  # transposed: received into a contiguous copy
+        small = torch.zeros(2)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, staged, 1, tag=0),
+                                        dist.P2POp(dist.irecv, small, 1, tag=1)])
+        expect(RuntimeError, r"larger|bytes", works[-1].wait)
+        want = (torch.arange(8.0) + round).reshape(4, 2)  # in the view's order
+        assert torch.equal(staged, want), (round, staged)
+    dist.barrier()
+
+
+def test_a_failed_batch_raises_once_its_copy_backs_are_over():
+    run_ranks(2, body_failed_batch_settles)
+
+
 def test_a_refused_operation_of_a_batch_leaves_the_group_usable():
     run_ranks(2, body_refused_batch)
 
