@@ -37,6 +37,7 @@ void writePeer(ByteWriter& w, const PeerInfo& peer) {
   w.string(peer.refusal);
   w.string(peer.making);
   w.integer(peer.makingSize);
+  w.integer(peer.gaveUp);
 }
 
 bool readPeer(ByteReader& r, PeerInfo* peer) {
@@ -46,7 +47,7 @@ bool readPeer(ByteReader& r, PeerInfo* peer) {
          r.string(&peer->address, kMaxName) && r.string(&peer->netAddress, kMaxName) &&
          r.integer(&peer->cpus) && r.integer(&peer->cores) && r.integer(&peer->netLanes) &&
          r.string(&peer->refusal, kMaxName) && r.string(&peer->making, kMaxName) &&
-         r.integer(&peer->makingSize);
+         r.integer(&peer->makingSize) && r.integer(&peer->gaveUp);
 }
 
 }  // namespace
@@ -252,11 +253,13 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
   me.making = name.substr(0, kMaxName / 2);
   me.makingSize = static_cast<uint32_t>(size);
   store.set(prefix + "peer/" + std::to_string(rank), encodePeer(me));
-  const auto refuse = [&](int q, const std::string& why) {
+  const auto refuse = [&](int q, const std::string& why,
+                          ErrorCode code = ErrorCode::kInvalidArgument) {
     Roster refused;
     refused.refusal = "rank " + std::to_string(q) + " cannot join: " + why;
+    refused.refusalCode = code;
     store.set(prefix + "roster", encodeRoster(refused));
-    throw Error(ErrorCode::kInvalidArgument, "create", rank, refused.refusal);
+    throw Error(code, "create", rank, refused.refusal);
   };
   if (!me.refusal.empty() && rank != 0) {
     throw Error(ErrorCode::kInvalidArgument, "create", rank, me.refusal);
@@ -299,6 +302,12 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
                         "versions?)");
       }
       if (!peer->refusal.empty()) refuse(q, peer->refusal);
+      if (peer->gaveUp != 0) {
+        refuse(q,
+               "it gave this creation up at its timeout, before rank 0 came; create again on "
+               "every rank",
+               ErrorCode::kTimeout);
+      }
       if (peer->making != me.making || peer->makingSize != me.makingSize) {
         refuse(q, "it makes communicator '" + peer->making + "' of " +
                       std::to_string(peer->makingSize) + " ranks where rank 0 makes '" + me.making +
@@ -318,6 +327,14 @@ Roster exchangeRosterOnly(int rank, int size, Store& store,
     bytes = store.get(prefix + "roster", remaining(deadline));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kTimeout) throw;
+    // Said in its record, so that a rank 0 that comes later refuses the round at once (its
+    // peers in it with it) rather than make a communicator this rank will never join.
+    me.gaveUp = 1;
+    try {
+      store.set(prefix + "peer/" + std::to_string(rank), encodePeer(me));
+    } catch (const Error&) {
+      // The store itself failing: the others learn it from their own calls.
+    }
     const std::string missing = missingRanks(store, prefix, size);
     throw Error(ErrorCode::kTimeout, "create", rank,
                 missing.empty()

@@ -36,6 +36,7 @@ struct PeerInfo {
   std::string refusal;      ///< why it cannot join (its own settings are bad); empty if it can
   std::string making;       ///< the name of the communicator it makes (CommOptions::name)
   uint32_t makingSize = 0;  ///< and its size: a round's ranks must all make the same one
+  uint32_t gaveUp = 0;      ///< 1: it gave the round up at its timeout, before rank 0 came
 };
 
 /// Everything a rank needs to join: the communicator's identity and every rank's PeerInfo.

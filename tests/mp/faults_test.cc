@@ -295,6 +295,40 @@ TEST(Faults, ARankLaterThanRank0sTimeoutIsToldAtOnceAndTheNextCreationMeets) {
   }
 }
 
+// The other way round: rank 0 comes after the others gave the creation up at their timeout.
+// It refuses the round at once, naming the rank that gave up, rather than make a
+// communicator from their stale records and wait out its own timeout for them to connect;
+// and the next creation of every rank meets.
+TEST(Faults, ARank0LaterThanTheOthersTimeoutRefusesTheRoundAtOnceAndTheNextCreationMeets) {
+  const auto outcomes = testing::runRanks(3, [](RankContext& ctx) {
+    CommOptions options;
+    options.timeout = std::chrono::seconds(ctx.rank == 0 ? 60 : 1);
+    if (ctx.rank == 0) std::this_thread::sleep_for(std::chrono::seconds(3));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ctx.connect(options);
+      LOOM_CHECK(false, << "create succeeded though ranks 1 and 2 gave up");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kTimeout, << e.what());
+      if (ctx.rank == 0) {
+        LOOM_CHECK(std::string(e.what()).find("rank 1 cannot join: it gave this creation up") !=
+                       std::string::npos,
+                   << e.what());
+      }
+    }
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20),
+               << "rank " << ctx.rank << " was told only at its own timeout");
+    options.timeout = std::chrono::seconds(60);
+    auto comm = ctx.connect(options);
+    float x = 1, y = 0;
+    comm->allReduce(&x, &y, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    LOOM_CHECK(y == 3.0f, << y);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << r << ": " << outcomes[r].output;
+  }
+}
+
 // Rank `victim` dies while the others make a child of all of them: each names it at once,
 // whether it is a member waited for by the child's leader or the leader itself (whose
 // socket closes before its exit shows: the members used to say only that the leader closed
