@@ -17,7 +17,8 @@ namespace loom::detail {
 // tag (32). Word 1: the element count, or the hash of the per-rank counts (48 bits each,
 // below a step tag: kStepTagShift); for a transfer, its bytes (40 bits) and the chunk's
 // index (24). Word 2: a PREMUL_SUM's factor (the double's bits; the kernels write those of a
-// factor in device memory), else 0.
+// factor in device memory); for a transfer, the chunk's number in its pair's stream (a
+// captured call's counted from its start, the kernels adding the device count); else 0.
 inline constexpr int kChunkShift = 40;
 // In word 0: the call runs as one fused kernel, and for a collective with how many block
 // pairs less one (6 bits): ranks that disagree on either get the named mismatch, not a hang.

@@ -443,7 +443,9 @@ def stale_chunk(rank: int, world: int, dev: torch.device, dtypes) -> int:
     the abort word) over the mailbox slot the first went through, holding the first's chunk
     and a descriptor alike but for its chunk number: rank 1 must never take the first message
     for the third (it did before chunk numbers were in the descriptors). Every rank then gets
-    the mismatch by name. Needs 3 ranks."""
+    the mismatch by name. Needs 3 ranks. It tries the stepped path, where transfers' flags are
+    raised by stream writes (ranks sharing a GPU without MPS, or LOOM_CUDA_FUSED=0); a fused
+    transfer's stopped kernel raises no flags."""
     last = world - 1
     if world < 3:
         return 0
