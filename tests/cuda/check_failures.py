@@ -442,10 +442,12 @@ def stale_chunk(rank: int, world: int, dev: torch.device, dtypes) -> int:
     like its first. Its third send's flag still goes up (a stream's flag write cannot look at
     the abort word) over the mailbox slot the first went through, holding the first's chunk
     and a descriptor alike but for its chunk number: rank 1 must never take the first message
-    for the third (it did before chunk numbers were in the descriptors). Every rank then gets
+    for the third (it could before chunk numbers were in the descriptors). Every rank then gets
     the mismatch by name. Needs 3 ranks. It tries the stepped path, where transfers' flags are
-    raised by stream writes (ranks sharing a GPU without MPS, or LOOM_CUDA_FUSED=0); a fused
-    transfer's stopped kernel raises no flags."""
+    raised by stream writes; a fused transfer's stopped kernel raises no flags. Ranks
+    time-sliced on one GPU do not open the window (rank 0's failure reaches rank 1 before its
+    kernel runs: it passed on the tree before the mend too); ranks side by side do (MPS, or a
+    GPU per rank with LOOM_CUDA_FUSED=0)."""
     last = world - 1
     if world < 3:
         return 0
