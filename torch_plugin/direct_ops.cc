@@ -631,7 +631,8 @@ R throughDispatcher(const char* name, Args&&... args) {
 }
 
 /// An eager Python function over `kernel`, the operator `name`'s: torch's error translation,
-/// as for the operator, and messages that name loom.ops.
+/// as for the operator; its group-resolution errors name loom.ops (its argument refusals,
+/// shared with the operator, name the call as "loom all_reduce_ (rank r)").
 template <class R, class... Args>
 auto eager(const char* name, R (*kernel)(Args...)) {
   return [name, kernel](Args... args) -> R {
