@@ -3,6 +3,7 @@
 #include "core/config.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <optional>
@@ -28,6 +29,22 @@ std::optional<uint64_t> countFrom1(const std::string& text) {
     return std::nullopt;
   }
   return value;
+}
+
+// N whole numbers from 1 parted by colons ("3:17"), nullopt if `text` is anything else.
+template <size_t N>
+std::optional<std::array<uint64_t, N>> countsFrom1(const std::string& text) {
+  std::array<uint64_t, N> counts{};
+  size_t from = 0;
+  for (size_t i = 0; i < N; ++i) {
+    const size_t colon = i + 1 < N ? text.find(':', from) : text.size();
+    if (colon == std::string::npos) return std::nullopt;
+    const auto count = countFrom1(text.substr(from, colon - from));
+    if (!count) return std::nullopt;
+    counts[i] = *count;
+    from = colon + 1;
+  }
+  return counts;
 }
 
 }  // namespace
@@ -142,36 +159,24 @@ Config Config::load(const Sharing& sharing) {
       std::chrono::milliseconds(env::integer("LOOM_NET_SILENCE_MS", 10'000, 200, 3'600'000));
   c.tuning.selection = SelectionTable::fromEnvironment(static_cast<int>(ranks));
   if (const auto kill = env::text("LOOM_FAULT_KILL_AT")) {
-    const size_t colon = kill->find(':');
-    const auto seq = colon == std::string::npos ? std::nullopt : countFrom1(kill->substr(0, colon));
-    const auto phase =
-        colon == std::string::npos ? std::nullopt : countFrom1(kill->substr(colon + 1));
-    if (!seq || !phase) {
+    const auto at = countsFrom1<2>(*kill);
+    if (!at) {
       throw Error(ErrorCode::kInvalidArgument, "config", -1,
                   "LOOM_FAULT_KILL_AT=" + *kill +
                       " must be <collective number>:<phase>, both from 1 (e.g. 3:1); unset it "
                       "outside failure drills");
     }
-    c.killAt = {*seq, *phase};
+    c.killAt = {(*at)[0], (*at)[1]};
   }
   if (const auto stall = env::text("LOOM_FAULT_STALL_AT")) {
-    // <seq>:<phase>:<ms>, each a whole number, the first two from 1.
-    const size_t first = stall->find(':');
-    const size_t second = first == std::string::npos ? first : stall->find(':', first + 1);
-    const auto seq =
-        second == std::string::npos ? std::nullopt : countFrom1(stall->substr(0, first));
-    const auto phase = second == std::string::npos
-                           ? std::nullopt
-                           : countFrom1(stall->substr(first + 1, second - first - 1));
-    const auto pause =
-        second == std::string::npos ? std::nullopt : countFrom1(stall->substr(second + 1));
-    if (!seq || !phase || !pause) {
+    const auto at = countsFrom1<3>(*stall);
+    if (!at) {
       throw Error(ErrorCode::kInvalidArgument, "config", -1,
                   "LOOM_FAULT_STALL_AT=" + *stall +
                       " must be <collective number>:<phase>:<milliseconds>, each from 1 (e.g. "
                       "2:1:3000); unset it outside failure drills");
     }
-    c.stallAt = {*seq, *phase, std::chrono::milliseconds(*pause)};
+    c.stallAt = {(*at)[0], (*at)[1], std::chrono::milliseconds((*at)[2])};
   }
   // Bad values of these fail here, at creation, not in the first call (where ranks with a
   // good value would wait in it for the ones that failed).

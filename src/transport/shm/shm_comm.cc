@@ -40,8 +40,9 @@ void ShmComm::post(uint64_t phase) {
   // new value before sleeping, or we see its increment here and wake it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (line.sleepers.load(std::memory_order_relaxed) != 0) futexWakeAll(lowWord(&line.posted));
-  if (phase == killPhase_) ::raise(SIGKILL);  // fault injection; killPhase_ is 0 normally
-  if (phase == stallPhase_) std::this_thread::sleep_for(stall_);  // the same; 0 normally
+  // Fault injection; both phases are 0 normally.
+  if (phase == kill_.phase) ::raise(SIGKILL);
+  if (phase == stall_.phase) std::this_thread::sleep_for(stallFor_);
 }
 
 void ShmComm::attachSelf(int pid) {

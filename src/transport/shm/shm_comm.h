@@ -125,21 +125,17 @@ class ShmComm {
   void noteStarted(uint64_t seq, uint8_t kind) {
     lines_[rank_].startedKind.store(kind, std::memory_order_relaxed);
     lines_[rank_].startedSeq.store(seq, std::memory_order_relaxed);
-    if (killSeq_ == seq) killPhase_ = lastPosted() + killOffset_;
-    if (stallSeq_ == seq) stallPhase_ = lastPosted() + stallOffset_;
+    kill_.arm(seq, lastPosted());
+    stall_.arm(seq, lastPosted());
   }
   /// Fault injection: die (SIGKILL) right after posting the `phase`-th phase of collective
   /// `seq` (see LOOM_FAULT_KILL_AT).
-  void setKillPoint(uint64_t seq, uint64_t phase) {
-    killSeq_ = seq;
-    killOffset_ = phase;
-  }
+  void setKillPoint(uint64_t seq, uint64_t phase) { kill_ = {seq, phase}; }
   /// Fault injection: sleep for `pause` right after posting the `phase`-th phase of
   /// collective `seq` (see LOOM_FAULT_STALL_AT).
   void setStallPoint(uint64_t seq, uint64_t phase, std::chrono::milliseconds pause) {
-    stallSeq_ = seq;
-    stallOffset_ = phase;
-    stall_ = pause;
+    stall_ = {seq, phase};
+    stallFor_ = pause;
   }
   /// Publishes that this rank finished collective `seq`.
   void noteFinished(uint64_t seq) {
@@ -230,13 +226,19 @@ class ShmComm {
   BackoffPolicy backoff_;
   Failures* failures_ = nullptr;
   uint64_t allPosted_ = 0;  // every rank is known to have posted at least this
-  uint64_t killSeq_ = 0;    // fault injection: the collective to die in, or 0
-  uint64_t killOffset_ = 0;
-  uint64_t killPhase_ = 0;  // the absolute phase to die after, once that collective starts
-  uint64_t stallSeq_ = 0;   // the same for a pause (stall_ long)
-  uint64_t stallOffset_ = 0;
-  uint64_t stallPhase_ = 0;
-  std::chrono::milliseconds stall_{0};
+  // Fault injection: the `offset`-th phase of collective `seq` (0: none), and once that
+  // collective starts, the absolute phase after which to act.
+  struct FaultPoint {
+    uint64_t seq = 0;
+    uint64_t offset = 0;
+    uint64_t phase = 0;
+    void arm(uint64_t started, uint64_t lastPosted) {
+      if (seq == started) phase = lastPosted + offset;
+    }
+  };
+  FaultPoint kill_;   // die there
+  FaultPoint stall_;  // sleep there for stallFor_
+  std::chrono::milliseconds stallFor_{0};
   LentMappings lentMappings_;
   bool everyRankLends_ = false;
   PeerReads peerReads_ = PeerReads::kUnknown;
