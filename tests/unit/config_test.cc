@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "algorithms/selection.h"
 #include "core/bootstrap.h"
@@ -257,23 +258,30 @@ TEST(Config, PeerReadsStartSoonerWithMoreRanksAndCanBeTurnedOff) {
   ::unsetenv("LOOM_PEER_READ_BYTES");
 }
 
+// Each of `values` for variable `name` makes Config::load fail with an error that names
+// "name="; the variable is unset afterwards.
+void expectEachRefusedNamingIt(const char* name, std::initializer_list<const char*> values) {
+  for (const char* bad : values) {
+    ::setenv(name, bad, 1);
+    try {
+      Config::load(2);
+      ADD_FAILURE() << name << "=" << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(name) + "="), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(name);
+}
+
 TEST(Config, AFaultDrillsKillPointIsTwoCountsFromOne) {
   ::setenv("LOOM_FAULT_KILL_AT", "3:2", 1);
   const Config drill = Config::load(2);
   EXPECT_EQ(drill.killAt.seq, 3u);
   EXPECT_EQ(drill.killAt.phase, 2u);
   // Signs, spaces, overflow and trailing text were read as a kill point that never came.
-  for (const char* bad : {"-1:1", " 1:-1", "1: 1", "99999999999999999999:1", "1:1x", "0:1", "1:0",
-                          "1", ":", "1:", "+1:1", "a:b"}) {
-    ::setenv("LOOM_FAULT_KILL_AT", bad, 1);
-    try {
-      Config::load(2);
-      ADD_FAILURE() << bad;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("LOOM_FAULT_KILL_AT="), std::string::npos) << e.what();
-    }
-  }
-  ::unsetenv("LOOM_FAULT_KILL_AT");
+  expectEachRefusedNamingIt("LOOM_FAULT_KILL_AT",
+                            {"-1:1", " 1:-1", "1: 1", "99999999999999999999:1", "1:1x", "0:1",
+                             "1:0", "1", ":", "1:", "+1:1", "a:b"});
 }
 
 TEST(Config, AFaultDrillsStallPointIsThreeCountsFromOne) {
@@ -282,17 +290,9 @@ TEST(Config, AFaultDrillsStallPointIsThreeCountsFromOne) {
   EXPECT_EQ(drill.stallAt.seq, 2u);
   EXPECT_EQ(drill.stallAt.phase, 1u);
   EXPECT_EQ(drill.stallAt.pause, std::chrono::milliseconds(4500));
-  for (const char* bad :
-       {"2:1", "2:1:", "2:1:0", "0:1:5", "2:0:5", "2:1:5x", "2:1:-5", "2::5", "a:b:c", "2:1:5:6"}) {
-    ::setenv("LOOM_FAULT_STALL_AT", bad, 1);
-    try {
-      Config::load(2);
-      ADD_FAILURE() << bad;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("LOOM_FAULT_STALL_AT="), std::string::npos) << e.what();
-    }
-  }
-  ::unsetenv("LOOM_FAULT_STALL_AT");
+  expectEachRefusedNamingIt(
+      "LOOM_FAULT_STALL_AT",
+      {"2:1", "2:1:", "2:1:0", "0:1:5", "2:0:5", "2:1:5x", "2:1:-5", "2::5", "a:b:c", "2:1:5:6"});
 }
 
 TEST(Config, AChildTakesItsOwnHostLayoutAndTheParentsMachine) {
