@@ -4,7 +4,8 @@
 // server that session alone, a fetch behind one that times out gets its bytes, readers of
 // one staged source at once each get their bytes, a reader whose host vanished costs the
 // server its session only until the quiet limit, a fetch from a vanished host stops when
-// told, and a live reader whose idle session ended fetches again.
+// told, a live reader whose idle session ended fetches again, and a reader lets go of the
+// connections of servers that left.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -45,10 +46,12 @@ void fill(shm::Region& region, uint64_t generation) {
   for (uint64_t i = 0; i < region.capacity(); ++i) region.data()[i] = pattern(i, generation);
 }
 
-// Rank 0's server in host 0: publishes a region and tells the store where it is.
+// Rank 0's server in host 0: publishes a region and tells the store where it is (under
+// `name`, where a test has several servers).
 struct Served {
   explicit Served(RankContext& ctx, size_t capacity,
-                  std::chrono::milliseconds quietLimit = ByteServer::kQuietLimit)
+                  std::chrono::milliseconds quietLimit = ByteServer::kQuietLimit,
+                  const std::string& name = "")
       : service(Fabric::instance(), NetService::Limits{}),
         server(service, Fabric::instance(), as(1000), ByteServer::defaultShape(), quietLimit),
         region(shm::Region::create(capacity)) {
@@ -56,8 +59,8 @@ struct Served {
     fill(*region, 2);
     LOOM_CHECK(region->endWrite() == 2);
     server.publish(region->id(), std::make_shared<RegionSource>(region));
-    ctx.store->set("address", Bytes(server.address().begin(), server.address().end()));
-    ctx.store->set("source", Bytes(region->id().begin(), region->id().end()));
+    ctx.store->set(name + "address", Bytes(server.address().begin(), server.address().end()));
+    ctx.store->set(name + "source", Bytes(region->id().begin(), region->id().end()));
   }
   NetService service;
   ByteServer server;
@@ -66,12 +69,16 @@ struct Served {
 
 // A reader in host 1, with what it needs to find the server.
 struct Reader {
-  explicit Reader(RankContext& ctx)
+  explicit Reader(RankContext& ctx, const std::string& name = "")
       : service(Fabric::instance(), NetService::Limits{}),
         fetcher(service, Fabric::instance(), as(ctx.rank)) {
-    const Bytes a = ctx.store->get("address", kPatience);
+    find(ctx, name);
+  }
+  // Reads from the server the store names under `name` from now on.
+  void find(RankContext& ctx, const std::string& name) {
+    const Bytes a = ctx.store->get(name + "address", kPatience);
     address.assign(a.begin(), a.end());
-    const Bytes s = ctx.store->get("source", kPatience);
+    const Bytes s = ctx.store->get(name + "source", kPatience);
     std::memcpy(source.data(), s.data(), source.size());
   }
   ByteFetcher::Outcome fetch(uint64_t generation, const std::vector<ByteRange>& ranges,
@@ -462,6 +469,50 @@ TEST_F(TwoHosts, AReaderWhoseIdleSessionEndedFetchesOnANewConnection) {
     LOOM_CHECK(outcome.state == SourceState::kWhole && outcome.unchanged);
     expectPattern(dst, all, 2);
     ctx.store->set("fetched", Bytes{1});
+  });
+}
+
+// A reader keeps no connection to a server that has gone: one that closed (its goodbye) and
+// one whose process exited without a word are let go of when the reader next connects to a
+// new server (before, every writer process a reader ever read kept two channels' buffers
+// and 16 descriptors in it for good).
+TEST_F(TwoHosts, AReaderLetsGoOfTheConnectionsOfServersThatLeft) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(3, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank == 1 ? 1 : 0);
+    if (ctx.rank == 0) {
+      {
+        Served a(ctx, 4096, ByteServer::kQuietLimit, "a/");
+        ctx.store->get("fetched b", kPatience);
+      }  // closes, saying goodbye
+      ctx.store->set("a closed", Bytes{1});
+      Served c(ctx, 4096, ByteServer::kQuietLimit, "c/");
+      ctx.store->get("fetched c", kPatience);
+      return;
+    }
+    if (ctx.rank == 2) {
+      Served b(ctx, 4096, ByteServer::kQuietLimit, "b/");
+      ctx.store->get("fetched b", kPatience);
+      _exit(0);  // no goodbye: the kernel closes its sockets
+    }
+    Reader reader(ctx, "a/");
+    std::vector<uint8_t> dst(4096);
+    const std::vector<ByteRange> all{{0, 4096}};
+    LOOM_CHECK(reader.fetch(2, all, dst).state == SourceState::kWhole);
+    reader.find(ctx, "b/");
+    LOOM_CHECK(reader.fetch(2, all, dst).state == SourceState::kWhole);
+    LOOM_CHECK(reader.fetcher.connections() == 2, << reader.fetcher.connections());
+    ctx.store->set("fetched b", Bytes{1});
+    ctx.store->get("a closed", kPatience);
+    // Time for the exited server's closed connection to reach this host.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    reader.find(ctx, "c/");
+    std::fill(dst.begin(), dst.end(), 0);
+    LOOM_CHECK(reader.fetch(2, all, dst).state == SourceState::kWhole);
+    expectPattern(dst, all, 2);
+    LOOM_CHECK(reader.fetcher.connections() == 1,
+               << reader.fetcher.connections() << " connections; one server is left");
+    ctx.store->set("fetched c", Bytes{1});
   });
 }
 

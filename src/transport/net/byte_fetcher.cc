@@ -3,6 +3,7 @@
 #include "transport/net/byte_fetcher.h"
 
 #include <thread>
+#include <vector>
 
 #include "loom/error.h"
 
@@ -49,8 +50,9 @@ struct ByteFetcher::Connection {
   std::unique_ptr<SendChannel> out;    // requests
   std::unique_ptr<ReceiveChannel> in;  // replies, once the server connected back
   uint64_t sequence = 0;
-  uint64_t fetched = 0;             // exchanges it finished
-  std::atomic<bool> broken{false};  // written under `mutex`, read under the fetcher's too
+  uint64_t fetched = 0;                   // exchanges it finished
+  Clock::time_point used = Clock::now();  // when its last fetch ended
+  std::atomic<bool> broken{false};        // written under `mutex`, read under the fetcher's too
   std::string peer() const {
     return "the tensor-store server " + std::to_string(server) + " at " + address;
   }
@@ -84,15 +86,45 @@ size_t ByteFetcher::connections() {
 
 std::shared_ptr<ByteFetcher::Connection> ByteFetcher::connection(const std::string& address,
                                                                  int server) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto& slot = connections_[{address, server}];
-  if (!slot || slot->broken) {
-    slot = std::make_shared<Connection>();
-    slot->address = address;
-    slot->server = server;
-    slot->requestChannel = 2 * made_.fetch_add(1, std::memory_order_relaxed);
+  // The other connections no fetch is using, each held while it is looked at.
+  std::vector<std::pair<std::shared_ptr<Connection>, std::unique_lock<std::timed_mutex>>> idle;
+  std::shared_ptr<Connection> made;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& slot = connections_[{address, server}];
+    if (slot && !slot->broken) return slot;
+    made = slot = std::make_shared<Connection>();
+    made->address = address;
+    made->server = server;
+    made->requestChannel = 2 * made_.fetch_add(1, std::memory_order_relaxed);
+    for (auto& [key, c] : connections_) {
+      if (c == made) continue;
+      // Only tried: a fetch holds its connection's mutex while it takes this one's (drop).
+      std::unique_lock<std::timed_mutex> held(c->mutex, std::try_to_lock);
+      if (held.owns_lock()) idle.emplace_back(c, std::move(held));
+    }
   }
-  return slot;
+  // A new server: the connections to servers gone since are given up now, or a reader that
+  // outlives many writers (a generator across a trainer's restarts) would keep two channels'
+  // buffers and their sockets for every writer process it ever read.
+  for (auto& [c, held] : idle) {
+    if (gone(*c)) drop(c);
+  }
+  return made;
+}
+
+bool ByteFetcher::gone(Connection& c) {
+  if (c.broken) return true;
+  // The server has ended its session by now (ByteServer::kQuietLimit), or its host vanished.
+  if (Clock::now() - c.used > ByteServer::kQuietLimit) return true;
+  try {
+    // A goodbye, or a connection the server's exit closed, is only seen when polled.
+    if (c.out) c.out->progress();
+    if (c.in) c.in->readable();
+  } catch (const Error&) {
+    return true;
+  }
+  return (c.out && c.out->peerLeft()) || (c.in && c.in->peerLeft());
 }
 
 ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
@@ -130,6 +162,7 @@ ByteFetcher::Outcome ByteFetcher::fetch(const std::string& address, int server,
     try {
       const Outcome outcome = exchange(*c, source, generation, ranges, dst, deadline, stop);
       ++c->fetched;
+      c->used = Clock::now();
       return outcome;
     } catch (const Error& e) {
       const bool closed = (c->out && c->out->peerLeft()) || (c->in && c->in->peerLeft());

@@ -2,9 +2,9 @@
 
 // The reader's side of the byte-fetch protocol (fetch_wire.h): copies byte ranges of a
 // source of another process's ByteServer into this process's memory. One connection pair
-// per server, made on the first fetch from it and kept; a fetch from it waits for the one
-// before. Whoever calls fetch() drives the connection; nothing runs in the background but
-// the NetService that accepts the servers' reply channels.
+// per server, made on the first fetch from it and kept until the server leaves; a fetch from
+// it waits for the one before. Whoever calls fetch() drives the connection; nothing runs in
+// the background but the NetService that accepts the servers' reply channels.
 
 #include <atomic>
 #include <chrono>
@@ -58,6 +58,9 @@ class ByteFetcher {
  private:
   struct Connection;
   std::shared_ptr<Connection> connection(const std::string& address, int server);
+  /// Whether an idle connection (its mutex held) leads nowhere any more: its server said
+  /// goodbye, its connection broke, or it sat unused past the servers' quiet limit.
+  bool gone(Connection& c);
   /// Gives up a broken connection (its mutex held): closes both channels, and forgets it.
   void drop(const std::shared_ptr<Connection>& c);
   Outcome exchange(Connection& c, const SourceId& source, uint64_t generation,
