@@ -98,6 +98,35 @@ TEST(LendingPool, KeepsWhatTheProcessOnceUsedNotEverySizeItAskedFor) {
                                        "regions kept; 4: a kept region not reused";
 }
 
+TEST(LendingPool, ARegionLetGoOfIsUnmappedByItsReadersWhenTheyNextMapOne) {
+  // In a process of its own (a fresh pool), reading its own regions as a peer would.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto& pool = LendingPool::instance();
+    shm::LentMappings mappings;
+    // 80 regions lent at once and read, then freed: the pool keeps kMaxKept of them and lets
+    // the rest go for good.
+    std::vector<void*> live;
+    for (int i = 0; i < 80; ++i) live.push_back(pool.allocate(size_t{64} << 10));
+    bool mapped = true;
+    for (void* p : live) mapped = mapped && mappings.map(::getpid(), *pool.find(p, 1)) != nullptr;
+    for (void* p : live) pool.release(p);
+    // A region of another size is new: mapping it lets go of the freed regions' mappings,
+    // which kept their pages alive (up to kMaxMappings of them, however large) before.
+    void* other = pool.allocate(size_t{1} << 20);
+    mapped = mapped && mappings.map(::getpid(), *pool.find(other, 1)) != nullptr;
+    const size_t kept = mappings.kept();
+    const bool bounded = kept == LendingPool::kMaxKept + 1;
+    ::_exit(!mapped ? 1 : bounded ? 0 : 2 + static_cast<int>(std::min<size_t>(kept, 200)));
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: a region could not be mapped; otherwise 2 + the mappings kept (the 64 regions the "
+         "pool kept and the new one are due)";
+}
+
 TEST(LendingPool, AForkedChildNeverHandsOutItsParentsRegions) {
   auto& pool = LendingPool::instance();
   void* parents = pool.allocate(4096);

@@ -113,13 +113,16 @@ void LendingPool::release(void* data) {
   // and kMaxKept regions (a descriptor each). Beyond that the smallest go first: a region
   // serves requests from half its size to its size, so a process whose requests grow would
   // otherwise keep every size it ever used. Freed here, a region is gone for good: a peer's
-  // mapping keeps its pages until the peer drops it (LentMappings), and a peer that opens
-  // the descriptor's number again finds another region's id there and copies instead.
+  // mapping keeps its pages until the peer drops it, which it does once it sees the region
+  // marked closed (LentMappings), and a peer that opens the descriptor's number again finds
+  // another region's id there and copies instead.
   const size_t keep = std::max(peakInUse_, kKeptFloor);
   while (!available_.empty() && (held_ - inUse_ > keep || available_.size() > kMaxKept)) {
     const auto smallest = available_.begin();
     held_ -= smallest->first;
-    byAddress_.erase(smallest->second);  // unmaps the region and closes its descriptor
+    const auto entry = byAddress_.find(smallest->second);
+    entry->second.region->markClosed();
+    byAddress_.erase(entry);  // unmaps the region and closes its descriptor
     available_.erase(smallest);
   }
 }
@@ -156,6 +159,10 @@ const uint8_t* LentMappings::map(int pid, const LentBuffer& buffer) {
   auto it = std::find_if(mappings_.begin(), mappings_.end(),
                          [&](const Mapping& m) { return m.pid == pid && m.id == id; });
   if (it == mappings_.end()) {
+    // A region not mapped yet: first the mappings of regions their owners have let go of
+    // since go, or a peer whose pool turns over would have this communicator keep every
+    // region it ever lent, up to the limit's count of them, however large.
+    mappings_.remove_if([](const Mapping& m) { return m.region->closed(); });
     std::unique_ptr<Region> region;
     try {
       region = Region::open(pid, buffer.fd, id, buffer.capacity);

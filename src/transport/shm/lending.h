@@ -97,6 +97,8 @@ class LentMappings {
   /// The bytes `buffer` names in process `pid`, mapped read-only, or nullptr if they cannot
   /// be (another pid namespace, a region released, a map refused).
   const uint8_t* map(int pid, const LentBuffer& buffer);
+  /// Mappings kept now (tests).
+  size_t kept() const { return mappings_.size(); }
 
  private:
   struct Mapping {

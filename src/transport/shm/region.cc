@@ -141,6 +141,14 @@ bool Region::unchangedSince(uint64_t seen) const {
   return (seen & 1) == 0 && header().generation.load(std::memory_order_relaxed) == seen;
 }
 
+void Region::markClosed() {
+  header().closed.store(1, std::memory_order_release);
+}
+
+bool Region::closed() const {
+  return header().closed.load(std::memory_order_acquire) != 0;
+}
+
 std::string regionIdHex(const Region::Id& id) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out;

@@ -31,6 +31,7 @@ struct RegionHeader {
   std::array<uint8_t, 16> id;        ///< random, published beside the descriptor number
   std::atomic<uint64_t> generation;  ///< odd while the owner writes, even when whole
   std::atomic<uint64_t> progress;    ///< bytes from the start already written this generation
+  std::atomic<uint64_t> closed;      ///< 1 once the owner let go of the region (markClosed)
 };
 
 class Region {
@@ -77,6 +78,11 @@ class Region {
   /// Reader: true if no write began since the bytes were read at generation `seen` (an
   /// even number): call it after copying them out.
   bool unchangedSince(uint64_t seen) const;
+  /// Owner, just before it lets go of the region for good: readers that keep mappings drop
+  /// theirs when they see it (the pages live on as long as any mapping does).
+  void markClosed();
+  /// Reader: true once the owner has marked the region closed.
+  bool closed() const;
 
  private:
   Region(posix::Fd fd, uint8_t* base, size_t capacity, bool writable);
