@@ -58,10 +58,18 @@ void invalid(const CallSite& site, const std::string& detail) {
 }
 
 void requireCount(const CallSite& site, const char* what, size_t actual, size_t n) {
-  if (actual != n) {
-    invalid(site, std::string(what) + " has " + std::to_string(actual) + " tensor(s); expected " +
-                      std::to_string(n));
+  if (actual == n) return;
+  std::string message = std::string(what) + " has " + std::to_string(actual) +
+                        " tensor(s); expected " + std::to_string(n);
+  // Several tensors where one is asked for: the list forms of the backend's methods date from
+  // one tensor per GPU of a process, which NCCL's backend refuses too; torch.distributed
+  // passes one.
+  if (n == 1 && actual > 1) {
+    message +=
+        " (loom takes one tensor per call: issue one call per tensor, or group them in "
+        "torch.distributed._coalescing_manager)";
   }
+  invalid(site, message);
 }
 
 void requireDense(const CallSite& site, const char* what, const at::Tensor& t) {

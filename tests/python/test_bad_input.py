@@ -102,8 +102,9 @@ def body_wrong_arguments(rank: int, world: int) -> None:
            lambda: dist.all_reduce(sparse, op=dist.ReduceOp.MAX))
     expect(RuntimeError, r"loom all_gather_into_tensor \(rank \d\): output is on meta",
            lambda: backend._allgather_base(torch.empty(4 * world, device="meta"), t))
-    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 2 tensor\(s\); expected 1",
-           lambda: backend.allreduce([t, t.clone()]))
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 2 tensor\(s\); expected 1 \(loom "
+           r"takes one tensor per call: issue one call per tensor, or group them in "
+           r"torch.distributed._coalescing_manager\)", lambda: backend.allreduce([t, t.clone()]))
     expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 0 tensor\(s\)",
            lambda: backend.allreduce([]))
     expect(RuntimeError, r"loom all_to_all \(rank \d\): inputs has %d tensors" % (world + 1),
