@@ -248,6 +248,7 @@ std::vector<const uint8_t*> CollectiveContext::openLent(const void* input,
   }
   // Each rank maps what it reads (kept for later calls); whether all could is agreed in a
   // phase of its own, since a rank in another pid namespace, say, cannot.
+  shm_.dropClosedLent();
   bool mapped = true;
   for (int q = 0; q < size(); ++q) {
     const shm::LentBuffer& theirs = shm_.lent(q, p);

@@ -153,16 +153,16 @@ size_t LendingPool::heldBytes() {
   return held_;
 }
 
+void LentMappings::dropClosed() {
+  mappings_.remove_if([](const Mapping& m) { return m.region->closed(); });
+}
+
 const uint8_t* LentMappings::map(int pid, const LentBuffer& buffer) {
   Region::Id id;
   std::memcpy(id.data(), buffer.id, id.size());
   auto it = std::find_if(mappings_.begin(), mappings_.end(),
                          [&](const Mapping& m) { return m.pid == pid && m.id == id; });
   if (it == mappings_.end()) {
-    // A region not mapped yet: first the mappings of regions their owners have let go of
-    // since go, or a peer whose pool turns over would have this communicator keep every
-    // region it ever lent, up to the limit's count of them, however large.
-    mappings_.remove_if([](const Mapping& m) { return m.region->closed(); });
     std::unique_ptr<Region> region;
     try {
       region = Region::open(pid, buffer.fd, id, buffer.capacity);

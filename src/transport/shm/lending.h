@@ -97,6 +97,12 @@ class LentMappings {
   /// The bytes `buffer` names in process `pid`, mapped read-only, or nullptr if they cannot
   /// be (another pid namespace, a region released, a map refused).
   const uint8_t* map(int pid, const LentBuffer& buffer);
+  /// Unmaps the regions whose owners have let go of them (Region::closed), or a peer whose
+  /// pool turns over would have the communicator keep every region it ever lent, up to the
+  /// limit's count of them, however large. Never while a call reads through its mappings: a
+  /// peer that left the call early may have freed its input by then, and the mapping is
+  /// what keeps the pages the call still reads (it then fails, at its close).
+  void dropClosed();
   /// Mappings kept now (tests).
   size_t kept() const { return mappings_.size(); }
 

@@ -84,6 +84,9 @@ class ShmComm {
   const uint8_t* mapLent(int q, const LentBuffer& buffer) {
     return lentMappings_.map(pidOf(q), buffer);
   }
+  /// Unmaps the peers' regions their owners have let go of (LentMappings::dropClosed):
+  /// before a call maps the regions it reads, never in between.
+  void dropClosedLent() { lentMappings_.dropClosed(); }
 
   /// Whether every rank's process had lendable memory at the last collective's opening (each
   /// rank says so in its fingerprint), so large all_gathers and reduce_scatters try lending.
