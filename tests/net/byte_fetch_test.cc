@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -113,6 +114,21 @@ void awaitSessions(const ByteServer& server, size_t most) {
 }
 
 constexpr size_t kCapacity = (size_t{3} << 20) + 123;
+
+// Waits until process `pid` has exited (gone, or a zombie its parent has not reaped yet).
+void awaitExit(int pid) {
+  const auto deadline = Clock::now() + kPatience;
+  for (;;) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return;
+    // The state follows the command's closing parenthesis.
+    const size_t close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z') return;
+    LOOM_CHECK(Clock::now() < deadline, << "process " << pid << " did not exit");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 TEST_F(TwoHosts, ReaderFetchesRangesAndLearnsWhereTheSourceStands) {
   const NetnsHosts& hosts = *hosts_;
@@ -492,6 +508,8 @@ TEST_F(TwoHosts, AReaderLetsGoOfTheConnectionsOfServersThatLeft) {
     }
     if (ctx.rank == 2) {
       Served b(ctx, 4096, ByteServer::kQuietLimit, "b/");
+      const std::string pid = std::to_string(::getpid());
+      ctx.store->set("b pid", Bytes(pid.begin(), pid.end()));
       ctx.store->get("fetched b", kPatience);
       _exit(0);  // no goodbye: the kernel closes its sockets
     }
@@ -504,6 +522,8 @@ TEST_F(TwoHosts, AReaderLetsGoOfTheConnectionsOfServersThatLeft) {
     LOOM_CHECK(reader.fetcher.connections() == 2, << reader.fetcher.connections());
     ctx.store->set("fetched b", Bytes{1});
     ctx.store->get("a closed", kPatience);
+    const Bytes b = ctx.store->get("b pid", kPatience);
+    awaitExit(std::stoi(std::string(b.begin(), b.end())));
     // Time for the exited server's closed connection to reach this host.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     reader.find(ctx, "c/");
