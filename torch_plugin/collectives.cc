@@ -118,7 +118,7 @@ void requireRoot(const CallSite& site, int64_t root) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
   CallSite s = site("broadcast", !opts.asyncOp);
-  requireCount(s, "tensors", tensors.size(), 1);
+  requireOne(s, "tensors", tensors.size());
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   const Flat flat = movementView(tensors[0]);
@@ -140,7 +140,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   const CallSite s = site("all_reduce", !opts.asyncOp);
-  requireCount(s, "tensors", tensors.size(), 1);
+  requireOne(s, "tensors", tensors.size());
   if (tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors, opts);
   requireDense(s, "tensor", tensors[0]);
   if (opts.sparseIndices) invalid(s, "all_reduce with sparse indices is not supported");
@@ -281,7 +281,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
   CallSite s = site("reduce", !opts.asyncOp);
-  requireCount(s, "tensors", tensors.size(), 1);
+  requireOne(s, "tensors", tensors.size());
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
@@ -305,8 +305,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const CallSite s = site("all_gather", !opts.asyncOp);
-  requireCount(s, "inputs", inputs.size(), 1);
-  requireCount(s, "output lists", outputs.size(), 1);
+  requireOne(s, "inputs", inputs.size());
+  requireOne(s, "output lists", outputs.size());
   auto plan = std::make_shared<GatherPlan>(planAllgather(s, outputs[0], inputs[0]));
   return launch(
       s, OpType::ALLGATHER, "loom:all_gather", inputs, outputs[0],
@@ -409,14 +409,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     const c10d::GatherOptions& opts) {
   const CallSite s = site("gather", !opts.asyncOp);
   requireRoot(s, opts.rootRank);
-  requireCount(s, "inputs", inputs.size(), 1);
+  requireOne(s, "inputs", inputs.size());
   requireDense(s, "input", inputs[0]);
   const bool root = rank_ == opts.rootRank;
   auto staged = std::make_shared<Outputs>(s);
   std::vector<at::Tensor> targets;
   std::vector<at::Tensor> results;
   if (root) {
-    requireCount(s, "output lists", outputs.size(), 1);
+    requireOne(s, "output lists", outputs.size());
     requirePerRank(s, "output list", outputs[0].size());
     requireLike(s, "outputs", outputs[0], inputs[0]);
     targets = staged->targets(outputs[0]);
@@ -442,13 +442,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
     const c10d::ScatterOptions& opts) {
   const CallSite s = site("scatter", !opts.asyncOp);
   requireRoot(s, opts.rootRank);
-  requireCount(s, "outputs", outputs.size(), 1);
+  requireOne(s, "outputs", outputs.size());
   requireDense(s, "output", outputs[0]);
   const bool root = rank_ == opts.rootRank;
   std::vector<Flat> ins;
   std::vector<const void*> sources;
   if (root) {
-    requireCount(s, "input lists", inputs.size(), 1);
+    requireOne(s, "input lists", inputs.size());
     requirePerRank(s, "input list", inputs[0].size());
     requireLike(s, "inputs", inputs[0], outputs[0]);
     for (const auto& t : inputs[0]) ins.push_back(movementView(t));
@@ -475,8 +475,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const CallSite s = site("reduce_scatter", !opts.asyncOp);
-  requireCount(s, "outputs", outputs.size(), 1);
-  requireCount(s, "input lists", inputs.size(), 1);
+  requireOne(s, "outputs", outputs.size());
+  requireOne(s, "input lists", inputs.size());
   requirePerRank(s, "input list", inputs[0].size());
   requireDense(s, "output", outputs[0]);
   std::vector<Flat> ins;
@@ -707,7 +707,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
       invalid(s, "argument 'dst' is " + std::to_string(dstRank) + ", outside [0, " +
                      std::to_string(size_) + "); pass a rank of this group");
     }
-    requireCount(s, "tensors", tensors.size(), 1);
+    requireOne(s, "tensors", tensors.size());
     requireDense(s, "tensor", tensors[0]);
     const Flat in = movementView(tensors[0]);
     return launch(
@@ -735,7 +735,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::receive(std::vector<at::Tensor>& tensors,
                                                          int srcRank, int tag, const char* title) {
   const CallSite s = site("recv");
-  requireCount(s, "tensors", tensors.size(), 1);
+  requireOne(s, "tensors", tensors.size());
   requireDense(s, "tensor", tensors[0]);
   auto staged = std::make_shared<Outputs>(s);
   // A message shorter than the tensor fills its front and leaves the rest as it was.

@@ -58,15 +58,21 @@ void invalid(const CallSite& site, const std::string& detail) {
 }
 
 void requireCount(const CallSite& site, const char* what, size_t actual, size_t n) {
-  if (actual == n) return;
-  std::string message = std::string(what) + " has " + std::to_string(actual) +
-                        " tensor(s); expected " + std::to_string(n);
-  // Several tensors where one is asked for: the list forms of the backend's methods date from
-  // one tensor per GPU of a process, which NCCL's backend refuses too; torch.distributed
-  // passes one.
-  if (n == 1 && actual > 1) {
+  if (actual != n) {
+    invalid(site, std::string(what) + " has " + std::to_string(actual) + " tensor(s); expected " +
+                      std::to_string(n));
+  }
+}
+
+void requireOne(const CallSite& site, const char* what, size_t actual) {
+  if (actual == 1) return;
+  std::string message =
+      std::string(what) + " has " + std::to_string(actual) + " entries; expected 1";
+  // The list forms of the backend's methods date from one entry per GPU of a process, which
+  // NCCL's backend refuses too; torch.distributed passes one.
+  if (actual > 1) {
     message +=
-        " (loom takes one tensor per call: issue one call per tensor, or group them in "
+        " (loom takes one per call: issue one call for each, or group the calls in "
         "torch.distributed._coalescing_manager)";
   }
   invalid(site, message);

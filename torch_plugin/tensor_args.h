@@ -44,6 +44,9 @@ inline std::string dtypeName(const at::Tensor& t) {
 
 /// Checks the argument list has exactly `n` tensors (c10d passes single-element lists).
 void requireCount(const CallSite& site, const char* what, size_t actual, size_t n);
+/// Refuses a list that holds other than one entry (the per-device list forms), saying what to
+/// do instead.
+void requireOne(const CallSite& site, const char* what, size_t actual);
 
 /// Checks `t` is a dense CPU or CUDA tensor; `what` names the argument. (That all tensors
 /// of a call share one device is checked when it is launched.)

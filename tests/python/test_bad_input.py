@@ -102,11 +102,14 @@ def body_wrong_arguments(rank: int, world: int) -> None:
            lambda: dist.all_reduce(sparse, op=dist.ReduceOp.MAX))
     expect(RuntimeError, r"loom all_gather_into_tensor \(rank \d\): output is on meta",
            lambda: backend._allgather_base(torch.empty(4 * world, device="meta"), t))
-    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 2 tensor\(s\); expected 1 \(loom "
-           r"takes one tensor per call: issue one call per tensor, or group them in "
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 2 entries; expected 1 \(loom takes "
+           r"one per call: issue one call for each, or group the calls in "
            r"torch.distributed._coalescing_manager\)", lambda: backend.allreduce([t, t.clone()]))
-    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 0 tensor\(s\)",
+    expect(RuntimeError, r"loom all_reduce \(rank \d\): tensors has 0 entries; expected 1$",
            lambda: backend.allreduce([]))
+    # A coalesced call takes several tensors: a count that disagrees gets no such advice.
+    expect(RuntimeError, r"each output list has 2 tensor\(s\); expected 1$",
+           lambda: backend.allgather_coalesced([[torch.empty(4), torch.empty(4)]] * world, [t]))
     expect(RuntimeError, r"loom all_to_all \(rank \d\): inputs has %d tensors" % (world + 1),
            lambda: backend.alltoall([torch.empty(1)] * world, [torch.ones(1)] * (world + 1)))
     # Undefined-size or non-dtype arguments to reductions.
