@@ -3,6 +3,9 @@
 #include "tensor_bytes.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <optional>
 #include <utility>
 
 namespace loom::torch_plugin {
@@ -64,6 +67,94 @@ bool runsOf(const TensorBytes& t, std::vector<Run>& runs) {
   return true;
 }
 
+// A layout whose runs, enumerated from its outermost dimension in, come in ascending order of
+// address without overlapping: every dimension's stride spans the whole block of the
+// dimensions inside it (any slice or view of a contiguous tensor that keeps its order, a
+// column or a face of a grid among them). Two such layouts are compared in one sweep, at any
+// number of runs, with nothing stored.
+struct Nested {
+  uintptr_t first = 0;           // the lowest byte
+  std::vector<int64_t> sizes;    // the enumerated dimensions, outermost (largest stride) first
+  std::vector<int64_t> strides;  // in bytes, positive
+  int64_t runBytes = 0;
+};
+
+// `t` as a Nested layout, or nullopt where it is not one (its dimensions interleave or
+// overlap) or has no element.
+std::optional<Nested> nestedOf(const TensorBytes& t) {
+  const auto es = static_cast<int64_t>(t.elementBytes);
+  auto first = reinterpret_cast<intptr_t>(t.first);
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride in bytes, size)
+  for (size_t d = 0; d < t.sizes.size(); ++d) {
+    if (t.sizes[d] == 0) return std::nullopt;
+    // A repeated dimension covers no more bytes than one of its entries; a reversed one the
+    // same bytes as forwards, from its last entry.
+    if (t.sizes[d] == 1 || t.strides[d] == 0) continue;
+    if (t.strides[d] < 0) first += (t.sizes[d] - 1) * t.strides[d] * es;
+    dims.emplace_back(std::abs(t.strides[d]) * es, t.sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end(), std::greater<>());
+  Nested n;
+  n.first = static_cast<uintptr_t>(first);
+  n.runBytes = es;
+  // The innermost dimensions that continue the run make it longer.
+  while (!dims.empty() && dims.back().first == n.runBytes) {
+    n.runBytes *= dims.back().second;
+    dims.pop_back();
+  }
+  int64_t block = n.runBytes;  // bytes from the first to past the last of the dimensions within
+  for (size_t d = dims.size(); d-- > 0;) {
+    if (dims[d].first < block) return std::nullopt;
+    block += (dims[d].second - 1) * dims[d].first;
+  }
+  for (const auto& [stride, size] : dims) {
+    n.strides.push_back(stride);
+    n.sizes.push_back(size);
+  }
+  return n;
+}
+
+// A Nested layout's runs, in ascending order.
+class RunCursor {
+ public:
+  explicit RunCursor(const Nested& n) : n_(n), index_(n.sizes.size(), 0) {}
+  bool done() const { return done_; }
+  Run run() const { return {n_.first + offset_, n_.first + offset_ + n_.runBytes}; }
+  void next() {
+    for (size_t d = index_.size(); d-- > 0;) {
+      offset_ += n_.strides[d];
+      if (++index_[d] < n_.sizes[d]) return;
+      offset_ -= index_[d] * n_.strides[d];
+      index_[d] = 0;
+    }
+    done_ = true;
+  }
+
+ private:
+  const Nested& n_;
+  std::vector<int64_t> index_;
+  uintptr_t offset_ = 0;
+  bool done_ = false;
+};
+
+// Whether two Nested layouts share a byte: one sweep over both runs.
+bool nestedShare(const Nested& a, const Nested& b) {
+  RunCursor i(a);
+  RunCursor j(b);
+  while (!i.done() && !j.done()) {
+    const Run x = i.run();
+    const Run y = j.run();
+    if (x.second <= y.first) {
+      i.next();
+    } else if (y.second <= x.first) {
+      j.next();
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 TensorBytes TensorBytes::of(const at::Tensor& t) {
@@ -81,6 +172,9 @@ bool shareBytes(const TensorBytes& a, const TensorBytes& b) {
   const Run y = extentOf(b);
   if (x.first >= x.second || y.first >= y.second) return false;  // an empty tensor
   if (x.second <= y.first || y.second <= x.first) return false;
+  const auto na = nestedOf(a);
+  const auto nb = nestedOf(b);
+  if (na && nb) return nestedShare(*na, *nb);
   std::vector<Run> ra;
   std::vector<Run> rb;
   if (!runsOf(a, ra) || !runsOf(b, rb)) return true;  // too many runs to tell: as the extents say

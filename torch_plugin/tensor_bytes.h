@@ -23,11 +23,14 @@ struct TensorBytes {
   static TensorBytes of(const at::Tensor& t);
 };
 
-/// Whether `a` and `b` share any byte. Exact where each is at most kMostRuns contiguous runs
-/// of elements; beyond that, whether their extents overlap (never a false "no").
+/// Whether `a` and `b` share any byte. Exact where each is a slice of a contiguous tensor in
+/// any order (its dimensions nested: each stride spans the dimensions within it), at any size,
+/// or is at most kMostRuns contiguous runs of elements; beyond that, whether their extents
+/// overlap (never a false "no").
 bool shareBytes(const TensorBytes& a, const TensorBytes& b);
 
-/// Runs past which shareBytes stops enumerating and answers from the extents.
+/// Runs past which shareBytes stops enumerating a layout that is not nested and answers from
+/// the extents.
 inline constexpr size_t kMostRuns = size_t{1} << 16;
 
 }  // namespace loom::torch_plugin

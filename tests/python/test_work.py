@@ -539,23 +539,24 @@ def test_a_halo_exchange_sends_a_column_of_the_grid_its_receive_writes():
     assert run_ranks(2, body_halo_exchange, timeout=60) == [True, True]
 
 
-def body_column_halo_exchange(rank: int, world: int):
+def body_column_halo_exchange(rank: int, world: int, rows: int = 6):
     """Halos in columns: each rank posts receives into the first and last columns of its grid,
     then sends the second and third (strided: loom stages copies of them). The copies waited
     for the receives, whose byte extents span the sent columns though they share no byte
     with them, and the receives wait for the peers' sends: every rank hung until the timeout.
     Then a receive into part of a row while an all_reduce reads a column the peer writes
-    only after it: the same wait."""
+    only after it: the same wait. With more rows than the 65,536 runs the bytes' check once
+    counted, it answered from the extents again, and hung the same way."""
     group = dist.new_group(timeout=timedelta(seconds=30))
     left, right = (rank - 1) % world, (rank + 1) % world
-    grid = torch.full((6, 4), float(rank))
+    grid = torch.full((rows, 4), float(rank))
     works = [dist.irecv(grid[:, 0], left, group=group, tag=1),
              dist.irecv(grid[:, 3], right, group=group, tag=0),
              dist.isend(grid[:, 1], left, group=group, tag=0),
              dist.isend(grid[:, 2], right, group=group, tag=1)]
     for work in works:
         work.wait()
-    halos = (grid[:, 0].tolist() == [float(left)] * 6, grid[:, 3].tolist() == [float(right)] * 6)
+    halos = (grid[:, 0].tolist() == [float(left)] * rows, grid[:, 3].tolist() == [float(right)] * rows)
     x = torch.zeros(8, 4)
     x[:, 1] = rank + 1
     if rank == 0:
@@ -573,6 +574,32 @@ def body_column_halo_exchange(rank: int, world: int):
 
 def test_a_halo_exchange_in_columns_waits_only_for_bytes_it_reads():
     assert run_ranks(3, body_column_halo_exchange, timeout=90) == [True, True, True]
+
+
+def test_a_halo_exchange_of_long_columns_waits_only_for_bytes_it_reads():
+    assert run_ranks(3, body_column_halo_exchange, 70000, timeout=90) == [True, True, True]
+
+
+def body_a_long_strided_send_waits_for_the_receive_into_it(rank: int, world: int):
+    """Rank 0 receives into a column of its grid, then sends two columns, that one among them
+    (strided, 70,000 rows: more runs than the bytes' check once counted): the staged copy
+    waits for the receive, so rank 1 gets the received values in it."""
+    rows = 70000
+    if rank == 0:
+        grid = torch.zeros(rows, 4)
+        pending = dist.irecv(grid[:, 1], src=1)
+        dist.send(grid[:, 1:3], dst=1)
+        pending.wait()
+        return True
+    dist.send(torch.full((rows,), 5.0), dst=0)
+    got = torch.empty(rows, 2)
+    dist.recv(got, src=0)
+    return got[:, 0].eq(5.0).all().item() and got[:, 1].eq(0.0).all().item()
+
+
+def test_a_long_strided_send_waits_for_the_receive_into_it():
+    assert run_ranks(2, body_a_long_strided_send_waits_for_the_receive_into_it, timeout=60) == \
+        [True, True]
 
 
 def body_read_only_calls_are_not_waited_for(rank: int, world: int):
