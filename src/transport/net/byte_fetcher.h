@@ -3,8 +3,9 @@
 // The reader's side of the byte-fetch protocol (fetch_wire.h): copies byte ranges of a
 // source of another process's ByteServer into this process's memory. One connection pair
 // per server, made on the first fetch from it and kept (those whose server has left go when
-// the reader next connects to a new one); a fetch from it waits for the one before. Whoever calls fetch() drives the connection; nothing runs in
-// the background but the NetService that accepts the servers' reply channels.
+// the reader next connects to a new one); a fetch from it waits for the one before. Whoever
+// calls fetch() drives the connection; nothing runs in the background but the NetService
+// that accepts the servers' reply channels.
 
 #include <atomic>
 #include <chrono>
