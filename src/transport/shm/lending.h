@@ -103,8 +103,6 @@ class LentMappings {
   /// peer that left the call early may have freed its input by then, and the mapping is
   /// what keeps the pages the call still reads (it then fails, at its close).
   void dropClosed();
-  /// Mappings kept now (tests).
-  size_t kept() const { return mappings_.size(); }
 
  private:
   struct Mapping {
