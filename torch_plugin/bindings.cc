@@ -89,6 +89,8 @@ PYBIND11_MODULE(_C, m) {
           "perform_nocolor_split", [](ProcessGroupLoom&, const at::Device&) {},
           "Nothing to do: ranks outside a new group take no part in loom's split.");
 
+  m.def("_shutdown_live_groups", &ProcessGroupLoom::shutdownLiveGroups,
+        "Shuts down every loom group of this process still alive (loom's atexit handler).");
   m.def(
       "flight_record",
       [] {

@@ -17,6 +17,7 @@ Trainer) accept ``backend="loom"`` once loom is imported: see ``loom._integratio
 
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 
@@ -81,6 +82,13 @@ def _register() -> None:
 
 _register()
 _integrations.install()
+# At exit, before the interpreter starts finalising: every loom group still alive is shut down
+# (what destroy_process_group does), so the calls left pending end and let go of their tensors
+# while loom's threads may still take the GIL. Left to finalisation, a thread that takes the
+# GIL to free a tensor is ended by Python inside a destructor, and the process aborts
+# ("terminate called without an active exception", as Gloo's can: pytorch/pytorch#179291).
+# Handlers registered after this import run first, and may still use or destroy their groups.
+atexit.register(_C._shutdown_live_groups)
 if _env_flag("LOOM_DEFAULT"):
     make_default()
 if _env_flag("LOOM_REPLACES_GLOO"):
