@@ -7,6 +7,7 @@
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "exit_shutdown.h"
 #include "finished_work.h"
 #include "kernels/reduce.h"
 #include "loom/flight_recorder.h"
@@ -89,8 +90,8 @@ PYBIND11_MODULE(_C, m) {
           "perform_nocolor_split", [](ProcessGroupLoom&, const at::Device&) {},
           "Nothing to do: ranks outside a new group take no part in loom's split.");
 
-  m.def("_shutdown_live_groups", &ProcessGroupLoom::shutdownLiveGroups,
-        "Shuts down every loom group of this process still alive (loom's atexit handler).");
+  m.def("_shut_down_live_groups", &loom::torch_plugin::shutDownLiveGroups,
+        "Shuts down every loom group of this process still alive (loom's exit handler).");
   m.def(
       "flight_record",
       [] {

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "call_timing.h"
+#include "exit_shutdown.h"
 #include "finished_work.h"
 #include "loom/error.h"
 #include "process_group_loom.h"
@@ -35,7 +36,7 @@ void releasingGil(F&& f) {
 /// `legend` follows the message (GroupTies).
 [[noreturn]] inline void rethrowForTorch(const Error& e, const std::string& legend = {}) {
   if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what() + legend);
-  C10_THROW_ERROR(DistBackendError, e.what() + legend);
+  C10_THROW_ERROR(DistBackendError, e.what() + exitNote(e) + legend);
 }
 
 /// Desync debug: the signature of the call being launched on this thread; opOptions() puts

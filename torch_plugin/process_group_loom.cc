@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "exit_shutdown.h"
 #include "launch.h"
 #include "store_adapter.h"
 #include "transport/shm/lending.h"
@@ -72,38 +73,6 @@ std::string shapesOf(const std::vector<at::Tensor>& tensors) {
 std::mutex gWorldMutex;
 std::weak_ptr<Communicator> gWorld;
 
-// Every group this process made, for shutdownLiveGroups(): held weakly, so a group destroyed
-// meanwhile is skipped (and forgotten as the next is made).
-struct LiveGroup {
-  std::weak_ptr<Communicator> comm;
-  std::weak_ptr<GroupTies> ties;
-};
-std::mutex gLiveMutex;
-std::vector<LiveGroup> gLive;
-
-void noteLive(const std::shared_ptr<Communicator>& comm, const std::shared_ptr<GroupTies>& ties) {
-  std::lock_guard<std::mutex> lock(gLiveMutex);
-  std::erase_if(gLive, [](const LiveGroup& g) { return g.comm.expired(); });
-  gLive.push_back({comm, ties});
-}
-
-// ProcessGroupLoom::shutdown() of the group of `comm` and `ties`.
-void shutdownGroup(const std::shared_ptr<Communicator>& comm, const GroupTies& ties) {
-  // Shutting down waits for the group's calls (as NCCL's does). A call whose work.wait(timeout)
-  // expired, and that is still not done, would hold it until the call's own timeout (torch's
-  // default: 30 minutes): the caller has given up on it, so it is aborted instead, and its
-  // peers fail at once, naming this rank.
-  if (ties.givenUp.load() > 0) comm->abort();
-  {
-    // Groups made later derive from the world only while it serves: after
-    // destroy_process_group() a reference that survives keeps it alive, shut down, and a
-    // world made anew (on another backend, say) must not be taken for it.
-    std::lock_guard<std::mutex> lock(gWorldMutex);
-    if (gWorld.lock() == comm) gWorld.reset();
-  }
-  releasingGil([&] { comm->shutdown(); });
-}
-
 }  // namespace
 
 int worldRank() {
@@ -140,7 +109,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     translated([&] { world->requireUsable("new_group"); });
     comm_ = translated([&] { return world->subset(members, tag, commOptions(*options_)); },
                        ties_->legend);
-    noteLive(comm_, ties_);
+    noteLiveGroup(comm_, ties_);
     return;
   }
   comm_ = translated(
@@ -153,7 +122,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     std::lock_guard<std::mutex> lock(gWorldMutex);
     gWorld = comm_;
   }
-  noteLive(comm_, ties_);
+  noteLiveGroup(comm_, ties_);
 }
 
 ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
@@ -164,7 +133,7 @@ ProcessGroupLoom::ProcessGroupLoom(std::shared_ptr<Communicator> comm,
       desyncDebug_(desyncDebugRequested()) {
   ties_->legend = legendOf(
       ranksOf(options_->group_name, options_->group_desc, options_->global_ranks_in_group));
-  noteLive(comm_, ties_);
+  noteLiveGroup(comm_, ties_);
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() {
@@ -773,19 +742,21 @@ void ProcessGroupLoom::shutdown() {
   shutdownGroup(comm_, *ties_);
 }
 
-void ProcessGroupLoom::shutdownLiveGroups() {
-  std::vector<LiveGroup> live;
+void ProcessGroupLoom::shutdownGroup(const std::shared_ptr<Communicator>& comm,
+                                     const GroupTies& ties) {
+  // Shutting down waits for the group's calls (as NCCL's does). A call whose work.wait(timeout)
+  // expired, and that is still not done, would hold it until the call's own timeout (torch's
+  // default: 30 minutes): the caller has given up on it, so it is aborted instead, and its
+  // peers fail at once, naming this rank.
+  if (ties.givenUp.load() > 0) comm->abort();
   {
-    std::lock_guard<std::mutex> lock(gLiveMutex);
-    live = gLive;
+    // Groups made later derive from the world only while it serves: after
+    // destroy_process_group() a reference that survives keeps it alive, shut down, and a
+    // world made anew (on another backend, say) must not be taken for it.
+    std::lock_guard<std::mutex> lock(gWorldMutex);
+    if (gWorld.lock() == comm) gWorld.reset();
   }
-  for (const LiveGroup& group : live) {
-    const std::shared_ptr<Communicator> comm = group.comm.lock();
-    if (!comm) continue;
-    const std::shared_ptr<GroupTies> ties = group.ties.lock();
-    const GroupTies none;  // its work objects gone: none was given up on
-    shutdownGroup(comm, ties ? *ties : none);
-  }
+  releasingGil([&] { comm->shutdown(); });
 }
 
 }  // namespace loom::torch_plugin

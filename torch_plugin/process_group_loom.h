@@ -91,10 +91,8 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
                                           const int& rank, const int& size) override;
   void abort() override;
   void shutdown() override;
-  /// shutdown() of every loom group of this process still alive: at interpreter exit
-  /// (loom's atexit handler), while loom's threads can still take the GIL to end the calls
-  /// left pending and release their tensors.
-  static void shutdownLiveGroups();
+  /// shutdown() of the group of `comm` and `ties` (the exit handler's, exit_shutdown.h).
+  static void shutdownGroup(const std::shared_ptr<Communicator>& comm, const GroupTies& ties);
   /// init_process_group(device_id=cuda:N): sets up the CUDA workspaces now, with every rank
   /// (so a first send/recv between two ranks need not wait for the others).
   void eagerConnectSingleDevice(at::Device device) override;

@@ -8,11 +8,13 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <sched.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <thread>
 
 #include "core/op_state.h"
+#include "exit_shutdown.h"
 #include "loom/error.h"
 #include "util/trace.h"
 #include "util/worker.h"
@@ -55,7 +57,7 @@ std::exception_ptr asDistBackendError(std::exception_ptr error, const std::strin
     return error;  // already a torch error (DistBackendError or a check)
   } catch (const std::exception& e) {
     try {
-      C10_THROW_ERROR(DistBackendError, e.what() + legend);
+      C10_THROW_ERROR(DistBackendError, e.what() + exitNote(e) + legend);
     } catch (...) {
       return std::current_exception();
     }
@@ -482,7 +484,14 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
   if (!done_.load(std::memory_order_acquire) && awaited_.sequence() != 0 &&
       (Worker::current() != nullptr || detail::waitsMustDrive())) {
     try {
-      wait();
+      // A Python callback asks with the GIL held: the process's other Python threads may be
+      // what this call waits for (a peer reaches it only after one of them has run).
+      if (Py_IsInitialized() && PyGILState_Check()) {
+        pybind11::gil_scoped_release unlocked;
+        wait();
+      } else {
+        wait();
+      }
     } catch (...) {
       // Its outcome is the future's.
     }

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -82,13 +84,26 @@ def _register() -> None:
 
 _register()
 _integrations.install()
-# At exit, before the interpreter starts finalising: every loom group still alive is shut down
-# (what destroy_process_group does), so the calls left pending end and let go of their tensors
-# while loom's threads may still take the GIL. Left to finalisation, a thread that takes the
-# GIL to free a tensor is ended by Python inside a destructor, and the process aborts
-# ("terminate called without an active exception", as Gloo's can: pytorch/pytorch#179291).
-# Handlers registered after this import run first, and may still use or destroy their groups.
-atexit.register(_C._shutdown_live_groups)
+
+
+def _shut_down_at_exit() -> None:
+    """loom's exit handler: before the interpreter starts finalising, every loom group still
+    alive is shut down (what destroy_process_group does), so the calls left pending end and
+    let go of their tensors while loom's threads may still take the GIL. Left to finalisation,
+    a thread that takes the GIL to free a tensor is ended by Python inside a destructor, and
+    the process aborts ("terminate called without an active exception", as Gloo's can:
+    pytorch/pytorch#179291). Calls still under way after 10 s (a peer that never joins them, a
+    call on a daemon thread) are aborted rather than waited for."""
+    if _C._shut_down_live_groups() and threading.active_count() > 1:
+        # A daemon thread whose loom call has just ended needs the GIL to leave it; once
+        # finalisation has begun, Python ends a thread that asks for it, and inside loom's
+        # C++ that aborts the process. The GIL is its for a moment.
+        time.sleep(0.05)
+
+
+# Registered at import, so it runs after the exit handlers registered later (they may still
+# use their groups) and before those registered earlier (they find the groups shut down).
+atexit.register(_shut_down_at_exit)
 if _env_flag("LOOM_DEFAULT"):
     make_default()
 if _env_flag("LOOM_REPLACES_GLOO"):

@@ -382,6 +382,36 @@ def test_a_work_waited_for_in_the_callback_of_one_that_ended_with_it():
     assert run_ranks(2, body_receives_ended_in_one_turn, timeout=120)[1] == 2.0
 
 
+def body_future_asked_for_in_a_callback(rank: int, world: int) -> list[float]:
+    """Rank 0's callback on one call of group a asks for a later call's future; the others
+    reach that later call only after a call on group b that another thread of rank 0 makes.
+    The callback held the GIL while it waited, so that thread never ran: every rank timed out."""
+    import threading
+
+    a = dist.new_group(list(range(world)), timeout=timedelta(seconds=60))
+    b = dist.new_group(list(range(world)), timeout=timedelta(seconds=60))
+    later = torch.full((4,), float(rank))
+    if rank == 0:
+        first = dist.all_reduce(torch.ones(1 << 16), group=a, async_op=True)
+        second = dist.all_reduce(later, group=a, async_op=True)
+        other = threading.Thread(target=lambda: (time.sleep(0.3),
+                                                 dist.all_reduce(torch.ones(4), group=b)))
+        other.start()
+        first.get_future().then(lambda _: second.get_future()).wait()
+        second.wait()
+        other.join()
+    else:
+        dist.all_reduce(torch.ones(1 << 16), group=a)
+        dist.all_reduce(torch.ones(4), group=b)  # waits for rank 0's other thread
+        dist.all_reduce(later, group=a)
+    return later.tolist()
+
+
+def test_a_future_asked_for_in_a_callback_lets_other_threads_run():
+    expected = [float(sum(range(3)))] * 4
+    assert run_ranks(3, body_future_asked_for_in_a_callback, timeout=120) == [expected] * 3
+
+
 _GLOO_GROUPS_KEPT = []  # see body_ddp_powersgd
 
 
