@@ -149,7 +149,7 @@ void runBlocking(const ProcessGroupLoom& pg, Issue&& issue) {
   try {
     releasingGil([&] { issue().wait(); });
   } catch (const Error& e) {
-    rethrowForTorch(e, pg.legend());
+    rethrowForTorch(e, pg.ties().legend, &pg.ties());
   }
 }
 

@@ -15,14 +15,14 @@ namespace loom::torch_plugin {
 FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
                            const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                            const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-                           const std::string& legend, bool timed)
-    : FinishedWork(rank, type, title, inputs, outputs, finisher, requests, legend, timed,
+                           const GroupTies& ties, bool timed)
+    : FinishedWork(rank, type, title, inputs, outputs, finisher, requests, ties, timed,
                    profilerListens()) {}
 
 FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
                            const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                            const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-                           const std::string& legend, bool timed, bool profiling)
+                           const GroupTies& ties, bool timed, bool profiling)
     : c10d::Work(rank, type, profiling ? title : nullptr, profiledInputs(profiling, inputs)),
       outputs_(outputs.begin(), outputs.end()),
       title_(title) {
@@ -32,7 +32,7 @@ FinishedWork::FinishedWork(int rank, c10d::OpType type, const char* title,
     if (!failure) failure = r.error();
   }
   if (!requests.empty()) seq_ = requests.back().sequence();
-  failure = finishCall(failure, finisher, legend);
+  failure = finishCall(failure, finisher, &ties);
   if (timed) duration_ = millisSinceStart(requests);
   if (profiling) {
     finish(failure);  // also ends the profiler's event for this call

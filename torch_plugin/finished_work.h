@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "loom/request.h"
+#include "work_loom.h"
 
 namespace loom::torch_plugin {
 
@@ -27,13 +28,13 @@ class FinishedWork : public c10d::Work {
  public:
   /// `requests` have all ended. Unless one failed, runs `finisher` (copy-backs) here; a
   /// failure (a request's or the finisher's) becomes the work's DistBackendError, its
-  /// message followed by `legend` (GroupTies). `title` and `inputs` are for the profiler,
+  /// message followed by its group's legend (`ties`). `title` and `inputs` are for the profiler,
   /// `outputs` are what result() and the future return. `timed`: its group times its calls
   /// (GroupTies::timing), and getDuration() answers.
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-               const std::string& legend, bool timed = false);
+               const GroupTies& ties, bool timed = false);
 
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return !exception_; }
@@ -60,7 +61,7 @@ class FinishedWork : public c10d::Work {
   FinishedWork(int rank, c10d::OpType type, const char* title,
                const std::vector<at::Tensor>& inputs, c10::ArrayRef<at::Tensor> outputs,
                const std::function<void()>& finisher, c10::ArrayRef<Request> requests,
-               const std::string& legend, bool timed, bool profiling);
+               const GroupTies& ties, bool timed, bool profiling);
 
   c10::SmallVector<at::Tensor, 1> outputs_;         // one output is the common case: kept inline
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // made by getFuture(), under mutex_

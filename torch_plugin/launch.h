@@ -33,10 +33,11 @@ void releasingGil(F&& f) {
 /// Rethrows a loom error as the torch error Python users expect: bad arguments are the
 /// caller's to fix (RuntimeError, like Gloo's checks); anything else (a failed, timed-out or
 /// shut-down communicator) is a DistBackendError.
-/// `legend` follows the message (GroupTies).
-[[noreturn]] inline void rethrowForTorch(const Error& e, const std::string& legend = {}) {
+/// `legend` follows the message (GroupTies), after exitNote() for the group of `ties`.
+[[noreturn]] inline void rethrowForTorch(const Error& e, const std::string& legend = {},
+                                         const GroupTies* ties = nullptr) {
   if (e.code() == ErrorCode::kInvalidArgument) TORCH_CHECK(false, e.what() + legend);
-  C10_THROW_ERROR(DistBackendError, e.what() + exitNote(e) + legend);
+  C10_THROW_ERROR(DistBackendError, e.what() + exitNote(e, ties) + legend);
 }
 
 /// Desync debug: the signature of the call being launched on this thread; opOptions() puts
@@ -113,7 +114,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
       try {
         throw;
       } catch (const Error& e) {
-        rethrowForTorch(e, ties_->legend);
+        rethrowForTorch(e, ties_->legend, ties_.get());
       }
     }
   }
@@ -148,7 +149,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::launch(const CallSite& site, c1
   // A CPU call over by now (a blocking one ran right here): a work with nothing to track.
   if (!stream && allEnded(requests)) {
     auto work = c10::make_intrusive<FinishedWork>(rank_, type, title, inputs, outputs, finisher,
-                                                  requests, ties_->legend, timed);
+                                                  requests, *ties_, timed);
     work->setFutureLists(futureLists);
     return work;
   }
@@ -193,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::heldInBlock(c10d::OpType type, 
     // The work of the refused operation fails with its error (its finisher raises it).
     return c10::make_intrusive<FinishedWork>(
         rank_, type, "loom:refused", std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
-        [error] { std::rethrow_exception(error); }, c10::ArrayRef<Request>{}, ties_->legend);
+        [error] { std::rethrow_exception(error); }, c10::ArrayRef<Request>{}, *ties_);
   }
 }
 
@@ -202,7 +203,7 @@ void ProcessGroupLoom::translatedWait(Issue&& issue) {
   try {
     releasingGil([&] { issue().wait(); });
   } catch (const Error& e) {
-    rethrowForTorch(e, ties_->legend);
+    rethrowForTorch(e, ties_->legend, ties_.get());
   }
 }
 

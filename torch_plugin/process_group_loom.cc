@@ -598,7 +598,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
     if (settle) releasingGil(settle);
     return c10::make_intrusive<FinishedWork>(rank_, c10d::OpType::COALESCED, "loom:coalesced",
                                              std::vector<at::Tensor>{}, c10::ArrayRef<at::Tensor>{},
-                                             finisher, requests, ties_->legend, timed);
+                                             finisher, requests, *ties_, timed);
   }
   auto work = c10::make_intrusive<WorkLoom>(
       rank_, c10d::OpType::COALESCED, "loom:coalesced", "coalesced", std::vector<at::Tensor>{},

@@ -162,7 +162,7 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
   /// The communicator underneath (tests, the Python side and torch.ops.loom use it).
   Communicator& communicator() { return *comm_; }
   /// What this group's error messages end with (GroupTies::legend; empty for the world).
-  const std::string& legend() const { return ties_->legend; }
+  const GroupTies& ties() const { return *ties_; }
   /// Whether a coalescing block is open (startCoalescing without its endCoalescing).
   bool isCoalescing() const { return coalescing_.load(std::memory_order_acquire); }
   /// A call of the direct entry (torch.ops.loom) starts on this group: what site() does for

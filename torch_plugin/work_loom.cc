@@ -49,7 +49,7 @@ std::string legendOf(const std::string& ranks) {
   return ranks.empty() ? std::string() : " (ranks in this message are " + ranks + ")";
 }
 
-std::exception_ptr asDistBackendError(std::exception_ptr error, const std::string& legend) {
+std::exception_ptr asDistBackendError(std::exception_ptr error, const GroupTies* ties) {
   if (!error) return nullptr;
   try {
     std::rethrow_exception(error);
@@ -57,7 +57,8 @@ std::exception_ptr asDistBackendError(std::exception_ptr error, const std::strin
     return error;  // already a torch error (DistBackendError or a check)
   } catch (const std::exception& e) {
     try {
-      C10_THROW_ERROR(DistBackendError, e.what() + exitNote(e) + legend);
+      C10_THROW_ERROR(DistBackendError,
+                      e.what() + exitNote(e, ties) + (ties ? ties->legend : std::string()));
     } catch (...) {
       return std::current_exception();
     }
@@ -66,7 +67,7 @@ std::exception_ptr asDistBackendError(std::exception_ptr error, const std::strin
 }
 
 std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher,
-                              const std::string& legend) {
+                              const GroupTies* ties) {
   if (!failure && finisher) {
     try {
       finisher();
@@ -74,7 +75,7 @@ std::exception_ptr finishCall(std::exception_ptr failure, const std::function<vo
       failure = std::current_exception();
     }
   }
-  return asDistBackendError(failure, legend);
+  return asDistBackendError(failure, ties);
 }
 
 namespace {
@@ -226,7 +227,7 @@ void WorkLoom::complete(std::exception_ptr failure) {
     settle_();
     settle_ = nullptr;
   }
-  failure = finishCall(failure, finisher_, ties_ ? ties_->legend : std::string());
+  failure = finishCall(failure, finisher_, ties_.get());
   finisher_ = nullptr;  // releases staged tensors
   if (timing_ && !timing_->onGpu()) timing_->ended();
   reads_.clear();
@@ -272,7 +273,7 @@ bool WorkLoom::isCompleted() {
 
 std::exception_ptr WorkLoom::failureSoFar() {
   std::lock_guard<std::mutex> lock(errorMutex_);
-  return asDistBackendError(firstError_, ties_ ? ties_->legend : std::string());
+  return asDistBackendError(firstError_, ties_.get());
 }
 
 void WorkLoom::synchronize() {

@@ -40,6 +40,9 @@
 namespace loom::torch_plugin {
 
 /// What a group's works share with it.
+/// What loom's exit handler did to a group: nothing yet, shut it down, or aborted its calls.
+enum class ExitMark { kNone, kShutDown, kAborted };
+
 struct GroupTies {
   /// Works whose wait(timeout) expired and that have not finished since: their caller gave
   /// up on them, so the group's shutdown aborts them rather than wait out their timeout.
@@ -50,6 +53,9 @@ struct GroupTies {
   /// Where the group's ranks are not the global ranks (a new_group, a DeviceMesh dimension),
   /// what its error messages end with: which global rank each of its ranks is (legendOf()).
   std::string legend;
+  /// What loom's exit handler did to the group (exit_shutdown.h), for the note its errors
+  /// end with from then on.
+  std::atomic<ExitMark> atExit{ExitMark::kNone};
 };
 
 /// What the ranks of group `name` are when they are the global ranks `global`: "ranks of
@@ -214,14 +220,14 @@ class WorkLoom : public c10d::Work {
 };
 
 /// loom::Error as the exception torch users expect: DistBackendError (a RuntimeError), its
-/// message followed by `legend` (GroupTies).
-std::exception_ptr asDistBackendError(std::exception_ptr error, const std::string& legend = {});
+/// message followed by the legend of its group's `ties` (and exitNote()).
+std::exception_ptr asDistBackendError(std::exception_ptr error, const GroupTies* ties = nullptr);
 
 /// A call's outcome once its requests have ended with `failure` (null: all succeeded): runs
 /// `finisher` (copy-backs) unless the call failed, and returns the failure, the finisher's
 /// included, as DistBackendError (null on success).
 std::exception_ptr finishCall(std::exception_ptr failure, const std::function<void()>& finisher,
-                              const std::string& legend = {});
+                              const GroupTies* ties = nullptr);
 
 /// What a work's future holds: `outputs` as one list, or (`lists` > 0) as that many lists of
 /// equal length, in order (Gloo's all_gather_coalesced future: one list per rank).

@@ -207,7 +207,8 @@ class Communicator {
   void connectDevice(DeviceKind device, int deviceIndex);
 
   /// Fails every pending and future operation of this communicator and of its peers'
-  /// copies at once (Error kAborted); never blocks. Safe from any thread.
+  /// copies at once (Error kAborted); never blocks. Safe from any thread. A no-op once
+  /// shutdown() has ended (this rank has left; its peers go on).
   void abort();
   /// Waits for the collectives and sends already issued (a send until it is delivered or
   /// reaches its deadline, 10 s at most), fails the receives still pending (Error kAborted),

@@ -764,7 +764,7 @@ int CommState::nextChildNumber(const std::string& key) {
 }
 
 void CommState::abort() {
-  if (failures_ && !forkedAway()) failures_->abort();
+  if (failures_ && !forkedAway() && !departed_.load()) failures_->abort();
 }
 
 void CommState::destroy(CommState* state) {
@@ -873,6 +873,7 @@ void CommState::shutdown() {
   if (spansHosts()) net::NetService::instance().forget(roster_.id, rank_);
 #endif
   if (shm_) shm_->depart();
+  departed_.store(true);
   control_.reset();  // last: a failure while draining still reaches the other hosts
 }
 

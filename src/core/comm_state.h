@@ -188,6 +188,9 @@ class CommState final : public FailureSink {
   uint64_t phase_ = 0;  // worker thread only
   std::vector<uint64_t> watches_;
   std::atomic<bool> shutDown_{false};
+  // Its shutdown has ended: this rank has left, and an abort now (from another thread, as
+  // the shutdown ends) must not fail its peers' copies, which go on without it.
+  std::atomic<bool> departed_{false};
 
   std::mutex childMutex_;
   std::map<std::string, int> childCounts_;  // guarded by childMutex_

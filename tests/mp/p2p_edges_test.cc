@@ -483,6 +483,29 @@ TEST(SendRecvEdges, SendsToARankThatLeftFailAtEverySize) {
   });
 }
 
+// An abort after this rank's shutdown has ended (loom's exit handler can abort a group just
+// as its shutdown ends) leaves its peers alone: it has left, and they go on without it. It
+// used to fail their copies too, and a send between two other ranks failed, naming rank 0.
+TEST(SendRecvEdges, AnAbortAfterShutdownLeavesThePeersAlone) {
+  expectOk(3, [](RankContext& ctx) {
+    auto comm = ctx.connect();
+    if (ctx.rank == 0) {
+      comm->shutdown();
+      comm->abort();
+      ctx.store->set("gone", {1});
+      return;
+    }
+    ctx.store->get("gone", std::chrono::seconds(30));
+    std::vector<float> data(1024, static_cast<float>(ctx.rank));
+    if (ctx.rank == 1) {
+      comm->send(data.data(), data.size(), DataType::kFloat32, 2, 5).wait();
+    } else {
+      comm->recv(data.data(), data.size(), DataType::kFloat32, 1, 5).wait();
+      LOOM_CHECK(data.front() == 1.0F && data.back() == 1.0F, << data.front());
+    }
+  });
+}
+
 // A sender that dies part-way through a message its receiver is holding for a receive not yet
 // posted: that receive fails at once naming the sender, not at its timeout. The message
 // streams on while the sender lives (4 MiB took 20-100 ms on the 2-core machine), so a kill
