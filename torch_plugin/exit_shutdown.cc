@@ -24,8 +24,6 @@ struct LiveGroup {
 std::mutex gLiveMutex;
 std::vector<LiveGroup> gLive;
 
-std::atomic<bool> gExiting{false};  // the exit handler has begun
-
 // The groups still alive, each with its ties (a stand-in where its work objects are gone).
 using Group = std::pair<std::shared_ptr<Communicator>, std::shared_ptr<GroupTies>>;
 std::vector<Group> liveGroups() {
@@ -84,7 +82,6 @@ void noteLiveGroup(const std::shared_ptr<Communicator>& comm,
 size_t shutDownLiveGroups() {
   const std::vector<Group> groups = liveGroups();
   if (groups.empty()) return 0;
-  gExiting.store(true);
   releasingGil([&] {
     // The shutdowns run on a thread of their own, so this one can stop waiting for them:
     // a shutdown waits for every call under way, and at exit one may never end by itself.

@@ -39,10 +39,10 @@
 
 namespace loom::torch_plugin {
 
-/// What a group's works share with it.
 /// What loom's exit handler did to a group: nothing yet, shut it down, or aborted its calls.
 enum class ExitMark { kNone, kShutDown, kAborted };
 
+/// What a group's works share with it.
 struct GroupTies {
   /// Works whose wait(timeout) expired and that have not finished since: their caller gave
   /// up on them, so the group's shutdown aborts them rather than wait out their timeout.

@@ -92,8 +92,8 @@ def _shut_down_at_exit() -> None:
     let go of their tensors while loom's threads may still take the GIL. Left to finalisation,
     a thread that takes the GIL to free a tensor is ended by Python inside a destructor, and
     the process aborts ("terminate called without an active exception", as Gloo's can:
-    pytorch/pytorch#179291). Calls still under way after 10 s (a peer that never joins them, a
-    call on a daemon thread) are aborted rather than waited for."""
+    pytorch/pytorch#179291). A group whose calls are still under way 10 s after its shutdown
+    began (a peer that never joins them, a call on a daemon thread) has them aborted."""
     if _C._shut_down_live_groups() and threading.active_count() > 1:
         # A daemon thread whose loom call has just ended needs the GIL to leave it; once
         # finalisation has begun, Python ends a thread that asks for it, and inside loom's
