@@ -8,13 +8,13 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <sched.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <thread>
 
 #include "core/op_state.h"
 #include "exit_shutdown.h"
+#include "launch.h"
 #include "loom/error.h"
 #include "util/trace.h"
 #include "util/worker.h"
@@ -487,12 +487,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
     try {
       // A Python callback asks with the GIL held: the process's other Python threads may be
       // what this call waits for (a peer reaches it only after one of them has run).
-      if (Py_IsInitialized() && PyGILState_Check()) {
-        pybind11::gil_scoped_release unlocked;
-        wait();
-      } else {
-        wait();
-      }
+      releasingGil([&] { wait(); });
     } catch (...) {
       // Its outcome is the future's.
     }
