@@ -250,6 +250,8 @@ void CommState::join(Clock::time_point deadline, bool child, const Failures* par
   }
   watchPeers();
   worker_ = std::make_unique<Worker>("loom-worker", config_.backoff, /*serveItsOwnWaits=*/true);
+  worker_->watchHolds([this] { return std::chrono::milliseconds(timeoutMs_.load()); },
+                      [this](const Worker::Hold& hold) { queueHeld(hold); });
   if (spansHosts() && localRank < layout_.rails) startControlPlane(deadline);
 }
 
@@ -368,7 +370,10 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
   } catch (...) {
     error = brokeOff(collectiveName(args.kind), std::current_exception());
   }
+  // Peers that time out waiting for this rank say where it is: in these callbacks.
+  shm_->noteInCallbacks(true);
   state.complete(error);
+  shm_->noteInCallbacks(false);
 }
 
 std::exception_ptr CommState::brokeOff(std::string_view op, std::exception_ptr error) {
@@ -540,9 +545,11 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
       return request;
     }
     state->queuedOn = worker_.get();
-    state->queuedAs = worker_->submit([this, args = std::move(args), state, timeout] {
-      execute(args, *state, timeout, Clock::now());
-    });
+    const std::string_view op = collectiveName(args.kind);
+    state->queuedAs =
+        worker_->submit([this, args = std::move(args), state,
+                         timeout] { execute(args, *state, timeout, Clock::now()); },
+                        [this, state, op] { state->complete(heldError(op, state->seq)); });
   }
   if (options.blocking) settle(request);
   return request;

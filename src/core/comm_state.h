@@ -149,6 +149,11 @@ class CommState final : public FailureSink {
   /// it is the communicator's recorded failure, else that failure, recorded now for every rank
   /// (the collective stopped between phases its peers still wait for).
   std::exception_ptr brokeOff(std::string_view op, std::exception_ptr error);
+  /// The worker's hold watch found calls waiting behind a completion callback for the
+  /// communicator's timeout (util/worker.h): fails the communicator with the reason.
+  void queueHeld(const Worker::Hold& hold);
+  /// What call `seq`, an `op` given up by a hold, ends with.
+  std::exception_ptr heldError(std::string_view op, uint64_t seq);
   /// A send or receive of device memory: queued now, or held until the group ends.
   Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId);
   /// A send or receive: checked and posted while shutdown cannot take the engine away
@@ -238,6 +243,9 @@ class CommState final : public FailureSink {
   int groupDepth_ = 0;                    // guarded by groupMutex_
   std::vector<HeldTransfer> held_;        // guarded by groupMutex_
   std::vector<uint64_t> deviceMessages_;  // by peer: device transfers issued (groupMutex_)
+
+  std::mutex heldMutex_;
+  std::string heldReason_;  // why a hold failed the communicator (queueHeld); heldMutex_
 
   std::unique_ptr<Worker> worker_;  // last: destroyed (drained) first
 

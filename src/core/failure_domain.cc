@@ -195,10 +195,12 @@ void FailureDomain::timedOut(uint64_t phase, const WaitSpec& spec) {
   for (size_t i = 0; i < missing.size() && i < 4; ++i) {
     const shm::ShmComm::Progress p = shm_.progressOf(missing[i]);
     where += (i == 0 ? "; " : ", ") + std::string("rank ") + std::to_string(here[missing[i]]) +
-             (p.started == 0
-                  ? " has started no collective"
-                  : " last started #" + std::to_string(p.started) +
-                        (p.finished >= p.started ? " and finished it" : " and is still in it"));
+             (p.started == 0 ? " has started no collective"
+                             : " last started #" + std::to_string(p.started) +
+                                   (p.finished < p.started ? " and is still in it"
+                                    : p.inCallbacks ? " and finished it, and runs its completion "
+                                                      "callbacks"
+                                                    : " and finished it"));
   }
   for (int& m : missing) m = here[m];
   std::string message = std::string(spec.op) + " #" + std::to_string(spec.seq) +
@@ -230,7 +232,10 @@ std::string FailureDomain::progressReport() const {
     const bool inside = p.started != 0 && p.finished < p.started;
     std::snprintf(line, sizeof line, "  %4d  %-7d  %-5s  %-24s  %-13s%s%s\n", q,
                   shm_.pidOf(local(q)), rankStateName(stateOf(q)), started.c_str(),
-                  finished.c_str(), inside ? "  (inside it)" : "",
+                  finished.c_str(),
+                  inside          ? "  (inside it)"
+                  : p.inCallbacks ? "  (in its completion callbacks)"
+                                  : "",
                   q == rank_ ? "  <- this rank" : "");
     out += line;
   }

@@ -58,7 +58,9 @@ struct OpState {
   /// waiters see it ended), then run their callbacks, so that no callback waits on one of
   /// them not marked yet.
   Callbacks finish(std::exception_ptr failure);
-  static void runCallbacks(Callbacks callbacks, const std::exception_ptr& failure);
+  /// Runs `callbacks` (of operation number `seq`, if known: a hold names it, see Worker).
+  static void runCallbacks(Callbacks callbacks, const std::exception_ptr& failure,
+                           uint64_t seq = 0);
   bool finished() const { return status.load(std::memory_order_acquire) != kPending; }
   /// For a waiter about to sleep or a callback about to be added: marks the state watched
   /// (complete() then wakes and calls back) and returns whether it has finished.

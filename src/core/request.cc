@@ -31,7 +31,7 @@ std::string failureMessage(const std::exception_ptr& failure) {
 }
 
 void OpState::complete(std::exception_ptr failure) {
-  runCallbacks(finish(failure), failure);
+  runCallbacks(finish(failure), failure, seq);
 }
 
 OpState::Callbacks OpState::finish(std::exception_ptr failure) {
@@ -73,16 +73,19 @@ void runOne(const std::function<void(std::exception_ptr)>& callback,
 
 }  // namespace
 
-void OpState::runCallbacks(Callbacks run, const std::exception_ptr& failure) {
+void OpState::runCallbacks(Callbacks run, const std::exception_ptr& failure, uint64_t seq) {
   if (run.empty()) return;
   // A call that a completion callback ran on its worker's thread (Worker::runQueuedHere),
   // many levels down: its own callbacks wait until the thread is back up.
   if (Worker* worker = Worker::current(); worker != nullptr && worker->deep()) {
-    worker->defer([run = std::move(run), failure] {
+    worker->defer([run = std::move(run), failure, seq] {
+      const Worker::CallbackFrame frame(seq);
       for (auto& callback : run) runOne(callback, failure);
     });
     return;
   }
+  // On a worker's thread the calls queued behind these callbacks wait for them (see Worker).
+  const Worker::CallbackFrame frame(seq);
   for (auto& callback : run) runOne(callback, failure);
 }
 

@@ -18,6 +18,15 @@
 // thread took from its queue itself has returned. A waiter that needs it sooner runs it
 // (runDeferredHere); one that cannot (a torch future's wait) must not wait on a call that ran
 // that deep on its behalf.
+//
+// A callback that waits for anything else that only comes after a later job (an event its
+// caller sets after its next call, a later job's future taken before the callback ran)
+// holds the queue for good, and the jobs behind it never start, so their own deadlines never
+// begin. A worker told to watch such holds (watchHolds) keeps a thread that does: once the
+// first job queued behind a callback has waited as long as the watch's patience, with no job
+// run on the worker's thread meanwhile, it reports the hold (onHold) and gives up the queued
+// jobs, and any submitted until the callback returns (each job's `abandon`, which ends it
+// failed without running it).
 
 #include <atomic>
 #include <condition_variable>
@@ -25,6 +34,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -43,8 +53,37 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  /// Queues a job; returns its number (1, 2, ... in submission order).
-  uint64_t submit(Job job);
+  /// Queues a job; returns its number (1, 2, ... in submission order). `abandon`, if given,
+  /// ends the job without running it, should a hold give it up (else the job itself runs,
+  /// on the watch's thread).
+  uint64_t submit(Job job, Job abandon = nullptr);
+
+  /// A hold, as reported: the tag of the callbacks that hold the queue (CallbackFrame), how
+  /// long the first job queued behind them waited, and how many jobs were given up.
+  struct Hold {
+    uint64_t tag = 0;
+    std::chrono::milliseconds waited{0};
+    size_t jobs = 0;
+  };
+  /// Watches for callbacks that hold the queue (see above): `patience` says, when asked, how
+  /// long a job may wait behind one; `onHold` runs on the watch's thread before the jobs are
+  /// given up. Call before the first submit.
+  void watchHolds(std::function<std::chrono::milliseconds()> patience,
+                  std::function<void(const Hold&)> onHold);
+  /// Marks completion callbacks running on current()'s thread (elsewhere it does nothing),
+  /// for as long as it lives: the time a job waits behind them counts towards a hold.
+  class CallbackFrame {
+   public:
+    explicit CallbackFrame(uint64_t tag);
+    ~CallbackFrame();
+    CallbackFrame(const CallbackFrame&) = delete;
+    CallbackFrame& operator=(const CallbackFrame&) = delete;
+
+   private:
+    Worker* worker_;
+    int64_t outerSince_ = 0;
+    uint64_t outerTag_ = 0;
+  };
   /// Runs `job` on the calling thread if nothing is queued or running (so issue order
   /// holds) and returns true; returns false, running nothing, otherwise.
   template <class F>
@@ -94,11 +133,28 @@ class Worker {
   // Ends a claim of runHereIfIdle and wakes the worker if jobs were queued meanwhile (only
   // then: waking it for nothing would cost two context switches per blocking collective).
   void release();
+  // The thread's innermost frame becomes callbacks tagged `tag` (since: now), or, with
+  // tag 0 and since 0, a job; returns the frame it replaces.
+  std::pair<int64_t, uint64_t> enterFrame(int64_t since, uint64_t tag);
+  // Restores the frame enterFrame replaced; callbacks resume with their clock restarted.
+  void leaveFrame(std::pair<int64_t, uint64_t> outer);
+  // Starts the watch's thread if a watch was asked for and jobs wait behind callbacks, and
+  // wakes it (mutex_ held).
+  void pokeWatch();
+  void watch();
+  // Gives up the queued jobs of a hold (mutex_ held on entry, released while they end).
+  void giveUp(std::unique_lock<std::mutex>& lock, int64_t since);
+  struct Queued {
+    uint64_t number;
+    Job job;
+    Job abandon;
+    int64_t queuedAt;  // steady-clock nanoseconds
+  };
   BackoffPolicy backoff_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<std::pair<uint64_t, Job>> queue_;  // (submission number, job); guarded by mutex_
+  std::deque<Queued> queue_;  // guarded by mutex_
   const bool serveItsOwnWaits_;
   bool stopping_ = false;               // guarded by mutex_
   std::atomic<bool> here_{false};       // a caller runs a job (runHereIfIdle)
@@ -114,6 +170,18 @@ class Worker {
   };
   int nesting_ = 0;                             // runQueuedHere levels; the worker's thread only
   std::deque<std::function<void()>> deferred_;  // defer()'s; the worker's thread only
+  // The hold watch (watchHolds). The innermost frame of the worker's thread: callbacks
+  // running since heldSince_ (steady-clock ns) with tag heldTag_, or a job or nothing (0).
+  std::atomic<int64_t> heldSince_{0};
+  std::atomic<uint64_t> heldTag_{0};
+  std::atomic<size_t> queued_{0};  // queue_.size(), for a look without the mutex
+  std::function<std::chrono::milliseconds()> patience_;
+  std::function<void(const Hold&)> onHold_;
+  std::condition_variable watchWake_;
+  bool watchArmed_ = false;   // guarded by mutex_: jobs wait behind callbacks
+  bool givingUp_ = false;     // guarded by mutex_: a hold's callbacks have not returned yet
+  int64_t givenUpSince_ = 0;  // guarded by mutex_: the frame whose hold was given up
+  std::thread watch_;
   std::thread thread_;
 };
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -242,6 +243,51 @@ TEST(Threads, BlockingCallsBesideQueuedOnesKeepIssueOrder) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     require(calledBack.load() == kRounds, "callbacks: " + std::to_string(calledBack.load()));
+  });
+  EXPECT_EQ(failure, "");
+}
+
+// A completion callback on loom's thread that waits for what only a later call of its
+// communicator brings holds the queue: the hold watch gives that call up at the timeout, on a
+// thread of its own, with the reason, and the callback's wait ends. Under the race detector:
+// the watch, the callback, and the caller's wait all touch the queue and the call's state.
+TEST(Threads, ACallbackThatHoldsTheQueueEndsTheCallsBehindItAtTheTimeout) {
+  const std::string failure = runThreads(2, [](int rank, std::shared_ptr<Store> store) {
+    CommOptions options;
+    options.timeout = std::chrono::milliseconds(400);
+    auto comm = Communicator::create(rank, 2, store, options);
+    float x = 1;
+    float y = 1;
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Request first = comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum);
+    std::promise<std::exception_ptr> laterEnded;
+    std::future<std::exception_ptr> later = laterEnded.get_future();
+    // Rank 0's callback holds its queue; rank 1 learns of it from the failure.
+    std::atomic<bool> callbackReturned{rank != 0};
+    if (rank == 0) {
+      require(!first.test(), "finished before rank 1 issued it");
+      first.onComplete([&](const std::exception_ptr&) {
+        later.wait_for(std::chrono::seconds(30));  // what only the next call brings
+        callbackReturned = true;
+      });
+    }
+    Request second = comm->allReduce(&y, &y, 1, DataType::kFloat32, ReduceKind::kSum);
+    second.onComplete([&](const std::exception_ptr& e) { laterEnded.set_value(e); });
+    std::string message;
+    try {
+      second.wait();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    // Rank 1's own timeout may come first: it then says where rank 0 is.
+    require(message.find("completion callback") != std::string::npos &&
+                (rank == 1 || message.find("never started") != std::string::npos),
+            "the call behind the callback: '" + message + "'");
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!callbackReturned && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    require(callbackReturned, "the callback still waits");
   });
   EXPECT_EQ(failure, "");
 }

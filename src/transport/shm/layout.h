@@ -31,7 +31,7 @@ namespace loom::shm {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kMagic = 0x6d68732d6d6f6f6cULL;  // "loom-shm"
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion = 5;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -61,6 +61,8 @@ struct alignas(kCacheLine) RankLine {
   std::atomic<uint64_t> startedSeq;
   std::atomic<uint64_t> finishedSeq;
   std::atomic<uint8_t> startedKind;
+  /// 1 while the rank runs the completion callbacks of its last finished collective.
+  std::atomic<uint8_t> inCallbacks;
 };
 static_assert(sizeof(RankLine) == kCacheLine, "a rank line is one cache line");
 

@@ -144,16 +144,22 @@ class ShmComm {
   void noteFinished(uint64_t seq) {
     lines_[rank_].finishedSeq.store(seq, std::memory_order_relaxed);
   }
-  /// What rank q last reported: (started seq, its kind, finished seq).
+  /// Publishes whether this rank runs the completion callbacks of its last finished one.
+  void noteInCallbacks(bool inside) {
+    lines_[rank_].inCallbacks.store(inside ? 1 : 0, std::memory_order_relaxed);
+  }
+  /// What rank q last reported: (started seq, its kind, finished seq, in its callbacks).
   struct Progress {
     uint64_t started = 0;
     uint8_t kind = 0;
     uint64_t finished = 0;
+    bool inCallbacks = false;
   };
   Progress progressOf(int q) const {
     return {lines_[q].startedSeq.load(std::memory_order_relaxed),
             lines_[q].startedKind.load(std::memory_order_relaxed),
-            lines_[q].finishedSeq.load(std::memory_order_relaxed)};
+            lines_[q].finishedSeq.load(std::memory_order_relaxed),
+            lines_[q].inCallbacks.load(std::memory_order_relaxed) != 0};
   }
 
   /// Records this rank's pid and marks it alive (once, when it attaches).

@@ -1,0 +1,140 @@
+"""Completion callbacks that hold a group's queue: they run on loom's worker thread, ahead
+of the calls queued after them, so one that waits for such a call, or runs past the timeout,
+keeps those calls from starting. Each case below hung for good before loom watched for it
+(or, for the slow callback, failed the peers with a timeout that said nothing of the
+callback); now every rank fails within about the group's timeout with the reason, and the
+other groups go on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+
+TIMEOUT_S = 3  # the held group's timeout: how long its queued calls may wait
+
+
+def _first_call(group, rank: int):
+    """An all_reduce whose callbacks are chained before it ends on every rank: rank 1 issues
+    it half a second late (rank 0's waits for it meanwhile), and it moves 16 MiB, which takes
+    milliseconds where chaining takes microseconds. (One that had ended would run its
+    callback on the main thread, as torch's futures do.)"""
+    if rank == 1:
+        time.sleep(0.5)
+    return dist.all_reduce(torch.ones(1 << 22), group=group, async_op=True)
+
+
+def _outcome(call) -> tuple[str, float]:
+    """Runs `call`: ("ok" or its error's message, seconds taken)."""
+    start = time.monotonic()
+    try:
+        call()
+        return "ok", time.monotonic() - start
+    except Exception as e:  # noqa: BLE001  (the message is what the test checks)
+        return str(e), time.monotonic() - start
+
+
+def _still_usable(rank: int) -> float:
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)  # the default group: not the one held
+    return t[0].item()
+
+
+def body_a_later_calls_future_taken_before_the_callback(rank: int, world: int):
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=TIMEOUT_S))
+    first = _first_call(group, rank)
+    second = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+    later = second.get_future()  # taken now: waiting on it cannot run loom's queue
+    chained = first.get_future().then(lambda fut: later.wait())
+    message, took = _outcome(chained.wait)
+    return message, took, _still_usable(rank)
+
+
+def body_an_event_set_after_the_next_call(rank: int, world: int):
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=TIMEOUT_S))
+    event = threading.Event()
+    first = _first_call(group, rank)
+    chained = first.get_future().then(lambda fut: event.wait(60))
+    message, took = _outcome(lambda: dist.all_reduce(torch.ones(4), group=group))
+    event.set()  # the callback returns, and the group's worker with it
+    chained.wait()
+    after, _ = _outcome(lambda: dist.all_reduce(torch.ones(4), group=group))
+    return message, took, after, _still_usable(rank)
+
+
+def body_two_groups_whose_callbacks_wait_on_each_other(rank: int, world: int):
+    a = dist.new_group(backend="loom", timeout=timedelta(seconds=TIMEOUT_S))
+    b = dist.new_group(backend="loom", timeout=timedelta(seconds=TIMEOUT_S))
+    a_first = _first_call(a, rank)
+    a_later = dist.all_reduce(torch.ones(4), group=a, async_op=True).get_future()
+    b_first = dist.all_reduce(torch.ones(1 << 22), group=b, async_op=True)
+    b_later = dist.all_reduce(torch.ones(4), group=b, async_op=True).get_future()
+    # Each group's callback waits for the other's later call, queued behind its callback.
+    a_chained = a_first.get_future().then(lambda fut: b_later.wait())
+    b_chained = b_first.get_future().then(lambda fut: a_later.wait())
+    return (_outcome(a_chained.wait)[0], _outcome(b_chained.wait)[0], _still_usable(rank))
+
+
+def body_a_callback_slower_than_the_timeout(rank: int, world: int):
+    group = dist.new_group(backend="loom", timeout=timedelta(seconds=TIMEOUT_S))
+    first = _first_call(group, rank)
+    chained = first.get_future().then(
+        lambda fut: time.sleep(TIMEOUT_S + 2) if rank == 1 else None)
+    message, took = _outcome(lambda: dist.all_reduce(torch.ones(4), group=group))
+    chained.wait()
+    return message, took, _still_usable(rank)
+
+
+def _named(message: str, rank: int) -> bool:
+    """The error names the rank and says what held the group and what to do. (Rank 1 may
+    learn it from rank 0's failure first: its own calls then need not have been held.)"""
+    return ("completion callback" in message and "make a new communicator" in message
+            and f"rank {rank}" in message)
+
+
+def test_a_callback_waiting_on_a_later_calls_future_fails_the_group_by_name():
+    for rank, (message, took, usable) in enumerate(
+            run_ranks(2, body_a_later_calls_future_taken_before_the_callback, timeout=60)):
+        if rank == 0:
+            assert "all_reduce #2 never started" in message, message
+        assert "behind a completion callback of its call #1" in message, message
+        assert _named(message, rank), message
+        assert TIMEOUT_S - 0.5 < took < TIMEOUT_S + 10, took
+        assert usable == 3.0
+
+
+def test_a_callback_waiting_for_what_the_next_call_brings_fails_that_call_by_name():
+    for rank, (message, took, after, usable) in enumerate(
+            run_ranks(2, body_an_event_set_after_the_next_call, timeout=60)):
+        if rank == 0:
+            assert "all_reduce #2 never started" in message, message
+        assert _named(message, rank), message
+        assert TIMEOUT_S - 0.5 < took < TIMEOUT_S + 10, took
+        assert "make a new communicator" in after, after  # the held group stays failed
+        assert usable == 3.0
+
+
+def test_two_groups_whose_callbacks_wait_on_each_other_end_by_name():
+    for rank, (a, b, usable) in enumerate(
+            run_ranks(2, body_two_groups_whose_callbacks_wait_on_each_other, timeout=60)):
+        # The first hold found breaks the cycle: its group's later call is given up, which
+        # ends the other group's callback, and that group may then go on.
+        for message in (a, b):
+            assert message == "ok" or _named(message, rank), message
+        assert rank == 1 or any("never started" in m for m in (a, b)), (a, b)
+        assert usable == 3.0
+
+
+def test_a_callback_slower_than_the_timeout_is_what_every_rank_is_told():
+    results = run_ranks(2, body_a_callback_slower_than_the_timeout, timeout=60)
+    for message, took, usable in results:
+        # The peer's own timeout may come first: it then says where rank 1 is.
+        assert "completion callback" in message, message
+        assert took < TIMEOUT_S + 10, took
+        assert usable == 3.0
+    assert _named(results[1][0], 1), results[1][0]
