@@ -347,7 +347,7 @@ def _errors(rank, world):
     from torch.distributed.tensor import Partial, distribute_tensor
     from torch.distributed.device_mesh import init_device_mesh
 
-    from loom.tensor_store import TensorStore, _store
+    from loom.tensor_store import TensorStore, TensorStoreError, _store
 
     ts = TensorStore()
     with pytest.raises(ValueError, match="an int of at least 2"):
@@ -378,6 +378,10 @@ def _errors(rank, world):
         ts.get_state_dict("f32", [torch.zeros(4, 4)])
     with pytest.raises(ValueError, match=r"'f32'.*the tensor to fill has elements that share memory"):
         ts.get("f32", inplace_tensor=torch.zeros(1, 4).expand(4, 4))
+    # A sparse one was called expanded (COO) or met torch's own error (CSR).
+    for sparse in (torch.zeros(4, 4).to_sparse(), torch.zeros(4, 4).to_sparse_csr()):
+        with pytest.raises(ValueError, match=r"'f32'.*the tensor to fill is sparse_(coo|csr); it must be a dense"):
+            ts.get("f32", inplace_tensor=sparse)
     with pytest.raises(ValueError, match="keys are non-empty strings"):
         ts.put("", torch.zeros(1))
     with pytest.raises(ValueError, match=r"'f32' version 1 is a tensor, not a state dict: use get"):
@@ -401,6 +405,12 @@ def _errors(rank, world):
     assert torch.equal(TensorStore(timeout=5.5).get("f32"), torch.zeros(4, 4))
     with pytest.raises(TypeError, match=r"get\('f32'\): timeout must be a datetime.timedelta or a number of seconds, not str"):
         ts.get("f32", timeout="5")
+    # Spans no wait can take are refused by name (they raised Python's own OverflowError).
+    for bad in (float("inf"), float("nan"), 1e15, -1, timedelta.max):
+        with pytest.raises(ValueError, match=r"get\('f32'\): timeout must be from 0 to 1e\+09 seconds"):
+            ts.get("f32", timeout=bad)
+    with pytest.raises(ValueError, match=r"loom tensor store: timeout must be from 0"):
+        TensorStore(timeout=float("inf"))
     # Slices that are not slices, an object asked for by slice, and inference tensors (which
     # copy_ may not fill outside inference mode) are refused by name.
     with pytest.raises(ValueError, match=r"'f32'.*slice at \[0, 0\] of shape \[-1, 4\] is not within"):
@@ -446,8 +456,29 @@ def _errors(rank, world):
     target = distribute_tensor(torch.zeros(4, 4), mesh, [Shard(0)])
     with pytest.raises(ValueError, match="a DTensor to fill says which block it reads; pass it without tensor_slice_spec"):
         ts.get("f32", inplace_tensor=target, tensor_slice_spec=((0, 0), (2, 2)))
+    # Values pickle cannot store, or the reader cannot load, are named with their entry (they
+    # raised pickle's own errors, naming neither).
+    with pytest.raises(TypeError, match=rf"put\('odd{rank}'\): 'opt.step' is not a tensor and cannot be pickled \("):
+        ts.put_state_dict({"w": torch.ones(2), "opt": {"step": lambda: 1}}, f"odd{rank}")
+    if rank == 0:
+        ts.put_state_dict({"w": torch.ones(2), "o": _LoadsNowhere()}, "unloadable")
+    dist.barrier()
+    with pytest.raises(TensorStoreError, match=r"'unloadable' version 1: the object at 'o' cannot be unpickled "
+                                               r"here \(RuntimeError: .*the tensors this get was filling hold"):
+        ts.get_state_dict("unloadable", {"w": torch.zeros(2), "o": None})
     dist.barrier()  # the writer's buffers live as long as its store
     return True
+
+
+def _refuse_to_load():
+    raise RuntimeError("this class exists in the writer's program only")
+
+
+class _LoadsNowhere:
+    """A value whose unpickling fails, as one of a class the reader cannot import does."""
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
 
 
 def test_bad_requests_get_clear_errors():

@@ -228,7 +228,7 @@ class MappedBuffer:
         """The bytes at `offset` as a tensor (made once per layout: versions repeat theirs)."""
         return cached_view(self._views, self.data, offset, dtype, shape)
 
-    def prepare(self, generation: int, ranges: list[tuple[int, int]], part: PartMeta, wait) -> None:
+    def prepare(self, generation: int, ranges: list[tuple[int, int]], part: PartMeta, wait, deadline=None) -> None:
         """Nothing to do: the writer's bytes are mapped here (RemoteBuffer fetches them)."""
 
     def check(self, generation: int, written: int | None = None) -> bool:

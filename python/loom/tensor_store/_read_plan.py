@@ -64,6 +64,7 @@ class ReadPlan:
         self.targets: list[torch.Tensor] = []  # the reader's own tensors this plan writes into
         self.guarded: list[torch.Tensor] = []  # those filled as copy_ fills (get's inplace_tensor)
         self.wait_limit = store._timeout  # for bytes still being written (set per read)
+        self.deadline: float | None = None  # when the read that runs the plan gives up (monotonic)
         self.in_use = False  # a read runs it now (the store hands a cached plan to one read at a time)
 
     def _source(self, part: PartMeta, meta: TensorMeta) -> torch.Tensor:
@@ -116,7 +117,7 @@ class ReadPlan:
             generation = parts[p].generations[b]
             checks.append((mapped, generation))
             # A buffer of a writer on another host fetches the bytes this read needs here.
-            mapped.prepare(generation, self.ranges.get((p, b), []), parts[p], self.wait_limit)
+            mapped.prepare(generation, self.ranges.get((p, b), []), parts[p], self.wait_limit, self._deadline())
             state = mapped.state(generation)
             if state == "replaced":
                 raise Stale(copied=False)
@@ -153,7 +154,19 @@ class ReadPlan:
                 written = self.ends[slot] if slot in writing else None
                 if not mapped.check(generation, written):
                     raise Stale()
-            return self.result({path: unpickled(data) for path, data in raw.items()})
+            return self.result({path: self._unpickled(parts[0], path, data) for path, data in raw.items()})
+
+    def _unpickled(self, part: PartMeta, path: tuple, data: torch.Tensor) -> Any:
+        """An object stored beside the tensors, or an error naming it (its class may exist in
+        the writer's program only)."""
+        try:
+            return unpickled(data)
+        except Exception as error:  # unpickling raises many kinds
+            filled = "; the tensors this get was filling hold that version" if self.dsts else ""
+            raise TensorStoreError(self.store._message(
+                f"'{part.key}' version {part.version}: the object at {self.store._name(path)} cannot "
+                f"be unpickled here ({type(error).__name__}: {error}): the reader must be able to "
+                f"import what the writer stored{filled}")) from error
 
     def _check_writable(self) -> None:
         """Refuses, as copy_ does, to fill an inference tensor outside inference mode, and
@@ -200,10 +213,18 @@ class ReadPlan:
         """The bytes this read copies into tensors."""
         return sum(d.numel() * d.element_size() for d in self.dsts)
 
+    def _deadline(self) -> float:
+        """When waits for a writer's bytes give up: the read's deadline, one for all of them
+        (each bucket's wait once began a full timeout of its own, so a slow writer held a get
+        far past it)."""
+        if self.deadline is not None:
+            return self.deadline
+        return time.monotonic() + self.wait_limit.total_seconds()
+
     def _await(self, writing: tuple, end: int) -> None:
         """Waits until the writer has written the buffer up to byte `end` (or all of it)."""
         mapped, generation, part = writing
-        deadline = time.monotonic() + self.wait_limit.total_seconds()
+        deadline = self._deadline()
         checked = time.monotonic()
         pid = part.buffers[0].pid
         while True:

@@ -150,7 +150,12 @@ class ReadPlanning:
         if dst is not None and dst.device.type == "meta":
             raise ValueError(self._message(f"{what}: the tensor to fill is on the meta device and holds no "
                                            f"data; materialise it first (to_empty), or get without it"))
-        if dst is not None and torch._debug_has_internal_overlap(dst.to_local() if is_dtensor(dst) else dst) == 1:
+        local = dst.to_local() if is_dtensor(dst) else dst
+        if dst is not None and local.layout != torch.strided:
+            raise ValueError(self._message(f"{what}: the tensor to fill is {str(local.layout).split('.')[-1]}; "
+                                           f"it must be a dense (strided) tensor: fill a dense one, then "
+                                           f"convert it (to_sparse)"))
+        if dst is not None and torch._debug_has_internal_overlap(local) == 1:
             raise ValueError(self._message(f"{what}: the tensor to fill has elements that share memory (an "
                                            f"expanded tensor), so it cannot take one value per element: "
                                            f"pass a tensor of its own memory"))

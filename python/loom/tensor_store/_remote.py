@@ -101,14 +101,16 @@ class RemoteBuffer:
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return cached_view(self._views, self.data, offset, dtype, shape)
 
-    def prepare(self, generation: int, ranges: list[tuple[int, int]], part: "PartMeta", wait: timedelta) -> None:
+    def prepare(self, generation: int, ranges: list[tuple[int, int]], part: "PartMeta", wait: timedelta,
+                deadline: float | None = None) -> None:
         """Fetches `ranges` of generation `generation`, waiting while the writer has not
-        finished writing it (up to `wait`). Raises TensorStoreError if the writer is gone or
-        unreachable, TimeoutError after `wait`."""
+        finished writing it (until `deadline`, a monotonic time, or for `wait`). Raises
+        TensorStoreError if the writer is gone or unreachable, TimeoutError after that."""
         if not ranges:  # nothing to copy (empty tensors alone): nothing can be torn either
             self._state, self._unchanged = "whole", True
             return
-        deadline = time.monotonic() + wait.total_seconds()
+        if deadline is None:
+            deadline = time.monotonic() + wait.total_seconds()
         pause = 1e-3
         what = f"'{part.key}' version {part.version}: rank {part.rank} at {self.address}"
         stop = current_stop_flag()  # a cancelled async get stops its fetch, and this buffer's lock

@@ -374,7 +374,13 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             elif isinstance(value, torch.Tensor):
                 pieces.append((TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape), 0, 0), i, None))
             else:
-                data = pickled_tensor(value)
+                try:
+                    data = pickled_tensor(value)
+                except Exception as error:  # pickle raises several kinds; the put names the entry
+                    raise TypeError(self._message(
+                        f"put('{key}'): {self._name(path)} is not a tensor and cannot be pickled "
+                        f"({type(error).__name__}: {error}); store only tensors and picklable "
+                        f"values")) from error
                 pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), i, data))
         plan = WritePlan(identity, leaves, pieces)
         if plan.cacheable:
@@ -699,9 +705,9 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             deadline = time.monotonic() + wait.total_seconds()
             retries = 0
             while retries < self._RETRIES:
-                v, parts = self._parts(key, version, timeout)
+                v, parts = self._parts(key, version, timeout, by=deadline)
                 try:
-                    return self._run_plan(plan_for, v, parts, wait)
+                    return self._run_plan(plan_for, v, parts, wait, deadline)
                 except Released as released:
                     # Released while planning (mapping a buffer) copied nothing yet.
                     tried = tried or getattr(released, "while_copying", False)
@@ -749,13 +755,15 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                               f"version it could not read whole: get them again before using "
                               f"them") from error
 
-    def _run_plan(self, plan_for, version: int, parts: list[PartMeta], wait: timedelta) -> Any:
+    def _run_plan(self, plan_for, version: int, parts: list[PartMeta], wait: timedelta, deadline: float) -> Any:
         """Plans under the lock (plans, layouts and mappings are the store's, shared by its
-        threads), then runs the plan outside it: its copies may wait for a writer's bytes. A
-        plan is run by one read at a time (a cached plan in use is not handed out again)."""
+        threads), then runs the plan outside it: its copies may wait for a writer's bytes, until
+        the read's `deadline` (its `wait` from when it began). A plan is run by one read at a
+        time (a cached plan in use is not handed out again)."""
         with self._lock:
             plan = plan_for(version, parts)
             plan.wait_limit = wait
+            plan.deadline = deadline
             plan.in_use = True
         try:
             stop_if_cancelled()  # the last point before copies into the caller's tensors begin
@@ -767,7 +775,10 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         finally:
             plan.in_use = False
 
-    def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8) -> tuple[int, list[PartMeta]]:
+    def _parts(self, key: str, version: int | None, timeout: timedelta | None, retries: int = 8,
+               by: float | None = None) -> tuple[int, list[PartMeta]]:
+        """The version to read and its parts, waiting for a version not complete yet until `by`
+        (a monotonic time: the read's deadline) or, without one, for `timeout`."""
         asked = version  # None: the latest, whichever it is by the time it is read
         latest = self._latest(key)
         if version is None:
@@ -778,7 +789,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             parts, lent = latest[1], latest[2]
         elif latest is not None and latest[2] is not None and version > latest[0]:
             self._await_lent(key, version, latest[0], timeout, self._decode(latest[2], latest[0]))
-            return self._parts(key, version, timeout, retries)
+            return self._parts(key, version, timeout, retries, by)
         else:
             lent = None
             complete = self._get_now(f"k/{key}/v{version}/complete")  # one look: it may be retired
@@ -802,7 +813,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             else:  # not complete yet: wait for its parts; their bytes are read as written
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
-                by = time.monotonic() + wait.total_seconds()  # one deadline for the waits below
+                if by is None:  # one deadline for the waits below
+                    by = time.monotonic() + wait.total_seconds()
                 if latest is None:  # nothing out yet: is the key put or lent?
                     mode = f"k/{key}/mode"
                     self._wait(key, version, [mode], wait, by)
@@ -814,7 +826,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                                 f"version of it is (a rank that deleted it stopped half way?); lend "
                                 f"or put it again"))
                         time.sleep(0.01)
-                        return self._parts(key, version, timeout, retries - 1)
+                        return self._parts(key, version, timeout, retries - 1, by)
                 self._wait(key, version, [first], wait, by)
                 value = self._get_now(first)
                 if value is None:  # withdrawn: its put failed
@@ -832,7 +844,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             # may stand in for it.
             if retries == 0 or asked is not None:
                 raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
-            return self._parts(key, None, timeout, retries - 1)
+            return self._parts(key, None, timeout, retries - 1, by)
         return version, [self._decode(value, version) for value in values]
 
     def _decode(self, value: bytes, version: int) -> PartMeta:
