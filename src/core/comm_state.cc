@@ -370,10 +370,11 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
   } catch (...) {
     error = brokeOff(collectiveName(args.kind), std::current_exception());
   }
-  // Peers that time out waiting for this rank say where it is: in these callbacks.
+  // Peers that time out waiting for this rank say it is in these callbacks (or outer ones).
+  const bool outer = shm_->inCallbacks();
   shm_->noteInCallbacks(true);
   state.complete(error);
-  shm_->noteInCallbacks(false);
+  shm_->noteInCallbacks(outer);
 }
 
 std::exception_ptr CommState::brokeOff(std::string_view op, std::exception_ptr error) {
@@ -789,7 +790,9 @@ void CommState::destroy(CommState* state) {
 
 bool CommState::onOwnThread() {
   if (forkedAway()) return false;
-  if (worker_ && Worker::current() == worker_.get()) return true;
+  if (worker_ && (Worker::current() == worker_.get() || Worker::watchingHere() == worker_.get())) {
+    return true;
+  }
   if (onCudaMonitor()) return true;
   std::lock_guard<std::mutex> lock(p2pMutex_);
   return p2p_ && p2p_->onItsThread();

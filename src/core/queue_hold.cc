@@ -35,9 +35,10 @@ std::exception_ptr CommState::heldError(std::string_view op, uint64_t seq) {
     std::lock_guard<std::mutex> lock(heldMutex_);
     reason = heldReason_;
   }
+  const Error recorded = failures_->failureError(op);
+  if (reason.empty()) return std::make_exception_ptr(recorded);  // no hold of this rank's
   std::string detail = std::string(op) + " #" + std::to_string(seq) + " never started: " + reason;
   // The shared record holds a message's start only: that is what tells whose it is.
-  const Error recorded = failures_->failureError(op);
   if (recorded.detail().find(reason.substr(0, 80)) == std::string::npos) {
     detail += "; the communicator had failed already: " + recorded.detail();
   }

@@ -5,14 +5,15 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <tuple>
+#include <system_error>
 
 #include "util/posix.h"
 
 namespace loom {
 
 namespace {
-thread_local Worker* tCurrent = nullptr;  // the worker serving its own waits on this thread
+thread_local Worker* tCurrent = nullptr;   // the worker serving its own waits on this thread
+thread_local Worker* tWatching = nullptr;  // the worker whose hold watch this thread is
 
 constexpr int64_t kHourNs = int64_t{3600} * 1'000'000'000;
 
@@ -41,6 +42,11 @@ Worker::~Worker() {
   }
   wake_.notify_one();
   thread_.join();
+  // The watch stops only now: a hold while the queue drains above still needs it.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    watchStopping_ = true;
+  }
   watchWake_.notify_one();
   if (watch_.joinable()) watch_.join();
 }
@@ -52,14 +58,15 @@ uint64_t Worker::submit(Job job, Job abandon) {
     // Counted first: a caller about to run a job of its own (runHereIfIdle) must see it
     // before the worker can take it.
     number = submitted_.fetch_add(1) + 1;
-    if (givingUp_ && heldSince_.load() == givenUpSince_) {
+    const bool stillGivenUp = givingUp_ && heldFrame_.load() == givenUpFrame_;
+    if (stillGivenUp && abandon) {
       // Behind callbacks whose hold was given up already, and which still hold the queue.
       lock.unlock();
-      (abandon ? abandon : job)();
+      abandon();
       finishedOne();
       return number;
     }
-    givingUp_ = false;
+    givingUp_ = stillGivenUp;
     queue_.push_back({number, std::move(job), std::move(abandon), onHold_ ? nowNs() : 0});
     queued_.store(queue_.size());
     if (heldSince_.load() != 0) pokeWatch();
@@ -71,22 +78,39 @@ uint64_t Worker::submit(Job job, Job abandon) {
 void Worker::watchHolds(std::function<std::chrono::milliseconds()> patience,
                         std::function<void(const Hold&)> onHold) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Made now, with the worker, not at the first job queued behind callbacks: that happens
+  // whenever a call is issued while a callback of a quick one runs, and a thread made then
+  // (its stack, its malloc arena) would outlive the communicator in the process's caches.
+  try {
+    watch_ = std::thread([this] {
+      posix::nameThisThread("loom-watch");
+      tWatching = this;
+      watch();
+    });
+  } catch (const std::system_error&) {
+    return;  // no thread to be had (a pids limit): holds go unwatched, as before the watch
+  }
   patience_ = std::move(patience);
   onHold_ = std::move(onHold);
 }
 
+Worker* Worker::watchingHere() {
+  return tWatching;
+}
+
 Worker::CallbackFrame::CallbackFrame(uint64_t tag) : worker_(Worker::current()) {
-  if (worker_ == nullptr) return;
-  std::tie(outerSince_, outerTag_) = worker_->enterFrame(nowNs(), tag);
+  if (worker_ != nullptr) outer_ = worker_->enterFrame(true, tag);
 }
 
 Worker::CallbackFrame::~CallbackFrame() {
-  if (worker_ != nullptr) worker_->leaveFrame({outerSince_, outerTag_});
+  if (worker_ != nullptr) worker_->leaveFrame(outer_, /*leavingJob=*/false);
 }
 
-std::pair<int64_t, uint64_t> Worker::enterFrame(int64_t since, uint64_t tag) {
-  const std::pair<int64_t, uint64_t> outer{heldSince_.load(), heldTag_.load()};
-  heldTag_.store(tag);
+Worker::Frame Worker::enterFrame(bool callbacks, uint64_t tag) {
+  const Frame outer{heldSince_.load(), heldFrame_.load(), heldTag_.load()};
+  const int64_t since = callbacks ? nowNs() : 0;
+  heldTag_.store(callbacks ? tag : 0);
+  heldFrame_.store(callbacks ? ++frames_ : 0);
   heldSince_.store(since);
   // Jobs queued before the callbacks began wait behind them from now on. (One queued after
   // this look pokes the watch itself: it reads heldSince_ after queueing.)
@@ -97,61 +121,67 @@ std::pair<int64_t, uint64_t> Worker::enterFrame(int64_t since, uint64_t tag) {
   return outer;
 }
 
-void Worker::leaveFrame(std::pair<int64_t, uint64_t> outer) {
-  enterFrame(outer.first == 0 ? 0 : nowNs(), outer.second);
+void Worker::leaveFrame(const Frame& outer, bool leavingJob) {
+  heldTag_.store(outer.tag);
+  heldFrame_.store(outer.id);
+  heldSince_.store(leavingJob && outer.since != 0 ? nowNs() : outer.since);
 }
 
 void Worker::pokeWatch() {
   if (!onHold_ || watchArmed_) return;
   watchArmed_ = true;
-  if (!watch_.joinable()) {
-    watch_ = std::thread([this] {
-      posix::nameThisThread("loom-watch");
-      watch();
-    });
-  }
   watchWake_.notify_one();
 }
 
 void Worker::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
+  while (!watchStopping_) {
     const int64_t since = heldSince_.load();
-    if (!watchArmed_ || since == 0 || queue_.empty() || givingUp_) {
+    const uint64_t frame = heldFrame_.load();
+    if (!watchArmed_ || since == 0 || queue_.empty() || (givingUp_ && frame == givenUpFrame_)) {
       // Nothing waits behind callbacks: sleep until a job does (pokeWatch).
       watchArmed_ = false;
-      watchWake_.wait(lock, [&] { return stopping_ || watchArmed_; });
+      watchWake_.wait(lock, [&] { return watchStopping_ || watchArmed_; });
       continue;
     }
     // The first queued job has waited since it was queued or since the callbacks began (or
-    // resumed after a job ran on their thread), whichever is later.
+    // resumed after a job ran on their thread), whichever is later. Saturating: a timeout
+    // of milliseconds::max() (deadline.h's "never") must not wrap into "at once".
     const int64_t from = std::max(since, queue_.front().queuedAt);
-    const auto patience = std::chrono::duration_cast<std::chrono::nanoseconds>(patience_());
-    const int64_t deadline = from + std::min<int64_t>(patience.count(), INT64_MAX - from);
+    const int64_t patienceMs = std::max<int64_t>(patience_().count(), 0);
+    const int64_t deadline =
+        patienceMs >= (INT64_MAX - from) / 1'000'000 ? INT64_MAX : from + patienceMs * 1'000'000;
     if (const int64_t left = deadline - nowNs(); left > 0) {
       // At most an hour at a time: a patience of centuries must not overflow the wait.
       watchWake_.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(left, kHourNs)));
       continue;  // looked at again: the callbacks may have returned, the queue moved
     }
-    giveUp(lock, since);
+    giveUp(lock, frame, from);
   }
 }
 
-void Worker::giveUp(std::unique_lock<std::mutex>& lock, int64_t since) {
-  std::deque<Queued> jobs;
-  jobs.swap(queue_);
-  queued_.store(0);
-  givingUp_ = true;
-  givenUpSince_ = since;
-  watchArmed_ = false;
+void Worker::giveUp(std::unique_lock<std::mutex>& lock, uint64_t frame, int64_t from) {
   const Hold hold{heldTag_.load(),
                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::nanoseconds(nowNs() - std::max(since, jobs.front().queuedAt))),
-                  jobs.size()};
+                      std::chrono::nanoseconds(nowNs() - from)),
+                  queue_.size()};
+  watchArmed_ = false;
+  // Reported before any job is given up, so that each one's end can say why.
   lock.unlock();
   onHold_(hold);
+  lock.lock();
+  if (heldFrame_.load() != frame) return;  // the callbacks returned meanwhile: the queue moves
+  // Jobs without an abandon wait on (they must run on the worker's thread).
+  std::deque<Queued> jobs;
+  std::deque<Queued> kept;
+  for (Queued& q : queue_) (q.abandon ? jobs : kept).push_back(std::move(q));
+  queue_.swap(kept);
+  queued_.store(queue_.size());
+  givingUp_ = true;
+  givenUpFrame_ = frame;
+  lock.unlock();
   for (Queued& q : jobs) {
-    (q.abandon ? q.abandon : q.job)();
+    q.abandon();
     finishedOne();
   }
   lock.lock();
@@ -192,15 +222,15 @@ size_t Worker::runQueuedHere(uint64_t upTo) {
   const Level level(nesting_);
   for (Job job; takeNext(upTo, job); ++ran) {
     // A job, not callbacks, is the thread's innermost frame while it runs.
-    const auto outer = enterFrame(0, 0);
+    const Frame outer = enterFrame(false, 0);
     try {
       job();
     } catch (...) {
-      leaveFrame(outer);
+      leaveFrame(outer, /*leavingJob=*/true);
       finishedOne();  // a completion callback threw through its job: still one less queued
       throw;
     }
-    leaveFrame(outer);
+    leaveFrame(outer, /*leavingJob=*/true);
     finishedOne();
   }
   return ran;

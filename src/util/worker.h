@@ -54,8 +54,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   /// Queues a job; returns its number (1, 2, ... in submission order). `abandon`, if given,
-  /// ends the job without running it, should a hold give it up (else the job itself runs,
-  /// on the watch's thread).
+  /// ends the job without running it, should a hold give it up (on the watch's thread, or
+  /// the submitter's); a job without one is never given up, and waits out the hold.
   uint64_t submit(Job job, Job abandon = nullptr);
 
   /// A hold, as reported: the tag of the callbacks that hold the queue (CallbackFrame), how
@@ -81,9 +81,17 @@ class Worker {
 
    private:
     Worker* worker_;
-    int64_t outerSince_ = 0;
-    uint64_t outerTag_ = 0;
+    struct Frame {
+      int64_t since;  // steady-clock ns; 0: a job, or nothing
+      uint64_t id;
+      uint64_t tag;
+    } outer_{};
+    friend class Worker;
   };
+  /// The worker whose hold watch runs on the calling thread (it ends the calls a hold gave
+  /// up, running their callbacks), or nullptr: such a thread is the worker's own, as its
+  /// worker thread is (a shutdown there would wait for itself).
+  static Worker* watchingHere();
   /// Runs `job` on the calling thread if nothing is queued or running (so issue order
   /// holds) and returns true; returns false, running nothing, otherwise.
   template <class F>
@@ -133,17 +141,20 @@ class Worker {
   // Ends a claim of runHereIfIdle and wakes the worker if jobs were queued meanwhile (only
   // then: waking it for nothing would cost two context switches per blocking collective).
   void release();
-  // The thread's innermost frame becomes callbacks tagged `tag` (since: now), or, with
-  // tag 0 and since 0, a job; returns the frame it replaces.
-  std::pair<int64_t, uint64_t> enterFrame(int64_t since, uint64_t tag);
-  // Restores the frame enterFrame replaced; callbacks resume with their clock restarted.
-  void leaveFrame(std::pair<int64_t, uint64_t> outer);
-  // Starts the watch's thread if a watch was asked for and jobs wait behind callbacks, and
-  // wakes it (mutex_ held).
+  using Frame = CallbackFrame::Frame;
+  // The thread's innermost frame becomes callbacks tagged `tag` (`callbacks`), or a job;
+  // returns the frame it replaces.
+  Frame enterFrame(bool callbacks, uint64_t tag);
+  // Restores the frame enterFrame replaced. Callbacks resumed after a job (which is the
+  // queue moving) restart their clock; after callbacks nested in them, they keep it.
+  void leaveFrame(const Frame& outer, bool leavingJob);
+  // Wakes the watch's thread, if there is one, to time the jobs waiting behind callbacks
+  // (mutex_ held).
   void pokeWatch();
   void watch();
-  // Gives up the queued jobs of a hold (mutex_ held on entry, released while they end).
-  void giveUp(std::unique_lock<std::mutex>& lock, int64_t since);
+  // Gives up the queued jobs of the hold of frame `frame` (mutex_ held on entry, released
+  // while they end).
+  void giveUp(std::unique_lock<std::mutex>& lock, uint64_t frame, int64_t from);
   struct Queued {
     uint64_t number;
     Job job;
@@ -171,16 +182,20 @@ class Worker {
   int nesting_ = 0;                             // runQueuedHere levels; the worker's thread only
   std::deque<std::function<void()>> deferred_;  // defer()'s; the worker's thread only
   // The hold watch (watchHolds). The innermost frame of the worker's thread: callbacks
-  // running since heldSince_ (steady-clock ns) with tag heldTag_, or a job or nothing (0).
+  // running since heldSince_ (steady-clock ns), numbered heldFrame_ (from 1), with tag
+  // heldTag_; or a job or nothing (all 0).
   std::atomic<int64_t> heldSince_{0};
+  std::atomic<uint64_t> heldFrame_{0};
   std::atomic<uint64_t> heldTag_{0};
+  uint64_t frames_ = 0;            // callback frames entered; the worker's thread only
   std::atomic<size_t> queued_{0};  // queue_.size(), for a look without the mutex
   std::function<std::chrono::milliseconds()> patience_;
   std::function<void(const Hold&)> onHold_;
   std::condition_variable watchWake_;
-  bool watchArmed_ = false;   // guarded by mutex_: jobs wait behind callbacks
-  bool givingUp_ = false;     // guarded by mutex_: a hold's callbacks have not returned yet
-  int64_t givenUpSince_ = 0;  // guarded by mutex_: the frame whose hold was given up
+  bool watchArmed_ = false;     // guarded by mutex_: jobs wait behind callbacks
+  bool givingUp_ = false;       // guarded by mutex_: a hold's callbacks have not returned yet
+  uint64_t givenUpFrame_ = 0;   // guarded by mutex_: the frame whose hold was given up
+  bool watchStopping_ = false;  // guarded by mutex_: the destructor ends the watch
   std::thread watch_;
   std::thread thread_;
 };

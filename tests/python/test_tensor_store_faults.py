@@ -433,9 +433,9 @@ def _retired_while_opened(rank, world):
         """Between looking the version up and opening its buffer, the writer puts `puts`."""
         looked_up = reader._parts
 
-        def parts(*args):
+        def parts(*args, **kwargs):
             reader._parts = looked_up
-            found = looked_up(*args)
+            found = looked_up(*args, **kwargs)
             for v in puts:
                 store.set(f"go{v}", "1")
             sync(store, f"put{puts[-1]}")

@@ -60,8 +60,10 @@ TEST(WorkerHolds, AJobQueuedBehindCallbacksThatNeverReturnIsGivenUpAfterThePatie
                  });
   givenUp.get_future().wait();
   EXPECT_GE(std::chrono::steady_clock::now() - queuedAt, 200ms);
-  // While the callbacks still hold the queue, a new job is given up at once, on the caller.
+  // While the callbacks still hold the queue, a new job is given up at once, on the caller;
+  // one that cannot be given up (no abandon) waits for them.
   worker->submit([&] { seen.note(seen.ran, 3); }, [&] { seen.note(seen.abandoned, 3); });
+  worker->submit([&] { seen.note(seen.ran, 5); });
   {
     std::lock_guard<std::mutex> lock(seen.mutex);
     ASSERT_EQ(seen.holds.size(), 1u);
@@ -76,8 +78,23 @@ TEST(WorkerHolds, AJobQueuedBehindCallbacksThatNeverReturnIsGivenUpAfterThePatie
   worker->submit([&] { seen.note(seen.ran, 4); });
   worker->drain();
   std::lock_guard<std::mutex> lock(seen.mutex);
-  EXPECT_EQ(seen.ran, (std::vector<int>{1, 4}));
+  EXPECT_EQ(seen.ran, (std::vector<int>{1, 5, 4}));
   EXPECT_EQ(seen.holds.size(), 1u);
+}
+
+TEST(WorkerHolds, APatienceOfForeverNeverGivesUp) {
+  // milliseconds::max() is deadline.h's "never"; in nanoseconds it wrapped into "at once".
+  Seen seen;
+  auto worker = watchedWorker(seen, std::chrono::milliseconds::max());
+  worker->submit([&] {
+    const Worker::CallbackFrame frame(1);
+    std::this_thread::sleep_for(300ms);
+  });
+  worker->submit([&] { seen.note(seen.ran, 2); }, [&] { seen.note(seen.abandoned, 2); });
+  worker->drain();
+  std::lock_guard<std::mutex> lock(seen.mutex);
+  EXPECT_EQ(seen.ran, (std::vector<int>{2}));
+  EXPECT_TRUE(seen.holds.empty());
 }
 
 TEST(WorkerHolds, CallbacksThatReturnWithinThePatienceHoldNothing) {

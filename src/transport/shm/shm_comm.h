@@ -148,6 +148,10 @@ class ShmComm {
   void noteInCallbacks(bool inside) {
     lines_[rank_].inCallbacks.store(inside ? 1 : 0, std::memory_order_relaxed);
   }
+  /// What this rank last published with noteInCallbacks.
+  bool inCallbacks() const {
+    return lines_[rank_].inCallbacks.load(std::memory_order_relaxed) != 0;
+  }
   /// What rank q last reported: (started seq, its kind, finished seq, in its callbacks).
   struct Progress {
     uint64_t started = 0;
