@@ -234,6 +234,11 @@ def _leaks(rank, world):
         counts["after_delete"] = store_buffers()
         ts.close()
         counts["after_close"] = store_buffers()
+        # Nothing more is lent from a closed store: no lendable buffer is made for it either
+        # (one was, silently, where its put and lend refused).
+        with pytest.raises(RuntimeError, match=r"make_lendable: this TensorStore is closed"):
+            ts.make_lendable({"w": torch.ones(4)})
+        assert store_buffers() == counts["after_close"]
     counts["dropped"] = _dropped(rank, world)
     return counts
 
@@ -709,6 +714,10 @@ def test_the_same_tensors_under_other_names_are_stored_under_those_names():
         with pytest.raises(KeyError, match=r"names differ \(strict=True\): not stored: 'e'; stored but "
                                            r"not asked for: 'd'"):
             ts.get_state_dict("k", partial, strict=True)
+        # A nested entry against a flat one whose key holds the dots: both read 'b.c' before.
+        ts.put_state_dict({"b": {"c": x}}, "nested")
+        with pytest.raises(KeyError, match=r"not stored: \['b.c'\]; stored but not asked for: \['b'\]\['c'\]"):
+            ts.get_state_dict("nested", {"b.c": torch.empty(4)})
 
 
 def test_targets_that_cannot_be_filled_are_refused_by_name():

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._layout import Box, flatten, is_dtensor, unflatten, whole
+from ._layout import Box, flatten, is_dtensor, path_text, unflatten, whole
 from ._parts import PartMeta
 from ._read_plan import ReadPlan, TensorStoreError, pieces_by_path
 
@@ -75,8 +75,17 @@ class ReadPlanning:
             return plan
         leaves = dict(flatten(user))
         if strict:
-            missing = [self._name(p) for p in leaves if p not in entries]
-            unexpected = [self._name(p) for p in entries if p not in leaves]
+            missing_paths = [p for p in leaves if p not in entries]
+            unexpected_paths = [p for p in entries if p not in leaves]
+            # A nested entry and a flat one whose key holds the dots read alike ('b.c'): where
+            # they would, both are written as the keys they are (['b']['c'] against ['b.c']).
+            alike = {path_text(p) for p in missing_paths} & {path_text(p) for p in unexpected_paths}
+
+            def shown(path: tuple) -> str:
+                return "".join(f"[{k!r}]" for k in path) if path_text(path) in alike else self._name(path)
+
+            missing = [shown(p) for p in missing_paths]
+            unexpected = [shown(p) for p in unexpected_paths]
             if missing or unexpected:
                 def listed(names: list[str]) -> str:
                     return (", ".join(names[:8]) or "none") + (", ..." if len(names) > 8 else "")

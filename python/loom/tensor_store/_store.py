@@ -221,6 +221,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         it once, before lending and before taking views or state dicts of those tensors."""
         what = self._message("make_lendable")
         with self._lock:
+            if self._closed:  # its buffers would be made for a store that lends nothing more
+                raise RuntimeError(f"{what}: this TensorStore is closed")
             moving = lendable_tensors(target, what, self._lends)
             by_device: dict[torch.device, list[torch.Tensor]] = {}
             for _, tensor in moving:
