@@ -5,6 +5,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <system_error>
 
 #include "util/posix.h"
@@ -166,9 +168,14 @@ void Worker::giveUp(std::unique_lock<std::mutex>& lock, uint64_t frame, int64_t 
                       std::chrono::nanoseconds(nowNs() - from)),
                   queue_.size()};
   watchArmed_ = false;
-  // Reported before any job is given up, so that each one's end can say why.
+  // Reported before any job is given up, so that each one's end can say why. Nothing may
+  // leave this thread by an exception (it would end the process).
   lock.unlock();
-  onHold_(hold);
+  try {
+    onHold_(hold);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: reporting a held queue failed: %s\n", e.what());
+  }
   lock.lock();
   if (heldFrame_.load() != frame) return;  // the callbacks returned meanwhile: the queue moves
   // Jobs without an abandon wait on (they must run on the worker's thread).
@@ -181,7 +188,11 @@ void Worker::giveUp(std::unique_lock<std::mutex>& lock, uint64_t frame, int64_t 
   givenUpFrame_ = frame;
   lock.unlock();
   for (Queued& q : jobs) {
-    q.abandon();
+    try {
+      q.abandon();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "loom: ending a call a held queue gave up failed: %s\n", e.what());
+    }
     finishedOne();
   }
   lock.lock();
