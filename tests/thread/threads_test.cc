@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -260,8 +261,10 @@ TEST(Threads, ACallbackThatHoldsTheQueueEndsTheCallsBehindItAtTheTimeout) {
     float y = 1;
     if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     Request first = comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum);
-    std::promise<std::exception_ptr> laterEnded;
-    std::future<std::exception_ptr> later = laterEnded.get_future();
+    // Shared with the callback below: a waiter may return (and this body end) as the call's
+    // failure is marked, before its callbacks have run.
+    auto laterEnded = std::make_shared<std::promise<std::exception_ptr>>();
+    std::future<std::exception_ptr> later = laterEnded->get_future();
     // Rank 0's callback holds its queue; rank 1 learns of it from the failure.
     std::atomic<bool> callbackReturned{rank != 0};
     if (rank == 0) {
@@ -272,7 +275,7 @@ TEST(Threads, ACallbackThatHoldsTheQueueEndsTheCallsBehindItAtTheTimeout) {
       });
     }
     Request second = comm->allReduce(&y, &y, 1, DataType::kFloat32, ReduceKind::kSum);
-    second.onComplete([&](const std::exception_ptr& e) { laterEnded.set_value(e); });
+    second.onComplete([laterEnded](const std::exception_ptr& e) { laterEnded->set_value(e); });
     std::string message;
     try {
       second.wait();
