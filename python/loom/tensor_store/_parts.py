@@ -365,9 +365,14 @@ def run_copies(groups: list[CopyGroup], job_bytes: int = 0) -> None:
             torch._foreach_copy_(group.dsts, group.srcs)
 
 
-def pickled_tensor(value: Any) -> torch.Tensor:
-    """A pickled object as uint8 bytes, to store beside tensors."""
-    data = bytearray(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+def pickled_tensor(value: Any, what: str) -> torch.Tensor:
+    """A pickled object as uint8 bytes, to store beside tensors; one pickle refuses is named
+    as `what` (the verb and entry)."""
+    try:
+        data = bytearray(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as error:  # pickle raises several kinds
+        raise TypeError(f"{what} is not a tensor and cannot be pickled ({type(error).__name__}: "
+                        f"{error}); store only tensors and picklable values") from error
     return torch.frombuffer(data, dtype=torch.uint8)
 
 

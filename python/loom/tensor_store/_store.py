@@ -376,13 +376,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             elif isinstance(value, torch.Tensor):
                 pieces.append((TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape), 0, 0), i, None))
             else:
-                try:
-                    data = pickled_tensor(value)
-                except Exception as error:  # pickle raises several kinds; the put names the entry
-                    raise TypeError(self._message(
-                        f"put('{key}'): {self._name(path)} is not a tensor and cannot be pickled "
-                        f"({type(error).__name__}: {error}); store only tensors and picklable "
-                        f"values")) from error
+                data = pickled_tensor(value, self._message(f"put('{key}'): {self._name(path)}"))
                 pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), i, data))
         plan = WritePlan(identity, leaves, pieces)
         if plan.cacheable:
