@@ -194,8 +194,11 @@ class CommState final : public FailureSink {
   std::vector<uint64_t> watches_;
   std::atomic<bool> shutDown_{false};
   // Its shutdown has ended: this rank has left, and an abort now (from another thread, as
-  // the shutdown ends) must not fail its peers' copies, which go on without it.
-  std::atomic<bool> departed_{false};
+  // the shutdown ends) must not fail its peers' copies, which go on without it. Set with
+  // the departure under leaving_, which abort() holds from its check to its failure: an
+  // abort that passed the check before the departure would otherwise write its failure after.
+  std::mutex leaving_;
+  bool departed_ = false;  // guarded by leaving_
 
   std::mutex childMutex_;
   std::map<std::string, int> childCounts_;  // guarded by childMutex_
