@@ -1,7 +1,6 @@
 // ProcessGroupLoom's collectives: checks, staging and the loom call for each c10d entry.
 
 #include <algorithm>
-#include <numeric>
 
 #include "launch.h"
 
@@ -58,54 +57,6 @@ GatherPlan planAllgather(const CallSite& s, const std::vector<at::Tensor>& outpu
   return plan;
 }
 
-// What a rank's sparse all_reduce exchanges before its gather: its entry count, and what every
-// rank's tensor must share (dtype, sparse and dense dimensions, shape), so that ranks that
-// disagree all refuse instead of gathering rows of different widths into tensors that do
-// not hold them.
-struct SparseRecord {
-  static constexpr size_t kShown = 8;  // sizes carried as they are (more: only the hash)
-  int64_t nnz = 0;
-  int64_t dtype = 0;
-  int64_t sparseDim = 0;
-  int64_t denseDim = 0;
-  int64_t dims = 0;
-  int64_t shapeHash = 0;  // FNV-1a over every size
-  int64_t sizes[kShown] = {};
-
-  static SparseRecord of(const at::Tensor& coalesced) {
-    SparseRecord r;
-    r.nnz = coalesced._nnz();
-    r.dtype = static_cast<int64_t>(coalesced.scalar_type());
-    r.sparseDim = coalesced.sparse_dim();
-    r.denseDim = coalesced.dense_dim();
-    r.dims = coalesced.dim();
-    uint64_t hash = 1469598103934665603ull;
-    for (int64_t d = 0; d < r.dims; ++d) {
-      const int64_t size = coalesced.size(d);
-      if (static_cast<size_t>(d) < kShown) r.sizes[d] = size;
-      hash = (hash ^ static_cast<uint64_t>(size)) * 1099511628211ull;
-    }
-    r.shapeHash = static_cast<int64_t>(hash);
-    return r;
-  }
-  bool agreesWith(const SparseRecord& o) const {
-    return dtype == o.dtype && sparseDim == o.sparseDim && denseDim == o.denseDim &&
-           dims == o.dims && shapeHash == o.shapeHash;
-  }
-  // "float32 of shape [3, 4] (2 sparse dimensions, 0 dense)".
-  std::string describe() const {
-    std::string shape = "[";
-    for (int64_t d = 0; d < dims && static_cast<size_t>(d) < kShown; ++d) {
-      shape += (d > 0 ? ", " : "") + std::to_string(sizes[d]);
-    }
-    if (static_cast<size_t>(dims) > kShown) shape += ", ...";
-    return std::string(c10::toString(static_cast<at::ScalarType>(dtype))) + " of shape " + shape +
-           "] (" + std::to_string(sparseDim) + " sparse dimensions, " + std::to_string(denseDim) +
-           " dense)";
-  }
-};
-static_assert(sizeof(SparseRecord) % sizeof(int64_t) == 0);
-
 void requireRoot(const CallSite& site, int64_t root) {
   if (root < 0 || root >= site.size) {
     invalid(site,
@@ -153,73 +104,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
                   r.push_back(comm_->allReduce(flat.ptr(), flat.ptr(), flat.count, flat.type, op,
                                                opOptions(opts.timeout, !opts.asyncOp)));
                 });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  // A sparse COO sum: gather every rank's indices and values and let coalesce() add
-  // duplicates. The entry counts must be known before the gather, so that first exchange
-  // waits here; the gather itself runs asynchronously like any collective.
-  const CallSite s = site("all_reduce (sparse)");
-  const at::Tensor& t = tensors[0];
-  if (!t.device().is_cpu())
-    invalid(s, "the sparse tensor is on " + t.device().str() + "; loom handles CPU tensors");
-  if (static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp) != c10d::ReduceOp::SUM) {
-    invalid(s, "sparse tensors can only be summed");
-  }
-  const at::Tensor local = t.coalesce();
-  const at::Tensor indices = local.indices().contiguous();
-  const at::Tensor values = local.values().contiguous();
-  // Every rank learns every rank's entry count and tensor before anything is gathered; all
-  // of them see the same records, so a disagreement fails every rank alike.
-  const SparseRecord mine = SparseRecord::of(local);
-  std::vector<SparseRecord> records(static_cast<size_t>(size_));
-  translatedWait([&] {
-    return comm_->allGather(&mine, records.data(), sizeof(SparseRecord) / sizeof(int64_t),
-                            DataType::kInt64, opOptions(opts.timeout, !opts.asyncOp));
-  });
-  std::vector<int64_t> nnzs;
-  for (size_t q = 0; q < records.size(); ++q) {
-    if (!records[q].agreesWith(records[0])) {
-      invalid(s, "rank " + std::to_string(q) + " passed a sparse tensor " + records[q].describe() +
-                     " where rank 0 passed " + records[0].describe() +
-                     "; every rank must pass the same dtype and shape" + ties_->legend);
-    }
-    nnzs.push_back(records[q].nnz);
-  }
-  const int64_t total = std::accumulate(nnzs.begin(), nnzs.end(), int64_t{0});
-  std::vector<int64_t> valueShape = values.sizes().vec();
-  valueShape[0] = total;
-  at::Tensor allIndices = at::empty({indices.size(0), total}, indices.options());
-  at::Tensor allValues = at::empty(valueShape, values.options());
-  // Gathered rank by rank along the entry dimension: indices as [nnz, ndim] rows (transposed
-  // back afterwards), values as [nnz, ...] rows.
-  at::Tensor rowsIn = indices.t().contiguous();
-  at::Tensor rowsOut = at::empty({total, indices.size(0)}, indices.options());
-  const size_t indexRow = static_cast<size_t>(indices.size(0)) * sizeof(int64_t);
-  const size_t valueRow = total == 0 ? 0 : allValues.nbytes() / static_cast<size_t>(total);
-  std::vector<void*> indexTargets, valueTargets;
-  std::vector<size_t> indexBytes, valueBytes;
-  int64_t offset = 0;
-  for (int64_t n : nnzs) {
-    indexTargets.push_back(static_cast<uint8_t*>(rowsOut.data_ptr()) + offset * indexRow);
-    valueTargets.push_back(static_cast<uint8_t*>(allValues.data_ptr()) + offset * valueRow);
-    indexBytes.push_back(static_cast<size_t>(n) * indexRow);
-    valueBytes.push_back(static_cast<size_t>(n) * valueRow);
-    offset += n;
-  }
-  at::Tensor output = t;
-  auto finisher = [output, rowsIn, rowsOut, allValues, values]() mutable {
-    auto summed = at::sparse_coo_tensor(rowsOut.t(), allValues, output.sizes()).coalesce();
-    writeResult(output, summed);
-  };
-  return launch(
-      s, OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher, [&](Requests& r) {
-        r.push_back(comm_->allGatherV(rowsIn.data_ptr(), indexTargets, indexBytes, DataType::kUInt8,
-                                      opOptions(opts.timeout, !opts.asyncOp)));
-        r.push_back(comm_->allGatherV(values.data_ptr(), valueTargets, valueBytes, DataType::kUInt8,
-                                      opOptions(opts.timeout, !opts.asyncOp)));
-      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(

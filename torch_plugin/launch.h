@@ -198,13 +198,4 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::heldInBlock(c10d::OpType type, 
   }
 }
 
-template <class Issue>
-void ProcessGroupLoom::translatedWait(Issue&& issue) {
-  try {
-    releasingGil([&] { issue().wait(); });
-  } catch (const Error& e) {
-    rethrowForTorch(e, ties_->legend, ties_.get());
-  }
-}
-
 }  // namespace loom::torch_plugin

@@ -195,10 +195,6 @@ class ProcessGroupLoom : public c10d::Backend, private EarlierCalls {
                                         size_t futureLists = 0);
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
-  /// Issues one loom operation and waits for it here (for steps whose results decide what
-  /// comes next), translating loom's errors like launch() does.
-  template <class Issue>
-  void translatedWait(Issue&& issue);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          const char* title);
   OpOptions opOptions(std::chrono::milliseconds timeout, bool blocking = false) const;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -156,6 +157,22 @@ class Communicator {
   /// Rank q contributes counts[q] elements (counts[rank] from `input`) into outputs[q].
   Request allGatherV(const void* input, std::span<void* const> outputs,
                      std::span<const size_t> counts, DataType type, const OpOptions& options = {});
+  /// Where an allGatherVPlaced puts each rank's elements: outputs[q] receives counts[q] from q.
+  struct Placement {
+    std::vector<void*> outputs;
+    std::vector<size_t> counts;
+  };
+  /// An allGatherV whose counts (and so outputs) are known only once the calls issued before
+  /// it on this communicator have run, such as a gather of every rank's count: `place`,
+  /// called as this call starts, on the thread that runs it, says them. Queued at once in
+  /// issue order like any call, so the caller need not wait for the earlier call (an
+  /// asynchronous caller would block, and ranks that order their calls on two communicators
+  /// differently would wait for each other). Every rank's `place` must return the same
+  /// counts; `input` holds this rank's counts[rank] elements. A `place` that throws, or
+  /// returns what allGatherV would refuse, fails the communicator (the peers are already in
+  /// the call). Host memory only.
+  Request allGatherVPlaced(const void* input, std::function<Placement()> place, DataType type,
+                           const OpOptions& options = {});
   /// `input` holds size blocks of `count`; rank q gets the reduction of block q.
   Request reduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op,
                         const OpOptions& options = {});

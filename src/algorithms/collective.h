@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -98,6 +99,9 @@ struct CollectiveArgs {
   bool variable = false;    ///< a V variant: per-rank counts may differ
   uint64_t countsHash = 0;  ///< hash of the counts every rank must agree on (V variants)
   std::string signature;    ///< the caller's description, checked across ranks if not empty
+  /// Fills in the buffers and counts as the call starts, on the thread that runs it
+  /// (Communicator::allGatherVPlaced); empty for every other call.
+  std::function<void(CollectiveArgs&)> place;
 };
 
 /// The countsHash of every all_to_all_v: its counts are each rank's own (its sends), so none

@@ -8,6 +8,7 @@
 #include <climits>
 #include <map>
 #include <new>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -348,17 +349,25 @@ void CommState::requireUsable(std::string_view op) {
   }
 }
 
-void CommState::execute(const CollectiveArgs& args, OpState& state,
+void CommState::execute(const CollectiveArgs& given, OpState& state,
                         std::chrono::milliseconds timeout, Clock::time_point start) {
+  // A placed call (allGatherVPlaced) learns its buffers now, from the calls before it.
+  std::optional<CollectiveArgs> placed;  // made only then: not on every small call's path
+  if (given.place) placed.emplace();
+  const CollectiveArgs& args = placed ? *placed : given;
   std::exception_ptr error;
-  const trace::Span span(collectiveName(args.kind).data(), args.count * elementSize(args.type));
+  const std::string_view op = collectiveName(given.kind);
+  const trace::Span span(op.data(), given.count * elementSize(given.type));
   FlightRecorder::instance().started(state.flightId, start);
   state.startedAt = start;
-  shm_->noteStarted(state.seq, static_cast<uint8_t>(args.kind));
+  shm_->noteStarted(state.seq, static_cast<uint8_t>(given.kind));
   try {
-    const WaitSpec wait{collectiveName(args.kind), state.seq, deadlineAfter(timeout, start),
-                        timeout};
+    const WaitSpec wait{op, state.seq, deadlineAfter(timeout, start), timeout};
     if (failures_->failed()) throw failures_->failureError(wait.op);
+    if (placed) {
+      *placed = given;
+      given.place(*placed);
+    }
     if (spansHosts()) {
       executeAcrossHosts(args, wait, state.seq);
     } else {
@@ -367,7 +376,7 @@ void CommState::execute(const CollectiveArgs& args, OpState& state,
     }
     shm_->noteFinished(state.seq);
   } catch (...) {
-    error = brokeOff(collectiveName(args.kind), std::current_exception());
+    error = brokeOff(op, std::current_exception());
   }
   // Peers that time out waiting for this rank say it is in these callbacks (or outer ones).
   const bool outer = shm_->inCallbacks();

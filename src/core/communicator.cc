@@ -275,25 +275,58 @@ Request Communicator::allGather(const void* input, void* output, size_t count, D
   return state_->submit(std::move(args), options);
 }
 
+namespace {
+
+// Checks an all_gather_v's buffers and counts, and puts them into `args`.
+void gatherV(const Site& site, CollectiveArgs& args, std::span<void* const> outputs,
+             std::span<const size_t> counts) {
+  blocks<void*>(site, "outputs", outputs, "counts", counts, args.type);
+  validate::buffer(site, "input", args.input, counts[site.rank]);
+  disjoint(site, "outputs", outputs, counts, args.type);
+  const size_t es = elementSize(args.type);
+  for (int q = 0; q < site.size; ++q) {
+    validate::noPartialOverlap(site, "input", args.input, counts[site.rank] * es, "outputs",
+                               outputs[q], counts[q] * es, q == site.rank);
+  }
+  args.count = sum(counts);
+  args.outputs.assign(outputs.begin(), outputs.end());
+  args.outputCounts.assign(counts.begin(), counts.end());
+  args.variable = true;
+  args.countsHash = validate::hashCounts(counts);
+}
+
+}  // namespace
+
 Request Communicator::allGatherV(const void* input, std::span<void* const> outputs,
                                  std::span<const size_t> counts, DataType type,
                                  const OpOptions& options) {
   const Site site{"all_gather_v", rank(), size()};
   validate::dataType(site, type);
-  blocks<void*>(site, "outputs", outputs, "counts", counts, type);
-  validate::buffer(site, "input", input, counts[rank()]);
-  disjoint(site, "outputs", outputs, counts, type);
-  const size_t es = elementSize(type);
-  for (int q = 0; q < size(); ++q) {
-    validate::noPartialOverlap(site, "input", input, counts[rank()] * es, "outputs", outputs[q],
-                               counts[q] * es, q == rank());
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, 0, input, nullptr);
+  gatherV(site, args, outputs, counts);
+  return state_->submit(std::move(args), options);
+}
+
+Request Communicator::allGatherVPlaced(const void* input, std::function<Placement()> place,
+                                       DataType type, const OpOptions& options) {
+  const Site site{"all_gather_v", rank(), size()};
+  validate::dataType(site, type);
+  if (!place) validate::fail(site, "'place' is empty; pass the function that says the outputs");
+  if (options.device != DeviceKind::kCpu) {
+    throw Error(ErrorCode::kUnsupported, site.op, rank(),
+                "a placed all_gather_v takes host memory only; gather device memory with "
+                "allGatherV once the counts are known");
   }
-  auto args = CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, sum(counts),
-                                 input, nullptr);
-  args.outputs.assign(outputs.begin(), outputs.end());
-  args.outputCounts.assign(counts.begin(), counts.end());
+  auto args =
+      CollectiveArgs::of(CollectiveKind::kAllGather, type, ReduceOp(), 0, 0, input, nullptr);
   args.variable = true;
-  args.countsHash = validate::hashCounts(counts);
+  // Checked as the call starts: a refusal then fails the communicator (CommState::execute),
+  // since the peers are in the call already.
+  args.place = [site, place = std::move(place)](CollectiveArgs& a) {
+    const Placement placed = place();
+    gatherV(site, a, placed.outputs, placed.counts);
+  };
   return state_->submit(std::move(args), options);
 }
 

@@ -359,6 +359,51 @@ def dropped_inputs(rank: int, world: int, n: int) -> None:
     same(exchanged, want, "all_to_all_single of a dropped input")
 
 
+def sparse_of(rank: int, world: int, dtype: torch.dtype, dense: tuple[int, ...]) -> torch.Tensor:
+    """A COO tensor of shape (2 * world, 3, *dense) with rank-dependent entries, duplicates
+    included (uncoalesced); rank 1 has none."""
+    g = torch.Generator().manual_seed(rank)
+    nnz = 0 if rank == 1 else 2 + 3 * rank
+    indices = torch.stack([torch.randint(0, 2 * world, (nnz,), generator=g),
+                           torch.randint(0, 3, (nnz,), generator=g)])
+    values = torch.randint(-4, 5, (nnz, *dense), generator=g).to(dtype)
+    return torch.sparse_coo_tensor(indices, values, (2 * world, 3, *dense))
+
+
+def body_sparse(rank: int, world: int) -> None:
+    """Sparse COO sums against the dense sum of every rank's tensor; and an asynchronous one
+    issued on one group before a blocking call on another, where a peer calls them the other
+    way round: both finish (loom waited inside the asynchronous call for the entry counts,
+    so each rank waited for the other until the group's timeout, as Gloo does not)."""
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for dense in ((), (2,)):
+            want = sum(sparse_of(q, world, dtype, dense).to_dense() for q in range(world))
+            for async_op in (False, True):
+                t = sparse_of(rank, world, dtype, dense)
+                work = dist.all_reduce(t, async_op=async_op)
+                if async_op:
+                    work.wait()
+                same(t.to_dense(), want, f"sparse {dtype} dense {dense} async {async_op}")
+    a = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    b = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    t = sparse_of(rank, world, torch.float32, ())
+    d = torch.ones(4)
+    if rank == 0:
+        work = dist.all_reduce(t, group=a, async_op=True)
+        dist.all_reduce(d, group=b)
+    else:
+        dist.all_reduce(d, group=b)
+        work = dist.all_reduce(t, group=a, async_op=True)
+    work.wait()
+    same(t.to_dense(), sum(sparse_of(q, world, torch.float32, ()).to_dense() for q in range(world)),
+         "sparse all_reduce ordered apart from another group's call")
+    same(d, torch.full((4,), float(world)), "the other group's all_reduce")
+
+
+def test_sparse_all_reduce_sums_and_never_waits_when_issued():
+    run_ranks(3, body_sparse)
+
+
 def test_asynchronous_calls_hold_their_inputs():
     run_ranks(2, body_dropped_inputs)
 
