@@ -676,6 +676,38 @@ void refuseGradient(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
+/// The autograd kernel of the operators that write a tensor in place: what copy_ does
+/// around its write, for eager calls and torch.compile's traces alike (whose fake tensors
+/// never reach the CPU and CUDA kernels, which check and bump for loom.ops too): a written
+/// leaf that requires grad is refused (requireWritable), and each written tensor's version
+/// is bumped afterwards, so a backward that saved it refuses to run rather than use the new
+/// values (a compiled one read them: found by an audit's probe).
+void writeInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t count = arguments.size();
+  c10::SmallVector<at::Tensor, 1> writes;
+  for (size_t i = 0; i < count; ++i) {
+    const c10::AliasInfo* alias = arguments[i].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    const at::Tensor& t = (*stack)[stack->size() - count + i].toTensor();
+    if (writingRefused(t)) {
+      const std::string name = shortName(op);
+      std::string group;  // every operator's last string argument
+      for (size_t j = 0; j < count; ++j) {
+        const c10::IValue& value = (*stack)[stack->size() - count + j];
+        if (value.isString()) group = value.toStringRef();
+      }
+      c10::intrusive_ptr<c10d::Backend> backend = loomGroup(name.c_str(), group, t.device());
+      requireWritable(static_cast<ProcessGroupLoom&>(*backend).directSite(name.c_str()),
+                      arguments[i].name().c_str(), t);
+    }
+    writes.push_back(t);
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+  for (const at::Tensor& t : writes) written(t);
+}
+
 /// Every operator's kernel for sparse tensors, whose dispatch keys never reach the CPU and
 /// CUDA kernels: the refusal those give (requireDense), naming the operator and the
 /// argument, instead of torch's "Could not run 'loom::...' with arguments from the
@@ -814,9 +846,12 @@ TORCH_LIBRARY(loom, m) {
 
 namespace {
 
-// The operators that return a new tensor (refuseGradient's), and all of them.
+// The operators that return a new tensor (refuseGradient's), those that write one in place
+// (writeInPlace's), and all of them.
 constexpr const char* kReturningNew[] = {"all_reduce", "all_gather_into_tensor",
                                          "reduce_scatter_tensor", "all_to_all_single"};
+constexpr const char* kInPlace[] = {"all_reduce_", "broadcast_", "all_gather_into_tensor_out",
+                                    "reduce_scatter_tensor_out", "all_to_all_single_out"};
 constexpr const char* kEvery[] = {"all_reduce_",
                                   "all_reduce",
                                   "broadcast_",
@@ -844,6 +879,7 @@ void implementBoxed(torch::Library& m, std::span<const char* const> names) {
   }
 
 LOOM_BOXED(Autograd, &refuseGradient, kReturningNew)
+LOOM_BOXED(Autograd, &writeInPlace, kInPlace)
 LOOM_BOXED(Negative, &resolveMathBits, kEvery)
 LOOM_BOXED(Conjugate, &resolveMathBits, kEvery)
 LOOM_BOXED(SparseCPU, &refuseSparse, kEvery)

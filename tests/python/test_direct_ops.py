@@ -352,9 +352,9 @@ def test_torch_compile_traces_the_operators(entry):
 def compiled_refusals_body(rank: int, world: int) -> None:
     """A traced call the eager call would refuse fails with the eager message, not an error
     of the tracer nor a result: rows that do not divide among the ranks and a group_size of 0
-    (the fake kernels check them), and an input that requires grad (refused ahead of every
+    (the fake kernels check them), an input that requires grad (refused ahead of every
     kernel, fake ones included: a compiled backward would otherwise treat the collective as
-    a constant)."""
+    a constant), and the written forms' Parameters and saved tensors (below)."""
     name = dist.group.WORLD.group_name
     compiled = torch.compile(lambda x: torch.ops.loom.reduce_scatter_tensor(x, "sum", world, name),
                              fullgraph=True)
@@ -375,6 +375,31 @@ def compiled_refusals_body(rank: int, world: int) -> None:
         x = torch.ones(2, requires_grad=True)
         with pytest.raises(Exception, match=r"requires grad and grad mode is on.*no gradient"):
             torch.compile(weighted, fullgraph=True)(x).backward()
+        assert x.grad is None
+    # The written forms, traced: a Parameter is refused as in an eager call, and a tensor
+    # saved for backward and then written makes the backward refuse, where the compiled
+    # backward once read the written values (x.grad 2 where it is 1). aot_eager runs the
+    # same autograd trace as inductor without its compiler (and its on-disk cache, which
+    # kept graphs traced before this across runs).
+    for entry in ENTRIES:
+        ops = entry_ops(entry)
+        torch._dynamo.reset()
+        parameter = torch.nn.Parameter(torch.ones(2))
+        with pytest.raises(Exception, match=r"all_reduce_ \(rank \d\): tensor is a leaf that requires grad"):
+            torch.compile(lambda p: ops.all_reduce_(p, "sum", name), fullgraph=True,
+                          backend="aot_eager")(parameter)
+        assert parameter.tolist() == [1.0, 1.0]
+
+        def saved_then_written(x, y):
+            z = (x * y).sum()  # saves y for backward
+            ops.all_gather_into_tensor_out(torch.ones(1), world, name, out=y[:world])
+            return z
+
+        torch._dynamo.reset()
+        x = torch.ones(world, requires_grad=True)
+        y = torch.full((world,), 2.0)
+        with pytest.raises(Exception, match="modified by an inplace operation"):
+            torch.compile(saved_then_written, fullgraph=True, backend="aot_eager")(x, y).backward()
         assert x.grad is None
 
 
