@@ -105,8 +105,10 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     std::vector<int> members(global.begin(), global.end());
     const std::string tag = "group";
     // The world's own failure numbers ranks as the world does: raised as it is, not with this
-    // group's legend (which would map its "rank 1" to the group's rank 1).
-    translated([&] { world->requireUsable("new_group"); });
+    // group's legend (which would map its "rank 1" to the group's rank 1). A failed world
+    // still makes groups of ranks that all live (after a timeout, or of the survivors of a
+    // rank that died), as Gloo's new_group does.
+    translated([&] { world->requireMembersUsable(members, "new_group"); });
     comm_ = translated([&] { return world->subset(members, tag, commOptions(*options_)); },
                        ties_->legend);
     noteLiveGroup(comm_, ties_);

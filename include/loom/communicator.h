@@ -134,6 +134,10 @@ class Communicator {
   /// Throws what a call named `op` would throw now if this communicator has failed, was shut
   /// down or belongs to the process this one was forked from; otherwise does nothing.
   void requireUsable(std::string_view op) const;
+  /// Throws what subset() of `members` would throw before it meets them: requireUsable's
+  /// error, except that a failed communicator whose listed ranks all live still makes a
+  /// subset of them (torch's new_group after a timeout, as Gloo's does over the store).
+  void requireMembersUsable(std::span<const int> members, std::string_view op) const;
 
   /// What every rank last started and finished, read from shared memory: one line per rank
   /// (pid, alive/left/DEAD, last collective started, last finished). For diagnosing hangs.

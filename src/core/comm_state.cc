@@ -349,6 +349,17 @@ void CommState::requireUsable(std::string_view op) {
   }
 }
 
+void CommState::requireMembersUsable(std::span<const int> members, std::string_view op) {
+  refuseInAFork(op);
+  refuseIfShutDown(op);
+  if (!failures_->failed()) return;
+  // A member that died or left would be waited for until the timeout: the failure, which
+  // names it, is the answer now.
+  for (int q : members) {
+    if (failures_->stateOf(q) != RankState::kAlive) requireUsable(op);
+  }
+}
+
 void CommState::execute(const CollectiveArgs& given, OpState& state,
                         std::chrono::milliseconds timeout, Clock::time_point start) {
   // A placed call (allGatherVPlaced) learns its buffers now, from the calls before it.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,9 @@ class CommState final : public FailureSink {
     return failures_ && failures_->failed() &&
            failures_->failureError(e.op()).detail() == e.detail();
   }
+  /// requireUsable, except that a failed communicator whose `members` all live passes: what
+  /// a subset of them needs (it neither watches a failed parent nor uses its segment).
+  void requireMembersUsable(std::span<const int> members, std::string_view op);
   /// Throws Error(kAborted) naming `op` if shut down (requireUsable's first check alone).
   void refuseIfShutDown(std::string_view op) const;
   /// Throws Error(kUnsupported) naming `op` in a process forked from the one that made this

@@ -153,18 +153,24 @@ void Communicator::requireUsable(std::string_view op) const {
   state_->requireUsable(op);
 }
 
+void Communicator::requireMembersUsable(std::span<const int> members, std::string_view op) const {
+  state_->requireMembersUsable(members, op);
+}
+
 std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
                                                    const std::string& tag,
                                                    const CommOptions& options) {
   const Site site{"subset", rank(), size()};
   if (options.timeout.count() <= 0) validate::fail(site, "the timeout must be positive");
-  state_->requireUsable("subset");
   std::set<int> seen;
   for (int q : ranks) {
     validate::rankInRange(site, "ranks", q);
     if (!seen.insert(q).second)
       validate::fail(site, "rank " + std::to_string(q) + " is listed twice");
   }
+  // Made from a failed communicator too, of ranks that all live (the child does not watch
+  // it: createChild), as torch users make new groups after a timeout with Gloo.
+  state_->requireMembersUsable(ranks, "subset");
   if (seen.count(rank()) == 0) {
     validate::fail(site, "this rank (" + std::to_string(rank()) +
                              ") is not in 'ranks'; only the listed ranks call subset");

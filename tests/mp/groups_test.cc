@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -113,6 +114,48 @@ TEST(Groups, AMemberThatGaveUpWhileOthersCameFailsEveryRanksCreation) {
       }
     }
     awaitEveryRank(ctx, 4);
+  });
+}
+
+// A failed communicator still makes subsets of ranks that all live (torch's new_group after
+// a timeout, or of the survivors of a rank that died, as Gloo's does over the store); one that
+// lists a rank that died gets the failure that names it at once, not a wait for that rank.
+TEST(Groups, AFailedCommunicatorMakesSubsetsOfTheRanksThatLive) {
+  expectOk(3, [](RankContext& ctx) {
+    auto world = ctx.connect();
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const int all[] = {0, 1, 2};
+    // Failed for every rank by one rank's abort; every rank still lives.
+    if (ctx.rank == 2) world->abort();
+    try {
+      world->barrier().wait();
+      LOOM_CHECK(false, << "the world should have failed");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kAborted, << e.what());
+    }
+    auto again = world->subset(all, "after the abort", options);
+    LOOM_CHECK(sumOfParentRanks(*again, ctx.rank) == 0 + 1 + 2);
+    // Now rank 2 dies, leaving nothing behind; the survivors make a group of themselves.
+    awaitEveryRank(ctx, 3);
+    if (ctx.rank == 2) _exit(0);
+    try {
+      again->barrier().wait();
+      LOOM_CHECK(false, << "rank 2's death should have failed the group");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+    }
+    const int survivors[] = {0, 1};
+    auto pair = again->subset(survivors, "survivors", options);
+    LOOM_CHECK(sumOfParentRanks(*pair, ctx.rank) == 0 + 1);
+    try {
+      again->subset(all, "with the dead", options);
+      LOOM_CHECK(false, << "a subset with a rank that died was made");
+    } catch (const Error& e) {
+      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure &&
+                     std::string(e.what()).find("rank 2") != std::string::npos,
+                 << e.what());
+    }
   });
 }
 

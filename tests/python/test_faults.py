@@ -148,6 +148,21 @@ def test_a_group_made_after_a_death_names_it_in_the_worlds_numbering():
     assert "rank 1 (pid" in results[2] and "global ranks" not in results[2], results[2]
 
 
+def body_survivors_make_a_group(rank: int, world: int):
+    """World rank 2 dies; ranks 0 and 1 then make a group of themselves and use it, as Gloo's
+    new_group lets them (loom refused every group derived from a failed world)."""
+    _first_call_then_death(rank, world, 2)
+    pair = dist.new_group([0, 1])
+    x = torch.full((4,), rank + 1.0)
+    dist.all_reduce(x, group=pair)
+    return x.tolist()
+
+
+def test_the_survivors_of_a_death_make_a_group_of_themselves():
+    results = run_ranks(3, body_survivors_make_a_group, killed=(2,), finalize=False)
+    assert results[:2] == [[3.0] * 4] * 2, results
+
+
 def test_elastic_restart_under_torchrun(tmp_path):
     shm_before = loom_names_in_dev_shm()
     out = tmp_path / "result.json"
