@@ -85,9 +85,12 @@ c10::intrusive_ptr<c10d::Backend> loomGroup(const char* op, const std::string& g
   try {
     group = c10d::resolve_process_group(groupName);
   } catch (const std::exception&) {
+    // torch registers a group only in its members' processes: a rank outside it meets this.
     TORCH_CHECK(false, called(worldRank()) + ": no process group is named '" + groupName +
-                           "'; pass a group's group_name (dist.group.WORLD.group_name for the "
-                           "default group) of a group that is still alive");
+                           "' in this process; pass the group_name of a group this rank is a "
+                           "member of and that is still alive (dist.group.WORLD.group_name for "
+                           "the default group): a rank outside a new_group has none of it, so "
+                           "call the operator on the group's members only");
   }
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
