@@ -367,6 +367,8 @@ def _errors(rank, world):
     dist.barrier()
     with pytest.raises(KeyError, match=r"rank %d\): get\('missing'\): no such key" % rank):
         ts.get("missing")
+    with pytest.raises(TypeError, match=r"keys\(prefix=...\): prefix is a str \(or None\), got int"):
+        ts.keys(5)
     with pytest.raises(ValueError, match="'f32'.*stored as torch.float32; the tensor to fill is torch.bfloat16"):
         ts.get("f32", inplace_tensor=torch.zeros(4, 4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"'f32'.*shape \[4, 5\]; the stored block is \[4, 4\]"):

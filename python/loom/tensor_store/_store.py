@@ -300,6 +300,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
 
     def keys(self, prefix: str | None = None) -> list[str]:
         """The readable keys (those starting with `prefix`), sorted."""
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(self._message(f"keys(prefix=...): prefix is a str (or None), got {type(prefix).__name__}"))
         index = self._get_now("index")
         if index is None:
             return []
