@@ -150,9 +150,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduceSparse(
     auto summed = at::sparse_coo_tensor(g->rowsOut.t(), g->allValues, output.sizes()).coalesce();
     writeResult(output, summed);
   };
-  const OpOptions options = opOptions(opts.timeout, !opts.asyncOp);
   return launch(
       s, c10d::OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, finisher, [&](Requests& r) {
+        // Inside launch, which sets what opOptions reads (the desync-debug signature).
+        const OpOptions options = opOptions(opts.timeout, !opts.asyncOp);
         r.push_back(comm_->allGather(&g->mine, g->records.data(),
                                      sizeof(SparseRecord) / sizeof(int64_t), DataType::kInt64,
                                      options));

@@ -135,8 +135,9 @@ class Communicator {
   /// down or belongs to the process this one was forked from; otherwise does nothing.
   void requireUsable(std::string_view op) const;
   /// Throws what subset() of `members` would throw before it meets them: requireUsable's
-  /// error, except that a failed communicator whose listed ranks all live still makes a
-  /// subset of them (torch's new_group after a timeout, as Gloo's does over the store).
+  /// error, except that a failed communicator still makes a subset of ranks its failure
+  /// spares, none of which died, left or aborted it (torch's new_group after a timeout or
+  /// over the survivors of a death, as Gloo's does over the store).
   void requireMembersUsable(std::span<const int> members, std::string_view op) const;
 
   /// What every rank last started and finished, read from shared memory: one line per rank

@@ -173,7 +173,7 @@ std::shared_ptr<CommState> CommState::createFromStore(int rank, int size, Store&
   std::shared_ptr<CommState> state(new CommState(rank, roster, options, std::move(config)),
                                    &CommState::destroy);
   registration.id.reset();
-  state->join(deadline, /*child=*/false);
+  state->join(deadline, /*child=*/false, ParentWatch{});
   return state;
 }
 
@@ -204,13 +204,14 @@ std::shared_ptr<CommState> CommState::createChild(CommState& parent,
   // A child across hosts registers here (a top-level one did in exchangeRoster): one
   // registration, which the state's destructor gives back.
   if (state->spansHosts()) listenFor(roster, rank);
-  // Split and subset start from a serving parent, whose failure meanwhile (a member aborted
-  // it instead of joining) is the reason to stop. A shrink does not watch it: its parent has
+  // Split and subset watch their parent: its failure meanwhile stops them where it concerns
+  // a member (one aborted it instead of joining), not where it spares them all (a rank
+  // outside the child died, another timed out): a member that came after such a failure
+  // joins, and so must one already waiting. A shrink does not watch it: its parent has
   // failed, or is about to, for the ranks it leaves out (one that dies while the others
   // shrink made their shrink fail); a member that dies is seen by the join itself.
-  const Failures* watched = watchParent && parent.failures_ && !parent.failures_->failed()
-                                ? parent.failures_.get()
-                                : nullptr;
+  ParentWatch watched;
+  if (watchParent && parent.failures_) watched = {parent.failures_.get(), members};
   state->join(deadlineAfter(options.timeout), /*child=*/true, watched);
   return state;
 }
@@ -230,7 +231,7 @@ bool CommState::forkedAway() const {
   return ::getpid() != owner_;
 }
 
-void CommState::join(Clock::time_point deadline, bool child, const Failures* parent) {
+void CommState::join(Clock::time_point deadline, bool child, const ParentWatch& parent) {
   const int localRank = hosts_.localIndex(rank_);
   const std::vector<int>& here = hosts_.ranksOn(hosts_.hostOf(rank_));
   JoinedSegment joined = joinSegment(deadline, child, parent);
@@ -352,12 +353,9 @@ void CommState::requireUsable(std::string_view op) {
 void CommState::requireMembersUsable(std::span<const int> members, std::string_view op) {
   refuseInAFork(op);
   refuseIfShutDown(op);
-  if (!failures_->failed()) return;
-  // A member that died or left would be waited for until the timeout: the failure, which
-  // names it, is the answer now.
-  for (int q : members) {
-    if (failures_->stateOf(q) != RankState::kAlive) requireUsable(op);
-  }
+  // A member that died, left or aborted would be waited for until the timeout: the
+  // failure, which names it, is the answer now.
+  if (!failures_->spares(members)) requireUsable(op);
 }
 
 void CommState::execute(const CollectiveArgs& given, OpState& state,

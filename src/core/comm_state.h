@@ -95,8 +95,9 @@ class CommState final : public FailureSink {
     return failures_ && failures_->failed() &&
            failures_->failureError(e.op()).detail() == e.detail();
   }
-  /// requireUsable, except that a failed communicator whose `members` all live passes: what
-  /// a subset of them needs (it neither watches a failed parent nor uses its segment).
+  /// requireUsable, except that a failed communicator whose failure spares `members`
+  /// (Failures::spares) passes: what a subset of them needs (it uses the parent's roster,
+  /// not its segment).
   void requireMembersUsable(std::span<const int> members, std::string_view op);
   /// Throws Error(kAborted) naming `op` if shut down (requireUsable's first check alone).
   void refuseIfShutDown(std::string_view op) const;
@@ -120,12 +121,19 @@ class CommState final : public FailureSink {
   bool onOwnThread();
   /// Whether this thread is this communicator's CUDA monitor, running its calls' callbacks.
   bool onCudaMonitor() const;
+  /// The parent a child (split, subset) is made from, watched while the child's members
+  /// meet: a failure of it that does not spare them (Failures::spares: one of them died,
+  /// left or aborted it) ends the wait at once, with the parent's reason.
+  struct ParentWatch {
+    const Failures* failures = nullptr;
+    std::vector<int> members;  // the child's ranks, as the parent numbers them
+    bool stops() const {
+      return failures != nullptr && failures->failed() && !failures->spares(members);
+    }
+  };
   /// Joins the communicator's host segment and starts its threads; `child`: made from a
-  /// parent (split, subset, shrink), not through a store. `parent`: the parent's failure
-  /// domain where it still served when the child began, whose failure (an abort, a death)
-  /// then ends the wait for the child's members at once, with the parent's reason.
-  void join(std::chrono::steady_clock::time_point deadline, bool child,
-            const Failures* parent = nullptr);
+  /// parent (split, subset, shrink), not through a store, and watching `parent`.
+  void join(std::chrono::steady_clock::time_point deadline, bool child, const ParentWatch& parent);
   /// This host's segment as joinSegment leaves it; `broken`, where members were handed the
   /// segment but not all of them took it: the rank to blame and why, which join records in
   /// the segment, so that the members that did take it fail at once rather than wait.
@@ -135,7 +143,7 @@ class CommState final : public FailureSink {
   };
   /// Makes (the host's lowest rank) or receives this host's segment.
   JoinedSegment joinSegment(std::chrono::steady_clock::time_point deadline, bool child,
-                            const Failures* parent);
+                            const ParentWatch& parent);
   /// Where every rank runs, as rank `rank` sees it (for collectives across hosts).
   static HostLayout layoutOf(const HostMap& hosts, int rank);
   /// Starts this rail rank's control plane and waits until the other hosts have met it.

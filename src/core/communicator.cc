@@ -168,8 +168,9 @@ std::shared_ptr<Communicator> Communicator::subset(std::span<const int> ranks,
     if (!seen.insert(q).second)
       validate::fail(site, "rank " + std::to_string(q) + " is listed twice");
   }
-  // Made from a failed communicator too, of ranks that all live (the child does not watch
-  // it: createChild), as torch users make new groups after a timeout with Gloo.
+  // Made from a failed communicator too, where its failure spares the members (none died,
+  // left or aborted it: a timeout, a death elsewhere), as torch users make new groups after
+  // one with Gloo; the same rule stops the making if a failure lands meanwhile (createChild).
   state_->requireMembersUsable(ranks, "subset");
   if (seen.count(rank()) == 0) {
     validate::fail(site, "this rank (" + std::to_string(rank()) +

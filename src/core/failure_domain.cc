@@ -156,6 +156,19 @@ void FailureDomain::markDead(int q) {
            "without it");
 }
 
+bool FailureDomain::spares(std::span<const int> ranks) const {
+  if (!failed()) return true;
+  const shm::ShmComm::RecordedFailure record = shm_.recordedFailure();
+  // A rank on another host lost by a rank that is not this one is known here only as the
+  // culprit of the failure that rank recorded (stateOf reads this process's links).
+  const bool culpritGone =
+      record.code == ErrorCode::kPeerFailure || record.code == ErrorCode::kAborted;
+  for (int q : ranks) {
+    if (stateOf(q) != RankState::kAlive || (culpritGone && q == record.culprit)) return false;
+  }
+  return true;
+}
+
 void FailureDomain::abort() {
   fail(ErrorCode::kAborted, rank_,
        "rank " + std::to_string(rank_) + " aborted communicator '" + name_ + "'");

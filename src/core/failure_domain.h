@@ -35,6 +35,7 @@ class FailureDomain final : public Failures {
   bool failed() const override { return shm_.failed(); }
   Error failureError(std::string_view op) const override;
   RankState stateOf(int q) const override;
+  bool spares(std::span<const int> ranks) const override;
   [[noreturn]] void peerGone(int q, RankState state, const WaitSpec& spec) override;
   [[noreturn]] void timedOut(uint64_t phase, const WaitSpec& spec) override;
   void peerLost(int q, std::string_view why) override;

@@ -18,7 +18,7 @@ namespace loom::detail {
 using Clock = std::chrono::steady_clock;
 
 CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool child,
-                                                const Failures* parent) {
+                                                const ParentWatch& parent) {
   // The segment holds this host's ranks, at their local index; each host's has its own id.
   // The host's lowest rank makes it and hands it to the others.
   const int host = hosts_.hostOf(rank_);
@@ -38,7 +38,7 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
   }
   const ExitWatch watch(others);
   const auto stillAlive = [&] {
-    if (parent != nullptr && parent->failed()) throw parent->failureError("create");
+    if (parent.stops()) throw parent.failures->failureError("create");
     if (const auto gone = watch.exited()) {
       throw Error(ErrorCode::kPeerFailure, "create", rank_,
                   "rank " + std::to_string(gone->first) + " (pid " + std::to_string(gone->second) +

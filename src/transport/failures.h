@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <thread>
 
@@ -48,6 +49,10 @@ class Failures {
   virtual Error failureError(std::string_view op) const = 0;
   /// Rank q's liveness.
   virtual RankState stateOf(int q) const = 0;
+  /// Whether `ranks` can still make a communicator of their own: none of them has died, left
+  /// or been lost, nor caused the recorded failure (if any) by dying, leaving, being lost or
+  /// aborting. A timeout or a mismatch spares them: they all live.
+  virtual bool spares(std::span<const int> ranks) const = 0;
   /// A wait found rank q gone (`state`) before it posted what the wait needs: records why
   /// and throws the communicator's failure.
   [[noreturn]] virtual void peerGone(int q, RankState state, const WaitSpec& spec) = 0;

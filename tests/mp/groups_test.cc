@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "../common/expect_error.h"
 #include "../common/forked_ranks.h"
 #include "../common/reference.h"
 #include "loom/error.h"
@@ -14,6 +15,7 @@
 namespace loom {
 namespace {
 
+using testing::expectError;
 using testing::RankContext;
 
 void expectOk(int size, const std::function<void(RankContext&)>& body) {
@@ -118,44 +120,66 @@ TEST(Groups, AMemberThatGaveUpWhileOthersCameFailsEveryRanksCreation) {
 }
 
 // A failed communicator still makes subsets of ranks that all live (torch's new_group after
-// a timeout, or of the survivors of a rank that died, as Gloo's does over the store); one that
-// lists a rank that died gets the failure that names it at once, not a wait for that rank.
-TEST(Groups, AFailedCommunicatorMakesSubsetsOfTheRanksThatLive) {
+// a timeout, as Gloo's does over the store); one that lists the rank that aborted it gets the
+// failure naming that rank at once, not a wait for a rank that will not come.
+TEST(Groups, AFailedCommunicatorMakesSubsetsOfTheRanksItSpares) {
+  expectOk(3, [](RankContext& ctx) {
+    CommOptions quick;
+    quick.timeout = std::chrono::milliseconds(1500);
+    auto world = ctx.connect(quick);
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const int all[] = {0, 1, 2};
+    // Failed for every rank by a timeout (rank 2 is late); every rank lives.
+    if (ctx.rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+    expectError([&] { world->barrier().wait(); }, ErrorCode::kTimeout, {"rank"});
+    auto again = world->subset(all, "after the timeout", options);
+    LOOM_CHECK(sumOfParentRanks(*again, ctx.rank) == 0 + 1 + 2);
+    // Failed by rank 1's abort: a group with rank 1 is refused, one without it is made.
+    if (ctx.rank == 1) again->abort();
+    expectError([&] { again->barrier().wait(); }, ErrorCode::kAborted, {"rank 1 aborted"});
+    expectError([&] { again->subset(all, "with the aborter", options); }, ErrorCode::kAborted,
+                {"rank 1 aborted"});
+    if (ctx.rank == 1) return;
+    const int others[] = {0, 2};
+    auto two = again->subset(others, "without the aborter", options);
+    LOOM_CHECK(sumOfParentRanks(*two, ctx.rank) == 0 + 2);
+  });
+}
+
+// A failure of the parent that spares a child's members, landing while they make it (rank
+// 2 dies after rank 0, the child's leader, began waiting and before rank 1 came), stops
+// neither: rank 0 went on waiting, and rank 1 was let in, so both must finish making it.
+TEST(Groups, AFailureThatSparesTheMembersLandingWhileTheyMeetStopsNeither) {
   expectOk(3, [](RankContext& ctx) {
     auto world = ctx.connect();
     CommOptions options;
     options.timeout = std::chrono::seconds(60);
-    const int all[] = {0, 1, 2};
-    // Failed for every rank by one rank's abort; every rank still lives.
-    if (ctx.rank == 2) world->abort();
-    try {
-      world->barrier().wait();
-      LOOM_CHECK(false, << "the world should have failed");
-    } catch (const Error& e) {
-      LOOM_CHECK(e.code() == ErrorCode::kAborted, << e.what());
-    }
-    auto again = world->subset(all, "after the abort", options);
-    LOOM_CHECK(sumOfParentRanks(*again, ctx.rank) == 0 + 1 + 2);
-    // Now rank 2 dies, leaving nothing behind; the survivors make a group of themselves.
+    const int pair[] = {0, 1};
     awaitEveryRank(ctx, 3);
-    if (ctx.rank == 2) _exit(0);
-    try {
-      again->barrier().wait();
-      LOOM_CHECK(false, << "rank 2's death should have failed the group");
-    } catch (const Error& e) {
-      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+    if (ctx.rank == 2) {
+      ctx.store->get("rank 0 is making the pair", std::chrono::seconds(60));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      _exit(0);
     }
-    const int survivors[] = {0, 1};
-    auto pair = again->subset(survivors, "survivors", options);
-    LOOM_CHECK(sumOfParentRanks(*pair, ctx.rank) == 0 + 1);
-    try {
-      again->subset(all, "with the dead", options);
-      LOOM_CHECK(false, << "a subset with a rank that died was made");
-    } catch (const Error& e) {
-      LOOM_CHECK(e.code() == ErrorCode::kPeerFailure &&
-                     std::string(e.what()).find("rank 2") != std::string::npos,
-                 << e.what());
+    if (ctx.rank == 0) ctx.store->set("rank 0 is making the pair", {1});
+    if (ctx.rank == 1) {
+      // Until the world has failed for rank 2's death.
+      for (;;) {
+        try {
+          world->requireUsable("probe");
+        } catch (const Error& e) {
+          LOOM_CHECK(e.code() == ErrorCode::kPeerFailure, << e.what());
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      // Long enough for rank 0, which looks at its parent every 50 ms while it waits, to
+      // see the failure first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
+    auto made = world->subset(pair, "pair", options);
+    LOOM_CHECK(sumOfParentRanks(*made, ctx.rank) == 0 + 1);
   });
 }
 
