@@ -149,16 +149,15 @@ TEST(PlacedGather, APlacementThatThrowsFailsTheCommunicatorForEveryRank) {
     auto comm = ctx.connect(options);
     int32_t value = ctx.rank;
     std::vector<int32_t> out(2);
-    Request r = comm->allGatherVPlaced(
-        &value,
-        [&]() -> Communicator::Placement {
-          if (ctx.rank == 1) throw std::runtime_error("no room for the gather");
-          return {{out.data(), out.data() + 1}, {1, 1}};
-        },
-        DataType::kInt32);
+    const auto place = [&]() -> Communicator::Placement {
+      if (ctx.rank == 1) throw std::runtime_error("no room for the gather");
+      return {{out.data(), out.data() + 1}, {1, 1}};
+    };
     // Both ranks fail with the reason, rank 0 without waiting out the timeout for rank 1's
-    // part of the gather, which never comes.
-    expectError([&] { r.wait(); }, ErrorCode::kInternal,
+    // part of the gather, which never comes: at its wait, or at the call itself where rank
+    // 1's failure came first.
+    expectError([&] { comm->allGatherVPlaced(&value, place, DataType::kInt32).wait(); },
+                ErrorCode::kInternal,
                 {"all_gather", "broke off on rank 1", "no room for the gather"});
     expectError([&] { comm->barrier().wait(); }, ErrorCode::kInternal, {"broke off on rank 1"});
   });
@@ -171,14 +170,13 @@ TEST(PlacedGather, APlacementAllGatherVWouldRefuseFailsTheCommunicator) {
     auto comm = ctx.connect(options);
     int32_t value = ctx.rank;
     std::vector<int32_t> out(2);
-    Request r = comm->allGatherVPlaced(
-        &value,
-        [&]() -> Communicator::Placement {
-          if (ctx.rank == 0) return {{out.data()}, {1}};  // one entry for two ranks
-          return {{out.data(), out.data() + 1}, {1, 1}};
-        },
-        DataType::kInt32);
-    expectError([&] { r.wait(); }, ErrorCode::kInvalidArgument,
+    const auto place = [&]() -> Communicator::Placement {
+      if (ctx.rank == 0) return {{out.data()}, {1}};  // one entry for two ranks
+      return {{out.data(), out.data() + 1}, {1, 1}};
+    };
+    // At the wait, or at the call where rank 0's failure came first.
+    expectError([&] { comm->allGatherVPlaced(&value, place, DataType::kInt32).wait(); },
+                ErrorCode::kInvalidArgument,
                 {"all_gather", "broke off on rank 0", "'outputs' has 1 entries"});
   });
 }

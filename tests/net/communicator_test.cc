@@ -822,22 +822,6 @@ TEST_F(TwoHosts, SurvivorsShrinkAcrossHostsAndGoOn) {
   });
 }
 
-// After rank 3's death the survivors make a group of themselves from the failed world
-// (torch's new_group), and one that lists rank 3 fails with the world's failure naming it:
-// ranks on host 0 know rank 3 is gone only as the culprit of the failure host 1 recorded.
-TEST_F(TwoHosts, SurvivorsMakeAGroupOfThemselvesAcrossHosts) {
-  afterRank3Dies(*hosts_, [](Communicator& comm, RankContext& ctx, const CommOptions& options) {
-    const int survivors[] = {0, 1, 2};
-    auto rest = comm.subset(survivors, "survivors", options);
-    int32_t x = ctx.rank + 1;
-    rest->allReduce(&x, &x, 1, DataType::kInt32, ReduceKind::kSum).wait();
-    LOOM_CHECK(x == 1 + 2 + 3, << x);
-    const int all[] = {0, 1, 2, 3};
-    expectError([&] { comm.subset(all, "with the dead", options); }, ErrorCode::kPeerFailure,
-                {"rank 3"});
-  });
-}
-
 // Ranks 0 to 3 (0 and 2 on host 0, 1 and 3 on host 1) lose rank 3, and the survivors but
 // `left` shrink without `left` instead, so rank 3 is kept: every one of them must fail
 // within seconds, at the shrink or (a rank whose part of the making ended before the hosts
