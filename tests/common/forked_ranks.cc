@@ -2,6 +2,8 @@
 
 #include "forked_ranks.h"
 
+#include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -118,6 +120,12 @@ std::string failures(const std::vector<RankOutcome>& outcomes) {
               ":\n" + o.output + "\n";
   }
   return report;
+}
+
+void expectAllSucceeded(int size, const std::function<void(RankContext&)>& body,
+                        const RunOptions& options) {
+  const std::string report = failures(runRanks(size, body, options));
+  EXPECT_TRUE(report.empty()) << report;
 }
 
 }  // namespace loom::testing

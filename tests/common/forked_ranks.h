@@ -52,6 +52,11 @@ std::vector<RankOutcome> runRanks(int size, const std::function<void(RankContext
 /// Empty if every rank exited 0, else a report of each rank that did not.
 std::string failures(const std::vector<RankOutcome>& outcomes);
 
+/// Runs `body` on `size` ranks; fails the calling test (a gtest expectation) with the report
+/// of every rank that did not exit 0.
+void expectAllSucceeded(int size, const std::function<void(RankContext&)>& body,
+                        const RunOptions& options = {});
+
 /// Thrown by LOOM_CHECK inside a rank.
 struct CheckFailure : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -24,13 +24,8 @@ namespace {
 using testing::expectError;
 using testing::RankContext;
 
-void expectOk(int size, const std::function<void(RankContext&)>& body) {
-  const auto outcomes = testing::runRanks(size, body);
-  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
-}
-
 TEST(Errors, InvalidArgumentsAreRefusedBeforeAnythingIsSent) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     std::vector<float> a(16), b(64);
     const auto bad = ErrorCode::kInvalidArgument;
@@ -94,7 +89,7 @@ TEST(Errors, CreateRejectsBadRanksAndSizes) {
 // A rank whose own settings are bad fails at creation; the others must learn it from the
 // store at once, naming it and the setting, not wait out the timeout for it to join.
 void expectBadSettingOfOneRankRefusedEverywhere(int badRank, const char* name, const char* value) {
-  expectOk(3, [&](RankContext& ctx) {
+  testing::expectAllSucceeded(3, [&](RankContext& ctx) {
     if (ctx.rank == badRank) ::setenv(name, value, 1);  // a forked rank: its own environment
     CommOptions options;
     options.timeout = std::chrono::seconds(60);
@@ -119,7 +114,7 @@ TEST(Errors, ABadSettingOnOneRankFailsEveryRankAtCreation) {
 // timeout for a rank that "did not join".
 TEST(Errors, ARankThatCannotStartItsThreadFailsEveryRankAtCreation) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root: the rank runs as another user, limited";
-  expectOk(3, [&](RankContext& ctx) {
+  testing::expectAllSucceeded(3, [&](RankContext& ctx) {
     if (ctx.rank == 1) {
       // As nobody, whose processes the limit counts (root's it does not): no new thread.
       const rlimit one{1, 1};
@@ -142,7 +137,7 @@ TEST(Errors, ARankThatCannotStartItsThreadFailsEveryRankAtCreation) {
 // make two communicators in opposite orders) are refused, naming both. The round joined
 // one rank's "a" to the other's "b", silently, and their sums mixed.
 TEST(Errors, RanksMakingDifferentCommunicatorsInOneStoreRoundAreRefused) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     const char* order[2][2] = {{"a", "b"}, {"b", "a"}};
     for (const char* name : order[ctx.rank]) {
       CommOptions options;
@@ -163,7 +158,7 @@ TEST(Errors, RanksMakingDifferentCommunicatorsInOneStoreRoundAreRefused) {
 }
 
 TEST(Errors, MismatchedCollectivesNameBothSides) {
-  expectOk(3, [](RankContext& ctx) {
+  testing::expectAllSucceeded(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
     std::vector<float> buf(300);
     const size_t count = ctx.rank == 2 ? 200 : 100;
@@ -180,7 +175,7 @@ TEST(Errors, MismatchedCollectivesNameBothSides) {
 
 TEST(Errors, MismatchedRootsTypesAndKindsAreCaught) {
   for (int variant = 0; variant < 3; ++variant) {
-    expectOk(2, [variant](RankContext& ctx) {
+    testing::expectAllSucceeded(2, [variant](RankContext& ctx) {
       auto comm = ctx.connect();
       std::vector<double> buf(8);
       expectError(
@@ -232,7 +227,7 @@ TEST(Errors, AllToAllSplitSizesThatDoNotPairUpNameBothRanks) {
 // opening, and rank 0, which has nothing left to do, fails in the same call rather than the
 // next one.
 TEST(Errors, AnEmptyAllToAllThatARankExpectedDataFromFailsEveryRank) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     std::vector<float> in(4, 1.0F), out(4);
     std::vector<const void*> inputs{in.data(), in.data() + 2};
@@ -283,7 +278,7 @@ TEST(Errors, AnEvenAllToAllOfNothingAgainstAnUnevenOneIsAMismatch) {
 // that set it differently would go different ways through the same phases, so the opening
 // descriptor carries it and they get the named mismatch instead.
 TEST(Errors, RanksWhosePeerReadSettingsDifferGetAMismatch) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     ::setenv("LOOM_PEER_READ_BYTES", ctx.rank == 0 ? "1M" : "4M", 1);
     auto comm = ctx.connect();
     std::vector<float> in(8, 1.0F), out(8);
@@ -298,7 +293,7 @@ TEST(Errors, RanksWhosePeerReadSettingsDifferGetAMismatch) {
 }
 
 TEST(Errors, TimeoutNamesTheRanksThatDidNotArrive) {
-  expectOk(3, [](RankContext& ctx) {
+  testing::expectAllSucceeded(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
     float x = 1, y = 0;
     if (ctx.rank == 2) {
@@ -384,7 +379,7 @@ TEST(Errors, ACollectiveThatBreaksOffOnOneRankFailsEveryRank) {
 }
 
 TEST(Errors, AbortReleasesEveryWaiterAtOnce) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     comm->barrier().wait();
     if (ctx.rank == 0) {
@@ -407,7 +402,7 @@ TEST(Errors, AbortReleasesEveryWaiterAtOnce) {
 }
 
 TEST(Errors, ShutdownThenUseIsAClearError) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     comm->barrier().wait();
     comm->shutdown();
@@ -420,7 +415,7 @@ TEST(Errors, ShutdownThenUseIsAClearError) {
 // once shutdown() returns. One could pass its check just before the shutdown began and be
 // queued after the drain, and ran after the rank had left, failing later with a mismatch.
 TEST(Errors, ACollectiveIssuedDuringAShutdownIsRefusedOrWaitedFor) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     for (int round = 0; round < 8; ++round) {
       auto comm = ctx.connect();
       comm->barrier().wait();

@@ -6,6 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -18,11 +21,6 @@ namespace {
 
 using testing::expectError;
 using testing::RankContext;
-
-void expectOk(int size, const std::function<void(RankContext&)>& body) {
-  const auto outcomes = testing::runRanks(size, body);
-  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
-}
 
 // What rank q contributes: a count of its own choosing (rank 1: none), values from q.
 size_t countOf(int q) {
@@ -80,7 +78,7 @@ struct SizedGather {
 };
 
 TEST(PlacedGather, GathersWhatOnlyTheCallBeforeItCounted) {
-  expectOk(3, [](RankContext& ctx) {
+  testing::expectAllSucceeded(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
     for (int round = 0; round < 3; ++round) {
       SizedGather g(ctx.rank, ctx.size);
@@ -121,7 +119,7 @@ TEST(PlacedGather, KeepsItsPlaceWhenRanksOrderTwoCommunicatorsDifferently) {
   // Rank 0 issues the sized gather on `a` and then a blocking call on `b`; rank 1 the call on
   // `b` first. Had rank 0 waited for its count exchange before placing its gather, each
   // would wait for the other until the timeout.
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     CommOptions options;
     options.timeout = std::chrono::seconds(20);
     auto a = ctx.connect(options);
@@ -142,47 +140,52 @@ TEST(PlacedGather, KeepsItsPlaceWhenRanksOrderTwoCommunicatorsDifferently) {
   });
 }
 
+// On two ranks, a placed gather of one int32 each whose placement on rank `bad` is `badPlace`
+// (the other places both into `out`) fails on both with `code` and `parts`: at the wait, or
+// at the call itself where the other rank's failure came first (its peer never waits out
+// the timeout for a part that never comes). Returns the failed communicator.
+std::shared_ptr<Communicator> expectPlacedGatherFails(
+    RankContext& ctx, int bad,
+    const std::function<Communicator::Placement(std::vector<int32_t>& out)>& badPlace,
+    ErrorCode code, std::initializer_list<const char*> parts) {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  auto comm = ctx.connect(options);
+  int32_t value = ctx.rank;
+  std::vector<int32_t> out(2);
+  const auto place = [&]() -> Communicator::Placement {
+    if (ctx.rank == bad) return badPlace(out);
+    return {{out.data(), out.data() + 1}, {1, 1}};
+  };
+  expectError([&] { comm->allGatherVPlaced(&value, place, DataType::kInt32).wait(); }, code, parts);
+  return comm;
+}
+
 TEST(PlacedGather, APlacementThatThrowsFailsTheCommunicatorForEveryRank) {
-  expectOk(2, [](RankContext& ctx) {
-    CommOptions options;
-    options.timeout = std::chrono::seconds(60);
-    auto comm = ctx.connect(options);
-    int32_t value = ctx.rank;
-    std::vector<int32_t> out(2);
-    const auto place = [&]() -> Communicator::Placement {
-      if (ctx.rank == 1) throw std::runtime_error("no room for the gather");
-      return {{out.data(), out.data() + 1}, {1, 1}};
-    };
-    // Both ranks fail with the reason, rank 0 without waiting out the timeout for rank 1's
-    // part of the gather, which never comes: at its wait, or at the call itself where rank
-    // 1's failure came first.
-    expectError([&] { comm->allGatherVPlaced(&value, place, DataType::kInt32).wait(); },
-                ErrorCode::kInternal,
-                {"all_gather", "broke off on rank 1", "no room for the gather"});
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
+    auto comm = expectPlacedGatherFails(
+        ctx, 1,
+        [](std::vector<int32_t>&) -> Communicator::Placement {
+          throw std::runtime_error("no room for the gather");
+        },
+        ErrorCode::kInternal, {"all_gather", "broke off on rank 1", "no room for the gather"});
     expectError([&] { comm->barrier().wait(); }, ErrorCode::kInternal, {"broke off on rank 1"});
   });
 }
 
 TEST(PlacedGather, APlacementAllGatherVWouldRefuseFailsTheCommunicator) {
-  expectOk(2, [](RankContext& ctx) {
-    CommOptions options;
-    options.timeout = std::chrono::seconds(60);
-    auto comm = ctx.connect(options);
-    int32_t value = ctx.rank;
-    std::vector<int32_t> out(2);
-    const auto place = [&]() -> Communicator::Placement {
-      if (ctx.rank == 0) return {{out.data()}, {1}};  // one entry for two ranks
-      return {{out.data(), out.data() + 1}, {1, 1}};
-    };
-    // At the wait, or at the call where rank 0's failure came first.
-    expectError([&] { comm->allGatherVPlaced(&value, place, DataType::kInt32).wait(); },
-                ErrorCode::kInvalidArgument,
-                {"all_gather", "broke off on rank 0", "'outputs' has 1 entries"});
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
+    expectPlacedGatherFails(ctx, 0,
+                            [](std::vector<int32_t>& out) -> Communicator::Placement {
+                              return {{out.data()}, {1}};  // one entry for two ranks
+                            },
+                            ErrorCode::kInvalidArgument,
+                            {"all_gather", "broke off on rank 0", "'outputs' has 1 entries"});
   });
 }
 
 TEST(PlacedGather, IsRefusedWithoutAPlacementOrForDeviceMemory) {
-  expectOk(1, [](RankContext& ctx) {
+  testing::expectAllSucceeded(1, [](RankContext& ctx) {
     auto comm = ctx.connect();
     int32_t value = 0;
     testing::expectInvalid([&] { comm->allGatherVPlaced(&value, nullptr, DataType::kInt32); },

@@ -39,11 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uid_t kNobody = 65534;  // the conventional 'nobody' user and group
 
-void expectOk(int size, const std::function<void(RankContext&)>& body) {
-  const auto outcomes = testing::runRanks(size, body);
-  EXPECT_TRUE(testing::failures(outcomes).empty()) << testing::failures(outcomes);
-}
-
 void checkAllReduce(Communicator& comm) {
   std::vector<float> x(4096, static_cast<float>(comm.rank() + 1));
   comm.allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceKind::kSum).wait();
@@ -191,7 +186,7 @@ bool deniedErrno(int e) {
 // descriptor, and cannot take a rank of a communicator about to be created. The job goes on.
 TEST(Security, OtherUserIsDroppedEvenWithTheJobSecret) {
   SKIP_UNLESS_ROOT();
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     checkAllReduce(*comm);
     // The id the split below will use (Communicator::split's salt, then the member list): a
@@ -229,7 +224,7 @@ TEST(Security, OtherUserIsDroppedEvenWithTheJobSecret) {
 // memory) nor attach with ptrace, while the rank itself (root) can open the same paths.
 TEST(Security, OtherUserCannotOpenTheSegmentOrTraceARank) {
   SKIP_UNLESS_ROOT();
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     checkAllReduce(*comm);
     const pid_t pid = ::getpid();
@@ -285,7 +280,7 @@ TEST(Security, OtherUserCannotOpenTheSegmentOrTraceARank) {
 // secret, a rank already taken or out of range, garbage, a truncated Hello, a Hello for an
 // unknown communicator), leaves no descriptor behind in the leader, and the job goes on.
 TEST(Security, SameUserStrangerIsRefusedWithoutHarm) {
-  expectOk(2, [](RankContext& ctx) {
+  testing::expectAllSucceeded(2, [](RankContext& ctx) {
     auto comm = ctx.connect();
     checkAllReduce(*comm);
     comm->barrier().wait();
@@ -376,7 +371,7 @@ TEST(Security, SameUserStrangerIsRefusedWithoutHarm) {
 // and the process service's socket is abstract (no file anywhere).
 TEST(Security, NothingOnTheFilesystemAndTheSegmentIsOwnerOnly) {
   const testing::SharedMemoryFootprint before = testing::sharedMemoryFootprint();
-  expectOk(3, [](RankContext& ctx) {
+  testing::expectAllSucceeded(3, [](RankContext& ctx) {
     auto comm = ctx.connect();
     checkAllReduce(*comm);
     const int fd = loomSegmentFd();
@@ -411,7 +406,7 @@ TEST(Security, NothingOnTheFilesystemAndTheSegmentIsOwnerOnly) {
 // the member refuses before sending its Hello (so it never maps memory that user controls).
 TEST(Security, MemberRefusesALeaderOfAnotherUser) {
   SKIP_UNLESS_ROOT();
-  expectOk(1, [](RankContext&) {
+  testing::expectAllSucceeded(1, [](RankContext&) {
     uint8_t random[8];
     posix::randomBytes(random, sizeof random);
     std::string name = "loom-security-test." + std::to_string(::getpid()) + ".";
