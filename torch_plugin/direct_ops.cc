@@ -679,6 +679,17 @@ void refuseGradient(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
+/// The group a boxed call of `count` arguments on `stack` names: every operator's last
+/// string argument.
+std::string groupArgument(const torch::jit::Stack& stack, size_t count) {
+  std::string group;
+  for (size_t i = 0; i < count; ++i) {
+    const c10::IValue& value = stack[stack.size() - count + i];
+    if (value.isString()) group = value.toStringRef();
+  }
+  return group;
+}
+
 /// The autograd kernel of the operators that write a tensor in place: what copy_ does
 /// around its write, for eager calls and torch.compile's traces alike (whose fake tensors
 /// never reach the CPU and CUDA kernels, which check and bump for loom.ops too): a written
@@ -696,12 +707,8 @@ void writeInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     const at::Tensor& t = (*stack)[stack->size() - count + i].toTensor();
     if (writingRefused(t)) {
       const std::string name = shortName(op);
-      std::string group;  // every operator's last string argument
-      for (size_t j = 0; j < count; ++j) {
-        const c10::IValue& value = (*stack)[stack->size() - count + j];
-        if (value.isString()) group = value.toStringRef();
-      }
-      c10::intrusive_ptr<c10d::Backend> backend = loomGroup(name.c_str(), group, t.device());
+      c10::intrusive_ptr<c10d::Backend> backend =
+          loomGroup(name.c_str(), groupArgument(*stack, count), t.device());
       requireWritable(static_cast<ProcessGroupLoom&>(*backend).directSite(name.c_str()),
                       arguments[i].name().c_str(), t);
     }
@@ -719,11 +726,7 @@ void refuseSparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& arguments = op.schema().arguments();
   const size_t count = arguments.size();
   const std::string name = shortName(op);
-  std::string group;  // every operator's last string argument
-  for (size_t i = 0; i < count; ++i) {
-    const c10::IValue& value = (*stack)[stack->size() - count + i];
-    if (value.isString()) group = value.toStringRef();
-  }
+  const std::string group = groupArgument(*stack, count);
   for (size_t i = 0; i < count; ++i) {
     const c10::IValue& value = (*stack)[stack->size() - count + i];
     if (!value.isTensor() || value.toTensor().layout() == at::kStrided) continue;
@@ -747,11 +750,7 @@ void resolveMathBits(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   const auto& arguments = op.schema().arguments();
   const size_t count = arguments.size();
   const std::string name = shortName(op);
-  std::string group;  // every operator's last string argument
-  for (size_t i = 0; i < count; ++i) {
-    const c10::IValue& value = (*stack)[stack->size() - count + i];
-    if (value.isString()) group = value.toStringRef();
-  }
+  const std::string group = groupArgument(*stack, count);
   std::vector<std::pair<at::Tensor, at::Tensor>> writeBack;  // the caller's view, what is written
   for (size_t i = 0; i < count; ++i) {
     c10::IValue& value = (*stack)[stack->size() - count + i];
