@@ -13,9 +13,10 @@ namespace loom::detail {
 namespace {
 
 constexpr int kHeartbeat = 1;
-constexpr int kFailure = 2;
+constexpr int kFailure = 2;   // the failure's code (one byte), its culprit (int32), its text
 constexpr int kDeparted = 3;  // the sender's host's ranks that left so far, int32 each
 constexpr size_t kMaxText = 4096;
+constexpr size_t kFailureHeader = 1 + sizeof(int32_t);
 constexpr auto kTurn = std::chrono::milliseconds(5);
 
 }  // namespace
@@ -154,10 +155,14 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere,
   // they grew, else a heartbeat when due.
   if (!peer.sending) {
     if (failedHere && !peer.forwarded && !peer.toldUs) {
-      // The failure's code (one byte), then its message.
+      // The culprit goes along so that every host knows which rank caused the failure, not
+      // only the one whose link saw it (Failures::spares lets the others make a group).
       const Error failure = failures_.failureError("network");
-      peer.out = static_cast<char>(static_cast<uint8_t>(failure.code()));
-      peer.out += failure.detail().substr(0, kMaxText - 1);
+      const auto culprit = static_cast<int32_t>(failures_.culprit());
+      peer.out.assign(kFailureHeader, '\0');
+      peer.out[0] = static_cast<char>(static_cast<uint8_t>(failure.code()));
+      std::memcpy(peer.out.data() + 1, &culprit, sizeof culprit);
+      peer.out += failure.detail().substr(0, kMaxText - kFailureHeader);
       peer.outTag = kFailure;
       peer.forwarded = peer.sending = true;
     } else if (departed != peer.announced && departed.size() * sizeof(int32_t) <= kMaxText) {
@@ -223,7 +228,8 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
     if (!peer.in) {
       peer.in = peer.link->nextEnvelope();
       if (!peer.in) return;
-      const bool known = peer.in->tag == kHeartbeat || peer.in->tag == kFailure ||
+      const bool known = peer.in->tag == kHeartbeat ||
+                         (peer.in->tag == kFailure && peer.in->bytes >= kFailureHeader) ||
                          (peer.in->tag == kDeparted && peer.in->bytes % sizeof(int32_t) == 0);
       if (!known || peer.in->bytes > kMaxText) {
         throw Error(ErrorCode::kPeerFailure, "network", rank_,
@@ -245,22 +251,30 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
     peer.got += n;
     if (n > 0 && peer.heard) peer.heard = now;
     if (peer.got < peer.text.size()) return;
-    if (peer.in->tag == kFailure) {
-      peer.toldUs = true;
-      // Aborts, timeouts and mismatches keep their code across hosts; anything else (or a
-      // code this build does not know) is a peer failure.
-      const auto code = peer.text.empty()
-                            ? ErrorCode::kPeerFailure
-                            : static_cast<ErrorCode>(static_cast<uint8_t>(peer.text[0]));
-      const bool known = code == ErrorCode::kAborted || code == ErrorCode::kTimeout ||
-                         code == ErrorCode::kMismatch || code == ErrorCode::kPeerFailure;
-      failures_.fail(known ? code : ErrorCode::kPeerFailure, peer.rank,
-                     describe_(peer.rank) +
-                         " reports: " + (peer.text.empty() ? std::string() : peer.text.substr(1)));
-    }
+    if (peer.in->tag == kFailure) noteFailure(peer);
     if (peer.in->tag == kDeparted) noteDeparted(peer);
     peer.in.reset();
   }
+}
+
+void ControlPlane::noteFailure(Peer& peer) {
+  peer.toldUs = true;
+  // Aborts, timeouts and mismatches keep their code across hosts; anything else (or a code
+  // this build does not know) is a peer failure.
+  const auto code = static_cast<ErrorCode>(static_cast<uint8_t>(peer.text[0]));
+  const bool known = code == ErrorCode::kAborted || code == ErrorCode::kTimeout ||
+                     code == ErrorCode::kMismatch || code == ErrorCode::kPeerFailure;
+  int32_t culprit = 0;
+  std::memcpy(&culprit, peer.text.data() + 1, sizeof culprit);
+  if (culprit < -1 || culprit >= size_) {
+    throw Error(ErrorCode::kPeerFailure, "network", rank_,
+                "a malformed control message: " + describe_(peer.rank) +
+                    " reports a failure caused by rank " + std::to_string(culprit) +
+                    ", which is not a rank of this communicator");
+  }
+  // A failure whose cause is unknown (-1) is blamed on the host that reported it.
+  failures_.fail(known ? code : ErrorCode::kPeerFailure, culprit < 0 ? peer.rank : culprit,
+                 describe_(peer.rank) + " reports: " + peer.text.substr(kFailureHeader));
 }
 
 void ControlPlane::noteDeparted(const Peer& peer) {

@@ -82,6 +82,9 @@ class ControlPlane {
   void run();
   void serve(Peer& peer, Clock::time_point now, bool failedHere, const std::vector<int>& departed);
   void receive(Peer& peer, Clock::time_point now);
+  /// Records the failure a peer forwarded (kFailure), under the culprit it names (checked:
+  /// a rank of this communicator).
+  void noteFailure(Peer& peer);
   /// Notes the ranks a peer's departure message names (checked: ranks of the peer's host,
   /// the only ones it speaks for).
   void noteDeparted(const Peer& peer);

@@ -140,6 +140,11 @@ Error FailureDomain::failureError(std::string_view op) const {
   return Error(record.code, op, rank_, detail);
 }
 
+int FailureDomain::culprit() const {
+  const shm::ShmComm::RecordedFailure record = shm_.recordedFailure();
+  return record.complete ? record.culprit : -1;
+}
+
 void FailureDomain::markDead(int q) {
   if (!shm_.markDead(local(q))) {
     shm_.wakeAll();

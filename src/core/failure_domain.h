@@ -34,6 +34,7 @@ class FailureDomain final : public Failures {
   void fail(ErrorCode code, int culprit, std::string_view message) override;
   bool failed() const override { return shm_.failed(); }
   Error failureError(std::string_view op) const override;
+  int culprit() const override;
   RankState stateOf(int q) const override;
   bool spares(std::span<const int> ranks) const override;
   [[noreturn]] void peerGone(int q, RankState state, const WaitSpec& spec) override;

@@ -47,6 +47,8 @@ class Failures {
   virtual bool failed() const = 0;
   /// The recorded failure as an Error for operation `op` on this rank.
   virtual Error failureError(std::string_view op) const = 0;
+  /// The rank the recorded failure names as its cause (dead, aborted, timed out), or -1.
+  virtual int culprit() const = 0;
   /// Rank q's liveness.
   virtual RankState stateOf(int q) const = 0;
   /// Whether `ranks` can still make a communicator of their own: none of them has died, left

@@ -822,6 +822,57 @@ TEST_F(TwoHosts, SurvivorsShrinkAcrossHostsAndGoOn) {
   });
 }
 
+// After rank 3's death the survivors make a group of themselves from the failed world
+// (torch's new_group), and one that lists rank 3 fails with the world's failure naming it.
+// Ranks on host 0 may know rank 3 is gone only from host 1's report, which names it as the
+// failure's cause (not rank 1, which sent the report and is one of the survivors).
+TEST_F(TwoHosts, SurvivorsMakeAGroupOfThemselvesAcrossHosts) {
+  afterRank3Dies(*hosts_, [](Communicator& comm, RankContext& ctx, const CommOptions& options) {
+    const int survivors[] = {0, 1, 2};
+    auto rest = comm.subset(survivors, "survivors", options);
+    int32_t x = ctx.rank + 1;
+    rest->allReduce(&x, &x, 1, DataType::kInt32, ReduceKind::kSum).wait();
+    LOOM_CHECK(x == 1 + 2 + 3, << x);
+    const int all[] = {0, 1, 2, 3};
+    expectError([&] { comm.subset(all, "with the dead", options); }, ErrorCode::kPeerFailure,
+                {"rank 3"});
+  });
+}
+
+// Three ranks, so each host has one rail and one control link (rank 0's to rank 1): rank 2
+// (host 0) dies and rank 1 (host 1), which never linked to it, knows only from rank 0's
+// report. The report names rank 2 as the cause, so rank 1 makes a group with rank 0 (before
+// the report carried its culprit, rank 1 blamed rank 0 and refused it every time).
+TEST_F(TwoHosts, AGroupOfSurvivorsKnownOnlyFromAnotherHostsReportIsMade) {
+  const NetnsHosts& hosts = *hosts_;
+  const auto outcomes = loom::testing::runRanks(3, [&](RankContext& ctx) {
+    hosts.enter(hostOfRank(ctx.rank));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(120);
+    auto comm = ctx.connect(options);
+    comm->barrier().wait();
+    if (ctx.rank == 2) {
+      for (int q : {0, 1}) ctx.store->get("left " + std::to_string(q), std::chrono::seconds(60));
+      ::raise(SIGKILL);
+    }
+    ctx.store->set("left " + std::to_string(ctx.rank), {1});
+    expectError([&] { comm->barrier().wait(); }, ErrorCode::kPeerFailure, {"rank 2"});
+    const int survivors[] = {0, 1};
+    auto rest = comm->subset(survivors, "survivors", options);
+    int32_t x = ctx.rank + 1;
+    rest->allReduce(&x, &x, 1, DataType::kInt32, ReduceKind::kSum).wait();
+    LOOM_CHECK(x == 1 + 2, << x);
+    const int all[] = {0, 1, 2};
+    expectError([&] { comm->subset(all, "with the dead", options); }, ErrorCode::kPeerFailure,
+                {"rank 2"});
+  });
+  ASSERT_EQ(outcomes.size(), 3u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].status == 0) << outcomes[r].output;
+  }
+  EXPECT_FALSE(outcomes[2].exited) << outcomes[2].output;
+}
+
 // Ranks 0 to 3 (0 and 2 on host 0, 1 and 3 on host 1) lose rank 3, and the survivors but
 // `left` shrink without `left` instead, so rank 3 is kept: every one of them must fail
 // within seconds, at the shrink or (a rank whose part of the making ended before the hosts

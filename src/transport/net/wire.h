@@ -28,8 +28,9 @@ namespace loom::net {
 inline constexpr uint64_t kHelloMagic = 0x74656e2d6d6f6f6cULL;  // "loom-net"
 inline constexpr uint64_t kProofMagic = 0x666f72702d6d6f6cULL;  // "lom-prof"
 // 2: the control links' kDeparted message (core/control_plane.cc), which a build before it
-// would read as a malformed message and fail the communicator over.
-inline constexpr uint32_t kWireVersion = 2;
+// would read as a malformed message and fail the communicator over. 3: the control links'
+// kFailure message carries its culprit after the code.
+inline constexpr uint32_t kWireVersion = 3;
 
 using Nonce = std::array<uint8_t, 32>;
 using ProofBytes = std::array<uint8_t, 32>;
