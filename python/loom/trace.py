@@ -11,7 +11,10 @@ how many of the calls had two busy threads (copying, reducing, a helper's part; 
 process) on one CPU at once, so that each ran at most half the time, and how many had a wait
 that fell asleep (its wake-up then the scheduler's). Across hosts, what the network threads
 did during the calls (the rail thread's receives, reductions and waits on the network, the
-send thread's sends and waits for bytes to send), per call. Calls through
+send thread's sends and waits for bytes to send), per call. Across the ranks of one machine
+(whose steady clocks agree), per collective and size: how far after the first the last rank
+began each call, how far apart they had left the call before, and how long the last one had
+been out of it (a spread carried over from the call before is waits that woke late). Calls through
 torch (the plugin's "c10d call" and "direct op" spans) get a line each per path, collective and
 size: how long they took and how much of it came before and after the engine's collective.
 
@@ -276,6 +279,57 @@ def describe_others(threads, calls):
     return f"    other threads (µs per call): {'; '.join(parts)}" if parts else None
 
 
+def top_level_calls(threads):
+    """A process's collectives in the order it began them, as Spans, leaving out those that
+    lie inside another (a local step's); None if more than one thread called collectives."""
+    callers = [s for s in threads.values() if any(x.name in COLLECTIVES for x in s)]
+    if len(callers) != 1:
+        return None
+    calls, end = [], float("-inf")
+    for x in callers[0]:
+        if x.name in COLLECTIVES and x.begin >= end:
+            calls.append(x)
+            end = x.end
+    return calls
+
+
+def across_ranks(processes):
+    """Lines on how far apart the processes (ranks of one communicator on one machine, whose
+    steady clocks agree) began each collective and size, and where that came from: the
+    spread of their leaving the call before, and the last one's own time since it left it.
+    Empty for one process; a line saying why where their calls cannot be matched up."""
+    sequences = [top_level_calls(threads) for threads in processes]
+    if len(sequences) < 2:
+        return []
+    if any(seq is None for seq in sequences):
+        return ["across ranks: not compared (a process called collectives on several threads)"]
+    n = min(len(seq) for seq in sequences)
+    if any((seq[i].name, seq[i].n) != (sequences[0][i].name, sequences[0][i].n)
+           for seq in sequences for i in range(n)):
+        return ["across ranks: not compared (the processes' collectives differ in order: "
+                "several groups, or several runs' files under one prefix?)"]
+    per_key = {}
+    for i in range(1, n):
+        began = [seq[i].begin for seq in sequences]
+        left = [seq[i - 1].end for seq in sequences]
+        last = max(range(len(sequences)), key=lambda r: began[r])
+        per_key.setdefault((sequences[0][i].name, sequences[0][i].n), []).append(
+            (max(began) - min(began), max(left) - min(left), began[last] - left[last]))
+    lines = [f"across {len(sequences)} ranks (µs, medians over the calls): how far after the first "
+             "the last rank began; how far apart they had left the call before; how long the "
+             "last one had been out of it. A spread carried from the call before, with the "
+             "last rank back quickly, is waits that woke late, not work of its own"]
+    for (name, size), rows in sorted(per_key.items()):
+        label = name if name == "barrier" else f"{name} of {size} B"
+        spread = [r[0] for r in rows]
+        lines.append(f"  {label}: {len(rows)} calls, the last began "
+                     f"{statistics.median(spread):.1f} after the first (p90 "
+                     f"{percentile90(sorted(spread)):.1f}); they had left the call before "
+                     f"{statistics.median(r[1] for r in rows):.1f} apart; the last had been out "
+                     f"of it {statistics.median(r[2] for r in rows):.1f}")
+    return lines
+
+
 # Timelines past this many bytes in all take minutes to read: main() then says which file
 # it is reading (a P = 16 run of tiny calls, a million spans per rank, is gigabytes).
 LARGE_BYTES = 100 << 20
@@ -342,7 +396,7 @@ def summary(prefix, slow=1.5, reading=None, skipped=warn_skipped):
             others = describe_others(threads, mine)
             if others:
                 lines.append(others)
-    return lines
+    return lines + across_ranks(processes)
 
 
 def main():

@@ -113,6 +113,39 @@ def test_waits_that_fell_asleep_are_counted_and_not_added_to_the_call_twice(tmp_
     assert "asleep 155.0" in slower and "between spans 3.0" in slower, slower
 
 
+def test_ranks_that_begin_late_because_they_left_the_call_before_late_are_told_apart(tmp_path):
+    """Three ranks, ten 8-byte all_reduces: rank 2's wait wakes 100 µs late in every call, so
+    it leaves each call 100 µs after the others and, back 5 µs later as they are, begins
+    the next 100 µs after them; they wait for it there and leave 10 µs after it arrives."""
+    events = {rank: [] for rank in range(3)}
+    left = 0.0  # when ranks 0 and 1 left the call before
+    for _ in range(10):
+        for rank in (0, 1):
+            events[rank].append(span("all_reduce", left + 5, left + 115, n=8, tid=rank + 1))
+        events[2].append(span("all_reduce", left + 105, left + 215, n=8, tid=3))
+        left += 115
+    for rank, mine in events.items():
+        for e in mine:
+            e["pid"] = 100 + rank
+        (tmp_path / f"run.{100 + rank}.json").write_text(json.dumps({"traceEvents": mine}))
+    lines = summary(tmp_path / "run")
+    assert lines[-2].startswith("across 3 ranks"), lines
+    assert lines[-1] == ("  all_reduce of 8 B: 9 calls, the last began 100.0 after the first (p90 "
+                         "100.0); they had left the call before 100.0 apart; the last had been "
+                         "out of it 5.0"), lines[-1]
+
+
+def test_ranks_whose_calls_cannot_be_matched_are_not_compared(tmp_path):
+    for rank, sizes in enumerate([(8, 16), (8, 32)]):
+        events = [span("all_reduce", 100.0 * i, 100.0 * i + 10, n=n) for i, n in enumerate(sizes)]
+        (tmp_path / f"run.{rank + 1}.json").write_text(json.dumps({"traceEvents": events}))
+    assert "the processes' collectives differ in order" in summary(tmp_path / "run")[-1]
+    # One process whose collectives two threads called.
+    events = [span("all_reduce", 0, 10, n=8, tid=1), span("all_reduce", 0, 10, n=8, tid=2)]
+    (tmp_path / "run.2.json").write_text(json.dumps({"traceEvents": events}))
+    assert "called collectives on several threads" in summary(tmp_path / "run")[-1]
+
+
 def test_the_network_threads_time_inside_calls_is_summed_per_thread(tmp_path):
     # Two 1 MiB all_reduces across hosts; the rail thread receives and waits during both, the
     # send thread sends, and a span of each outside the calls is left out.
