@@ -6,11 +6,16 @@
 #include <optional>
 
 #include "loom/error.h"
+#include "util/bytes.h"
 #include "util/posix.h"
 
 namespace loom::detail {
 
 namespace {
+
+std::span<const uint8_t> bytesOf(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
 
 constexpr int kHeartbeat = 1;
 constexpr int kFailure = 2;   // the failure's code (one byte), its culprit (int32), its text
@@ -158,19 +163,18 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere,
       // The culprit goes along so that every host knows which rank caused the failure, not
       // only the one whose link saw it (Failures::spares lets the others make a group).
       const Error failure = failures_.failureError("network");
-      const auto culprit = static_cast<int32_t>(failures_.culprit());
-      peer.out.assign(kFailureHeader, '\0');
-      peer.out[0] = static_cast<char>(static_cast<uint8_t>(failure.code()));
-      std::memcpy(peer.out.data() + 1, &culprit, sizeof culprit);
-      peer.out += failure.detail().substr(0, kMaxText - kFailureHeader);
+      ByteWriter w;
+      w.integer(static_cast<uint8_t>(failure.code()));
+      w.integer(static_cast<int32_t>(failures_.culprit()));
+      const std::string text = failure.detail().substr(0, kMaxText - kFailureHeader);
+      w.raw(text.data(), text.size());
+      peer.out.assign(w.bytes().begin(), w.bytes().end());
       peer.outTag = kFailure;
       peer.forwarded = peer.sending = true;
     } else if (departed != peer.announced && departed.size() * sizeof(int32_t) <= kMaxText) {
-      peer.out.resize(departed.size() * sizeof(int32_t));
-      for (size_t i = 0; i < departed.size(); ++i) {
-        const auto q = static_cast<int32_t>(departed[i]);
-        std::memcpy(peer.out.data() + i * sizeof q, &q, sizeof q);
-      }
+      ByteWriter w;
+      for (int q : departed) w.integer(static_cast<int32_t>(q));
+      peer.out.assign(w.bytes().begin(), w.bytes().end());
       peer.outTag = kDeparted;
       peer.sending = true;
       peer.announced = departed;
@@ -259,28 +263,29 @@ void ControlPlane::receive(Peer& peer, Clock::time_point now) {
 
 void ControlPlane::noteFailure(Peer& peer) {
   peer.toldUs = true;
-  // Aborts, timeouts and mismatches keep their code across hosts; anything else (or a code
-  // this build does not know) is a peer failure.
-  const auto code = static_cast<ErrorCode>(static_cast<uint8_t>(peer.text[0]));
-  const bool known = code == ErrorCode::kAborted || code == ErrorCode::kTimeout ||
-                     code == ErrorCode::kMismatch || code == ErrorCode::kPeerFailure;
+  ByteReader in(bytesOf(peer.text));
+  uint8_t code = 0;
   int32_t culprit = 0;
-  std::memcpy(&culprit, peer.text.data() + 1, sizeof culprit);
+  in.integer(&code);  // receive() let in no failure shorter than its header
+  in.integer(&culprit);
   if (culprit < -1 || culprit >= size_) {
     throw Error(ErrorCode::kPeerFailure, "network", rank_,
                 "a malformed control message: " + describe_(peer.rank) +
                     " reports a failure caused by rank " + std::to_string(culprit) +
                     ", which is not a rank of this communicator");
   }
-  // A failure whose cause is unknown (-1) is blamed on the host that reported it.
-  failures_.fail(known ? code : ErrorCode::kPeerFailure, culprit < 0 ? peer.rank : culprit,
+  // The failure keeps its code and culprit, so every host answers alike which ranks it
+  // spares (Failures::spares); a code this build does not know is a peer failure, and one
+  // whose cause is unknown (-1) is blamed on the host that reported it.
+  const bool known = code <= static_cast<uint8_t>(ErrorCode::kInternal);
+  failures_.fail(known ? static_cast<ErrorCode>(code) : ErrorCode::kPeerFailure,
+                 culprit < 0 || !known ? peer.rank : culprit,
                  describe_(peer.rank) + " reports: " + peer.text.substr(kFailureHeader));
 }
 
 void ControlPlane::noteDeparted(const Peer& peer) {
-  for (size_t at = 0; at + sizeof(int32_t) <= peer.text.size(); at += sizeof(int32_t)) {
-    int32_t q = 0;
-    std::memcpy(&q, peer.text.data() + at, sizeof q);
+  ByteReader in(bytesOf(peer.text));
+  for (int32_t q = 0; in.integer(&q);) {
     // A peer speaks for its own host's ranks only: a goodbye noted here is every local
     // rank's to act on, and is never taken back.
     if (q < 0 || q >= size_ || !sameHost_(q, peer.rank)) {
