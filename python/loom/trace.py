@@ -14,7 +14,7 @@ did during the calls (the rail thread's receives, reductions and waits on the ne
 send thread's sends and waits for bytes to send), per call. Across the ranks of one machine
 (whose steady clocks agree), per collective and size: how far after the first the last rank
 began each call, how far apart they had left the call before, and how long the last one had
-been out of it (a spread carried over from the call before is waits that woke late). Calls through
+been out of it (a spread carried over from the call before can be waits that woke late). Calls through
 torch (the plugin's "c10d call" and "direct op" spans) get a line each per path, collective and
 size: how long they took and how much of it came before and after the engine's collective.
 
@@ -281,44 +281,65 @@ def describe_others(threads, calls):
 
 def top_level_calls(threads):
     """A process's collectives in the order it began them, as Spans, leaving out those that
-    lie inside another (a local step's); None if more than one thread called collectives."""
-    callers = [s for s in threads.values() if any(x.name in COLLECTIVES for x in s)]
-    if len(callers) != 1:
-        return None
+    lie inside another (a local step's), from whichever thread ran them (a blocking call runs
+    on the caller's, an asynchronous one on the collective thread); None if two overlapped
+    (several groups at once: their calls cannot be matched across processes by order)."""
+    spans = sorted((x for s in threads.values() for x in s if x.name in COLLECTIVES),
+                   key=lambda x: (x.begin, -x.end))
     calls, end = [], float("-inf")
-    for x in callers[0]:
-        if x.name in COLLECTIVES and x.begin >= end:
+    for x in spans:
+        if x.begin >= end:
             calls.append(x)
             end = x.end
+        elif x.end > end:
+            return None  # begun inside another call and ended after it: not nested
     return calls
 
 
 def across_ranks(processes):
     """Lines on how far apart the processes (ranks of one communicator on one machine, whose
     steady clocks agree) began each collective and size, and where that came from: the
-    spread of their leaving the call before, and the last one's own time since it left it.
-    Empty for one process; a line saying why where their calls cannot be matched up."""
-    sequences = [top_level_calls(threads) for threads in processes]
-    if len(sequences) < 2:
+    spread of their leaving the call before, and the time the rank that began last had been
+    out of it. Empty for one process; a line saying why where the calls cannot be matched."""
+    if len(processes) < 2:
         return []
+    sequences = [top_level_calls(threads) for threads in processes]
+    why = None
     if any(seq is None for seq in sequences):
-        return ["across ranks: not compared (a process called collectives on several threads)"]
-    n = min(len(seq) for seq in sequences)
-    if any((seq[i].name, seq[i].n) != (sequences[0][i].name, sequences[0][i].n)
-           for seq in sequences for i in range(n)):
-        return ["across ranks: not compared (the processes' collectives differ in order: "
-                "several groups, or several runs' files under one prefix?)"]
+        why = "a process ran overlapping collectives (several groups at once?)"
+    elif any(not seq for seq in sequences):
+        why = "a process ran no collective on the CPU path"
+    elif len({len(seq) for seq in sequences}) > 1:
+        why = (f"the processes ran {min(map(len, sequences))} to {max(map(len, sequences))} "
+               "collectives (several groups, or a recorder that filled up?)")
+    elif any((seq[i].name, seq[i].n) != (sequences[0][i].name, sequences[0][i].n)
+             for seq in sequences for i in range(len(seq))):
+        why = "the processes' collectives differ in order (several groups?)"
+    else:
+        # A collective keeps every rank in it until all have come (a rooted one's root may
+        # leave early, so most calls, not all): calls that never overlap come from different
+        # runs or machines, whose clocks say nothing about each other.
+        apart = sum(max(x.begin for x in calls) >= min(x.end for x in calls)
+                    for calls in zip(*sequences))
+        if 2 * apart > len(sequences[0]):
+            why = (f"{apart} of {len(sequences[0])} calls never overlapped across the processes "
+                   "(files of several runs or machines?)")
+    if why:
+        return [f"across ranks: not compared: {why}"]
     per_key = {}
-    for i in range(1, n):
+    for i in range(1, len(sequences[0])):
         began = [seq[i].begin for seq in sequences]
         left = [seq[i - 1].end for seq in sequences]
         last = max(range(len(sequences)), key=lambda r: began[r])
         per_key.setdefault((sequences[0][i].name, sequences[0][i].n), []).append(
             (max(began) - min(began), max(left) - min(left), began[last] - left[last]))
-    lines = [f"across {len(sequences)} ranks (µs, medians over the calls): how far after the first "
-             "the last rank began; how far apart they had left the call before; how long the "
-             "last one had been out of it. A spread carried from the call before, with the "
-             "last rank back quickly, is waits that woke late, not work of its own"]
+    if not per_key:
+        return []
+    lines = [f"across {len(sequences)} ranks (µs, medians over each call after the first): how far "
+             "after the first rank the last began; how far apart they had left the call before; "
+             "how long the rank that began last had been out of it. A spread carried from the "
+             "call before, with that rank back quickly, can be waits that woke late rather than "
+             "work of its own (for a rooted call, the root leaving first is its algorithm)"]
     for (name, size), rows in sorted(per_key.items()):
         label = name if name == "barrier" else f"{name} of {size} B"
         spread = [r[0] for r in rows]

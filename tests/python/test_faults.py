@@ -297,21 +297,46 @@ def _settles_to(before: tuple[int, int, int, int]) -> tuple[bool, tuple[int, int
 _PYMALLOC_ARENA = 1 << 20  # CPython's small-object arenas: anonymous mappings of 1 MiB
 
 
-def _python_arena(line: str) -> bool:
-    """Whether a /proc/self/maps line is one of CPython's own small-object arenas. A test's
-    Python objects that outlive it (a cache, an interned name) can keep one mapped; where
-    the parent's layout leaves no room in an arena it had, the rank maps a new one (seen
-    only after other tests ran in the same pytest process; gone with PYTHONMALLOC=malloc)."""
+def _pymalloc_arenas_made() -> int:
+    """How many small-object arenas CPython has mapped so far (sys._debugmallocstats, which
+    writes to fd 2); 0 without pymalloc (PYTHONMALLOC=malloc)."""
+    import re
+    import tempfile
+
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found = re.search(r"# arenas allocated total\s*=\s*([\d,]+)", text)
+    return int(found.group(1).replace(",", "")) if found else 0
+
+
+def _anonymous_rw(line: str) -> bool:
+    """Whether a /proc/self/maps line is anonymous writable memory (no file, not shared)."""
     fields = line.split()
-    lo, hi = (int(x, 16) for x in fields[0].split("-"))
-    return hi - lo == _PYMALLOC_ARENA and fields[1] == "rw-p" and len(fields) == 5
+    return len(fields) == 5 and fields[1] == "rw-p"
 
 
-def _resources() -> tuple[set, set, set]:
-    """This process's threads, open fds (with what they are) and memory mappings but the
-    malloc heap's and Python's arenas, each as a set: what a test made shows as what is
-    new. A buffer loom maps is never exactly an arena's size (malloc adds a page to one of
-    1 MiB for its header), so its leak still shows."""
+def _span(line: str) -> tuple[int, int]:
+    lo, hi = line.split()[0].split("-")
+    return int(lo, 16), int(hi, 16)
+
+
+def _resources() -> tuple:
+    """This process's threads, open fds (with what they are), memory mappings but the malloc
+    heap's and the anonymous writable ones, each as a set (what a test made shows as what
+    is new), then those anonymous writable mappings as (begin, end) spans and how many
+    arenas CPython had mapped: mappings next to each other merge into one line, and a test's
+    Python objects that outlive it (a cache, an interned name) can keep an arena of 1 MiB
+    that a rank forked from a busier parent had to map anew, so those are counted in bytes."""
+    arenas = _pymalloc_arenas_made()
     fds = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -319,19 +344,36 @@ def _resources() -> tuple[set, set, set]:
         except OSError:
             pass  # the listing's own fd, closed by now
     with open("/proc/self/maps") as maps:
-        mappings = {line for line in maps
-                    if not line.rstrip().endswith("[heap]") and not _python_arena(line)}
-    return set(os.listdir("/proc/self/task")), fds, mappings
+        lines = [line for line in maps if not line.rstrip().endswith("[heap]")]
+    mappings = {line for line in lines if not _anonymous_rw(line)}
+    anonymous = sorted(_span(line) for line in lines if _anonymous_rw(line))
+    return set(os.listdir("/proc/self/task")), fds, mappings, anonymous, arenas
 
 
-def _left_behind(before: tuple[set, set, set]) -> tuple[set, set, set]:
+def _new_bytes(spans: list, before: list) -> int:
+    """Bytes of `spans` that no span of `before` covered."""
+    new = 0
+    for lo, hi in spans:
+        new += hi - lo - sum(max(0, min(hi, b) - max(lo, a)) for a, b in before)
+    return new
+
+
+def _left_behind(before: tuple) -> tuple[set, set, set]:
     """The threads, fds and mappings this process holds that it did not hold at `before`, once
     there are none or after 5 s (a thread just joined can still be listed for a moment on a
     loaded host). What went away meanwhile (a group made earlier finishing its own
-    teardown on another thread) does not count."""
+    teardown on another thread) does not count. New anonymous writable memory counts beyond
+    the arenas CPython mapped meanwhile (seen after other tests ran in the same pytest
+    process, one arena at the same address in every rank; gone with PYTHONMALLOC=malloc)."""
     deadline = time.monotonic() + 5
     while True:
-        new = tuple(now - then for now, then in zip(_resources(), before))
+        threads, fds, mappings, anonymous, arenas = _resources()
+        grown = _new_bytes(anonymous, before[3])
+        allowed = (arenas - before[4]) * _PYMALLOC_ARENA
+        if grown > allowed:
+            mappings = mappings | {f"{grown} bytes of new anonymous memory, {allowed} of them "
+                                   "CPython's arenas"}
+        new = (threads - before[0], fds - before[1], mappings - before[2])
         if not any(new) or time.monotonic() > deadline:
             return new
         time.sleep(0.01)

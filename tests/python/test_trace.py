@@ -136,14 +136,27 @@ def test_ranks_that_begin_late_because_they_left_the_call_before_late_are_told_a
 
 
 def test_ranks_whose_calls_cannot_be_matched_are_not_compared(tmp_path):
-    for rank, sizes in enumerate([(8, 16), (8, 32)]):
-        events = [span("all_reduce", 100.0 * i, 100.0 * i + 10, n=n) for i, n in enumerate(sizes)]
-        (tmp_path / f"run.{rank + 1}.json").write_text(json.dumps({"traceEvents": events}))
-    assert "the processes' collectives differ in order" in summary(tmp_path / "run")[-1]
-    # One process whose collectives two threads called.
-    events = [span("all_reduce", 0, 10, n=8, tid=1), span("all_reduce", 0, 10, n=8, tid=2)]
-    (tmp_path / "run.2.json").write_text(json.dumps({"traceEvents": events}))
-    assert "called collectives on several threads" in summary(tmp_path / "run")[-1]
+    def run(*processes):
+        for old in tmp_path.glob("run.*.json"):
+            old.unlink()
+        for pid, events in enumerate(processes, 1):
+            (tmp_path / f"run.{pid}.json").write_text(json.dumps({"traceEvents": events}))
+        return summary(tmp_path / "run")[-1]
+
+    def calls(*sizes, offset=0.0, tid=1):
+        return [span("all_reduce", offset + 100.0 * i, offset + 100.0 * i + 50, n=n, tid=tid)
+                for i, n in enumerate(sizes)]
+
+    assert "differ in order" in run(calls(8, 16), calls(8, 32))
+    assert "ran 2 to 3 collectives" in run(calls(8, 8), calls(8, 8, 8))
+    # Two groups' calls overlapping in one process (on two threads).
+    assert "overlapping collectives" in run(calls(8) + calls(8, offset=20, tid=2), calls(8, 8))
+    assert "no collective on the CPU path" in run(calls(8), [span("cuda enqueue", 0, 5, tid=1)])
+    # Two runs' files under one prefix: the calls match by size but never meet in time.
+    assert "3 of 3 calls never overlapped" in run(calls(8, 8, 8), calls(8, 8, 8, offset=5e9))
+    # A process's call on its collective thread (asynchronous) between two on its caller's.
+    mixed = calls(8) + [span("all_reduce", 100, 150, n=8, tid=2)] + calls(8, 8, 8)[2:]
+    assert run(mixed, calls(8, 8, 8)).startswith("  all_reduce of 8 B: 2 calls")
 
 
 def test_the_network_threads_time_inside_calls_is_summed_per_thread(tmp_path):
