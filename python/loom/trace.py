@@ -38,6 +38,8 @@ COLLECTIVES = {
     "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
     "scatter", "barrier", "collective",
 }
+# Collectives that no rank leaves before every rank has come.
+UNROOTED = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"}
 # Spans the torch plugin opens around a call through torch (launch.h, direct_ops.cc).
 WRAPPERS = ("c10d call", "direct op")
 # What a CUDA call does inside that span in place of a collective: queue its work on the GPU
@@ -316,14 +318,14 @@ def across_ranks(processes):
              for seq in sequences for i in range(len(seq))):
         why = "the processes' collectives differ in order (several groups?)"
     else:
-        # A collective keeps every rank in it until all have come (a rooted one's root may
-        # leave early, so most calls, not all): calls that never overlap come from different
-        # runs or machines, whose clocks say nothing about each other.
-        apart = sum(max(x.begin for x in calls) >= min(x.end for x in calls)
-                    for calls in zip(*sequences))
-        if 2 * apart > len(sequences[0]):
-            why = (f"{apart} of {len(sequences[0])} calls never overlapped across the processes "
-                   "(files of several runs or machines?)")
+        # An unrooted collective keeps every rank in it until all have come (a rooted one's
+        # root may leave first): such calls that never overlap come from different runs or
+        # machines, whose clocks say nothing about each other.
+        meeting = [calls for calls in zip(*sequences) if calls[0].name in UNROOTED]
+        apart = sum(max(x.begin for x in calls) >= min(x.end for x in calls) for calls in meeting)
+        if 2 * apart > len(meeting):
+            why = (f"{apart} of {len(meeting)} calls that every rank must meet in never "
+                   "overlapped across the processes (files of several runs or machines?)")
     if why:
         return [f"across ranks: not compared: {why}"]
     per_key = {}

@@ -153,7 +153,8 @@ def test_ranks_whose_calls_cannot_be_matched_are_not_compared(tmp_path):
     assert "overlapping collectives" in run(calls(8) + calls(8, offset=20, tid=2), calls(8, 8))
     assert "no collective on the CPU path" in run(calls(8), [span("cuda enqueue", 0, 5, tid=1)])
     # Two runs' files under one prefix: the calls match by size but never meet in time.
-    assert "3 of 3 calls never overlapped" in run(calls(8, 8, 8), calls(8, 8, 8, offset=5e9))
+    assert "3 of 3 calls that every rank must meet in never overlapped" in run(
+        calls(8, 8, 8), calls(8, 8, 8, offset=5e9))
     # A process's call on its collective thread (asynchronous) between two on its caller's.
     mixed = calls(8) + [span("all_reduce", 100, 150, n=8, tid=2)] + calls(8, 8, 8)[2:]
     assert run(mixed, calls(8, 8, 8)).startswith("  all_reduce of 8 B: 2 calls")
