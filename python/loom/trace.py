@@ -345,7 +345,7 @@ def across_ranks(processes):
     for (name, size), rows in sorted(per_key.items()):
         label = name if name == "barrier" else f"{name} of {size} B"
         spread = [r[0] for r in rows]
-        lines.append(f"  {label}: {len(rows)} calls, the last began "
+        lines.append(f"  across ranks, {label}: {len(rows)} calls, the last began "
                      f"{statistics.median(spread):.1f} after the first (p90 "
                      f"{percentile90(sorted(spread)):.1f}); they had left the call before "
                      f"{statistics.median(r[1] for r in rows):.1f} apart; the last had been out "

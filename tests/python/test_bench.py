@@ -138,6 +138,8 @@ def test_traced_bench_leaves_every_ranks_timeline_and_the_summary_reads_it(tmp_p
     # as c10d calls around them.
     assert sum(line.startswith("  all_reduce of 1048576 B:") for line in lines) == 2, written
     assert sum(line.startswith("  c10d call all_reduce of 1048576 B:") for line in lines) == 2, written
+    # Then the two ranks' calls side by side: how far apart they began each one.
+    assert sum(line.startswith("  across ranks, all_reduce of 1048576 B:") for line in lines) == 1, written
     assert written.count("faster half") >= 2 and "copy" in written, written
     summary = subprocess.run([sys.executable, "-m", "loom.trace", str(tmp_path / "out" / "trace" / "rank")],
                              capture_output=True, text=True, timeout=120)

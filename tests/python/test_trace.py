@@ -130,7 +130,7 @@ def test_ranks_that_begin_late_because_they_left_the_call_before_late_are_told_a
         (tmp_path / f"run.{100 + rank}.json").write_text(json.dumps({"traceEvents": mine}))
     lines = summary(tmp_path / "run")
     assert lines[-2].startswith("across 3 ranks"), lines
-    assert lines[-1] == ("  all_reduce of 8 B: 9 calls, the last began 100.0 after the first (p90 "
+    assert lines[-1] == ("  across ranks, all_reduce of 8 B: 9 calls, the last began 100.0 after the first (p90 "
                          "100.0); they had left the call before 100.0 apart; the last had been "
                          "out of it 5.0"), lines[-1]
 
@@ -157,7 +157,7 @@ def test_ranks_whose_calls_cannot_be_matched_are_not_compared(tmp_path):
         calls(8, 8, 8), calls(8, 8, 8, offset=5e9))
     # A process's call on its collective thread (asynchronous) between two on its caller's.
     mixed = calls(8) + [span("all_reduce", 100, 150, n=8, tid=2)] + calls(8, 8, 8)[2:]
-    assert run(mixed, calls(8, 8, 8)).startswith("  all_reduce of 8 B: 2 calls")
+    assert run(mixed, calls(8, 8, 8)).startswith("  across ranks, all_reduce of 8 B: 2 calls")
 
 
 def test_the_network_threads_time_inside_calls_is_summed_per_thread(tmp_path):
