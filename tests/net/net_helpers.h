@@ -82,6 +82,12 @@ class HostsFixture : public ::testing::Test {
 using TwoHosts = HostsFixture<2>;
 using ThreeHosts = HostsFixture<3>;
 
+// Ranks alternating between two hosts (0 and 2 on host 0, 1 and 3 on host 1), so a rank's
+// index within its host differs from its rank.
+inline int hostOfRank(int rank) {
+  return rank % 2;
+}
+
 // A process that speaks the handshake itself, to send what loom never would.
 class Rogue {
  public:
