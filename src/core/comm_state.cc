@@ -355,7 +355,10 @@ void CommState::requireMembersUsable(std::span<const int> members, std::string_v
   refuseIfShutDown(op);
   // A member that died, left or aborted would be waited for until the timeout: the
   // failure, which names it, is the answer now.
-  if (!failures_->spares(members)) requireUsable(op);
+  if (failures_->spares(members)) return;
+  Error error = failures_->sparingError(members, op);
+  operationFailed(std::make_exception_ptr(error));  // reported as requireUsable reports
+  throw error;
 }
 
 void CommState::execute(const CollectiveArgs& given, OpState& state,

@@ -174,6 +174,22 @@ bool FailureDomain::spares(std::span<const int> ranks) const {
   return true;
 }
 
+Error FailureDomain::sparingError(std::span<const int> ranks, std::string_view op) const {
+  // The record keeps the first failure only: a member that died or left after it (a
+  // timeout, then a death) is what stops these ranks now, and its name is the answer.
+  const int blamed = culprit();
+  for (int q : ranks) {
+    const RankState state = stateOf(q);
+    if (state == RankState::kAlive || q == blamed) continue;
+    const Error first = failureError(op);
+    return Error(ErrorCode::kPeerFailure, op, rank_,
+                 describe(q) + (state == RankState::kDead ? " exited" : " left the communicator") +
+                     " after it had failed (" + first.detail() + "); make the group without rank " +
+                     std::to_string(q));
+  }
+  return failureError(op);
+}
+
 void FailureDomain::abort() {
   fail(ErrorCode::kAborted, rank_,
        "rank " + std::to_string(rank_) + " aborted communicator '" + name_ + "'");

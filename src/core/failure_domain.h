@@ -37,6 +37,7 @@ class FailureDomain final : public Failures {
   int culprit() const override;
   RankState stateOf(int q) const override;
   bool spares(std::span<const int> ranks) const override;
+  Error sparingError(std::span<const int> ranks, std::string_view op) const override;
   [[noreturn]] void peerGone(int q, RankState state, const WaitSpec& spec) override;
   [[noreturn]] void timedOut(uint64_t phase, const WaitSpec& spec) override;
   void peerLost(int q, std::string_view why) override;

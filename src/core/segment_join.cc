@@ -38,7 +38,7 @@ CommState::JoinedSegment CommState::joinSegment(Clock::time_point deadline, bool
   }
   const ExitWatch watch(others);
   const auto stillAlive = [&] {
-    if (parent.stops()) throw parent.failures->failureError("create");
+    if (parent.stops()) throw parent.failures->sparingError(parent.members, "create");
     if (const auto gone = watch.exited()) {
       throw Error(ErrorCode::kPeerFailure, "create", rank_,
                   "rank " + std::to_string(gone->first) + " (pid " + std::to_string(gone->second) +

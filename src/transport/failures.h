@@ -55,6 +55,9 @@ class Failures {
   /// or been lost, nor caused the recorded failure (if any) by dying, leaving, being lost or
   /// aborting. A timeout or a mismatch spares them: they all live.
   virtual bool spares(std::span<const int> ranks) const = 0;
+  /// Why `ranks` cannot (spares is false), for operation `op`: a member gone after the
+  /// recorded failure, by name, where that failure names another cause; else that failure.
+  virtual Error sparingError(std::span<const int> ranks, std::string_view op) const = 0;
   /// A wait found rank q gone (`state`) before it posted what the wait needs: records why
   /// and throws the communicator's failure.
   [[noreturn]] virtual void peerGone(int q, RankState state, const WaitSpec& spec) = 0;

@@ -147,6 +147,31 @@ TEST(Groups, AFailedCommunicatorMakesSubsetsOfTheRanksItSpares) {
   });
 }
 
+// The failed communicator's record keeps its first failure: a group listing a rank that died
+// after it (a timeout, then a death) is refused naming the death, not with the timeout,
+// which names another rank and would send its reader looking for the wrong one.
+TEST(Groups, AGroupListingARankThatDiedAfterAnEarlierFailureNamesTheDeath) {
+  expectOk(3, [](RankContext& ctx) {
+    CommOptions quick;
+    quick.timeout = std::chrono::milliseconds(1500);
+    auto world = ctx.connect(quick);
+    if (ctx.rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+    expectError([&] { world->barrier().wait(); }, ErrorCode::kTimeout, {"rank"});
+    awaitEveryRank(ctx, 3);
+    if (ctx.rank == 1) _exit(0);  // dies without leaving
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const int all[] = {0, 1, 2};
+    // Refused at once where the death is known, or by the watch on the parent while the
+    // members meet: the same error either way.
+    expectError([&] { world->subset(all, "with the dead rank", options); }, ErrorCode::kPeerFailure,
+                {"rank 1 (pid", "exited after it had failed", "hit its timeout"});
+    const int others[] = {0, 2};
+    auto two = world->subset(others, "without it", options);
+    LOOM_CHECK(sumOfParentRanks(*two, ctx.rank) == 0 + 2);
+  });
+}
+
 // A failure of the parent that spares a child's members, landing while they make it (rank
 // 2 dies after rank 0, the child's leader, began waiting and before rank 1 came), stops
 // neither: rank 0 went on waiting, and rank 1 was let in, so both must finish making it.
