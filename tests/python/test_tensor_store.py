@@ -367,6 +367,15 @@ def _errors(rank, world):
     dist.barrier()
     with pytest.raises(KeyError, match=r"rank %d\): get\('missing'\): no such key" % rank):
         ts.get("missing")
+    # get_state_dict shares get's read, and its errors name the verb called.
+    with pytest.raises(KeyError, match=r"rank %d\): get_state_dict\('missing'\): no such key" % rank):
+        ts.get_state_dict("missing")
+    with pytest.raises(ValueError, match=r"get_state_dict\('f32', version=0\): versions are integers from 1"):
+        ts.get_state_dict("f32", version=0)
+    with pytest.raises(TimeoutError, match=r"get_state_dict\('f32', version=9\): not put within"):
+        ts.get_state_dict("f32", version=9, timeout=0.2)
+    with pytest.raises(KeyError, match=r"get\('missing'\)"):  # the verb ends with its call
+        ts.get("missing")
     with pytest.raises(TypeError, match=r"keys\(prefix=...\): prefix is a str \(or None\), got int"):
         ts.keys(5)
     with pytest.raises(ValueError, match="'f32'.*stored as torch.float32; the tensor to fill is torch.bfloat16"):

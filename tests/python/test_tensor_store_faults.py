@@ -153,7 +153,8 @@ def _writer_dies_as_read(rank, world):
     store.set("reading", "1")
     # Filled as version 2 is written; the writer dies half way: the error says the version
     # before is readable and that the tensors may hold part of version 2 (a holds it).
-    with pytest.raises(TensorStoreError, match=r"died while writing it.*the tensors this get was filling may "
+    with pytest.raises(TensorStoreError, match=r"died while writing it.*the tensors this get_state_dict was "
+                                               r"filling may "
                                                r"hold part of a version it could not read whole"):
         ts.get_state_dict("w", mine, version=2)
     return mine["a"][0].item(), mine["b"][0].item()
@@ -865,7 +866,8 @@ def test_a_get_that_fails_after_filling_part_of_the_callers_tensors_says_so():
             t.fill_(2.0)
     _read_plan.run_copies = reclaimed_between
     try:
-        with pytest.raises(TimeoutError, match="did not lend the next.*the tensors this get was filling "
+        with pytest.raises(TimeoutError, match=r"get_state_dict\('policy'\).*did not lend the next.*the "
+                                               r"tensors this get_state_dict was filling "
                                                "may hold part of a version it could not read whole"):
             reader.get_state_dict("policy", weights)
     finally:

@@ -55,7 +55,7 @@ from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
 from ._read_planning import ReadPlanning
 from ._remote import serve
 from ._retirement import Retirement
-from ._version_waits import VersionWaits
+from ._version_waits import VersionWaits, asked, reading_as, reading_verb
 from ._write_plan import Kept, WritePlan
 from ._parts import (
     OwnedBuffer,
@@ -178,9 +178,10 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         if user_state_dict is not None and not isinstance(user_state_dict, dict):
             raise TypeError(self._message(f"get_state_dict('{key}'): user_state_dict is a (nested) dict of "
                                           f"tensors to fill (or None), got {type(user_state_dict).__name__}"))
-        return self._read(key, version, timeout,
-                          lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict),
-                          fills=user_state_dict is not None)
+        with reading_as("get_state_dict"):  # the read's messages name this verb
+            return self._read(key, version, timeout,
+                              lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict),
+                              fills=user_state_dict is not None)
 
     def put_batch(self, items: dict[str, Any], *, version: int | None = None) -> dict[str, int]:
         """put() of every key of `items`; returns each key's version."""
@@ -691,14 +692,14 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         (its error then says so)."""
         tried = False  # a plan ran, and its version was replaced or released meanwhile
         try:
-            timeout = as_timeout(timeout, f"loom tensor store get('{key}')")
+            timeout = as_timeout(timeout, f"loom tensor store {asked(key)}")
             if version is not None and not is_version_number(version):
                 raise ValueError(self._message(
-                    f"get('{key}', version={version!r}): versions are Python ints (got "
+                    f"{asked(key, version)}: versions are Python ints (got "
                     f"{type(version).__name__}; int(...) converts a numpy integer)"))
             if version is not None and version < 1:
                 raise ValueError(self._message(
-                    f"get('{key}', version={version!r}): versions are integers from 1 (None reads the latest)"))
+                    f"{asked(key, version)}: versions are integers from 1 (None reads the latest)"))
             wait = timeout if timeout is not None else self._timeout
             deadline = time.monotonic() + wait.total_seconds()
             retries = 0
@@ -720,27 +721,27 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                     tried = tried or stale.copied
                     if version is not None and parts[0].lent:
                         raise TensorStoreError(self._message(
-                            f"get('{key}', version={version}): rank {parts[0].rank} reclaimed that lent "
+                            f"{asked(key, version)}: rank {parts[0].rank} reclaimed that lent "
                             f"version to change its tensors; ask for the latest")) from None
                     if version is not None:
                         raise TensorStoreError(self._message(
-                            f"get('{key}', version={version}): the writer replaced that version while "
+                            f"{asked(key, version)}: the writer replaced that version while "
                             f"it was read (it keeps {self._keep}), or gave it up (its put failed "
                             f"midway); read it sooner, or ask for the latest")) from None
                     if parts[0].lent:  # the writer is changing its tensors: wait for the next lend
                         if time.monotonic() > deadline:  # each lend reclaimed before it was copied
                             raise TimeoutError(self._message(
-                                f"get('{key}'): rank {parts[0].rank} reclaimed each lent version before "
+                                f"{asked(key)}: rank {parts[0].rank} reclaimed each lent version before "
                                 f"this rank could copy it, for {wait}; lend less often, or read with "
-                                f"get's timeout larger"))
+                                f"{reading_verb()}'s timeout larger"))
                         self._await_latest(key, parts[0].version, deadline,
-                                           f"get('{key}'): rank {parts[0].rank} reclaimed version {parts[0].version} "
+                                           f"{asked(key)}: rank {parts[0].rank} reclaimed version {parts[0].version} "
                                            f"and did not lend the next within {wait} (or reclaims each version "
                                            f"before this rank can copy it)", parts[0])
                     else:
                         retries += 1
             raise TensorStoreError(self._message(
-                f"get('{key}'): {self._RETRIES} newer versions were put while reading the latest; "
+                f"{asked(key)}: {self._RETRIES} newer versions were put while reading the latest; "
                 f"the writer puts faster than this rank can read"))
         except (TensorStoreError, TimeoutError) as error:
             if not (fills and (tried or getattr(error, "while_copying", False))):
@@ -749,7 +750,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             # them would double the memory and the copying of every refresh): a version
             # replaced or reclaimed meanwhile, or one whose writer died or stalled as it was
             # read, leaves them mixed, and the caller must know.
-            raise type(error)(f"{error}; the tensors this get was filling may hold part of a "
+            raise type(error)(f"{error}; the tensors this {reading_verb()} was filling may hold part of a "
                               f"version it could not read whole: get them again before using "
                               f"them") from error
 
@@ -777,11 +778,11 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                by: float | None = None) -> tuple[int, list[PartMeta]]:
         """The version to read and its parts, waiting for a version not complete yet until `by`
         (a monotonic time: the read's deadline) or, without one, for `timeout`."""
-        asked = version  # None: the latest, whichever it is by the time it is read
+        named = version  # None: the latest, whichever it is by the time it is read
         latest = self._latest(key)
         if version is None:
             if latest is None:
-                raise KeyError(self._message(f"get('{key}'): no such key (put it first; keys() lists the readable ones)"))
+                raise KeyError(self._message(f"{asked(key)}: no such key (put it first; keys() lists the readable ones)"))
             version, parts, lent = latest
         elif latest is not None and version == latest[0]:
             parts, lent = latest[1], latest[2]
@@ -797,7 +798,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                 # A lent key keeps its latest version only (no version of it is ever marked
                 # complete): an older one was reclaimed when the next was lent.
                 raise TensorStoreError(self._message(
-                    f"get('{key}', version={version}): that lent version was reclaimed when a newer "
+                    f"{asked(key, version)}: that lent version was reclaimed when a newer "
                     f"one was lent (a lent key keeps only its latest); the latest is {latest[0]}: "
                     f"ask for it"))
             elif latest is not None and version <= latest[0]:
@@ -807,7 +808,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                        if version > latest[0] - self._keep else
                        f"is no longer kept, or was never completed (writers keep their last {self._keep})")
                 raise TensorStoreError(self._message(
-                    f"get('{key}', version={version}): that version {why}; the latest is {latest[0]}"))
+                    f"{asked(key, version)}: that version {why}; the latest is {latest[0]}"))
             else:  # not complete yet: wait for its parts; their bytes are read as written
                 first = f"k/{key}/v{version}/p0"
                 wait = timeout if timeout is not None else self._timeout
@@ -820,7 +821,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                         self._await_lent(key, version, None, timeout)
                         if retries == 0:  # lent, by its mode, yet never a latest
                             raise TensorStoreError(self._message(
-                                f"get('{key}', version={version}): the key says it is lent but no "
+                                f"{asked(key, version)}: the key says it is lent but no "
                                 f"version of it is (a rank that deleted it stopped half way?); lend "
                                 f"or put it again"))
                         time.sleep(0.01)
@@ -829,7 +830,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                 value = self._get_now(first)
                 if value is None:  # withdrawn: its put failed
                     raise TensorStoreError(self._message(
-                        f"get('{key}', version={version}): the writer gave that version up (its put failed)"))
+                        f"{asked(key, version)}: the writer gave that version up (its put failed)"))
                 parts = self._decode(value, version).parts
                 self._wait(key, version, [f"k/{key}/v{version}/p{i}" for i in range(parts)], wait, by)
         if lent is not None:
@@ -840,8 +841,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         if any(value is None for value in values):  # retired since latest was read
             # The latest is asked again; a version the caller named is gone, and no newer one
             # may stand in for it.
-            if retries == 0 or asked is not None:
-                raise TensorStoreError(self._message(f"get('{key}', version={version}): that version is no longer kept"))
+            if retries == 0 or named is not None:
+                raise TensorStoreError(self._message(f"{asked(key, version)}: that version is no longer kept"))
             return self._parts(key, None, timeout, retries - 1, by)
         return version, [self._decode(value, version) for value in values]
 

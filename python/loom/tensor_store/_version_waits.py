@@ -4,8 +4,11 @@ writer that exited, a version the writers skipped). TensorStore inherits it."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
 from datetime import timedelta
+from typing import Any
 
 from ._cancellation import stop_if_cancelled
 from ._parts import PartMeta
@@ -15,6 +18,32 @@ from ._read_plan import TensorStoreError
 # What a mesh rank whose part of a version failed adds to the version's done count: no sum of
 # parts' counts reaches it, and a count at or past it says the version will never be complete.
 ABANDONED = 1 << 40
+
+# The verb whose read runs in this thread: get and get_state_dict share the read's code, and
+# its messages name the one the caller called.
+_READING = contextvars.ContextVar("loom_tensor_store_reading", default="get")
+_ANY = object()
+
+
+@contextlib.contextmanager
+def reading_as(verb: str):
+    """Names the read made inside the block `verb` in its messages."""
+    token = _READING.set(verb)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def reading_verb() -> str:
+    """The verb of the read in progress in this thread ("get" outside any)."""
+    return _READING.get()
+
+
+def asked(key: str, version: Any = _ANY) -> str:
+    """The read in progress as its messages name it: get('k'), get_state_dict('k', version=3)."""
+    shown = "" if version is _ANY else f", version={version!r}"
+    return f"{_READING.get()}('{key}'{shown})"
 
 
 class VersionWaits:
@@ -27,7 +56,7 @@ class VersionWaits:
         lent now, if any."""
         wait = timeout if timeout is not None else self._timeout
         self._await_latest(key, version - 1, time.monotonic() + wait.total_seconds(),
-                           f"get('{key}', version={version}): not lent within {wait} (latest: {latest})", writer)
+                           f"{asked(key, version)}: not lent within {wait} (latest: {latest})", writer)
 
     def _await_latest(self, key: str, beyond: int, deadline: float, late: str, writer: PartMeta | None = None) -> None:
         """Waits until the latest version of `key` is past `beyond` or the key is gone (lent
@@ -56,7 +85,7 @@ class VersionWaits:
                 return  # a newer version, or the key deleted: the next try says which
             if owner is not None and not owner.owner_alive():
                 raise TensorStoreError(self._message(
-                    f"get('{key}'): rank {writer.rank} (pid {pid}) reclaimed version {writer.version} "
+                    f"{asked(key)}: rank {writer.rank} (pid {pid}) reclaimed version {writer.version} "
                     f"to change its tensors and exited before lending the next"))
             if time.monotonic() > deadline:
                 raise TimeoutError(self._message(late))
@@ -90,17 +119,17 @@ class VersionWaits:
                     return  # complete just now: the caller reads it
                 if newest is not None and newest[0] > version:
                     raise TensorStoreError(self._message(
-                        f"get('{key}', version={version}): the writers went on to version "
+                        f"{asked(key, version)}: the writers went on to version "
                         f"{newest[0]} without completing this one (they skipped it, or gave it up)"))
                 done = self._get_now(f"k/{key}/v{version}/done")
                 if done is not None and int(done) >= ABANDONED:
                     raise TensorStoreError(self._message(
-                        f"get('{key}', version={version}): a rank of the mesh that put it failed its "
+                        f"{asked(key, version)}: a rank of the mesh that put it failed its "
                         f"part (its put raised), so it will never be complete; read the latest instead"))
                 self._check_writer_alive(key, version, newest)
                 if now >= deadline:
                     raise TimeoutError(self._message(
-                        f"get('{key}', version={version}): not put within {wait} (latest: "
+                        f"{asked(key, version)}: not put within {wait} (latest: "
                         f"{newest[0] if newest else None})"))
             time.sleep(pause)
             pause = min(2 * pause, 5e-3)
@@ -119,5 +148,5 @@ class VersionWaits:
         pid = writer.buffers[0].pid
         if not writer.buffers[0].owner_alive():
             raise TensorStoreError(self._message(
-                f"get('{key}', version={version}): rank {writer.rank} (pid {pid}), which wrote "
+                f"{asked(key, version)}: rank {writer.rank} (pid {pid}), which wrote "
                 f"version {latest[0]}, has exited; no later version will come from it"))
