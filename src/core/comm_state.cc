@@ -379,6 +379,7 @@ void CommState::execute(const CollectiveArgs& given, OpState& state,
     if (placed) {
       *placed = given;
       given.place(*placed);
+      FlightRecorder::instance().counted(state.flightId, placed->count);  // 0 at issue
     }
     if (spansHosts()) {
       executeAcrossHosts(args, wait, state.seq);

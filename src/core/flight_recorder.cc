@@ -121,6 +121,13 @@ void FlightRecorder::started(uint64_t id, Clock::time_point at) {
   }
 }
 
+void FlightRecorder::counted(uint64_t id, uint64_t count) {
+  if (id == 0) return;
+  Entry& e = ring_[id % ring_.size()];
+  std::lock_guard<std::mutex> lock(mutex_);  // the subject is read and written under it
+  if (idOf(e.tag.load(std::memory_order_relaxed)) == id) e.subject.count = count;
+}
+
 void FlightRecorder::ended(uint64_t id, std::string_view error) {
   if (id == 0) return;
   const Ticks now = Clock::now().time_since_epoch().count();

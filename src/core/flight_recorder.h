@@ -48,6 +48,9 @@ class FlightRecorder {
   void started(uint64_t id) { started(id, Clock::now()); }
   /// ... since `at`.
   void started(uint64_t id, std::chrono::steady_clock::time_point at);
+  /// Sets operation `id`'s element count, where it is known only once the operation runs
+  /// (a placed all_gather_v learns its outputs then).
+  void counted(uint64_t id, uint64_t count);
   /// Marks operation `id` ended, with its failure message if `error` is not empty.
   void ended(uint64_t id, std::string_view error);
 

@@ -15,6 +15,7 @@
 #include "../common/expect_error.h"
 #include "../common/forked_ranks.h"
 #include "loom/error.h"
+#include "loom/flight_recorder.h"
 
 namespace loom {
 namespace {
@@ -91,6 +92,15 @@ TEST(PlacedGather, GathersWhatOnlyTheCallBeforeItCounted) {
       g.check(ctx.size);
       LOOM_CHECK(sum == ctx.size, << sum);
     }
+    // The flight record counts what the placement gathered (0 was all it knew at issue).
+    const size_t total = countOf(0) + countOf(1) + countOf(2);
+    int placedGathers = 0;
+    for (const FlightRecord& r : flightRecord()) {
+      if (r.operation != "all_gather" || r.arguments.find("int64") != std::string::npos) continue;
+      LOOM_CHECK(r.arguments == "count " + std::to_string(total) + ", int32", << r.arguments);
+      ++placedGathers;
+    }
+    LOOM_CHECK(placedGathers == 3, << placedGathers);
     // Blocking, the calls run one after the other on the caller's thread.
     OpOptions blocking;
     blocking.blocking = true;
