@@ -306,6 +306,55 @@ TEST_F(TwoHosts, ServiceMakesRoomForAMemberWhenStrangersNamingUnknownCommunicato
   expectAMemberGetsPastStrangers(*hosts_, true);
 }
 
+// A member in its handshake (its Hello answered, its proof not sent yet: a stalled
+// initiator, which only moves its handshake on when its thread polls) while strangers fill
+// the acceptor: the strangers make room, the member stays and is proven once its proof
+// comes. The member used to be closed first, being the oldest, and its initiator, holding
+// the reply and sending its proof, read the closing as its peer lost.
+TEST_F(TwoHosts, ServiceNeverClosesAMemberInItsHandshakeToMakeRoom) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const ChannelShape shape{4096, 4};
+    if (ctx.rank == 0) {
+      NetService::Limits limits;
+      limits.maxPending = 2;
+      limits.crowdedHold = milliseconds(300);
+      limits.handshake = milliseconds(60'000);
+      NetService service(Fabric::instance(), limits);
+      service.expect(kComm, kSecret, shape);
+      publishAddress(ctx, service);
+      ctx.store->get("proof sent", kPatience);
+      const auto deadline = std::chrono::steady_clock::now() + kPatience;
+      std::unique_ptr<ReceiveChannel> proven;
+      while (!proven && std::chrono::steady_clock::now() < deadline) {
+        proven = service.claim(kComm, 1, 0, 0);
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+      LOOM_CHECK(proven != nullptr, << "the member in its handshake was closed to make room");
+      LOOM_CHECK(service.refused() >= 1, << "no stranger was closed to make room");
+      ctx.store->set("claimed", Bytes{1});
+      return;
+    }
+    const std::string to = publishedAddress(ctx);
+    Rogue member(to);
+    Hello mine = traffic(1, 0);
+    mine.nonce = freshNonce();
+    const auto hello = encodeHello(mine);
+    member.send(hello.data(), hello.size());
+    const auto theirs = member.awaitReply();
+    LOOM_CHECK(theirs.has_value(), << "the acceptor did not answer the member");
+    // The member holds one slot, a stranger the other; a second stranger is taken in (its
+    // constructor returns once accepted) only when one of the two is closed.
+    Rogue first(to);
+    Rogue second(to);
+    const auto proof = encodeProof(makeProof(kSecret, Role::kInitiator, mine, *theirs));
+    member.send(proof.data(), proof.size());
+    ctx.store->set("proof sent", Bytes{1});
+    ctx.store->get("claimed", kPatience);
+  });
+}
+
 // Strangers that connect and say nothing, more than the acceptor's open-file limit holds (an
 // accepted connection holds several descriptors: libfabric's endpoint, its queues and
 // sockets): the service keeps its unproven connections within a share of that limit, so a

@@ -244,20 +244,23 @@ void NetService::closePending(size_t i) {
 }
 
 void NetService::makeRoom(Clock::time_point now) {
-  // Strangers that connect and never say or prove anything would otherwise hold every slot
-  // for the handshake's 10 s: when crowded, the oldest of them goes. One that named a
-  // communicator this process does not know yet may be a member whose process registers it
-  // late (a child communicator made a little later on this host): those go only where
-  // nothing else can, oldest first, for anyone can name an unknown communicator, and a
-  // stranger renewing such Hellos would otherwise hold every slot and stall every new
-  // connection of the job. A member's connection closed so is turned away and made again
-  // (NetLink), a little later.
-  size_t oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return !c.awaitingLookup(); });
-  if (oldest == pending_.size()) {
+  // Strangers that connect and never say anything would otherwise hold every slot for the
+  // handshake's 10 s: when crowded, the oldest of them past the crowded hold goes. One that
+  // named a communicator this process does not know yet may be a member whose process
+  // registers it late (a child communicator made a little later on this host): those go
+  // only where no silent one is past the hold, oldest first, for anyone can name an unknown
+  // communicator, and a stranger renewing such Hellos would otherwise hold every slot and
+  // stall every new connection of the job (a young silent one must not shield them either).
+  // A member's connection closed so is turned away and made again (NetLink), a little later.
+  // One in the middle of its handshake for a known communicator stays, as where descriptors
+  // run short: its initiator may have the reply and have sent its proof, and would read the
+  // closing as this rank lost; the handshake's own limit ends it.
+  const auto pastHold = [&](size_t i) { return now - pending_[i].since > limits_.crowdedHold; };
+  size_t oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return c.saidNothing(); });
+  if (oldest == pending_.size() || !pastHold(oldest)) {
     oldest = oldestOf(pending_, [](const ReceiveChannel& c) { return c.awaitingLookup(); });
   }
-  if (oldest == pending_.size() || now - pending_[oldest].since <= limits_.crowdedHold) return;
-  closePending(oldest);
+  if (oldest != pending_.size() && pastHold(oldest)) closePending(oldest);
 }
 
 void NetService::advance(Clock::time_point now) {

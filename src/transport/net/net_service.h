@@ -37,7 +37,8 @@ class NetService {
     size_t maxPending = 256;
     /// With every slot taken: how long one may go unproven before it is closed to make room
     /// for the next; those that wait for their communicator (a member whose process
-    /// registers late looks like that) go only where every slot is one of them.
+    /// registers late looks like that) go only where no silent one is past this, and those
+    /// in their handshake for a known communicator never (their own limit ends them).
     std::chrono::milliseconds crowdedHold{2'000};
   };
 
@@ -102,8 +103,9 @@ class NetService {
 
   void run();
   void advance(Clock::time_point now);
-  // Every slot taken: closes the connection unproven longest, if past crowdedHold, of those
-  // not waiting for their communicator, or else of those that do.
+  // Every slot taken: closes the connection that has said nothing longest, if past
+  // crowdedHold, or else the one waiting for its communicator longest, if past it; never
+  // one in its handshake for a known communicator.
   void makeRoom(Clock::time_point now);
   // Accepting failed with `e`: where this process ran short (kSystem), closes at once the
   // connection waiting longest that has said nothing, or else waits for its communicator.
