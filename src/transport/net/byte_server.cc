@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <system_error>
 
 #include "loom/error.h"
 #include "util/posix.h"
@@ -106,20 +107,43 @@ void ByteServer::withdraw(const SourceId& id) {
 void ByteServer::run() {
   while (!stopping_.load(std::memory_order_acquire)) {
     while (auto in = service_.claimAny(identity_.comm, identity_.id, isRequestChannel)) {
-      const size_t w = nextWorker_++ % kMaxWorkers;
-      if (w == workers_.size()) {
-        workers_.push_back(std::make_unique<Worker>());
-        Worker& worker = *workers_.back();
-        worker.thread = std::thread([this, &worker] {
-          posix::nameThisThread("loom-bytes-send");
-          serve(worker);
-        });
+      size_t w = nextWorker_++ % kMaxWorkers;  // never past workers_.size()
+      if (w == workers_.size() && !addWorker()) {
+        // No thread to be had (a pids limit): the workers there are take the reader, from
+        // the first on, and another is tried after them; with none, its connection closes
+        // here and its fetch fails naming this host.
+        nextWorker_ = workers_.empty() ? 0 : 1;
+        if (workers_.empty()) continue;
+        w = 0;
       }
       std::lock_guard<std::mutex> lock(workers_[w]->mutex);
       workers_[w]->arriving.push_back(std::make_unique<Session>(std::move(in)));
       sessionCount_.fetch_add(1, std::memory_order_relaxed);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // readers arrive seldom
+  }
+}
+
+bool ByteServer::addWorker() {
+  workers_.push_back(std::make_unique<Worker>());
+  Worker& worker = *workers_.back();
+  try {
+    worker.thread = std::thread([this, &worker] {
+      posix::nameThisThread("loom-bytes-send");
+      serve(worker);
+    });
+    return true;
+  } catch (const std::system_error& e) {
+    workers_.pop_back();
+    if (!threadShortageReported_) {
+      threadShortageReported_ = true;
+      std::fprintf(stderr,
+                   "loom: the tensor-store server of process %d could not start a sending "
+                   "thread (%s); its %zu threads serve every reader (raise the process or "
+                   "pids limit)\n",
+                   static_cast<int>(::getpid()), e.what(), workers_.size());
+    }
+    return false;
   }
 }
 

@@ -106,6 +106,8 @@ class ByteServer {
   void run();
   /// A worker: its readers' sessions, in turn.
   void serve(Worker& worker);
+  /// Starts one more worker; false (reported once) where no thread can be had.
+  bool addWorker();
   /// Moves one session along; true if anything moved. Throws Error when its reader is gone
   /// or broke the protocol.
   bool advance(Session& session);
@@ -122,6 +124,7 @@ class ByteServer {
   std::map<SourceId, std::shared_ptr<ByteSource>> sources_;  // guarded by mutex_
   std::vector<std::unique_ptr<Worker>> workers_;             // the acceptor's (and ~ByteServer's)
   size_t nextWorker_ = 0;
+  bool threadShortageReported_ = false;  // the acceptor's
   std::atomic<uint64_t> answered_{0};
   std::atomic<size_t> sessionCount_{0};
   std::atomic<bool> stopping_{false};
