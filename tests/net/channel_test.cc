@@ -402,6 +402,77 @@ TEST_F(TwoHosts, RefusesEveryoneWithoutTheSecretBeforeAnyData) {
   });
 }
 
+// `bytes` (a Hello or a version note) as a build speaking wire version `version` makes them.
+template <size_t N>
+std::array<uint8_t, N> asVersion(std::array<uint8_t, N> bytes, uint32_t version) {
+  for (int i = 0; i < 4; ++i) bytes[8 + i] = static_cast<uint8_t>(version >> (8 * i));
+  return bytes;
+}
+
+// Two loom builds of different wire versions (hosts with different releases installed):
+// the acceptor answers the other build's Hello with a note of its own version and closes,
+// and an initiator that gets such a note fails naming both versions. Before, the acceptor
+// closed without a word, and the initiator connected again and again until the creation
+// timeout, whose message spoke of ranks that did not join.
+TEST_F(TwoHosts, LoomBuildsOfDifferentWireVersionsSayWhich) {
+  const NetnsHosts& hosts = *hosts_;
+  LOOM_RUN_RANKS(2, [&](RankContext& ctx) {
+    hosts.enter(ctx.rank);
+    const std::string address = exchangeAddresses(ctx, 1 - ctx.rank);
+    const ChannelShape shape{4096, 4};
+    const uint32_t other = kWireVersion + 1;
+    if (ctx.rank == 0) {
+      auto in = acceptOne(expecting(kComm, kSecret, shape));
+      const auto deadline = Clock::now() + kPatience;
+      expectError(
+          [&] {
+            while (!in->ready()) LOOM_CHECK(Clock::now() < deadline, << "no verdict");
+          },
+          ErrorCode::kPeerFailure,
+          {("speaks loom wire version " + std::to_string(other) + " where this build speaks " +
+            std::to_string(kWireVersion))
+               .c_str()});
+      in.reset();  // closed, as the network service closes a refused connection
+      // Then as a build of the other version, answering loom's Hello with its note.
+      std::unique_ptr<Endpoint> endpoint;
+      while (!endpoint && Clock::now() < deadline) {
+        endpoint = Fabric::instance().acceptNext(std::chrono::milliseconds(10));
+      }
+      LOOM_CHECK(endpoint != nullptr, << "no second connection");
+      uint8_t hello[128];
+      endpoint->postReceive(hello, sizeof hello, nullptr);
+      endpoint->start();
+      Completion done[4];
+      while (endpoint->poll(done) == 0) LOOM_CHECK(Clock::now() < deadline, << "no Hello");
+      const auto note = asVersion(encodeVersionNote(), other);
+      LOOM_CHECK(endpoint->inject(note.data(), note.size()));
+      ctx.store->get("initiator told", kPatience);
+      return;
+    }
+    {
+      Rogue older(address);
+      Hello hello = traffic(1, 0);
+      hello.nonce = freshNonce();
+      const auto bytes = asVersion(encodeHello(hello), other);
+      older.send(bytes.data(), bytes.size());
+      const std::vector<uint8_t> note = older.awaitMessage();
+      LOOM_CHECK(note.size() == kVersionNoteBytes && declaredVersion(note) == kWireVersion,
+                 << note.size() << " bytes");
+      older.awaitClosed();
+    }
+    SendChannel out(Fabric::instance(), address, traffic(1, 0), kSecret, shape);
+    const auto deadline = Clock::now() + kPatience;
+    expectError(
+        [&] {
+          while (!out.ready()) LOOM_CHECK(Clock::now() < deadline, << "no verdict");
+        },
+        ErrorCode::kPeerFailure,
+        {("speaks wire version " + std::to_string(other)).c_str(),
+         "install the same loom release on every host", "10.77.0.1"});
+    ctx.store->set("initiator told", Bytes{1});
+  });
+}
+
 TEST_F(TwoHosts, APeerThatDiesMidMessageFailsTheReaderNamingIt) {
   const NetnsHosts& hosts = *hosts_;
   LOOM_RUN_RANKS(2, [&](RankContext& ctx) {

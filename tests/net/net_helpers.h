@@ -109,6 +109,19 @@ class Rogue {
     }
     return std::nullopt;
   }
+  // Waits for the acceptor's first message, whatever it is; returns its bytes.
+  std::vector<uint8_t> awaitMessage() {
+    Completion done[4];
+    const auto deadline = Clock::now() + kPatience;
+    while (Clock::now() < deadline) {
+      const size_t n = endpoint_->poll(done);
+      for (size_t i = 0; i < n; ++i) {
+        if (done[i].isReceive) return {reply_, reply_ + done[i].length};
+      }
+    }
+    LOOM_CHECK(false, << "the acceptor did not answer");
+    return {};
+  }
   // Waits until the acceptor closes the connection.
   void awaitClosed() {
     Completion done[4];

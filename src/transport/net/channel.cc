@@ -28,14 +28,14 @@ constexpr auto kGoodbyePatience = std::chrono::milliseconds(2000);
 // goes out, and each of the communicator's channels would wait in turn.
 constexpr auto kGivingUpPatience = std::chrono::milliseconds(250);
 void* const kGoodbyeContext = reinterpret_cast<void*>(~uintptr_t{0});
+// How long an acceptor waits for its version note to go out before it closes the connection.
+constexpr auto kVersionNotePatience = std::chrono::milliseconds(250);
 
-void sayGoodbye(Endpoint& endpoint,
-                std::chrono::milliseconds patience = std::chrono::milliseconds(kGoodbyePatience)) {
-  FrameHeader header;
-  header.type = FrameType::kGoodbye;
-  uint8_t bytes[kFrameHeaderBytes];
-  encodeFrameHeader(header, bytes);
-  const iovec part{bytes, sizeof bytes};
+// Sends `bytes` with a completion and waits for it (closing right behind a queued message
+// may drop it), at most `patience`; a peer already gone is nobody to tell.
+void sendBeforeClosing(Endpoint& endpoint, std::span<const uint8_t> bytes,
+                       std::chrono::milliseconds patience) {
+  const iovec part{const_cast<uint8_t*>(bytes.data()), bytes.size()};
   const auto deadline = std::chrono::steady_clock::now() + patience;
   try {
     while (!endpoint.postSend({&part, 1}, kGoodbyeContext)) {
@@ -53,6 +53,15 @@ void sayGoodbye(Endpoint& endpoint,
   } catch (const Error&) {
     // The peer is gone already: nobody to tell.
   }
+}
+
+void sayGoodbye(Endpoint& endpoint,
+                std::chrono::milliseconds patience = std::chrono::milliseconds(kGoodbyePatience)) {
+  FrameHeader header;
+  header.type = FrameType::kGoodbye;
+  uint8_t bytes[kFrameHeaderBytes];
+  encodeFrameHeader(header, bytes);
+  sendBeforeClosing(endpoint, bytes, patience);
 }
 
 void* contextOf(int index) {
@@ -235,6 +244,12 @@ void SendChannel::onReceive(uint8_t* buffer, size_t length) {
   };
   if (step_ == Step::kAwaitReply) {
     const std::span<const uint8_t> bytes(buffer, length);
+    const auto version = length == kVersionNoteBytes ? declaredVersion(bytes) : std::nullopt;
+    if (version && *version != kWireVersion) {
+      refuse("runs a loom build that speaks wire version " + std::to_string(*version) +
+             ", where this one speaks " + std::to_string(kWireVersion) +
+             ": install the same loom release on every host");
+    }
     const auto hello = length == kReplyBytes ? parseHello(bytes.first(kHelloBytes)) : std::nullopt;
     const auto proof =
         length == kReplyBytes ? parseProof(bytes.subspan(kHelloBytes)) : std::nullopt;
@@ -365,6 +380,14 @@ bool ReceiveChannel::ready() {
       const auto message = nextHandshakeMessage();
       if (!message) return false;
       const auto hello = parseHello(*message);
+      const auto version = declaredVersion(*message);
+      if (!hello && version && *version != kWireVersion) {
+        // Another loom build: tell its initiator which version speaks here, so that it
+        // names both rather than connecting again until its timeout.
+        sendBeforeClosing(*endpoint_, encodeVersionNote(), kVersionNotePatience);
+        violation("speaks loom wire version " + std::to_string(*version) + " where this build " +
+                  "speaks " + std::to_string(kWireVersion) + "; connection refused");
+      }
       if (!hello || hello->role != Role::kInitiator) {
         violation("did not open with a loom handshake; connection refused");
       }

@@ -34,6 +34,21 @@ std::array<uint8_t, kHelloBytes> encodeHello(const Hello& hello) {
   return toArray<kHelloBytes>(w.bytes());
 }
 
+std::array<uint8_t, kVersionNoteBytes> encodeVersionNote() {
+  ByteWriter w;
+  w.integer(kHelloMagic);
+  w.integer(kWireVersion);
+  return toArray<kVersionNoteBytes>(w.bytes());
+}
+
+std::optional<uint32_t> declaredVersion(std::span<const uint8_t> bytes) {
+  ByteReader in(bytes);
+  uint64_t magic = 0;
+  uint32_t version = 0;
+  if (!in.integer(&magic) || magic != kHelloMagic || !in.integer(&version)) return std::nullopt;
+  return version;
+}
+
 std::optional<Hello> parseHello(std::span<const uint8_t> bytes) {
   if (bytes.size() != kHelloBytes) return std::nullopt;
   ByteReader in(bytes);

@@ -57,6 +57,15 @@ inline constexpr size_t kProofBytes = 8 + 32;
 std::array<uint8_t, kHelloBytes> encodeHello(const Hello& hello);
 /// Decodes a Hello; nullopt unless `bytes` is exactly a well-formed Hello of this version.
 std::optional<Hello> parseHello(std::span<const uint8_t> bytes);
+
+// Every build's Hello opens with the magic and its wire version, so builds that differ can
+// tell each other so: an acceptor that gets a Hello of another version answers with a
+// version note (those two fields alone) and closes, and its initiator names both versions.
+inline constexpr size_t kVersionNoteBytes = 8 + 4;
+std::array<uint8_t, kVersionNoteBytes> encodeVersionNote();
+/// The wire version that `bytes` declare if they open as a loom Hello or a version note do
+/// (any build's), else nullopt.
+std::optional<uint32_t> declaredVersion(std::span<const uint8_t> bytes);
 std::array<uint8_t, kProofBytes> encodeProof(const ProofBytes& proof);
 /// Decodes a Proof; nullopt unless `bytes` is exactly one.
 std::optional<ProofBytes> parseProof(std::span<const uint8_t> bytes);
