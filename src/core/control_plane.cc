@@ -43,6 +43,7 @@ ControlPlane::ControlPlane(int rank, int size, const std::vector<int>& peers,
     peers_.push_back(std::move(peer));
   }
   heardFrom_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
+  spokeTo_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
   thread_ = std::thread([this] {
     posix::nameThisThread("loom-control");
     run();
@@ -99,18 +100,21 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
       // finished creating (this host's through the segment, the peers heard from through
       // the links, before they close) must learn this reason, not that this rank left. This
       // rank reports what it saw itself.
+      // The peer blamed: one not heard from, or else one this rank's first word never
+      // reached (heard, so it is there, but this rank's connection to it is not made: an
+      // address of it this host cannot reach?).
       int culprit = rank_;
-      for (size_t i = 0; i < peers_.size(); ++i) {
-        if (!heardFrom_[i].load()) {
-          culprit = peers_[i].rank;
-          break;
+      for (const auto* flags : {&heardFrom_, &spokeTo_}) {
+        for (size_t i = 0; i < peers_.size() && culprit == rank_; ++i) {
+          if (!(*flags)[i].load()) culprit = peers_[i].rank;
         }
       }
       const std::string detail =
           "not every rank on the other hosts joined rank " + std::to_string(rank_) +
           " within the timeout (heard from " + std::to_string(met_.load()) + " of " +
-          std::to_string(n) + " peers" + missingPeers() + "; its first word written to " +
-          std::to_string(spokenTo_.load()) +
+          std::to_string(n) + " peers" + missingPeers(heardFrom_, "; not from ") +
+          "; its first word written to " + std::to_string(spokenTo_.load()) +
+          missingPeers(spokeTo_, ", not to ") +
           "): did every rank make this communicator, and can the hosts reach each other "
           "(LOOM_NET_IFNAME)?";
       failures_.fail(ErrorCode::kTimeout, culprit, detail);
@@ -120,11 +124,12 @@ void ControlPlane::awaitPeers(Clock::time_point deadline) {
   }
 }
 
-std::string ControlPlane::missingPeers() const {
+std::string ControlPlane::missingPeers(const std::unique_ptr<std::atomic<bool>[]>& flags,
+                                       std::string_view lead) const {
   std::string missing;
   for (size_t i = 0; i < peers_.size(); ++i) {
-    if (heardFrom_[i].load()) continue;
-    missing += (missing.empty() ? "; not from " : ", ") + describe_(peers_[i].rank);
+    if (flags[i].load()) continue;
+    missing += (missing.empty() ? std::string(lead) : ", ") + describe_(peers_[i].rank);
   }
   return missing;
 }
@@ -194,6 +199,7 @@ void ControlPlane::serve(Peer& peer, Clock::time_point now, bool failedHere,
     // hear this rank, which may leave right after.
     if (!peer.spoke) {
       peer.spoke = true;
+      spokeTo_[static_cast<size_t>(&peer - peers_.data())].store(true);
       spokenTo_.fetch_add(1, std::memory_order_release);
     }
   }

@@ -96,11 +96,14 @@ class ControlPlane {
   SameHost sameHost_;
   Failures& failures_;
   const std::chrono::milliseconds silence_;
-  /// ", not from <peer>, ..." for the peers not heard from yet.
-  std::string missingPeers() const;
+  /// `lead` and the peers whose flag in `flags` is not set ("; not from <peer>, <peer>"), or
+  /// nothing where every one is.
+  std::string missingPeers(const std::unique_ptr<std::atomic<bool>[]>& flags,
+                           std::string_view lead) const;
 
   std::vector<Peer> peers_;                         // the thread's only, but for the ranks it holds
   std::unique_ptr<std::atomic<bool>[]> heardFrom_;  // per peer, for missingPeers
+  std::unique_ptr<std::atomic<bool>[]> spokeTo_;    // per peer: Peer::spoke, for other threads
   std::atomic<int> met_{0};                         // peers heard from
   std::atomic<int> spokenTo_{0};                    // peers this rank's first word is written to
   std::atomic<bool> stopping_{false};

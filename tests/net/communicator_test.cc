@@ -215,7 +215,8 @@ TEST_F(ThreeHosts, ARankKilledMidRingFailsBothSurvivorsNamingIt) {
 // Hosts 0 and 2 cannot reach each other, and both reach host 1. Rank 1 hears from both and
 // finishes creating; ranks 0 and 2 time out waiting for each other. Every rank must learn
 // that reason: rank 1 used to be told, at its first call, that a peer had destroyed its
-// communicator (a false diagnosis, forwarded on to the others).
+// communicator (a false diagnosis, forwarded on to the others). Ranks 0 and 2 name the peer
+// they neither heard from nor reached (the first word's list named nobody before).
 TEST_F(ThreeHosts, ACreationThatTimesOutOnSomeRanksTellsEveryRankWhy) {
   const NetnsHosts& hosts = *hosts_;
   hosts.cutBetween(0, 2);
@@ -232,6 +233,13 @@ TEST_F(ThreeHosts, ACreationThatTimesOutOnSomeRanksTellsEveryRankWhy) {
     }
     LOOM_CHECK(error.find("not every rank on the other hosts joined rank") != std::string::npos,
                << "rank " << ctx.rank << " was told: " << error);
+    // Ranks 0 and 2 name each other as the peer neither heard from nor reached.
+    if (ctx.rank != 1) {
+      const std::string other = "rank " + std::to_string(2 - ctx.rank) + " (";
+      LOOM_CHECK(error.find("not from " + other) != std::string::npos &&
+                     error.find("not to " + other) != std::string::npos,
+                 << "rank " << ctx.rank << " was told: " << error);
+    }
   });
   EXPECT_TRUE(loom::testing::failures(outcomes).empty()) << loom::testing::failures(outcomes);
 }
