@@ -64,6 +64,16 @@ void requireRoot(const CallSite& site, int64_t root) {
   }
 }
 
+// The root's tensor among its `tensors` (BroadcastOptions and ReduceOptions::rootTensor):
+// loom takes one tensor per call, so only 0 names one.
+void requireRootTensor(const CallSite& site, int64_t rootTensor) {
+  if (rootTensor != 0) {
+    invalid(site, "rootTensor " + std::to_string(rootTensor) +
+                      " names no tensor of the call; loom takes one tensor per call (rootTensor "
+                      "0)");
+  }
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
@@ -72,6 +82,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   requireOne(s, "tensors", tensors.size());
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
+  requireRootTensor(s, opts.rootTensor);
   const Flat flat = movementView(tensors[0]);
   Outputs outputs(s);
   // The root's tensor is only read: a staged copy of it is kept until the call is done, and
@@ -168,6 +179,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   requireOne(s, "tensors", tensors.size());
   requireDense(s, "tensor", tensors[0]);
   requireRoot(s, opts.rootRank);
+  requireRootTensor(s, opts.rootTensor);
   const Flat flat = reductionView(s, tensors[0], opts.reduceOp);
   const ReduceOp op = reduceOpOf(s, opts.reduceOp, flat);
   Outputs outputs(s);
@@ -302,7 +314,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   if (root) {
     requireOne(s, "output lists", outputs.size());
     requirePerRank(s, "output list", outputs[0].size());
-    requireLike(s, "outputs", outputs[0], inputs[0]);
+    requireLike(s, "outputs", outputs[0], "the input", inputs[0]);
     targets = staged->targets(outputs[0]);
     results = outputs[0];
   } else if (!outputs.empty() && !outputs[0].empty()) {
@@ -334,7 +346,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   if (root) {
     requireOne(s, "input lists", inputs.size());
     requirePerRank(s, "input list", inputs[0].size());
-    requireLike(s, "inputs", inputs[0], outputs[0]);
+    requireLike(s, "inputs", inputs[0], "the output", outputs[0]);
     for (const auto& t : inputs[0]) ins.push_back(movementView(t));
   } else if (!inputs.empty() && !inputs[0].empty()) {
     invalid(s, "only the root (rank " + std::to_string(opts.rootRank) + ") passes input tensors");

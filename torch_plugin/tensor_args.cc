@@ -107,18 +107,18 @@ void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
 }
 
 void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
-                 const at::Tensor& like) {
+                 const char* likeName, const at::Tensor& like) {
   for (size_t i = 0; i < list.size(); ++i) {
     requireDense(site, what, list[i]);
     if (list[i].scalar_type() != like.scalar_type()) {
       invalid(site, std::string(what) + "[" + std::to_string(i) + "] has dtype " +
-                        c10::toString(list[i].scalar_type()) + " but the input has " +
+                        c10::toString(list[i].scalar_type()) + " but " + likeName + " has " +
                         c10::toString(like.scalar_type()) +
                         "; all tensors of one call must share a dtype");
     }
     if (list[i].numel() != like.numel()) {
       invalid(site, std::string(what) + "[" + std::to_string(i) + "] has " +
-                        std::to_string(list[i].numel()) + " elements but the input has " +
+                        std::to_string(list[i].numel()) + " elements but " + likeName + " has " +
                         std::to_string(like.numel()));
     }
   }

@@ -58,9 +58,10 @@ void requireWholeOfParts(const CallSite& site, const std::string& wholeName,
                          const at::Tensor& whole, const std::string& partName,
                          const at::Tensor& part);
 
-/// Checks every tensor in `list` has the dtype and number of elements of `like`.
+/// Checks every tensor in `list` has the dtype and number of elements of `like`, which the
+/// messages call `likeName` ("the input").
 void requireLike(const CallSite& site, const char* what, const std::vector<at::Tensor>& list,
-                 const at::Tensor& like);
+                 const char* likeName, const at::Tensor& like);
 
 /// loom's view of one tensor: a contiguous tensor (the original, its real view, or a staged
 /// copy of either), its loom element type and element count. `view` is the memory the caller

@@ -94,6 +94,16 @@ def body_wrong_arguments(rank: int, world: int) -> None:
                lambda: backend.reduce([t], ropts))
         expect(RuntimeError, r"loom send \(rank \d\): argument 'dst' is %d, outside \[0, %d\); pass a rank"
                % (bad, world), lambda: backend.send([t], bad, 0))
+    # A root tensor other than the one tensor of the call (it used to be ignored, as Gloo refuses it).
+    for options, call in ((dist.BroadcastOptions(), backend.broadcast), (dist.ReduceOptions(), backend.reduce)):
+        options.rootTensor = 3
+        expect(RuntimeError, r"loom (broadcast|reduce) \(rank \d\): rootTensor 3 names no tensor of the call",
+               lambda: call([t], options))
+    # The root's scatter inputs are measured against its output (the message called the output
+    # the input); refused on the root before anything is sent, so the others take no part.
+    if rank == 0:
+        expect(RuntimeError, r"loom scatter \(rank 0\): inputs\[0\] has 3 elements but the output has 4",
+               lambda: backend.scatter([t], [[torch.zeros(3)] * world], dist.ScatterOptions()))
     # Sparse and meta tensors, and wrong list lengths at the backend.
     sparse = torch.ones(4).to_sparse()
     expect(RuntimeError, r"loom broadcast \(rank \d\): tensor is not a dense tensor \(layout sparse COO\)",
