@@ -568,10 +568,18 @@ Request CommState::submit(CollectiveArgs args, const OpOptions& options) {
     }
     state->queuedOn = worker_.get();
     const std::string_view op = collectiveName(args.kind);
-    state->queuedAs =
-        worker_->submit([this, args = std::move(args), state,
-                         timeout] { execute(args, *state, timeout, Clock::now()); },
-                        [this, state, op] { state->complete(heldError(op, state->seq)); });
+    state->queuedAs = worker_->submit(
+        [this, args = std::move(args), state, timeout] {
+          execute(args, *state, timeout, Clock::now());
+        },
+        [this, state, op]() -> Worker::Job {
+          // Ended now; its callbacks run once the calls given up with it
+          // have ended too (one may wait for a later one).
+          const std::exception_ptr failure = heldError(op, state->seq);
+          return [state, failure, callbacks = state->finish(failure)]() mutable {
+            detail::OpState::runCallbacks(std::move(callbacks), failure, state->seq);
+          };
+        });
   }
   if (options.blocking) settle(request);
   return request;

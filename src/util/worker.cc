@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 #include <system_error>
+#include <vector>
 
 #include "util/posix.h"
 
@@ -53,7 +54,7 @@ Worker::~Worker() {
   if (watch_.joinable()) watch_.join();
 }
 
-uint64_t Worker::submit(Job job, Job abandon) {
+uint64_t Worker::submit(Job job, Abandon abandon) {
   uint64_t number = 0;
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -64,7 +65,7 @@ uint64_t Worker::submit(Job job, Job abandon) {
     if (stillGivenUp && abandon) {
       // Behind callbacks whose hold was given up already, and which still hold the queue.
       lock.unlock();
-      abandon();
+      if (Job then = abandon()) then();
       finishedOne();
       return number;
     }
@@ -187,9 +188,21 @@ void Worker::giveUp(std::unique_lock<std::mutex>& lock, uint64_t frame, int64_t 
   givingUp_ = true;
   givenUpFrame_ = frame;
   lock.unlock();
+  // Every job ended before any callback of theirs runs: a callback may wait for a job given
+  // up after its own, which only this thread ends now.
+  std::vector<Job> thens;
+  thens.reserve(jobs.size());
   for (Queued& q : jobs) {
     try {
-      q.abandon();
+      thens.push_back(q.abandon());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "loom: ending a call a held queue gave up failed: %s\n", e.what());
+      thens.emplace_back();
+    }
+  }
+  for (Job& then : thens) {
+    try {
+      if (then) then();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "loom: ending a call a held queue gave up failed: %s\n", e.what());
     }

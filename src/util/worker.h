@@ -26,7 +26,8 @@
 // first job queued behind a callback has waited as long as the watch's patience, with no job
 // run on the worker's thread meanwhile, it reports the hold (onHold) and gives up the queued
 // jobs, and any submitted until the callback returns (each job's `abandon`, which ends it
-// failed without running it).
+// failed without running it). The jobs given up together all end before any of their own
+// callbacks run, as a job's callbacks may wait for a later job.
 
 #include <atomic>
 #include <condition_variable>
@@ -44,6 +45,9 @@ namespace loom {
 class Worker {
  public:
   using Job = std::function<void()>;
+  /// Ends a job failed without running it, and returns what must run after it (its own
+  /// completion callbacks), once the jobs given up with it have ended too; or an empty Job.
+  using Abandon = std::function<Job()>;
 
   /// `name` names the thread (posix::nameThisThread). `serveItsOwnWaits`: see above.
   Worker(const char* name, BackoffPolicy backoff, bool serveItsOwnWaits = false);
@@ -55,7 +59,7 @@ class Worker {
   /// Queues a job; returns its number (1, 2, ... in submission order). `abandon`, if given,
   /// ends the job without running it, should a hold give it up (on the watch's thread, or
   /// the submitter's); a job without one is never given up, and waits out the hold.
-  uint64_t submit(Job job, Job abandon = nullptr);
+  uint64_t submit(Job job, Abandon abandon = nullptr);
 
   /// A hold, as reported: the tag of the callbacks that hold the queue (CallbackFrame), how
   /// long the first job queued behind them waited, and how many jobs were given up.
@@ -157,7 +161,7 @@ class Worker {
   struct Queued {
     uint64_t number;
     Job job;
-    Job abandon;
+    Abandon abandon;
     int64_t queuedAt;  // steady-clock nanoseconds
   };
   BackoffPolicy backoff_;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace loom {
@@ -57,12 +58,17 @@ TEST(WorkerHolds, AJobQueuedBehindCallbacksThatNeverReturnIsGivenUpAfterThePatie
                  [&] {
                    seen.note(seen.abandoned, 2);
                    givenUp.set_value();
+                   return Worker::Job{};
                  });
   givenUp.get_future().wait();
   EXPECT_GE(std::chrono::steady_clock::now() - queuedAt, 200ms);
   // While the callbacks still hold the queue, a new job is given up at once, on the caller;
   // one that cannot be given up (no abandon) waits for them.
-  worker->submit([&] { seen.note(seen.ran, 3); }, [&] { seen.note(seen.abandoned, 3); });
+  worker->submit([&] { seen.note(seen.ran, 3); },
+                 [&] {
+                   seen.note(seen.abandoned, 3);
+                   return Worker::Job{};
+                 });
   worker->submit([&] { seen.note(seen.ran, 5); });
   {
     std::lock_guard<std::mutex> lock(seen.mutex);
@@ -82,6 +88,44 @@ TEST(WorkerHolds, AJobQueuedBehindCallbacksThatNeverReturnIsGivenUpAfterThePatie
   EXPECT_EQ(seen.holds.size(), 1u);
 }
 
+// Jobs given up together all end before any of their callbacks run: job 2's callback waits
+// for job 3, which it could do on the worker (the queue runs on for it), and which only the
+// watch's thread ends once the queue is given up. Ended one after the other, job 2's callback
+// waited on that very thread for good, and with it the queue's drain.
+TEST(WorkerHolds, JobsGivenUpTogetherAllEndBeforeAnyOfTheirCallbacksRun) {
+  Seen seen;
+  auto worker = watchedWorker(seen, 200ms);
+  std::promise<void> callbacksIn;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  worker->submit([&] {
+    const Worker::CallbackFrame frame(7);
+    callbacksIn.set_value();
+    released.wait();
+  });
+  callbacksIn.get_future().wait();
+  std::atomic<bool> thirdEnded{false};
+  std::promise<bool> secondsCallback;  // whether job 3 had ended when job 2's callback ran
+  worker->submit([] {},
+                 [&]() -> Worker::Job {
+                   return [&] {
+                     const auto until = std::chrono::steady_clock::now() + 5s;
+                     while (!thirdEnded.load() && std::chrono::steady_clock::now() < until) {
+                       std::this_thread::sleep_for(1ms);
+                     }
+                     secondsCallback.set_value(thirdEnded.load());
+                   };
+                 });
+  worker->submit([] {},
+                 [&] {
+                   thirdEnded = true;
+                   return Worker::Job{};
+                 });
+  EXPECT_TRUE(secondsCallback.get_future().get()) << "job 2's callback ran before job 3 ended";
+  release.set_value();
+  worker->drain();
+}
+
 TEST(WorkerHolds, APatienceOfForeverNeverGivesUp) {
   // milliseconds::max() is deadline.h's "never"; in nanoseconds it wrapped into "at once".
   Seen seen;
@@ -90,7 +134,11 @@ TEST(WorkerHolds, APatienceOfForeverNeverGivesUp) {
     const Worker::CallbackFrame frame(1);
     std::this_thread::sleep_for(300ms);
   });
-  worker->submit([&] { seen.note(seen.ran, 2); }, [&] { seen.note(seen.abandoned, 2); });
+  worker->submit([&] { seen.note(seen.ran, 2); },
+                 [&] {
+                   seen.note(seen.abandoned, 2);
+                   return Worker::Job{};
+                 });
   worker->drain();
   std::lock_guard<std::mutex> lock(seen.mutex);
   EXPECT_EQ(seen.ran, (std::vector<int>{2}));
@@ -145,7 +193,11 @@ TEST(WorkerHolds, AWorkerNotWatchedWaitsForItsCallbacks) {
     std::this_thread::sleep_for(100ms);
     ++ran;
   });
-  worker.submit([&] { ++ran; }, [] { ADD_FAILURE() << "given up without a watch"; });
+  worker.submit([&] { ++ran; },
+                [] {
+                  ADD_FAILURE() << "given up without a watch";
+                  return Worker::Job{};
+                });
   worker.drain();
   EXPECT_EQ(ran.load(), 2);
 }
