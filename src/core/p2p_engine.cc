@@ -49,9 +49,12 @@ P2pEngine::~P2pEngine() {
   stopping_.store(true, std::memory_order_release);
   shm_.ringDoorbell(shm_.rank());
   thread_.join();
-  // A waiter still holding one of this engine's (now ended) operations must not take a turn.
-  std::lock_guard<std::mutex> lock(gate_->mutex);
+  // A waiter still holding one of this engine's (now ended) operations must not take a turn,
+  // and one marking operations it ended must be done telling the communicator, which goes
+  // right after this engine.
+  std::unique_lock<std::mutex> lock(gate_->mutex);
   gate_->engine = nullptr;
+  gate_->marked.wait(lock, [this] { return gate_->marking == 0; });
 }
 
 Error P2pEngine::opError(ErrorCode code, const Op& op, bool isSend, const std::string& what) const {
@@ -126,8 +129,16 @@ bool P2pEngine::Gate::progress(bool anyThread, bool expire) {
                             "the communicator was shut down while this operation was pending"));
     }
     finished.swap(engine->finished_);
+    if (!finished.empty()) ++marking;
   }
-  complete(finished);
+  if (finished.empty()) return progressed;
+  std::vector<detail::OpState::Callbacks> callbacks = markEnded(finished);
+  {
+    // The callbacks may drop the communicator: they run once this thread no longer counts.
+    std::lock_guard<std::mutex> lock(mutex);
+    if (--marking == 0) marked.notify_all();
+  }
+  runCallbacks(finished, callbacks);
   return progressed;
 }
 
@@ -157,9 +168,19 @@ void P2pEngine::finish(Op& op, std::exception_ptr error) {
 
 void P2pEngine::complete(std::vector<Finished>& finished) {
   // Every one marked before any callback runs: a callback may wait on another of them.
+  std::vector<detail::OpState::Callbacks> callbacks = markEnded(finished);
+  runCallbacks(finished, callbacks);
+}
+
+std::vector<detail::OpState::Callbacks> P2pEngine::markEnded(std::vector<Finished>& finished) {
   std::vector<detail::OpState::Callbacks> callbacks;
   callbacks.reserve(finished.size());
   for (Finished& f : finished) callbacks.push_back(f.state->finish(f.error));
+  return callbacks;
+}
+
+void P2pEngine::runCallbacks(std::vector<Finished>& finished,
+                             std::vector<detail::OpState::Callbacks>& callbacks) {
   for (size_t i = 0; i < finished.size(); ++i) {
     detail::OpState::runCallbacks(std::move(callbacks[i]), finished[i].error);
   }

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -102,6 +103,11 @@ class P2pEngine {
   struct Gate {
     std::mutex mutex;
     P2pEngine* engine = nullptr;  ///< guarded by mutex
+    /// Callers' threads marking operations of `engine` ended now (guarded by mutex): a
+    /// failed one tells the communicator (its FailureSink), so the engine, which goes before
+    /// the communicator, waits for them (`marked`).
+    int marking = 0;
+    std::condition_variable marked;
     /// One turn on the caller's thread if no other thread is in one; true if it did anything.
     /// With `anyThread` false only on the engine's own thread (for the operations that
     /// otherwise only that thread drives); a turn there also ends what is past its deadline,
@@ -121,8 +127,14 @@ class P2pEngine {
   void run();
   /// One pass over new operations, sends and receives (the gate held); true if it did anything.
   bool turn();
-  /// Completes what the turns ended (the gate released).
+  /// Completes what the turns ended (the gate released): marks every one ended, then runs
+  /// their callbacks.
   static void complete(std::vector<Finished>& finished);
+  /// complete()'s first half: marks every one ended; returns their callbacks.
+  static std::vector<detail::OpState::Callbacks> markEnded(std::vector<Finished>& finished);
+  /// complete()'s second half.
+  static void runCallbacks(std::vector<Finished>& finished,
+                           std::vector<detail::OpState::Callbacks>& callbacks);
   /// Waits for a doorbell ring after `seen` (spinning first if `spin`), or a slice if links
   /// must be polled or operations' `deadlines` watched; true if a ring came.
   bool sleepUntilRung(uint32_t seen, bool spin, bool deadlines);

@@ -18,6 +18,7 @@
 #include "../common/stress_driver.h"
 #include "loom/communicator.h"
 #include "loom/error.h"
+#include "loom/flight_recorder.h"
 #include "util/helper_pool.h"
 
 namespace loom {
@@ -429,6 +430,65 @@ TEST(Threads, HelperPoolServesCallersOnSeveralThreadsAtOnce) {
   for (int c = 0; c < kCallers; ++c) {
     EXPECT_EQ(sums[static_cast<size_t>(c)], std::vector<int>(kPieces, 300 * (c + 1)))
         << "caller " << c;
+  }
+}
+
+// A thread waiting on a receive ends many receives at their deadline in its turn and marks
+// them ended after letting the engine go (a failed one tells the communicator), while another
+// thread drops the communicator's last reference the moment the awaited one ends: the
+// communicator must outlast the marking. It was freed under the marking thread, which then
+// called into it (a review helper's reproduction crashed 4 runs in 12; ASan and TSan, which
+// build this suite in CI, see it at once). The engine's own thread is held in a callback
+// meanwhile, so that the waiter's turns end the receives.
+TEST(Threads, ACommunicatorDroppedWhileAWaiterMarksItsReceivesEndedOutlastsTheMarking) {
+  for (int round = 0; round < 3; ++round) {
+    auto store = std::make_shared<HashStore>();
+    std::shared_ptr<Communicator> zero;
+    std::shared_ptr<Communicator> one;
+    std::thread other([&] { one = Communicator::create(1, 2, store); });
+    zero = Communicator::create(0, 2, store);
+    other.join();
+    constexpr int kReceives = 600;
+    constexpr size_t kFloats =
+        10240;  // 40 KiB: the engine's thread drives them, waiters expire them
+    std::vector<std::vector<float>> buffers(kReceives, std::vector<float>(kFloats));
+    OpOptions shortly;
+    shortly.timeout = std::chrono::milliseconds(300);
+    std::vector<Request> receives;
+    for (int i = 0; i < kReceives; ++i) {
+      receives.push_back(zero->recv(buffers[i].data(), kFloats, DataType::kFloat32, 1, i, shortly));
+    }
+    const Request awaited = receives.front();
+    std::vector<float> held(kFloats);
+    std::vector<float> sent(kFloats, 1.0f);
+    Request holding = zero->recv(held.data(), kFloats, DataType::kFloat32, 1, 1 << 20);
+    holding.onComplete([awaited](std::exception_ptr) {
+      while (!awaited.test()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    });
+    // Readers of the flight record slow the marking (it ends each one's entry): the window.
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> readers;
+    for (int i = 0; i < 2; ++i) {
+      readers.emplace_back([&stop] {
+        while (!stop.load()) (void)flightRecord();
+      });
+    }
+    std::thread waiter([awaited, all = std::move(receives)] {
+      try {
+        awaited.wait();
+      } catch (const Error&) {
+      }
+    });
+    std::thread dropper([last = std::move(zero), awaited]() mutable {
+      while (!awaited.test()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      last.reset();
+    });
+    one->send(sent.data(), kFloats, DataType::kFloat32, 0, 1 << 20).wait();
+    dropper.join();
+    waiter.join();
+    stop = true;
+    for (auto& r : readers) r.join();
+    EXPECT_EQ(held, sent);
   }
 }
 
