@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "util/fork_generation.h"
+
 namespace loom {
 class Worker;
 }  // namespace loom
@@ -49,7 +51,7 @@ const void* completingHere();
 struct OpState {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
 
-  explicit OpState(uint64_t sequence = 0) : seq(sequence) {}
+  explicit OpState(uint64_t sequence = 0) : seq(sequence), issuedIn(forks::generation()) {}
 
   using Callbacks = std::vector<std::function<void(std::exception_ptr)>>;
   /// Finishes the operation, wakes waiters and runs completion callbacks (on this thread).
@@ -70,6 +72,10 @@ struct OpState {
   std::atomic<bool> watched{false};  ///< someone sleeps on `done` or added a callback
   std::exception_ptr error;          ///< set before status leaves kPending
   uint64_t seq;
+  /// The fork generation of the process that issued it: a fork of that process must not
+  /// drive nor wait for it (its engines' threads are not there, and its positions in the
+  /// shared rings would part from the parent's).
+  const uint64_t issuedIn;
   std::atomic<int> source{-1};  ///< receives: the rank the message came from
   /// Request::cancel asked the engine to end it (a send or receive not begun), or false.
   std::atomic<bool> cancelAsked{false};

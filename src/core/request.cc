@@ -126,7 +126,18 @@ namespace {
 const BackoffPolicy kWaitPolicy{std::chrono::microseconds(20), std::chrono::microseconds(100),
                                 std::chrono::milliseconds(100)};
 
+// A pending operation of the process this one was forked from: refused by name (`what`),
+// where a wait would hang (no thread here completes it) or drive the parent's engine.
+void refuseInAFork(const detail::OpState& state, const char* what) {
+  if (state.issuedIn == forks::generation() || state.finished()) return;
+  throw Error(ErrorCode::kUnsupported, what, -1,
+              "this operation was issued by the process this one is a fork of: a forked "
+              "process cannot wait for, nor cancel, its parent's operations; make a "
+              "communicator of its own (init_process_group in the child)");
+}
+
 bool settle(detail::OpState& state, std::chrono::steady_clock::time_point deadline) {
+  refuseInAFork(state, "wait");
   if (state.completer != nullptr && state.completer == detail::completingHere() &&
       !state.finished()) {
     throw Error(ErrorCode::kInvalidArgument, "wait", -1,
@@ -227,6 +238,7 @@ std::chrono::steady_clock::time_point Request::startedAt() const {
 
 void Request::cancel() const {
   if (!state_ || state_->finished()) return;
+  refuseInAFork(*state_, "cancel");
   state_->cancelAsked.store(true, std::memory_order_release);
   // A turn of its engine that ends it now, unless a thread is in one: then the engine's
   // next look at its operations' deadlines does.

@@ -480,15 +480,19 @@ TEST(Faults, APeerThatShutsDownIsNamedWhileItsHandleLives) {
 
 // Rank 0 forks a child after making its communicator (as a Python helper that daemonises,
 // or os.fork, would). The child's calls on the inherited communicator fail at once, saying
-// why; its shutdown, abort and destruction leave the parent's communicator alone, and it
+// why, and so do its wait for and cancel of a receive the parent had pending (a wait drove
+// the parent's send/recv engine in the child, taking the parent's messages off the shared
+// rings); its shutdown, abort and destruction leave the parent's communicator alone, and it
 // exits at once (the parent's threads do not exist in it, so nothing may wait for them);
-// then both ranks go on together.
+// then both ranks go on together, the parent's receive getting its message.
 TEST(Faults, AForkedChildCannotUseNorTearDownItsParentsCommunicator) {
   const auto outcomes = testing::runRanks(2, [](RankContext& ctx) {
     auto comm = ctx.connect(patientOptions());
     float x = 1;
     comm->allReduce(&x, &x, 1, DataType::kFloat32, ReduceKind::kSum).wait();
+    float message[4] = {};
     if (ctx.rank == 0) {
+      const Request pending = comm->recv(message, 4, DataType::kFloat32, 1, 7);
       const pid_t child = ::fork();
       if (child == 0) {
         int status = 0;
@@ -499,6 +503,20 @@ TEST(Faults, AForkedChildCannotUseNorTearDownItsParentsCommunicator) {
           const std::string what = e.what();
           if (e.code() != ErrorCode::kUnsupported || what.find("is a fork of it") == what.npos)
             status = 3;
+        }
+        for (const bool cancel : {false, true}) {
+          try {
+            if (cancel) {
+              pending.cancel();
+            } else {
+              pending.waitFor(std::chrono::seconds(1));
+            }
+            status = 6;  // it waited (or cancelled) the parent's receive
+          } catch (const Error& e) {
+            const std::string what = e.what();
+            if (e.code() != ErrorCode::kUnsupported || what.find("a fork of") == what.npos)
+              status = 7;
+          }
         }
         // Nor a shrink, which works on a failed communicator (it made a communicator of its
         // own from the parent's roster, the members' hellos going to the parent's process).
@@ -522,6 +540,13 @@ TEST(Faults, AForkedChildCannotUseNorTearDownItsParentsCommunicator) {
       int status = -1;
       LOOM_CHECK(::waitpid(child, &status, 0) == child);
       LOOM_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, << "child status " << status);
+      ctx.store->set("child gone", {1});
+      pending.wait();
+      LOOM_CHECK(message[0] == 7.0f && message[3] == 7.0f, << message[0]);
+    } else {
+      ctx.store->get("child gone", std::chrono::seconds(60));
+      float sent[4] = {7, 7, 7, 7};
+      comm->send(sent, 4, DataType::kFloat32, 0, 7).wait();
     }
     comm->barrier().wait();  // rank 1 waits here while rank 0's child comes and goes
     for (int i = 0; i < 3; ++i) {
