@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm_state.h"
@@ -65,7 +66,7 @@ DeviceExecutor& CommState::deviceExecutor(const OpOptions& options, std::string_
 }
 
 Request CommState::deviceTransfer(const Transfer& transfer, const OpOptions& options,
-                                  uint64_t flightId) {
+                                  uint64_t flightId, EndedUnqueued& refused) {
   const char* op = transfer.kind == Transfer::Kind::kSend ? "send" : "recv";
   auto refuse = [&](ErrorCode code, const std::string& detail) {
     Error e(code, op, rank_, detail);
@@ -91,7 +92,7 @@ Request CommState::deviceTransfer(const Transfer& transfer, const OpOptions& opt
   if (transfer.kind == Transfer::Kind::kRecv) state->source = transfer.peer;
   Request request(state);
   held_.push_back({transfer, std::move(state), options});
-  if (groupDepth_ == 0) flushGroup();
+  if (groupDepth_ == 0) flushGroup(refused);
   return request;  // the caller settles a blocking one
 }
 
@@ -100,7 +101,18 @@ void CommState::startGroup() {
   ++groupDepth_;
 }
 
-void CommState::flushGroup() {
+void CommState::EndedUnqueued::end(std::shared_ptr<OpState> state, std::exception_ptr failure) {
+  OpState::Callbacks callbacks = state->finish(failure);
+  ended.push_back({std::move(state), std::move(failure), std::move(callbacks)});
+}
+
+void CommState::EndedUnqueued::settle() {
+  for (Ended& e : ended) OpState::runCallbacks(std::move(e.callbacks), e.failure, e.state->seq);
+  ended.clear();
+  if (thrown) std::rethrow_exception(std::exchange(thrown, nullptr));
+}
+
+void CommState::flushGroup(EndedUnqueued& refused) {
   std::vector<HeldTransfer> held;
   held.swap(held_);
   if (held.empty()) return;
@@ -125,10 +137,10 @@ void CommState::flushGroup() {
     }
     deviceExecutor(options, op).enqueueTransfers(transfers, states, options, timeout);
   } catch (...) {
-    // Nothing was queued: every request of the group fails with the reason.
-    const std::exception_ptr failure = std::current_exception();
-    for (const auto& state : states) state->complete(failure);
-    throw;
+    // Nothing was queued: every request of the group fails with the reason, which the call
+    // throws once their callbacks ran (settle).
+    refused.thrown = std::current_exception();
+    for (const auto& state : states) refused.end(state, refused.thrown);
   }
 }
 

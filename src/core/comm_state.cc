@@ -649,17 +649,19 @@ Request CommState::recv(void* data, size_t bytes, int peer, int tag, const OpOpt
 Request CommState::transfer(const Transfer& t, const OpOptions& options) {
   const bool sends = t.kind == Transfer::Kind::kSend;
   const char* op = sends ? "send" : "recv";
+  EndedUnqueued refused;
   Request request = [&] {
     Posting posting(*this);
     requireUsable(op);
     const uint64_t flightId = FlightRecorder::instance().issued(
         {name_, rank_, size_, 0, op, t.bytes, -1, -1, t.peer, t.tag, true});
-    if (options.device != DeviceKind::kCpu) return deviceTransfer(t, options, flightId);
+    if (options.device != DeviceKind::kCpu) return deviceTransfer(t, options, flightId, refused);
     P2pEngine& engine = p2p();
     const auto timeout = timeoutFor(options);
     return sends ? engine.send(t.data, t.bytes, t.peer, t.tag, timeout, flightId)
                  : engine.recv(t.data, t.bytes, t.peer, t.tag, timeout, flightId);
   }();
+  refused.settle();  // a group this call ended unqueued: its callbacks, then its failure
   if (options.blocking) settle(request);  // after the posting: shutdown need not wait for it
   return request;
 }
@@ -675,13 +677,17 @@ void CommState::connectDevice(DeviceKind device, int deviceIndex) {
 }
 
 void CommState::endGroup() {
-  Posting posting(*this);  // the transfers it queues reach the executor before a shutdown
-  std::lock_guard<std::mutex> lock(groupMutex_);
-  if (groupDepth_ == 0) {
-    throw Error(ErrorCode::kInvalidArgument, "end_group", rank_,
-                "endGroup without a matching startGroup");
+  EndedUnqueued refused;
+  {
+    Posting posting(*this);  // the transfers it queues reach the executor before a shutdown
+    std::lock_guard<std::mutex> lock(groupMutex_);
+    if (groupDepth_ == 0) {
+      throw Error(ErrorCode::kInvalidArgument, "end_group", rank_,
+                  "endGroup without a matching startGroup");
+    }
+    if (--groupDepth_ == 0) flushGroup(refused);
   }
-  if (--groupDepth_ == 0) flushGroup();
+  refused.settle();  // outside the lock and the posting: a callback may start a group
 }
 
 int CommState::nextChildNumber(const std::string& key) {
@@ -762,13 +768,15 @@ void CommState::shutdown() {
       held.swap(held_);
       groupDepth_ = 0;
     }
+    EndedUnqueued unqueued;  // every one ended before any callback runs
     for (const HeldTransfer& h : held) {
       const char* op = h.transfer.kind == Transfer::Kind::kSend ? "send" : "recv";
-      h.state->complete(std::make_exception_ptr(
-          Error(ErrorCode::kAborted, op, rank_,
-                "the communicator was shut down inside a group (startGroup without "
-                "endGroup), so this transfer was never queued")));
+      unqueued.end(h.state, std::make_exception_ptr(
+                                Error(ErrorCode::kAborted, op, rank_,
+                                      "the communicator was shut down inside a group (startGroup "
+                                      "without endGroup), so this transfer was never queued")));
     }
+    unqueued.settle();
   }
   {
     std::lock_guard<std::mutex> lock(deviceMutex_);

@@ -167,12 +167,32 @@ class CommState final : public FailureSink {
   /// What call `seq`, an `op` given up by a hold, ends with.
   std::exception_ptr heldError(std::string_view op, uint64_t seq);
   /// A send or receive of device memory: queued now, or held until the group ends.
-  Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId);
+  /// Device transfers ended without being queued (a group refused, or shut down open):
+  /// their requests are marked ended at once, and their callbacks run by settle() once the
+  /// group's lock and posting are let go, all of them after every one ended (a callback may
+  /// wait on another of them, start a group or drop the communicator).
+  struct EndedUnqueued {
+    struct Ended {
+      std::shared_ptr<OpState> state;
+      std::exception_ptr failure;
+      OpState::Callbacks callbacks;
+    };
+    std::vector<Ended> ended;
+    std::exception_ptr thrown;  ///< what the caller's call throws once they ran, if anything
+    /// Marks `state` ended with `failure` now.
+    void end(std::shared_ptr<OpState> state, std::exception_ptr failure);
+    /// Runs the callbacks, then throws `thrown` if set.
+    void settle();
+  };
+  /// `refused`: a group it ended without queueing it (settle() it once posting is over).
+  Request deviceTransfer(const Transfer& transfer, const OpOptions& options, uint64_t flightId,
+                         EndedUnqueued& refused);
   /// A send or receive: checked and posted while shutdown cannot take the engine away
   /// (Posting), then, if blocking, waited for.
   Request transfer(const Transfer& t, const OpOptions& options);
-  /// Queues the held transfers (under groupMutex_), or fails their requests.
-  void flushGroup();
+  /// Queues the held transfers (under groupMutex_), or ends their requests failed in
+  /// `refused`.
+  void flushGroup(EndedUnqueued& refused);
   void watchPeers();
   P2pEngine& p2p();
   /// The link to rank q for point-to-point traffic (channel 0) or collectives (channel 1):

@@ -94,5 +94,33 @@ TEST_F(Cuda, WithoutAGpuSendsOnCudaBuffersFailAndGroupsKeepTheirPromises) {
   }
 }
 
+// The callbacks of a group's transfers that end unqueued run once all of them have ended,
+// outside the group's lock: one that waits on another transfer of the group, or starts a
+// group, returns. They used to run one transfer at a time under the lock: the send's
+// callback waited for the receive for good (endGroup never returned), and one that started a
+// group locked the lock again.
+TEST_F(Cuda, TheCallbacksOfAGroupEndedUnqueuedSeeEveryTransferEndedAndMayStartAGroup) {
+  for (const bool shutDown : {false, true}) {
+    comm = Communicator::create(0, 1, std::make_shared<HashStore>());
+    comm->startGroup();
+    Request send = comm->send(&x, 1, DataType::kFloat32, 0, 1, onGpu);
+    Request recv = comm->recv(&x, 1, DataType::kFloat32, 0, 1, onGpu);
+    bool recvEnded = false;
+    bool groupStarted = false;
+    send.onComplete([&, recv](std::exception_ptr) {
+      recvEnded = recv.test();  // a wait here used to wait for good
+      comm->startGroup();       // locked the group's lock again
+      groupStarted = true;
+    });
+    if (shutDown) {
+      comm->shutdown();
+    } else {
+      EXPECT_THROW(comm->endGroup(), Error);
+    }
+    EXPECT_TRUE(recvEnded) << "the send's callback ran before the receive had ended";
+    EXPECT_TRUE(groupStarted);
+  }
+}
+
 }  // namespace
 }  // namespace loom
