@@ -158,6 +158,15 @@ def _lending_errors(rank, world):
             ts.lend_state_dict({**model.state_dict(), "step": 3}, "a")
         with pytest.raises(ValueError, match="not contiguous"):
             ts.lend("a", model.weight.t())
+        # Views whose memory holds other values than they show (readers got the memory's
+        # values, unconjugated, with no error).
+        with pytest.raises(ValueError, match="'w' is a negative view, whose memory holds the values "
+                                             "before the negation"):
+            ts.lend_state_dict({"w": torch._neg_view(model.weight)}, "a")
+        waves = {"z": torch.tensor([1 + 2j, 3 - 4j])}
+        ts.make_lendable(waves)
+        with pytest.raises(ValueError, match="the value is a conjugate view.*put\\(\\) this one"):
+            ts.lend("z", waves["z"].conj())
         assert ts.lend_state_dict(model.state_dict(), "a") == 1
         with pytest.raises(ValueError, match="share a buffer with key 'a'"):
             ts.lend("b", model.bias)

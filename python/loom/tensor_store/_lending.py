@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._layout import flatten, is_dtensor, leaf_signature, path_text, unstorable, whole
-from ._parts import OwnedBuffer, TensorMeta
+from ._parts import OwnedBuffer, TensorMeta, _lazy
 
 
 def lendable_tensors(target: Any, what: str, already) -> list[tuple[str, torch.Tensor]]:
@@ -111,6 +111,11 @@ def lent_metas(leaves: list[tuple[tuple, Any]], lendable: list[OwnedBuffer], wha
         if not value.is_contiguous():
             raise ValueError(f"{what}: {name} is not contiguous; lend the tensors make_lendable moved, "
                              f"not views of them")
+        if _lazy(value):  # its memory holds other values than torch shows, and readers copy the memory
+            raise ValueError(f"{what}: {name} is a {'conjugate' if value.is_conj() else 'negative'} "
+                             f"view, whose memory holds the values before the "
+                             f"{'conjugation' if value.is_conj() else 'negation'}; lend the tensor "
+                             f"make_lendable moved, or put() this one (a copy by value)")
         home, offset = _home(value, used, lendable)
         if home is None:
             raise ValueError(f"{what}: {name} is not in memory this store lends; call "
