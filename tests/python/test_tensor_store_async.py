@@ -198,3 +198,39 @@ def test_a_cancelled_async_get_stops_before_it_fills_the_callers_tensors():
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_cancelled_make_lendable_ends_once_the_move_is_over_and_moves_nothing_after():
+    # It used to end at the cancel while its thread went on moving the caller's tensors
+    # (their .data swapped behind the caller's back, 1.5 s later in a review's reproduction).
+    from loom.tensor_store import AsyncTensorStore, _store
+
+    store = AsyncTensorStore(dist.HashStore(), serve_remote=False)
+    model = torch.nn.Linear(64, 64)
+    before = {name: t.data_ptr() for name, t in model.state_dict().items()}
+    moving = threading.Event()
+    move = _store.move_into
+
+    def slow(buffer, tensors):
+        moving.set()
+        time.sleep(0.4)
+        move(buffer, tensors)
+
+    async def cancelled_while_moving():
+        task = asyncio.ensure_future(store.make_lendable(model))
+        await asyncio.to_thread(moving.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        at_the_end = {name: t.data_ptr() != before[name] for name, t in model.state_dict().items()}
+        await asyncio.sleep(0.6)
+        later = {name: t.data_ptr() != before[name] for name, t in model.state_dict().items()}
+        return at_the_end, later
+
+    _store.move_into = slow
+    try:
+        at_the_end, later = asyncio.run(cancelled_while_moving())
+    finally:
+        _store.move_into = move
+        store.close()
+    assert at_the_end == later == {"weight": True, "bias": True}

@@ -228,14 +228,15 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             by_device: dict[torch.device, list[torch.Tensor]] = {}
             for _, tensor in moving:
                 by_device.setdefault(tensor.device, []).append(tensor)
-            for device, tensors in by_device.items():
-                offsets, end = [], 0
-                for tensor in tensors:
-                    offsets.append(end)
-                    end += aligned(tensor.numel() * tensor.element_size())
-                buffer = self._buffer("make_lendable", device, max(end, 1), [])
-                move_into(buffer, list(zip(tensors, offsets)))
-                self._lendable.append(buffer)
+            with touching_callers_tensors():  # a cancel stops it before the move, or waits for all of it
+                for device, tensors in by_device.items():
+                    offsets, end = [], 0
+                    for tensor in tensors:
+                        offsets.append(end)
+                        end += aligned(tensor.numel() * tensor.element_size())
+                    buffer = self._buffer("make_lendable", device, max(end, 1), [])
+                    move_into(buffer, list(zip(tensors, offsets)))
+                    self._lendable.append(buffer)
 
     def lend_state_dict(self, state_dict: dict, key: str, *, version: int | None = None) -> int:
         """Publishes a state dict as a new version of `key` without copying it: readers copy
