@@ -135,18 +135,20 @@ class VersionWaits:
             pause = min(2 * pause, 5e-3)
 
     def _check_writer_alive(self, key: str, version: int, latest) -> None:
-        """Raises TensorStoreError if the process that wrote the first part of `key`'s latest
-        version runs on this host and has exited (it will put no other)."""
+        """Raises TensorStoreError if a process that wrote a part of `key`'s latest version
+        (each rank of a DTensor's mesh writes one) runs on this host and has exited: the next
+        version needs every part, and it will put no other."""
         if latest is None or latest[2] is not None:  # nothing out yet, or lent (watched apart)
             return
-        value = self._get_now(f"k/{key}/v{latest[0]}/p0")
-        if value is None:
-            return
-        writer = self._decode(value, latest[0])
-        if not writer.buffers or writer.host != self._host:
-            return  # a writer elsewhere: its server's connection, or the timeout, tells
-        pid = writer.buffers[0].pid
-        if not writer.buffers[0].owner_alive():
-            raise TensorStoreError(self._message(
-                f"{asked(key, version)}: rank {writer.rank} (pid {pid}), which wrote "
-                f"version {latest[0]}, has exited; no later version will come from it"))
+        for part in range(latest[1]):
+            value = self._get_now(f"k/{key}/v{latest[0]}/p{part}")
+            if value is None:
+                return  # retired meanwhile: a newer version is out, which the wait reads
+            writer = self._decode(value, latest[0])
+            if not writer.buffers or writer.host != self._host:
+                continue  # a writer elsewhere: its server's connection, or the timeout, tells
+            pid = writer.buffers[0].pid
+            if not writer.buffers[0].owner_alive():
+                raise TensorStoreError(self._message(
+                    f"{asked(key, version)}: rank {writer.rank} (pid {pid}), which wrote "
+                    f"version {latest[0]}, has exited; no later version will come from it"))
