@@ -412,6 +412,8 @@ def _errors(rank, world):
     # the namespace), nor is 0; a timeout may be a number of seconds, not a string.
     with pytest.raises(ValueError, match=r"put\('b%d', version=True\): versions are Python ints \(got bool" % rank):
         ts.put(f"b{rank}", torch.zeros(1), version=True)
+    with pytest.raises(ValueError, match=r"put_state_dict\('b%d', version=True\): versions are Python ints" % rank):
+        ts.put_state_dict({"w": torch.zeros(1)}, f"b{rank}", version=True)  # it used to say put('b0', ...)
     assert f"b{rank}" not in ts.keys()
     with pytest.raises(ValueError, match=r"get\('f32', version=0\): versions are integers from 1"):
         ts.get("f32", version=0)
@@ -448,7 +450,7 @@ def _errors(rank, world):
                "quantized": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}
     for kind, value in refused.items():
         key = f"{kind}{rank}"
-        with pytest.raises(ValueError, match=rf"rank {rank}\): put\('{key}'\): 'layer.w' is a "
+        with pytest.raises(ValueError, match=rf"rank {rank}\): put_state_dict\('{key}'\): 'layer.w' is a "
                                              rf"{'quantized' if kind == 'quantized' else 'sparse'} tensor"):
             ts.put_state_dict({"layer": {"w": value}, "b": torch.ones(2)}, key)
         assert ts._get_now(f"k/{key}/mode") is None and ts._get_now(f"k/{key}/v1/writers") is None
@@ -474,7 +476,7 @@ def _errors(rank, world):
         ts.get("f32", inplace_tensor=target, tensor_slice_spec=((0, 0), (2, 2)))
     # Values pickle cannot store, or the reader cannot load, are named with their entry (they
     # raised pickle's own errors, naming neither).
-    with pytest.raises(TypeError, match=rf"put\('odd{rank}'\): 'opt.step' is not a tensor and cannot be pickled \("):
+    with pytest.raises(TypeError, match=rf"put_state_dict\('odd{rank}'\): 'opt.step' is not a tensor and cannot be pickled \("):
         ts.put_state_dict({"w": torch.ones(2), "opt": {"step": lambda: 1}}, f"odd{rank}")
     if rank == 0:
         ts.put_state_dict({"w": torch.ones(2), "o": _LoadsNowhere()}, "unloadable")

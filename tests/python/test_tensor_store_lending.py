@@ -167,6 +167,9 @@ def _lending_errors(rank, world):
         ts.make_lendable(waves)
         with pytest.raises(ValueError, match="the value is a conjugate view.*put\\(\\) this one"):
             ts.lend("z", waves["z"].conj())
+        with pytest.raises(ValueError, match=r"lend_state_dict\('a', version=0\): versions must be integers that "
+                                             r"grow"):  # it used to say put('a', version=0)
+            ts.lend_state_dict(model.state_dict(), "a", version=0)
         assert ts.lend_state_dict(model.state_dict(), "a") == 1
         with pytest.raises(ValueError, match="share a buffer with key 'a'"):
             ts.lend("b", model.bias)

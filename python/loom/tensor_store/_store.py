@@ -55,7 +55,8 @@ from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
 from ._read_planning import ReadPlanning
 from ._remote import serve
 from ._retirement import Retirement
-from ._version_waits import VersionWaits, asked, reading_as, reading_verb
+from ._verbs import asked, called_verb, calling_as
+from ._version_waits import VersionWaits
 from ._write_plan import Kept, WritePlan
 from ._parts import (
     OwnedBuffer,
@@ -143,7 +144,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         `key`; returns the version. A DTensor is put by every rank of its mesh, each storing
         its own shard (replicas store once)."""
         kind = "tensor" if isinstance(value, torch.Tensor) else "object"
-        return self._put_leaves(key, kind, [((), value)], version)
+        with calling_as("put"):  # the write's messages name the verb called
+            return self._put_leaves(key, kind, [((), value)], version)
 
     def get(self, key: str, inplace_tensor: torch.Tensor | None = None, tensor_slice_spec: Any = None, *,
             version: int | None = None, timeout: timedelta | None = None) -> Any:
@@ -165,7 +167,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         device. With DTensors in it, every rank of their mesh calls this with its shards."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"loom tensor store: put_state_dict('{key}') needs a dict, got {type(state_dict).__name__}")
-        return self._put_leaves(key, "state_dict", list(flatten(state_dict)), version)
+        with calling_as("put_state_dict"):
+            return self._put_leaves(key, "state_dict", list(flatten(state_dict)), version)
 
     def get_state_dict(self, key: str, user_state_dict: dict | None = None, *, version: int | None = None,
                        timeout: timedelta | None = None, strict: bool = True) -> dict:
@@ -178,7 +181,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         if user_state_dict is not None and not isinstance(user_state_dict, dict):
             raise TypeError(self._message(f"get_state_dict('{key}'): user_state_dict is a (nested) dict of "
                                           f"tensors to fill (or None), got {type(user_state_dict).__name__}"))
-        with reading_as("get_state_dict"):  # the read's messages name this verb
+        with calling_as("get_state_dict"):  # the read's messages name this verb
             return self._read(key, version, timeout,
                               lambda v, parts: self._state_dict_plan(key, v, parts, user_state_dict, strict),
                               fills=user_state_dict is not None)
@@ -245,11 +248,13 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         tensors only between reclaim and the next lend (or inside `with updating(key):`)."""
         if not isinstance(state_dict, dict):
             raise TypeError(self._message(f"lend_state_dict('{key}') needs a dict, got {type(state_dict).__name__}"))
-        return self._lend_leaves(key, "state_dict", list(flatten(state_dict)), version)
+        with calling_as("lend_state_dict"):
+            return self._lend_leaves(key, "state_dict", list(flatten(state_dict)), version)
 
     def lend(self, key: str, value: torch.Tensor, *, version: int | None = None) -> int:
         """lend_state_dict for a single tensor."""
-        return self._lend_leaves(key, "tensor", [((), value)], version)
+        with calling_as("lend"):
+            return self._lend_leaves(key, "tensor", [((), value)], version)
 
     def reclaim(self, key: str) -> None:
         """Takes the lent version of `key` back before its tensors change: a reader copying
@@ -348,9 +353,9 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             sources = plan.sources(leaves)
         with self._lock:
             if self._closed:
-                raise RuntimeError(self._message(f"put('{key}'): this TensorStore is closed"))
+                raise RuntimeError(self._message(f"{asked(key)}: this TensorStore is closed"))
             if key in self._lent:
-                raise ValueError(self._message(f"put('{key}'): this rank lends that key; a key is either "
+                raise ValueError(self._message(f"{asked(key)}: this rank lends that key; a key is either "
                                                f"put or lent (delete it first, or use another key)"))
             version = self._next_version(key, version)
             return self._publish(key, kind, version, index, writers, plan, sources)
@@ -370,7 +375,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             if isinstance(value, torch.Tensor):  # refused here, before the put changes anything
                 problem = unstorable(value)
                 if problem is not None:
-                    raise ValueError(self._message(f"put('{key}'): {self._name(path)} {problem}"))
+                    raise ValueError(self._message(f"{asked(key)}: {self._name(path)} {problem}"))
             if is_dtensor(value):
                 box, global_shape = self._dtensor_box(value, self._what(key, path))
                 if is_first_replica(value):
@@ -380,7 +385,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             elif isinstance(value, torch.Tensor):
                 pieces.append((TensorMeta(path, value.dtype, whole(value.shape), tuple(value.shape), 0, 0), i, None))
             else:
-                data = pickled_tensor(value, self._message(f"put('{key}'): {self._name(path)}"))
+                data = pickled_tensor(value, self._message(f"{asked(key)}: {self._name(path)}"))
                 pieces.append((TensorMeta(path, torch.uint8, whole(data.shape), tuple(data.shape), 0, 0, pickled=True), i, data))
         plan = WritePlan(identity, leaves, pieces)
         if plan.cacheable:
@@ -396,12 +401,12 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         for mesh in meshes[1:]:
             if mesh is not meshes[0] and sorted(mesh.mesh.flatten().tolist()) != sorted(writers):
                 raise ValueError(self._message(
-                    f"put('{key}'): its DTensors live on meshes of different ranks "
+                    f"{asked(key)}: its DTensors live on meshes of different ranks "
                     f"({sorted(writers)} and {sorted(mesh.mesh.flatten().tolist())}); one key is "
                     f"put by one set of ranks: split it into one key per mesh"))
         me = dist.get_rank()  # the mesh names global ranks, whatever label this store was given
         if me not in writers:
-            raise ValueError(self._message(f"put('{key}'): global rank {me} is not in its DTensors' mesh {writers}"))
+            raise ValueError(self._message(f"{asked(key)}: global rank {me} is not in its DTensors' mesh {writers}"))
         return writers, writers.index(me)
 
     def _take_version(self, key: str, version: int, writers: list[int], verb: str) -> None:
@@ -463,11 +468,11 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             return last + 1
         if not is_version_number(version):
             raise ValueError(self._message(
-                f"put('{key}', version={version!r}): versions are Python ints (got "
+                f"{asked(key, version)}: versions are Python ints (got "
                 f"{type(version).__name__}; int(...) converts a numpy integer)"))
         if version <= (last or 0):
             raise ValueError(self._message(
-                f"put('{key}', version={version}): versions must be integers that grow; the last "
+                f"{asked(key, version)}: versions must be integers that grow; the last "
                 f"version of this key is {last}"))
         return version
 
@@ -487,12 +492,12 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             self._abandon(key, version)
             raise
         # Then the number, before an old version is retired: a refused number changes nothing.
-        self._take_version(key, version, writers, "put")
+        self._take_version(key, version, writers, called_verb())
         # The oldest versions go to make room, and their buffers may be reused; but only once
         # this put has its buffers: a put refused for memory or its device keeps them all.
         try:
             spare = [buffer for old in retiring for buffer in old.buffers]
-            buffers = [self._buffer(f"put('{key}')", device, capacity, spare)
+            buffers = [self._buffer(asked(key), device, capacity, spare)
                        for device, capacity in zip(plan.devices, plan.capacity)]
         except BaseException:
             if parts == 1:  # nothing of it was published: its number is free again
@@ -573,7 +578,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
 
     def _lend_leaves(self, key: str, kind: str, leaves: list[tuple[tuple, Any]], version: int | None) -> int:
         self._check_key(key)
-        what = self._message(f"lend('{key}')")
+        what = self._message(asked(key))
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{what}: this TensorStore is closed")
@@ -590,7 +595,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                                      f"this rank; a buffer is lent under one key (make_lendable each "
                                      f"model separately)")
             version = self._next_version(key, version)
-            self._take_version(key, version, [self._rank], "lend")
+            self._take_version(key, version, [self._rank], called_verb())
             self._announce(key)
             for device in {b.device for b in plan.buffers if b.device.type == "cuda"}:
                 torch.cuda.synchronize(device)  # the writer's queued updates land before readers copy
@@ -734,7 +739,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
                             raise TimeoutError(self._message(
                                 f"{asked(key)}: rank {parts[0].rank} reclaimed each lent version before "
                                 f"this rank could copy it, for {wait}; lend less often, or read with "
-                                f"{reading_verb()}'s timeout larger"))
+                                f"{called_verb()}'s timeout larger"))
                         self._await_latest(key, parts[0].version, deadline,
                                            f"{asked(key)}: rank {parts[0].rank} reclaimed version {parts[0].version} "
                                            f"and did not lend the next within {wait} (or reclaims each version "
@@ -751,7 +756,7 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
             # them would double the memory and the copying of every refresh): a version
             # replaced or reclaimed meanwhile, or one whose writer died or stalled as it was
             # read, leaves them mixed, and the caller must know.
-            raise type(error)(f"{error}; the tensors this {reading_verb()} was filling may hold part of a "
+            raise type(error)(f"{error}; the tensors this {called_verb()} was filling may hold part of a "
                               f"version it could not read whole: get them again before using "
                               f"them") from error
 

@@ -4,46 +4,19 @@ writer that exited, a version the writers skipped). TensorStore inherits it."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import time
 from datetime import timedelta
-from typing import Any
 
 from ._cancellation import stop_if_cancelled
 from ._parts import PartMeta
 from ._read_plan import TensorStoreError
+from ._verbs import asked
 
 
 # What a mesh rank whose part of a version failed adds to the version's done count: no sum of
 # parts' counts reaches it, and a count at or past it says the version will never be complete.
 ABANDONED = 1 << 40
 
-# The verb whose read runs in this thread: get and get_state_dict share the read's code, and
-# its messages name the one the caller called.
-_READING = contextvars.ContextVar("loom_tensor_store_reading", default="get")
-_ANY = object()
-
-
-@contextlib.contextmanager
-def reading_as(verb: str):
-    """Names the read made inside the block `verb` in its messages."""
-    token = _READING.set(verb)
-    try:
-        yield
-    finally:
-        _READING.reset(token)
-
-
-def reading_verb() -> str:
-    """The verb of the read in progress in this thread ("get" outside any)."""
-    return _READING.get()
-
-
-def asked(key: str, version: Any = _ANY) -> str:
-    """The read in progress as its messages name it: get('k'), get_state_dict('k', version=3)."""
-    shown = "" if version is _ANY else f", version={version!r}"
-    return f"{_READING.get()}('{key}'{shown})"
 
 
 class VersionWaits:
