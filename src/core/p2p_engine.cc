@@ -132,11 +132,18 @@ bool P2pEngine::Gate::progress(bool anyThread, bool expire) {
     if (!finished.empty()) ++marking;
   }
   if (finished.empty()) return progressed;
-  std::vector<detail::OpState::Callbacks> callbacks = markEnded(finished);
+  std::vector<detail::OpState::Callbacks> callbacks;
   {
-    // The callbacks may drop the communicator: they run once this thread no longer counts.
-    std::lock_guard<std::mutex> lock(mutex);
-    if (--marking == 0) marked.notify_all();
+    // The callbacks may drop the communicator: they run once this thread no longer counts
+    // (counted off however the marking ends, so the engine's destructor never waits for good).
+    struct CountedOff {
+      Gate& gate;
+      ~CountedOff() {
+        std::lock_guard<std::mutex> lock(gate.mutex);
+        if (--gate.marking == 0) gate.marked.notify_all();
+      }
+    } countedOff{*this};
+    callbacks = markEnded(finished);
   }
   runCallbacks(finished, callbacks);
   return progressed;

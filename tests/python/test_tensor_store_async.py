@@ -209,16 +209,18 @@ def test_a_cancelled_make_lendable_ends_once_the_move_is_over_and_moves_nothing_
     model = torch.nn.Linear(64, 64)
     before = {name: t.data_ptr() for name, t in model.state_dict().items()}
     moving = threading.Event()
+    go_on = threading.Event()  # set only after the cancel, however late the loop comes back
     move = _store.move_into
 
     def slow(buffer, tensors):
         moving.set()
-        time.sleep(0.4)
+        go_on.wait(10)
         move(buffer, tensors)
 
     async def cancelled_while_moving():
         task = asyncio.ensure_future(store.make_lendable(model))
         await asyncio.to_thread(moving.wait, 10)
+        threading.Timer(0.3, go_on.set).start()  # the cancel below waits for the move to end
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

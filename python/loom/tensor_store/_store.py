@@ -275,7 +275,8 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         self.reclaim(key)
         yield
         lent = self._lent[key]
-        self._lend_leaves(key, lent.kind, lent.leaves, None)
+        with calling_as("lend_state_dict" if lent.kind == "state_dict" else "lend"):  # as first lent
+            self._lend_leaves(key, lent.kind, lent.leaves, None)
 
     def delete(self, key: str) -> None:
         """Removes `key`: readers find it no more, and this process frees its buffers for it."""

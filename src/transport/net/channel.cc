@@ -28,8 +28,10 @@ constexpr auto kGoodbyePatience = std::chrono::milliseconds(2000);
 // goes out, and each of the communicator's channels would wait in turn.
 constexpr auto kGivingUpPatience = std::chrono::milliseconds(250);
 void* const kGoodbyeContext = reinterpret_cast<void*>(~uintptr_t{0});
-// How long an acceptor waits for its version note to go out before it closes the connection.
-constexpr auto kVersionNotePatience = std::chrono::milliseconds(250);
+// How long an acceptor waits for its version note to go out before it closes the connection:
+// short, as the acceptor's one thread serves every handshake meanwhile (anyone can send a
+// Hello of another version); over tcp the note goes out at once.
+constexpr auto kVersionNotePatience = std::chrono::milliseconds(20);
 
 // Sends `bytes` with a completion and waits for it (closing right behind a queued message
 // may drop it), at most `patience`; a peer already gone is nobody to tell.
