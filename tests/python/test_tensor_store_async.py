@@ -203,14 +203,14 @@ def test_a_cancelled_async_get_stops_before_it_fills_the_callers_tensors():
 def test_a_cancelled_make_lendable_ends_once_the_move_is_over_and_moves_nothing_after():
     # It used to end at the cancel while its thread went on moving the caller's tensors
     # (their .data swapped behind the caller's back, 1.5 s later in a review's reproduction).
-    from loom.tensor_store import AsyncTensorStore, _store
+    from loom.tensor_store import AsyncTensorStore, _lending
 
     store = AsyncTensorStore(dist.HashStore(), serve_remote=False)
     model = torch.nn.Linear(64, 64)
     before = {name: t.data_ptr() for name, t in model.state_dict().items()}
     moving = threading.Event()
     go_on = threading.Event()  # set only after the cancel, however late the loop comes back
-    move = _store.move_into
+    move = _lending.move_into
 
     def slow(buffer, tensors):
         moving.set()
@@ -229,10 +229,10 @@ def test_a_cancelled_make_lendable_ends_once_the_move_is_over_and_moves_nothing_
         later = {name: t.data_ptr() != before[name] for name, t in model.state_dict().items()}
         return at_the_end, later
 
-    _store.move_into = slow
+    _lending.move_into = slow
     try:
         at_the_end, later = asyncio.run(cancelled_while_moving())
     finally:
-        _store.move_into = move
+        _lending.move_into = move
         store.close()
     assert at_the_end == later == {"weight": True, "bias": True}

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._layout import flatten, is_dtensor, leaf_signature, path_text, unstorable, whole
-from ._parts import OwnedBuffer, TensorMeta, _lazy
+from ._parts import OwnedBuffer, TensorMeta, _lazy, aligned
 
 
 def lendable_tensors(target: Any, what: str, already) -> list[tuple[str, torch.Tensor]]:
@@ -63,6 +63,23 @@ def move_into(buffer: OwnedBuffer, tensors: list[tuple[torch.Tensor, int]]) -> N
             view = buffer.view(offset, tensor.dtype, tuple(tensor.shape))
             view.copy_(tensor)
             tensor.data = view
+
+
+def move_to_new_buffers(tensors: list[torch.Tensor], new_buffer) -> list[OwnedBuffer]:
+    """Moves `tensors` (move_into) into one buffer per device, each made by
+    new_buffer(device, bytes); returns the buffers."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    buffers = []
+    for device, on_device in by_device.items():
+        offsets, end = [], 0
+        for tensor in on_device:
+            offsets.append(end)
+            end += aligned(tensor.numel() * tensor.element_size())
+        buffers.append(new_buffer(device, max(end, 1)))
+        move_into(buffers[-1], list(zip(on_device, offsets)))
+    return buffers
 
 
 @dataclass

@@ -49,7 +49,7 @@ from ._broadcast import Broadcaster
 from ._cancellation import stop_if_cancelled, touching_callers_tensors
 from ._layout import (Box, dtensor_box, flatten, is_dtensor, is_first_replica, leaf_signature, path_text,
                       unstorable, whole)
-from ._lending import Lent, home_of, lendable_tensors, lent_metas, move_into, take_back
+from ._lending import Lent, home_of, lendable_tensors, lent_metas, move_to_new_buffers, take_back
 from ._mappings import ReaderMappings
 from ._read_plan import ReadPlan, Released, Stale, TensorStoreError
 from ._read_planning import ReadPlanning
@@ -62,7 +62,6 @@ from ._parts import (
     OwnedBuffer,
     PartMeta,
     TensorMeta,
-    aligned,
     encode_part,
     split_part,
     host_identity,
@@ -227,19 +226,10 @@ class TensorStore(ReadPlanning, VersionWaits, Retirement):
         with self._lock:
             if self._closed:  # its buffers would be made for a store that lends nothing more
                 raise RuntimeError(f"{what}: this TensorStore is closed")
-            moving = lendable_tensors(target, what, self._lends)
-            by_device: dict[torch.device, list[torch.Tensor]] = {}
-            for _, tensor in moving:
-                by_device.setdefault(tensor.device, []).append(tensor)
+            moving = [tensor for _, tensor in lendable_tensors(target, what, self._lends)]
             with touching_callers_tensors():  # a cancel stops it before the move, or waits for all of it
-                for device, tensors in by_device.items():
-                    offsets, end = [], 0
-                    for tensor in tensors:
-                        offsets.append(end)
-                        end += aligned(tensor.numel() * tensor.element_size())
-                    buffer = self._buffer("make_lendable", device, max(end, 1), [])
-                    move_into(buffer, list(zip(tensors, offsets)))
-                    self._lendable.append(buffer)
+                self._lendable += move_to_new_buffers(
+                    moving, lambda device, size: self._buffer("make_lendable", device, size, []))
 
     def lend_state_dict(self, state_dict: dict, key: str, *, version: int | None = None) -> int:
         """Publishes a state dict as a new version of `key` without copying it: readers copy
