@@ -249,6 +249,17 @@ TEST_F(TwoHosts, ServiceDropsStrangersInTimeWithoutHoldingUpMembers) {
   });
 }
 
+// An acceptor of two slots that closes one to make room after `crowdedHold`, and holds
+// handshakes and unknown communicators far longer than any test waits.
+NetService::Limits twoSlots(milliseconds crowdedHold) {
+  NetService::Limits limits;
+  limits.maxPending = 2;
+  limits.crowdedHold = crowdedHold;
+  limits.handshake = milliseconds(60'000);
+  limits.unexpectedHold = milliseconds(120'000);
+  return limits;
+}
+
 // Every slot held by strangers, silent or (`namingUnknown`) each naming a communicator
 // nobody registers (anyone can, without the secret): a member's connection waits in the
 // listener's queue until the oldest stranger is closed to make room (after the crowded
@@ -258,12 +269,7 @@ void expectAMemberGetsPastStrangers(const NetnsHosts& hosts, bool namingUnknown)
     hosts.enter(ctx.rank);
     const ChannelShape shape{4096, 4};
     if (ctx.rank == 0) {
-      NetService::Limits limits;
-      limits.maxPending = 2;
-      limits.crowdedHold = milliseconds(500);
-      limits.handshake = milliseconds(60'000);
-      limits.unexpectedHold = milliseconds(120'000);
-      NetService service(Fabric::instance(), limits);
+      NetService service(Fabric::instance(), twoSlots(milliseconds(500)));
       service.expect(kComm, kSecret, shape);
       publishAddress(ctx, service);
       ctx.store->get("strangers waiting", kPatience);
@@ -317,11 +323,7 @@ TEST_F(TwoHosts, ServiceNeverClosesAMemberInItsHandshakeToMakeRoom) {
     hosts.enter(ctx.rank);
     const ChannelShape shape{4096, 4};
     if (ctx.rank == 0) {
-      NetService::Limits limits;
-      limits.maxPending = 2;
-      limits.crowdedHold = milliseconds(300);
-      limits.handshake = milliseconds(60'000);
-      NetService service(Fabric::instance(), limits);
+      NetService service(Fabric::instance(), twoSlots(milliseconds(300)));
       service.expect(kComm, kSecret, shape);
       publishAddress(ctx, service);
       ctx.store->get("proof sent", kPatience);
